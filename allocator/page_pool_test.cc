@@ -1,0 +1,499 @@
+#include "allocator/page_pool.h"
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu_executor.h"
+#include "tests/status_matchers.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::IsOkAndHolds;
+using ::pagealloc::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr OwnerId kAlice = 1;
+constexpr OwnerId kBob = 2;
+
+// Everything a refused call must leave unchanged.
+struct Snapshot {
+  std::vector<int64_t> free_list;
+  std::vector<int64_t> parked;
+  std::vector<OwnerId> owners;
+  int64_t free_pages, parked_pages, used_pages, alice_pages, bob_pages;
+
+  bool operator==(const Snapshot& o) const {
+    return free_list == o.free_list && parked == o.parked &&
+           owners == o.owners && free_pages == o.free_pages &&
+           parked_pages == o.parked_pages && used_pages == o.used_pages &&
+           alice_pages == o.alice_pages && bob_pages == o.bob_pages;
+  }
+};
+
+// Members are public so that the table-driven refusal test can call them
+// through a fixture reference.
+class PagePoolTest : public ::testing::Test {
+ public:
+  void MakePool(int64_t num_pages, int64_t page_size,
+                FreePolicy policy = FreePolicy::kLifo) {
+    pool_.reset();
+    auto pool = PagePool::Create({num_pages, page_size, policy}, &executor_);
+    ASSERT_OK(pool.status());
+    pool_ = std::move(*pool);
+    ASSERT_OK(pool_->AddOwner(kAlice, 0));
+    ASSERT_OK(pool_->AddOwner(kBob, 0));
+  }
+
+  // Runs `batch`, giving each request a poisoned buffer of its size; returns
+  // each request's result and fills `slots`.
+  std::vector<AllocResult> Run(std::vector<AllocRequest> batch,
+                               std::vector<std::vector<int64_t>>* slots) {
+    slots->assign(batch.size(), {});
+    for (size_t i = 0; i < batch.size(); ++i) {
+      ExtendShape shape = ToExtendShape(batch[i]);
+      (*slots)[i].assign(std::max<int64_t>(shape.num_slots(), 0), -7);
+      batch[i].destination = (*slots)[i].data();
+      batch[i].index = i;
+    }
+    std::vector<AllocResult> results = pool_->Allocate(batch);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!results[i].status.ok()) (*slots)[i].clear();
+    }
+    EXPECT_OK(pool_->CheckInvariants());
+    return results;
+  }
+
+  // Runs a one-request batch and returns its slots, or its status.
+  absl::StatusOr<std::vector<int64_t>> RunOne(const AllocRequest& request) {
+    std::vector<std::vector<int64_t>> slots;
+    std::vector<AllocResult> results = Run({request}, &slots);
+    if (!results[0].status.ok()) return results[0].status;
+    return slots[0];
+  }
+
+  static AllocRequest Extend(OwnerId owner, int64_t prefix, int64_t seq,
+                             int64_t last) {
+    return {RequestKind::kExtend, owner, 0, prefix, seq, last, nullptr};
+  }
+  static AllocRequest Decode(OwnerId owner, int64_t seq, int64_t last) {
+    return {RequestKind::kDecode, owner, 0, 0, seq, last, nullptr};
+  }
+  static AllocRequest Alloc(OwnerId owner, int64_t tokens) {
+    return {RequestKind::kAlloc, owner, 0, 0, tokens, -1, nullptr};
+  }
+
+  Snapshot Take() {
+    Snapshot s;
+    s.free_list = pool_->FreeList();
+    s.parked = pool_->ParkedPages();
+    for (int64_t p = 0; p <= pool_->geometry().num_pages; ++p) {
+      s.owners.push_back(pool_->OwnerOf(p));
+    }
+    PoolStats stats = pool_->Stats();
+    s.free_pages = stats.free_pages;
+    s.parked_pages = stats.parked_pages;
+    s.used_pages = stats.used_pages;
+    s.alice_pages = stats.owners[kAlice].pages_owned;
+    s.bob_pages = stats.owners[kBob].pages_owned;
+    return s;
+  }
+
+  CpuExecutor executor_;
+  std::unique_ptr<PagePool> pool_;
+};
+
+TEST_F(PagePoolTest, StartsWithEveryPageFreeInOrder) {
+  MakePool(6, 4);
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 3, 4, 5, 6));
+  PoolStats stats = pool_->Stats();
+  EXPECT_EQ(stats.total_pages, 6);
+  EXPECT_EQ(stats.free_pages, 6);
+  EXPECT_EQ(stats.used_pages, 0);
+  EXPECT_EQ(stats.page_size, 4);
+  EXPECT_EQ(pool_->OwnerOf(0), kNoOwner);
+}
+
+TEST_F(PagePoolTest, RejectsBadOptions) {
+  EXPECT_THAT(PagePool::Create({0, 4, FreePolicy::kLifo}, &executor_),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("num_pages (0)")));
+  EXPECT_THAT(PagePool::Create({8, 0, FreePolicy::kLifo}, &executor_),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("page_size (0)")));
+  EXPECT_THAT(PagePool::Create({8, 4, FreePolicy::kLifo}, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("executor")));
+}
+
+// The seed's own worked example, at the executor: page_size 4, prefix 2,
+// seq 11, last_loc 1, free pages [3, 4].
+TEST(ExpandRequestTest, SeedGoldenVector) {
+  const std::vector<int64_t> ring = {3, 4};
+  PlannedRequest request{2, 11, 1, 0, 0, nullptr};
+  std::vector<int64_t> out(9, -7);
+  ExpandRequest(request, 4, ring.data(), ring.size(), 0, out.data());
+  EXPECT_THAT(out, ElementsAre(2, 3, 12, 13, 14, 15, 16, 17, 18));
+}
+
+// The same example through the pool: Alice owns page 1 (her prefix of 2
+// tokens ends at slot 5) and pages 3, 4 are at the front of the free list.
+TEST_F(PagePoolTest, ExtendFillsPartialPageThenNewPages) {
+  MakePool(8, 4);
+  ASSERT_THAT(RunOne(Alloc(kAlice, 16)),
+              IsOkAndHolds(ElementsAreArray(
+                  {4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19})));
+  ASSERT_THAT(pool_->FreePages(kAlice, {3, 4}), IsOkAndHolds(2));
+  ASSERT_THAT(pool_->FreeList(), ElementsAre(3, 4, 5, 6, 7, 8));
+  EXPECT_THAT(RunOne(Extend(kAlice, 2, 11, 5)),
+              IsOkAndHolds(ElementsAre(6, 7, 12, 13, 14, 15, 16, 17, 18)));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(5, 6, 7, 8));
+  EXPECT_EQ(pool_->OwnerOf(3), kAlice);
+  EXPECT_EQ(pool_->OwnerOf(4), kAlice);
+}
+
+TEST_F(PagePoolTest, DecodeInsideAPageConsumesNoPage) {
+  MakePool(8, 4);
+  // A 5-token sequence on pages 1, 2 ends at slot 8, the first of page 2.
+  ASSERT_THAT(RunOne(Extend(kAlice, 0, 5, -1)),
+              IsOkAndHolds(ElementsAre(4, 5, 6, 7, 8)));
+  EXPECT_THAT(RunOne(Decode(kAlice, 6, 8)), IsOkAndHolds(ElementsAre(9)));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(3, 4, 5, 6, 7, 8));
+  EXPECT_EQ(pool_->Stats().owners[kAlice].pages_owned, 2);
+}
+
+TEST_F(PagePoolTest, DecodeThatStartsAPageConsumesOne) {
+  MakePool(8, 4);
+  ASSERT_THAT(RunOne(Extend(kAlice, 0, 4, -1)),
+              IsOkAndHolds(ElementsAre(4, 5, 6, 7)));
+  EXPECT_THAT(RunOne(Decode(kAlice, 5, 7)), IsOkAndHolds(ElementsAre(8)));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(3, 4, 5, 6, 7, 8));
+  EXPECT_EQ(pool_->OwnerOf(2), kAlice);
+}
+
+TEST_F(PagePoolTest, DecodeBatchTakesPagesInRequestOrder) {
+  MakePool(8, 2);
+  // Three sequences of 2 tokens (pages 1, 2, 3); each decode opens a page.
+  std::vector<std::vector<int64_t>> slots;
+  auto results = Run({Alloc(kAlice, 2), Alloc(kAlice, 2), Alloc(kBob, 2)},
+                     &slots);
+  ASSERT_OK(results[2].status);
+  results = Run({Decode(kAlice, 3, 3), Decode(kAlice, 3, 5),
+                 Decode(kBob, 3, 7)},
+                &slots);
+  EXPECT_THAT(slots, ElementsAre(ElementsAre(8), ElementsAre(10),
+                                 ElementsAre(12)));
+  EXPECT_EQ(results[1].num_new_pages, 1);
+}
+
+TEST_F(PagePoolTest, EmptyPrefixUsesLastLocMinusOne) {
+  MakePool(8, 4);
+  EXPECT_THAT(RunOne(Extend(kAlice, 0, 6, -1)),
+              IsOkAndHolds(ElementsAre(4, 5, 6, 7, 8, 9)));
+  EXPECT_THAT(RunOne(Decode(kBob, 1, -1)), IsOkAndHolds(ElementsAre(12)));
+}
+
+TEST_F(PagePoolTest, ZeroExtendLengthYieldsNothing) {
+  MakePool(8, 4);
+  ASSERT_THAT(RunOne(Extend(kAlice, 0, 3, -1)),
+              IsOkAndHolds(ElementsAre(4, 5, 6)));
+  const Snapshot before = Take();
+  std::vector<std::vector<int64_t>> slots;
+  auto results = Run({Extend(kAlice, 3, 3, 6), Extend(kBob, 0, 0, -1),
+                      Alloc(kBob, 0)},
+                     &slots);
+  for (const AllocResult& r : results) {
+    EXPECT_OK(r.status);
+    EXPECT_EQ(r.num_slots, 0);
+    EXPECT_EQ(r.num_new_pages, 0);
+  }
+  EXPECT_TRUE(before == Take());
+}
+
+TEST_F(PagePoolTest, PageSizeOneGivesOnePagePerToken) {
+  MakePool(8, 1);
+  ASSERT_THAT(RunOne(Extend(kAlice, 0, 3, -1)),
+              IsOkAndHolds(ElementsAre(1, 2, 3)));
+  // Every decode opens a page with page_size 1.
+  EXPECT_THAT(RunOne(Decode(kAlice, 4, 3)), IsOkAndHolds(ElementsAre(4)));
+  EXPECT_THAT(RunOne(Extend(kAlice, 4, 6, 4)),
+              IsOkAndHolds(ElementsAre(5, 6)));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(7, 8));
+}
+
+TEST_F(PagePoolTest, MixedBatchOffsetsAndPagesAddUp) {
+  MakePool(16, 4);
+  std::vector<std::vector<int64_t>> slots;
+  auto results = Run({Extend(kAlice, 0, 5, -1), Alloc(kBob, 8),
+                      Decode(kAlice, 1, -1)},
+                     &slots);
+  EXPECT_THAT(slots, ElementsAre(ElementsAre(4, 5, 6, 7, 8),
+                                 ElementsAre(12, 13, 14, 15, 16, 17, 18, 19),
+                                 ElementsAre(20)));
+  EXPECT_EQ(results[0].num_new_pages, 2);
+  EXPECT_EQ(results[1].num_new_pages, 2);
+  EXPECT_EQ(results[2].num_new_pages, 1);
+  PoolStats stats = pool_->Stats();
+  EXPECT_EQ(stats.owners[kAlice].pages_owned, 3);
+  EXPECT_EQ(stats.owners[kBob].pages_owned, 2);
+  EXPECT_EQ(stats.slots_allocated, 14);
+  EXPECT_EQ(stats.batches_executed, 1);
+}
+
+TEST_F(PagePoolTest, LifoFreeReusesFreedPagesFirstInOrderGiven) {
+  MakePool(8, 4);
+  ASSERT_OK(RunOne(Alloc(kAlice, 16)).status());  // pages 1..4
+  // Slots 5 and 6 are both page 1: freed once. Then page 3 (slot 12).
+  EXPECT_THAT(pool_->FreeSlots(kAlice, {5, 6, 12}), IsOkAndHolds(2));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 3, 5, 6, 7, 8));
+  EXPECT_THAT(RunOne(Alloc(kBob, 4)),
+              IsOkAndHolds(ElementsAre(4, 5, 6, 7)));
+  PoolStats stats = pool_->Stats();
+  EXPECT_EQ(stats.pages_freed, 2);
+  EXPECT_EQ(stats.owners[kAlice].pages_owned, 2);
+}
+
+TEST_F(PagePoolTest, SortedPolicyParksThenMergesWhenShort) {
+  MakePool(4, 2, FreePolicy::kSorted);
+  ASSERT_OK(RunOne(Alloc(kAlice, 6)).status());  // pages 1, 2, 3
+  ASSERT_THAT(pool_->FreePages(kAlice, {3, 1}), IsOkAndHolds(2));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(4));
+  EXPECT_THAT(pool_->ParkedPages(), ElementsAre(3, 1));
+  EXPECT_EQ(pool_->Stats().parked_pages, 2);
+  // One page fits without merging.
+  EXPECT_THAT(RunOne(Alloc(kBob, 2)), IsOkAndHolds(ElementsAre(8, 9)));
+  EXPECT_EQ(pool_->Stats().free_list_sorts, 0);
+  // Two pages do not: merge {} + {3, 1}, sort, take 1 then 3.
+  EXPECT_THAT(RunOne(Alloc(kBob, 4)),
+              IsOkAndHolds(ElementsAre(2, 3, 6, 7)));
+  EXPECT_EQ(pool_->Stats().free_list_sorts, 1);
+  EXPECT_THAT(pool_->ParkedPages(), IsEmpty());
+}
+
+TEST_F(PagePoolTest, RollbackRestoresTheFreeListExactly) {
+  MakePool(8, 4);
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());
+  ASSERT_THAT(pool_->FreePages(kAlice, {1}), IsOkAndHolds(1));
+  const Snapshot before = Take();
+  ASSERT_OK(pool_->Checkpoint(kAlice));
+  ASSERT_OK(RunOne(Extend(kAlice, 0, 9, -1)).status());
+  ASSERT_OK(RunOne(Decode(kAlice, 10, 16)).status());
+  EXPECT_THAT(pool_->Rollback(kAlice), IsOkAndHolds(3));
+  EXPECT_TRUE(before == Take());
+  EXPECT_OK(pool_->CheckInvariants());
+  EXPECT_THAT(pool_->Rollback(kAlice),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no checkpoint")));
+}
+
+TEST_F(PagePoolTest, RollbackLeavesOtherOwnersAlone) {
+  MakePool(8, 4, FreePolicy::kSorted);
+  ASSERT_OK(pool_->Checkpoint(kAlice));
+  ASSERT_OK(RunOne(Alloc(kAlice, 4)).status());  // page 1
+  ASSERT_OK(RunOne(Alloc(kBob, 4)).status());    // page 2
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());  // pages 3, 4
+  ASSERT_THAT(pool_->FreePages(kAlice, {3}), IsOkAndHolds(1));  // parked
+  EXPECT_THAT(pool_->Rollback(kAlice), IsOkAndHolds(2));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 4, 5, 6, 7, 8));
+  EXPECT_THAT(pool_->ParkedPages(), ElementsAre(3));
+  EXPECT_EQ(pool_->OwnerOf(2), kBob);
+}
+
+TEST_F(PagePoolTest, RemoveOwnerReclaimsEveryPage) {
+  MakePool(8, 4);
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());
+  ASSERT_OK(RunOne(Alloc(kBob, 4)).status());
+  EXPECT_THAT(pool_->RemoveOwner(kAlice), IsOkAndHolds(2));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 4, 5, 6, 7, 8));
+  EXPECT_THAT(RunOne(Alloc(kAlice, 4)),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("unknown owner 1")));
+  EXPECT_OK(pool_->CheckInvariants());
+}
+
+TEST_F(PagePoolTest, ClearFreesEverything) {
+  MakePool(4, 4);
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());
+  ASSERT_OK(pool_->Checkpoint(kBob));
+  ASSERT_OK(pool_->Clear());
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 3, 4));
+  PoolStats stats = pool_->Stats();
+  EXPECT_EQ(stats.owners[kAlice].pages_owned, 0);
+  EXPECT_FALSE(stats.owners[kBob].checkpoint_active);
+  EXPECT_OK(pool_->CheckInvariants());
+}
+
+// A request that does not fit is refused alone; the rest of the batch
+// proceeds and later requests may still fit.
+TEST_F(PagePoolTest, OutOfPagesRefusesOnlyThatRequest) {
+  MakePool(4, 4);
+  std::vector<std::vector<int64_t>> slots;
+  auto results = Run({Alloc(kAlice, 8), Alloc(kBob, 12), Alloc(kBob, 4)},
+                     &slots);
+  EXPECT_OK(results[0].status);
+  EXPECT_THAT(results[1].status,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("alloc request 1: out of pages: needs 3 "
+                                 "pages, 2 free")));
+  EXPECT_OK(results[2].status);
+  EXPECT_THAT(slots[2], ElementsAre(12, 13, 14, 15));
+  EXPECT_EQ(pool_->Stats().out_of_pages_refusals, 1);
+}
+
+TEST_F(PagePoolTest, QuotaCapsAnOwnersPages) {
+  MakePool(8, 4);
+  constexpr OwnerId kCarol = 3;
+  ASSERT_OK(pool_->AddOwner(kCarol, 2));
+  std::vector<std::vector<int64_t>> slots;
+  auto results = Run({Alloc(kCarol, 4), Alloc(kCarol, 8)}, &slots);
+  EXPECT_OK(results[0].status);
+  EXPECT_THAT(results[1].status,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("over quota: needs 2 pages, owner 3 holds 1 "
+                                 "of its 2")));
+  EXPECT_THAT(pool_->AddOwner(kCarol, 2),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("owner 3")));
+  EXPECT_THAT(pool_->AddOwner(kNoOwner, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("reserved")));
+}
+
+// Each refusal: the right code, a message naming the field and index, and a
+// pool exactly as it was.
+struct RefusalCase {
+  const char* name;
+  std::function<absl::Status(PagePoolTest&)> call;
+  absl::StatusCode code;
+  const char* message;
+};
+
+class PagePoolRefusalTest : public PagePoolTest {};
+
+TEST_F(PagePoolRefusalTest, EveryRefusalChangesNothing) {
+  // Alice owns pages 1, 2 (slots 4..11) with a 6-token sequence ending at
+  // slot 9; Bob owns page 3 (slots 12..15).
+  auto one = [](PagePoolTest& t, AllocRequest r) {
+    auto result = t.RunOne(r);
+    return result.status();
+  };
+  const std::vector<RefusalCase> cases = {
+      {"misaligned last_loc",
+       [&](PagePoolTest& t) { return one(t, Extend(kAlice, 6, 8, 10)); },
+       absl::StatusCode::kInvalidArgument, "last_locs[0] (10) is misaligned"},
+      {"foreign last_loc",
+       [&](PagePoolTest& t) { return one(t, Extend(kAlice, 2, 4, 13)); },
+       absl::StatusCode::kPermissionDenied,
+       "last_locs[0] (13): page 3 belongs to another session"},
+      {"free last_loc",
+       [&](PagePoolTest& t) { return one(t, Decode(kAlice, 3, 17)); },
+       absl::StatusCode::kFailedPrecondition,
+       "last_locs[0] (17): page 4 is free"},
+      {"seq_len < prefix_len",
+       [&](PagePoolTest& t) { return one(t, Extend(kAlice, 6, 5, 9)); },
+       absl::StatusCode::kInvalidArgument, "seq_lens[0] (5) < prefix_lens[0]"},
+      {"unaligned alloc",
+       [&](PagePoolTest& t) { return one(t, Alloc(kAlice, 5)); },
+       absl::StatusCode::kInvalidArgument, "num_tokens[0] (5)"},
+      {"out of pages",
+       [&](PagePoolTest& t) { return one(t, Alloc(kBob, 4 * 6)); },
+       absl::StatusCode::kResourceExhausted, "needs 6 pages, 5 free"},
+      {"unknown owner",
+       [&](PagePoolTest& t) { return one(t, Alloc(99, 4)); },
+       absl::StatusCode::kNotFound, "unknown owner 99"},
+      {"double free",
+       [](PagePoolTest& t) { return t.pool_->FreePages(kAlice, {1, 4}).status(); },
+       absl::StatusCode::kFailedPrecondition,
+       "pages[1] (4): page 4 is already free"},
+      {"free another's page",
+       [](PagePoolTest& t) { return t.pool_->FreeSlots(kAlice, {4, 13}).status(); },
+       absl::StatusCode::kPermissionDenied,
+       "slots[1] (13): page 3 belongs to another session"},
+      {"free page 0",
+       [](PagePoolTest& t) { return t.pool_->FreePages(kAlice, {1, 0}).status(); },
+       absl::StatusCode::kInvalidArgument, "pages[1] (0) is outside"},
+      {"free slot of page 0",
+       [](PagePoolTest& t) { return t.pool_->FreeSlots(kAlice, {2}).status(); },
+       absl::StatusCode::kInvalidArgument, "page 0 is reserved"},
+      {"slot out of range",
+       [](PagePoolTest& t) { return t.pool_->FreeSlots(kAlice, {4, 36}).status(); },
+       absl::StatusCode::kInvalidArgument, "slots[1] (36) is outside"},
+      {"negative slot",
+       [](PagePoolTest& t) { return t.pool_->FreeSlots(kAlice, {-1}).status(); },
+       absl::StatusCode::kInvalidArgument, "slots[0] (-1) is outside"},
+      {"free for unknown owner",
+       [](PagePoolTest& t) { return t.pool_->FreePages(7, {1}).status(); },
+       absl::StatusCode::kNotFound, "unknown owner 7"},
+      {"rollback without checkpoint",
+       [](PagePoolTest& t) { return t.pool_->Rollback(kBob).status(); },
+       absl::StatusCode::kFailedPrecondition, "no checkpoint"},
+      {"checkpoint for unknown owner",
+       [](PagePoolTest& t) { return t.pool_->Checkpoint(5); },
+       absl::StatusCode::kNotFound, "unknown owner 5"},
+  };
+  for (const RefusalCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    MakePool(8, 4);
+    ASSERT_OK(RunOne(Extend(kAlice, 0, 6, -1)).status());
+    ASSERT_OK(RunOne(Alloc(kBob, 4)).status());
+    const Snapshot before = Take();
+    EXPECT_THAT(c.call(*this), StatusIs(c.code, HasSubstr(c.message)));
+    EXPECT_TRUE(before == Take());
+    EXPECT_OK(pool_->CheckInvariants());
+  }
+}
+
+// An executor whose launches fail, to check that a device failure commits
+// nothing.
+class FailingExecutor : public PlanExecutor {
+ public:
+  absl::Status InitFreeRing(int64_t capacity) override {
+    return mirror_.InitFreeRing(capacity);
+  }
+  absl::Status WriteFreeRing(int64_t position,
+                             absl::Span<const int64_t> pages) override {
+    return mirror_.WriteFreeRing(position, pages);
+  }
+  absl::Status Execute(const BatchPlan&) override {
+    return absl::InternalError("CUDA error: an illegal memory access");
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override {
+    return mirror_.ReadFreeRing();
+  }
+  const char* name() const override { return "failing"; }
+
+ private:
+  CpuExecutor mirror_;
+};
+
+TEST(PagePoolExecutorFailureTest, FailedLaunchCommitsNothing) {
+  FailingExecutor executor;
+  ASSERT_OK_AND_ASSIGN(auto pool,
+                       PagePool::Create({4, 4, FreePolicy::kLifo}, &executor));
+  ASSERT_OK(pool->AddOwner(kAlice, 0));
+  std::vector<int64_t> out(4);
+  AllocRequest request{RequestKind::kAlloc, kAlice, 0, 0, 4, -1, out.data()};
+  std::vector<AllocResult> results = pool->Allocate({request});
+  EXPECT_THAT(results[0].status,
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("CUDA error")));
+  EXPECT_THAT(pool->FreeList(), ElementsAre(1, 2, 3, 4));
+  EXPECT_EQ(pool->Stats().used_pages, 0);
+  EXPECT_OK(pool->CheckInvariants());
+}
+
+TEST(FreePolicyTest, ParsesNames) {
+  EXPECT_THAT(ParseFreePolicy("lifo"), IsOkAndHolds(FreePolicy::kLifo));
+  EXPECT_THAT(ParseFreePolicy("sorted"), IsOkAndHolds(FreePolicy::kSorted));
+  EXPECT_THAT(ParseFreePolicy("fifo"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("\"fifo\"")));
+}
+
+}  // namespace
+}  // namespace pagealloc

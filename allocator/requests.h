@@ -1,0 +1,103 @@
+// Allocation requests, their shape validation, and the page arithmetic that
+// the whole project shares (SGLang's alloc_extend / alloc_decode semantics).
+//
+// Every request is planned in "extend form" (prefix_len, seq_len, last_loc):
+// a decode is an extend with prefix_len = seq_len - 1, and a plain alloc of n
+// tokens is an extend with prefix_len = 0, seq_len = n, last_loc = -1.
+
+#ifndef PAGEALLOC_ALLOCATOR_REQUESTS_H_
+#define PAGEALLOC_ALLOCATOR_REQUESTS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace pagealloc {
+
+// Identifies the session that owns a page. 0 means "free" and is never a
+// valid owner.
+using OwnerId = uint64_t;
+inline constexpr OwnerId kNoOwner = 0;
+
+enum class RequestKind : uint8_t {
+  kExtend,  // prefill, chunked prefill, speculative drafts
+  kDecode,  // one new token per request
+  kAlloc,   // whole pages, n % page_size == 0
+};
+
+// Returns "extend", "decode" or "alloc".
+absl::string_view RequestKindName(RequestKind kind);
+
+// One request of a batch, as the caller sent it.
+struct AllocRequest {
+  RequestKind kind = RequestKind::kExtend;
+  OwnerId owner = kNoOwner;
+  // The request's index in the caller's own call; only used in messages so
+  // that an error names the request the client knows.
+  int64_t index = 0;
+  // kExtend: tokens already in the KV cache. Ignored for kDecode and kAlloc.
+  int64_t prefix_len = 0;
+  // kExtend, kDecode: the sequence length after this step (kDecode counts the
+  // new token). kAlloc: the number of tokens, a multiple of page_size.
+  int64_t seq_len = 0;
+  // kExtend, kDecode: slot of the last prefix token, or -1 when the prefix is
+  // empty. Ignored for kAlloc.
+  int64_t last_loc = -1;
+  // Where the executor writes the request's slots: seq_len - prefix_len
+  // int64 values, in the executor's address space (a host pointer for the
+  // CPU executor, a device pointer for the CUDA one).
+  int64_t* destination = nullptr;
+};
+
+// A request in extend form, with its page arithmetic.
+struct ExtendShape {
+  int64_t prefix_len = 0;
+  int64_t seq_len = 0;
+  int64_t last_loc = -1;
+
+  int64_t num_slots() const { return seq_len - prefix_len; }
+};
+
+// The geometry every request is checked against.
+struct PoolGeometry {
+  int64_t page_size = 1;  // >= 1
+  int64_t num_pages = 0;  // usable pages, ids 1..num_pages; page 0 is reserved
+
+  // One past the largest slot of the pool: (num_pages + 1) * page_size.
+  int64_t slot_limit() const { return (num_pages + 1) * page_size; }
+};
+
+// ceil(a / b) for a >= 0, b >= 1.
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Pages a request in extend form takes from the free list:
+// ceil(seq_len / ps) - ceil(prefix_len / ps). Correct for page_size 1 too.
+inline int64_t NewPagesNeeded(const ExtendShape& shape, int64_t page_size) {
+  return CeilDiv(shape.seq_len, page_size) -
+         CeilDiv(shape.prefix_len, page_size);
+}
+
+// Slots that continue the prefix's partially filled last page:
+// min(seq_len, ceil(prefix_len / ps) * ps) - prefix_len.
+inline int64_t PartialPageSlots(const ExtendShape& shape, int64_t page_size) {
+  const int64_t page_end = CeilDiv(shape.prefix_len, page_size) * page_size;
+  return (shape.seq_len < page_end ? shape.seq_len : page_end) -
+         shape.prefix_len;
+}
+
+// Converts `request` to extend form.
+ExtendShape ToExtendShape(const AllocRequest& request);
+
+// Checks everything about a request that does not depend on the pool's
+// current state: lengths, alignment, slot ranges. Returns INVALID_ARGUMENT
+// naming the wire field and the request index, e.g.
+// "seq_lens[3] (12) < prefix_lens[3] (40)".
+// When the prefix ends inside a page, the caller must still check that
+// last_loc's page is owned by the request's owner (PagePool does).
+absl::Status ValidateShape(const AllocRequest& request,
+                           const PoolGeometry& geometry);
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_ALLOCATOR_REQUESTS_H_

@@ -1,0 +1,46 @@
+// CpuExecutor: the reference executor. Expands a batch plan into slots on
+// the host, reading the batch's pages from its own mirror of the free ring,
+// exactly as the CUDA executor does on the device.
+//
+// Destinations are host pointers (on the CPU backend, into the POSIX shared
+// memory rings clients map).
+//
+// This class is thread-compatible: the pool serializes calls.
+
+#ifndef PAGEALLOC_KERNELS_CPU_EXECUTOR_H_
+#define PAGEALLOC_KERNELS_CPU_EXECUTOR_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "allocator/executor.h"
+
+namespace pagealloc {
+
+class CpuExecutor final : public PlanExecutor {
+ public:
+  CpuExecutor() = default;
+
+  absl::Status InitFreeRing(int64_t capacity) override;
+  absl::Status WriteFreeRing(int64_t position,
+                             absl::Span<const int64_t> pages) override;
+  absl::Status Execute(const BatchPlan& plan) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override;
+  const char* name() const override { return "cpu"; }
+
+ private:
+  std::vector<int64_t> ring_;
+};
+
+// Expands one planned request into `out` (seq_len - prefix_len slots),
+// taking its new pages from `ring` starting at ring position
+// head + request.first_new_page. Shared by the CPU executor and the tests
+// that check GPU output against it.
+void ExpandRequest(const PlannedRequest& request, int64_t page_size,
+                   const int64_t* ring, int64_t ring_capacity, int64_t head,
+                   int64_t* out);
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_KERNELS_CPU_EXECUTOR_H_
