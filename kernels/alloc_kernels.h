@@ -1,0 +1,27 @@
+// Host-side entry point of the expand kernels (kernels/alloc_kernels.cu):
+// expands a packed batch plan (kernels/plan_packing.h) into slots with one
+// kernel launch. Plain C++ plus the CUDA runtime's types.
+
+#ifndef PAGEALLOC_KERNELS_ALLOC_KERNELS_H_
+#define PAGEALLOC_KERNELS_ALLOC_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/expand_plan.h"
+
+namespace pagealloc {
+
+// Launches one kernel on `stream` that writes every slot of the packed plan
+// `params` describes to its request's destination. Picks the per-request
+// kernel when no request writes more than kPerRequestMaxSlots slots, else
+// the tiled one (one thread per slot, 1 or 4 slots per thread by size).
+// Returns cudaSuccess at once, launching nothing, when num_slots is 0;
+// cudaErrorInvalidValue, launching nothing, for inconsistent parameters
+// (null arrays, sizes out of range); else the launch's error
+// (cudaGetLastError). Asynchronous: the slots are written when the stream
+// gets there. Allocates nothing.
+cudaError_t LaunchExpandPlan(const ExpandParams& params, cudaStream_t stream);
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_KERNELS_ALLOC_KERNELS_H_

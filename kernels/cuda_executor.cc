@@ -1,0 +1,285 @@
+#include "kernels/cuda_executor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "allocator/status_macros.h"
+#include "kernels/alloc_kernels.h"
+#include "kernels/expand_plan.h"
+#include "kernels/plan_packing.h"
+
+namespace pagealloc {
+namespace {
+
+// The one place a cudaError_t becomes an absl::Status. A machine without a
+// GPU or driver is FAILED_PRECONDITION "no CUDA GPU: ..."; every other
+// failure is INTERNAL. `what` names the call.
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const std::string message = absl::StrFormat(
+      "%s: %s (%s)", what, cudaGetErrorString(error), cudaGetErrorName(error));
+  if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver) {
+    return absl::FailedPreconditionError("no CUDA GPU: " + message);
+  }
+  return absl::InternalError(message);
+}
+
+bool DebugSyncFromEnvironment() {
+  const char* value = std::getenv("PAGEALLOC_CUDA_DEBUG_SYNC");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+absl::Status ValidateOptions(const CudaExecutorOptions& options) {
+  if (options.device_ordinal < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "device_ordinal (%d) must be >= 0", options.device_ordinal));
+  }
+  if (options.max_requests_per_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_requests_per_batch (%d) must be >= 1",
+                        options.max_requests_per_batch));
+  }
+  if (options.max_slots_per_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_slots_per_batch (%d) must be >= 1", options.max_slots_per_batch));
+  }
+  if (options.max_pages_per_ring_write < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_pages_per_ring_write (%d) must be >= 1",
+                        options.max_pages_per_ring_write));
+  }
+  if (options.num_staging_buffers < 2) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "num_staging_buffers (%d) must be >= 2", options.num_staging_buffers));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CudaExecutor::CudaExecutor(const CudaExecutorOptions& options)
+    : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(
+    const CudaExecutorOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  int count = 0;
+  const absl::Status counted =
+      CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (!counted.ok()) {
+    // Whatever stops the runtime from counting devices (no driver, a
+    // driver too old, no device node) means the same here: no GPU to use.
+    if (absl::IsFailedPrecondition(counted)) return counted;
+    return absl::FailedPreconditionError(
+        absl::StrFormat("no CUDA GPU: %s", counted.message()));
+  }
+  if (count == 0) {
+    return absl::FailedPreconditionError(
+        "no CUDA GPU: cudaGetDeviceCount found no device");
+  }
+  if (options.device_ordinal >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("device_ordinal (%d) >= the %d CUDA device(s)",
+                        options.device_ordinal, count));
+  }
+  int major = 0;
+  int minor = 0;
+  RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                             options.device_ordinal),
+      "cudaDeviceGetAttribute"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
+                             options.device_ordinal),
+      "cudaDeviceGetAttribute"));
+  if (major < 9) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CUDA device %d is sm_%d%d; pagealloc's kernels are built for sm_90 "
+        "and newer",
+        options.device_ordinal, major, minor));
+  }
+  CudaExecutorOptions effective = options;
+  effective.debug_sync = options.debug_sync || DebugSyncFromEnvironment();
+  std::unique_ptr<CudaExecutor> executor(new CudaExecutor(effective));
+  RETURN_IF_ERROR(executor->Init());
+  return executor;
+}
+
+absl::Status CudaExecutor::Init() {
+  RETURN_IF_ERROR(SelectDevice());
+  RETURN_IF_ERROR(CudaStatus(
+      cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+      "cudaStreamCreateWithFlags"));
+  const int64_t plan_bytes = MaxPackedPlanBytes(
+      options_.max_requests_per_batch, options_.max_slots_per_batch);
+  plan_staging_words_ = plan_bytes / static_cast<int64_t>(sizeof(int64_t));
+  const int64_t ring_bytes =
+      options_.max_pages_per_ring_write * static_cast<int64_t>(sizeof(int64_t));
+  // Members are filled as they are allocated, so the destructor frees
+  // exactly what was allocated when a step fails.
+  plan_staging_.resize(options_.num_staging_buffers);
+  ring_staging_.resize(options_.num_staging_buffers);
+  for (std::vector<Staging>* kind : {&plan_staging_, &ring_staging_}) {
+    const int64_t bytes = kind == &plan_staging_ ? plan_bytes : ring_bytes;
+    for (Staging& staging : *kind) {
+      RETURN_IF_ERROR(
+          CudaStatus(cudaHostAlloc(&staging.host, bytes, cudaHostAllocDefault),
+                     "cudaHostAlloc (staging)"));
+      RETURN_IF_ERROR(CudaStatus(
+          cudaEventCreateWithFlags(&staging.copied, cudaEventDisableTiming),
+          "cudaEventCreateWithFlags"));
+    }
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&device_plan_, plan_bytes),
+                             "cudaMalloc (plan)"));
+  return absl::OkStatus();
+}
+
+CudaExecutor::~CudaExecutor() {
+  // Errors here have nowhere to go; a failed call leaves nothing to undo.
+  if (cudaSetDevice(options_.device_ordinal) != cudaSuccess) return;
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (std::vector<Staging>* kind : {&plan_staging_, &ring_staging_}) {
+    for (Staging& staging : *kind) {
+      if (staging.copied != nullptr) cudaEventDestroy(staging.copied);
+      if (staging.host != nullptr) cudaFreeHost(staging.host);
+    }
+  }
+  if (device_plan_ != nullptr) cudaFree(device_plan_);
+  if (device_ring_ != nullptr) cudaFree(device_ring_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaExecutor::SelectDevice() const {
+  return CudaStatus(cudaSetDevice(options_.device_ordinal), "cudaSetDevice");
+}
+
+absl::Status CudaExecutor::MaybeDebugSync(const char* what) {
+  if (!options_.debug_sync) return absl::OkStatus();
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), what));
+  return CudaStatus(cudaGetLastError(), what);
+}
+
+absl::StatusOr<CudaExecutor::Staging*> CudaExecutor::AcquireStaging(
+    std::vector<Staging>& ring, size_t& next) {
+  Staging* staging = &ring[next];
+  next = (next + 1) % ring.size();
+  // Returns at once unless the copy out of this buffer (queued
+  // num_staging_buffers uses ago) is still in flight.
+  RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(staging->copied),
+                             "cudaEventSynchronize (staging)"));
+  return staging;
+}
+
+absl::Status CudaExecutor::ReleaseStaging(Staging& staging) {
+  return CudaStatus(cudaEventRecord(staging.copied, stream_),
+                    "cudaEventRecord (staging)");
+}
+
+absl::Status CudaExecutor::InitFreeRing(int64_t capacity) {
+  if (capacity < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("free ring capacity (%d) must be >= 1", capacity));
+  }
+  if (device_ring_ != nullptr) {
+    if (capacity == ring_capacity_) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "free ring already has capacity %d; cannot resize it to %d",
+        ring_capacity_, capacity));
+  }
+  RETURN_IF_ERROR(SelectDevice());
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMalloc(reinterpret_cast<void**>(&device_ring_), capacity * static_cast<int64_t>(
+                                               sizeof(int64_t))),
+      "cudaMalloc (free ring)"));
+  ring_capacity_ = capacity;
+  return absl::OkStatus();
+}
+
+absl::Status CudaExecutor::WriteFreeRing(int64_t position,
+                                         absl::Span<const int64_t> pages) {
+  const int64_t size = pages.size();
+  if (position < 0 || position + size > ring_capacity_) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("free ring write [%d, %d) outside capacity %d",
+                        position, position + size, ring_capacity_));
+  }
+  if (pages.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(SelectDevice());
+  while (!pages.empty()) {
+    const int64_t n =
+        std::min<int64_t>(pages.size(), options_.max_pages_per_ring_write);
+    ASSIGN_OR_RETURN(Staging * staging,
+                     AcquireStaging(ring_staging_, next_ring_staging_));
+    std::memcpy(staging->host, pages.data(), n * sizeof(int64_t));
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(device_ring_ + position, staging->host,
+                        n * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync (free ring)"));
+    RETURN_IF_ERROR(ReleaseStaging(*staging));
+    pages.remove_prefix(n);
+    position += n;
+  }
+  return MaybeDebugSync("free ring write (debug sync)");
+}
+
+absl::Status CudaExecutor::Execute(const BatchPlan& plan) {
+  if (device_ring_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "Execute before InitFreeRing: no free ring mirror");
+  }
+  if (static_cast<int64_t>(plan.requests.size()) >
+      options_.max_requests_per_batch) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "plan has %d requests; max_requests_per_batch is %d",
+        plan.requests.size(), options_.max_requests_per_batch));
+  }
+  if (plan.num_slots > options_.max_slots_per_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("plan has %d slots; max_slots_per_batch is %d",
+                        plan.num_slots, options_.max_slots_per_batch));
+  }
+  if (plan.num_slots == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(SelectDevice());
+  ASSIGN_OR_RETURN(Staging * staging,
+                   AcquireStaging(plan_staging_, next_plan_staging_));
+  ASSIGN_OR_RETURN(
+      const PackedPlan packed,
+      PackPlan(plan, ring_capacity_,
+               absl::MakeSpan(static_cast<int64_t*>(staging->host),
+                              plan_staging_words_)));
+  if (packed.num_requests == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(device_plan_, staging->host, packed.bytes,
+                      cudaMemcpyHostToDevice, stream_),
+      "cudaMemcpyAsync (plan)"));
+  RETURN_IF_ERROR(ReleaseStaging(*staging));
+  const ExpandParams params = MakeExpandParams(
+      packed, device_plan_, device_ring_, ring_capacity_, plan.page_size);
+  RETURN_IF_ERROR(
+      CudaStatus(LaunchExpandPlan(params, stream_), "LaunchExpandPlan"));
+  return MaybeDebugSync("expand kernel (debug sync)");
+}
+
+absl::Status CudaExecutor::Synchronize() {
+  RETURN_IF_ERROR(SelectDevice());
+  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+absl::StatusOr<std::vector<int64_t>> CudaExecutor::ReadFreeRing() {
+  RETURN_IF_ERROR(SelectDevice());
+  std::vector<int64_t> ring(ring_capacity_);
+  if (ring_capacity_ == 0) return ring;
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(ring.data(), device_ring_,
+                      ring_capacity_ * sizeof(int64_t),
+                      cudaMemcpyDeviceToHost, stream_),
+      "cudaMemcpyAsync (read free ring)"));
+  RETURN_IF_ERROR(Synchronize());
+  return ring;
+}
+
+}  // namespace pagealloc

@@ -1,0 +1,57 @@
+// Packs a BatchPlan into the struct-of-arrays block the expand kernel reads
+// (kernels/expand_plan.h), so that one copy uploads a whole batch. Pure
+// host code: the CUDA executor packs into pinned staging, the tests and the
+// benchmark into ordinary memory.
+
+#ifndef PAGEALLOC_KERNELS_PLAN_PACKING_H_
+#define PAGEALLOC_KERNELS_PLAN_PACKING_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "allocator/executor.h"
+#include "kernels/expand_plan.h"
+
+namespace pagealloc {
+
+// Where each array of a packed plan sits in its block, in bytes from the
+// block's start (all multiples of 8), and the figures that pick the kernel.
+struct PackedPlan {
+  int64_t num_requests = 0;       // requests with >= 1 slot; 0: no work
+  int64_t num_slots = 0;          // slots the batch writes
+  int64_t max_request_slots = 0;  // the largest request's slots
+  int64_t num_tile_marks = 0;     // tile_first_request entries
+  int64_t bytes = 0;              // bytes of the block in use
+  int64_t slot_begin_offset = 0;
+  int64_t partial_slots_offset = 0;
+  int64_t first_slot_offset = 0;
+  int64_t ring_start_offset = 0;
+  int64_t destination_offset = 0;
+  int64_t tile_first_request_offset = 0;
+};
+
+// Returns the largest block a plan of at most `max_requests` requests and
+// `max_slots` slots can pack into.
+int64_t MaxPackedPlanBytes(int64_t max_requests, int64_t max_slots);
+
+// Validates `plan` against a free ring of `ring_capacity` entries and packs
+// it into `block` (8-byte aligned). Requests with no slots are left out.
+// Returns INVALID_ARGUMENT naming the request and field when the plan is
+// inconsistent (a plan the pool built never is), and RESOURCE_EXHAUSTED
+// when the packed plan does not fit in `block`; `block` may then hold
+// garbage.
+absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
+                                    int64_t ring_capacity,
+                                    absl::Span<int64_t> block);
+
+// Returns the kernel parameters for `packed`, whose block was copied to
+// `device_block`, reading pages from `free_ring`.
+ExpandParams MakeExpandParams(const PackedPlan& packed,
+                              const void* device_block,
+                              const int64_t* free_ring,
+                              int64_t ring_capacity, int64_t page_size);
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_KERNELS_PLAN_PACKING_H_

@@ -1,0 +1,283 @@
+// PackPlan's validation and layout, and the expand kernels' per-thread code
+// (kernels/expand_plan.h) run on the host: every block and thread of each
+// kernel variant is emulated over fresh random plans and the whole output
+// is compared with the CPU reference. This checks, without a GPU, the exact
+// functions the GPU kernels call; tests/gpu checks the kernels themselves.
+
+#include "kernels/plan_packing.h"
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu_executor.h"
+#include "kernels/expand_plan.h"
+#include "tests/random_plan.h"
+#include "tests/status_matchers.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::BindDestinations;
+using ::pagealloc::testing::kPoison;
+using ::pagealloc::testing::MakeRandomBatch;
+using ::pagealloc::testing::RandomBatch;
+using ::pagealloc::testing::RandomPlanSpec;
+using ::pagealloc::testing::RandomRing;
+using ::pagealloc::testing::StatusIs;
+using ::testing::HasSubstr;
+
+enum class Variant { kPerRequest, kTile1, kTile4 };
+
+// Runs every thread of one launch of `variant` on the host.
+template <bool kPow2>
+void EmulateLaunch(const ExpandParams& params, Variant variant,
+                   int page_shift) {
+  const int64_t threads = kExpandThreads;
+  switch (variant) {
+    case Variant::kPerRequest: {
+      const int64_t blocks = (params.num_requests + threads - 1) / threads;
+      for (int64_t r = 0; r < blocks * threads; ++r) {
+        ExpandRequestThread<kPow2>(params, page_shift, r);
+      }
+      break;
+    }
+    case Variant::kTile1:
+    case Variant::kTile4: {
+      const int per_thread = variant == Variant::kTile1 ? 1 : 4;
+      const int64_t tile = kExpandTileSlots * per_thread;
+      const int64_t blocks = (params.num_slots + tile - 1) / tile;
+      for (int64_t b = 0; b < blocks; ++b) {
+        for (int t = 0; t < threads; ++t) {
+          if (per_thread == 1) {
+            ExpandTileThread<kPow2, 1>(params, page_shift, b, t);
+          } else {
+            ExpandTileThread<kPow2, 4>(params, page_shift, b, t);
+          }
+        }
+      }
+      break;
+    }
+  }
+}
+
+class PlanPackingTest : public ::testing::Test {
+ protected:
+  // Packs `batch`, emulates `variant` (with and without the power-of-two
+  // path where it applies) and compares the whole output buffer with
+  // ExpandRequest's.
+  void ExpectEmulationMatchesReference(RandomBatch& batch,
+                                       const std::vector<int64_t>& ring,
+                                       Variant variant) {
+    const BatchPlan& plan = batch.plan;
+    std::vector<int64_t> expected(batch.output_words, kPoison);
+    BindDestinations(batch, expected.data());
+    for (const PlannedRequest& request : plan.requests) {
+      ExpandRequest(request, plan.page_size, ring.data(), ring.size(),
+                    plan.free_ring_head, request.destination);
+    }
+    std::vector<int64_t> block(
+        MaxPackedPlanBytes(plan.requests.size(), plan.num_slots) / 8);
+    const int shift = PageShift(plan.page_size);
+    for (const bool pow2 : {false, true}) {
+      if (pow2 && shift < 0) continue;
+      std::vector<int64_t> actual(batch.output_words, kPoison);
+      BindDestinations(batch, actual.data());
+      ASSERT_OK_AND_ASSIGN(
+          const PackedPlan packed,
+          PackPlan(batch.plan, ring.size(), absl::MakeSpan(block)));
+      ASSERT_LE(packed.bytes, 8 * static_cast<int64_t>(block.size()));
+      if (packed.num_requests > 0) {
+        const ExpandParams params = MakeExpandParams(
+            packed, block.data(), ring.data(), ring.size(), plan.page_size);
+        if (pow2) {
+          EmulateLaunch<true>(params, variant, shift);
+        } else {
+          EmulateLaunch<false>(params, variant, 0);
+        }
+      }
+      ASSERT_EQ(actual, expected)
+          << "variant " << static_cast<int>(variant) << " pow2 " << pow2;
+    }
+  }
+
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+TEST_F(PlanPackingTest, EmulatedKernelsMatchReferenceOnRandomPlans) {
+  const uint64_t seed = std::random_device{}();
+  rng_.seed(seed);
+  SCOPED_TRACE(absl::StrFormat("seed %d", seed));
+  for (const int64_t page_size : {1, 2, 3, 16, 64}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      RandomPlanSpec spec;
+      spec.page_size = page_size;
+      spec.num_requests = 1 + rng_() % (trial % 4 == 0 ? 600 : 40);
+      spec.max_prefix = 1 + rng_() % 300;
+      // Small extends (the per-request kernel's range), large ones, mixed.
+      spec.max_extend = trial % 3 == 0 ? 16 : 1 + rng_() % 3000;
+      spec.decode_fraction = trial % 5 == 0 ? 1.0 : 0.3;
+      spec.max_total_slots = 1 << 16;
+      const int64_t capacity = spec.max_total_slots + rng_() % 100;
+      std::vector<int64_t> ring = RandomRing(capacity, rng_);
+      RandomBatch batch = MakeRandomBatch(spec, capacity, rng_);
+      SCOPED_TRACE(absl::StrFormat(
+          "page_size %d trial %d: %d requests, %d slots, head %d", page_size,
+          trial, batch.plan.requests.size(), batch.plan.num_slots,
+          batch.plan.free_ring_head));
+      for (Variant variant :
+           {Variant::kPerRequest, Variant::kTile1, Variant::kTile4}) {
+        int64_t max_slots = 0;
+        for (const PlannedRequest& r : batch.plan.requests) {
+          max_slots = std::max(max_slots, r.seq_len - r.prefix_len);
+        }
+        // The per-request kernel is only launched for small requests.
+        if (variant == Variant::kPerRequest &&
+            !UsesPerRequestKernel(max_slots)) {
+          continue;
+        }
+        ExpectEmulationMatchesReference(batch, ring, variant);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_F(PlanPackingTest, PagesWrapAroundTheRingEnd) {
+  // Head at the last ring position: the second page comes from position 0.
+  std::vector<int64_t> ring = {5, 9, 2, 7};
+  BatchPlan plan;
+  plan.page_size = 4;
+  plan.free_ring_capacity = 4;
+  plan.free_ring_head = 3;
+  plan.num_new_pages = 3;
+  plan.num_slots = 10;
+  std::vector<int64_t> out(10, kPoison);
+  plan.requests.push_back({2, 12, 6 * 4 + 1, 0, 0, out.data()});
+  std::vector<int64_t> block(MaxPackedPlanBytes(1, 10) / 8);
+  ASSERT_OK_AND_ASSIGN(const PackedPlan packed,
+                       PackPlan(plan, 4, absl::MakeSpan(block)));
+  EmulateLaunch<true>(
+      MakeExpandParams(packed, block.data(), ring.data(), 4, 4),
+      Variant::kTile1, 2);
+  // 2 slots finish page 6, then pages ring[3] = 7, ring[0] = 5.
+  EXPECT_EQ(out, (std::vector<int64_t>{26, 27, 28, 29, 30, 31, 20, 21, 22,
+                                       23}));
+}
+
+TEST_F(PlanPackingTest, RequestsWithoutSlotsAreLeftOut) {
+  std::vector<int64_t> out(3, kPoison);
+  BatchPlan plan;
+  plan.page_size = 16;
+  plan.free_ring_capacity = 8;
+  plan.num_new_pages = 1;
+  plan.num_slots = 3;
+  plan.requests.push_back({5, 5, 20, 0, 0, nullptr});
+  plan.requests.push_back({0, 3, -1, 0, 0, out.data()});
+  plan.requests.push_back({7, 7, 30, 1, 3, nullptr});
+  std::vector<int64_t> block(MaxPackedPlanBytes(3, 3) / 8);
+  ASSERT_OK_AND_ASSIGN(const PackedPlan packed,
+                       PackPlan(plan, 8, absl::MakeSpan(block)));
+  EXPECT_EQ(packed.num_requests, 1);
+  EXPECT_EQ(packed.num_slots, 3);
+  EXPECT_EQ(packed.max_request_slots, 3);
+
+  plan.requests.resize(1);
+  plan.num_new_pages = 0;
+  plan.num_slots = 0;
+  ASSERT_OK_AND_ASSIGN(const PackedPlan empty,
+                       PackPlan(plan, 8, absl::MakeSpan(block)));
+  EXPECT_EQ(empty.num_requests, 0);
+}
+
+TEST_F(PlanPackingTest, RejectsInconsistentPlans) {
+  std::vector<int64_t> out(40, kPoison);
+  auto make = [&] {
+    BatchPlan plan;
+    plan.page_size = 16;
+    plan.free_ring_capacity = 8;
+    plan.free_ring_head = 2;
+    plan.num_new_pages = 4;
+    plan.num_slots = 40;
+    plan.requests.push_back({0, 20, -1, 0, 0, out.data()});
+    plan.requests.push_back({0, 20, -1, 2, 20, out.data() + 20});
+    return plan;
+  };
+  std::vector<int64_t> block(MaxPackedPlanBytes(2, 40) / 8);
+  auto pack = [&](const BatchPlan& plan) {
+    return PackPlan(plan, 8, absl::MakeSpan(block)).status();
+  };
+  EXPECT_OK(pack(make()));
+
+  BatchPlan plan = make();
+  plan.requests[1].output_offset = 19;
+  EXPECT_THAT(pack(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("requests[1].output_offset")));
+  plan = make();
+  plan.requests[1].destination = nullptr;
+  EXPECT_THAT(pack(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("no destination")));
+  plan = make();
+  plan.requests[1].first_new_page = 3;  // pages [3, 5) of the batch's 4
+  EXPECT_THAT(pack(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("pages [3, 5) outside")));
+  plan = make();
+  plan.requests[0].seq_len = -1;
+  EXPECT_THAT(pack(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("requests[0]: seq_len (-1)")));
+  plan = make();
+  plan.num_slots = 41;
+  EXPECT_THAT(pack(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("num_slots (41)")));
+  plan = make();
+  plan.free_ring_capacity = 9;
+  EXPECT_THAT(pack(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("free_ring_capacity (9)")));
+  plan = make();
+  plan.free_ring_head = 8;
+  EXPECT_THAT(pack(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("free_ring_head (8)")));
+  plan = make();
+  plan.num_new_pages = 9;
+  EXPECT_THAT(pack(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("num_new_pages (9)")));
+  plan = make();
+  plan.page_size = 0;
+  EXPECT_THAT(pack(plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("page_size (0)")));
+
+  std::vector<int64_t> small(MaxPackedPlanBytes(2, 40) / 8 - 1);
+  EXPECT_THAT(PackPlan(make(), 8, absl::MakeSpan(small)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("needs")));
+}
+
+TEST_F(PlanPackingTest, TileMarksNameTheRequestOfEveryTilesFirstSlot) {
+  // Requests of 100, 300 and 200 slots: tiles start at slots 0, 256, 512.
+  std::vector<int64_t> out(600, kPoison);
+  BatchPlan plan;
+  plan.page_size = 1;
+  plan.free_ring_capacity = 1000;
+  plan.num_new_pages = 600;
+  plan.num_slots = 600;
+  plan.requests.push_back({0, 100, -1, 0, 0, out.data()});
+  plan.requests.push_back({0, 300, -1, 100, 100, out.data() + 100});
+  plan.requests.push_back({0, 200, -1, 400, 400, out.data() + 400});
+  std::vector<int64_t> block(MaxPackedPlanBytes(3, 600) / 8);
+  ASSERT_OK_AND_ASSIGN(const PackedPlan packed,
+                       PackPlan(plan, 1000, absl::MakeSpan(block)));
+  ASSERT_EQ(packed.num_tile_marks, 4);
+  const int64_t* marks = block.data() + packed.tile_first_request_offset / 8;
+  EXPECT_EQ(marks[0], 0);
+  EXPECT_EQ(marks[1], 1);  // slot 256
+  EXPECT_EQ(marks[2], 2);  // slot 512
+  EXPECT_EQ(marks[3], 2);  // the last request
+  const int64_t* slot_begin = block.data() + packed.slot_begin_offset / 8;
+  EXPECT_EQ(slot_begin[3], 600);
+}
+
+}  // namespace
+}  // namespace pagealloc

@@ -1,0 +1,58 @@
+// Random batch plans for executor tests: mixed extend / decode / alloc
+// requests in extend form, built exactly as PagePool builds plans (prefix
+// sums of slots and new pages), with each request's destination at its own
+// place in one output buffer (shuffled order, gaps between requests), so
+// that a test can poison the buffer, run an executor and compare the whole
+// buffer with the CPU reference, gaps included.
+
+#ifndef PAGEALLOC_TESTS_RANDOM_PLAN_H_
+#define PAGEALLOC_TESTS_RANDOM_PLAN_H_
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "allocator/executor.h"
+
+namespace pagealloc::testing {
+
+struct RandomPlanSpec {
+  int64_t page_size = 16;
+  int64_t num_requests = 1;
+  // Per request: prefix_len in [0, max_prefix], extend in [0, max_extend]
+  // (decodes have extend 1; allocs a multiple of page_size).
+  int64_t max_prefix = 4096;
+  int64_t max_extend = 64;
+  // Probability that a request is a decode.
+  double decode_fraction = 0.3;
+  // Probability that an extend request writes no slots.
+  double empty_fraction = 0.05;
+  // Extends are clamped so the batch writes at most this many slots.
+  int64_t max_total_slots = int64_t{1} << 21;
+};
+
+struct RandomBatch {
+  BatchPlan plan;  // free ring head/capacity set; destinations unbound
+  // Request k writes its slots at output[destination_offset[k] ...].
+  std::vector<int64_t> destination_offset;
+  int64_t output_words = 0;  // size of the output buffer, gaps included
+};
+
+// Returns a random plan following `spec`, reading its pages from a ring of
+// `ring_capacity` entries starting at a random head. REQUIRES: ring_capacity
+// >= spec.max_total_slots (a bound on the pages any such batch takes).
+RandomBatch MakeRandomBatch(const RandomPlanSpec& spec, int64_t ring_capacity,
+                            std::mt19937_64& rng);
+
+// Points request k's destination at base + destination_offset[k].
+void BindDestinations(RandomBatch& batch, int64_t* base);
+
+// Returns a random permutation of page ids 1..capacity.
+std::vector<int64_t> RandomRing(int64_t capacity, std::mt19937_64& rng);
+
+// The value test buffers are filled with before a run; no slot equals it.
+inline constexpr int64_t kPoison = -0x5a5a5a5a5a5a5a5b;
+
+}  // namespace pagealloc::testing
+
+#endif  // PAGEALLOC_TESTS_RANDOM_PLAN_H_
