@@ -1,0 +1,351 @@
+#include "client/client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "client/ring_view.h"
+#include "server/grpc_status.h"
+
+namespace pagealloc {
+
+absl::Status Allocation::status() const {
+  for (const RequestSlots& request : requests_) {
+    if (!request.status.ok()) return request.status;
+  }
+  return absl::OkStatus();
+}
+
+Client::Client(const ClientOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const ClientOptions& options) {
+  std::unique_ptr<Client> client(new Client(options));
+  if (options.channel != nullptr) {
+    client->channel_ = options.channel;
+  } else {
+    if (options.target.empty()) {
+      return absl::InvalidArgumentError("ClientOptions.target is empty");
+    }
+    client->channel_ = grpc::CreateChannel(
+        options.target, options.credentials != nullptr
+                            ? options.credentials
+                            : grpc::InsecureChannelCredentials());
+  }
+  client->stub_ = v1::PageAllocator::NewStub(client->channel_);
+  absl::Status registered = client->Register();
+  if (!registered.ok()) return registered;
+  client->keepalive_ = std::thread([c = client.get()] { c->KeepAliveLoop(); });
+  return client;
+}
+
+Client::~Client() {
+  (void)Close();
+  if (!stop_keepalive_.HasBeenNotified()) stop_keepalive_.Notify();
+  if (keepalive_.joinable()) keepalive_.join();
+}
+
+std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(
+      absl::ToChronoTime(absl::Now() + options_.call_timeout));
+  return context;
+}
+
+v1::SessionRef Client::Ref() const {
+  v1::SessionRef ref;
+  ref.set_session_id(session_id_);
+  ref.set_session_token(session_token_);
+  return ref;
+}
+
+absl::Status Client::Register() {
+  v1::RegisterRequest request;
+  request.set_client_name(options_.client_name);
+  request.set_ring_capacity_slots(options_.ring_capacity_slots);
+  request.set_quota_pages(options_.quota_pages);
+  v1::RegisterResponse response;
+  auto context = NewContext();
+  absl::Status status =
+      FromGrpcStatus(stub_->Register(context.get(), request, &response));
+  if (!status.ok()) return status;
+  session_id_ = response.session_id();
+  session_token_ = response.session_token();
+  pool_ = response.pool();
+  lease_ms_ = response.lease_ms();
+  absl::StatusOr<std::unique_ptr<RingView>> ring =
+      MapRing(pool_.backend(), response.ring());
+  if (!ring.ok()) {
+    // Give the session back rather than let its lease run out.
+    auto close_context = NewContext();
+    auto stream = stub_->KeepAlive(close_context.get());
+    v1::KeepAliveRequest goodbye;
+    *goodbye.mutable_session() = Ref();
+    goodbye.set_close(true);
+    stream->Write(goodbye);
+    stream->WritesDone();
+    (void)stream->Finish();
+    return ring.status();
+  }
+  ring_ = *std::move(ring);
+  return absl::OkStatus();
+}
+
+void Client::KeepAliveLoop() {
+  const absl::Duration interval =
+      options_.keepalive_interval > absl::ZeroDuration()
+          ? options_.keepalive_interval
+          : absl::Milliseconds(std::max<int64_t>(lease_ms_ / 3, 1));
+  absl::Time renewed = absl::Now();
+  while (!stop_keepalive_.HasBeenNotified()) {
+    grpc::ClientContext context;
+    auto stream = stub_->KeepAlive(&context);
+    v1::KeepAliveRequest ping;
+    *ping.mutable_session() = Ref();
+    v1::KeepAliveResponse pong;
+    while (stream->Write(ping) && stream->Read(&pong)) {
+      renewed = absl::Now();
+      if (stop_keepalive_.WaitForNotificationWithTimeout(interval)) {
+        context.TryCancel();
+        return;
+      }
+    }
+    context.TryCancel();
+    const absl::Status ended = FromGrpcStatus(stream->Finish());
+    if (ended.code() == absl::StatusCode::kNotFound ||
+        ended.code() == absl::StatusCode::kUnauthenticated) {
+      (void)Observe(ended);
+      return;
+    }
+    if (absl::Now() - renewed > absl::Milliseconds(lease_ms_)) {
+      (void)Observe(absl::UnavailableError(absl::StrFormat(
+          "lost contact with the daemon for longer than the %d ms lease "
+          "(last error: %s); the session and its slots are gone",
+          lease_ms_, ended.ToString())));
+      return;
+    }
+    // A passing failure: try again while the lease may still hold.
+    if (stop_keepalive_.WaitForNotificationWithTimeout(interval / 4)) return;
+  }
+}
+
+absl::Status Client::Observe(absl::Status status) {
+  // The daemon names the session when it no longer knows it (expired lease,
+  // daemon restarted); a wrong token cannot heal either.
+  const bool gone = (status.code() == absl::StatusCode::kNotFound &&
+                     absl::StrContains(status.message(), "session")) ||
+                    status.code() == absl::StatusCode::kUnauthenticated;
+  if (gone) {
+    absl::MutexLock lock(&mu_);
+    if (session_status_.ok()) session_status_ = status;
+  }
+  return status;
+}
+
+absl::Status Client::session_status() const {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("the session was closed");
+  return session_status_;
+}
+
+template <typename Request, typename Method>
+absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
+                                             const CallOptions& options,
+                                             Method method) {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  *request.mutable_session() = Ref();
+  v1::AllocOptions* wire = request.mutable_options();
+  wire->set_return_inline(options.return_inline);
+  wire->set_async_completion(options.async_completion);
+  {
+    absl::MutexLock lock(&mu_);
+    wire->set_release_ring_up_to(release_up_to_);
+  }
+  v1::AllocResponse response;
+  auto context = NewContext();
+  absl::Status status = Observe(
+      FromGrpcStatus((stub_.get()->*method)(context.get(), request,
+                                            &response)));
+  if (!status.ok()) return status;
+  Allocation allocation;
+  allocation.ring_end_ = response.ring_end();
+  allocation.batch_requests_ = response.batch_requests();
+  allocation.on_device_ = !options.return_inline && ring_->on_device();
+  allocation.requests_.resize(response.results_size());
+  size_t inline_total = 0;
+  for (const v1::RequestResult& result : response.results()) {
+    inline_total += result.slots_size();
+  }
+  allocation.inline_slots_.reserve(inline_total);
+  for (int i = 0; i < response.results_size(); ++i) {
+    const v1::RequestResult& result = response.results(i);
+    RequestSlots& out = allocation.requests_[i];
+    out.status = absl::Status(static_cast<absl::StatusCode>(result.code()),
+                              result.message());
+    if (!out.status.ok()) continue;
+    out.count = result.count();
+    out.new_pages = result.new_pages();
+    if (options.return_inline) {
+      const size_t at = allocation.inline_slots_.size();
+      allocation.inline_slots_.insert(allocation.inline_slots_.end(),
+                                      result.slots().begin(),
+                                      result.slots().end());
+      out.slots = allocation.inline_slots_.data() + at;
+    } else {
+      if (result.ring_offset() < 0 ||
+          result.ring_offset() + result.count() > ring_->capacity_slots()) {
+        return absl::InternalError(absl::StrFormat(
+            "the daemon answered request %d with ring range [%d, %d) outside "
+            "the %d-slot ring",
+            i, result.ring_offset(), result.ring_offset() + result.count(),
+            ring_->capacity_slots()));
+      }
+      out.slots = ring_->slots() + result.ring_offset();
+    }
+  }
+  return allocation;
+}
+
+absl::StatusOr<Allocation> Client::AllocExtend(
+    absl::Span<const int64_t> prefix_lens, absl::Span<const int64_t> seq_lens,
+    absl::Span<const int64_t> last_locs, const CallOptions& options) {
+  v1::AllocExtendRequest request;
+  request.mutable_prefix_lens()->Add(prefix_lens.begin(), prefix_lens.end());
+  request.mutable_seq_lens()->Add(seq_lens.begin(), seq_lens.end());
+  request.mutable_last_locs()->Add(last_locs.begin(), last_locs.end());
+  return CallAlloc(request, options, &v1::PageAllocator::Stub::AllocExtend);
+}
+
+absl::StatusOr<Allocation> Client::AllocDecode(
+    absl::Span<const int64_t> seq_lens, absl::Span<const int64_t> last_locs,
+    const CallOptions& options) {
+  v1::AllocDecodeRequest request;
+  request.mutable_seq_lens()->Add(seq_lens.begin(), seq_lens.end());
+  request.mutable_last_locs()->Add(last_locs.begin(), last_locs.end());
+  return CallAlloc(request, options, &v1::PageAllocator::Stub::AllocDecode);
+}
+
+absl::StatusOr<Allocation> Client::Alloc(absl::Span<const int64_t> num_tokens,
+                                         const CallOptions& options) {
+  v1::AllocRequest request;
+  request.mutable_num_tokens()->Add(num_tokens.begin(), num_tokens.end());
+  return CallAlloc(request, options, &v1::PageAllocator::Stub::Alloc);
+}
+
+absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots) {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  v1::FreeRequest request;
+  *request.mutable_session() = Ref();
+  request.mutable_slots()->Add(slots.begin(), slots.end());
+  v1::FreeResponse response;
+  auto context = NewContext();
+  absl::Status status =
+      Observe(FromGrpcStatus(stub_->Free(context.get(), request, &response)));
+  if (!status.ok()) return status;
+  return response.pages_freed();
+}
+
+absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages) {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  v1::FreeRequest request;
+  *request.mutable_session() = Ref();
+  request.mutable_pages()->Add(pages.begin(), pages.end());
+  v1::FreeResponse response;
+  auto context = NewContext();
+  absl::Status status =
+      Observe(FromGrpcStatus(stub_->Free(context.get(), request, &response)));
+  if (!status.ok()) return status;
+  return response.pages_freed();
+}
+
+absl::StatusOr<int64_t> Client::FreeGroup::End() {
+  if (slots_.empty()) return 0;
+  absl::StatusOr<int64_t> freed = client_->FreeSlots(slots_);
+  slots_.clear();
+  return freed;
+}
+
+absl::Status Client::Checkpoint() {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  v1::CheckpointRequest request;
+  *request.mutable_session() = Ref();
+  v1::CheckpointResponse response;
+  auto context = NewContext();
+  return Observe(
+      FromGrpcStatus(stub_->Checkpoint(context.get(), request, &response)));
+}
+
+absl::StatusOr<int64_t> Client::Rollback() {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  v1::RollbackRequest request;
+  *request.mutable_session() = Ref();
+  v1::RollbackResponse response;
+  auto context = NewContext();
+  absl::Status status = Observe(
+      FromGrpcStatus(stub_->Rollback(context.get(), request, &response)));
+  if (!status.ok()) return status;
+  return response.pages_returned();
+}
+
+void Client::Release(const Allocation& allocation) {
+  absl::MutexLock lock(&mu_);
+  release_up_to_ = std::max(release_up_to_, allocation.ring_end());
+}
+
+absl::Status Client::FlushRelease() {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  v1::ReleaseRingRequest request;
+  *request.mutable_session() = Ref();
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_up_to(release_up_to_);
+  }
+  v1::ReleaseRingResponse response;
+  auto context = NewContext();
+  return Observe(
+      FromGrpcStatus(stub_->ReleaseRing(context.get(), request, &response)));
+}
+
+absl::StatusOr<v1::GetStatsResponse> Client::GetStats(bool include_sessions) {
+  v1::GetStatsRequest request;
+  request.set_include_sessions(include_sessions);
+  v1::GetStatsResponse response;
+  auto context = NewContext();
+  absl::Status status =
+      FromGrpcStatus(stub_->GetStats(context.get(), request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status Client::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+    if (!session_status_.ok()) return absl::OkStatus();  // already gone
+  }
+  if (!stop_keepalive_.HasBeenNotified()) stop_keepalive_.Notify();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  auto stream = stub_->KeepAlive(&context);
+  v1::KeepAliveRequest goodbye;
+  *goodbye.mutable_session() = Ref();
+  goodbye.set_close(true);
+  stream->Write(goodbye);
+  stream->WritesDone();
+  return FromGrpcStatus(stream->Finish());
+}
+
+absl::Status Client::CopyToHost(const int64_t* slots, int64_t count,
+                                int64_t* out) const {
+  if (slots >= ring_->slots() &&
+      slots + count <= ring_->slots() + ring_->capacity_slots()) {
+    return ring_->CopyToHost(slots, count, out);
+  }
+  // Inline results are host memory already.
+  std::copy(slots, slots + count, out);
+  return absl::OkStatus();
+}
+
+}  // namespace pagealloc

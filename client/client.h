@@ -1,0 +1,207 @@
+// The pagealloc client library: what a scheduler process links to allocate
+// KV-cache slots from a pagealloc daemon.
+//
+//   ASSIGN_OR_RETURN(auto client, pagealloc::Client::Connect(
+//       {.target = "unix:///run/pagealloc/gpu0.sock",
+//        .client_name = "scheduler-tp0"}));
+//   ASSIGN_OR_RETURN(pagealloc::Allocation a,
+//                    client->AllocExtend(prefix_lens, seq_lens, last_locs));
+//   for (size_t i = 0; i < a.size(); ++i) use(a[i].slots, a[i].count);
+//   client->Release(a);  // the ring space may be reused from now on
+//
+// Connect registers a session, maps the session's output ring once (CUDA IPC
+// on a GPU daemon, POSIX shared memory on a CPU one) and keeps the session's
+// lease alive from a background thread. Slots come back as pointers into the
+// mapped ring: device pointers on the CUDA backend, host pointers on the CPU
+// backend. Errors are absl::Status values with the daemon's code and message.
+//
+// When the daemon dies or the session's lease is lost, every call fails and
+// session_status() says why: the slots the session held are void and the
+// scheduler must rebuild its KV state (see docs/operations.md).
+//
+// This class is thread-safe.
+
+#ifndef PAGEALLOC_CLIENT_CLIENT_H_
+#define PAGEALLOC_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/pagealloc.grpc.pb.h"
+
+namespace pagealloc {
+
+struct ClientOptions {
+  // gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port".
+  std::string target;
+  // Shown in the daemon's logs and metrics.
+  std::string client_name;
+  // Output ring size in slots (0: the daemon's default).
+  int64_t ring_capacity_slots = 0;
+  // Most pages this session may own (0: the daemon's cap, if any).
+  int64_t quota_pages = 0;
+  // How often to renew the lease (0: a third of the daemon's lease).
+  absl::Duration keepalive_interval = absl::ZeroDuration();
+  // Deadline of each call.
+  absl::Duration call_timeout = absl::Seconds(30);
+  // Credentials for TCP targets (default: insecure, right for Unix sockets).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Use this channel instead of dialing `target` (in-process tests).
+  std::shared_ptr<grpc::Channel> channel;
+};
+
+// Per-call options.
+struct CallOptions {
+  // Slots in the response (host memory) instead of the ring.
+  bool return_inline = false;
+  // Answer right after the launch (CUDA backend; same as sync on CPU).
+  bool async_completion = false;
+};
+
+// One request's result.
+struct RequestSlots {
+  absl::Status status;  // OK, or why this request alone was refused
+  // `count` slots: into the mapped ring (a device pointer on the CUDA
+  // backend), or into the Allocation's own host storage when inline.
+  const int64_t* slots = nullptr;
+  int64_t count = 0;
+  int64_t new_pages = 0;
+};
+
+// The result of one allocation call. Ring slots stay valid until the
+// Allocation is released (Client::Release), which lets the daemon reuse that
+// ring space.
+class Allocation {
+ public:
+  size_t size() const { return requests_.size(); }
+  const RequestSlots& operator[](size_t i) const { return requests_[i]; }
+  // OK when every request succeeded; else the first refusal.
+  absl::Status status() const;
+  // Ring position after this call's region (0 for inline results).
+  int64_t ring_end() const { return ring_end_; }
+  // Requests in the launch that carried this call (the batching factor).
+  int32_t batch_requests() const { return batch_requests_; }
+  bool on_device() const { return on_device_; }
+
+ private:
+  friend class Client;
+  std::vector<RequestSlots> requests_;
+  std::vector<int64_t> inline_slots_;
+  int64_t ring_end_ = 0;
+  int32_t batch_requests_ = 0;
+  bool on_device_ = false;
+};
+
+class RingView;  // the mapped output ring (client/ring_view.h)
+
+class Client {
+ public:
+  // Connects, registers a session, maps its ring and starts the KeepAlive
+  // thread. Returns the daemon's status (e.g. UNAVAILABLE when nothing
+  // listens at the target).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ClientOptions& options);
+
+  // Closes the session (its pages are freed) unless already lost.
+  ~Client();
+
+  absl::StatusOr<Allocation> AllocExtend(absl::Span<const int64_t> prefix_lens,
+                                         absl::Span<const int64_t> seq_lens,
+                                         absl::Span<const int64_t> last_locs,
+                                         const CallOptions& options = {});
+  absl::StatusOr<Allocation> AllocDecode(absl::Span<const int64_t> seq_lens,
+                                         absl::Span<const int64_t> last_locs,
+                                         const CallOptions& options = {});
+  absl::StatusOr<Allocation> Alloc(absl::Span<const int64_t> num_tokens,
+                                   const CallOptions& options = {});
+
+  // Frees the distinct pages of `slots` / the `pages`; returns pages freed.
+  absl::StatusOr<int64_t> FreeSlots(absl::Span<const int64_t> slots);
+  absl::StatusOr<int64_t> FreePages(absl::Span<const int64_t> pages);
+
+  // Collects the frees of one scheduler step into one call.
+  class FreeGroup {
+   public:
+    explicit FreeGroup(Client* client) : client_(client) {}
+    void Add(absl::Span<const int64_t> slots) {
+      slots_.insert(slots_.end(), slots.begin(), slots.end());
+    }
+    // Sends one Free call with everything added (nothing when empty).
+    absl::StatusOr<int64_t> End();
+
+   private:
+    Client* client_;
+    std::vector<int64_t> slots_;
+  };
+  FreeGroup BeginFreeGroup() { return FreeGroup(this); }
+
+  absl::Status Checkpoint();
+  absl::StatusOr<int64_t> Rollback();
+
+  // Lets the daemon reuse the ring space of `allocation` and of every
+  // allocation before it. Sent with the next allocation call, or now by
+  // FlushRelease.
+  void Release(const Allocation& allocation) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status FlushRelease() ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::StatusOr<v1::GetStatsResponse> GetStats(bool include_sessions = false);
+
+  // Ends the session now; later calls fail with FAILED_PRECONDITION.
+  absl::Status Close() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // OK while the session lives; else why it is gone (its slots are void).
+  absl::Status session_status() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t session_id() const { return session_id_; }
+  // The session's secret; hand it only to tools acting for this session.
+  const std::string& session_token() const { return session_token_; }
+  const v1::PoolInfo& pool() const { return pool_; }
+  int64_t lease_ms() const { return lease_ms_; }
+  // Copies `count` slots at `slots` (from a RequestSlots) into host memory.
+  absl::Status CopyToHost(const int64_t* slots, int64_t count,
+                          int64_t* out) const;
+
+ private:
+  explicit Client(const ClientOptions& options);
+  absl::Status Register();
+  void KeepAliveLoop();
+  // Fills the common fields, sends, and turns the response into slots.
+  template <typename Request, typename Method>
+  absl::StatusOr<Allocation> CallAlloc(Request& request,
+                                       const CallOptions& options,
+                                       Method method);
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  // Records `status` as the session's end when it says the session is gone.
+  absl::Status Observe(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::SessionRef Ref() const;
+
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::PageAllocator::Stub> stub_;
+  uint64_t session_id_ = 0;
+  std::string session_token_;
+  v1::PoolInfo pool_;
+  int64_t lease_ms_ = 0;
+  std::unique_ptr<RingView> ring_;
+
+  mutable absl::Mutex mu_;
+  absl::Status session_status_ ABSL_GUARDED_BY(mu_);
+  int64_t release_up_to_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification stop_keepalive_;
+  std::thread keepalive_;
+};
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_CLIENT_CLIENT_H_

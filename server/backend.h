@@ -1,0 +1,63 @@
+// Backend: what the daemon needs from the device side, beyond the pool's
+// executor: memory for each session's output ring that the client can map,
+// copies out of it, and launch completion.
+//
+// Two implementations: the CPU backend (CpuExecutor, rings in POSIX shared
+// memory) here, and the CUDA backend (CudaExecutor, rings in device memory
+// exported through CUDA IPC) in cuda_backend.h.
+
+#ifndef PAGEALLOC_SERVER_BACKEND_H_
+#define PAGEALLOC_SERVER_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/executor.h"
+#include "proto/pagealloc.pb.h"
+
+namespace pagealloc {
+
+// One session's output ring memory. Destroying it unmaps and unlinks it.
+class RingMemory {
+ public:
+  virtual ~RingMemory() = default;
+  // The ring's first slot, in the executor's address space.
+  virtual int64_t* slots() = 0;
+  virtual int64_t capacity_slots() const = 0;
+  // Fills what a client needs to map the ring.
+  virtual void Describe(v1::OutputRing* ring) const = 0;
+};
+
+// This class is thread-safe: CreateRing may be called from any handler
+// thread; executor(), CopyToHost and CompleteLaunch from the batcher.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual v1::Backend kind() const = 0;
+  virtual PlanExecutor* executor() = 0;
+  // Creates a ring of `capacity_slots` int64 slots for `session_id`.
+  virtual absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
+      uint64_t session_id, int64_t capacity_slots) = 0;
+  // Copies `count` slots at `src` (executor address space) to host `dst`.
+  virtual absl::Status CopyToHost(const int64_t* src, int64_t count,
+                                  int64_t* dst) = 0;
+  // Ends a launch: waits for it (sync) or records the completion event that
+  // clients wait on (async). Called after every Allocate that launched.
+  virtual absl::Status CompleteLaunch(bool async) = 0;
+  // Fills the pool facts the backend knows (backend, gpu, device uuid).
+  virtual void DescribeDevice(v1::PoolInfo* pool) const = 0;
+  // A line for the start-up log.
+  virtual std::string Summary() const = 0;
+};
+
+// The CPU backend. `shm_prefix` starts every ring's shared memory name
+// (e.g. "/pagealloc-gpu0"); names end in the session id and a random tag.
+std::unique_ptr<Backend> MakeCpuBackend(std::string shm_prefix);
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_SERVER_BACKEND_H_

@@ -1,0 +1,203 @@
+#include "server/batcher.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "allocator/status_macros.h"
+#include "server/logging.h"
+
+namespace pagealloc {
+
+absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(
+    const Options& options, PagePool* pool, Backend* backend) {
+  if (options.max_batch_requests < 1 || options.max_batch_tokens < 1) {
+    return absl::InvalidArgumentError(
+        "max_batch_requests and max_batch_tokens must be >= 1");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<RingMemory> scratch,
+                   backend->CreateRing(0, options.max_batch_tokens));
+  return std::unique_ptr<Batcher>(
+      new Batcher(options, pool, backend, std::move(scratch)));
+}
+
+Batcher::Batcher(const Options& options, PagePool* pool, Backend* backend,
+                 std::unique_ptr<RingMemory> scratch)
+    : options_(options),
+      pool_(pool),
+      backend_(backend),
+      scratch_(std::move(scratch)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Batcher::~Batcher() { Stop(); }
+
+absl::Status Batcher::SubmitAlloc(AllocCall call) {
+  Work work;
+  work.session_id = call.session_id;
+  work.queued_at = absl::Now();
+  work.alloc = std::make_unique<AllocCall>(std::move(call));
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the daemon is draining");
+  queue_.push_back(std::move(work));
+  return absl::OkStatus();
+}
+
+absl::Status Batcher::SubmitOp(uint64_t session_id, std::function<void()> op) {
+  Work work;
+  work.session_id = session_id;
+  work.queued_at = absl::Now();
+  work.op = std::move(op);
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the daemon is draining");
+  queue_.push_back(std::move(work));
+  return absl::OkStatus();
+}
+
+void Batcher::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+uint64_t Batcher::launches() const {
+  absl::MutexLock lock(&mu_);
+  return launches_;
+}
+
+bool Batcher::TakeBatch(std::vector<Work>* batch) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !queue_.empty() || stopping_;
+  };
+  mu_.Await(absl::Condition(&ready));
+  if (queue_.empty()) return false;  // stopping, nothing left
+  if (options_.batch_window > absl::ZeroDuration() && !stopping_) {
+    // Give other sessions a moment to join this launch.
+    auto full = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ ||
+             static_cast<int64_t>(queue_.size()) >= options_.max_batch_requests;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&full), options_.batch_window);
+  }
+  int64_t requests = 0;
+  int64_t tokens = 0;
+  while (!queue_.empty()) {
+    Work& next = queue_.front();
+    if (next.alloc != nullptr) {
+      const int64_t r = next.alloc->requests.size();
+      const int64_t t = next.alloc->num_slots;
+      if (!batch->empty() && (requests + r > options_.max_batch_requests ||
+                              tokens + t > options_.max_batch_tokens)) {
+        break;
+      }
+      requests += r;
+      tokens += t;
+    }
+    batch->push_back(std::move(next));
+    queue_.pop_front();
+  }
+  return true;
+}
+
+void Batcher::Run() {
+  std::vector<Work> batch;
+  std::vector<Work> pending;  // allocation calls waiting for the launch
+  absl::flat_hash_set<uint64_t> pending_sessions;
+  while (true) {
+    batch.clear();
+    if (!TakeBatch(&batch)) return;
+    for (Work& work : batch) {
+      if (work.alloc != nullptr) {
+        pending_sessions.insert(work.session_id);
+        pending.push_back(std::move(work));
+        continue;
+      }
+      if (pending_sessions.contains(work.session_id)) {
+        Launch(&pending);
+        pending_sessions.clear();
+      }
+      work.op();
+    }
+    Launch(&pending);
+    pending_sessions.clear();
+    if (options_.debug_checks) {
+      const absl::Status invariants = pool_->CheckInvariants();
+      if (!invariants.ok()) {
+        Logger("batcher")->critical("pool invariant broken: {}",
+                                    std::string(invariants.message()));
+        std::abort();
+      }
+    }
+  }
+}
+
+void Batcher::Launch(std::vector<Work>* pending) {
+  if (pending->empty()) return;
+  const absl::Time start = absl::Now();
+  std::vector<AllocRequest> requests;
+  int64_t scratch_used = 0;
+  for (Work& work : *pending) {
+    AllocCall& call = *work.alloc;
+    for (AllocRequest& request : call.requests) {
+      if (call.return_inline) {
+        request.destination = scratch_->slots() + scratch_used;
+        scratch_used += ToExtendShape(request).num_slots();
+      }
+      requests.push_back(request);
+    }
+  }
+  std::vector<AllocResult> results = pool_->Allocate(requests);
+
+  LaunchInfo launch;
+  launch.batch_requests = requests.size();
+  bool any_sync = false;
+  bool launched = false;
+  for (const AllocResult& result : results) {
+    launched = launched || (result.status.ok() && result.num_slots > 0);
+    launch.batch_slots += result.status.ok() ? result.num_slots : 0;
+  }
+  for (Work& work : *pending) {
+    any_sync = any_sync || !work.alloc->async_completion ||
+               work.alloc->return_inline;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    launch.launch_id = ++launches_;
+  }
+  absl::Status completion = absl::OkStatus();
+  if (launched) completion = backend_->CompleteLaunch(!any_sync);
+  launch.execute_time = absl::Now() - start;
+
+  size_t next = 0;
+  for (Work& work : *pending) {
+    AllocCall& call = *work.alloc;
+    std::vector<AllocResult> call_results(
+        results.begin() + next, results.begin() + next + call.requests.size());
+    std::vector<int64_t> inline_slots;
+    for (size_t i = 0; i < call.requests.size(); ++i, ++next) {
+      AllocResult& result = call_results[i];
+      if (!completion.ok() && result.status.ok()) {
+        // The launch ran but could not be completed: the slots are not
+        // trustworthy. The pool has already committed them; report the
+        // device failure.
+        result.status = completion;
+      }
+      if (call.return_inline && result.status.ok() && result.num_slots > 0) {
+        const size_t at = inline_slots.size();
+        inline_slots.resize(at + result.num_slots);
+        const absl::Status copied =
+            backend_->CopyToHost(requests[next].destination, result.num_slots,
+                                 inline_slots.data() + at);
+        if (!copied.ok()) result.status = copied;
+      }
+    }
+    launch.queue_wait = start - work.queued_at;
+    call.done(std::move(call_results), std::move(inline_slots), launch);
+  }
+  pending->clear();
+}
+
+}  // namespace pagealloc

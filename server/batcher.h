@@ -1,0 +1,124 @@
+// Batcher: the one thread that drives the pool. Handlers queue work; the
+// batcher takes everything queued since the last launch (up to
+// max_batch_requests / max_batch_tokens, optionally waiting batch_window for
+// more), runs the allocation calls of all sessions as one pool batch (one
+// executor launch) and the other operations around it, and completes each
+// piece of work.
+//
+// Ordering: the work of one session applies in the order it was queued. An
+// operation (free, checkpoint, rollback, close) of a session that has an
+// allocation waiting in the current launch flushes that launch first;
+// operations of other sessions may run before the launch, which only ever
+// gives the launch more free pages.
+//
+// This class is thread-safe.
+
+#ifndef PAGEALLOC_SERVER_BATCHER_H_
+#define PAGEALLOC_SERVER_BATCHER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "allocator/page_pool.h"
+#include "server/backend.h"
+
+namespace pagealloc {
+
+// What one launch was, for responses and metrics.
+struct LaunchInfo {
+  uint64_t launch_id = 0;
+  int32_t batch_requests = 0;  // requests in the launch, all calls together
+  int64_t batch_slots = 0;
+  absl::Duration queue_wait;   // this call's wait before the launch began
+  absl::Duration execute_time; // plan + launch (+ wait, in sync mode)
+};
+
+// One allocation call of one session.
+struct AllocCall {
+  uint64_t session_id = 0;
+  // Destinations already point into the session's ring, except when
+  // return_inline is set: then the batcher points them at its scratch
+  // buffer and copies the slots into `inline_slots`.
+  std::vector<AllocRequest> requests;
+  int64_t num_slots = 0;
+  bool return_inline = false;
+  bool async_completion = false;
+  // Runs on the batcher thread once the launch is done (or refused).
+  std::function<void(std::vector<AllocResult> results,
+                     std::vector<int64_t> inline_slots,
+                     const LaunchInfo& launch)>
+      done;
+};
+
+class Batcher {
+ public:
+  struct Options {
+    int64_t max_batch_requests = 8192;
+    int64_t max_batch_tokens = 1 << 21;
+    absl::Duration batch_window = absl::ZeroDuration();
+    // Check the pool's invariants after every batch; abort on a violation
+    // (a bug, never a bad request). Slow: for tests and debugging.
+    bool debug_checks = false;
+  };
+
+  // `pool` and `backend` must outlive the batcher. Creates the scratch
+  // buffer for inline results (max_batch_tokens slots).
+  static absl::StatusOr<std::unique_ptr<Batcher>> Create(
+      const Options& options, PagePool* pool, Backend* backend);
+  ~Batcher();
+
+  // Queues an allocation call. REQUIRES: call.requests.size() <=
+  // max_batch_requests and call.num_slots <= max_batch_tokens (the service
+  // refuses larger calls). Returns UNAVAILABLE once Stop has begun.
+  absl::Status SubmitAlloc(AllocCall call) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Queues `op`, which runs on the batcher thread in order with the
+  // session's other work. Returns UNAVAILABLE once Stop has begun.
+  absl::Status SubmitOp(uint64_t session_id, std::function<void()> op)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Refuses new work, finishes everything queued, and joins the thread.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t launches() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Work {
+    uint64_t session_id = 0;
+    absl::Time queued_at;
+    std::unique_ptr<AllocCall> alloc;  // or:
+    std::function<void()> op;
+  };
+
+  Batcher(const Options& options, PagePool* pool, Backend* backend,
+          std::unique_ptr<RingMemory> scratch);
+
+  void Run();
+  // Takes the next batch of work off the queue; false when stopped and empty.
+  bool TakeBatch(std::vector<Work>* batch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs the allocation calls gathered so far as one launch.
+  void Launch(std::vector<Work>* pending);
+
+  const Options options_;
+  PagePool* const pool_;
+  Backend* const backend_;
+  const std::unique_ptr<RingMemory> scratch_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Work> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t launches_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_SERVER_BATCHER_H_

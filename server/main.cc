@@ -1,0 +1,169 @@
+// pagealloc-server: owns one GPU's pool of KV-cache pages and serves
+// pagealloc.v1.PageAllocator to the scheduler processes on the same host.
+//
+//   pagealloc-server --gpu 0
+//
+// Flags are parsed here and nowhere else; see --help.
+
+#include <signal.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "server/logging.h"
+#include "server/server.h"
+
+ABSL_FLAG(int, gpu, 0, "CUDA device ordinal whose KV pool this daemon owns.");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto (CUDA when a GPU is present, else CPU with a warning), cuda "
+          "or cpu.");
+ABSL_FLAG(int64_t, num_pages, 0,
+          "Usable pages in the pool (ids 1..num_pages; page 0 is reserved). "
+          "0: from --pool_tokens, else 65536.");
+ABSL_FLAG(int64_t, pool_tokens, 0,
+          "Pool size in tokens (rounded down to whole pages); used when "
+          "--num_pages is 0.");
+ABSL_FLAG(int64_t, page_size, 16, "Tokens per page (>= 1).");
+ABSL_FLAG(std::string, free_policy, "lifo",
+          "lifo: freed pages are reused first; sorted: freed pages are parked "
+          "and merged, sorted, when an allocation does not fit (SGLang's "
+          "need_sort).");
+ABSL_FLAG(std::vector<std::string>, listen, {},
+          "Comma-separated gRPC addresses: unix:///path.sock and/or "
+          "host:port. Default unix:///run/pagealloc/gpu<gpu>.sock.");
+ABSL_FLAG(std::string, socket_mode, "0660",
+          "Octal file mode of Unix socket files.");
+ABSL_FLAG(std::string, socket_group, "",
+          "Group that owns Unix socket files (default: the daemon's).");
+ABSL_FLAG(int64_t, max_batch_requests, 8192,
+          "Most requests in one kernel launch, and in one call.");
+ABSL_FLAG(int64_t, max_batch_tokens, 1 << 21,
+          "Most slots written by one launch, and by one call.");
+ABSL_FLAG(int64_t, batch_window_us, 0,
+          "How long the batcher waits for more calls before a launch (0: "
+          "launch as soon as work is queued; calls that arrive meanwhile "
+          "join the next launch).");
+ABSL_FLAG(int64_t, lease_ms, 10000,
+          "A session that sends nothing for this long (KeepAlive included) "
+          "loses its pages.");
+ABSL_FLAG(int64_t, ring_capacity_slots, 1 << 20,
+          "Default output ring size per session, in slots.");
+ABSL_FLAG(int64_t, max_sessions, 256, "Most sessions at once.");
+ABSL_FLAG(int64_t, max_session_quota_pages, 0,
+          "Cap on any session's page quota (0: no cap).");
+ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug, info, warn, error, critical or off.");
+ABSL_FLAG(bool, debug_checks, false,
+          "Check every pool invariant after each batch (slow).");
+
+namespace pagealloc {
+namespace {
+
+absl::StatusOr<ServerOptions> OptionsFromFlags() {
+  ServerOptions options;
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.gpu = absl::GetFlag(FLAGS_gpu);
+  options.pool.page_size = absl::GetFlag(FLAGS_page_size);
+  if (options.pool.page_size < 1) {
+    return absl::InvalidArgumentError("--page_size must be >= 1");
+  }
+  options.pool.num_pages = absl::GetFlag(FLAGS_num_pages);
+  if (options.pool.num_pages == 0) {
+    const int64_t tokens = absl::GetFlag(FLAGS_pool_tokens);
+    options.pool.num_pages =
+        tokens > 0 ? tokens / options.pool.page_size : 65536;
+  }
+  absl::StatusOr<FreePolicy> policy =
+      ParseFreePolicy(absl::GetFlag(FLAGS_free_policy));
+  if (!policy.ok()) return policy.status();
+  options.pool.free_policy = *policy;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  if (options.listen.empty()) {
+    options.listen.push_back(
+        absl::StrFormat("unix:///run/pagealloc/gpu%d.sock", options.gpu));
+  }
+  int mode = 0;
+  for (char c : absl::GetFlag(FLAGS_socket_mode)) {
+    if (c < '0' || c > '7') {
+      return absl::InvalidArgumentError("--socket_mode must be octal");
+    }
+    mode = mode * 8 + (c - '0');
+  }
+  options.socket_mode = mode;
+  options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  options.batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
+  options.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.batcher.batch_window =
+      absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
+  options.sessions.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
+  options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.sessions.default_ring_capacity_slots =
+      absl::GetFlag(FLAGS_ring_capacity_slots);
+  options.sessions.max_ring_capacity_slots = std::max<int64_t>(
+      options.sessions.default_ring_capacity_slots, int64_t{1} << 26);
+  options.sessions.max_quota_pages =
+      absl::GetFlag(FLAGS_max_session_quota_pages);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.debug_checks = absl::GetFlag(FLAGS_debug_checks);
+  return options;
+}
+
+int Main() {
+  std::shared_ptr<spdlog::logger> log = Logger("server");
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  absl::StatusOr<ServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    log->critical("{}", std::string(options.status().message()));
+    return 2;
+  }
+  // Signals go to one watcher thread, never to a gRPC or batcher thread.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(*options);
+  if (!server.ok()) {
+    log->critical("cannot start: {}", server.status().ToString());
+    return 1;
+  }
+  absl::Status started = (*server)->Start();
+  if (!started.ok()) {
+    log->critical("cannot start: {}", started.ToString());
+    return 1;
+  }
+  std::thread watcher([&signals, &server, log] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    log->info("received {}; shutting down", strsignal(signal));
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  if (watcher.joinable()) {
+    // Wake the watcher if shutdown came from elsewhere.
+    pthread_kill(watcher.native_handle(), SIGTERM);
+    watcher.join();
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pagealloc
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves one GPU's pool of KV-cache pages to scheduler processes.\n"
+      "  pagealloc-server --gpu 0 [--page_size 16 --num_pages 65536]");
+  absl::ParseCommandLine(argc, argv);
+  return pagealloc::Main();
+}

@@ -1,0 +1,256 @@
+#include "server/server.h"
+
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_format.h"
+#include "allocator/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/logging.h"
+
+#ifdef PAGEALLOC_HAVE_CUDA
+#include "server/cuda_backend.h"
+#endif
+
+namespace pagealloc {
+namespace {
+
+// "unix:///run/x.sock" or "unix:/run/x.sock" -> "/run/x.sock"; "" for TCP.
+std::string UnixSocketPath(const std::string& address) {
+  if (absl::StartsWith(address, "unix://")) return address.substr(7);
+  if (absl::StartsWith(address, "unix:")) return address.substr(5);
+  return "";
+}
+
+// Makes `path` bindable: creates its directory, refuses a socket another
+// process still serves on, and removes a stale one.
+absl::Status PrepareSocketPath(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "cannot create socket directory %s: %s (choose another --listen)",
+          dir, std::strerror(errno)));
+    }
+  }
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s exists and is not a socket; refusing to replace it", path));
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("socket path %s is too long", path));
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool live =
+      fd >= 0 &&
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (fd >= 0) close(fd);
+  if (live) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "another process is serving on %s; refusing to start over it", path));
+  }
+  Logger("server")->warn("removing stale socket {}", path);
+  if (unlink(path.c_str()) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "cannot remove stale socket %s: %s", path, std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetSocketPermissions(const std::string& path, int mode,
+                                  const std::string& group) {
+  if (chmod(path.c_str(), mode) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "chmod %o %s failed: %s", mode, path, std::strerror(errno)));
+  }
+  if (group.empty()) return absl::OkStatus();
+  struct group* entry = getgrnam(group.c_str());
+  if (entry == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--socket_group: no group named %s", group));
+  }
+  if (chown(path.c_str(), static_cast<uid_t>(-1), entry->gr_gid) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "chown :%s %s failed: %s", group, path, std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name,
+                                                     int gpu,
+                                                     const std::string& tag) {
+  const std::string shm_prefix = absl::StrFormat("/pagealloc-%s", tag);
+  if (name == "cpu") return MakeCpuBackend(shm_prefix);
+  if (name != "cuda" && name != "auto") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--backend=%s is not one of auto, cuda, cpu", name));
+  }
+#ifdef PAGEALLOC_HAVE_CUDA
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeCudaBackend(gpu);
+  if (cuda.ok() || name == "cuda") return cuda;
+  Logger("server")->warn(
+      "no usable GPU ({}); falling back to the CPU backend, whose slots live "
+      "in host shared memory",
+      std::string(cuda.status().message()));
+#else
+  if (name == "cuda") {
+    return absl::FailedPreconditionError(
+        "this pagealloc-server was built without CUDA (no toolkit at build "
+        "time); use --backend=cpu");
+  }
+  Logger("server")->warn(
+      "built without CUDA; using the CPU backend, whose slots live in host "
+      "shared memory");
+#endif
+  return MakeCpuBackend(shm_prefix);
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(
+    const ServerOptions& options) {
+  std::unique_ptr<Server> server(new Server(options));
+  ASSIGN_OR_RETURN(
+      server->backend_,
+      MakeBackend(options.backend, options.gpu,
+                  absl::StrFormat("gpu%d.%d", options.gpu, getpid())));
+  ASSIGN_OR_RETURN(server->pool_, PagePool::Create(options.pool,
+                                                   server->backend_->executor()));
+  server->sessions_ = std::make_unique<SessionRegistry>(
+      options.sessions, server->backend_.get());
+  Batcher::Options batcher_options = options.batcher;
+  batcher_options.debug_checks = batcher_options.debug_checks ||
+                                 options.debug_checks;
+  ASSIGN_OR_RETURN(server->batcher_,
+                   Batcher::Create(batcher_options, server->pool_.get(),
+                                   server->backend_.get()));
+  PageAllocatorService::Options service_options;
+  service_options.max_call_requests = options.batcher.max_batch_requests;
+  service_options.max_call_tokens = options.batcher.max_batch_tokens;
+  server->service_ = std::make_unique<PageAllocatorService>(
+      service_options, server->pool_.get(), server->backend_.get(),
+      server->sessions_.get(), server->batcher_.get());
+  return server;
+}
+
+Server::~Server() {
+  Shutdown();
+  Wait();
+}
+
+absl::Status Server::Start() {
+  absl::MutexLock lock(&mu_);
+  if (started_) return absl::FailedPreconditionError("already started");
+  std::shared_ptr<spdlog::logger> log = Logger("server");
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  builder.RegisterService(service_.get());
+  std::vector<std::unique_ptr<int>> ports;
+  for (const std::string& address : options_.listen) {
+    const std::string path = UnixSocketPath(address);
+    if (!path.empty()) {
+      RETURN_IF_ERROR(PrepareSocketPath(path));
+      socket_paths_.push_back(path);
+    }
+    ports.push_back(std::make_unique<int>(0));
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                             ports.back().get());
+  }
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr) {
+    return absl::UnavailableError(absl::StrFormat(
+        "could not listen on %s", absl::StrJoin(options_.listen, ", ")));
+  }
+  for (size_t i = 0; i < options_.listen.size(); ++i) {
+    const std::string& address = options_.listen[i];
+    if (!UnixSocketPath(address).empty()) {
+      bound_.push_back(address);
+    } else {
+      const size_t colon = address.rfind(':');
+      bound_.push_back(absl::StrFormat("%s:%d", address.substr(0, colon),
+                                       *ports[i]));
+    }
+  }
+  for (const std::string& path : socket_paths_) {
+    RETURN_IF_ERROR(SetSocketPermissions(path, options_.socket_mode,
+                                         options_.socket_group));
+  }
+  grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  reaper_ = std::thread([this] { ReapLeases(); });
+  started_ = true;
+  log->info(
+      "serving on {}: backend {}, {} pages of {} tokens ({} policy), lease "
+      "{} ms",
+      absl::StrJoin(bound_, ", "), backend_->Summary(),
+      options_.pool.num_pages, options_.pool.page_size,
+      std::string(FreePolicyName(options_.pool.free_policy)),
+      absl::ToInt64Milliseconds(options_.sessions.lease));
+  return absl::OkStatus();
+}
+
+void Server::ReapLeases() {
+  const absl::Duration period = std::clamp(
+      options_.sessions.lease / 4, absl::Milliseconds(5), absl::Seconds(1));
+  while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
+    service_->ReclaimExpired(absl::Now());
+  }
+}
+
+void Server::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    if (!started_) {
+      batcher_->Stop();
+      shut_down_.Notify();
+      return;
+    }
+  }
+  std::shared_ptr<spdlog::logger> log = Logger("server");
+  log->info("draining: refusing new calls, finishing queued work");
+  service_->StartDraining();
+  grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  batcher_->Stop();
+  grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  stop_reaper_.Notify();
+  if (reaper_.joinable()) reaper_.join();
+  for (const std::string& path : socket_paths_) unlink(path.c_str());
+  log->info("stopped");
+  shut_down_.Notify();
+}
+
+void Server::Wait() { shut_down_.WaitForNotification(); }
+
+std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
+  return grpc_server_->InProcessChannel(grpc::ChannelArguments());
+}
+
+std::vector<std::string> Server::bound_addresses() const {
+  absl::MutexLock lock(&mu_);
+  return bound_;
+}
+
+}  // namespace pagealloc

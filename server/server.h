@@ -1,0 +1,112 @@
+// Server: the pagealloc daemon, assembled. Owns the backend, the pool, the
+// sessions, the batcher and the gRPC server (PageAllocator, Health,
+// reflection) on Unix sockets and/or TCP.
+//
+//   ASSIGN_OR_RETURN(auto server, Server::Create(options));
+//   RETURN_IF_ERROR(server->Start());
+//   ... server->Shutdown() from a signal watcher ...
+//   server->Wait();
+//
+// This class is thread-safe.
+
+#ifndef PAGEALLOC_SERVER_SERVER_H_
+#define PAGEALLOC_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "allocator/page_pool.h"
+#include "grpcpp/grpcpp.h"
+#include "server/backend.h"
+#include "server/batcher.h"
+#include "server/service.h"
+#include "server/session.h"
+
+namespace pagealloc {
+
+struct ServerOptions {
+  // "auto" (CUDA when a GPU is present, else CPU), "cuda" or "cpu".
+  std::string backend = "auto";
+  int gpu = 0;
+  PoolOptions pool;
+  // gRPC addresses: "unix:///run/pagealloc/gpu0.sock", "127.0.0.1:50051".
+  std::vector<std::string> listen;
+  // Mode and group of Unix socket files (group "" keeps the default).
+  int socket_mode = 0660;
+  std::string socket_group;
+  Batcher::Options batcher;
+  SessionRegistry::Options sessions;
+  // Largest gRPC message accepted, in bytes.
+  int max_message_bytes = 64 << 20;
+  // Run PagePool::CheckInvariants after every change (slow; tests).
+  bool debug_checks = false;
+};
+
+class Server {
+ public:
+  // Builds the backend, pool, sessions and batcher. Fails with
+  // FAILED_PRECONDITION when --backend=cuda finds no usable GPU.
+  static absl::StatusOr<std::unique_ptr<Server>> Create(
+      const ServerOptions& options);
+  ~Server();
+
+  // Binds the listen addresses and starts serving. Refuses to start over a
+  // Unix socket another process is serving on; replaces a stale one.
+  absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drains: new calls get UNAVAILABLE, queued work finishes, the gRPC server
+  // stops and socket files are removed. Idempotent.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until Shutdown has finished.
+  void Wait();
+
+  // A channel to this server without a socket (tests).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+
+  PagePool& pool() { return *pool_; }
+  Backend& backend() { return *backend_; }
+  PageAllocatorService& service() { return *service_; }
+  const ServerOptions& options() const { return options_; }
+  // Addresses actually bound ("127.0.0.1:0" resolves to a real port).
+  std::vector<std::string> bound_addresses() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  explicit Server(const ServerOptions& options) : options_(options) {}
+  void ReapLeases();
+
+  const ServerOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<SessionRegistry> sessions_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<PageAllocatorService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::vector<std::string> socket_paths_;
+  std::thread reaper_;
+  absl::Notification stop_reaper_;
+  absl::Notification shut_down_;
+
+  mutable absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> bound_ ABSL_GUARDED_BY(mu_);
+};
+
+// Makes the backend --backend names. "auto" falls back to CPU (logging a
+// warning) when no GPU is usable.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name,
+                                                     int gpu,
+                                                     const std::string& tag);
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_SERVER_SERVER_H_

@@ -1,0 +1,506 @@
+#include "server/service.h"
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/status_macros.h"
+#include "server/grpc_status.h"
+#include "server/logging.h"
+
+namespace pagealloc {
+namespace {
+
+absl::Status DrainingError() {
+  return absl::UnavailableError(
+      "the daemon is draining; reconnect to its successor");
+}
+
+}  // namespace
+
+PageAllocatorService::PageAllocatorService(const Options& options,
+                                           PagePool* pool, Backend* backend,
+                                           SessionRegistry* sessions,
+                                           Batcher* batcher)
+    : options_(options),
+      pool_(pool),
+      backend_(backend),
+      sessions_(sessions),
+      batcher_(batcher),
+      log_(Logger("session")) {}
+
+absl::StatusOr<std::shared_ptr<Session>> PageAllocatorService::Authenticate(
+    const v1::SessionRef& ref) {
+  if (draining_) return DrainingError();
+  return sessions_->Authenticate(ref.session_id(), ref.session_token());
+}
+
+void PageAllocatorService::FreeSessionPages(std::shared_ptr<Session> session,
+                                            bool lease_lost,
+                                            std::string reason) {
+  // The session's queued work runs first; the session object (and its ring)
+  // lives until the last piece of it is done.
+  auto free_pages = [this, session, lease_lost, reason] {
+    absl::StatusOr<int64_t> freed = pool_->RemoveOwner(session->id());
+    const int64_t pages = freed.ok() ? *freed : 0;
+    if (lease_lost) {
+      counters_.pages_reclaimed += pages;
+      log_->warn("session {} ({}) {}: {} pages reclaimed, ring released",
+                 session->id(), session->client_name(), reason, pages);
+    } else {
+      log_->info("session {} ({}) {}: {} pages freed", session->id(),
+                 session->client_name(), reason, pages);
+    }
+  };
+  if (!batcher_->SubmitOp(session->id(), free_pages).ok()) free_pages();
+  counters_.sessions_closed++;
+}
+
+bool PageAllocatorService::CloseSession(uint64_t session_id,
+                                        const std::string& reason) {
+  std::shared_ptr<Session> session = sessions_->Remove(session_id);
+  if (session == nullptr) return false;
+  FreeSessionPages(std::move(session), /*lease_lost=*/false, reason);
+  return true;
+}
+
+int PageAllocatorService::ReclaimExpired(absl::Time now) {
+  int reclaimed = 0;
+  for (std::shared_ptr<Session>& session : sessions_->TakeExpired(now)) {
+    ++reclaimed;
+    counters_.sessions_reclaimed++;
+    FreeSessionPages(std::move(session), /*lease_lost=*/true,
+                     "lost its lease");
+  }
+  return reclaimed;
+}
+
+grpc::ServerUnaryReactor* PageAllocatorService::Register(
+    grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
+    v1::RegisterResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (draining_) {
+    reactor->Finish(ToGrpcStatus(DrainingError()));
+    return reactor;
+  }
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Open(request->client_name(), request->ring_capacity_slots(),
+                      request->quota_pages());
+  if (!session.ok()) {
+    reactor->Finish(ToGrpcStatus(session.status()));
+    return reactor;
+  }
+  const absl::Status added =
+      pool_->AddOwner((*session)->id(), (*session)->quota_pages());
+  if (!added.ok()) {
+    sessions_->Remove((*session)->id());
+    reactor->Finish(ToGrpcStatus(added));
+    return reactor;
+  }
+  counters_.sessions_opened++;
+  response->set_session_id((*session)->id());
+  response->set_session_token((*session)->token());
+  v1::PoolInfo* pool = response->mutable_pool();
+  pool->set_page_size(pool_->geometry().page_size);
+  pool->set_num_pages(pool_->geometry().num_pages);
+  pool->set_free_policy(std::string(FreePolicyName(pool_->free_policy())));
+  backend_->DescribeDevice(pool);
+  (*session)->ring_memory().Describe(response->mutable_ring());
+  response->set_lease_ms(absl::ToInt64Milliseconds(lease()));
+  response->set_quota_pages((*session)->quota_pages());
+  log_->info("session {} ({}) opened from {}: ring {} slots, quota {} pages",
+             (*session)->id(), (*session)->client_name(), context->peer(),
+             (*session)->ring_memory().capacity_slots(),
+             (*session)->quota_pages());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+namespace {
+
+// Holds one client's KeepAlive stream: every message renews the lease.
+class KeepAliveReactor final
+    : public grpc::ServerBidiReactor<v1::KeepAliveRequest,
+                                     v1::KeepAliveResponse> {
+ public:
+  explicit KeepAliveReactor(PageAllocatorService* service)
+      : service_(service) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client went away without saying goodbye, or the stream broke:
+      // the lease runs out on its own unless the client comes back.
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        service_->Authenticate(request_.session());
+    if (!session.ok()) {
+      Finish(ToGrpcStatus(session.status()));
+      return;
+    }
+    if (request_.close()) {
+      service_->CloseSession((*session)->id(), "closed by client");
+      Finish(grpc::Status::OK);
+      return;
+    }
+    response_.set_lease_remaining_ms(
+        absl::ToInt64Milliseconds(service_->lease()));
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  PageAllocatorService* const service_;
+  v1::KeepAliveRequest request_;
+  v1::KeepAliveResponse response_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>*
+PageAllocatorService::KeepAlive(grpc::CallbackServerContext*) {
+  return new KeepAliveReactor(this);
+}
+
+void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
+                                           std::vector<AllocRequest> requests,
+                                           const v1::AllocOptions& options,
+                                           v1::AllocResponse* response,
+                                           grpc::ServerUnaryReactor* reactor) {
+  auto refuse = [reactor](const absl::Status& status) {
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  if (static_cast<int64_t>(requests.size()) > options_.max_call_requests) {
+    return refuse(absl::InvalidArgumentError(absl::StrFormat(
+        "the call has %d requests; at most %d per call (--max_batch_requests)",
+        requests.size(), options_.max_call_requests)));
+  }
+  int64_t num_slots = 0;
+  for (const AllocRequest& request : requests) {
+    absl::Status valid = ValidateShape(request, pool_->geometry());
+    if (!valid.ok()) return refuse(valid);
+    num_slots += ToExtendShape(request).num_slots();
+  }
+  if (num_slots > options_.max_call_tokens) {
+    return refuse(absl::InvalidArgumentError(absl::StrFormat(
+        "the call asks for %d slots; at most %d per call "
+        "(--max_batch_tokens)",
+        num_slots, options_.max_call_tokens)));
+  }
+  if (options.release_ring_up_to() > 0) {
+    absl::Status released = session->ReleaseRing(options.release_ring_up_to());
+    if (!released.ok()) {
+      return refuse(absl::InvalidArgumentError(absl::StrFormat(
+          "options.release_ring_up_to: %s", released.message())));
+    }
+  }
+  int64_t ring_start = 0;
+  if (!options.return_inline()) {
+    absl::StatusOr<int64_t> start = session->ReserveRing(num_slots);
+    if (!start.ok()) return refuse(start.status());
+    ring_start = *start;
+    int64_t* base = session->ring_memory().slots() +
+                    ring_start % session->ring_memory().capacity_slots();
+    int64_t offset = 0;
+    for (AllocRequest& request : requests) {
+      request.destination = base + offset;
+      offset += ToExtendShape(request).num_slots();
+    }
+  }
+  // Where each request's slots start in the ring (by its shape, so that a
+  // refused request keeps its place and offsets stay prefix sums).
+  std::vector<int64_t> ring_offsets(requests.size());
+  {
+    const int64_t capacity = session->ring_memory().capacity_slots();
+    int64_t offset = ring_start % capacity;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ring_offsets[i] = offset;
+      offset += ToExtendShape(requests[i]).num_slots();
+    }
+  }
+  AllocCall call;
+  call.session_id = session->id();
+  call.requests = std::move(requests);
+  call.num_slots = num_slots;
+  call.return_inline = options.return_inline();
+  call.async_completion = options.async_completion();
+  const int64_t ring_end = options.return_inline() ? 0 : ring_start + num_slots;
+  const bool inline_results = options.return_inline();
+  call.done = [response, reactor, ring_end, inline_results,
+               ring_offsets = std::move(ring_offsets)](
+                  std::vector<AllocResult> results,
+                  std::vector<int64_t> inline_slots,
+                  const LaunchInfo& launch) {
+    size_t inline_at = 0;
+    for (size_t i = 0; i < results.size(); ++i) {
+      const AllocResult& result = results[i];
+      v1::RequestResult* out = response->add_results();
+      out->set_code(static_cast<int>(result.status.code()));
+      if (!result.status.ok()) {
+        out->set_message(std::string(result.status.message()));
+        continue;
+      }
+      out->set_count(result.num_slots);
+      out->set_new_pages(result.num_new_pages);
+      if (inline_results) {
+        out->mutable_slots()->Add(
+            inline_slots.begin() + inline_at,
+            inline_slots.begin() + inline_at + result.num_slots);
+        inline_at += result.num_slots;
+      } else {
+        out->set_ring_offset(ring_offsets[i]);
+      }
+    }
+    response->set_ring_end(ring_end);
+    response->set_batch_requests(launch.batch_requests);
+    response->set_launch_id(launch.launch_id);
+    reactor->Finish(grpc::Status::OK);
+  };
+  absl::Status submitted = batcher_->SubmitAlloc(std::move(call));
+  if (!submitted.ok()) {
+    if (!options.return_inline()) session->UnreserveRing(ring_start, num_slots);
+    refuse(submitted);
+  }
+}
+
+void PageAllocatorService::SubmitOp(grpc::ServerUnaryReactor* reactor,
+                                    uint64_t session_id,
+                                    std::function<absl::Status()> op) {
+  absl::Status submitted = batcher_->SubmitOp(
+      session_id, [reactor, op = std::move(op)] {
+        reactor->Finish(ToGrpcStatus(op()));
+      });
+  if (!submitted.ok()) reactor->Finish(ToGrpcStatus(submitted));
+}
+
+namespace {
+
+// Checks that parallel arrays have equal lengths; names them all otherwise.
+absl::Status CheckSameLength(
+    std::initializer_list<std::pair<const char*, int>> arrays) {
+  const int n = arrays.begin()->second;
+  for (const auto& [name, size] : arrays) {
+    if (size != n) {
+      std::string sizes;
+      for (const auto& [other, other_size] : arrays) {
+        absl::StrAppendFormat(&sizes, "%s%s has %d", sizes.empty() ? "" : ", ",
+                              other, other_size);
+      }
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "parallel arrays differ in length: %s entries", sizes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* PageAllocatorService::AllocExtend(
+    grpc::CallbackServerContext* context,
+    const v1::AllocExtendRequest* request, v1::AllocResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request->session());
+  absl::Status status = session.status();
+  if (status.ok()) {
+    status = CheckSameLength({{"prefix_lens", request->prefix_lens_size()},
+                              {"seq_lens", request->seq_lens_size()},
+                              {"last_locs", request->last_locs_size()}});
+  }
+  if (!status.ok()) {
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+  std::vector<AllocRequest> requests(request->seq_lens_size());
+  for (int i = 0; i < request->seq_lens_size(); ++i) {
+    requests[i] = {RequestKind::kExtend, (*session)->id(), i,
+                   request->prefix_lens(i), request->seq_lens(i),
+                   request->last_locs(i), nullptr};
+  }
+  SubmitAllocCall(*std::move(session), std::move(requests), request->options(),
+                  response, reactor);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PageAllocatorService::AllocDecode(
+    grpc::CallbackServerContext* context,
+    const v1::AllocDecodeRequest* request, v1::AllocResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request->session());
+  absl::Status status = session.status();
+  if (status.ok()) {
+    status = CheckSameLength({{"seq_lens", request->seq_lens_size()},
+                              {"last_locs", request->last_locs_size()}});
+  }
+  if (!status.ok()) {
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+  std::vector<AllocRequest> requests(request->seq_lens_size());
+  for (int i = 0; i < request->seq_lens_size(); ++i) {
+    requests[i] = {RequestKind::kDecode, (*session)->id(), i, 0,
+                   request->seq_lens(i), request->last_locs(i), nullptr};
+  }
+  SubmitAllocCall(*std::move(session), std::move(requests), request->options(),
+                  response, reactor);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PageAllocatorService::Alloc(
+    grpc::CallbackServerContext* context, const v1::AllocRequest* request,
+    v1::AllocResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request->session());
+  if (!session.ok()) {
+    reactor->Finish(ToGrpcStatus(session.status()));
+    return reactor;
+  }
+  std::vector<AllocRequest> requests(request->num_tokens_size());
+  for (int i = 0; i < request->num_tokens_size(); ++i) {
+    requests[i] = {RequestKind::kAlloc, (*session)->id(), i, 0,
+                   request->num_tokens(i), -1, nullptr};
+  }
+  SubmitAllocCall(*std::move(session), std::move(requests), request->options(),
+                  response, reactor);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PageAllocatorService::Free(
+    grpc::CallbackServerContext* context, const v1::FreeRequest* request,
+    v1::FreeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request->session());
+  absl::Status status = session.status();
+  if (status.ok() && request->slots_size() > 0 && request->pages_size() > 0) {
+    status = absl::InvalidArgumentError(absl::StrFormat(
+        "set either slots (%d given) or pages (%d given), not both",
+        request->slots_size(), request->pages_size()));
+  }
+  if (!status.ok()) {
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+  const uint64_t owner = (*session)->id();
+  SubmitOp(reactor, owner, [this, owner, request, response]() -> absl::Status {
+    absl::StatusOr<int64_t> freed =
+        request->slots_size() > 0
+            ? pool_->FreeSlots(owner, request->slots())
+            : pool_->FreePages(owner, request->pages());
+    RETURN_IF_ERROR(freed.status());
+    response->set_pages_freed(*freed);
+    return absl::OkStatus();
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PageAllocatorService::Checkpoint(
+    grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
+    v1::CheckpointResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request->session());
+  if (!session.ok()) {
+    reactor->Finish(ToGrpcStatus(session.status()));
+    return reactor;
+  }
+  const uint64_t owner = (*session)->id();
+  SubmitOp(reactor, owner, [this, owner] { return pool_->Checkpoint(owner); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PageAllocatorService::Rollback(
+    grpc::CallbackServerContext* context, const v1::RollbackRequest* request,
+    v1::RollbackResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request->session());
+  if (!session.ok()) {
+    reactor->Finish(ToGrpcStatus(session.status()));
+    return reactor;
+  }
+  const uint64_t owner = (*session)->id();
+  SubmitOp(reactor, owner, [this, owner, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(int64_t returned, pool_->Rollback(owner));
+    response->set_pages_returned(returned);
+    return absl::OkStatus();
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PageAllocatorService::ReleaseRing(
+    grpc::CallbackServerContext* context, const v1::ReleaseRingRequest* request,
+    v1::ReleaseRingResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request->session());
+  absl::Status status = session.status();
+  if (status.ok()) {
+    status = (*session)->ReleaseRing(request->up_to());
+    if (!status.ok()) {
+      status = absl::InvalidArgumentError(
+          absl::StrFormat("up_to: %s", status.message()));
+    }
+  }
+  if (status.ok()) response->set_reserved_slots((*session)->ring_reserved());
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PageAllocatorService::GetStats(
+    grpc::CallbackServerContext* context, const v1::GetStatsRequest* request,
+    v1::GetStatsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const PoolStats stats = pool_->Stats();
+  v1::PoolInfo* pool = response->mutable_pool();
+  pool->set_page_size(stats.page_size);
+  pool->set_num_pages(stats.total_pages);
+  pool->set_free_policy(std::string(FreePolicyName(pool_->free_policy())));
+  backend_->DescribeDevice(pool);
+  response->set_free_pages(stats.free_pages);
+  response->set_parked_pages(stats.parked_pages);
+  response->set_used_pages(stats.used_pages);
+  response->set_slots_allocated_total(stats.slots_allocated);
+  response->set_pages_allocated_total(stats.pages_allocated);
+  response->set_pages_freed_total(stats.pages_freed);
+  response->set_out_of_pages_total(stats.out_of_pages_refusals);
+  response->set_free_list_sorts_total(stats.free_list_sorts);
+  response->set_launches_total(batcher_->launches());
+  const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();
+  response->set_sessions_active(sessions.size());
+  if (request->include_sessions()) {
+    for (const std::shared_ptr<Session>& session : sessions) {
+      v1::SessionStats* out = response->add_sessions();
+      out->set_session_id(session->id());
+      out->set_client_name(session->client_name());
+      auto it = stats.owners.find(session->id());
+      if (it != stats.owners.end()) {
+        out->set_pages_owned(it->second.pages_owned);
+        out->set_checkpoint_active(it->second.checkpoint_active);
+      }
+      out->set_quota_pages(session->quota_pages());
+      out->set_ring_capacity_slots(session->ring_memory().capacity_slots());
+      out->set_ring_reserved_slots(session->ring_reserved());
+    }
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace pagealloc

@@ -1,0 +1,129 @@
+// PageAllocatorService: the gRPC handlers of pagealloc.v1.PageAllocator
+// (callback API). Handlers validate, reserve ring space, queue work on the
+// batcher and return; the batcher completes the RPC. No handler blocks on the
+// device or on a lock held for long. absl::Status becomes grpc::Status in
+// ToGrpcStatus only.
+
+#ifndef PAGEALLOC_SERVER_SERVICE_H_
+#define PAGEALLOC_SERVER_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "allocator/page_pool.h"
+#include "proto/pagealloc.grpc.pb.h"
+#include "server/backend.h"
+#include "server/batcher.h"
+#include "server/session.h"
+#include "spdlog/spdlog.h"
+
+namespace pagealloc {
+
+// Counters the service keeps for logs, stats and metrics.
+struct ServiceCounters {
+  std::atomic<int64_t> sessions_opened{0};
+  std::atomic<int64_t> sessions_closed{0};
+  std::atomic<int64_t> sessions_reclaimed{0};
+  std::atomic<int64_t> pages_reclaimed{0};
+};
+
+// This class is thread-safe.
+class PageAllocatorService final : public v1::PageAllocator::CallbackService {
+ public:
+  struct Options {
+    // Most requests and slots in one call (a call must fit one launch).
+    int64_t max_call_requests = 8192;
+    int64_t max_call_tokens = 1 << 21;
+  };
+
+  // Every pointer must outlive the service.
+  PageAllocatorService(const Options& options, PagePool* pool,
+                       Backend* backend, SessionRegistry* sessions,
+                       Batcher* batcher);
+
+  // From now on every call but GetStats gets UNAVAILABLE.
+  void StartDraining() { draining_ = true; }
+  bool draining() const { return draining_; }
+
+  // Ends a session: forgets it and frees its pages (in order with its queued
+  // work). `reason` goes to the log. Returns false when it was already gone.
+  bool CloseSession(uint64_t session_id, const std::string& reason);
+
+  // Frees the pages of sessions whose lease has run out; returns how many
+  // sessions were reclaimed. Called periodically by the server.
+  int ReclaimExpired(absl::Time now);
+
+  const ServiceCounters& counters() const { return counters_; }
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override;
+  grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>*
+  KeepAlive(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* AllocExtend(
+      grpc::CallbackServerContext* context,
+      const v1::AllocExtendRequest* request,
+      v1::AllocResponse* response) override;
+  grpc::ServerUnaryReactor* AllocDecode(
+      grpc::CallbackServerContext* context,
+      const v1::AllocDecodeRequest* request,
+      v1::AllocResponse* response) override;
+  grpc::ServerUnaryReactor* Alloc(grpc::CallbackServerContext* context,
+                                  const v1::AllocRequest* request,
+                                  v1::AllocResponse* response) override;
+  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* context,
+                                 const v1::FreeRequest* request,
+                                 v1::FreeResponse* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(
+      grpc::CallbackServerContext* context,
+      const v1::CheckpointRequest* request,
+      v1::CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context,
+                                     const v1::RollbackRequest* request,
+                                     v1::RollbackResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseRing(
+      grpc::CallbackServerContext* context,
+      const v1::ReleaseRingRequest* request,
+      v1::ReleaseRingResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+
+  // Authenticates `ref` (UNAVAILABLE while draining).
+  absl::StatusOr<std::shared_ptr<Session>> Authenticate(
+      const v1::SessionRef& ref);
+  absl::Duration lease() const { return sessions_->options().lease; }
+
+ private:
+  // Frees a removed session's pages after its queued work; counts and logs.
+  void FreeSessionPages(std::shared_ptr<Session> session, bool lease_lost,
+                        std::string reason);
+  // Validates a call's requests, reserves its ring region and queues it;
+  // finishes `reactor` on refusal.
+  void SubmitAllocCall(std::shared_ptr<Session> session,
+                       std::vector<AllocRequest> requests,
+                       const v1::AllocOptions& options,
+                       v1::AllocResponse* response,
+                       grpc::ServerUnaryReactor* reactor);
+  // Queues `op` for `session` on the batcher and finishes `reactor` with its
+  // status once it ran.
+  void SubmitOp(grpc::ServerUnaryReactor* reactor, uint64_t session_id,
+                std::function<absl::Status()> op);
+
+  const Options options_;
+  PagePool* const pool_;
+  Backend* const backend_;
+  SessionRegistry* const sessions_;
+  Batcher* const batcher_;
+  std::atomic<bool> draining_{false};
+  ServiceCounters counters_;
+  std::shared_ptr<spdlog::logger> log_;
+};
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_SERVER_SERVICE_H_

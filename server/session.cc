@@ -1,0 +1,191 @@
+#include "server/session.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "allocator/status_macros.h"
+
+namespace pagealloc {
+
+Session::Session(uint64_t id, std::string token, std::string client_name,
+                 int64_t quota_pages, std::unique_ptr<RingMemory> ring)
+    : id_(id),
+      token_(std::move(token)),
+      client_name_(std::move(client_name)),
+      quota_pages_(quota_pages),
+      ring_memory_(std::move(ring)),
+      ring_(ring_memory_->capacity_slots()) {}
+
+absl::StatusOr<int64_t> Session::ReserveRing(int64_t n) {
+  absl::MutexLock lock(&mu_);
+  return ring_.Reserve(n);
+}
+
+void Session::UnreserveRing(int64_t position, int64_t n) {
+  absl::MutexLock lock(&mu_);
+  ring_.Unreserve(position, n);
+}
+
+absl::Status Session::ReleaseRing(int64_t up_to) {
+  absl::MutexLock lock(&mu_);
+  return ring_.Release(up_to);
+}
+
+int64_t Session::ring_reserved() const {
+  absl::MutexLock lock(&mu_);
+  return ring_.reserved();
+}
+
+void Session::Renew(absl::Time now, absl::Duration lease) {
+  absl::MutexLock lock(&mu_);
+  lease_deadline_ = now + lease;
+}
+
+absl::Time Session::lease_deadline() const {
+  absl::MutexLock lock(&mu_);
+  return lease_deadline_;
+}
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
+  }
+  return diff == 0;
+}
+
+namespace {
+
+// 32 bytes from the kernel's CSPRNG.
+absl::StatusOr<std::string> RandomToken() {
+  std::string token(32, '\0');
+  const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::InternalError("cannot open /dev/urandom");
+  const ssize_t n = read(fd, token.data(), token.size());
+  close(fd);
+  if (n != static_cast<ssize_t>(token.size())) {
+    return absl::InternalError("short read from /dev/urandom");
+  }
+  return token;
+}
+
+}  // namespace
+
+SessionRegistry::SessionRegistry(const Options& options, Backend* backend)
+    : options_(options), backend_(backend) {
+  // Session ids start at a random point so that a restarted daemon does not
+  // hand a returning client its old id.
+  std::random_device random;
+  next_id_ = (static_cast<uint64_t>(random()) << 20) + 1;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
+    std::string client_name, int64_t ring_capacity_slots,
+    int64_t quota_pages) {
+  if (ring_capacity_slots < 0 ||
+      ring_capacity_slots > options_.max_ring_capacity_slots) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ring_capacity_slots (%d) must be in [0, %d]", ring_capacity_slots,
+        options_.max_ring_capacity_slots));
+  }
+  if (quota_pages < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("quota_pages (%d) is negative", quota_pages));
+  }
+  if (client_name.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "client_name is %d bytes long; at most 128", client_name.size()));
+  }
+  if (ring_capacity_slots == 0) {
+    ring_capacity_slots = options_.default_ring_capacity_slots;
+  }
+  if (options_.max_quota_pages > 0 &&
+      (quota_pages == 0 || quota_pages > options_.max_quota_pages)) {
+    quota_pages = options_.max_quota_pages;
+  }
+  ASSIGN_OR_RETURN(std::string token, RandomToken());
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the daemon already serves %d sessions (--max_sessions)",
+          sessions_.size()));
+    }
+    id = next_id_++;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<RingMemory> ring,
+                   backend_->CreateRing(id, ring_capacity_slots));
+  auto session =
+      std::make_shared<Session>(id, std::move(token), std::move(client_name),
+                                quota_pages, std::move(ring));
+  session->Renew(absl::Now(), options_.lease);
+  absl::MutexLock lock(&mu_);
+  sessions_[id] = session;
+  return session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Authenticate(
+    uint64_t session_id, const std::string& token) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "session %d is unknown or has expired; register again",
+          session_id));
+    }
+    session = it->second;
+  }
+  if (!ConstantTimeEquals(session->token(), token)) {
+    return absl::UnauthenticatedError(
+        absl::StrFormat("wrong session_token for session %d", session_id));
+  }
+  session->Renew(absl::Now(), options_.lease);
+  return session;
+}
+
+std::shared_ptr<Session> SessionRegistry::Remove(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return nullptr;
+  std::shared_ptr<Session> session = std::move(it->second);
+  sessions_.erase(it);
+  return session;
+}
+
+std::vector<std::shared_ptr<Session>> SessionRegistry::TakeExpired(
+    absl::Time now) {
+  std::vector<std::shared_ptr<Session>> expired;
+  absl::MutexLock lock(&mu_);
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (it->second->lease_deadline() < now) {
+      expired.push_back(std::move(it->second));
+      sessions_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return expired;
+}
+
+std::vector<std::shared_ptr<Session>> SessionRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Session>> list;
+  list.reserve(sessions_.size());
+  for (const auto& [id, session] : sessions_) list.push_back(session);
+  return list;
+}
+
+int64_t SessionRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.size();
+}
+
+}  // namespace pagealloc
