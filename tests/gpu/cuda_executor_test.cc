@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "allocator/page_pool.h"
 #include "gmock/gmock.h"
@@ -554,9 +555,11 @@ TEST_P(TwoPoolsTest, RandomOperationSequencesGiveIdenticalSlots) {
     }
   }
   EXPECT_GT(outcomes_[absl::StatusCode::kOk], quick ? 50 : 2000);
-  EXPECT_GT(outcomes_[absl::StatusCode::kResourceExhausted], 0);
   EXPECT_GT(slots_compared_, quick ? 500 : 20000);
-  if (!quick) EXPECT_GT(rolled_back_, 10);
+  if (!quick) {
+    EXPECT_GT(outcomes_[absl::StatusCode::kResourceExhausted], 0);
+    EXPECT_GT(rolled_back_, 10);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
