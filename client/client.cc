@@ -115,11 +115,11 @@ void Client::KeepAliveLoop() {
     const absl::Status ended = FromGrpcStatus(stream->Finish());
     if (ended.code() == absl::StatusCode::kNotFound ||
         ended.code() == absl::StatusCode::kUnauthenticated) {
-      (void)Observe(ended);
+      MarkGone(ended);
       return;
     }
     if (absl::Now() - renewed > absl::Milliseconds(lease_ms_)) {
-      (void)Observe(absl::UnavailableError(absl::StrFormat(
+      MarkGone(absl::UnavailableError(absl::StrFormat(
           "lost contact with the daemon for longer than the %d ms lease "
           "(last error: %s); the session and its slots are gone",
           lease_ms_, ended.ToString())));
@@ -136,11 +136,13 @@ absl::Status Client::Observe(absl::Status status) {
   const bool gone = (status.code() == absl::StatusCode::kNotFound &&
                      absl::StrContains(status.message(), "session")) ||
                     status.code() == absl::StatusCode::kUnauthenticated;
-  if (gone) {
-    absl::MutexLock lock(&mu_);
-    if (session_status_.ok()) session_status_ = status;
-  }
+  if (gone) MarkGone(status);
   return status;
+}
+
+void Client::MarkGone(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (session_status_.ok()) session_status_ = why;
 }
 
 absl::Status Client::session_status() const {

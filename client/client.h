@@ -183,6 +183,8 @@ class Client {
   std::unique_ptr<grpc::ClientContext> NewContext() const;
   // Records `status` as the session's end when it says the session is gone.
   absl::Status Observe(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Records why the session ended (the first reason wins).
+  void MarkGone(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   v1::SessionRef Ref() const;
 
   const ClientOptions options_;

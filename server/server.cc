@@ -46,18 +46,19 @@ absl::Status PrepareSocketPath(const std::string& path) {
           dir, std::strerror(errno)));
     }
   }
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "socket path %s is %d bytes long; Unix sockets allow at most %d",
+        path, path.size(), sizeof(addr.sun_path) - 1));
+  }
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
   if (!S_ISSOCK(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s exists and is not a socket; refusing to replace it", path));
   }
-  sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("socket path %s is too long", path));
-  }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const bool live =

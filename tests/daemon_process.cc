@@ -1,0 +1,75 @@
+#include "tests/daemon_process.h"
+
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/pagealloc.grpc.pb.h"
+#include "server/grpc_status.h"
+
+namespace pagealloc::testing {
+
+absl::StatusOr<v1::GetStatsResponse> DaemonStats(const std::string& target) {
+  auto stub = v1::PageAllocator::NewStub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  v1::GetStatsRequest request;
+  request.set_include_sessions(true);
+  v1::GetStatsResponse response;
+  absl::Status status =
+      FromGrpcStatus(stub->GetStats(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+std::string ReadLog(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<Daemon> StartDaemon(const std::string& name,
+                                   const std::vector<std::string>& flags) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  // Unix socket paths are limited to 107 bytes; Bazel's TEST_TMPDIR is
+  // longer, so sockets live in a short private directory of their own.
+  static const std::string* socket_dir = [] {
+    char pattern[] = "/tmp/pagealloc-test-XXXXXX";
+    return new std::string(mkdtemp(pattern));
+  }();
+  Daemon daemon;
+  daemon.socket_path = absl::StrFormat("%s/%s.sock", *socket_dir, name);
+  daemon.target = "unix://" + daemon.socket_path;
+  daemon.log_path = absl::StrFormat("%s/%s.log", dir, name);
+  std::vector<std::string> argv = {RunfilePath("server/pagealloc-server"),
+                                   "--backend=cpu",
+                                   "--listen=" + daemon.target};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  absl::StatusOr<Subprocess> process = Subprocess::Start(argv, daemon.log_path);
+  if (!process.ok()) return process.status();
+  daemon.process = *std::move(process);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (true) {
+    if (!daemon.process.running()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pagealloc-server exited at start:\n%s", ReadLog(daemon.log_path)));
+    }
+    if (DaemonStats(daemon.target).ok()) return daemon;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "pagealloc-server did not answer within 20 s:\n%s",
+          ReadLog(daemon.log_path)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+}  // namespace pagealloc::testing

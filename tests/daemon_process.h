@@ -1,0 +1,35 @@
+// Starting the real pagealloc-server binary for process-level tests.
+
+#ifndef PAGEALLOC_TESTS_DAEMON_PROCESS_H_
+#define PAGEALLOC_TESTS_DAEMON_PROCESS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/pagealloc.pb.h"
+#include "tests/subprocess.h"
+
+namespace pagealloc::testing {
+
+struct Daemon {
+  Subprocess process;
+  std::string target;  // unix:///...
+  std::string socket_path;
+  std::string log_path;
+};
+
+// Starts pagealloc-server on a fresh Unix socket under $TEST_TMPDIR with
+// `flags` added, and waits (up to 20 s) until it answers GetStats.
+absl::StatusOr<Daemon> StartDaemon(const std::string& name,
+                                   const std::vector<std::string>& flags);
+
+// GetStats from `target`.
+absl::StatusOr<v1::GetStatsResponse> DaemonStats(const std::string& target);
+
+// The daemon's log so far (for failure messages).
+std::string ReadLog(const std::string& path);
+
+}  // namespace pagealloc::testing
+
+#endif  // PAGEALLOC_TESTS_DAEMON_PROCESS_H_

@@ -1,0 +1,162 @@
+// The real pagealloc-server binary on a real Unix socket, driven by the
+// client library and by real client processes.
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_process.h"
+#include "tests/status_matchers.h"
+
+namespace pagealloc::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::unique_ptr<Client> ConnectTo(const std::string& target) {
+  ClientOptions options;
+  options.target = target;
+  options.client_name = "process-test";
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  EXPECT_OK(client.status());
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+TEST(ServerProcessTest, ServesTheClientLibraryOverAUnixSocket) {
+  ASSERT_OK_AND_ASSIGN(Daemon daemon,
+                       StartDaemon("serve", {"--num_pages=128", "--page_size=4",
+                                             "--debug_checks"}));
+  struct stat st;
+  ASSERT_EQ(stat(daemon.socket_path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660);
+
+  auto client = ConnectTo(daemon.target);
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->pool().num_pages(), 128);
+  EXPECT_EQ(client->pool().backend(), v1::BACKEND_CPU);
+  ASSERT_OK_AND_ASSIGN(Allocation a, client->AllocExtend({0}, {6}, {-1}));
+  ASSERT_OK(a.status());
+  EXPECT_THAT(std::vector<int64_t>(a[0].slots, a[0].slots + a[0].count),
+              ElementsAre(4, 5, 6, 7, 8, 9));
+  ASSERT_OK_AND_ASSIGN(Allocation d, client->AllocDecode({7}, {9}));
+  EXPECT_EQ(d[0].slots[0], 10);
+  EXPECT_THAT(client->FreeSlots({4, 8}), IsOkAndHolds(2));
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+  EXPECT_EQ(stats.used_pages(), 0);
+  EXPECT_EQ(stats.sessions_active(), 1);
+}
+
+TEST(ServerProcessTest, RefusesToStartOverALiveSocketAndReplacesAStaleOne) {
+  ASSERT_OK_AND_ASSIGN(Daemon first, StartDaemon("live", {}));
+  ASSERT_OK_AND_ASSIGN(
+      Subprocess second,
+      Subprocess::Start({RunfilePath("server/pagealloc-server"),
+                         "--backend=cpu", "--listen=" + first.target},
+                        first.log_path + ".second"));
+  ASSERT_OK_AND_ASSIGN(int second_status, second.Wait(absl::Seconds(15)));
+  EXPECT_TRUE(WIFEXITED(second_status) && WEXITSTATUS(second_status) == 1)
+      << DescribeWaitStatus(second_status);
+  EXPECT_THAT(ReadLog(first.log_path + ".second"),
+              HasSubstr("another process is serving on"));
+  EXPECT_TRUE(DaemonStats(first.target).ok());  // the first one still serves
+
+  // A socket file nobody listens on (a crashed daemon's) is replaced.
+  const std::string stale = first.socket_path + ".stale";
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, stale.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(fd);
+  std::vector<std::string> argv = {RunfilePath("server/pagealloc-server"),
+                                   "--backend=cpu", "--listen=unix://" + stale};
+  ASSERT_OK_AND_ASSIGN(Subprocess replacing,
+                       Subprocess::Start(argv, first.log_path + ".stale"));
+  bool answered = false;
+  for (int i = 0; i < 500 && !answered; ++i) {
+    answered = DaemonStats("unix://" + stale).ok();
+    if (!answered) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(answered) << ReadLog(first.log_path + ".stale");
+  EXPECT_THAT(ReadLog(first.log_path + ".stale"),
+              HasSubstr("removing stale socket"));
+}
+
+TEST(ServerProcessTest, SigtermDrainsAndRemovesTheSocket) {
+  ASSERT_OK_AND_ASSIGN(Daemon daemon, StartDaemon("drain", {"--lease_ms=600"}));
+  auto client = ConnectTo(daemon.target);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->Alloc({16}).status());
+  daemon.process.Signal(SIGTERM);
+  ASSERT_OK_AND_ASSIGN(int status, daemon.process.Wait(absl::Seconds(15)));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << DescribeWaitStatus(status) << "\n" << ReadLog(daemon.log_path);
+  struct stat st;
+  EXPECT_NE(stat(daemon.socket_path.c_str(), &st), 0);
+  EXPECT_THAT(ReadLog(daemon.log_path), HasSubstr("draining"));
+  // The daemon is gone: calls fail with UNAVAILABLE, and once the lease has
+  // passed the library says the session (and its slots) are gone.
+  EXPECT_THAT(client->Alloc({16}), StatusIs(absl::StatusCode::kUnavailable,
+                                            ::testing::_));
+  absl::Status session = absl::OkStatus();
+  for (int i = 0; i < 300 && session.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    session = client->session_status();
+  }
+  EXPECT_THAT(session, StatusIs(absl::StatusCode::kUnavailable,
+                                HasSubstr("session and its slots are gone")));
+}
+
+TEST(ServerProcessTest, KilledClientsPagesAreReclaimedAfterTheLease) {
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon,
+      StartDaemon("reclaim", {"--lease_ms=400", "--num_pages=512",
+                              "--page_size=16", "--debug_checks"}));
+  auto survivor = ConnectTo(daemon.target);
+  ASSERT_OK_AND_ASSIGN(Allocation kept, survivor->Alloc({32}));
+  ASSERT_OK(kept.status());
+  std::vector<Subprocess> victims;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK_AND_ASSIGN(
+        Subprocess victim,
+        Subprocess::Start({RunfilePath("tests/load_client"),
+                           "--target=" + daemon.target, "--duration_ms=60000",
+                           "--client_index=" + std::to_string(i + 1)},
+                          daemon.log_path + ".victims"));
+    victims.push_back(std::move(victim));
+  }
+  // Let them allocate, then kill them at different moments.
+  for (Subprocess& victim : victims) {
+    absl::SleepFor(absl::Milliseconds(150));
+    ASSERT_TRUE(victim.running()) << ReadLog(daemon.log_path + ".victims");
+    victim.Signal(SIGKILL);
+    ASSERT_OK(victim.Wait(absl::Seconds(5)).status());
+  }
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse during, DaemonStats(daemon.target));
+  EXPECT_GT(during.used_pages(), 2);
+  int64_t used = during.used_pages();
+  for (int i = 0; i < 200 && used != 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+    used = stats.used_pages();
+  }
+  EXPECT_EQ(used, 2);  // only the survivor's pages remain
+  EXPECT_OK(survivor->session_status());
+  EXPECT_THAT(ReadLog(daemon.log_path), HasSubstr("lost its lease"));
+  ASSERT_OK_AND_ASSIGN(Allocation more, survivor->Alloc({16}));
+  EXPECT_OK(more.status());
+}
+
+}  // namespace
+}  // namespace pagealloc::testing
