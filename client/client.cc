@@ -6,6 +6,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "client/ring_view.h"
+#ifdef PAGEALLOC_HAVE_CUDA
+#include "client/cuda_ring_view.h"
+#endif
 #include "server/grpc_status.h"
 
 namespace pagealloc {
@@ -75,7 +78,8 @@ absl::Status Client::Register() {
   pool_ = response.pool();
   lease_ms_ = response.lease_ms();
   absl::StatusOr<std::unique_ptr<RingView>> ring =
-      MapRing(pool_.backend(), response.ring());
+      MapRing(pool_, response.ring());
+  completion_event_ = response.ring().cuda_ipc_event_handle();
   if (!ring.ok()) {
     // Give the session back rather than let its lease run out.
     auto close_context = NewContext();
@@ -337,6 +341,16 @@ absl::Status Client::Close() {
   stream->Write(goodbye);
   stream->WritesDone();
   return FromGrpcStatus(stream->Finish());
+}
+
+absl::Status Client::OrderAfterCompletion(void* cuda_stream) const {
+  if (pool_.backend() != v1::BACKEND_CUDA) return absl::OkStatus();
+#ifdef PAGEALLOC_HAVE_CUDA
+  return WaitForDaemonEvent(completion_event_, cuda_stream);
+#else
+  return absl::FailedPreconditionError(
+      "this client library was built without CUDA");
+#endif
 }
 
 absl::Status Client::CopyToHost(const int64_t* slots, int64_t count,

@@ -167,6 +167,10 @@ class Client {
   const std::string& session_token() const { return session_token_; }
   const v1::PoolInfo& pool() const { return pool_; }
   int64_t lease_ms() const { return lease_ms_; }
+  // For calls made with async_completion on the CUDA backend: makes
+  // `cuda_stream` (a cudaStream_t) wait until the daemon's launches so far
+  // have written their slots. A no-op on the CPU backend.
+  absl::Status OrderAfterCompletion(void* cuda_stream) const;
   // Copies `count` slots at `slots` (from a RequestSlots) into host memory.
   absl::Status CopyToHost(const int64_t* slots, int64_t count,
                           int64_t* out) const;
@@ -195,6 +199,7 @@ class Client {
   v1::PoolInfo pool_;
   int64_t lease_ms_ = 0;
   std::unique_ptr<RingView> ring_;
+  std::string completion_event_;  // cudaIpcEventHandle_t bytes (CUDA)
 
   mutable absl::Mutex mu_;
   absl::Status session_status_ ABSL_GUARDED_BY(mu_);

@@ -70,14 +70,14 @@ absl::StatusOr<std::unique_ptr<RingView>> MapShmRing(
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RingView>> MapRing(v1::Backend backend,
+absl::StatusOr<std::unique_ptr<RingView>> MapRing(const v1::PoolInfo& pool,
                                                   const v1::OutputRing& ring) {
-  switch (backend) {
+  switch (pool.backend()) {
     case v1::BACKEND_CPU:
       return MapShmRing(ring);
     case v1::BACKEND_CUDA:
 #ifdef PAGEALLOC_HAVE_CUDA
-      return MapCudaIpcRing(ring);
+      return MapCudaIpcRing(ring, pool.device_uuid());
 #else
       return absl::FailedPreconditionError(
           "the daemon serves a CUDA pool but this client library was built "
@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<RingView>> MapRing(v1::Backend backend,
 #endif
     default:
       return absl::InvalidArgumentError(
-          absl::StrFormat("unknown backend %d", static_cast<int>(backend)));
+          absl::StrFormat("unknown backend %d", static_cast<int>(pool.backend())));
   }
 }
 

@@ -25,8 +25,8 @@ class RingView {
                                   int64_t* dst) const = 0;
 };
 
-// Maps the ring a RegisterResponse describes, for `backend`.
-absl::StatusOr<std::unique_ptr<RingView>> MapRing(v1::Backend backend,
+// Maps the ring a RegisterResponse describes, on `pool`'s backend.
+absl::StatusOr<std::unique_ptr<RingView>> MapRing(const v1::PoolInfo& pool,
                                                   const v1::OutputRing& ring);
 
 }  // namespace pagealloc

@@ -98,9 +98,9 @@ absl::Status SetSocketPermissions(const std::string& path, int mode,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name,
-                                                     int gpu,
-                                                     const std::string& tag) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
+    const ServerOptions& options, const std::string& tag) {
+  const std::string& name = options.backend;
   const std::string shm_prefix = absl::StrFormat("/pagealloc-%s", tag);
   if (name == "cpu") return MakeCpuBackend(shm_prefix);
   if (name != "cuda" && name != "auto") {
@@ -108,7 +108,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name,
         "--backend=%s is not one of auto, cuda, cpu", name));
   }
 #ifdef PAGEALLOC_HAVE_CUDA
-  absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeCudaBackend(gpu);
+  CudaBackendOptions cuda_options;
+  cuda_options.gpu = options.gpu;
+  cuda_options.max_batch_requests = options.batcher.max_batch_requests;
+  cuda_options.max_batch_tokens = options.batcher.max_batch_tokens;
+  absl::StatusOr<std::unique_ptr<Backend>> cuda =
+      MakeCudaBackend(cuda_options);
   if (cuda.ok() || name == "cuda") return cuda;
   Logger("server")->warn(
       "no usable GPU ({}); falling back to the CPU backend, whose slots live "
@@ -132,8 +137,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   std::unique_ptr<Server> server(new Server(options));
   ASSIGN_OR_RETURN(
       server->backend_,
-      MakeBackend(options.backend, options.gpu,
-                  absl::StrFormat("gpu%d.%d", options.gpu, getpid())));
+      MakeBackend(options, absl::StrFormat("gpu%d.%d", options.gpu, getpid())));
   ASSIGN_OR_RETURN(server->pool_, PagePool::Create(options.pool,
                                                    server->backend_->executor()));
   server->sessions_ = std::make_unique<SessionRegistry>(
@@ -225,7 +229,8 @@ void Server::Shutdown() {
     if (shutting_down_) return;
     shutting_down_ = true;
     if (!started_) {
-      batcher_->Stop();
+      // Create may have failed part way: stop only what exists.
+      if (batcher_ != nullptr) batcher_->Stop();
       shut_down_.Notify();
       return;
     }

@@ -101,11 +101,11 @@ class Server {
   std::vector<std::string> bound_ ABSL_GUARDED_BY(mu_);
 };
 
-// Makes the backend --backend names. "auto" falls back to CPU (logging a
-// warning) when no GPU is usable.
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name,
-                                                     int gpu,
-                                                     const std::string& tag);
+// Makes the backend options.backend names. "auto" falls back to CPU
+// (logging a warning) when no GPU is usable. `tag` makes shared memory names
+// unique to this daemon.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
+    const ServerOptions& options, const std::string& tag);
 
 }  // namespace pagealloc
 

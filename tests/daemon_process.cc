@@ -49,9 +49,12 @@ absl::StatusOr<Daemon> StartDaemon(const std::string& name,
   daemon.socket_path = absl::StrFormat("%s/%s.sock", *socket_dir, name);
   daemon.target = "unix://" + daemon.socket_path;
   daemon.log_path = absl::StrFormat("%s/%s.log", dir, name);
-  std::vector<std::string> argv = {RunfilePath("server/pagealloc-server"),
-                                   "--backend=cpu",
-                                   "--listen=" + daemon.target};
+  // PAGEALLOC_TEST_BACKEND=cuda runs the same tests on a GPU daemon.
+  const char* backend = std::getenv("PAGEALLOC_TEST_BACKEND");
+  std::vector<std::string> argv = {
+      RunfilePath("server/pagealloc-server"),
+      absl::StrFormat("--backend=%s", backend != nullptr ? backend : "cpu"),
+      "--listen=" + daemon.target};
   argv.insert(argv.end(), flags.begin(), flags.end());
   absl::StatusOr<Subprocess> process = Subprocess::Start(argv, daemon.log_path);
   if (!process.ok()) return process.status();

@@ -19,8 +19,9 @@ struct Daemon {
   std::string log_path;
 };
 
-// Starts pagealloc-server on a fresh Unix socket under $TEST_TMPDIR with
-// `flags` added, and waits (up to 20 s) until it answers GetStats.
+// Starts pagealloc-server on a fresh Unix socket with `flags` added, and
+// waits (up to 20 s) until it answers GetStats. The backend is CPU unless
+// the environment sets PAGEALLOC_TEST_BACKEND (e.g. "cuda" on a GPU host).
 absl::StatusOr<Daemon> StartDaemon(const std::string& name,
                                    const std::vector<std::string>& flags);
 

@@ -93,6 +93,26 @@ TEST(ServerProcessTest, RefusesToStartOverALiveSocketAndReplacesAStaleOne) {
               HasSubstr("removing stale socket"));
 }
 
+TEST(ServerProcessTest, CudaBackendWithoutAGpuSaysSo) {
+  const std::string log = ::testing::TempDir() + "/cuda.log";
+  ASSERT_OK_AND_ASSIGN(
+      Subprocess server,
+      Subprocess::Start({RunfilePath("server/pagealloc-server"),
+                         "--backend=cuda", "--listen=127.0.0.1:0"},
+                        log));
+  absl::StatusOr<int> status = server.Wait(absl::Seconds(10));
+  if (!status.ok()) {
+    GTEST_SKIP() << "a GPU is present: the CUDA backend started";
+  }
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
+      << DescribeWaitStatus(*status);
+  const std::string text = ReadLog(log);
+  EXPECT_THAT(text, HasSubstr("cannot start: FAILED_PRECONDITION"));
+  EXPECT_TRUE(text.find("no CUDA GPU") != std::string::npos ||
+              text.find("built without CUDA") != std::string::npos)
+      << text;
+}
+
 TEST(ServerProcessTest, SigtermDrainsAndRemovesTheSocket) {
   ASSERT_OK_AND_ASSIGN(Daemon daemon, StartDaemon("drain", {"--lease_ms=600"}));
   auto client = ConnectTo(daemon.target);

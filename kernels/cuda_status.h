@@ -1,0 +1,20 @@
+// The one place where a cudaError_t becomes an absl::Status, shared by the
+// CUDA executor, the daemon's CUDA backend and the client's IPC mapping.
+
+#ifndef PAGEALLOC_KERNELS_CUDA_STATUS_H_
+#define PAGEALLOC_KERNELS_CUDA_STATUS_H_
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+
+namespace pagealloc {
+
+// OK for cudaSuccess. A machine without a GPU or driver (no device,
+// insufficient driver) is FAILED_PRECONDITION "no CUDA GPU: ..."; every other
+// failure is INTERNAL. `what` names the call.
+absl::Status CudaStatus(cudaError_t error, const char* what);
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_KERNELS_CUDA_STATUS_H_

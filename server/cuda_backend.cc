@@ -1,0 +1,168 @@
+#include "server/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "allocator/status_macros.h"
+#include "kernels/cuda_executor.h"
+#include "kernels/cuda_status.h"
+
+namespace pagealloc {
+namespace {
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
+std::string FormatUuid(const cudaUUID_t& uuid) {
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  return absl::StrFormat(
+      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+      b[12], b[13], b[14], b[15]);
+}
+
+class CudaRing final : public RingMemory {
+ public:
+  CudaRing(int device, int64_t* slots, int64_t capacity,
+           std::string ipc_handle, std::string event_handle)
+      : device_(device),
+        slots_(slots),
+        capacity_(capacity),
+        ipc_handle_(std::move(ipc_handle)),
+        event_handle_(std::move(event_handle)) {}
+  ~CudaRing() override {
+    cudaSetDevice(device_);
+    cudaFree(slots_);
+  }
+
+  int64_t* slots() override { return slots_; }
+  int64_t capacity_slots() const override { return capacity_; }
+  void Describe(v1::OutputRing* ring) const override {
+    ring->set_capacity_slots(capacity_);
+    ring->set_cuda_ipc_handle(ipc_handle_);
+    ring->set_cuda_ipc_event_handle(event_handle_);
+  }
+
+ private:
+  const int device_;
+  int64_t* const slots_;
+  const int64_t capacity_;
+  const std::string ipc_handle_;
+  const std::string event_handle_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      const CudaBackendOptions& options) {
+    CudaExecutorOptions executor_options;
+    executor_options.device_ordinal = options.gpu;
+    executor_options.max_requests_per_batch = options.max_batch_requests;
+    executor_options.max_slots_per_batch = options.max_batch_tokens;
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> executor,
+                     CudaExecutor::Create(executor_options));
+    std::unique_ptr<CudaBackend> backend(
+        new CudaBackend(options.gpu, std::move(executor)));
+    cudaDeviceProp properties;
+    RETURN_IF_ERROR(CudaStatus(
+        cudaGetDeviceProperties(&properties, options.gpu),
+        "cudaGetDeviceProperties"));
+    backend->device_name_ = properties.name;
+    backend->uuid_ = FormatUuid(properties.uuid);
+    // One interprocess event for the whole daemon: a client that waits on it
+    // after its answer waits for its launch or a later one (stream order).
+    RETURN_IF_ERROR(CudaStatus(
+        cudaEventCreateWithFlags(&backend->completion_,
+                                 cudaEventDisableTiming |
+                                     cudaEventInterprocess),
+        "cudaEventCreateWithFlags(interprocess)"));
+    cudaIpcEventHandle_t handle;
+    RETURN_IF_ERROR(CudaStatus(
+        cudaIpcGetEventHandle(&handle, backend->completion_),
+        "cudaIpcGetEventHandle"));
+    backend->event_handle_.assign(reinterpret_cast<const char*>(&handle),
+                                  sizeof(handle));
+    return backend;
+  }
+
+  ~CudaBackend() override {
+    cudaSetDevice(gpu_);
+    if (completion_ != nullptr) cudaEventDestroy(completion_);
+  }
+
+  v1::Backend kind() const override { return v1::BACKEND_CUDA; }
+  PlanExecutor* executor() override { return executor_.get(); }
+
+  absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
+      uint64_t session_id, int64_t capacity_slots) override {
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(gpu_), "cudaSetDevice"));
+    void* slots = nullptr;
+    const absl::Status allocated = CudaStatus(
+        cudaMalloc(&slots, capacity_slots * sizeof(int64_t)), "cudaMalloc");
+    if (!allocated.ok()) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cannot allocate a %d-slot output ring on GPU %d: %s",
+          capacity_slots, gpu_, allocated.message()));
+    }
+    cudaIpcMemHandle_t handle;
+    const absl::Status exported =
+        CudaStatus(cudaIpcGetMemHandle(&handle, slots), "cudaIpcGetMemHandle");
+    if (!exported.ok()) {
+      cudaFree(slots);
+      return exported;
+    }
+    return std::make_unique<CudaRing>(
+        gpu_, static_cast<int64_t*>(slots), capacity_slots,
+        std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)),
+        event_handle_);
+  }
+
+  absl::Status CopyToHost(const int64_t* src, int64_t count,
+                          int64_t* dst) override {
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(gpu_), "cudaSetDevice"));
+    return CudaStatus(cudaMemcpy(dst, src, count * sizeof(int64_t),
+                                 cudaMemcpyDeviceToHost),
+                      "cudaMemcpy(ring to host)");
+  }
+
+  absl::Status CompleteLaunch(bool async) override {
+    if (!async) return executor_->Synchronize();
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(gpu_), "cudaSetDevice"));
+    return CudaStatus(cudaEventRecord(completion_, executor_->stream()),
+                      "cudaEventRecord(completion)");
+  }
+
+  void DescribeDevice(v1::PoolInfo* pool) const override {
+    pool->set_backend(v1::BACKEND_CUDA);
+    pool->set_gpu(gpu_);
+    pool->set_device_uuid(uuid_);
+  }
+
+  std::string Summary() const override {
+    return absl::StrFormat("cuda (GPU %d: %s, %s; rings shared by CUDA IPC)",
+                           gpu_, device_name_, uuid_);
+  }
+
+ private:
+  CudaBackend(int gpu, std::unique_ptr<CudaExecutor> executor)
+      : gpu_(gpu), executor_(std::move(executor)) {}
+
+  const int gpu_;
+  const std::unique_ptr<CudaExecutor> executor_;
+  std::string device_name_;
+  std::string uuid_;
+  cudaEvent_t completion_ = nullptr;
+  std::string event_handle_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
+    const CudaBackendOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
+                   CudaBackend::Create(options));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace pagealloc
