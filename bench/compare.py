@@ -17,6 +17,10 @@ def main():
     seed_floor = next((r["us"] for r in anchor if r["case"] == "floor_tiny_launch"), float("nan"))
     print(f"floor: our empty kernel {floor['us']:.2f} us flushed / {floor['rotated_us']:.2f} us rotated; "
           f"anchor's tiny torch launch {seed_floor:.2f} us")
+    fill = next((r for r in ours if r["case"] == "fill_8MiB"), None)
+    if fill:
+        print(f"fill: an 8 MiB memset (the bulk case's output) {fill['us']:.2f} us flushed / "
+              f"{fill['rotated_us']:.2f} us rotated")
     print(f"bandwidth: memset write {bw['write_GBps']:.0f} GB/s, copy (read+write) {bw['copy_GBps']:.0f} GB/s")
     print()
     print("| case | ps | bs | tokens | seed us | ours us (flushed) | ratio | ours us (rotated) | ratio | x floor | target | met |")

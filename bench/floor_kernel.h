@@ -12,6 +12,12 @@ namespace pagealloc {
 // Returns the launch's error.
 cudaError_t LaunchEmptyKernel(cudaStream_t stream);
 
+// Launches one block of one thread that spins for `cycles` SM clock cycles
+// and touches no memory: queued before a timed launch, it keeps the GPU
+// busy while the host queues the timing events and the launch, so that the
+// events time the GPU, not the host. Returns the launch's error.
+cudaError_t LaunchSpinKernel(cudaStream_t stream, long long cycles);
+
 }  // namespace pagealloc
 
 #endif  // PAGEALLOC_BENCH_FLOOR_KERNEL_H_

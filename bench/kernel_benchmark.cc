@@ -11,7 +11,8 @@
 // same distribution, each with its own plan block and output), measured two
 // ways: "flushed", with a 256 MiB memset before each launch as Triton's
 // do_bench does (what the anchor's numbers are), and "rotated", without it
-// (inputs and plan as hot as right after Execute uploads them). Every set's
+// (inputs and plan as hot as right after Execute uploads them; a spin kernel
+// before each launch keeps the host's launch time out of the events). Every set's
 // output is checked against the CPU reference first. "call" is the host's
 // wall time of CudaExecutor::Execute + Synchronize (packing, upload, launch
 // and wait), the counterpart of the anchor's in-process call.
@@ -156,8 +157,10 @@ class Timer {
   }
 
   // Returns the median event-timed microseconds of launch(rep) over
-  // `reps` reps after `warmup` untimed ones; with flush, a 256 MiB memset
-  // runs before each (outside the timed region) so caches start cold.
+  // `reps` reps after `warmup` untimed ones. Before each rep (outside the
+  // timed region): with flush, a 256 MiB memset, so caches start cold (as
+  // do_bench); without, a ~20 us spin kernel, so the GPU is still busy when
+  // the host has queued the rep and the events time the GPU alone.
   double MedianUs(const std::function<void(int)>& launch, int reps,
                   bool flush, int warmup = 20) {
     for (int i = 0; i < warmup; ++i) launch(i);
@@ -166,6 +169,8 @@ class Timer {
       if (flush) {
         BENCH_CHECK_CUDA(
             cudaMemsetAsync(flush_, i & 0xff, kFlushBytes, stream_));
+      } else {
+        BENCH_CHECK_CUDA(LaunchSpinKernel(stream_, 40000));
       }
       BENCH_CHECK_CUDA(cudaEventRecord(events_[2 * i], stream_));
       launch(i);
@@ -275,6 +280,27 @@ int Main(int argc, char** argv) {
       9, /*flush=*/false, /*warmup=*/2);
   BENCH_CHECK_CUDA(cudaFree(bw_buffer));
   const double write_gbps = bw_bytes / (memset_us * 1e3);
+  // The bulk case's output size, written by a memset under both timing
+  // protocols: what 8 MiB of plain writes costs here.
+  void* fill = nullptr;
+  const int64_t fill_bytes = int64_t{8} << 20;
+  BENCH_CHECK_CUDA(cudaMalloc(&fill, fill_bytes));
+  const double fill_us = timer.MedianUs(
+      [&](int i) {
+        BENCH_CHECK_CUDA(cudaMemsetAsync(fill, i & 0xff, fill_bytes, stream));
+      },
+      reps, /*flush=*/true);
+  const double fill_rotated_us = timer.MedianUs(
+      [&](int i) {
+        BENCH_CHECK_CUDA(cudaMemsetAsync(fill, i & 0xff, fill_bytes, stream));
+      },
+      reps, /*flush=*/false);
+  BENCH_CHECK_CUDA(cudaFree(fill));
+  std::printf("fill: 8 MiB memset %.2f us (flushed), %.2f us (rotated)\n",
+              fill_us, fill_rotated_us);
+  json.push_back(absl::StrFormat(
+      "{\"case\": \"fill_8MiB\", \"us\": %.3f, \"rotated_us\": %.3f}",
+      fill_us, fill_rotated_us));
   const double copy_gbps = bw_bytes / (copy_us * 1e3);  // read + write
   std::printf(
       "floor: empty kernel %.2f us (flushed), %.2f us (rotated); write "

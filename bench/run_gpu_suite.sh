@@ -38,4 +38,12 @@ run 120 "$OUT/memcheck.log" compute-sanitizer --tool memcheck \
   --leak-check full --error-exitcode 9 .device/bin/cuda_executor_test
 run 60 "$OUT/racecheck.log" compute-sanitizer --tool racecheck \
   --error-exitcode 9 .device/bin/cuda_executor_test
-cat "$OUT/bench.log"
+# Where the bulk case's time goes: one launch of the 4-slots-per-thread
+# tiled kernel under Nsight Compute (clocks left as they are).
+run 90 "$OUT/bench.log" ncu --clock-control none --kernel-name-base demangled \
+  -k 'regex:ExpandTileKernel<\(bool\)1, \(int\)4>' --launch-skip 30 --launch-count 1 \
+  --section SpeedOfLight --section MemoryWorkloadAnalysis \
+  --section Occupancy --section WarpStateStats --section LaunchStats \
+  .device/bin/kernel_benchmark --quick --reps=40 --sets=2
+grep -E "^(floor|fill|extend|decode|kind|        bulk)" "$OUT/bench.log" | head -30
+cat "$OUT/compare.md"

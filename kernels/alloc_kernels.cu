@@ -9,11 +9,14 @@
 namespace pagealloc {
 namespace {
 
-// Above this many slots the tiled kernel gives each thread 4 slots: with
-// kExpandTileSlots * 1024 slots a launch already has ~1024 blocks, enough to
-// fill an H200 (132 SMs x 8 blocks of 256 threads), and more slots per
-// thread keep more independent ring reads and stores in flight per thread.
-constexpr int64_t kOneSlotPerThreadMaxSlots = kExpandTileSlots * 1024;
+// Above this many slots the tiled kernel gives each thread 4 slots: a
+// launch then already has ~512 blocks, about a wave on an H200, and more
+// slots per thread put more independent ring reads and stores behind each
+// thread's chain of dependent reads (tile mark, request fields, ring) rather
+// than running more waves of that chain. (8 slots per thread spill
+// registers.)
+constexpr int64_t kOneSlotPerThreadMaxSlots = kExpandTileSlots * 512;
+constexpr int kManySlotsPerThread = 4;
 
 template <bool kPow2PageSize>
 cudaError_t Launch(const ExpandParams& params, int page_shift,
@@ -31,9 +34,9 @@ cudaError_t Launch(const ExpandParams& params, int page_shift,
         <<<static_cast<unsigned>(blocks), kExpandThreads, 0, stream>>>(
             params, page_shift);
   } else {
-    const int64_t blocks =
-        (params.num_slots + 4 * kExpandTileSlots - 1) / (4 * kExpandTileSlots);
-    ExpandTileKernel<kPow2PageSize, 4>
+    constexpr int64_t kTile = kManySlotsPerThread * kExpandTileSlots;
+    const int64_t blocks = (params.num_slots + kTile - 1) / kTile;
+    ExpandTileKernel<kPow2PageSize, kManySlotsPerThread>
         <<<static_cast<unsigned>(blocks), kExpandThreads, 0, stream>>>(
             params, page_shift);
   }

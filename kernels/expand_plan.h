@@ -189,19 +189,21 @@ PAGEALLOC_HOST_DEVICE void ExpandTileThread(const ExpandParams& p,
   int64_t first_slot = 0;
   int64_t ring_start = 0;
   int64_t* out = nullptr;
+  // Per slot, between the phases: its target, and either its value (a
+  // prefix-page slot) or its page id and offset (bit k of from_ring set).
+  // Kept small: the kernel runs at <= 64 registers without spilling.
   int64_t* target[kSlotsPerThread];
-  int64_t value[kSlotsPerThread];
-  int64_t page[kSlotsPerThread];
-  bool from_ring[kSlotsPerThread];
+  int64_t word[kSlotsPerThread];
+  int32_t offset[kSlotsPerThread];
+  uint32_t from_ring = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int k = 0; k < kSlotsPerThread; ++k) {
     const int64_t slot = tile_begin + k * kExpandThreads + thread;
     target[k] = nullptr;
-    value[k] = 0;
-    page[k] = 0;
-    from_ring[k] = false;
+    word[k] = 0;
+    offset[k] = 0;
     if (slot < tile_end) {
       const int64_t found = FindRequest(p.slot_begin, lo, hi, slot);
       if (found != r) {
@@ -214,12 +216,16 @@ PAGEALLOC_HOST_DEVICE void ExpandTileThread(const ExpandParams& p,
         lo = r;
       }
       int64_t position;
+      int64_t value;
       LocateSlot<kPow2PageSize>(slot - begin, partial_slots, first_slot,
                                 ring_start, p.ring_capacity, p.page_size,
-                                page_shift, &position, &value[k]);
+                                page_shift, &position, &value);
       if (position >= 0) {
-        page[k] = p.free_ring[position];
-        from_ring[k] = true;
+        word[k] = p.free_ring[position];
+        offset[k] = static_cast<int32_t>(value);  // < page_size < 2^31
+        from_ring |= 1u << k;
+      } else {
+        word[k] = value;
       }
       target[k] = out + (slot - begin);
     }
@@ -229,7 +235,8 @@ PAGEALLOC_HOST_DEVICE void ExpandTileThread(const ExpandParams& p,
 #endif
   for (int k = 0; k < kSlotsPerThread; ++k) {
     if (target[k] != nullptr) {
-      *target[k] = from_ring[k] ? page[k] * p.page_size + value[k] : value[k];
+      *target[k] = (from_ring >> k) & 1u ? word[k] * p.page_size + offset[k]
+                                         : word[k];
     }
   }
 }
