@@ -170,6 +170,9 @@ void Batcher::Launch(std::vector<Work>* pending) {
   absl::Status completion = absl::OkStatus();
   if (launched) completion = backend_->CompleteLaunch(!any_sync);
   launch.execute_time = absl::Now() - start;
+  metrics_.requests_per_batch.Observe(launch.batch_requests);
+  metrics_.tokens_per_batch.Observe(launch.batch_slots);
+  metrics_.execute_seconds.Observe(absl::ToDoubleSeconds(launch.execute_time));
 
   size_t next = 0;
   for (Work& work : *pending) {
@@ -195,6 +198,8 @@ void Batcher::Launch(std::vector<Work>* pending) {
       }
     }
     launch.queue_wait = start - work.queued_at;
+    metrics_.queue_wait_seconds.Observe(
+        absl::ToDoubleSeconds(launch.queue_wait));
     call.done(std::move(call_results), std::move(inline_slots), launch);
   }
   pending->clear();

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "allocator/page_pool.h"
 #include "server/backend.h"
+#include "server/histogram.h"
 
 namespace pagealloc {
 
@@ -73,6 +74,9 @@ class Batcher {
   // buffer for inline results (max_batch_tokens slots).
   static absl::StatusOr<std::unique_ptr<Batcher>> Create(
       const Options& options, PagePool* pool, Backend* backend);
+
+  // What the batcher has recorded about its launches.
+  const BatcherMetrics& metrics() const { return metrics_; }
   ~Batcher();
 
   // Queues an allocation call. REQUIRES: call.requests.size() <=
@@ -111,6 +115,7 @@ class Batcher {
   PagePool* const pool_;
   Backend* const backend_;
   const std::unique_ptr<RingMemory> scratch_;
+  BatcherMetrics metrics_;
 
   mutable absl::Mutex mu_;
   std::deque<Work> queue_ ABSL_GUARDED_BY(mu_);

@@ -43,6 +43,11 @@ ABSL_FLAG(std::string, socket_mode, "0660",
           "Octal file mode of Unix socket files.");
 ABSL_FLAG(std::string, socket_group, "",
           "Group that owns Unix socket files (default: the daemon's).");
+ABSL_FLAG(int, metrics_port, 9464,
+          "HTTP port for /metrics (Prometheus) and /healthz; 0 picks a free "
+          "port, -1 turns metrics off.");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0",
+          "Address the metrics port binds.");
 ABSL_FLAG(int64_t, max_batch_requests, 8192,
           "Most requests in one kernel launch, and in one call.");
 ABSL_FLAG(int64_t, max_batch_tokens, 1 << 21,
@@ -114,6 +119,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
       absl::GetFlag(FLAGS_max_session_quota_pages);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.debug_checks = absl::GetFlag(FLAGS_debug_checks);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   return options;
 }
 

@@ -154,6 +154,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->service_ = std::make_unique<PageAllocatorService>(
       service_options, server->pool_.get(), server->backend_.get(),
       server->sessions_.get(), server->batcher_.get());
+  server->metrics_ = std::make_unique<MetricsExporter>(
+      server->pool_.get(), server->sessions_.get(), server->service_.get(),
+      server->batcher_.get(), server->backend_.get());
   return server;
 }
 
@@ -203,6 +206,16 @@ absl::Status Server::Start() {
                                          options_.socket_group));
   }
   grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  if (options_.metrics_port >= 0) {
+    ASSIGN_OR_RETURN(
+        metrics_http_,
+        MetricsHttpServer::Start(
+            options_.metrics_host, options_.metrics_port,
+            [this] { return metrics_->Render(); },
+            [this] { return !service_->draining(); }));
+    log->info("metrics on http://{}:{}/metrics", options_.metrics_host,
+              metrics_http_->port());
+  }
   reaper_ = std::thread([this] { ReapLeases(); });
   started_ = true;
   log->info(
@@ -244,6 +257,7 @@ void Server::Shutdown() {
   stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
   for (const std::string& path : socket_paths_) unlink(path.c_str());
+  if (metrics_http_ != nullptr) metrics_http_->Stop();
   log->info("stopped");
   shut_down_.Notify();
 }
@@ -252,6 +266,11 @@ void Server::Wait() { shut_down_.WaitForNotification(); }
 
 std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
   return grpc_server_->InProcessChannel(grpc::ChannelArguments());
+}
+
+int Server::metrics_port() const {
+  absl::MutexLock lock(&mu_);
+  return metrics_http_ != nullptr ? metrics_http_->port() : -1;
 }
 
 std::vector<std::string> Server::bound_addresses() const {

@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/backend.h"
 #include "server/batcher.h"
+#include "server/metrics.h"
 #include "server/service.h"
 #include "server/session.h"
 
@@ -48,6 +49,10 @@ struct ServerOptions {
   int max_message_bytes = 64 << 20;
   // Run PagePool::CheckInvariants after every change (slow; tests).
   bool debug_checks = false;
+  // HTTP /metrics and /healthz: host and port (0: any free port; -1: off;
+  // pagealloc-server's flag defaults to 9464).
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = -1;
 };
 
 class Server {
@@ -78,6 +83,9 @@ class Server {
   const ServerOptions& options() const { return options_; }
   // Addresses actually bound ("127.0.0.1:0" resolves to a real port).
   std::vector<std::string> bound_addresses() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The metrics port actually bound, or -1 when metrics are off.
+  int metrics_port() const ABSL_LOCKS_EXCLUDED(mu_);
+  const MetricsExporter& metrics() const { return *metrics_; }
 
  private:
   explicit Server(const ServerOptions& options) : options_(options) {}
@@ -89,6 +97,8 @@ class Server {
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<PageAllocatorService> service_;
+  std::unique_ptr<MetricsExporter> metrics_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::vector<std::string> socket_paths_;
   std::thread reaper_;

@@ -81,22 +81,23 @@ grpc::ServerUnaryReactor* PageAllocatorService::Register(
     grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
     v1::RegisterResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   if (draining_) {
-    reactor->Finish(ToGrpcStatus(DrainingError()));
+    Finish(reactor, Rpc::kRegister, start, DrainingError());
     return reactor;
   }
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->Open(request->client_name(), request->ring_capacity_slots(),
                       request->quota_pages());
   if (!session.ok()) {
-    reactor->Finish(ToGrpcStatus(session.status()));
+    Finish(reactor, Rpc::kRegister, start, session.status());
     return reactor;
   }
   const absl::Status added =
       pool_->AddOwner((*session)->id(), (*session)->quota_pages());
   if (!added.ok()) {
     sessions_->Remove((*session)->id());
-    reactor->Finish(ToGrpcStatus(added));
+    Finish(reactor, Rpc::kRegister, start, added);
     return reactor;
   }
   counters_.sessions_opened++;
@@ -114,7 +115,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::Register(
              (*session)->id(), (*session)->client_name(), context->peer(),
              (*session)->ring_memory().capacity_slots(),
              (*session)->quota_pages());
-  reactor->Finish(grpc::Status::OK);
+  Finish(reactor, Rpc::kRegister, start, absl::OkStatus());
   return reactor;
 }
 
@@ -126,7 +127,7 @@ class KeepAliveReactor final
                                      v1::KeepAliveResponse> {
  public:
   explicit KeepAliveReactor(PageAllocatorService* service)
-      : service_(service) {
+      : service_(service), opened_(absl::Now()) {
     StartRead(&request_);
   }
 
@@ -134,18 +135,18 @@ class KeepAliveReactor final
     if (!ok) {
       // The client went away without saying goodbye, or the stream broke:
       // the lease runs out on its own unless the client comes back.
-      Finish(grpc::Status::OK);
+      End(absl::OkStatus());
       return;
     }
     absl::StatusOr<std::shared_ptr<Session>> session =
         service_->Authenticate(request_.session());
     if (!session.ok()) {
-      Finish(ToGrpcStatus(session.status()));
+      End(session.status());
       return;
     }
     if (request_.close()) {
       service_->CloseSession((*session)->id(), "closed by client");
-      Finish(grpc::Status::OK);
+      End(absl::OkStatus());
       return;
     }
     response_.set_lease_remaining_ms(
@@ -155,7 +156,7 @@ class KeepAliveReactor final
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status::OK);
+      End(absl::OkStatus());
       return;
     }
     StartRead(&request_);
@@ -164,7 +165,13 @@ class KeepAliveReactor final
   void OnDone() override { delete this; }
 
  private:
+  void End(const absl::Status& status) {
+    service_->RecordKeepAlive(status.code(), absl::Now() - opened_);
+    Finish(ToGrpcStatus(status));
+  }
+
   PageAllocatorService* const service_;
+  const absl::Time opened_;
   v1::KeepAliveRequest request_;
   v1::KeepAliveResponse response_;
 };
@@ -180,9 +187,10 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
                                            std::vector<AllocRequest> requests,
                                            const v1::AllocOptions& options,
                                            v1::AllocResponse* response,
-                                           grpc::ServerUnaryReactor* reactor) {
-  auto refuse = [reactor](const absl::Status& status) {
-    reactor->Finish(ToGrpcStatus(status));
+                                           grpc::ServerUnaryReactor* reactor,
+                                           Rpc rpc, absl::Time start) {
+  auto refuse = [this, reactor, rpc, start](const absl::Status& status) {
+    Finish(reactor, rpc, start, status);
   };
   if (static_cast<int64_t>(requests.size()) > options_.max_call_requests) {
     return refuse(absl::InvalidArgumentError(absl::StrFormat(
@@ -240,7 +248,7 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
   call.async_completion = options.async_completion();
   const int64_t ring_end = options.return_inline() ? 0 : ring_start + num_slots;
   const bool inline_results = options.return_inline();
-  call.done = [response, reactor, ring_end, inline_results,
+  call.done = [this, response, reactor, rpc, start, ring_end, inline_results,
                ring_offsets = std::move(ring_offsets)](
                   std::vector<AllocResult> results,
                   std::vector<int64_t> inline_slots,
@@ -268,7 +276,7 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
     response->set_ring_end(ring_end);
     response->set_batch_requests(launch.batch_requests);
     response->set_launch_id(launch.launch_id);
-    reactor->Finish(grpc::Status::OK);
+    Finish(reactor, rpc, start, absl::OkStatus());
   };
   absl::Status submitted = batcher_->SubmitAlloc(std::move(call));
   if (!submitted.ok()) {
@@ -278,13 +286,21 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
 }
 
 void PageAllocatorService::SubmitOp(grpc::ServerUnaryReactor* reactor,
+                                    Rpc rpc, absl::Time start,
                                     uint64_t session_id,
                                     std::function<absl::Status()> op) {
   absl::Status submitted = batcher_->SubmitOp(
-      session_id, [reactor, op = std::move(op)] {
-        reactor->Finish(ToGrpcStatus(op()));
+      session_id, [this, reactor, rpc, start, op = std::move(op)] {
+        Finish(reactor, rpc, start, op());
       });
-  if (!submitted.ok()) reactor->Finish(ToGrpcStatus(submitted));
+  if (!submitted.ok()) Finish(reactor, rpc, start, submitted);
+}
+
+void PageAllocatorService::Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc,
+                                  absl::Time start,
+                                  const absl::Status& status) {
+  rpc_metrics_.Record(rpc, status.code(), absl::Now() - start);
+  reactor->Finish(ToGrpcStatus(status));
 }
 
 namespace {
@@ -313,6 +329,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::AllocExtend(
     grpc::CallbackServerContext* context,
     const v1::AllocExtendRequest* request, v1::AllocResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
   absl::Status status = session.status();
@@ -322,7 +339,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::AllocExtend(
                               {"last_locs", request->last_locs_size()}});
   }
   if (!status.ok()) {
-    reactor->Finish(ToGrpcStatus(status));
+    Finish(reactor, Rpc::kAllocExtend, start, status);
     return reactor;
   }
   std::vector<AllocRequest> requests(request->seq_lens_size());
@@ -332,7 +349,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::AllocExtend(
                    request->last_locs(i), nullptr};
   }
   SubmitAllocCall(*std::move(session), std::move(requests), request->options(),
-                  response, reactor);
+                  response, reactor, Rpc::kAllocExtend, start);
   return reactor;
 }
 
@@ -340,6 +357,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::AllocDecode(
     grpc::CallbackServerContext* context,
     const v1::AllocDecodeRequest* request, v1::AllocResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
   absl::Status status = session.status();
@@ -348,7 +366,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::AllocDecode(
                               {"last_locs", request->last_locs_size()}});
   }
   if (!status.ok()) {
-    reactor->Finish(ToGrpcStatus(status));
+    Finish(reactor, Rpc::kAllocDecode, start, status);
     return reactor;
   }
   std::vector<AllocRequest> requests(request->seq_lens_size());
@@ -357,7 +375,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::AllocDecode(
                    request->seq_lens(i), request->last_locs(i), nullptr};
   }
   SubmitAllocCall(*std::move(session), std::move(requests), request->options(),
-                  response, reactor);
+                  response, reactor, Rpc::kAllocDecode, start);
   return reactor;
 }
 
@@ -365,10 +383,11 @@ grpc::ServerUnaryReactor* PageAllocatorService::Alloc(
     grpc::CallbackServerContext* context, const v1::AllocRequest* request,
     v1::AllocResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
   if (!session.ok()) {
-    reactor->Finish(ToGrpcStatus(session.status()));
+    Finish(reactor, Rpc::kAlloc, start, session.status());
     return reactor;
   }
   std::vector<AllocRequest> requests(request->num_tokens_size());
@@ -377,7 +396,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::Alloc(
                    request->num_tokens(i), -1, nullptr};
   }
   SubmitAllocCall(*std::move(session), std::move(requests), request->options(),
-                  response, reactor);
+                  response, reactor, Rpc::kAlloc, start);
   return reactor;
 }
 
@@ -385,6 +404,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::Free(
     grpc::CallbackServerContext* context, const v1::FreeRequest* request,
     v1::FreeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
   absl::Status status = session.status();
@@ -394,11 +414,11 @@ grpc::ServerUnaryReactor* PageAllocatorService::Free(
         request->slots_size(), request->pages_size()));
   }
   if (!status.ok()) {
-    reactor->Finish(ToGrpcStatus(status));
+    Finish(reactor, Rpc::kFree, start, status);
     return reactor;
   }
   const uint64_t owner = (*session)->id();
-  SubmitOp(reactor, owner, [this, owner, request, response]() -> absl::Status {
+  SubmitOp(reactor, Rpc::kFree, start, owner, [this, owner, request, response]() -> absl::Status {
     absl::StatusOr<int64_t> freed =
         request->slots_size() > 0
             ? pool_->FreeSlots(owner, request->slots())
@@ -414,14 +434,15 @@ grpc::ServerUnaryReactor* PageAllocatorService::Checkpoint(
     grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
     v1::CheckpointResponse*) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
   if (!session.ok()) {
-    reactor->Finish(ToGrpcStatus(session.status()));
+    Finish(reactor, Rpc::kCheckpoint, start, session.status());
     return reactor;
   }
   const uint64_t owner = (*session)->id();
-  SubmitOp(reactor, owner, [this, owner] { return pool_->Checkpoint(owner); });
+  SubmitOp(reactor, Rpc::kCheckpoint, start, owner, [this, owner] { return pool_->Checkpoint(owner); });
   return reactor;
 }
 
@@ -429,14 +450,15 @@ grpc::ServerUnaryReactor* PageAllocatorService::Rollback(
     grpc::CallbackServerContext* context, const v1::RollbackRequest* request,
     v1::RollbackResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
   if (!session.ok()) {
-    reactor->Finish(ToGrpcStatus(session.status()));
+    Finish(reactor, Rpc::kRollback, start, session.status());
     return reactor;
   }
   const uint64_t owner = (*session)->id();
-  SubmitOp(reactor, owner, [this, owner, response]() -> absl::Status {
+  SubmitOp(reactor, Rpc::kRollback, start, owner, [this, owner, response]() -> absl::Status {
     ASSIGN_OR_RETURN(int64_t returned, pool_->Rollback(owner));
     response->set_pages_returned(returned);
     return absl::OkStatus();
@@ -448,6 +470,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::ReleaseRing(
     grpc::CallbackServerContext* context, const v1::ReleaseRingRequest* request,
     v1::ReleaseRingResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
   absl::Status status = session.status();
@@ -459,7 +482,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::ReleaseRing(
     }
   }
   if (status.ok()) response->set_reserved_slots((*session)->ring_reserved());
-  reactor->Finish(ToGrpcStatus(status));
+  Finish(reactor, Rpc::kReleaseRing, start, status);
   return reactor;
 }
 
@@ -467,6 +490,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::GetStats(
     grpc::CallbackServerContext* context, const v1::GetStatsRequest* request,
     v1::GetStatsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   const PoolStats stats = pool_->Stats();
   v1::PoolInfo* pool = response->mutable_pool();
   pool->set_page_size(stats.page_size);
@@ -499,7 +523,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::GetStats(
       out->set_ring_reserved_slots(session->ring_reserved());
     }
   }
-  reactor->Finish(grpc::Status::OK);
+  Finish(reactor, Rpc::kGetStats, start, absl::OkStatus());
   return reactor;
 }
 

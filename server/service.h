@@ -18,6 +18,7 @@
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/backend.h"
 #include "server/batcher.h"
+#include "server/rpc_metrics.h"
 #include "server/session.h"
 #include "spdlog/spdlog.h"
 
@@ -58,6 +59,11 @@ class PageAllocatorService final : public v1::PageAllocator::CallbackService {
   int ReclaimExpired(absl::Time now);
 
   const ServiceCounters& counters() const { return counters_; }
+  const RpcMetrics& rpc_metrics() const { return rpc_metrics_; }
+  // Records a KeepAlive stream's end (the stream reactor is not unary).
+  void RecordKeepAlive(absl::StatusCode code, absl::Duration open_for) {
+    rpc_metrics_.Record(Rpc::kKeepAlive, code, open_for);
+  }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
@@ -108,11 +114,15 @@ class PageAllocatorService final : public v1::PageAllocator::CallbackService {
                        std::vector<AllocRequest> requests,
                        const v1::AllocOptions& options,
                        v1::AllocResponse* response,
-                       grpc::ServerUnaryReactor* reactor);
+                       grpc::ServerUnaryReactor* reactor, Rpc rpc,
+                       absl::Time start);
   // Queues `op` for `session` on the batcher and finishes `reactor` with its
   // status once it ran.
-  void SubmitOp(grpc::ServerUnaryReactor* reactor, uint64_t session_id,
-                std::function<absl::Status()> op);
+  void SubmitOp(grpc::ServerUnaryReactor* reactor, Rpc rpc, absl::Time start,
+                uint64_t session_id, std::function<absl::Status()> op);
+  // Records the call's code and latency, then finishes it.
+  void Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc, absl::Time start,
+              const absl::Status& status);
 
   const Options options_;
   PagePool* const pool_;
@@ -121,6 +131,7 @@ class PageAllocatorService final : public v1::PageAllocator::CallbackService {
   Batcher* const batcher_;
   std::atomic<bool> draining_{false};
   ServiceCounters counters_;
+  RpcMetrics rpc_metrics_;
   std::shared_ptr<spdlog::logger> log_;
 };
 

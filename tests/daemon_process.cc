@@ -54,7 +54,8 @@ absl::StatusOr<Daemon> StartDaemon(const std::string& name,
   std::vector<std::string> argv = {
       RunfilePath("server/pagealloc-server"),
       absl::StrFormat("--backend=%s", backend != nullptr ? backend : "cpu"),
-      "--listen=" + daemon.target};
+      "--listen=" + daemon.target, "--metrics_host=127.0.0.1",
+      "--metrics_port=0"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   absl::StatusOr<Subprocess> process = Subprocess::Start(argv, daemon.log_path);
   if (!process.ok()) return process.status();

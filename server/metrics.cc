@@ -1,0 +1,301 @@
+#include "server/metrics.h"
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "httplib.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
+
+namespace pagealloc {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  MetricFamily family;
+  family.name = std::move(name);
+  family.help = std::move(help);
+  family.type = type;
+  return family;
+}
+
+void AddGauge(MetricFamily& family, double value,
+              std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.gauge.value = value;
+  family.metric.push_back(std::move(metric));
+}
+
+void AddCounter(MetricFamily& family, double value,
+                std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.counter.value = value;
+  family.metric.push_back(std::move(metric));
+}
+
+MetricFamily Gauge(std::string name, std::string help, double value) {
+  MetricFamily family = Family(std::move(name), std::move(help),
+                               MetricType::Gauge);
+  AddGauge(family, value);
+  return family;
+}
+
+MetricFamily Counter(std::string name, std::string help, double value) {
+  MetricFamily family = Family(std::move(name), std::move(help),
+                               MetricType::Counter);
+  AddCounter(family, value);
+  return family;
+}
+
+void AddHistogram(MetricFamily& family, const AtomicHistogram& histogram,
+                  std::vector<ClientMetric::Label> labels = {}) {
+  const AtomicHistogram::Snapshot snapshot = histogram.Take();
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.histogram.sample_count = snapshot.count;
+  metric.histogram.sample_sum = snapshot.sum;
+  for (size_t i = 0; i < snapshot.upper_bounds.size(); ++i) {
+    metric.histogram.bucket.push_back(
+        {snapshot.cumulative_counts[i], snapshot.upper_bounds[i]});
+  }
+  metric.histogram.bucket.push_back(
+      {snapshot.cumulative_counts.back(),
+       std::numeric_limits<double>::infinity()});
+  family.metric.push_back(std::move(metric));
+}
+
+MetricFamily Histogram(std::string name, std::string help,
+                       const AtomicHistogram& histogram) {
+  MetricFamily family = Family(std::move(name), std::move(help),
+                               MetricType::Histogram);
+  AddHistogram(family, histogram);
+  return family;
+}
+
+const char* CodeName(int code) {
+  static constexpr const char* kNames[kNumStatusCodes] = {
+      "OK",
+      "CANCELLED",
+      "UNKNOWN",
+      "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED",
+      "NOT_FOUND",
+      "ALREADY_EXISTS",
+      "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED",
+      "FAILED_PRECONDITION",
+      "ABORTED",
+      "OUT_OF_RANGE",
+      "UNIMPLEMENTED",
+      "INTERNAL",
+      "UNAVAILABLE",
+      "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  return kNames[code];
+}
+
+}  // namespace
+
+MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
+                                 PageAllocatorService* service,
+                                 Batcher* batcher, Backend* backend)
+    : pool_(pool),
+      sessions_(sessions),
+      service_(service),
+      batcher_(batcher),
+      backend_(backend) {}
+
+std::string MetricsExporter::Render() const {
+  const PoolStats stats = pool_->Stats();
+  std::vector<MetricFamily> families;
+
+  // Pool.
+  MetricFamily pages = Family("pagealloc_pool_pages",
+                              "Pages of the pool by state (page 0 excluded).",
+                              MetricType::Gauge);
+  AddGauge(pages, stats.free_pages, {{"state", "free"}});
+  AddGauge(pages, stats.parked_pages, {{"state", "parked"}});
+  AddGauge(pages, stats.used_pages, {{"state", "used"}});
+  families.push_back(std::move(pages));
+  families.push_back(Gauge("pagealloc_pool_capacity_pages",
+                           "Usable pages in the pool.", stats.total_pages));
+  families.push_back(Gauge(
+      "pagealloc_pool_usage_ratio", "Used pages over usable pages.",
+      stats.total_pages > 0
+          ? static_cast<double>(stats.used_pages) / stats.total_pages
+          : 0));
+  families.push_back(Gauge("pagealloc_page_size_tokens", "Tokens per page.",
+                           stats.page_size));
+  v1::PoolInfo device;
+  backend_->DescribeDevice(&device);
+  MetricFamily build = Family("pagealloc_build_info",
+                              "Always 1; labels describe the daemon.",
+                              MetricType::Gauge);
+  AddGauge(build, 1,
+           {{"version", kPagealloVersion},
+            {"backend", device.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu"},
+            {"gpu", device.backend() == v1::BACKEND_CUDA
+                        ? absl::StrFormat("%d", device.gpu())
+                        : ""},
+            {"device_uuid", device.device_uuid()},
+            {"free_policy", std::string(FreePolicyName(pool_->free_policy()))}});
+  families.push_back(std::move(build));
+
+  // Allocation counters.
+  families.push_back(Counter("pagealloc_slots_allocated_total",
+                             "Token slots handed out.", stats.slots_allocated));
+  families.push_back(Counter("pagealloc_pages_allocated_total",
+                             "Pages taken from the free list.",
+                             stats.pages_allocated));
+  families.push_back(Counter(
+      "pagealloc_pages_freed_total",
+      "Pages returned by Free, Rollback and session ends.", stats.pages_freed));
+  families.push_back(Counter("pagealloc_out_of_pages_total",
+                             "Requests refused because the pool was short.",
+                             stats.out_of_pages_refusals));
+  families.push_back(Counter("pagealloc_quota_refusals_total",
+                             "Requests refused by their session's quota.",
+                             stats.quota_refusals));
+  families.push_back(Counter("pagealloc_free_list_sorts_total",
+                             "Merges of parked pages (sorted policy).",
+                             stats.free_list_sorts));
+  families.push_back(Counter("pagealloc_launches_total",
+                             "Executor launches (batches).",
+                             batcher_->launches()));
+
+  // Sessions.
+  const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();
+  std::map<std::string, std::pair<double, double>> by_client;  // pages, quota
+  for (const std::shared_ptr<Session>& session : sessions) {
+    std::string name = session->client_name();
+    if (!by_client.count(name) &&
+        static_cast<int>(by_client.size()) >= kMaxClientLabels) {
+      name = "other";
+    }
+    auto it = stats.owners.find(session->id());
+    auto& [owned, quota] = by_client[name];
+    owned += it != stats.owners.end() ? it->second.pages_owned : 0;
+    quota += session->quota_pages();
+  }
+  MetricFamily owned = Family("pagealloc_session_pages",
+                              "Pages owned, by client name.",
+                              MetricType::Gauge);
+  MetricFamily quota = Family("pagealloc_session_quota_pages",
+                              "Page quota (0: none), by client name.",
+                              MetricType::Gauge);
+  for (const auto& [name, figures] : by_client) {
+    AddGauge(owned, figures.first, {{"client", name}});
+    AddGauge(quota, figures.second, {{"client", name}});
+  }
+  families.push_back(std::move(owned));
+  families.push_back(std::move(quota));
+  const ServiceCounters& counters = service_->counters();
+  families.push_back(Gauge("pagealloc_sessions_active", "Live sessions.",
+                           sessions.size()));
+  families.push_back(Counter("pagealloc_sessions_opened_total",
+                             "Sessions registered.", counters.sessions_opened));
+  families.push_back(Counter("pagealloc_sessions_closed_total",
+                             "Sessions ended, cleanly or not.",
+                             counters.sessions_closed));
+  families.push_back(Counter("pagealloc_sessions_reclaimed_total",
+                             "Sessions ended because their lease ran out.",
+                             counters.sessions_reclaimed));
+  families.push_back(Counter(
+      "pagealloc_pages_reclaimed_total",
+      "Pages freed because their session's lease ran out.",
+      counters.pages_reclaimed));
+
+  // Requests by RPC and code, and their latency.
+  const RpcMetrics& rpc = service_->rpc_metrics();
+  MetricFamily requests = Family("pagealloc_requests_total",
+                                 "RPCs answered, by method and status code.",
+                                 MetricType::Counter);
+  MetricFamily latency = Family(
+      "pagealloc_rpc_duration_seconds",
+      "Time from a call's arrival to its answer (KeepAlive: stream life).",
+      MetricType::Histogram);
+  for (int r = 0; r < kNumRpcs; ++r) {
+    const Rpc method = static_cast<Rpc>(r);
+    for (int code = 0; code < kNumStatusCodes; ++code) {
+      const int64_t n = rpc.count(method, static_cast<absl::StatusCode>(code));
+      if (n > 0 || code == 0) {
+        AddCounter(requests, n,
+                   {{"rpc", RpcName(method)}, {"code", CodeName(code)}});
+      }
+    }
+    AddHistogram(latency, rpc.latency(method), {{"rpc", RpcName(method)}});
+  }
+  families.push_back(std::move(requests));
+  families.push_back(std::move(latency));
+
+  // Batches.
+  const BatcherMetrics& batches = batcher_->metrics();
+  families.push_back(Histogram("pagealloc_batch_requests",
+                               "Requests per launch.",
+                               batches.requests_per_batch));
+  families.push_back(Histogram("pagealloc_batch_tokens",
+                               "Slots written per launch.",
+                               batches.tokens_per_batch));
+  families.push_back(Histogram("pagealloc_queue_wait_seconds",
+                               "Time a call waited for its launch.",
+                               batches.queue_wait_seconds));
+  families.push_back(Histogram(
+      "pagealloc_execute_seconds",
+      "Planning plus the executor's launch (and its wait in sync mode).",
+      batches.execute_seconds));
+
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+struct MetricsHttpServer::Impl {
+  httplib::Server http;
+  std::thread thread;
+};
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const std::string& host, int port, std::function<std::string()> render,
+    std::function<bool()> serving) {
+  auto impl = std::make_unique<Impl>();
+  impl->http.Get("/metrics", [render](const httplib::Request&,
+                                      httplib::Response& response) {
+    response.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  impl->http.Get("/healthz", [serving](const httplib::Request&,
+                                       httplib::Response& response) {
+    const bool up = serving();
+    response.status = up ? 200 : 503;
+    response.set_content(up ? "serving\n" : "draining\n", "text/plain");
+  });
+  int bound = port;
+  if (port == 0) {
+    bound = impl->http.bind_to_any_port(host);
+  } else if (!impl->http.bind_to_port(host, port)) {
+    bound = -1;
+  }
+  if (bound < 0) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot listen for metrics on %s:%d", host, port));
+  }
+  impl->thread = std::thread([http = &impl->http] { http->listen_after_bind(); });
+  return std::unique_ptr<MetricsHttpServer>(
+      new MetricsHttpServer(std::move(impl), bound));
+}
+
+MetricsHttpServer::MetricsHttpServer(std::unique_ptr<Impl> impl, int port)
+    : impl_(std::move(impl)), port_(port) {}
+
+MetricsHttpServer::~MetricsHttpServer() { Stop(); }
+
+void MetricsHttpServer::Stop() {
+  impl_->http.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace pagealloc

@@ -1,0 +1,76 @@
+// The daemon's metrics: rendered in the Prometheus text exposition format
+// 0.0.4 at scrape time, and served with /healthz over HTTP.
+//
+// Gauges come from snapshots taken at scrape time (the pool's stats, the
+// session list); counters and histograms are atomics the hot path bumps
+// without locks (RpcMetrics, BatcherMetrics, ServiceCounters). Names start
+// with pagealloc_, counters end in _total, times are in seconds.
+
+#ifndef PAGEALLOC_SERVER_METRICS_H_
+#define PAGEALLOC_SERVER_METRICS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "allocator/page_pool.h"
+#include "server/backend.h"
+#include "server/batcher.h"
+#include "server/service.h"
+#include "server/session.h"
+
+namespace pagealloc {
+
+inline constexpr char kPagealloVersion[] = "0.1.0";
+
+// Renders every metric. This class is thread-safe; it only reads.
+class MetricsExporter {
+ public:
+  // Sessions are labelled by client name; past this many distinct names the
+  // rest share the label value "other", so a misbehaving fleet cannot blow
+  // up the series count.
+  static constexpr int kMaxClientLabels = 64;
+
+  // Every pointer must outlive the exporter.
+  MetricsExporter(PagePool* pool, SessionRegistry* sessions,
+                  PageAllocatorService* service, Batcher* batcher,
+                  Backend* backend);
+
+  // The exposition, text format 0.0.4.
+  std::string Render() const;
+
+ private:
+  PagePool* const pool_;
+  SessionRegistry* const sessions_;
+  PageAllocatorService* const service_;
+  Batcher* const batcher_;
+  Backend* const backend_;
+};
+
+// A small HTTP server (cpp-httplib) for GET /metrics and GET /healthz.
+// This class is thread-safe.
+class MetricsHttpServer {
+ public:
+  // Binds `host`:`port` (port 0 picks a free one) and serves from a thread
+  // of its own. `render` produces /metrics; /healthz answers 200 while
+  // `serving()` is true and 503 after.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const std::string& host, int port, std::function<std::string()> render,
+      std::function<bool()> serving);
+  ~MetricsHttpServer();
+
+  int port() const { return port_; }
+  void Stop();
+
+ private:
+  struct Impl;
+  explicit MetricsHttpServer(std::unique_ptr<Impl> impl, int port);
+  std::unique_ptr<Impl> impl_;
+  const int port_;
+};
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_SERVER_METRICS_H_
