@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/time/clock.h"
@@ -44,13 +45,21 @@ TEST(ServerProcessTest, ServesTheClientLibraryOverAUnixSocket) {
   auto client = ConnectTo(daemon.target);
   ASSERT_NE(client, nullptr);
   EXPECT_EQ(client->pool().num_pages(), 128);
-  EXPECT_EQ(client->pool().backend(), v1::BACKEND_CPU);
+  const char* backend = std::getenv("PAGEALLOC_TEST_BACKEND");
+  const bool cuda = backend != nullptr && std::string(backend) == "cuda";
+  EXPECT_EQ(client->pool().backend(),
+            cuda ? v1::BACKEND_CUDA : v1::BACKEND_CPU);
   ASSERT_OK_AND_ASSIGN(Allocation a, client->AllocExtend({0}, {6}, {-1}));
   ASSERT_OK(a.status());
-  EXPECT_THAT(std::vector<int64_t>(a[0].slots, a[0].slots + a[0].count),
-              ElementsAre(4, 5, 6, 7, 8, 9));
+  EXPECT_EQ(a.on_device(), cuda);
+  // Device pointers on the CUDA backend: read through the library.
+  std::vector<int64_t> slots(a[0].count);
+  ASSERT_OK(client->CopyToHost(a[0].slots, a[0].count, slots.data()));
+  EXPECT_THAT(slots, ElementsAre(4, 5, 6, 7, 8, 9));
   ASSERT_OK_AND_ASSIGN(Allocation d, client->AllocDecode({7}, {9}));
-  EXPECT_EQ(d[0].slots[0], 10);
+  int64_t decoded = 0;
+  ASSERT_OK(client->CopyToHost(d[0].slots, 1, &decoded));
+  EXPECT_EQ(decoded, 10);
   EXPECT_THAT(client->FreeSlots({4, 8}), IsOkAndHolds(2));
   ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
   EXPECT_EQ(stats.used_pages(), 0);
