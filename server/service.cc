@@ -1,10 +1,8 @@
 #include "server/service.h"
 
-#include <initializer_list>
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/status_macros.h"
 #include "server/grpc_status.h"
@@ -25,6 +23,7 @@ PageAllocatorService::PageAllocatorService(const Options& options,
                                            SessionRegistry* sessions,
                                            Batcher* batcher)
     : options_(options),
+      limits_{options.max_call_requests, options.max_call_tokens},
       pool_(pool),
       backend_(backend),
       sessions_(sessions),
@@ -184,7 +183,7 @@ PageAllocatorService::KeepAlive(grpc::CallbackServerContext*) {
 }
 
 void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
-                                           std::vector<AllocRequest> requests,
+                                           DecodedCall decoded,
                                            const v1::AllocOptions& options,
                                            v1::AllocResponse* response,
                                            grpc::ServerUnaryReactor* reactor,
@@ -192,23 +191,8 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
   auto refuse = [this, reactor, rpc, start](const absl::Status& status) {
     Finish(reactor, rpc, start, status);
   };
-  if (static_cast<int64_t>(requests.size()) > options_.max_call_requests) {
-    return refuse(absl::InvalidArgumentError(absl::StrFormat(
-        "the call has %d requests; at most %d per call (--max_batch_requests)",
-        requests.size(), options_.max_call_requests)));
-  }
-  int64_t num_slots = 0;
-  for (const AllocRequest& request : requests) {
-    absl::Status valid = ValidateShape(request, pool_->geometry());
-    if (!valid.ok()) return refuse(valid);
-    num_slots += ToExtendShape(request).num_slots();
-  }
-  if (num_slots > options_.max_call_tokens) {
-    return refuse(absl::InvalidArgumentError(absl::StrFormat(
-        "the call asks for %d slots; at most %d per call "
-        "(--max_batch_tokens)",
-        num_slots, options_.max_call_tokens)));
-  }
+  std::vector<AllocRequest>& requests = decoded.requests;
+  const int64_t num_slots = decoded.num_slots;
   if (options.release_ring_up_to() > 0) {
     absl::Status released = session->ReleaseRing(options.release_ring_up_to());
     if (!released.ok()) {
@@ -303,79 +287,48 @@ void PageAllocatorService::Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc,
   reactor->Finish(ToGrpcStatus(status));
 }
 
-namespace {
-
-// Checks that parallel arrays have equal lengths; names them all otherwise.
-absl::Status CheckSameLength(
-    std::initializer_list<std::pair<const char*, int>> arrays) {
-  const int n = arrays.begin()->second;
-  for (const auto& [name, size] : arrays) {
-    if (size != n) {
-      std::string sizes;
-      for (const auto& [other, other_size] : arrays) {
-        absl::StrAppendFormat(&sizes, "%s%s has %d", sizes.empty() ? "" : ", ",
-                              other, other_size);
-      }
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "parallel arrays differ in length: %s entries", sizes));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 grpc::ServerUnaryReactor* PageAllocatorService::AllocExtend(
-    grpc::CallbackServerContext* context,
-    const v1::AllocExtendRequest* request, v1::AllocResponse* response) {
+    grpc::CallbackServerContext* context, const v1::AllocExtendRequest* request,
+    v1::AllocResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
-  absl::Status status = session.status();
-  if (status.ok()) {
-    status = CheckSameLength({{"prefix_lens", request->prefix_lens_size()},
-                              {"seq_lens", request->seq_lens_size()},
-                              {"last_locs", request->last_locs_size()}});
-  }
-  if (!status.ok()) {
-    Finish(reactor, Rpc::kAllocExtend, start, status);
+  if (!session.ok()) {
+    Finish(reactor, Rpc::kAllocExtend, start, session.status());
     return reactor;
   }
-  std::vector<AllocRequest> requests(request->seq_lens_size());
-  for (int i = 0; i < request->seq_lens_size(); ++i) {
-    requests[i] = {RequestKind::kExtend, (*session)->id(), i,
-                   request->prefix_lens(i), request->seq_lens(i),
-                   request->last_locs(i), nullptr};
+  absl::StatusOr<DecodedCall> decoded =
+      DecodeAllocExtend(*request, (*session)->id(), pool_->geometry(), limits_);
+  if (!decoded.ok()) {
+    Finish(reactor, Rpc::kAllocExtend, start, decoded.status());
+    return reactor;
   }
-  SubmitAllocCall(*std::move(session), std::move(requests), request->options(),
-                  response, reactor, Rpc::kAllocExtend, start);
+  SubmitAllocCall(*std::move(session), *std::move(decoded),
+                  request->options(), response, reactor, Rpc::kAllocExtend, start);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PageAllocatorService::AllocDecode(
-    grpc::CallbackServerContext* context,
-    const v1::AllocDecodeRequest* request, v1::AllocResponse* response) {
+    grpc::CallbackServerContext* context, const v1::AllocDecodeRequest* request,
+    v1::AllocResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
-  absl::Status status = session.status();
-  if (status.ok()) {
-    status = CheckSameLength({{"seq_lens", request->seq_lens_size()},
-                              {"last_locs", request->last_locs_size()}});
-  }
-  if (!status.ok()) {
-    Finish(reactor, Rpc::kAllocDecode, start, status);
+  if (!session.ok()) {
+    Finish(reactor, Rpc::kAllocDecode, start, session.status());
     return reactor;
   }
-  std::vector<AllocRequest> requests(request->seq_lens_size());
-  for (int i = 0; i < request->seq_lens_size(); ++i) {
-    requests[i] = {RequestKind::kDecode, (*session)->id(), i, 0,
-                   request->seq_lens(i), request->last_locs(i), nullptr};
+  absl::StatusOr<DecodedCall> decoded =
+      DecodeAllocDecode(*request, (*session)->id(), pool_->geometry(), limits_);
+  if (!decoded.ok()) {
+    Finish(reactor, Rpc::kAllocDecode, start, decoded.status());
+    return reactor;
   }
-  SubmitAllocCall(*std::move(session), std::move(requests), request->options(),
-                  response, reactor, Rpc::kAllocDecode, start);
+  SubmitAllocCall(*std::move(session), *std::move(decoded),
+                  request->options(), response, reactor, Rpc::kAllocDecode, start);
   return reactor;
 }
 
@@ -390,13 +343,14 @@ grpc::ServerUnaryReactor* PageAllocatorService::Alloc(
     Finish(reactor, Rpc::kAlloc, start, session.status());
     return reactor;
   }
-  std::vector<AllocRequest> requests(request->num_tokens_size());
-  for (int i = 0; i < request->num_tokens_size(); ++i) {
-    requests[i] = {RequestKind::kAlloc, (*session)->id(), i, 0,
-                   request->num_tokens(i), -1, nullptr};
+  absl::StatusOr<DecodedCall> decoded =
+      DecodeAlloc(*request, (*session)->id(), pool_->geometry(), limits_);
+  if (!decoded.ok()) {
+    Finish(reactor, Rpc::kAlloc, start, decoded.status());
+    return reactor;
   }
-  SubmitAllocCall(*std::move(session), std::move(requests), request->options(),
-                  response, reactor, Rpc::kAlloc, start);
+  SubmitAllocCall(*std::move(session), *std::move(decoded),
+                  request->options(), response, reactor, Rpc::kAlloc, start);
   return reactor;
 }
 
@@ -408,11 +362,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::Free(
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
   absl::Status status = session.status();
-  if (status.ok() && request->slots_size() > 0 && request->pages_size() > 0) {
-    status = absl::InvalidArgumentError(absl::StrFormat(
-        "set either slots (%d given) or pages (%d given), not both",
-        request->slots_size(), request->pages_size()));
-  }
+  if (status.ok()) status = ValidateFree(*request);
   if (!status.ok()) {
     Finish(reactor, Rpc::kFree, start, status);
     return reactor;

@@ -18,6 +18,7 @@
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/backend.h"
 #include "server/batcher.h"
+#include "server/request_decoding.h"
 #include "server/rpc_metrics.h"
 #include "server/session.h"
 #include "spdlog/spdlog.h"
@@ -110,8 +111,7 @@ class PageAllocatorService final : public v1::PageAllocator::CallbackService {
                         std::string reason);
   // Validates a call's requests, reserves its ring region and queues it;
   // finishes `reactor` on refusal.
-  void SubmitAllocCall(std::shared_ptr<Session> session,
-                       std::vector<AllocRequest> requests,
+  void SubmitAllocCall(std::shared_ptr<Session> session, DecodedCall decoded,
                        const v1::AllocOptions& options,
                        v1::AllocResponse* response,
                        grpc::ServerUnaryReactor* reactor, Rpc rpc,
@@ -125,6 +125,7 @@ class PageAllocatorService final : public v1::PageAllocator::CallbackService {
               const absl::Status& status);
 
   const Options options_;
+  const CallLimits limits_;
   PagePool* const pool_;
   Backend* const backend_;
   SessionRegistry* const sessions_;
