@@ -23,8 +23,14 @@ def main():
               f"{fill['rotated_us']:.2f} us rotated")
     print(f"bandwidth: memset write {bw['write_GBps']:.0f} GB/s, copy (read+write) {bw['copy_GBps']:.0f} GB/s")
     print()
-    print("| case | ps | bs | tokens | seed us | ours us (flushed) | ratio | ours us (rotated) | ratio | x floor | target | met |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in ours:
+        if r["case"].startswith("floor_params_"):
+            print(f"floor: empty kernel with {r['case'][13:]} parameter bytes {r['us']:.2f} us flushed / "
+                  f"{r['rotated_us']:.2f} us rotated")
+    print()
+    print("| case | ps | bs | tokens | path | seed us | ours us (flushed) | ratio | ours us (rotated) | ratio | "
+          "uploaded us (flushed) | x floor | target | met |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     misses = 0
     for r in ours:
         if "page_size" not in r:
@@ -47,8 +53,10 @@ def main():
             target += f" ({100 * r['write_fraction']:.0f}% of write BW)"
         misses += not met
         name = r["case"] + ("" if r["ok"] else " (WRONG OUTPUT)")
-        print(f"| {name} | {r['page_size']} | {r['bs']} | {r['tokens']} | {seed_us:.2f} | {r['kernel_us']:.2f} | "
-              f"{ratio:.2f} | {r['kernel_rotated_us']:.2f} | {ratio_rot:.2f} | {x_floor:.2f} | {target} | "
+        print(f"| {name} | {r['page_size']} | {r['bs']} | {r['tokens']} | {r.get('path', 'upload')} | "
+              f"{seed_us:.2f} | {r['kernel_us']:.2f} | "
+              f"{ratio:.2f} | {r['kernel_rotated_us']:.2f} | {ratio_rot:.2f} | "
+              f"{r.get('uploaded_us', r['kernel_us']):.2f} | {x_floor:.2f} | {target} | "
               f"{'yes' if met else 'NO'} |")
     print()
     print(f"{misses} case(s) miss a target (by the flushed times, the anchor's method)")

@@ -12,6 +12,11 @@ namespace pagealloc {
 // Returns the launch's error.
 cudaError_t LaunchEmptyKernel(cudaStream_t stream);
 
+// As LaunchEmptyKernel, with a `bytes`-byte kernel parameter (2048, 8192 or
+// 32736: the inline plan's size tiers), so the cost of passing a plan in the
+// parameters can be read off. Returns cudaErrorInvalidValue for other sizes.
+cudaError_t LaunchEmptyKernelWithParams(cudaStream_t stream, int bytes);
+
 // Launches one block of one thread that spins for `cycles` SM clock cycles
 // and touches no memory: queued before a timed launch, it keeps the GPU
 // busy while the host queues the timing events and the launch, so that the

@@ -6,6 +6,9 @@
 // floor) and the GPU's write bandwidth (a large memset), so the bulk case
 // can be read as a fraction of it.
 //
+// Plans that fit are timed twice: passed in the kernel parameters (what
+// CudaExecutor does with them) and uploaded, so the two can be compared.
+//
 // Each time is the median of many CUDA-event-timed launches after a
 // warm-up, with inputs rotated among several sets (fresh random draws of the
 // same distribution, each with its own plan block and output), measured two
@@ -193,11 +196,15 @@ class Timer {
   void* flush_ = nullptr;
 };
 
-// One input set of a case: its plan, packed block on the device and output.
+// One input set of a case: its plan, packed block on the device, the same
+// plan packed into kernel parameters (when it fits) and output.
 struct InputSet {
   BatchPlan plan;
   ExpandParams params;
   void* device_block = nullptr;
+  std::unique_ptr<MaxInlineExpandParams> inline_params =
+      std::make_unique<MaxInlineExpandParams>();
+  bool fits_inline = false;
   int64_t* device_out = nullptr;
 };
 
@@ -309,14 +316,33 @@ int Main(int argc, char** argv) {
   json.push_back(absl::StrFormat(
       "{\"case\": \"floor_empty_kernel\", \"us\": %.3f, \"rotated_us\": %.3f}",
       floor_us, floor_rotated_us));
+  // The same empty launch carrying the inline plan's parameter sizes.
+  for (const int bytes : {2048, 8192, 32736}) {
+    auto launch = [&](int) {
+      BENCH_CHECK_CUDA(LaunchEmptyKernelWithParams(stream, bytes));
+    };
+    const double us = timer.MedianUs(launch, reps, /*flush=*/true);
+    const double rotated = timer.MedianUs(launch, reps, /*flush=*/false);
+    std::printf("floor: empty kernel with %d parameter bytes %.2f us "
+                "(flushed), %.2f us (rotated)\n",
+                bytes, us, rotated);
+    json.push_back(absl::StrFormat(
+        "{\"case\": \"floor_params_%d\", \"us\": %.3f, "
+        "\"rotated_us\": %.3f}",
+        bytes, us, rotated));
+  }
   json.push_back(absl::StrFormat(
       "{\"case\": \"bandwidth\", \"write_GBps\": %.1f, \"copy_GBps\": %.1f}",
       write_gbps, copy_gbps));
 
+  // flushed_us / rotated_us: the launch Execute makes (the inline plan when
+  // it fits, "path"); up_*: the same plans uploaded, for comparison.
   std::printf(
-      "%-7s %-16s %3s %5s %8s %7s %4s %10s %10s %9s %9s %8s\n", "kind",
-      "case", "ps", "bs", "tokens", "pages", "ok", "flushed_us",
-      "rotated_us", "call_p50", "call_p99", "GB/s");
+      "%-7s %-16s %3s %5s %8s %7s %4s %-6s %10s %10s %9s %9s %9s %9s "
+      "%8s\n",
+      "kind", "case", "ps", "bs", "tokens", "pages", "ok", "path",
+      "flushed_us", "rotated_us", "up_flush", "up_rot", "call_p50",
+      "call_p99", "GB/s");
   std::mt19937_64 rng(1234);
   BENCH_CHECK_OK(executor.InitFreeRing(kRingCapacity));
   bool all_ok = true;
@@ -362,13 +388,13 @@ int Main(int argc, char** argv) {
         BENCH_CHECK_CUDA(cudaDeviceSynchronize());
         set.params = MakeExpandParams(*packed, set.device_block, device_ring,
                                       kRingCapacity, page_size);
-        // Check the kernel's output against the CPU reference.
-        BENCH_CHECK_CUDA(LaunchExpandPlan(set.params, stream));
-        BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
-        std::vector<int64_t> actual(set.plan.num_slots);
-        BENCH_CHECK_CUDA(cudaMemcpy(actual.data(), set.device_out,
-                                    actual.size() * sizeof(int64_t),
-                                    cudaMemcpyDeviceToHost));
+        absl::StatusOr<bool> fits =
+            PackInlinePlan(set.plan, kRingCapacity, device_ring,
+                           set.inline_params.get());
+        BENCH_CHECK_OK(fits.status());
+        set.fits_inline = *fits;
+        // Check each path's output against the CPU reference, from a
+        // poisoned buffer.
         std::vector<int64_t> expected(set.plan.num_slots);
         for (const PlannedRequest& r : set.plan.requests) {
           PlannedRequest host = r;
@@ -376,16 +402,46 @@ int Main(int argc, char** argv) {
           ExpandRequest(host, page_size, ring.data(), kRingCapacity,
                         set.plan.free_ring_head, host.destination);
         }
-        ok = ok && actual == expected;
+        for (const bool inline_path : {false, true}) {
+          if (inline_path && !set.fits_inline) continue;
+          BENCH_CHECK_CUDA(cudaMemsetAsync(
+              set.device_out, 0xa5, max_slots * sizeof(int64_t), stream));
+          BENCH_CHECK_CUDA(
+              inline_path
+                  ? LaunchExpandInlinePlan(*set.inline_params, stream)
+                  : LaunchExpandPlan(set.params, stream));
+          BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+          std::vector<int64_t> actual(set.plan.num_slots);
+          BENCH_CHECK_CUDA(cudaMemcpy(actual.data(), set.device_out,
+                                      actual.size() * sizeof(int64_t),
+                                      cudaMemcpyDeviceToHost));
+          ok = ok && actual == expected;
+        }
         tokens = set.plan.num_slots;  // of the last set, like the anchor
         pages = set.plan.num_new_pages;
       }
       all_ok = all_ok && ok;
-      auto launch = [&](int i) {
+      bool all_inline = true;
+      for (const InputSet& set : inputs) {
+        all_inline = all_inline && set.fits_inline;
+      }
+      auto uploaded = [&](int i) {
         BENCH_CHECK_CUDA(LaunchExpandPlan(inputs[i % sets].params, stream));
       };
-      const double flushed_us = timer.MedianUs(launch, reps, /*flush=*/true);
-      const double rotated_us = timer.MedianUs(launch, reps, /*flush=*/false);
+      auto inlined = [&](int i) {
+        BENCH_CHECK_CUDA(
+            LaunchExpandInlinePlan(*inputs[i % sets].inline_params, stream));
+      };
+      const double up_flushed_us =
+          timer.MedianUs(uploaded, reps, /*flush=*/true);
+      const double up_rotated_us =
+          timer.MedianUs(uploaded, reps, /*flush=*/false);
+      const double flushed_us =
+          all_inline ? timer.MedianUs(inlined, reps, /*flush=*/true)
+                     : up_flushed_us;
+      const double rotated_us =
+          all_inline ? timer.MedianUs(inlined, reps, /*flush=*/false)
+                     : up_rotated_us;
       // The whole executor call, host wall clock, rotating the plans.
       std::vector<double> call_us;
       for (int i = 0; i < reps + 20; ++i) {
@@ -400,10 +456,11 @@ int Main(int argc, char** argv) {
       }
       const double gbps = tokens * 8 / (flushed_us * 1e3);
       std::printf(
-          "%-7s %-16s %3ld %5ld %8ld %7ld %4s %10.2f %10.2f %9.1f %9.1f "
-          "%8.0f\n",
+          "%-7s %-16s %3ld %5ld %8ld %7ld %4s %-6s %10.2f %10.2f %9.2f "
+          "%9.2f %9.1f %9.1f %8.0f\n",
           c.decode ? "decode" : "extend", c.name.c_str(), page_size, c.bs,
-          tokens, pages, ok ? "yes" : "NO", flushed_us, rotated_us,
+          tokens, pages, ok ? "yes" : "NO", all_inline ? "inline" : "upload",
+          flushed_us, rotated_us, up_flushed_us, up_rotated_us,
           Median(call_us), Percentile(call_us, 0.99), gbps);
       std::fflush(stdout);
       if (c.name == "bulk_64x16384") {
@@ -416,11 +473,14 @@ int Main(int argc, char** argv) {
       json.push_back(absl::StrFormat(
           "{\"case\": \"%s\", \"page_size\": %d, \"bs\": %d, \"tokens\": %d, "
           "\"pages\": %d, \"ok\": %s, \"kernel_us\": %.3f, "
-          "\"kernel_rotated_us\": %.3f, \"call_p50_us\": %.2f, "
+          "\"kernel_rotated_us\": %.3f, \"uploaded_us\": %.3f, "
+          "\"uploaded_rotated_us\": %.3f, \"path\": \"%s\", "
+          "\"call_p50_us\": %.2f, "
           "\"call_p99_us\": %.2f, \"write_fraction\": %.4f}",
           c.decode ? "decode" : "extend_" + c.name, page_size, c.bs, tokens,
-          pages, ok ? "true" : "false", flushed_us, rotated_us,
-          Median(call_us), Percentile(call_us, 0.99), gbps / write_gbps));
+          pages, ok ? "true" : "false", flushed_us, rotated_us, up_flushed_us,
+          up_rotated_us, all_inline ? "inline" : "upload", Median(call_us),
+          Percentile(call_us, 0.99), gbps / write_gbps));
       for (InputSet& set : inputs) {
         BENCH_CHECK_CUDA(cudaFree(set.device_block));
         BENCH_CHECK_CUDA(cudaFree(set.device_out));

@@ -1,7 +1,8 @@
-// Launcher and instantiations of the expand kernels.
+// Launchers and instantiations of the expand kernels.
 
 #include "kernels/alloc_kernels.h"
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/alloc_kernels.cuh"
@@ -9,39 +10,70 @@
 namespace pagealloc {
 namespace {
 
-// Above this many slots the tiled kernel gives each thread 4 slots: a
-// launch then already has ~512 blocks, about a wave on an H200, and more
-// slots per thread put more independent ring reads and stores behind each
-// thread's chain of dependent reads (tile mark, request fields, ring) rather
-// than running more waves of that chain. (8 slots per thread spill
-// registers.)
-constexpr int64_t kOneSlotPerThreadMaxSlots = kExpandTileSlots * 512;
-constexpr int kManySlotsPerThread = 4;
+int64_t Blocks(int64_t threads) {
+  return (threads + kExpandThreads - 1) / kExpandThreads;
+}
 
 template <bool kPow2PageSize>
 cudaError_t Launch(const ExpandParams& params, int page_shift,
                    cudaStream_t stream) {
   if (UsesPerRequestKernel(params.max_request_slots)) {
-    const int64_t blocks =
-        (params.num_requests + kExpandThreads - 1) / kExpandThreads;
     ExpandPerRequestKernel<kPow2PageSize>
-        <<<static_cast<unsigned>(blocks), kExpandThreads, 0, stream>>>(
-            params, page_shift);
-  } else if (params.num_slots <= kOneSlotPerThreadMaxSlots) {
-    const int64_t blocks =
-        (params.num_slots + kExpandTileSlots - 1) / kExpandTileSlots;
+        <<<static_cast<unsigned>(Blocks(params.num_requests)), kExpandThreads,
+           0, stream>>>(params, page_shift);
+  } else if (TileSlotsPerThread(params.num_slots, kPow2PageSize) == 1) {
     ExpandTileKernel<kPow2PageSize, 1>
-        <<<static_cast<unsigned>(blocks), kExpandThreads, 0, stream>>>(
-            params, page_shift);
+        <<<static_cast<unsigned>(Blocks(params.num_slots)), kExpandThreads, 0,
+           stream>>>(params, page_shift);
   } else {
-    constexpr int64_t kTile = kManySlotsPerThread * kExpandTileSlots;
-    const int64_t blocks = (params.num_slots + kTile - 1) / kTile;
-    ExpandTileKernel<kPow2PageSize, kManySlotsPerThread>
-        <<<static_cast<unsigned>(blocks), kExpandThreads, 0, stream>>>(
-            params, page_shift);
+    constexpr int kPerThread = kPow2PageSize ? kManySlotsPerThread
+                                             : kManySlotsPerThreadAnyPageSize;
+    ExpandTileKernel<kPow2PageSize, kPerThread>
+        <<<static_cast<unsigned>(
+               Blocks((params.num_slots + kPerThread - 1) / kPerThread)),
+           kExpandThreads, 0, stream>>>(params, page_shift);
   }
   return cudaGetLastError();
 }
+
+// The inline kernel for `header`, in size tier kWords, and its grid.
+template <int kWords>
+const void* InlineKernel(const InlinePlanHeader& header, int64_t* blocks) {
+  if (header.kind == kInlineDecode) {
+    *blocks = Blocks(header.num_requests);
+    return reinterpret_cast<const void*>(&ExpandInlineDecodeKernel<kWords>);
+  }
+  const bool pow2 = header.page_shift >= 0;
+  if (UsesPerRequestKernel(header.max_request_slots)) {
+    *blocks = Blocks(header.num_requests);
+    return pow2 ? reinterpret_cast<const void*>(
+                      &ExpandInlinePerRequestKernel<kWords, true>)
+                : reinterpret_cast<const void*>(
+                      &ExpandInlinePerRequestKernel<kWords, false>);
+  }
+  const int per_thread = TileSlotsPerThread(header.num_slots, pow2);
+  *blocks = Blocks((header.num_slots + per_thread - 1) / per_thread);
+  if (per_thread == 1) {
+    return pow2 ? reinterpret_cast<const void*>(
+                      &ExpandInlineTileKernel<kWords, true, 1>)
+                : reinterpret_cast<const void*>(
+                      &ExpandInlineTileKernel<kWords, false, 1>);
+  }
+  return pow2 ? reinterpret_cast<const void*>(
+                    &ExpandInlineTileKernel<kWords, true, kManySlotsPerThread>)
+              : reinterpret_cast<const void*>(
+                    &ExpandInlineTileKernel<kWords, false,
+                                            kManySlotsPerThreadAnyPageSize>);
+}
+
+// Every tier's struct is a prefix of the largest one: the launch copies
+// sizeof(InlineExpandParams<tier>) bytes from the start of the packed one.
+static_assert(offsetof(InlineExpandParams<kInlineTierWords[0]>, words) ==
+                  offsetof(MaxInlineExpandParams, words),
+              "inline tiers share one layout");
+static_assert(offsetof(InlineExpandParams<kInlineTierWords[1]>, words) ==
+                  offsetof(MaxInlineExpandParams, words),
+              "inline tiers share one layout");
 
 }  // namespace
 
@@ -67,6 +99,38 @@ cudaError_t LaunchExpandPlan(const ExpandParams& params, cudaStream_t stream) {
   const int page_shift = PageShift(params.page_size);
   return page_shift >= 0 ? Launch<true>(params, page_shift, stream)
                          : Launch<false>(params, 0, stream);
+}
+
+cudaError_t LaunchExpandInlinePlan(const MaxInlineExpandParams& params,
+                                   cudaStream_t stream) {
+  const InlinePlanHeader& h = params.header;
+  if (h.num_slots == 0) return cudaSuccess;
+  const int64_t needed = h.kind == kInlineDecode
+                             ? InlineDecodeWords(h.num_requests)
+                             : InlineGeneralWords(h.num_requests);
+  if (h.num_requests < 1 || h.num_slots < h.num_requests ||
+      h.num_slots >= (int64_t{1} << 31) || h.page_size < 1 ||
+      h.ring_capacity < 1 || h.free_ring == nullptr ||
+      h.max_request_slots < 1 ||
+      (h.kind != kInlineDecode && h.kind != kInlineGeneral) ||
+      (h.kind == kInlineDecode && h.num_slots != h.num_requests) ||
+      h.page_shift != PageShift(h.page_size) || h.words_used != needed ||
+      h.words_used > kMaxInlineWords || h.narrow_base != 2 * h.num_requests) {
+    return cudaErrorInvalidValue;
+  }
+  int64_t blocks = 0;
+  const void* kernel =
+      h.words_used <= kInlineTierWords[0]
+          ? InlineKernel<kInlineTierWords[0]>(h, &blocks)
+      : h.words_used <= kInlineTierWords[1]
+          ? InlineKernel<kInlineTierWords[1]>(h, &blocks)
+          : InlineKernel<kInlineTierWords[2]>(h, &blocks);
+  void* args[] = {const_cast<MaxInlineExpandParams*>(&params)};
+  const cudaError_t launched = cudaLaunchKernel(
+      kernel, dim3(static_cast<unsigned>(blocks)), dim3(kExpandThreads), args,
+      0, stream);
+  if (launched != cudaSuccess) return launched;
+  return cudaGetLastError();
 }
 
 }  // namespace pagealloc

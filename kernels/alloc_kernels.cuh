@@ -11,15 +11,21 @@
 
 namespace pagealloc {
 
+// Registers per thread are capped at 64 (4 blocks of kExpandThreads per SM):
+// the tiled kernel's 8 slots per thread then run a 1M-slot plan in one wave.
+inline constexpr int kExpandMinBlocksPerSm = 4;
+
+// --- Plans uploaded as a struct-of-arrays block ---
+
 // One thread per packed request; for batches whose requests write at most
-// kPerRequestMaxSlots slots each (pure decode is the common case).
+// kPerRequestMaxSlots slots each.
 // Grid: ceil(params.num_requests / kExpandThreads) blocks of kExpandThreads.
 template <bool kPow2PageSize>
-__global__ void __launch_bounds__(kExpandThreads)
+__global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
     ExpandPerRequestKernel(const ExpandParams params,  // arrays on device
                            int page_shift) {  // log2(page_size) if kPow2
   ExpandRequestThread<kPow2PageSize>(
-      params, page_shift,
+      UploadedPlan(params), page_shift,
       static_cast<int64_t>(blockIdx.x) * kExpandThreads + threadIdx.x);
 }
 
@@ -27,11 +33,44 @@ __global__ void __launch_bounds__(kExpandThreads)
 // Grid: ceil(params.num_slots / (kExpandTileSlots * kSlotsPerThread)) blocks
 // of kExpandThreads.
 template <bool kPow2PageSize, int kSlotsPerThread>
-__global__ void __launch_bounds__(kExpandThreads)
+__global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
     ExpandTileKernel(const ExpandParams params,  // arrays on device
                      int page_shift) {  // log2(page_size) if kPow2
   ExpandTileThread<kPow2PageSize, kSlotsPerThread>(
-      params, page_shift, blockIdx.x, static_cast<int>(threadIdx.x));
+      UploadedPlan(params), page_shift, blockIdx.x,
+      static_cast<int>(threadIdx.x));
+}
+
+// --- Plans passed in the kernel parameters (kWords: the size tier) ---
+
+// Every request writes one slot. Grid: ceil(num_requests / kExpandThreads)
+// blocks of kExpandThreads.
+template <int kWords>
+__global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
+    ExpandInlineDecodeKernel(
+        const __grid_constant__ InlineExpandParams<kWords> params) {
+  ExpandDecodeThread(
+      params, static_cast<int64_t>(blockIdx.x) * kExpandThreads + threadIdx.x);
+}
+
+// As ExpandPerRequestKernel.
+template <int kWords, bool kPow2PageSize>
+__global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
+    ExpandInlinePerRequestKernel(
+        const __grid_constant__ InlineExpandParams<kWords> params) {
+  ExpandRequestThread<kPow2PageSize>(
+      InlinePlan<kWords>(params), static_cast<int>(params.header.page_shift),
+      static_cast<int64_t>(blockIdx.x) * kExpandThreads + threadIdx.x);
+}
+
+// As ExpandTileKernel.
+template <int kWords, bool kPow2PageSize, int kSlotsPerThread>
+__global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
+    ExpandInlineTileKernel(
+        const __grid_constant__ InlineExpandParams<kWords> params) {
+  ExpandTileThread<kPow2PageSize, kSlotsPerThread>(
+      InlinePlan<kWords>(params), static_cast<int>(params.header.page_shift),
+      blockIdx.x, static_cast<int>(threadIdx.x));
 }
 
 }  // namespace pagealloc

@@ -135,6 +135,7 @@ absl::Status CudaExecutor::Init() {
   }
   RETURN_IF_ERROR(CudaStatus(cudaMalloc(&device_plan_, plan_bytes),
                              "cudaMalloc (plan)"));
+  inline_plan_ = std::make_unique<MaxInlineExpandParams>();
   return absl::OkStatus();
 }
 
@@ -244,6 +245,19 @@ absl::Status CudaExecutor::Execute(const BatchPlan& plan) {
   }
   if (plan.num_slots == 0) return absl::OkStatus();
   RETURN_IF_ERROR(SelectDevice());
+  if (options_.inline_plans) {
+    // Small plans travel in the launch itself: no staging buffer to wait
+    // for, no copy, and the kernel reads them through the constant cache.
+    ASSIGN_OR_RETURN(const bool packed_inline,
+                     PackInlinePlan(plan, ring_capacity_, device_ring_,
+                                    inline_plan_.get()));
+    if (packed_inline) {
+      RETURN_IF_ERROR(CudaStatus(
+          LaunchExpandInlinePlan(*inline_plan_, stream_),
+          "LaunchExpandInlinePlan"));
+      return MaybeDebugSync("expand kernel (debug sync)");
+    }
+  }
   ASSIGN_OR_RETURN(Staging * staging,
                    AcquireStaging(plan_staging_, next_plan_staging_));
   ASSIGN_OR_RETURN(

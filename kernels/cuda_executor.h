@@ -1,8 +1,8 @@
 // CudaExecutor: runs batch plans on one GPU. It keeps a device-resident
 // mirror of the pool's free ring, updated on its one stream in the order the
 // pool writes it, so a kernel never waits for the host's list; Execute packs
-// a plan into pinned staging, uploads it with one async copy and expands it
-// with one kernel launch (kernels/alloc_kernels.h) into each request's own
+// a small plan into the kernel's parameters, or a larger one into pinned
+// staging uploaded with one async copy, and expands it with one kernel launch (kernels/alloc_kernels.h) into each request's own
 // destination (device pointers).
 //
 // Everything is issued on one CUDA stream, in call order, and is
@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "allocator/executor.h"
+#include "kernels/expand_plan.h"
 
 namespace pagealloc {
 
@@ -44,6 +45,11 @@ struct CudaExecutorOptions {
   // Staging buffers of each kind (plans, ring writes), >= 2: the host packs
   // the next one while the copy out of the last is still in flight.
   int num_staging_buffers = 2;
+  // Passes plans that fit (up to ~1100 requests, ~2000 decodes) in the
+  // kernel's parameters instead of uploading them: no copy and one
+  // dependent read less per launch. Off: every plan is uploaded (tests use
+  // this to cover both paths).
+  bool inline_plans = true;
   // Synchronizes the stream after every copy and launch and reports its
   // errors there (slow; for debugging). Also turned on by the environment
   // variable PAGEALLOC_CUDA_DEBUG_SYNC=1.
@@ -76,7 +82,9 @@ class CudaExecutor final : public PlanExecutor {
   absl::Status WriteFreeRing(int64_t position,
                              absl::Span<const int64_t> pages) override;
 
-  // Packs and uploads the plan and launches its kernel; returns without
+  // Packs the plan (into the launch's parameters when it fits and
+  // inline_plans is on, else into staging, uploaded) and launches its
+  // kernel; returns without
   // waiting. Does nothing for a plan with no slots. Returns INVALID_ARGUMENT
   // for a plan larger than the options allow or inconsistent with the
   // mirror, INTERNAL on CUDA failure.
@@ -126,6 +134,9 @@ class CudaExecutor final : public PlanExecutor {
   // The device copy of the current plan. One is enough: the upload of a
   // plan is queued on the stream after the kernel that read the last one.
   void* device_plan_ = nullptr;
+  // Host-side packing space for inline plans (32 KB); the launch copies it,
+  // so one is enough.
+  std::unique_ptr<MaxInlineExpandParams> inline_plan_;
   int64_t* device_ring_ = nullptr;
   int64_t ring_capacity_ = 0;
 };

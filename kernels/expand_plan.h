@@ -3,8 +3,9 @@
 // that the host-side tests run (kernels/plan_packing_test.cc emulates every
 // block and thread of a launch with these functions).
 //
-// A batch plan is packed on the host (kernels/plan_packing.h) into one block
-// of struct-of-arrays, one entry per request that writes at least one slot:
+// A small batch plan is packed into the kernel's parameters (InlinePlanHeader
+// below). A larger one is packed on the host (kernels/plan_packing.h) into
+// one uploaded block of struct-of-arrays, one entry per request that writes at least one slot:
 //   slot_begin[r]     first slot index of request r within the batch
 //                     (an exclusive prefix sum; slot_begin[n] = num_slots)
 //   partial_slots[r]  slots that continue the prefix's partial last page
@@ -12,14 +13,15 @@
 //   ring_start[r]     ring position of the request's first new page
 //   destination[r]    where request r's slots go
 // plus, for the tiled kernel, tile_first_request[m]: the request that holds
-// batch slot m * kExpandTileSlots (and a last entry, the last request). Requests with no slots are dropped while
-// packing, so every packed request owns at least one slot and a tile of
+// batch slot m * kExpandTileSlots (and a last entry, the last request).
+// Requests with no slots are dropped while packing, so every packed request owns at least one slot and a tile of
 // kExpandTileSlots slots spans at most kExpandTileSlots + 1 requests.
 
 #ifndef PAGEALLOC_KERNELS_EXPAND_PLAN_H_
 #define PAGEALLOC_KERNELS_EXPAND_PLAN_H_
 
 #include <cstdint>
+#include <cstddef>
 
 #if defined(__CUDACC__)
 #define PAGEALLOC_HOST_DEVICE __host__ __device__ __forceinline__
@@ -36,7 +38,7 @@ inline constexpr int64_t kExpandTileSlots = kExpandThreads;
 
 // Batches whose largest request writes at most this many slots run one
 // thread per request (decode, speculative drafts, small mixed batches):
-// two dependent memory reads per slot and no search. Larger ones run tiles
+// the request's fields, then its pages, then the stores; no search. Larger ones run tiles
 // of slots, one thread per slot.
 inline constexpr int64_t kPerRequestMaxSlots = 16;
 
@@ -44,6 +46,26 @@ inline constexpr int64_t kPerRequestMaxSlots = 16;
 // packed plan whose largest request writes max_request_slots slots.
 inline constexpr bool UsesPerRequestKernel(int64_t max_request_slots) {
   return max_request_slots <= kPerRequestMaxSlots;
+}
+
+// Above this many slots the tiled kernel gives each thread kManySlotsPerThread
+// slots: a launch then already has ~512 blocks of one slot per thread, about
+// a wave on an H200, and more slots per thread put more independent ring
+// reads and stores behind each thread's chain of dependent reads rather than
+// running more waves of that chain. 8 slots per thread run a 1M-slot plan
+// in 512 blocks, one wave at 4 blocks per SM (<= 64 registers). Page sizes
+// that are not powers of two take 4: their 64-bit divisions need registers
+// that 8 slots would spill.
+inline constexpr int64_t kOneSlotPerThreadMaxSlots = kExpandTileSlots * 512;
+inline constexpr int kManySlotsPerThread = 8;
+inline constexpr int kManySlotsPerThreadAnyPageSize = 4;
+
+// Returns the slots per thread the tiled kernel uses for num_slots slots.
+inline constexpr int TileSlotsPerThread(int64_t num_slots,
+                                        bool pow2_page_size) {
+  return num_slots <= kOneSlotPerThreadMaxSlots ? 1
+         : pow2_page_size                       ? kManySlotsPerThread
+                                                : kManySlotsPerThreadAnyPageSize;
 }
 
 struct ExpandParams {
@@ -64,15 +86,180 @@ struct ExpandParams {
   int64_t max_request_slots;  // the largest request's slot count
 };
 
-// Returns the last request r in [lo, hi] with slot_begin[r] <= slot: the
+// A small plan passed by value in the kernel's parameters (a
+// __grid_constant__ struct, read through the constant cache) rather than
+// uploaded: no copy before the launch and one dependent global read less in
+// the kernel. CUDA 12.1+ allows 32764 bytes of parameters on sm_70 and newer;
+// the launcher passes only the first kInlineTierWords[t] words of `words`
+// (kernels/alloc_kernels.cu), so a small plan costs a small launch.
+//
+// Two layouts of `words`, chosen by the packer:
+//  - decode (every request writes exactly one slot, kind kInlineDecode):
+//      words[r]      the slot itself (last_loc + 1, >= 0) when it continues
+//                    the prefix's page, else -(ring position + 1) of its page
+//      words[n + r]  the destination of request r (a pointer, as an integer)
+//  - general (kind kInlineGeneral):
+//      words[r]      first_slot (last_loc + 1)
+//      words[n + r]  destination
+//      then 32-bit values two to a word (low half first), from word 2n:
+//      [0, n]        slot_begin (slot_begin[n] = num_slots)
+//      [n+1, 2n]     ring_start
+//      [2n+1, 3n]    partial_slots
+// 32-bit values need num_slots, ring_capacity and page_size below 2^31,
+// which the packer checks. The tiled kernel finds a slot's request by a
+// binary search over slot_begin (no tile marks: they would cost parameter
+// bytes, and the search's reads hit the constant cache after the first).
+inline constexpr int64_t kInlineDecode = 1;
+inline constexpr int64_t kInlineGeneral = 2;
+
+struct InlinePlanHeader {
+  const int64_t* free_ring;  // [ring_capacity]: the device mirror
+  int64_t ring_capacity;     // in [1, 2^31)
+  int64_t page_size;         // in [1, 2^31)
+  int64_t page_shift;        // log2(page_size), or -1 if not a power of two
+  int64_t num_requests;      // packed requests, each with >= 1 slot
+  int64_t num_slots;         // in [num_requests, 2^31)
+  int64_t max_request_slots;  // the largest request's slot count
+  int64_t kind;              // kInlineDecode or kInlineGeneral
+  int64_t narrow_base;       // first word of the 32-bit values (general)
+  int64_t words_used;        // words of `words` the plan fills
+};
+
+template <int kWords>
+struct InlineExpandParams {
+  InlinePlanHeader header;
+  int64_t words[kWords];
+};
+
+// Parameter sizes the launcher picks from (words of `words`): 2 KB, 8 KB and
+// the 32764-byte limit. The largest is what the host packs into.
+inline constexpr int kInlineTierWords[3] = {244, 1012, 4080};
+inline constexpr int kMaxInlineWords = kInlineTierWords[2];
+using MaxInlineExpandParams = InlineExpandParams<kMaxInlineWords>;
+static_assert(sizeof(MaxInlineExpandParams) <= 32764,
+              "kernel parameters are limited to 32764 bytes");
+
+// Returns the words the general / decode inline layout of n requests needs.
+inline constexpr int64_t InlineGeneralWords(int64_t n) {
+  return 2 * n + (3 * n + 2) / 2;
+}
+inline constexpr int64_t InlineDecodeWords(int64_t n) { return 2 * n; }
+
+// Reads of a plan, whichever way it reaches the kernel: UploadedPlan from
+// the copied struct-of-arrays block, InlinePlan from the kernel parameters.
+// The thread bodies below are templates over these two.
+class UploadedPlan {
+ public:
+  PAGEALLOC_HOST_DEVICE explicit UploadedPlan(const ExpandParams& p)
+      : p_(p) {}
+  PAGEALLOC_HOST_DEVICE int64_t num_requests() const {
+    return p_.num_requests;
+  }
+  PAGEALLOC_HOST_DEVICE int64_t num_slots() const { return p_.num_slots; }
+  PAGEALLOC_HOST_DEVICE int64_t slot_begin(int64_t r) const {
+    return p_.slot_begin[r];
+  }
+  PAGEALLOC_HOST_DEVICE int64_t partial_slots(int64_t r) const {
+    return p_.partial_slots[r];
+  }
+  PAGEALLOC_HOST_DEVICE int64_t first_slot(int64_t r) const {
+    return p_.first_slot[r];
+  }
+  PAGEALLOC_HOST_DEVICE int64_t ring_start(int64_t r) const {
+    return p_.ring_start[r];
+  }
+  PAGEALLOC_HOST_DEVICE int64_t* destination(int64_t r) const {
+    return p_.destination[r];
+  }
+  PAGEALLOC_HOST_DEVICE const int64_t* free_ring() const {
+    return p_.free_ring;
+  }
+  PAGEALLOC_HOST_DEVICE int64_t ring_capacity() const {
+    return p_.ring_capacity;
+  }
+  PAGEALLOC_HOST_DEVICE int64_t page_size() const { return p_.page_size; }
+  // Sets [*lo, *hi] to the requests that can hold slots of tile `block` of
+  // kTileMarks marks (the tiled kernel's search range).
+  PAGEALLOC_HOST_DEVICE void TileRequests(int64_t block, int64_t tile_marks,
+                                          int64_t* lo, int64_t* hi) const {
+    const int64_t last_mark =
+        (p_.num_slots + kExpandTileSlots - 1) / kExpandTileSlots;
+    const int64_t first_mark = block * tile_marks;
+    const int64_t end_mark = first_mark + tile_marks < last_mark
+                                 ? first_mark + tile_marks
+                                 : last_mark;
+    *lo = p_.tile_first_request[first_mark];
+    *hi = p_.tile_first_request[end_mark];
+  }
+
+ private:
+  const ExpandParams& p_;
+};
+
+template <int kWords>
+class InlinePlan {
+ public:
+  PAGEALLOC_HOST_DEVICE explicit InlinePlan(
+      const InlineExpandParams<kWords>& p)
+      : p_(p) {}
+  PAGEALLOC_HOST_DEVICE int64_t num_requests() const {
+    return p_.header.num_requests;
+  }
+  PAGEALLOC_HOST_DEVICE int64_t num_slots() const {
+    return p_.header.num_slots;
+  }
+  PAGEALLOC_HOST_DEVICE int64_t slot_begin(int64_t r) const {
+    return Narrow(r);
+  }
+  PAGEALLOC_HOST_DEVICE int64_t ring_start(int64_t r) const {
+    return Narrow(p_.header.num_requests + 1 + r);
+  }
+  PAGEALLOC_HOST_DEVICE int64_t partial_slots(int64_t r) const {
+    return Narrow(2 * p_.header.num_requests + 1 + r);
+  }
+  PAGEALLOC_HOST_DEVICE int64_t first_slot(int64_t r) const {
+    return p_.words[r];
+  }
+  PAGEALLOC_HOST_DEVICE int64_t* destination(int64_t r) const {
+    return reinterpret_cast<int64_t*>(
+        static_cast<uintptr_t>(p_.words[p_.header.num_requests + r]));
+  }
+  PAGEALLOC_HOST_DEVICE const int64_t* free_ring() const {
+    return p_.header.free_ring;
+  }
+  PAGEALLOC_HOST_DEVICE int64_t ring_capacity() const {
+    return p_.header.ring_capacity;
+  }
+  PAGEALLOC_HOST_DEVICE int64_t page_size() const {
+    return p_.header.page_size;
+  }
+  // Every request: the search starts from the whole (small) plan.
+  PAGEALLOC_HOST_DEVICE void TileRequests(int64_t, int64_t, int64_t* lo,
+                                          int64_t* hi) const {
+    *lo = 0;
+    *hi = p_.header.num_requests - 1;
+  }
+
+ private:
+  // The i-th 32-bit value (all are in [0, 2^31)).
+  PAGEALLOC_HOST_DEVICE int64_t Narrow(int64_t i) const {
+    const uint64_t word =
+        static_cast<uint64_t>(p_.words[p_.header.narrow_base + (i >> 1)]);
+    return static_cast<int64_t>((word >> ((i & 1) * 32)) & 0xffffffffu);
+  }
+
+  const InlineExpandParams<kWords>& p_;
+};
+
+// Returns the last request r in [lo, hi] with slot_begin(r) <= slot: the
 // request that writes batch slot `slot`.
-// REQUIRES: slot_begin[lo] <= slot < num_slots, lo <= hi < num_requests.
-PAGEALLOC_HOST_DEVICE int64_t FindRequest(const int64_t* slot_begin,
-                                          int64_t lo, int64_t hi,
-                                          int64_t slot) {
+// REQUIRES: slot_begin(lo) <= slot < num_slots, lo <= hi < num_requests.
+template <class Plan>
+PAGEALLOC_HOST_DEVICE int64_t FindRequest(const Plan& plan, int64_t lo,
+                                          int64_t hi, int64_t slot) {
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (slot_begin[mid] <= slot) {
+    if (plan.slot_begin(mid) <= slot) {
       lo = mid;
     } else {
       hi = mid - 1;
@@ -114,130 +301,158 @@ PAGEALLOC_HOST_DEVICE void LocateSlot(int64_t u, int64_t partial_slots,
   *ring_position = position;
 }
 
-// Returns the u-th slot of a request (LocateSlot, then the ring read).
-template <bool kPow2PageSize>
-PAGEALLOC_HOST_DEVICE int64_t ExpandSlot(int64_t u, int64_t partial_slots,
-                                         int64_t first_slot,
-                                         int64_t ring_start,
-                                         const int64_t* free_ring,
-                                         int64_t ring_capacity,
-                                         int64_t page_size, int page_shift) {
-  int64_t position;
-  int64_t value;
-  LocateSlot<kPow2PageSize>(u, partial_slots, first_slot, ring_start,
-                            ring_capacity, page_size, page_shift, &position,
-                            &value);
-  return position < 0 ? value : free_ring[position] * page_size + value;
-}
-
 // One thread of the per-request kernel: writes every slot of packed request
 // r (grid: ceil(num_requests / kExpandThreads) blocks of kExpandThreads;
 // r = block * kExpandThreads + thread). Threads past the last request return.
 // Used when max_request_slots <= kPerRequestMaxSlots, so a thread writes at
 // most that many slots.
-template <bool kPow2PageSize>
-PAGEALLOC_HOST_DEVICE void ExpandRequestThread(const ExpandParams& p,
+//
+// The ids of the request's first two new pages (all of them for page sizes
+// >= 8) are read before any store: a load after a store to a pointer the
+// compiler cannot tell apart from the ring would otherwise wait for it, one
+// ring read per slot instead of one trip per request.
+template <bool kPow2PageSize, class Plan>
+PAGEALLOC_HOST_DEVICE void ExpandRequestThread(const Plan& plan,
                                                int page_shift, int64_t r) {
-  if (r >= p.num_requests) return;
-  const int64_t begin = p.slot_begin[r];
-  const int64_t num_slots = p.slot_begin[r + 1] - begin;
-  const int64_t partial_slots = p.partial_slots[r];
-  const int64_t first_slot = p.first_slot[r];
-  const int64_t ring_start = p.ring_start[r];
-  int64_t* const out = p.destination[r];
-  for (int64_t u = 0; u < num_slots; ++u) {
-    out[u] = ExpandSlot<kPow2PageSize>(u, partial_slots, first_slot,
-                                       ring_start, p.free_ring,
-                                       p.ring_capacity, p.page_size,
-                                       page_shift);
+  if (r >= plan.num_requests()) return;
+  const int64_t begin = plan.slot_begin(r);
+  const int64_t num_slots = plan.slot_begin(r + 1) - begin;
+  const int64_t partial_slots = plan.partial_slots(r);
+  const int64_t first_slot = plan.first_slot(r);
+  const int64_t ring_start = plan.ring_start(r);
+  int64_t* const out = plan.destination(r);
+  const int64_t* const ring = plan.free_ring();
+  const int64_t capacity = plan.ring_capacity();
+  const int64_t page_size = plan.page_size();
+  const int64_t new_slots = num_slots - partial_slots;
+  int64_t page0 = 0;
+  int64_t page1 = 0;
+  if (new_slots > 0) page0 = ring[ring_start];
+  if (new_slots > page_size) {
+    page1 = ring[ring_start + 1 < capacity ? ring_start + 1
+                                           : ring_start + 1 - capacity];
   }
+  for (int64_t u = 0; u < num_slots; ++u) {
+    int64_t position;
+    int64_t value;
+    LocateSlot<kPow2PageSize>(u, partial_slots, first_slot, ring_start,
+                              capacity, page_size, page_shift, &position,
+                              &value);
+    if (position >= 0) {
+      const int64_t page =
+          kPow2PageSize ? (u - partial_slots) >> page_shift
+                        : (u - partial_slots) / page_size;
+      const int64_t id =
+          page == 0 ? page0 : page == 1 ? page1 : ring[position];
+      value += id * page_size;
+    }
+    out[u] = value;
+  }
+}
+
+// One thread of the inline decode kernel: every request writes exactly one
+// slot, so thread r reads its two words from the parameters, the ring only
+// when its slot starts a page, and stores (grid as the per-request kernel).
+template <int kWords>
+PAGEALLOC_HOST_DEVICE void ExpandDecodeThread(
+    const InlineExpandParams<kWords>& p, int64_t r) {
+  const int64_t n = p.header.num_requests;
+  if (r >= n) return;
+  const int64_t source = p.words[r];
+  int64_t* const out =
+      reinterpret_cast<int64_t*>(static_cast<uintptr_t>(p.words[n + r]));
+  *out = source >= 0 ? source
+                     : p.header.free_ring[-source - 1] * p.header.page_size;
 }
 
 // One thread of the tiled kernel (grid: ceil(num_slots / (kExpandTileSlots *
 // kSlotsPerThread)) blocks of kExpandThreads). Block b covers batch slots
 // [b * kExpandTileSlots * kSlotsPerThread, ...) in kSlotsPerThread rows of
 // kExpandThreads; thread t takes slot row * kExpandThreads + t of each row,
-// so a warp's stores to one request are contiguous. The block's requests
-// lie between two entries of tile_first_request, so a thread searches only
-// among them (no search at all inside one large request), and it searches
-// from its previous request on, as its slots increase.
+// so a warp's stores to one request are contiguous. A thread searches for
+// its request only among the block's (Plan::TileRequests: between two tile
+// marks, or the whole small inline plan), from its previous request on, and
+// not at all while its slots stay inside the request it has.
 //
 // Two phases: first every slot's source is located and its page read from
 // the ring, then the values are stored, so a thread's ring reads are in
-// flight together rather than one store apart.
-template <bool kPow2PageSize, int kSlotsPerThread>
-PAGEALLOC_HOST_DEVICE void ExpandTileThread(const ExpandParams& p,
-                                            int page_shift, int64_t block,
-                                            int thread) {
+// flight together rather than one store apart. Between the phases a slot
+// keeps its page id (or value), and its offset and request index in 32
+// bits each, not a 64-bit target pointer: phase 2 reads the destination
+// once per request it meets (a cache hit: phase 1 read the same request's
+// fields), so that 8 slots per thread fit in 64 registers.
+template <bool kPow2PageSize, int kSlotsPerThread, class Plan>
+PAGEALLOC_HOST_DEVICE void ExpandTileThread(const Plan& plan, int page_shift,
+                                            int64_t block, int thread) {
   constexpr int64_t kTileSlots = kExpandTileSlots * kSlotsPerThread;
+  const int64_t num_slots = plan.num_slots();
   const int64_t tile_begin = block * kTileSlots;
-  const int64_t tile_end = tile_begin + kTileSlots < p.num_slots
-                               ? tile_begin + kTileSlots
-                               : p.num_slots;
-  const int64_t last_mark =
-      (p.num_slots + kExpandTileSlots - 1) / kExpandTileSlots;
-  const int64_t first_mark = block * kSlotsPerThread;
-  const int64_t end_mark = first_mark + kSlotsPerThread < last_mark
-                               ? first_mark + kSlotsPerThread
-                               : last_mark;
-  int64_t lo = p.tile_first_request[first_mark];
-  const int64_t hi = p.tile_first_request[end_mark];
+  const int64_t tile_end =
+      tile_begin + kTileSlots < num_slots ? tile_begin + kTileSlots
+                                          : num_slots;
+  int64_t lo;
+  int64_t hi;
+  plan.TileRequests(block, kSlotsPerThread, &lo, &hi);
+  const int64_t* const ring = plan.free_ring();
+  const int64_t capacity = plan.ring_capacity();
+  const int64_t page_size = plan.page_size();
 
   int64_t r = -1;
   int64_t begin = 0;
+  int64_t end = 0;  // slot_begin(r + 1): no search while slot < end
   int64_t partial_slots = 0;
   int64_t first_slot = 0;
   int64_t ring_start = 0;
-  int64_t* out = nullptr;
-  // Per slot, between the phases: its target, and either its value (a
-  // prefix-page slot) or its page id and offset (bit k of from_ring set).
-  // Kept small: the kernel runs at <= 64 registers without spilling.
-  int64_t* target[kSlotsPerThread];
-  int64_t word[kSlotsPerThread];
-  int32_t offset[kSlotsPerThread];
-  uint32_t from_ring = 0;
+  int64_t word[kSlotsPerThread];    // page id, or the value itself
+  int32_t offset[kSlotsPerThread];  // offset in the page; -1: word is it
+  int32_t request[kSlotsPerThread];  // -1: no slot
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int k = 0; k < kSlotsPerThread; ++k) {
     const int64_t slot = tile_begin + k * kExpandThreads + thread;
-    target[k] = nullptr;
     word[k] = 0;
-    offset[k] = 0;
+    offset[k] = -1;
+    request[k] = -1;
     if (slot < tile_end) {
-      const int64_t found = FindRequest(p.slot_begin, lo, hi, slot);
-      if (found != r) {
-        r = found;
-        begin = p.slot_begin[r];
-        partial_slots = p.partial_slots[r];
-        first_slot = p.first_slot[r];
-        ring_start = p.ring_start[r];
-        out = p.destination[r];
+      if (slot >= end) {
+        r = FindRequest(plan, lo, hi, slot);
+        begin = plan.slot_begin(r);
+        end = plan.slot_begin(r + 1);
+        partial_slots = plan.partial_slots(r);
+        first_slot = plan.first_slot(r);
+        ring_start = plan.ring_start(r);
         lo = r;
       }
       int64_t position;
       int64_t value;
       LocateSlot<kPow2PageSize>(slot - begin, partial_slots, first_slot,
-                                ring_start, p.ring_capacity, p.page_size,
-                                page_shift, &position, &value);
+                                ring_start, capacity, page_size, page_shift,
+                                &position, &value);
       if (position >= 0) {
-        word[k] = p.free_ring[position];
+        word[k] = ring[position];
         offset[k] = static_cast<int32_t>(value);  // < page_size < 2^31
-        from_ring |= 1u << k;
       } else {
         word[k] = value;
       }
-      target[k] = out + (slot - begin);
+      request[k] = static_cast<int32_t>(r);  // packing: < 2^31 requests
     }
   }
+  int64_t current = -1;
+  int64_t* out = nullptr;
+  int64_t out_begin = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int k = 0; k < kSlotsPerThread; ++k) {
-    if (target[k] != nullptr) {
-      *target[k] = (from_ring >> k) & 1u ? word[k] * p.page_size + offset[k]
-                                         : word[k];
+    if (request[k] < 0) continue;
+    if (request[k] != current) {
+      current = request[k];
+      out = plan.destination(current);
+      out_begin = plan.slot_begin(current);
     }
+    out[tile_begin + k * kExpandThreads + thread - out_begin] =
+        offset[k] >= 0 ? word[k] * page_size + offset[k] : word[k];
   }
 }
 

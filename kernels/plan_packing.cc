@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/requests.h"
+#include "allocator/status_macros.h"
 
 namespace pagealloc {
 namespace {
@@ -16,15 +17,23 @@ int64_t TileMarks(int64_t num_slots) {
   return CeilDiv(num_slots, kExpandTileSlots) + 1;
 }
 
+// Stores a 32-bit value (in [0, 2^31)) as the i-th half-word from `base`.
+void SetNarrow(int64_t* base, int64_t i, int64_t value) {
+  uint64_t word = static_cast<uint64_t>(base[i >> 1]);
+  const int shift = (i & 1) * 32;
+  word &= ~(uint64_t{0xffffffffu} << shift);
+  word |= static_cast<uint64_t>(value) << shift;
+  base[i >> 1] = static_cast<int64_t>(word);
+}
+
 }  // namespace
 
 int64_t MaxPackedPlanBytes(int64_t max_requests, int64_t max_slots) {
   return kWord * (5 * max_requests + 1 + TileMarks(max_slots));
 }
 
-absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
-                                    int64_t ring_capacity,
-                                    absl::Span<int64_t> block) {
+absl::StatusOr<PackedPlan> ValidatePlan(const BatchPlan& plan,
+                                        int64_t ring_capacity) {
   const int64_t ps = plan.page_size;
   if (ps < 1) {
     return absl::InvalidArgumentError(
@@ -92,6 +101,15 @@ absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
         slots));
   }
   packed.num_slots = slots;
+  return packed;
+}
+
+absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
+                                    int64_t ring_capacity,
+                                    absl::Span<int64_t> block) {
+  ASSIGN_OR_RETURN(PackedPlan packed, ValidatePlan(plan, ring_capacity));
+  const int64_t slots = packed.num_slots;
+  const int64_t ps = plan.page_size;
   if (packed.num_requests == 0) return packed;
 
   const int64_t n = packed.num_requests;
@@ -145,6 +163,67 @@ absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
   // The last mark bounds the last tile's search: the last request.
   tile_first_request[next_mark] = n - 1;
   return packed;
+}
+
+absl::StatusOr<bool> PackInlinePlan(const BatchPlan& plan,
+                                    int64_t ring_capacity,
+                                    const int64_t* free_ring,
+                                    MaxInlineExpandParams* params) {
+  // A decode record is 2 words, a general one 3.5: no plan with more
+  // requests than this fits, and we skip validating it twice.
+  if (static_cast<int64_t>(plan.requests.size()) > kMaxInlineDecodeRequests) {
+    return false;
+  }
+  ASSIGN_OR_RETURN(const PackedPlan summary, ValidatePlan(plan, ring_capacity));
+  const int64_t n = summary.num_requests;
+  if (n == 0) return false;
+  constexpr int64_t kNarrowLimit = int64_t{1} << 31;
+  if (summary.num_slots >= kNarrowLimit || ring_capacity >= kNarrowLimit ||
+      plan.page_size >= kNarrowLimit) {
+    return false;
+  }
+  const bool decode = summary.max_request_slots == 1;
+  const int64_t words = decode ? InlineDecodeWords(n) : InlineGeneralWords(n);
+  if (words > kMaxInlineWords) return false;
+
+  InlinePlanHeader& header = params->header;
+  header.free_ring = free_ring;
+  header.ring_capacity = ring_capacity;
+  header.page_size = plan.page_size;
+  header.page_shift = PageShift(plan.page_size);
+  header.num_requests = n;
+  header.num_slots = summary.num_slots;
+  header.max_request_slots = summary.max_request_slots;
+  header.kind = decode ? kInlineDecode : kInlineGeneral;
+  header.narrow_base = 2 * n;
+  header.words_used = words;
+  int64_t* const w = params->words;
+  int64_t* const narrow = w + 2 * n;
+  if (!decode) narrow[words - 2 * n - 1] = 0;  // a half-filled last word
+  int64_t r = 0;
+  for (const PlannedRequest& request : plan.requests) {
+    const int64_t num_slots = request.seq_len - request.prefix_len;
+    if (num_slots == 0) continue;
+    const int64_t partial = PartialPageSlots(
+        ExtendShape{request.prefix_len, request.seq_len, request.last_loc},
+        plan.page_size);
+    const int64_t ring_start =
+        (plan.free_ring_head + request.first_new_page) % ring_capacity;
+    w[n + r] = static_cast<int64_t>(
+        reinterpret_cast<uintptr_t>(request.destination));
+    if (decode) {
+      // One slot: the prefix page's next slot, or the start of a new page.
+      w[r] = partial > 0 ? request.last_loc + 1 : -(ring_start + 1);
+    } else {
+      w[r] = request.last_loc + 1;
+      SetNarrow(narrow, r, request.output_offset);
+      SetNarrow(narrow, n + 1 + r, ring_start);
+      SetNarrow(narrow, 2 * n + 1 + r, partial);
+    }
+    ++r;
+  }
+  if (!decode) SetNarrow(narrow, n, summary.num_slots);
+  return true;
 }
 
 ExpandParams MakeExpandParams(const PackedPlan& packed,

@@ -7,6 +7,7 @@
 #include "kernels/plan_packing.h"
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -30,37 +31,57 @@ using ::pagealloc::testing::RandomRing;
 using ::pagealloc::testing::StatusIs;
 using ::testing::HasSubstr;
 
-enum class Variant { kPerRequest, kTile1, kTile4 };
+enum class Variant { kPerRequest, kTile1, kTile4, kTile8 };
 
-// Runs every thread of one launch of `variant` on the host.
-template <bool kPow2>
-void EmulateLaunch(const ExpandParams& params, Variant variant,
-                   int page_shift) {
+// Runs every thread of one launch of `variant` on the host, over `plan`
+// (an UploadedPlan or an InlinePlan).
+template <bool kPow2, class Plan>
+void EmulateLaunch(const Plan& plan, Variant variant, int page_shift) {
   const int64_t threads = kExpandThreads;
   switch (variant) {
     case Variant::kPerRequest: {
-      const int64_t blocks = (params.num_requests + threads - 1) / threads;
+      const int64_t blocks = (plan.num_requests() + threads - 1) / threads;
       for (int64_t r = 0; r < blocks * threads; ++r) {
-        ExpandRequestThread<kPow2>(params, page_shift, r);
+        ExpandRequestThread<kPow2>(plan, page_shift, r);
       }
       break;
     }
     case Variant::kTile1:
-    case Variant::kTile4: {
-      const int per_thread = variant == Variant::kTile1 ? 1 : 4;
+    case Variant::kTile4:
+    case Variant::kTile8: {
+      const int per_thread = variant == Variant::kTile1   ? 1
+                             : variant == Variant::kTile4 ? 4
+                                                          : 8;
       const int64_t tile = kExpandTileSlots * per_thread;
-      const int64_t blocks = (params.num_slots + tile - 1) / tile;
+      const int64_t blocks = (plan.num_slots() + tile - 1) / tile;
       for (int64_t b = 0; b < blocks; ++b) {
         for (int t = 0; t < threads; ++t) {
           if (per_thread == 1) {
-            ExpandTileThread<kPow2, 1>(params, page_shift, b, t);
+            ExpandTileThread<kPow2, 1>(plan, page_shift, b, t);
+          } else if (per_thread == 4) {
+            ExpandTileThread<kPow2, 4>(plan, page_shift, b, t);
           } else {
-            ExpandTileThread<kPow2, 4>(params, page_shift, b, t);
+            ExpandTileThread<kPow2, 8>(plan, page_shift, b, t);
           }
         }
       }
       break;
     }
+  }
+}
+
+template <bool kPow2>
+void EmulateLaunch(const ExpandParams& params, Variant variant,
+                   int page_shift) {
+  EmulateLaunch<kPow2>(UploadedPlan(params), variant, page_shift);
+}
+
+// Runs every thread of the inline decode kernel on the host.
+void EmulateInlineDecode(const MaxInlineExpandParams& params) {
+  const int64_t n = params.header.num_requests;
+  const int64_t blocks = (n + kExpandThreads - 1) / kExpandThreads;
+  for (int64_t r = 0; r < blocks * kExpandThreads; ++r) {
+    ExpandDecodeThread(params, r);
   }
 }
 
@@ -101,8 +122,39 @@ class PlanPackingTest : public ::testing::Test {
       }
       ASSERT_EQ(actual, expected)
           << "variant " << static_cast<int>(variant) << " pow2 " << pow2;
+
+      // The same variant over the plan packed into kernel parameters, when
+      // it fits; the decode kernel when every request writes one slot.
+      std::vector<int64_t> inline_actual(batch.output_words, kPoison);
+      BindDestinations(batch, inline_actual.data());
+      ASSERT_OK_AND_ASSIGN(const bool fits,
+                           PackInlinePlan(batch.plan, ring.size(),
+                                          ring.data(), inline_params_.get()));
+      if (!fits) continue;
+      ++inline_runs_;
+      const InlinePlanHeader& header = inline_params_->header;
+      ASSERT_EQ(header.page_shift, shift);
+      if (header.kind == kInlineDecode) {
+        ++inline_decode_runs_;
+        EmulateInlineDecode(*inline_params_);
+      } else {
+        const InlinePlan<kMaxInlineWords> view(*inline_params_);
+        if (pow2) {
+          EmulateLaunch<true>(view, variant, shift);
+        } else {
+          EmulateLaunch<false>(view, variant, 0);
+        }
+      }
+      ASSERT_EQ(inline_actual, expected)
+          << "inline, variant " << static_cast<int>(variant) << " pow2 "
+          << pow2;
     }
   }
+
+  std::unique_ptr<MaxInlineExpandParams> inline_params_ =
+      std::make_unique<MaxInlineExpandParams>();
+  int64_t inline_runs_ = 0;
+  int64_t inline_decode_runs_ = 0;
 
   std::mt19937_64 rng_{std::random_device{}()};
 };
@@ -128,8 +180,8 @@ TEST_F(PlanPackingTest, EmulatedKernelsMatchReferenceOnRandomPlans) {
           "page_size %d trial %d: %d requests, %d slots, head %d", page_size,
           trial, batch.plan.requests.size(), batch.plan.num_slots,
           batch.plan.free_ring_head));
-      for (Variant variant :
-           {Variant::kPerRequest, Variant::kTile1, Variant::kTile4}) {
+      for (Variant variant : {Variant::kPerRequest, Variant::kTile1,
+                              Variant::kTile4, Variant::kTile8}) {
         int64_t max_slots = 0;
         for (const PlannedRequest& r : batch.plan.requests) {
           max_slots = std::max(max_slots, r.seq_len - r.prefix_len);
@@ -144,6 +196,9 @@ TEST_F(PlanPackingTest, EmulatedKernelsMatchReferenceOnRandomPlans) {
       }
     }
   }
+  // Both inline layouts were exercised, not only the uploaded block.
+  EXPECT_GT(inline_runs_, 100);
+  EXPECT_GT(inline_decode_runs_, 5);
 }
 
 TEST_F(PlanPackingTest, PagesWrapAroundTheRingEnd) {

@@ -139,12 +139,18 @@ struct Scenario {
   double decode_fraction;
 };
 
-TEST_F(CudaExecutorTest, RandomBatchesMatchTheCpuExecutor) {
+// Runs with plans in the kernel parameters where they fit (the default) and
+// with every plan uploaded, so that both paths see every scenario.
+class RandomBatchesTest : public CudaExecutorTest,
+                          public ::testing::WithParamInterface<bool> {};
+
+TEST_P(RandomBatchesTest, RandomBatchesMatchTheCpuExecutor) {
   const bool quick = Quick();
   const int64_t max_total = quick ? int64_t{1} << 16 : int64_t{1} << 21;
   const int64_t capacity = max_total + 4099;
   CudaExecutorOptions options;
   options.max_slots_per_batch = max_total;
+  options.inline_plans = GetParam();
   std::unique_ptr<CudaExecutor> executor;
   CREATE_OR_SKIP(executor, options);
   ASSERT_OK(executor->InitFreeRing(capacity));
@@ -212,10 +218,18 @@ TEST_F(CudaExecutorTest, RandomBatchesMatchTheCpuExecutor) {
   EXPECT_GT(decodes_new_page, 100);
 }
 
+INSTANTIATE_TEST_SUITE_P(InlineAndUploaded, RandomBatchesTest,
+                         ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Inline" : "Uploaded";
+                         });
+
 TEST_F(CudaExecutorTest, ManyQueuedBatchesReuseStagingSafely) {
   // 40 batches queued back to back without waiting: every plan upload goes
-  // through one of two staging buffers, so each is reused 20 times while
-  // earlier copies may be in flight; all outputs must still be right.
+  // through one of two staging buffers, so each is reused many times while
+  // earlier copies may be in flight; plans of up to ~1100 requests go in
+  // the kernel parameters instead, from one host buffer reused at once. Both
+  // kinds interleave here; all outputs must still be right.
   CudaExecutorOptions options;
   options.max_slots_per_batch = 1 << 16;
   std::unique_ptr<CudaExecutor> executor;
