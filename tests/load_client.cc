@@ -27,6 +27,10 @@
 
 ABSL_FLAG(std::string, target, "", "Daemon address.");
 ABSL_FLAG(std::string, claims_shm, "", "Shared claim table (optional).");
+ABSL_FLAG(int, claims_ids, 0,
+          "When > 0, the claim table is followed by this many dead-client "
+          "flags (one byte per client id): a claim held by a client the test "
+          "killed counts as free.");
 ABSL_FLAG(int, client_index, 1, "This client's id in the claim table (>= 1).");
 ABSL_FLAG(int64_t, duration_ms, 2000, "How long to run.");
 ABSL_FLAG(uint64_t, seed, 0, "Random seed (0: random).");
@@ -44,10 +48,11 @@ struct Sequence {
 
 class LoadClient {
  public:
-  LoadClient(Client* client, std::atomic<uint32_t>* claims, uint32_t id,
-             uint64_t seed)
+  LoadClient(Client* client, std::atomic<uint32_t>* claims,
+             const std::atomic<uint8_t>* dead, uint32_t id, uint64_t seed)
       : client_(client),
         claims_(claims),
+        dead_(dead),
         id_(id),
         page_size_(client->pool().page_size()),
         rng_(seed) {}
@@ -109,11 +114,17 @@ class LoadClient {
   absl::Status Claim(int64_t page) {
     ++pages_claimed_;
     if (claims_ == nullptr) return absl::OkStatus();
-    uint32_t expected = 0;
-    if (!claims_[page].compare_exchange_strong(expected, id_)) {
-      return absl::DataLossError(absl::StrFormat(
-          "page %d was handed to client %u while client %u holds it", page,
-          id_, expected));
+    uint32_t holder = claims_[page].load();
+    while (true) {
+      // A killed client's claims are stale: the daemon reclaims its pages.
+      const bool stale =
+          holder != 0 && dead_ != nullptr && dead_[holder].load() != 0;
+      if (holder != 0 && !stale) {
+        return absl::DataLossError(absl::StrFormat(
+            "page %d was handed to client %u while client %u holds it", page,
+            id_, holder));
+      }
+      if (claims_[page].compare_exchange_strong(holder, id_)) break;
     }
     return absl::OkStatus();
   }
@@ -331,6 +342,7 @@ class LoadClient {
 
   Client* const client_;
   std::atomic<uint32_t>* const claims_;
+  const std::atomic<uint8_t>* const dead_;
   const uint32_t id_;
   const int64_t page_size_;
   std::mt19937_64 rng_;
@@ -352,11 +364,13 @@ int Main() {
     return 1;
   }
   std::atomic<uint32_t>* claims = nullptr;
+  const std::atomic<uint8_t>* dead = nullptr;
   const std::string shm = absl::GetFlag(FLAGS_claims_shm);
   if (!shm.empty()) {
     const int fd = shm_open(shm.c_str(), O_RDWR, 0);
-    const size_t bytes =
+    const size_t claim_bytes =
         ((*client)->pool().num_pages() + 1) * sizeof(std::atomic<uint32_t>);
+    const size_t bytes = claim_bytes + absl::GetFlag(FLAGS_claims_ids);
     void* base = fd < 0 ? MAP_FAILED
                         : mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                                MAP_SHARED, fd, 0);
@@ -366,11 +380,15 @@ int Main() {
       return 1;
     }
     claims = static_cast<std::atomic<uint32_t>*>(base);
+    if (absl::GetFlag(FLAGS_claims_ids) > 0) {
+      dead = reinterpret_cast<const std::atomic<uint8_t>*>(
+          static_cast<const char*>(base) + claim_bytes);
+    }
   }
   uint64_t seed = absl::GetFlag(FLAGS_seed);
   if (seed == 0) seed = std::random_device{}();
-  LoadClient load(client->get(), claims, absl::GetFlag(FLAGS_client_index),
-                  seed);
+  LoadClient load(client->get(), claims, dead,
+                  absl::GetFlag(FLAGS_client_index), seed);
   const int code = load.Run(absl::Now() + absl::Milliseconds(
                                               absl::GetFlag(FLAGS_duration_ms)));
   if (code != 0) std::fprintf(stderr, "seed %llu\n", (unsigned long long)seed);

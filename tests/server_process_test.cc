@@ -187,5 +187,61 @@ TEST(ServerProcessTest, KilledClientsPagesAreReclaimedAfterTheLease) {
   EXPECT_OK(more.status());
 }
 
+TEST(ServerProcessTest, HungClientLosesItsPagesAndLearnsItOnWaking) {
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon, StartDaemon("hang", {"--lease_ms=300", "--debug_checks"}));
+  ASSERT_OK_AND_ASSIGN(
+      Subprocess sleeper,
+      Subprocess::Start({RunfilePath("tests/load_client"),
+                         "--target=" + daemon.target, "--duration_ms=60000",
+                         "--report_ready"},
+                        daemon.log_path + ".sleeper"));
+  // Wait until it holds pages, then freeze it (a hung scheduler).
+  int64_t used = 0;
+  for (int i = 0; i < 250 && used == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+    used = stats.used_pages();
+  }
+  ASSERT_GT(used, 0);
+  sleeper.Signal(SIGSTOP);
+  for (int i = 0; i < 200 && used != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+    used = stats.used_pages();
+  }
+  EXPECT_EQ(used, 0) << "a frozen client's pages were not reclaimed";
+  // Thawed, the client finds its session gone and exits with an error
+  // instead of using slots that are no longer its own.
+  sleeper.Signal(SIGCONT);
+  ASSERT_OK_AND_ASSIGN(int status, sleeper.Wait(absl::Seconds(30)));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1)
+      << DescribeWaitStatus(status);
+  EXPECT_THAT(ReadLog(daemon.log_path + ".sleeper"),
+              HasSubstr("unknown or has expired"));
+}
+
+TEST(ServerProcessTest, ClientsSeeADeadDaemon) {
+  ASSERT_OK_AND_ASSIGN(Daemon daemon, StartDaemon("dead", {"--lease_ms=500"}));
+  auto client = ConnectTo(daemon.target);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->Alloc({16}).status());
+  daemon.process.Signal(SIGKILL);
+  ASSERT_OK(daemon.process.Wait(absl::Seconds(5)).status());
+  EXPECT_THAT(client->Alloc({16}),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  absl::Status session = absl::OkStatus();
+  for (int i = 0; i < 300 && session.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    session = client->session_status();
+  }
+  EXPECT_THAT(session, StatusIs(absl::StatusCode::kUnavailable,
+                                HasSubstr("session and its slots are gone")));
+  // A restarted daemon does not know the old session.
+  ASSERT_OK_AND_ASSIGN(Daemon restarted, StartDaemon("dead", {}));
+  EXPECT_THAT(client->Alloc({16}), StatusIs(absl::StatusCode::kUnavailable,
+                                            HasSubstr("session")));
+}
+
 }  // namespace
 }  // namespace pagealloc::testing
