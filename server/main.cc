@@ -39,6 +39,11 @@ ABSL_FLAG(std::string, free_policy, "lifo",
 ABSL_FLAG(std::vector<std::string>, listen, {},
           "Comma-separated gRPC addresses: unix:///path.sock and/or "
           "host:port. Default unix:///run/pagealloc/gpu<gpu>.sock.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM server certificate: TCP addresses then use TLS.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle: TCP clients must present a certificate it signed.");
 ABSL_FLAG(std::string, socket_mode, "0660",
           "Octal file mode of Unix socket files.");
 ABSL_FLAG(std::string, socket_group, "",
@@ -105,6 +110,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   }
   options.socket_mode = mode;
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   options.batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
   options.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.batcher.batch_window =

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -96,6 +98,46 @@ absl::Status SetSocketPermissions(const std::string& path, int mode,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                     const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: cannot read %s", flag, path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Credentials for TCP addresses: TLS when configured, else insecure.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
+    const ServerOptions::Tls& tls) {
+  if (tls.cert_file.empty() && tls.key_file.empty()) {
+    if (!tls.client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both --tls_cert_file and --tls_key_file");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(tls.cert_file, "--tls_cert_file"));
+  ASSIGN_OR_RETURN(pair.private_key, ReadFile(tls.key_file, "--tls_key_file"));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!tls.client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadFile(tls.client_ca_file, "--tls_client_ca_file"));
+    ssl.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
@@ -176,6 +218,8 @@ absl::Status Server::Start() {
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
   builder.RegisterService(service_.get());
   std::vector<std::unique_ptr<int>> ports;
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
+                   TcpCredentials(options_.tls));
   for (const std::string& address : options_.listen) {
     const std::string path = UnixSocketPath(address);
     if (!path.empty()) {
@@ -183,7 +227,9 @@ absl::Status Server::Start() {
       socket_paths_.push_back(path);
     }
     ports.push_back(std::make_unique<int>(0));
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+    builder.AddListeningPort(address,
+                             path.empty() ? tcp_credentials
+                                          : grpc::InsecureServerCredentials(),
                              ports.back().get());
   }
   grpc_server_ = builder.BuildAndStart();
@@ -219,9 +265,14 @@ absl::Status Server::Start() {
   reaper_ = std::thread([this] { ReapLeases(); });
   started_ = true;
   log->info(
-      "serving on {}: backend {}, {} pages of {} tokens ({} policy), lease "
+      "serving on {}{}: backend {}, {} pages of {} tokens ({} policy), lease "
       "{} ms",
-      absl::StrJoin(bound_, ", "), backend_->Summary(),
+      absl::StrJoin(bound_, ", "),
+      options_.tls.cert_file.empty()
+          ? ""
+          : (options_.tls.client_ca_file.empty()
+                 ? " (TCP with TLS)"
+                 : " (TCP with TLS, client certificates required)"), backend_->Summary(),
       options_.pool.num_pages, options_.pool.page_size,
       std::string(FreePolicyName(options_.pool.free_policy)),
       absl::ToInt64Milliseconds(options_.sessions.lease));

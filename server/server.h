@@ -45,6 +45,14 @@ struct ServerOptions {
   std::string socket_group;
   Batcher::Options batcher;
   SessionRegistry::Options sessions;
+  // TLS for TCP addresses (Unix sockets rely on file permissions). With a
+  // certificate and key set, TCP listens with TLS only; with a client CA too,
+  // clients must present a certificate it signed.
+  struct Tls {
+    std::string cert_file;       // PEM server certificate (chain)
+    std::string key_file;        // PEM private key
+    std::string client_ca_file;  // PEM CA for client certificates, optional
+  } tls;
   // Largest gRPC message accepted, in bytes.
   int max_message_bytes = 64 << 20;
   // Run PagePool::CheckInvariants after every change (slow; tests).
