@@ -71,9 +71,6 @@ const void* InlineKernel(const InlinePlanHeader& header, int64_t* blocks) {
 static_assert(offsetof(InlineExpandParams<kInlineTierWords[0]>, words) ==
                   offsetof(MaxInlineExpandParams, words),
               "inline tiers share one layout");
-static_assert(offsetof(InlineExpandParams<kInlineTierWords[1]>, words) ==
-                  offsetof(MaxInlineExpandParams, words),
-              "inline tiers share one layout");
 
 }  // namespace
 
@@ -119,12 +116,9 @@ cudaError_t LaunchExpandInlinePlan(const MaxInlineExpandParams& params,
     return cudaErrorInvalidValue;
   }
   int64_t blocks = 0;
-  const void* kernel =
-      h.words_used <= kInlineTierWords[0]
-          ? InlineKernel<kInlineTierWords[0]>(h, &blocks)
-      : h.words_used <= kInlineTierWords[1]
-          ? InlineKernel<kInlineTierWords[1]>(h, &blocks)
-          : InlineKernel<kInlineTierWords[2]>(h, &blocks);
+  const void* kernel = h.words_used <= kInlineTierWords[0]
+                           ? InlineKernel<kInlineTierWords[0]>(h, &blocks)
+                           : InlineKernel<kInlineTierWords[1]>(h, &blocks);
   void* args[] = {const_cast<MaxInlineExpandParams*>(&params)};
   const cudaError_t launched = cudaLaunchKernel(
       kernel, dim3(static_cast<unsigned>(blocks)), dim3(kExpandThreads), args,

@@ -45,9 +45,10 @@ struct CudaExecutorOptions {
   // Staging buffers of each kind (plans, ring writes), >= 2: the host packs
   // the next one while the copy out of the last is still in flight.
   int num_staging_buffers = 2;
-  // Passes plans that fit (up to ~1100 requests, ~2000 decodes) in the
-  // kernel's parameters instead of uploading them: no copy and one
-  // dependent read less per launch. Off: every plan is uploaded (tests use
+  // Passes small plans (up to 122 decodes, ~69 small requests, ~288 large
+  // ones: kernels/expand_plan.h, InlineWordsLimit) in the kernel's
+  // parameters instead of uploading them: no copy and one or two dependent
+  // reads less per launch. Off: every plan is uploaded (tests use
   // this to cover both paths).
   bool inline_plans = true;
   // Synchronizes the stream after every copy and launch and reports its
@@ -134,7 +135,7 @@ class CudaExecutor final : public PlanExecutor {
   // The device copy of the current plan. One is enough: the upload of a
   // plan is queued on the stream after the kernel that read the last one.
   void* device_plan_ = nullptr;
-  // Host-side packing space for inline plans (32 KB); the launch copies it,
+  // Host-side packing space for inline plans (8 KB); the launch copies it,
   // so one is enough.
   std::unique_ptr<MaxInlineExpandParams> inline_plan_;
   int64_t* device_ring_ = nullptr;

@@ -131,13 +131,28 @@ struct InlineExpandParams {
   int64_t words[kWords];
 };
 
-// Parameter sizes the launcher picks from (words of `words`): 2 KB, 8 KB and
-// the 32764-byte limit. The largest is what the host packs into.
-inline constexpr int kInlineTierWords[3] = {244, 1012, 4080};
-inline constexpr int kMaxInlineWords = kInlineTierWords[2];
+// Parameter sizes the launcher picks from (words of `words`): 2 KB and 8 KB.
+// Parameters are not free: on the H200 (bench/RESULTS.md) an empty kernel
+// took 3.2 us flushed, 4.0 us with 2 KB of parameters, 4.2 us with 8 KB and
+// 5.9 us with 32 KB. So the packer passes a plan inline only where that
+// measured cheaper than uploading it (InlineWordsLimit), and the 32764-byte
+// parameter limit goes unused.
+inline constexpr int kInlineTierWords[2] = {244, 1012};
+inline constexpr int kMaxInlineWords = kInlineTierWords[1];
 using MaxInlineExpandParams = InlineExpandParams<kMaxInlineWords>;
 static_assert(sizeof(MaxInlineExpandParams) <= 32764,
               "kernel parameters are limited to 32764 bytes");
+
+// Returns the most words an inline plan of this kind may use: the decode and
+// per-request kernels save one global read (~0.3 us) by reading the plan
+// from the parameters, which pays for the 2 KB tier only; the tiled kernel
+// saves two (tile mark, then request), which pays for 8 KB too.
+inline constexpr int64_t InlineWordsLimit(bool decode,
+                                          int64_t max_request_slots) {
+  return decode || UsesPerRequestKernel(max_request_slots)
+             ? kInlineTierWords[0]
+             : kInlineTierWords[1];
+}
 
 // Returns the words the general / decode inline layout of n requests needs.
 inline constexpr int64_t InlineGeneralWords(int64_t n) {

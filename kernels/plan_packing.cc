@@ -184,7 +184,9 @@ absl::StatusOr<bool> PackInlinePlan(const BatchPlan& plan,
   }
   const bool decode = summary.max_request_slots == 1;
   const int64_t words = decode ? InlineDecodeWords(n) : InlineGeneralWords(n);
-  if (words > kMaxInlineWords) return false;
+  if (words > InlineWordsLimit(decode, summary.max_request_slots)) {
+    return false;
+  }
 
   InlinePlanHeader& header = params->header;
   header.free_ring = free_ring;

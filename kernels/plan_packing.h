@@ -49,16 +49,16 @@ absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
 absl::StatusOr<PackedPlan> ValidatePlan(const BatchPlan& plan,
                                         int64_t ring_capacity);
 
-// The most requests an inline plan can hold (all decodes; a general plan
-// holds fewer, see InlineGeneralWords).
+// No plan of more requests than this is passed inline (a tiled general
+// plan, 3.5 words a request, in the 8 KB tier holds fewer).
 inline constexpr int64_t kMaxInlineDecodeRequests = kMaxInlineWords / 2;
 
 // Validates `plan` as PackPlan does and, when it fits in the kernel
 // parameters (kernels/expand_plan.h: InlineExpandParams), packs it into
 // `params`, reading pages from the device ring `free_ring`, and returns
 // true. Returns false, with `params` unspecified, when the plan writes no
-// slot or does not fit (too many requests for the parameter space, or
-// values of 2^31 and more); the uploaded block (PackPlan) takes it then.
+// slot or does not fit (more words than InlineWordsLimit allows its kernel,
+// or values of 2^31 and more); the uploaded block (PackPlan) takes it then.
 // Returns INVALID_ARGUMENT for an inconsistent plan.
 absl::StatusOr<bool> PackInlinePlan(const BatchPlan& plan,
                                     int64_t ring_capacity,

@@ -201,6 +201,49 @@ TEST_F(PlanPackingTest, EmulatedKernelsMatchReferenceOnRandomPlans) {
   EXPECT_GT(inline_decode_runs_, 5);
 }
 
+TEST_F(PlanPackingTest, InlinePlansStayWithinTheirKernelsLimit) {
+  // Decodes: 2 words each, 2 KB tier: 122 fit, 123 are uploaded.
+  std::vector<int64_t> ring = RandomRing(1000, rng_);
+  std::vector<int64_t> out(2000, kPoison);
+  auto decodes = [&](int64_t n) {
+    BatchPlan plan;
+    plan.page_size = 16;
+    plan.free_ring_capacity = 1000;
+    for (int64_t i = 0; i < n; ++i) {
+      // Every other decode starts a page.
+      const int64_t prefix = i % 2 == 0 ? 32 : 33;
+      plan.requests.push_back({prefix, prefix + 1, 16 * (500 + i) + 15 -
+                                                       (i % 2 == 0 ? 0 : 15),
+                               plan.num_new_pages, i, out.data() + i});
+      plan.num_new_pages += i % 2 == 0 ? 1 : 0;
+      ++plan.num_slots;
+    }
+    return plan;
+  };
+  auto params = std::make_unique<MaxInlineExpandParams>();
+  EXPECT_THAT(PackInlinePlan(decodes(122), 1000, ring.data(), params.get()),
+              ::pagealloc::testing::IsOkAndHolds(true));
+  EXPECT_EQ(params->header.kind, kInlineDecode);
+  EXPECT_LE(params->header.words_used, kInlineTierWords[0]);
+  EXPECT_THAT(PackInlinePlan(decodes(123), 1000, ring.data(), params.get()),
+              ::pagealloc::testing::IsOkAndHolds(false));
+  // 200 requests of 40 slots (tiled): 700 words, the 8 KB tier.
+  BatchPlan plan;
+  plan.page_size = 16;
+  plan.free_ring_capacity = 1000;
+  std::vector<int64_t> big(8000, kPoison);
+  for (int64_t i = 0; i < 200; ++i) {
+    plan.requests.push_back({0, 40, -1, plan.num_new_pages, plan.num_slots,
+                             big.data() + plan.num_slots});
+    plan.num_new_pages += 3;
+    plan.num_slots += 40;
+  }
+  EXPECT_THAT(PackInlinePlan(plan, 1000, ring.data(), params.get()),
+              ::pagealloc::testing::IsOkAndHolds(true));
+  EXPECT_EQ(params->header.words_used, InlineGeneralWords(200));
+  EXPECT_GT(params->header.words_used, kInlineTierWords[0]);
+}
+
 TEST_F(PlanPackingTest, PagesWrapAroundTheRingEnd) {
   // Head at the last ring position: the second page comes from position 0.
   std::vector<int64_t> ring = {5, 9, 2, 7};

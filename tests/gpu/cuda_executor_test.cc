@@ -227,7 +227,7 @@ INSTANTIATE_TEST_SUITE_P(InlineAndUploaded, RandomBatchesTest,
 TEST_F(CudaExecutorTest, ManyQueuedBatchesReuseStagingSafely) {
   // 40 batches queued back to back without waiting: every plan upload goes
   // through one of two staging buffers, so each is reused many times while
-  // earlier copies may be in flight; plans of up to ~1100 requests go in
+  // earlier copies may be in flight; small plans (InlineWordsLimit) go in
   // the kernel parameters instead, from one host buffer reused at once. Both
   // kinds interleave here; all outputs must still be right.
   CudaExecutorOptions options;
