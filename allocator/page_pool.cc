@@ -438,6 +438,7 @@ absl::Status PagePool::CheckInvariants() {
   const int64_t n = geometry_.num_pages;
   std::vector<uint8_t> seen(n + 1, 0);
   auto check_free = [&](int64_t page, const char* where) -> absl::Status {
+    mu_.AssertHeld();  // for the thread-safety analysis: lambdas start blank
     if (page < 1 || page > n) {
       return absl::InternalError(
           absl::StrFormat("%s holds page %d, outside [1, %d]", where, page, n));
