@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <regex>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -40,10 +39,16 @@ std::string QueryValue(httplib::Client& prometheus, const std::string& query) {
   httplib::Result response = prometheus.Get(
       "/api/v1/query", httplib::Params{{"query", query}}, httplib::Headers{});
   if (!response || response->status != 200) return "";
-  static const std::regex kValue(R"re("value":\[[0-9.]+,"([^"]*)"\])re");
-  std::smatch match;
-  if (!std::regex_search(response->body, match, kValue)) return "";
-  return match[1];
+  // The body holds ..."value":[<time>,"<value>"]...; a search is enough.
+  const std::string& body = response->body;
+  const size_t at = body.find("\"value\":[");
+  if (at == std::string::npos) return "";
+  const size_t open = body.find(",\"", at);
+  const size_t close = open == std::string::npos
+                           ? std::string::npos
+                           : body.find('"', open + 2);
+  if (close == std::string::npos) return "";
+  return body.substr(open + 2, close - open - 2);
 }
 
 TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {

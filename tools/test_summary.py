@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Sums the GoogleTest cases in Bazel's test.xml files into one line.
+"""Sums the test cases in Bazel's test.xml files into one line.
 
-Prints "summary: N passed, N failed, N skipped" so that a CI reader sees how
-many test cases ran, not only how many Bazel test targets passed.
+  test_summary.py [--label L] [--append FILE] TESTLOGS   one pass
+  test_summary.py --total FILE                           the passes summed
+
+Prints "L: N passed, N failed, N skipped" so that a CI reader sees how many
+test cases ran, not only how many Bazel targets passed.
 """
+import argparse
 import pathlib
-import sys
 import xml.etree.ElementTree as ET
 
 
-def main() -> int:
-    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "bazel-testlogs")
+def count(root: pathlib.Path):
     passed = failed = skipped = 0
     for xml in root.rglob("test.xml"):
         try:
@@ -18,16 +20,43 @@ def main() -> int:
         except ET.ParseError:
             failed += 1
             continue
-        for case in tree.iter("testcase"):
+        cases = list(tree.iter("testcase"))
+        if not cases:  # a test without cases (sh_test): its suite's result
+            suite = tree.getroot()
+            bad = int(suite.get("failures", 0) or 0) + int(suite.get("errors", 0) or 0)
+            failed += 1 if bad else 0
+            passed += 0 if bad else 1
+        for case in cases:
             if case.find("failure") is not None or case.find("error") is not None:
                 failed += 1
             elif case.get("result") == "skipped" or case.find("skipped") is not None:
                 skipped += 1
             else:
                 passed += 1
-    print(f"summary: {passed} passed, {failed} failed, {skipped} skipped")
+    return passed, failed, skipped
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("testlogs", nargs="?", default="bazel-testlogs")
+    parser.add_argument("--label", default="summary")
+    parser.add_argument("--append")
+    parser.add_argument("--total")
+    args = parser.parse_args()
+    if args.total:
+        totals = [0, 0, 0]
+        for line in pathlib.Path(args.total).read_text().splitlines():
+            for i, value in enumerate(line.split()):
+                totals[i] += int(value)
+        print(f"summary: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
+        return 0
+    passed, failed, skipped = count(pathlib.Path(args.testlogs))
+    print(f"{args.label}: {passed} passed, {failed} failed, {skipped} skipped")
+    if args.append:
+        with open(args.append, "a") as out:
+            out.write(f"{passed} {failed} {skipped}\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
