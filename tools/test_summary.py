@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sums the test cases in Bazel's test.xml files into one line.
 
-  test_summary.py [--label L] [--append FILE] TESTLOGS   one pass
+  test_summary.py [--label L] [--append FILE] [--newer-than MARKER] TESTLOGS
   test_summary.py --total FILE                           the passes summed
 
 Prints "L: N passed, N failed, N skipped" so that a CI reader sees how many
@@ -12,9 +12,11 @@ import pathlib
 import xml.etree.ElementTree as ET
 
 
-def count(root: pathlib.Path):
+def count(root: pathlib.Path, newer_than: float):
     passed = failed = skipped = 0
     for xml in root.rglob("test.xml"):
+        if xml.stat().st_mtime < newer_than:
+            continue  # a result from an earlier pass or run
         try:
             tree = ET.parse(xml)
         except ET.ParseError:
@@ -42,6 +44,7 @@ def main() -> int:
     parser.add_argument("--label", default="summary")
     parser.add_argument("--append")
     parser.add_argument("--total")
+    parser.add_argument("--newer-than", help="count only results written after this file")
     args = parser.parse_args()
     if args.total:
         totals = [0, 0, 0]
@@ -50,7 +53,8 @@ def main() -> int:
                 totals[i] += int(value)
         print(f"summary: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
         return 0
-    passed, failed, skipped = count(pathlib.Path(args.testlogs))
+    since = pathlib.Path(args.newer_than).stat().st_mtime if args.newer_than else 0
+    passed, failed, skipped = count(pathlib.Path(args.testlogs), since)
     print(f"{args.label}: {passed} passed, {failed} failed, {skipped} skipped")
     if args.append:
         with open(args.append, "a") as out:
