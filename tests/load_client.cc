@@ -36,6 +36,9 @@ ABSL_FLAG(int64_t, duration_ms, 2000, "How long to run.");
 ABSL_FLAG(uint64_t, seed, 0, "Random seed (0: random).");
 ABSL_FLAG(int64_t, max_sequences, 24, "Most live sequences.");
 ABSL_FLAG(bool, report_ready, false, "Print READY after the first allocation.");
+ABSL_FLAG(bool, async_completion, false,
+          "Ask for async completion and order reads after the daemon's "
+          "completion event (CUDA backend).");
 
 namespace pagealloc {
 namespace {
@@ -55,7 +58,9 @@ class LoadClient {
         dead_(dead),
         id_(id),
         page_size_(client->pool().page_size()),
-        rng_(seed) {}
+        rng_(seed) {
+    call_options_.async_completion = absl::GetFlag(FLAGS_async_completion);
+  }
 
   // Returns 0, or 3 on a semantic or exclusivity violation, 1 on an
   // unexpected error.
@@ -136,6 +141,12 @@ class LoadClient {
   absl::Status Check(int64_t prefix, int64_t seq, int64_t last_loc,
                      const RequestSlots& result, Sequence* sequence) {
     std::vector<int64_t> slots(result.count);
+    if (call_options_.async_completion) {
+      // The answer came right after the launch: order our read (on the
+      // default stream) after the daemon's completion event.
+      absl::Status ordered = client_->OrderAfterCompletion(nullptr);
+      if (!ordered.ok()) return ordered;
+    }
     if (result.count != seq - prefix) {
       return absl::DataLossError(absl::StrFormat(
           "%d slots for %d tokens", result.count, seq - prefix));
@@ -190,7 +201,8 @@ class LoadClient {
     const int n = Uniform(1, 4);
     std::vector<int64_t> prefix(n, 0), seq(n), last(n, -1);
     for (int i = 0; i < n; ++i) seq[i] = Uniform(1, 3 * page_size_ + 3);
-    absl::StatusOr<Allocation> a = client_->AllocExtend(prefix, seq, last);
+    absl::StatusOr<Allocation> a =
+        client_->AllocExtend(prefix, seq, last, call_options_);
     ++calls_;
     if (!a.ok()) return a.status();
     for (int i = 0; i < n; ++i) {
@@ -217,7 +229,8 @@ class LoadClient {
       seq.push_back(s.len + 1);
       last.push_back(s.last_loc);
     }
-    absl::StatusOr<Allocation> a = client_->AllocDecode(seq, last);
+    absl::StatusOr<Allocation> a =
+        client_->AllocDecode(seq, last, call_options_);
     ++calls_;
     if (!a.ok()) return a.status();
     bool exhausted = false;
@@ -244,7 +257,7 @@ class LoadClient {
     Sequence& s = sequences_[k];
     const int64_t seq = s.len + Uniform(1, 2 * page_size_ + 1);
     absl::StatusOr<Allocation> a =
-        client_->AllocExtend({s.len}, {seq}, {s.last_loc});
+        client_->AllocExtend({s.len}, {seq}, {s.last_loc}, call_options_);
     ++calls_;
     if (!a.ok()) return a.status();
     if (!(*a)[0].status.ok()) return Tolerate((*a)[0].status);
@@ -255,7 +268,7 @@ class LoadClient {
 
   absl::Status AllocPages() {
     const int64_t tokens = page_size_ * Uniform(1, 3);
-    absl::StatusOr<Allocation> a = client_->Alloc({tokens});
+    absl::StatusOr<Allocation> a = client_->Alloc({tokens}, call_options_);
     ++calls_;
     if (!a.ok()) return a.status();
     if (!(*a)[0].status.ok()) return Tolerate((*a)[0].status);
@@ -346,6 +359,7 @@ class LoadClient {
   const uint32_t id_;
   const int64_t page_size_;
   std::mt19937_64 rng_;
+  CallOptions call_options_;
   std::vector<Sequence> sequences_;
   std::vector<Sequence> dropped_;
   int64_t calls_ = 0, slots_ = 0, pages_claimed_ = 0;

@@ -3,7 +3,8 @@
 # and real CUDA IPC, from binaries built elsewhere (bazel -c opt):
 #   .device/daemon/server/pagealloc-server
 #   .device/daemon/client/pagealloc-cli
-#   .device/daemon/tests/{load_client,multi_client_test,server_process_test}
+#   .device/daemon/tests/{load_client,multi_client_test,server_process_test,
+#                         stress_test}
 #   .device/lib/  the Debian shared libraries they link
 # then a longer run of 8 load clients against one CUDA daemon. Logs go to
 # $OUT (default /tmp/pagealloc-gpu-daemon).
@@ -15,14 +16,15 @@ export PAGEALLOC_TEST_BACKEND=cuda
 cd .device/daemon || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
-for t in multi_client_test server_process_test; do
+export PAGEALLOC_STRESS_SECONDS=${PAGEALLOC_STRESS_SECONDS:-20}
+for t in multi_client_test server_process_test stress_test; do
   echo "== $t (CUDA backend)"
   timeout 240 "tests/$t" >"$OUT/$t.log" 2>&1
   echo "== exit $?"
-  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) " "$OUT/$t.log" | tail -n 12
+  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |killed and replaced" "$OUT/$t.log" | tail -n 12
 done
 
-echo "== 8 clients x 10 s against one CUDA daemon"
+echo "== 8 clients x 10 s against one CUDA daemon (4 of them async)"
 sock=/tmp/pagealloc-gpu-soak.sock
 server/pagealloc-server --backend=cuda --gpu=0 --listen=unix://$sock \
   --num_pages=4096 --page_size=16 --lease_ms=2000 --metrics_port=0 \
@@ -36,8 +38,10 @@ os.ftruncate(fd, 4097 * 4)
 PY
 pids=()
 for i in $(seq 8); do
+  async=false; [ $((i % 2)) -eq 0 ] && async=true
   tests/load_client --target=unix://$sock --claims_shm=/pagealloc-gpu-claims \
-    --client_index=$i --duration_ms=10000 >>"$OUT/soak_clients.log" 2>&1 &
+    --client_index=$i --duration_ms=10000 --async_completion=$async \
+    >>"$OUT/soak_clients.log" 2>&1 &
   pids+=($!)
 done
 fail=0

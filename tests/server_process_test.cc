@@ -1,6 +1,7 @@
 // The real pagealloc-server binary on a real Unix socket, driven by the
 // client library and by real client processes.
 
+#include <grp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -64,6 +65,20 @@ TEST(ServerProcessTest, ServesTheClientLibraryOverAUnixSocket) {
   ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
   EXPECT_EQ(stats.used_pages(), 0);
   EXPECT_EQ(stats.sessions_active(), 1);
+}
+
+TEST(ServerProcessTest, SocketModeAndGroupAreConfigurable) {
+  const gid_t group = getgid();
+  struct group* entry = getgrgid(group);
+  ASSERT_NE(entry, nullptr);
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon,
+      StartDaemon("mode", {"--socket_mode=0600",
+                           std::string("--socket_group=") + entry->gr_name}));
+  struct stat st;
+  ASSERT_EQ(stat(daemon.socket_path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+  EXPECT_EQ(st.st_gid, group);
 }
 
 TEST(ServerProcessTest, RefusesToStartOverALiveSocketAndReplacesAStaleOne) {

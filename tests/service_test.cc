@@ -192,6 +192,31 @@ TEST_F(ServiceTest, QuotaIsEnforced) {
                                     HasSubstr("over quota")));
 }
 
+TEST_F(ServiceTest, QuotasAreCappedByTheServer) {
+  ServerOptions options;
+  options.backend = "cpu";
+  options.pool = {64, 4, FreePolicy::kLifo};
+  options.sessions.max_quota_pages = 3;
+  ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
+  ASSERT_OK(server_->Start());
+  channel_ = server_->InProcessChannel();
+  stub_ = v1::PageAllocator::NewStub(channel_);
+  for (const auto& [asked, given] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {10, 3}, {2, 2}}) {
+    v1::RegisterRequest request;
+    request.set_quota_pages(asked);
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->Register(&context, request, &response).ok());
+    EXPECT_EQ(response.quota_pages(), given) << "asked " << asked;
+  }
+  auto client = Connect("capped");
+  ASSERT_OK_AND_ASSIGN(Allocation a, client->Alloc({16}));
+  EXPECT_THAT(a[0].status, StatusIs(absl::StatusCode::kResourceExhausted,
+                                    HasSubstr("over quota: needs 4 pages")));
+  client.reset();
+}
+
 TEST_F(ServiceTest, RingFullUntilReleased) {
   StartServer(64, 4);
   auto client = Connect("ring", /*ring=*/16);
