@@ -37,9 +37,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                             : grpc::InsecureChannelCredentials());
   }
   client->stub_ = v1::PageAllocator::NewStub(client->channel_);
-  absl::Status registered = client->Register();
+  v1::OutputRing ring;
+  absl::Status registered = client->Register(&ring);
   if (!registered.ok()) return registered;
+  // Keep the lease from now on: mapping the ring can take longer than a
+  // short lease (a fresh process creates its CUDA context there).
   client->keepalive_ = std::thread([c = client.get()] { c->KeepAliveLoop(); });
+  absl::StatusOr<std::unique_ptr<RingView>> mapped =
+      MapRing(client->pool_, ring);
+  if (!mapped.ok()) {
+    (void)client->Close();  // give the session back at once
+    return mapped.status();
+  }
+  client->ring_ = *std::move(mapped);
   return client;
 }
 
@@ -63,7 +73,7 @@ v1::SessionRef Client::Ref() const {
   return ref;
 }
 
-absl::Status Client::Register() {
+absl::Status Client::Register(v1::OutputRing* ring) {
   v1::RegisterRequest request;
   request.set_client_name(options_.client_name);
   request.set_ring_capacity_slots(options_.ring_capacity_slots);
@@ -77,22 +87,8 @@ absl::Status Client::Register() {
   session_token_ = response.session_token();
   pool_ = response.pool();
   lease_ms_ = response.lease_ms();
-  absl::StatusOr<std::unique_ptr<RingView>> ring =
-      MapRing(pool_, response.ring());
   completion_event_ = response.ring().cuda_ipc_event_handle();
-  if (!ring.ok()) {
-    // Give the session back rather than let its lease run out.
-    auto close_context = NewContext();
-    auto stream = stub_->KeepAlive(close_context.get());
-    v1::KeepAliveRequest goodbye;
-    *goodbye.mutable_session() = Ref();
-    goodbye.set_close(true);
-    stream->Write(goodbye);
-    stream->WritesDone();
-    (void)stream->Finish();
-    return ring.status();
-  }
-  ring_ = *std::move(ring);
+  *ring = response.ring();
   return absl::OkStatus();
 }
 

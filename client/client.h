@@ -177,7 +177,8 @@ class Client {
 
  private:
   explicit Client(const ClientOptions& options);
-  absl::Status Register();
+  // Registers the session and fills what is needed to map its ring.
+  absl::Status Register(v1::OutputRing* ring);
   void KeepAliveLoop();
   // Fills the common fields, sends, and turns the response into slots.
   template <typename Request, typename Method>
