@@ -235,11 +235,9 @@ absl::StatusOr<Allocation> Client::Alloc(absl::Span<const int64_t> num_tokens,
   return CallAlloc(request, options, &v1::PageAllocator::Stub::Alloc);
 }
 
-absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots) {
+absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
-  v1::FreeRequest request;
   *request.mutable_session() = Ref();
-  request.mutable_slots()->Add(slots.begin(), slots.end());
   v1::FreeResponse response;
   auto context = NewContext();
   absl::Status status =
@@ -248,17 +246,16 @@ absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots) {
   return response.pages_freed();
 }
 
-absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages) {
-  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots) {
   v1::FreeRequest request;
-  *request.mutable_session() = Ref();
+  request.mutable_slots()->Add(slots.begin(), slots.end());
+  return SendFree(request);
+}
+
+absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages) {
+  v1::FreeRequest request;
   request.mutable_pages()->Add(pages.begin(), pages.end());
-  v1::FreeResponse response;
-  auto context = NewContext();
-  absl::Status status =
-      Observe(FromGrpcStatus(stub_->Free(context.get(), request, &response)));
-  if (!status.ok()) return status;
-  return response.pages_freed();
+  return SendFree(request);
 }
 
 absl::StatusOr<int64_t> Client::FreeGroup::End() {

@@ -185,6 +185,8 @@ class Client {
   absl::StatusOr<Allocation> CallAlloc(Request& request,
                                        const CallOptions& options,
                                        Method method);
+  // Sends a Free carrying slots or pages; returns pages freed.
+  absl::StatusOr<int64_t> SendFree(v1::FreeRequest& request);
   std::unique_ptr<grpc::ClientContext> NewContext() const;
   // Records `status` as the session's end when it says the session is gone.
   absl::Status Observe(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);

@@ -14,14 +14,6 @@
 namespace pagealloc {
 namespace {
 
-std::string FormatUuid(const cudaUUID_t& uuid) {
-  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  return absl::StrFormat(
-      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
-      b[12], b[13], b[14], b[15]);
-}
-
 absl::StatusOr<int> FindDevice(const std::string& uuid) {
   int count = 0;
   RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
@@ -29,7 +21,7 @@ absl::StatusOr<int> FindDevice(const std::string& uuid) {
     cudaDeviceProp properties;
     RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&properties, device),
                                "cudaGetDeviceProperties"));
-    if (FormatUuid(properties.uuid) == uuid) return device;
+    if (FormatCudaUuid(properties.uuid) == uuid) return device;
   }
   return absl::FailedPreconditionError(absl::StrFormat(
       "the daemon's GPU %s is not visible to this process (%d GPUs visible; "

@@ -8,24 +8,12 @@
 #include "absl/strings/str_format.h"
 #include "allocator/status_macros.h"
 #include "kernels/alloc_kernels.h"
+#include "kernels/cuda_status.h"
 #include "kernels/expand_plan.h"
 #include "kernels/plan_packing.h"
 
 namespace pagealloc {
 namespace {
-
-// The one place a cudaError_t becomes an absl::Status. A machine without a
-// GPU or driver is FAILED_PRECONDITION "no CUDA GPU: ..."; every other
-// failure is INTERNAL. `what` names the call.
-absl::Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message = absl::StrFormat(
-      "%s: %s (%s)", what, cudaGetErrorString(error), cudaGetErrorName(error));
-  if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver) {
-    return absl::FailedPreconditionError("no CUDA GPU: " + message);
-  }
-  return absl::InternalError(message);
-}
 
 bool DebugSyncFromEnvironment() {
   const char* value = std::getenv("PAGEALLOC_CUDA_DEBUG_SYNC");

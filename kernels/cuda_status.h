@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "absl/status/status.h"
 
 namespace pagealloc {
@@ -14,6 +16,9 @@ namespace pagealloc {
 // insufficient driver) is FAILED_PRECONDITION "no CUDA GPU: ..."; every other
 // failure is INTERNAL. `what` names the call.
 absl::Status CudaStatus(cudaError_t error, const char* what);
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints a UUID.
+std::string FormatCudaUuid(const cudaUUID_t& uuid);
 
 }  // namespace pagealloc
 

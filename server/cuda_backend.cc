@@ -13,15 +13,6 @@
 namespace pagealloc {
 namespace {
 
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
-std::string FormatUuid(const cudaUUID_t& uuid) {
-  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  return absl::StrFormat(
-      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
-      b[12], b[13], b[14], b[15]);
-}
-
 class CudaRing final : public RingMemory {
  public:
   CudaRing(int device, int64_t* slots, int64_t capacity,
@@ -69,7 +60,7 @@ class CudaBackend final : public Backend {
         cudaGetDeviceProperties(&properties, options.gpu),
         "cudaGetDeviceProperties"));
     backend->device_name_ = properties.name;
-    backend->uuid_ = FormatUuid(properties.uuid);
+    backend->uuid_ = FormatCudaUuid(properties.uuid);
     // One interprocess event for the whole daemon: a client that waits on it
     // after its answer waits for its launch or a later one (stream order).
     RETURN_IF_ERROR(CudaStatus(

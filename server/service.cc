@@ -287,71 +287,47 @@ void PageAllocatorService::Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc,
   reactor->Finish(ToGrpcStatus(status));
 }
 
+template <typename Request, typename Decode>
+grpc::ServerUnaryReactor* PageAllocatorService::HandleAlloc(
+    grpc::CallbackServerContext* context, const Request& request,
+    v1::AllocResponse* response, Rpc rpc, Decode decode) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request.session());
+  if (!session.ok()) {
+    Finish(reactor, rpc, start, session.status());
+    return reactor;
+  }
+  absl::StatusOr<DecodedCall> decoded =
+      decode(request, (*session)->id(), pool_->geometry(), limits_);
+  if (!decoded.ok()) {
+    Finish(reactor, rpc, start, decoded.status());
+    return reactor;
+  }
+  SubmitAllocCall(*std::move(session), *std::move(decoded), request.options(),
+                  response, reactor, rpc, start);
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* PageAllocatorService::AllocExtend(
     grpc::CallbackServerContext* context, const v1::AllocExtendRequest* request,
     v1::AllocResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      Authenticate(request->session());
-  if (!session.ok()) {
-    Finish(reactor, Rpc::kAllocExtend, start, session.status());
-    return reactor;
-  }
-  absl::StatusOr<DecodedCall> decoded =
-      DecodeAllocExtend(*request, (*session)->id(), pool_->geometry(), limits_);
-  if (!decoded.ok()) {
-    Finish(reactor, Rpc::kAllocExtend, start, decoded.status());
-    return reactor;
-  }
-  SubmitAllocCall(*std::move(session), *std::move(decoded),
-                  request->options(), response, reactor, Rpc::kAllocExtend, start);
-  return reactor;
+  return HandleAlloc(context, *request, response, Rpc::kAllocExtend,
+                     DecodeAllocExtend);
 }
 
 grpc::ServerUnaryReactor* PageAllocatorService::AllocDecode(
     grpc::CallbackServerContext* context, const v1::AllocDecodeRequest* request,
     v1::AllocResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      Authenticate(request->session());
-  if (!session.ok()) {
-    Finish(reactor, Rpc::kAllocDecode, start, session.status());
-    return reactor;
-  }
-  absl::StatusOr<DecodedCall> decoded =
-      DecodeAllocDecode(*request, (*session)->id(), pool_->geometry(), limits_);
-  if (!decoded.ok()) {
-    Finish(reactor, Rpc::kAllocDecode, start, decoded.status());
-    return reactor;
-  }
-  SubmitAllocCall(*std::move(session), *std::move(decoded),
-                  request->options(), response, reactor, Rpc::kAllocDecode, start);
-  return reactor;
+  return HandleAlloc(context, *request, response, Rpc::kAllocDecode,
+                     DecodeAllocDecode);
 }
 
 grpc::ServerUnaryReactor* PageAllocatorService::Alloc(
     grpc::CallbackServerContext* context, const v1::AllocRequest* request,
     v1::AllocResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      Authenticate(request->session());
-  if (!session.ok()) {
-    Finish(reactor, Rpc::kAlloc, start, session.status());
-    return reactor;
-  }
-  absl::StatusOr<DecodedCall> decoded =
-      DecodeAlloc(*request, (*session)->id(), pool_->geometry(), limits_);
-  if (!decoded.ok()) {
-    Finish(reactor, Rpc::kAlloc, start, decoded.status());
-    return reactor;
-  }
-  SubmitAllocCall(*std::move(session), *std::move(decoded),
-                  request->options(), response, reactor, Rpc::kAlloc, start);
-  return reactor;
+  return HandleAlloc(context, *request, response, Rpc::kAlloc, DecodeAlloc);
 }
 
 grpc::ServerUnaryReactor* PageAllocatorService::Free(

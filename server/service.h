@@ -106,6 +106,13 @@ class PageAllocatorService final : public v1::PageAllocator::CallbackService {
   absl::Duration lease() const { return sessions_->options().lease; }
 
  private:
+  // The shared body of AllocExtend, AllocDecode and Alloc: authenticate,
+  // decode with `decode`, submit.
+  template <typename Request, typename Decode>
+  grpc::ServerUnaryReactor* HandleAlloc(grpc::CallbackServerContext* context,
+                                        const Request& request,
+                                        v1::AllocResponse* response, Rpc rpc,
+                                        Decode decode);
   // Frees a removed session's pages after its queued work; counts and logs.
   void FreeSessionPages(std::shared_ptr<Session> session, bool lease_lost,
                         std::string reason);

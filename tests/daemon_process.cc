@@ -28,6 +28,19 @@ absl::StatusOr<v1::GetStatsResponse> DaemonStats(const std::string& target) {
   return response;
 }
 
+absl::StatusOr<v1::GetStatsResponse> WaitUntilEmpty(const std::string& target,
+                                                    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    absl::StatusOr<v1::GetStatsResponse> stats = DaemonStats(target);
+    if (!stats.ok() || absl::Now() > deadline ||
+        (stats->used_pages() == 0 && stats->sessions_active() == 0)) {
+      return stats;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 std::string ReadLog(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/pagealloc.pb.h"
 #include "tests/subprocess.h"
 
@@ -27,6 +28,11 @@ absl::StatusOr<Daemon> StartDaemon(const std::string& name,
 
 // GetStats from `target`.
 absl::StatusOr<v1::GetStatsResponse> DaemonStats(const std::string& target);
+
+// Polls GetStats (up to `timeout`) until no page is used and no session is
+// active; returns the last stats.
+absl::StatusOr<v1::GetStatsResponse> WaitUntilEmpty(const std::string& target,
+                                                    absl::Duration timeout);
 
 // The daemon's log so far (for failure messages).
 std::string ReadLog(const std::string& path);

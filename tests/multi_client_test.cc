@@ -66,12 +66,8 @@ TEST_P(MultiClientTest, ClientsNeverShareAPageAndEverythingComesBack) {
   }
   shm_unlink(claims.c_str());
   // Each client closed its session on exit; wait for the batcher.
-  v1::GetStatsResponse stats;
-  for (int i = 0; i < 250; ++i) {
-    ASSERT_OK_AND_ASSIGN(stats, DaemonStats(daemon.target));
-    if (stats.used_pages() == 0 && stats.sessions_active() == 0) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats,
+                       WaitUntilEmpty(daemon.target, absl::Seconds(5)));
   EXPECT_EQ(stats.used_pages(), 0);
   EXPECT_EQ(stats.sessions_active(), 0);
   EXPECT_EQ(stats.free_pages() + stats.parked_pages(), kPages);

@@ -104,12 +104,8 @@ TEST(StressTest, KillsAndRestartsUnderLoadLoseNothing) {
 
   // Every page comes back: closed sessions at once, killed ones after the
   // lease.
-  v1::GetStatsResponse stats;
-  for (int i = 0; i < 200; ++i) {
-    ASSERT_OK_AND_ASSIGN(stats, DaemonStats(daemon.target));
-    if (stats.used_pages() == 0 && stats.sessions_active() == 0) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats,
+                       WaitUntilEmpty(daemon.target, absl::Seconds(5)));
   EXPECT_EQ(stats.used_pages(), 0);
   EXPECT_EQ(stats.sessions_active(), 0);
   EXPECT_EQ(stats.free_pages() + stats.parked_pages(), kPages);
