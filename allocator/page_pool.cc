@@ -167,11 +167,7 @@ std::vector<AllocResult> PagePool::Allocate(
         shapes[i].num_slots() > 0) {
       // The request writes into the rest of last_loc's page: it must be the
       // caller's.
-      result.status = CheckOwned(
-          request.owner, shapes[i].last_loc / geometry_.page_size,
-          absl::StrFormat("%s request %d: last_locs[%d] (%d)",
-                          RequestKindName(request.kind), request.index,
-                          request.index, shapes[i].last_loc));
+      result.status = CheckLastLocOwned(request, shapes[i].last_loc);
       if (!result.status.ok()) continue;
     }
     pages_needed[i] = NewPagesNeeded(shapes[i], geometry_.page_size);
@@ -268,10 +264,14 @@ std::vector<AllocResult> PagePool::Allocate(
   return results;
 }
 
-absl::Status PagePool::CheckOwned(OwnerId owner, int64_t page,
-                                  const std::string& what) const {
+absl::Status PagePool::CheckLastLocOwned(const AllocRequest& request,
+                                         int64_t last_loc) const {
+  const int64_t page = last_loc / geometry_.page_size;
   const OwnerId actual = owner_of_[page];
-  if (actual == owner) return absl::OkStatus();
+  if (actual == request.owner) return absl::OkStatus();  // the hot path
+  const std::string what = absl::StrFormat(
+      "%s request %d: last_locs[%d] (%d)", RequestKindName(request.kind),
+      request.index, request.index, last_loc);
   if (actual == kNoOwner) {
     return absl::FailedPreconditionError(
         absl::StrFormat("%s: page %d is free", what, page));

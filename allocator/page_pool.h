@@ -192,9 +192,10 @@ class PagePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges parked pages into the free list and sorts it ascending.
   absl::Status MergeParkedAndSort() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checks that `owner` owns `page`; `what` names the field in messages.
-  absl::Status CheckOwned(OwnerId owner, int64_t page,
-                          const std::string& what) const
+  // Checks that `request`'s owner owns last_loc's page (the request writes
+  // into it). Messages name last_locs[index]; they are only built on refusal.
+  absl::Status CheckLastLocOwned(const AllocRequest& request,
+                                 int64_t last_loc) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates and frees the distinct pages of `values` (slots or page ids),
   // all or nothing. Messages name slots[i] or pages[i].
