@@ -55,8 +55,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
 
 Client::~Client() {
   (void)Close();
-  if (!stop_keepalive_.HasBeenNotified()) stop_keepalive_.Notify();
+  StopKeepAlive();
   if (keepalive_.joinable()) keepalive_.join();
+}
+
+void Client::StopKeepAlive() {
+  absl::MutexLock lock(&mu_);
+  if (!stop_keepalive_.HasBeenNotified()) stop_keepalive_.Notify();
+  // A stream blocked in Read (a hung daemon) would otherwise hold the join.
+  if (keepalive_context_ != nullptr) keepalive_context_->TryCancel();
 }
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
@@ -100,6 +107,19 @@ void Client::KeepAliveLoop() {
   absl::Time renewed = absl::Now();
   while (!stop_keepalive_.HasBeenNotified()) {
     grpc::ClientContext context;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_keepalive_.HasBeenNotified()) return;
+      keepalive_context_ = &context;
+    }
+    // Unpublishes the context before it goes out of scope, on every path.
+    struct Unpublish {
+      Client* client;
+      ~Unpublish() {
+        absl::MutexLock lock(&client->mu_);
+        client->keepalive_context_ = nullptr;
+      }
+    } unpublish{this};
     auto stream = stub_->KeepAlive(&context);
     v1::KeepAliveRequest ping;
     *ping.mutable_session() = Ref();
@@ -324,7 +344,7 @@ absl::Status Client::Close() {
     closed_ = true;
     if (!session_status_.ok()) return absl::OkStatus();  // already gone
   }
-  if (!stop_keepalive_.HasBeenNotified()) stop_keepalive_.Notify();
+  StopKeepAlive();
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   auto stream = stub_->KeepAlive(&context);

@@ -190,6 +190,8 @@ class Client {
   std::unique_ptr<grpc::ClientContext> NewContext() const;
   // Records `status` as the session's end when it says the session is gone.
   absl::Status Observe(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops the KeepAlive thread, cancelling its stream if it is blocked.
+  void StopKeepAlive() ABSL_LOCKS_EXCLUDED(mu_);
   // Records why the session ended (the first reason wins).
   void MarkGone(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   v1::SessionRef Ref() const;
@@ -208,6 +210,8 @@ class Client {
   absl::Status session_status_ ABSL_GUARDED_BY(mu_);
   int64_t release_up_to_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  // The KeepAlive thread's current stream context, for StopKeepAlive.
+  grpc::ClientContext* keepalive_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Notification stop_keepalive_;
   std::thread keepalive_;
 };

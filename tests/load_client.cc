@@ -372,6 +372,9 @@ int Main() {
   options.client_name =
       absl::StrFormat("load-client-%d", absl::GetFlag(FLAGS_client_index));
   options.ring_capacity_slots = 1 << 16;
+  // A call the daemon never answers should end the client well within the
+  // tests' waits.
+  options.call_timeout = absl::Seconds(10);
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) {
     std::fprintf(stderr, "connect: %s\n", client.status().ToString().c_str());

@@ -229,7 +229,7 @@ TEST(ServerProcessTest, HungClientLosesItsPagesAndLearnsItOnWaking) {
   // Thawed, the client finds its session gone and exits with an error
   // instead of using slots that are no longer its own.
   sleeper.Signal(SIGCONT);
-  ASSERT_OK_AND_ASSIGN(int status, sleeper.Wait(absl::Seconds(30)));
+  ASSERT_OK_AND_ASSIGN(int status, sleeper.Wait(absl::Seconds(60)));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1)
       << DescribeWaitStatus(status);
   // It learns either from the daemon (its session is unknown now) or, first,
