@@ -37,10 +37,7 @@ absl::Status Batcher::SubmitAlloc(AllocCall call) {
   work.session_id = call.session_id;
   work.queued_at = absl::Now();
   work.alloc = std::make_unique<AllocCall>(std::move(call));
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::UnavailableError("the daemon is draining");
-  queue_.push_back(std::move(work));
-  return absl::OkStatus();
+  return Submit(std::move(work));
 }
 
 absl::Status Batcher::SubmitOp(uint64_t session_id, std::function<void()> op) {
@@ -48,10 +45,35 @@ absl::Status Batcher::SubmitOp(uint64_t session_id, std::function<void()> op) {
   work.session_id = session_id;
   work.queued_at = absl::Now();
   work.op = std::move(op);
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::UnavailableError("the daemon is draining");
-  queue_.push_back(std::move(work));
-  return absl::OkStatus();
+  return Submit(std::move(work));
+}
+
+absl::Status Batcher::Submit(Work work) {
+  std::vector<Work> batch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the daemon is draining");
+    queue_.push_back(std::move(work));
+    // The batcher thread drives when a window is set; a launch in progress
+    // picks this work up when it ends.
+    if (driving_ || options_.batch_window > absl::ZeroDuration()) {
+      return absl::OkStatus();
+    }
+    driving_ = true;
+    TakeBatch(&batch);
+  }
+  for (int round = 1;; ++round) {
+    RunBatch(&batch);
+    batch.clear();
+    absl::MutexLock lock(&mu_);
+    if (queue_.empty() || round == kMaxInlineRounds) {
+      // Leftover work (past the round limit) wakes the batcher thread,
+      // which waits for exactly this: work queued and no driver.
+      driving_ = false;
+      return absl::OkStatus();
+    }
+    TakeBatch(&batch);
+  }
 }
 
 void Batcher::Stop() {
@@ -67,13 +89,7 @@ uint64_t Batcher::launches() const {
   return launches_;
 }
 
-bool Batcher::TakeBatch(std::vector<Work>* batch) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !queue_.empty() || stopping_;
-  };
-  mu_.Await(absl::Condition(&ready));
-  if (queue_.empty()) return false;  // stopping, nothing left
+void Batcher::TakeBatch(std::vector<Work>* batch) {
   if (options_.batch_window > absl::ZeroDuration() && !stopping_) {
     // Give other sessions a moment to join this launch.
     auto full = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -99,37 +115,52 @@ bool Batcher::TakeBatch(std::vector<Work>* batch) {
     batch->push_back(std::move(next));
     queue_.pop_front();
   }
-  return true;
 }
 
 void Batcher::Run() {
   std::vector<Work> batch;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      // Work for this thread: queued and nobody driving. When stopping, it
+      // waits for the driver to finish, then drains what is left.
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !driving_ && (!queue_.empty() || stopping_);
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping, nothing left
+      driving_ = true;
+      TakeBatch(&batch);
+    }
+    RunBatch(&batch);
+    batch.clear();
+    absl::MutexLock lock(&mu_);
+    driving_ = false;
+  }
+}
+
+void Batcher::RunBatch(std::vector<Work>* batch) {
   std::vector<Work> pending;  // allocation calls waiting for the launch
   absl::flat_hash_set<uint64_t> pending_sessions;
-  while (true) {
-    batch.clear();
-    if (!TakeBatch(&batch)) return;
-    for (Work& work : batch) {
-      if (work.alloc != nullptr) {
-        pending_sessions.insert(work.session_id);
-        pending.push_back(std::move(work));
-        continue;
-      }
-      if (pending_sessions.contains(work.session_id)) {
-        Launch(&pending);
-        pending_sessions.clear();
-      }
-      work.op();
+  for (Work& work : *batch) {
+    if (work.alloc != nullptr) {
+      pending_sessions.insert(work.session_id);
+      pending.push_back(std::move(work));
+      continue;
     }
-    Launch(&pending);
-    pending_sessions.clear();
-    if (options_.debug_checks) {
-      const absl::Status invariants = pool_->CheckInvariants();
-      if (!invariants.ok()) {
-        Logger("batcher")->critical("pool invariant broken: {}",
-                                    std::string(invariants.message()));
-        std::abort();
-      }
+    if (pending_sessions.contains(work.session_id)) {
+      Launch(&pending);
+      pending_sessions.clear();
+    }
+    work.op();
+  }
+  Launch(&pending);
+  if (options_.debug_checks) {
+    const absl::Status invariants = pool_->CheckInvariants();
+    if (!invariants.ok()) {
+      Logger("batcher")->critical("pool invariant broken: {}",
+                                  std::string(invariants.message()));
+      std::abort();
     }
   }
 }
@@ -194,7 +225,11 @@ void Batcher::Launch(std::vector<Work>* pending) {
         const absl::Status copied =
             backend_->CopyToHost(requests[next].destination, result.num_slots,
                                  inline_slots.data() + at);
-        if (!copied.ok()) result.status = copied;
+        if (!copied.ok()) {
+          // inline_slots holds the accepted requests' slots only.
+          result.status = copied;
+          inline_slots.resize(at);
+        }
       }
     }
     launch.queue_wait = start - work.queued_at;

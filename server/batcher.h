@@ -1,9 +1,19 @@
-// Batcher: the one thread that drives the pool. Handlers queue work; the
-// batcher takes everything queued since the last launch (up to
+// Batcher: drives the pool, one thread at a time. Handlers queue work; the
+// driving thread takes everything queued since the last launch (up to
 // max_batch_requests / max_batch_tokens, optionally waiting batch_window for
 // more), runs the allocation calls of all sessions as one pool batch (one
 // executor launch) and the other operations around it, and completes each
 // piece of work.
+//
+// Who drives. When nothing is running and no batch window is set, the thread
+// that submits work drives at once, on its own stack: its call and whatever
+// else is queued become the next launch, and the answer leaves without a
+// hand-off to another thread (each hand-off is a futex wake-up, tens of
+// microseconds on a virtual machine). Work submitted while a launch runs
+// waits in the queue; the driver takes it next, for at most
+// kMaxInlineRounds launches, and then leaves the rest to the batcher's own
+// thread so that a handler thread returns to gRPC in bounded time. With a
+// batch window, only the batcher thread drives (it is the one that waits).
 //
 // Ordering: the work of one session applies in the order it was queued. An
 // operation (free, checkpoint, rollback, close) of a session that has an
@@ -52,7 +62,9 @@ struct AllocCall {
   int64_t num_slots = 0;
   bool return_inline = false;
   bool async_completion = false;
-  // Runs on the batcher thread once the launch is done (or refused).
+  // Runs on the driving thread once the launch is done (or refused).
+  // inline_slots (return_inline) holds the slots of the accepted requests,
+  // concatenated in request order.
   std::function<void(std::vector<AllocResult> results,
                      std::vector<int64_t> inline_slots,
                      const LaunchInfo& launch)>
@@ -79,13 +91,21 @@ class Batcher {
   const BatcherMetrics& metrics() const { return metrics_; }
   ~Batcher();
 
+  // Launches the calling thread drives, at most, before handing the queue
+  // to the batcher thread.
+  static constexpr int kMaxInlineRounds = 4;
+
   // Queues an allocation call. REQUIRES: call.requests.size() <=
   // max_batch_requests and call.num_slots <= max_batch_tokens (the service
   // refuses larger calls). Returns UNAVAILABLE once Stop has begun.
+  // `call.done` may run on the calling thread before this returns (see "Who
+  // drives"), so the caller must hold no lock that `done` or other queued
+  // work takes.
   absl::Status SubmitAlloc(AllocCall call) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Queues `op`, which runs on the batcher thread in order with the
-  // session's other work. Returns UNAVAILABLE once Stop has begun.
+  // Queues `op`, which runs in order with the session's other work, possibly
+  // on the calling thread before this returns (as for SubmitAlloc). Returns
+  // UNAVAILABLE once Stop has begun.
   absl::Status SubmitOp(uint64_t session_id, std::function<void()> op)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -105,11 +125,18 @@ class Batcher {
   Batcher(const Options& options, PagePool* pool, Backend* backend,
           std::unique_ptr<RingMemory> scratch);
 
-  void Run();
-  // Takes the next batch of work off the queue; false when stopped and empty.
-  bool TakeBatch(std::vector<Work>* batch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `work`; then drives if nobody is driving (see "Who drives").
+  absl::Status Submit(Work work) ABSL_LOCKS_EXCLUDED(mu_);
+  // The batcher thread: drives whenever work is queued and nobody else is.
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for the batch window (batcher thread only), then takes the next
+  // batch of work off the queue. REQUIRES: this thread is the driver and the
+  // queue is not empty.
+  void TakeBatch(std::vector<Work>* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `batch` against the pool. REQUIRES: this thread is the driver.
+  void RunBatch(std::vector<Work>* batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs the allocation calls gathered so far as one launch.
-  void Launch(std::vector<Work>* pending);
+  void Launch(std::vector<Work>* pending) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   PagePool* const pool_;
@@ -120,6 +147,9 @@ class Batcher {
   mutable absl::Mutex mu_;
   std::deque<Work> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A thread (the batcher's or a submitter's) is running work on the pool;
+  // only that thread touches pool_ through this class until it clears this.
+  bool driving_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t launches_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };

@@ -1,0 +1,253 @@
+// The batcher on its own, with a real pool and the CPU backend: who drives
+// (the submitting thread when idle, the batcher thread with a window or past
+// the round limit), which calls share a launch, per-session order, one
+// driver at a time, and draining on Stop.
+
+#include "server/batcher.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "allocator/page_pool.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/backend.h"
+#include "tests/status_matchers.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::StatusIs;
+
+constexpr int64_t kPageSize = 4;
+
+class BatcherTest : public ::testing::Test {
+ protected:
+  void Start(Batcher::Options options) {
+    backend_ = MakeCpuBackend(
+        absl::StrFormat("/pagealloc-batcher-test-%d", getpid()));
+    ASSERT_OK_AND_ASSIGN(
+        pool_, PagePool::Create({4096, kPageSize, FreePolicy::kLifo},
+                                backend_->executor()));
+    for (OwnerId owner = 1; owner <= 8; ++owner) {
+      ASSERT_OK(pool_->AddOwner(owner, 0));
+    }
+    options.debug_checks = true;
+    ASSERT_OK_AND_ASSIGN(batcher_,
+                         Batcher::Create(options, pool_.get(), backend_.get()));
+  }
+
+  // A one-token alloc call for `owner`, returned inline (no ring needed);
+  // `done` records the launch and the thread it ran on.
+  struct Completion {
+    absl::Notification done;
+    uint64_t launch_id = 0;
+    int32_t batch_requests = 0;
+    std::thread::id thread;
+    absl::Status status;
+  };
+  AllocCall DecodeCall(OwnerId owner, Completion* completion) {
+    AllocCall call;
+    call.session_id = owner;
+    AllocRequest request;
+    request.kind = RequestKind::kAlloc;
+    request.owner = owner;
+    request.seq_len = kPageSize;
+    call.requests.push_back(request);
+    call.num_slots = kPageSize;
+    call.return_inline = true;
+    call.done = [completion](std::vector<AllocResult> results,
+                             std::vector<int64_t>, const LaunchInfo& launch) {
+      completion->status = results.at(0).status;
+      completion->launch_id = launch.launch_id;
+      completion->batch_requests = launch.batch_requests;
+      completion->thread = std::this_thread::get_id();
+      completion->done.Notify();
+    };
+    return call;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<Batcher> batcher_;
+};
+
+TEST_F(BatcherTest, IdleBatcherRunsTheCallOnTheSubmittingThread) {
+  Start({});
+  Completion completion;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+  // Done before SubmitAlloc returned, on this thread: no hand-off.
+  ASSERT_TRUE(completion.done.HasBeenNotified());
+  EXPECT_EQ(completion.thread, std::this_thread::get_id());
+  EXPECT_OK(completion.status);
+  EXPECT_EQ(batcher_->launches(), 1u);
+}
+
+TEST_F(BatcherTest, WithABatchWindowTheBatcherThreadDrives) {
+  Batcher::Options options;
+  options.batch_window = absl::Milliseconds(2);
+  Start(options);
+  Completion completion;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+  completion.done.WaitForNotification();
+  EXPECT_NE(completion.thread, std::this_thread::get_id());
+  EXPECT_OK(completion.status);
+}
+
+TEST_F(BatcherTest, CallsQueuedDuringALaunchShareTheNextOne) {
+  Start({});
+  absl::Notification blocking, release;
+  std::thread driver([&] {
+    ASSERT_OK(batcher_->SubmitOp(1, [&] {
+      blocking.Notify();
+      release.WaitForNotification();
+    }));
+  });
+  blocking.WaitForNotification();
+  // The driver is busy: these queue and return at once.
+  Completion a, b, c;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(2, &a)));
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(3, &b)));
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(4, &c)));
+  EXPECT_FALSE(a.done.HasBeenNotified());
+  release.Notify();
+  driver.join();
+  for (Completion* completion : {&a, &b, &c}) {
+    ASSERT_TRUE(completion->done.HasBeenNotified());
+    EXPECT_OK(completion->status);
+    EXPECT_EQ(completion->launch_id, a.launch_id);
+    EXPECT_EQ(completion->batch_requests, 3);
+  }
+  EXPECT_EQ(batcher_->launches(), 1u);
+}
+
+TEST_F(BatcherTest, TheSubmitterDrivesBoundedRoundsThenHandsOff) {
+  Batcher::Options options;
+  options.max_batch_requests = 1;  // one call per launch: one round each
+  Start(options);
+  absl::Notification blocking, release;
+  std::thread::id driver_thread;
+  std::thread driver([&] {
+    driver_thread = std::this_thread::get_id();
+    ASSERT_OK(batcher_->SubmitOp(1, [&] {
+      blocking.Notify();
+      release.WaitForNotification();
+    }));
+  });
+  blocking.WaitForNotification();
+  constexpr int kCalls = 2 * Batcher::kMaxInlineRounds;
+  std::vector<Completion> completions(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(2, &completions[i])));
+  }
+  release.Notify();
+  driver.join();
+  for (Completion& completion : completions) {
+    completion.done.WaitForNotification();
+    EXPECT_OK(completion.status);
+  }
+  // Round 1 was the blocking op; rounds 2..kMaxInlineRounds took one call
+  // each on the driver's thread; the batcher thread ran the rest.
+  const int inline_calls = Batcher::kMaxInlineRounds - 1;
+  for (int i = 0; i < kCalls; ++i) {
+    if (i < inline_calls) {
+      EXPECT_EQ(completions[i].thread, driver_thread) << "call " << i;
+    } else {
+      EXPECT_NE(completions[i].thread, driver_thread) << "call " << i;
+    }
+    if (i > 0) {
+      EXPECT_GT(completions[i].launch_id, completions[i - 1].launch_id);
+    }
+  }
+}
+
+TEST_F(BatcherTest, ManySubmittersOneDriverAtATimeAndPerSessionOrder) {
+  Start({});
+  constexpr int kThreads = 8;
+  constexpr int kStepsPerThread = 400;
+  std::atomic<int> drivers_inside{0};
+  std::atomic<bool> overlapped{false};
+  absl::Mutex mu;
+  std::vector<std::vector<int>> order(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const OwnerId owner = t + 1;
+      std::vector<std::unique_ptr<Completion>> completions;
+      for (int step = 0; step < kStepsPerThread; ++step) {
+        if (step % 2 == 0) {
+          ASSERT_OK(batcher_->SubmitOp(owner, [&, t, step] {
+            if (drivers_inside.fetch_add(1) != 0) overlapped = true;
+            {
+              absl::MutexLock lock(&mu);
+              order[t].push_back(step);
+            }
+            drivers_inside.fetch_sub(1);
+          }));
+        } else {
+          completions.push_back(std::make_unique<Completion>());
+          Completion* completion = completions.back().get();
+          AllocCall call = DecodeCall(owner, completion);
+          auto inner = std::move(call.done);
+          call.done = [&, t, step, inner = std::move(inner)](
+                          std::vector<AllocResult> results,
+                          std::vector<int64_t> slots,
+                          const LaunchInfo& launch) {
+            {
+              absl::MutexLock lock(&mu);
+              order[t].push_back(step);
+            }
+            inner(std::move(results), std::move(slots), launch);
+          };
+          ASSERT_OK(batcher_->SubmitAlloc(std::move(call)));
+        }
+      }
+      for (auto& completion : completions) {
+        completion->done.WaitForNotification();
+        EXPECT_OK(completion->status);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  batcher_->Stop();
+  EXPECT_FALSE(overlapped.load());
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(order[t].size(), static_cast<size_t>(kStepsPerThread));
+    for (int step = 0; step < kStepsPerThread; ++step) {
+      EXPECT_EQ(order[t][step], step) << "session " << t + 1;
+    }
+  }
+  // Each alloc took one page; nothing was lost or doubled.
+  EXPECT_OK(pool_->CheckInvariants());
+  EXPECT_EQ(pool_->Stats().used_pages, kThreads * kStepsPerThread / 2);
+}
+
+TEST_F(BatcherTest, StopFinishesQueuedWorkThenRefuses) {
+  Batcher::Options options;
+  options.batch_window = absl::Milliseconds(50);
+  Start(options);
+  std::vector<Completion> completions(3);
+  for (Completion& completion : completions) {
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+  }
+  batcher_->Stop();
+  for (Completion& completion : completions) {
+    ASSERT_TRUE(completion.done.HasBeenNotified());
+    EXPECT_OK(completion.status);
+  }
+  Completion late;
+  EXPECT_THAT(batcher_->SubmitAlloc(DecodeCall(1, &late)),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_THAT(batcher_->SubmitOp(1, [] {}),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+}  // namespace
+}  // namespace pagealloc
