@@ -44,6 +44,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "allocator/page_pool.h"
@@ -539,8 +540,10 @@ struct Latency {
 // unary call costs on this socket before the daemon does any work.
 absl::StatusOr<Latency> MeasureHealthCheck(const std::string& target,
                                            double seconds) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  // The client library's channel, so the floor differs from an allocation
+  // call only in what the call carries and does.
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(
+      target, grpc::InsecureChannelCredentials(), ClientChannelArguments()));
   Latency result;
   grpc::health::v1::HealthCheckRequest request;
   const int64_t start = NowNanos();
@@ -1343,6 +1346,10 @@ absl::Status CoordinatorMain() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // As the daemon does (server/main.cc): Debian's Abseil leaves Mutex
+  // deadlock detection on, a global lock in every Lock; a scheduler linking
+  // the client library should turn it off the same way.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   if (absl::GetFlag(FLAGS_worker)) return pagealloc::WorkerMain();
   absl::Status status = pagealloc::CoordinatorMain();
   if (!status.ok()) {

@@ -22,6 +22,12 @@ absl::Status Allocation::status() const {
 
 Client::Client(const ClientOptions& options) : options_(options) {}
 
+grpc::ChannelArguments ClientChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  return args;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const ClientOptions& options) {
   std::unique_ptr<Client> client(new Client(options));
@@ -31,10 +37,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     if (options.target.empty()) {
       return absl::InvalidArgumentError("ClientOptions.target is empty");
     }
-    client->channel_ = grpc::CreateChannel(
-        options.target, options.credentials != nullptr
-                            ? options.credentials
-                            : grpc::InsecureChannelCredentials());
+    client->channel_ = grpc::CreateCustomChannel(
+        options.target,
+        options.credentials != nullptr ? options.credentials
+                                       : grpc::InsecureChannelCredentials(),
+        ClientChannelArguments());
   }
   client->stub_ = v1::PageAllocator::NewStub(client->channel_);
   v1::OutputRing ring;
@@ -180,6 +187,7 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   v1::AllocOptions* wire = request.mutable_options();
   wire->set_return_inline(options.return_inline);
   wire->set_async_completion(options.async_completion);
+  wire->set_packed_results(true);
   {
     absl::MutexLock lock(&mu_);
     wire->set_release_ring_up_to(release_up_to_);
@@ -194,36 +202,57 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   allocation.ring_end_ = response.ring_end();
   allocation.batch_requests_ = response.batch_requests();
   allocation.on_device_ = !options.return_inline && ring_->on_device();
-  allocation.requests_.resize(response.results_size());
-  size_t inline_total = 0;
-  for (const v1::RequestResult& result : response.results()) {
-    inline_total += result.slots_size();
+  // The answer is untrusted input: every array must have one entry per
+  // request, messages one per refusal, slots exactly the accepted counts,
+  // and every ring range must lie inside the ring.
+  const v1::PackedResults& packed = response.packed();
+  const int n = packed.codes_size();
+  auto malformed = [](const std::string& what) {
+    return absl::InternalError("the daemon's answer is malformed: " + what);
+  };
+  if (packed.ring_offsets_size() != n || packed.counts_size() != n ||
+      packed.new_pages_size() != n) {
+    return malformed(absl::StrFormat(
+        "packed arrays of %d codes, %d ring_offsets, %d counts, %d new_pages",
+        n, packed.ring_offsets_size(), packed.counts_size(),
+        packed.new_pages_size()));
   }
-  allocation.inline_slots_.reserve(inline_total);
-  for (int i = 0; i < response.results_size(); ++i) {
-    const v1::RequestResult& result = response.results(i);
+  allocation.requests_.resize(n);
+  allocation.inline_slots_.assign(packed.slots().begin(), packed.slots().end());
+  int next_message = 0;
+  int64_t inline_at = 0;
+  for (int i = 0; i < n; ++i) {
     RequestSlots& out = allocation.requests_[i];
-    out.status = absl::Status(static_cast<absl::StatusCode>(result.code()),
-                              result.message());
-    if (!out.status.ok()) continue;
-    out.count = result.count();
-    out.new_pages = result.new_pages();
+    if (packed.codes(i) != 0) {
+      if (next_message >= packed.messages_size()) {
+        return malformed(absl::StrFormat("no message for refused request %d", i));
+      }
+      out.status = absl::Status(static_cast<absl::StatusCode>(packed.codes(i)),
+                                packed.messages(next_message++));
+      continue;
+    }
+    out.count = packed.counts(i);
+    out.new_pages = packed.new_pages(i);
     if (options.return_inline) {
-      const size_t at = allocation.inline_slots_.size();
-      allocation.inline_slots_.insert(allocation.inline_slots_.end(),
-                                      result.slots().begin(),
-                                      result.slots().end());
-      out.slots = allocation.inline_slots_.data() + at;
+      if (out.count < 0 ||
+          inline_at + out.count > static_cast<int64_t>(
+                                      allocation.inline_slots_.size())) {
+        return malformed(absl::StrFormat(
+            "request %d claims %d inline slots past the %d sent", i, out.count,
+            allocation.inline_slots_.size()));
+      }
+      out.slots = allocation.inline_slots_.data() + inline_at;
+      inline_at += out.count;
     } else {
-      if (result.ring_offset() < 0 ||
-          result.ring_offset() + result.count() > ring_->capacity_slots()) {
+      const int64_t offset = packed.ring_offsets(i);
+      if (offset < 0 || out.count < 0 ||
+          offset + out.count > ring_->capacity_slots()) {
         return absl::InternalError(absl::StrFormat(
             "the daemon answered request %d with ring range [%d, %d) outside "
             "the %d-slot ring",
-            i, result.ring_offset(), result.ring_offset() + result.count(),
-            ring_->capacity_slots()));
+            i, offset, offset + out.count, ring_->capacity_slots()));
       }
-      out.slots = ring_->slots() + result.ring_offset();
+      out.slots = ring_->slots() + offset;
     }
   }
   return allocation;

@@ -42,6 +42,11 @@
 
 namespace pagealloc {
 
+// The channel arguments Client::Connect uses for a target: HTTP/2 BDP
+// probing off (on a local socket it only adds a PING round per message,
+// and with it a wake-up of each side).
+grpc::ChannelArguments ClientChannelArguments();
+
 struct ClientOptions {
   // gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port".
   std::string target;

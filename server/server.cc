@@ -216,6 +216,9 @@ absl::Status Server::Start() {
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  // No HTTP/2 BDP probing: the daemon's peers are on the same host, where
+  // it only adds a PING exchange (two wake-ups) per message.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.RegisterService(service_.get());
   std::vector<std::unique_ptr<int>> ports;
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,

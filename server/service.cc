@@ -182,6 +182,63 @@ PageAllocatorService::KeepAlive(grpc::CallbackServerContext*) {
   return new KeepAliveReactor(this);
 }
 
+namespace {
+
+// One RequestResult per request (the default answer form).
+void FillRequestResults(const std::vector<AllocResult>& results,
+                        const std::vector<int64_t>& ring_offsets,
+                        const std::vector<int64_t>& inline_slots,
+                        bool inline_results, v1::AllocResponse* response) {
+  response->mutable_results()->Reserve(results.size());
+  size_t inline_at = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const AllocResult& result = results[i];
+    v1::RequestResult* out = response->add_results();
+    out->set_code(static_cast<int>(result.status.code()));
+    if (!result.status.ok()) {
+      out->set_message(std::string(result.status.message()));
+      continue;
+    }
+    out->set_count(result.num_slots);
+    out->set_new_pages(result.num_new_pages);
+    if (inline_results) {
+      out->mutable_slots()->Add(
+          inline_slots.begin() + inline_at,
+          inline_slots.begin() + inline_at + result.num_slots);
+      inline_at += result.num_slots;
+    } else {
+      out->set_ring_offset(ring_offsets[i]);
+    }
+  }
+}
+
+// The same content as parallel packed arrays (AllocOptions.packed_results).
+void FillPackedResults(const std::vector<AllocResult>& results,
+                       const std::vector<int64_t>& ring_offsets,
+                       const std::vector<int64_t>& inline_slots,
+                       bool inline_results, v1::PackedResults* packed) {
+  const int n = results.size();
+  packed->mutable_codes()->Reserve(n);
+  packed->mutable_ring_offsets()->Reserve(n);
+  packed->mutable_counts()->Reserve(n);
+  packed->mutable_new_pages()->Reserve(n);
+  for (int i = 0; i < n; ++i) {
+    const AllocResult& result = results[i];
+    const bool ok = result.status.ok();
+    packed->add_codes(static_cast<int>(result.status.code()));
+    packed->add_ring_offsets(ok && !inline_results ? ring_offsets[i] : 0);
+    packed->add_counts(ok ? result.num_slots : 0);
+    packed->add_new_pages(ok ? result.num_new_pages : 0);
+    if (!ok) packed->add_messages(std::string(result.status.message()));
+  }
+  // inline_slots holds exactly the accepted requests' slots, in order.
+  if (inline_results) {
+    packed->mutable_slots()->Add(inline_slots.begin(), inline_slots.end());
+  }
+}
+
+}  // namespace
+
 void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
                                            DecodedCall decoded,
                                            const v1::AllocOptions& options,
@@ -232,30 +289,18 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
   call.async_completion = options.async_completion();
   const int64_t ring_end = options.return_inline() ? 0 : ring_start + num_slots;
   const bool inline_results = options.return_inline();
+  const bool packed = options.packed_results();
   call.done = [this, response, reactor, rpc, start, ring_end, inline_results,
-               ring_offsets = std::move(ring_offsets)](
+               packed, ring_offsets = std::move(ring_offsets)](
                   std::vector<AllocResult> results,
                   std::vector<int64_t> inline_slots,
                   const LaunchInfo& launch) {
-    size_t inline_at = 0;
-    for (size_t i = 0; i < results.size(); ++i) {
-      const AllocResult& result = results[i];
-      v1::RequestResult* out = response->add_results();
-      out->set_code(static_cast<int>(result.status.code()));
-      if (!result.status.ok()) {
-        out->set_message(std::string(result.status.message()));
-        continue;
-      }
-      out->set_count(result.num_slots);
-      out->set_new_pages(result.num_new_pages);
-      if (inline_results) {
-        out->mutable_slots()->Add(
-            inline_slots.begin() + inline_at,
-            inline_slots.begin() + inline_at + result.num_slots);
-        inline_at += result.num_slots;
-      } else {
-        out->set_ring_offset(ring_offsets[i]);
-      }
+    if (packed) {
+      FillPackedResults(results, ring_offsets, inline_slots, inline_results,
+                        response->mutable_packed());
+    } else {
+      FillRequestResults(results, ring_offsets, inline_slots, inline_results,
+                         response);
     }
     response->set_ring_end(ring_end);
     response->set_batch_requests(launch.batch_requests);

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -374,6 +375,99 @@ TEST_F(ServiceTest, ExpiredLeaseReclaimsPagesAndTheClientSeesIt) {
                        HasSubstr("unknown or has expired")));
   EXPECT_OK(kept->session_status());
   EXPECT_OK(kept->Alloc({4}).status());
+}
+
+// One request's answer, from either form of AllocResponse.
+struct FlatResult {
+  int code = 0;
+  std::string message;
+  int64_t ring_offset = 0;
+  int64_t count = 0;
+  int64_t new_pages = 0;
+  std::vector<int64_t> slots;
+  bool operator==(const FlatResult& o) const {
+    return std::tie(code, message, ring_offset, count, new_pages, slots) ==
+           std::tie(o.code, o.message, o.ring_offset, o.count, o.new_pages,
+                    o.slots);
+  }
+};
+
+std::vector<FlatResult> Flatten(const v1::AllocResponse& response) {
+  std::vector<FlatResult> flat;
+  for (const v1::RequestResult& r : response.results()) {
+    flat.push_back({r.code(), r.message(), r.ring_offset(), r.count(),
+                    r.new_pages(), {r.slots().begin(), r.slots().end()}});
+  }
+  const v1::PackedResults& p = response.packed();
+  int message = 0;
+  int64_t slot = 0;
+  for (int i = 0; i < p.codes_size(); ++i) {
+    FlatResult r{p.codes(i), "", p.ring_offsets(i), p.counts(i),
+                 p.new_pages(i), {}};
+    if (r.code != 0) r.message = p.messages(message++);
+    if (r.code == 0 && p.slots_size() > 0) {
+      r.slots.assign(p.slots().begin() + slot,
+                     p.slots().begin() + slot + r.count);
+      slot += r.count;
+    }
+    flat.push_back(r);
+  }
+  EXPECT_EQ(message, p.messages_size());
+  EXPECT_EQ(slot, p.slots_size());
+  return flat;
+}
+
+TEST_F(ServiceTest, PackedResultsCarryTheSameAnswers) {
+  // The same calls on two fresh daemons, one form each: a ring call and an
+  // inline call, each with a request refused in the middle.
+  std::vector<std::vector<FlatResult>> answers[2];
+  for (bool packed : {false, true}) {
+    StartServer(16, 4);
+    v1::RegisterRequest registration;
+    v1::RegisterResponse registered;
+    grpc::ClientContext register_context;
+    ASSERT_TRUE(
+        stub_->Register(&register_context, registration, &registered).ok());
+    for (bool return_inline : {false, true}) {
+      v1::AllocExtendRequest request;
+      request.mutable_session()->set_session_id(registered.session_id());
+      request.mutable_session()->set_session_token(registered.session_token());
+      for (int64_t seq_len : {6, 60, 3}) {
+        request.add_prefix_lens(0);
+        request.add_seq_lens(seq_len);
+        request.add_last_locs(-1);
+      }
+      request.mutable_options()->set_return_inline(return_inline);
+      request.mutable_options()->set_packed_results(packed);
+      v1::AllocResponse response;
+      grpc::ClientContext context;
+      ASSERT_OK(
+          FromGrpcStatus(stub_->AllocExtend(&context, request, &response)));
+      EXPECT_EQ(response.results_size(), packed ? 0 : 3);
+      EXPECT_EQ(response.packed().codes_size(), packed ? 3 : 0);
+      answers[packed].push_back(Flatten(response));
+    }
+    server_->Shutdown();
+    server_.reset();
+  }
+  ASSERT_EQ(answers[0].size(), 2u);
+  EXPECT_EQ(answers[0], answers[1]);
+  for (const std::vector<FlatResult>& call : answers[1]) {
+    ASSERT_EQ(call.size(), 3u);
+    EXPECT_EQ(call[0].code, 0);
+    EXPECT_EQ(call[0].count, 6);
+    EXPECT_EQ(call[1].code, static_cast<int>(absl::StatusCode::kResourceExhausted));
+    EXPECT_THAT(call[1].message, HasSubstr("request 1"));
+    EXPECT_EQ(call[1].count, 0);
+    EXPECT_EQ(call[2].code, 0);
+    EXPECT_EQ(call[2].count, 3);
+  }
+  // Ring offsets are the requests' places in the ring (the refused one
+  // keeps its place); inline slots are the pages' token slots.
+  EXPECT_EQ(answers[1][0][0].ring_offset, 0);
+  EXPECT_EQ(answers[1][0][2].ring_offset, 6 + 60);
+  EXPECT_EQ(answers[1][1][0].slots.size(), 6u);
+  EXPECT_EQ(answers[1][1][2].slots.size(), 3u);
 }
 
 TEST_F(ServiceTest, ConcurrentSessionsShareOneLaunch) {
