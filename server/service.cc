@@ -243,10 +243,10 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
                                            DecodedCall decoded,
                                            const v1::AllocOptions& options,
                                            v1::AllocResponse* response,
-                                           grpc::ServerUnaryReactor* reactor,
-                                           Rpc rpc, absl::Time start) {
-  auto refuse = [this, reactor, rpc, start](const absl::Status& status) {
-    Finish(reactor, rpc, start, status);
+                                           PendingReply* reply, Rpc rpc,
+                                           absl::Time start) {
+  auto refuse = [this, reply, rpc, start](const absl::Status& status) {
+    Answer(reply, rpc, start, status);
   };
   std::vector<AllocRequest>& requests = decoded.requests;
   const int64_t num_slots = decoded.num_slots;
@@ -290,7 +290,7 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
   const int64_t ring_end = options.return_inline() ? 0 : ring_start + num_slots;
   const bool inline_results = options.return_inline();
   const bool packed = options.packed_results();
-  call.done = [this, response, reactor, rpc, start, ring_end, inline_results,
+  call.done = [this, response, reply, rpc, start, ring_end, inline_results,
                packed, ring_offsets = std::move(ring_offsets)](
                   std::vector<AllocResult> results,
                   std::vector<int64_t> inline_slots,
@@ -305,7 +305,7 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
     response->set_ring_end(ring_end);
     response->set_batch_requests(launch.batch_requests);
     response->set_launch_id(launch.launch_id);
-    Finish(reactor, rpc, start, absl::OkStatus());
+    Answer(reply, rpc, start, absl::OkStatus());
   };
   absl::Status submitted = batcher_->SubmitAlloc(std::move(call));
   if (!submitted.ok()) {
@@ -314,15 +314,16 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
   }
 }
 
-void PageAllocatorService::SubmitOp(grpc::ServerUnaryReactor* reactor,
-                                    Rpc rpc, absl::Time start,
-                                    uint64_t session_id,
-                                    std::function<absl::Status()> op) {
+grpc::Status PageAllocatorService::RunOp(Rpc rpc, absl::Time start,
+                                         uint64_t session_id,
+                                         std::function<absl::Status()> op) {
+  PendingReply reply;
   absl::Status submitted = batcher_->SubmitOp(
-      session_id, [this, reactor, rpc, start, op = std::move(op)] {
-        Finish(reactor, rpc, start, op());
+      session_id, [this, &reply, rpc, start, op = std::move(op)] {
+        Answer(&reply, rpc, start, op());
       });
-  if (!submitted.ok()) Finish(reactor, rpc, start, submitted);
+  if (!submitted.ok()) Answer(&reply, rpc, start, submitted);
+  return reply.Wait();
 }
 
 void PageAllocatorService::Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc,
@@ -332,115 +333,107 @@ void PageAllocatorService::Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc,
   reactor->Finish(ToGrpcStatus(status));
 }
 
+grpc::Status PageAllocatorService::Answer(Rpc rpc, absl::Time start,
+                                          const absl::Status& status) {
+  rpc_metrics_.Record(rpc, status.code(), absl::Now() - start);
+  return ToGrpcStatus(status);
+}
+
+void PageAllocatorService::Answer(PendingReply* reply, Rpc rpc,
+                                  absl::Time start,
+                                  const absl::Status& status) {
+  rpc_metrics_.Record(rpc, status.code(), absl::Now() - start);
+  reply->Complete(status);
+}
+
 template <typename Request, typename Decode>
-grpc::ServerUnaryReactor* PageAllocatorService::HandleAlloc(
-    grpc::CallbackServerContext* context, const Request& request,
-    v1::AllocResponse* response, Rpc rpc, Decode decode) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+grpc::Status PageAllocatorService::HandleAlloc(const Request& request,
+                                               v1::AllocResponse* response,
+                                               Rpc rpc, Decode decode) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request.session());
-  if (!session.ok()) {
-    Finish(reactor, rpc, start, session.status());
-    return reactor;
-  }
+  if (!session.ok()) return Answer(rpc, start, session.status());
   absl::StatusOr<DecodedCall> decoded =
       decode(request, (*session)->id(), pool_->geometry(), limits_);
-  if (!decoded.ok()) {
-    Finish(reactor, rpc, start, decoded.status());
-    return reactor;
-  }
+  if (!decoded.ok()) return Answer(rpc, start, decoded.status());
+  PendingReply reply;
   SubmitAllocCall(*std::move(session), *std::move(decoded), request.options(),
-                  response, reactor, rpc, start);
-  return reactor;
+                  response, &reply, rpc, start);
+  return reply.Wait();
 }
 
-grpc::ServerUnaryReactor* PageAllocatorService::AllocExtend(
-    grpc::CallbackServerContext* context, const v1::AllocExtendRequest* request,
-    v1::AllocResponse* response) {
-  return HandleAlloc(context, *request, response, Rpc::kAllocExtend,
-                     DecodeAllocExtend);
+grpc::Status PageAllocatorService::AllocExtend(grpc::ServerContext*,
+                                         const v1::AllocExtendRequest* request,
+                                         v1::AllocResponse* response) {
+  return HandleAlloc(*request, response, Rpc::kAllocExtend, DecodeAllocExtend);
 }
 
-grpc::ServerUnaryReactor* PageAllocatorService::AllocDecode(
-    grpc::CallbackServerContext* context, const v1::AllocDecodeRequest* request,
-    v1::AllocResponse* response) {
-  return HandleAlloc(context, *request, response, Rpc::kAllocDecode,
-                     DecodeAllocDecode);
+grpc::Status PageAllocatorService::AllocDecode(grpc::ServerContext*,
+                                         const v1::AllocDecodeRequest* request,
+                                         v1::AllocResponse* response) {
+  return HandleAlloc(*request, response, Rpc::kAllocDecode, DecodeAllocDecode);
 }
 
-grpc::ServerUnaryReactor* PageAllocatorService::Alloc(
-    grpc::CallbackServerContext* context, const v1::AllocRequest* request,
-    v1::AllocResponse* response) {
-  return HandleAlloc(context, *request, response, Rpc::kAlloc, DecodeAlloc);
+grpc::Status PageAllocatorService::Alloc(grpc::ServerContext*,
+                                         const v1::AllocRequest* request,
+                                         v1::AllocResponse* response) {
+  return HandleAlloc(*request, response, Rpc::kAlloc, DecodeAlloc);
 }
 
-grpc::ServerUnaryReactor* PageAllocatorService::Free(
-    grpc::CallbackServerContext* context, const v1::FreeRequest* request,
-    v1::FreeResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+grpc::Status PageAllocatorService::Free(grpc::ServerContext*,
+                                        const v1::FreeRequest* request,
+                                        v1::FreeResponse* response) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
   absl::Status status = session.status();
   if (status.ok()) status = ValidateFree(*request);
-  if (!status.ok()) {
-    Finish(reactor, Rpc::kFree, start, status);
-    return reactor;
-  }
+  if (!status.ok()) return Answer(Rpc::kFree, start, status);
   const uint64_t owner = (*session)->id();
-  SubmitOp(reactor, Rpc::kFree, start, owner, [this, owner, request, response]() -> absl::Status {
-    absl::StatusOr<int64_t> freed =
-        request->slots_size() > 0
-            ? pool_->FreeSlots(owner, request->slots())
-            : pool_->FreePages(owner, request->pages());
-    RETURN_IF_ERROR(freed.status());
-    response->set_pages_freed(*freed);
-    return absl::OkStatus();
-  });
-  return reactor;
+  return RunOp(Rpc::kFree, start, owner,
+               [this, owner, request, response]() -> absl::Status {
+                 absl::StatusOr<int64_t> freed =
+                     request->slots_size() > 0
+                         ? pool_->FreeSlots(owner, request->slots())
+                         : pool_->FreePages(owner, request->pages());
+                 RETURN_IF_ERROR(freed.status());
+                 response->set_pages_freed(*freed);
+                 return absl::OkStatus();
+               });
 }
 
-grpc::ServerUnaryReactor* PageAllocatorService::Checkpoint(
-    grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
+grpc::Status PageAllocatorService::Checkpoint(
+    grpc::ServerContext*, const v1::CheckpointRequest* request,
     v1::CheckpointResponse*) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
-  if (!session.ok()) {
-    Finish(reactor, Rpc::kCheckpoint, start, session.status());
-    return reactor;
-  }
+  if (!session.ok()) return Answer(Rpc::kCheckpoint, start, session.status());
   const uint64_t owner = (*session)->id();
-  SubmitOp(reactor, Rpc::kCheckpoint, start, owner, [this, owner] { return pool_->Checkpoint(owner); });
-  return reactor;
+  return RunOp(Rpc::kCheckpoint, start, owner,
+               [this, owner] { return pool_->Checkpoint(owner); });
 }
 
-grpc::ServerUnaryReactor* PageAllocatorService::Rollback(
-    grpc::CallbackServerContext* context, const v1::RollbackRequest* request,
-    v1::RollbackResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+grpc::Status PageAllocatorService::Rollback(grpc::ServerContext*,
+                                            const v1::RollbackRequest* request,
+                                            v1::RollbackResponse* response) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
-  if (!session.ok()) {
-    Finish(reactor, Rpc::kRollback, start, session.status());
-    return reactor;
-  }
+  if (!session.ok()) return Answer(Rpc::kRollback, start, session.status());
   const uint64_t owner = (*session)->id();
-  SubmitOp(reactor, Rpc::kRollback, start, owner, [this, owner, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(int64_t returned, pool_->Rollback(owner));
-    response->set_pages_returned(returned);
-    return absl::OkStatus();
-  });
-  return reactor;
+  return RunOp(Rpc::kRollback, start, owner,
+               [this, owner, response]() -> absl::Status {
+                 ASSIGN_OR_RETURN(int64_t returned, pool_->Rollback(owner));
+                 response->set_pages_returned(returned);
+                 return absl::OkStatus();
+               });
 }
 
-grpc::ServerUnaryReactor* PageAllocatorService::ReleaseRing(
-    grpc::CallbackServerContext* context, const v1::ReleaseRingRequest* request,
+grpc::Status PageAllocatorService::ReleaseRing(
+    grpc::ServerContext*, const v1::ReleaseRingRequest* request,
     v1::ReleaseRingResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(request->session());
@@ -453,8 +446,7 @@ grpc::ServerUnaryReactor* PageAllocatorService::ReleaseRing(
     }
   }
   if (status.ok()) response->set_reserved_slots((*session)->ring_reserved());
-  Finish(reactor, Rpc::kReleaseRing, start, status);
-  return reactor;
+  return Answer(Rpc::kReleaseRing, start, status);
 }
 
 grpc::ServerUnaryReactor* PageAllocatorService::GetStats(

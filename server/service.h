@@ -12,12 +12,15 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "allocator/page_pool.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/backend.h"
 #include "server/batcher.h"
+#include "server/grpc_status.h"
 #include "server/request_decoding.h"
 #include "server/rpc_metrics.h"
 #include "server/session.h"
@@ -33,8 +36,40 @@ struct ServiceCounters {
   std::atomic<int64_t> pages_reclaimed{0};
 };
 
+// One unary call's answer, for a handler that waits for it: whoever
+// completes the work (the batcher thread, or the handler's own thread when
+// it drives the batcher) calls Complete once; the handler returns Wait().
+// When the handler's own thread completed it, Wait does not block.
+class PendingReply {
+ public:
+  void Complete(const absl::Status& status) {
+    status_ = status;
+    done_.Notify();
+  }
+  grpc::Status Wait() {
+    done_.WaitForNotification();
+    return ToGrpcStatus(status_);
+  }
+
+ private:
+  absl::Notification done_;
+  absl::Status status_;  // written once, before done_ is notified
+};
+
+// The service's threading. Session calls (allocations, Free, Checkpoint,
+// Rollback, ReleaseRing) are synchronous handlers: gRPC's sync server runs
+// a call on the thread that read it, and that thread usually drives the
+// batcher itself (server/batcher.h), so an answer is computed and written
+// with no thread hand-off. Register and GetStats are callback handlers, and
+// KeepAlive a callback stream, so that a session's open stream holds no
+// thread. (Measured: see bench/RESULTS.md, "The daemon on the H200".)
+using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
+    v1::PageAllocator::WithCallbackMethod_KeepAlive<
+        v1::PageAllocator::WithCallbackMethod_GetStats<
+            v1::PageAllocator::Service>>>;
+
 // This class is thread-safe.
-class PageAllocatorService final : public v1::PageAllocator::CallbackService {
+class PageAllocatorService final : public PageAllocatorBase {
  public:
   struct Options {
     // Most requests and slots in one call (a call must fit one launch).
@@ -71,31 +106,27 @@ class PageAllocatorService final : public v1::PageAllocator::CallbackService {
                                      v1::RegisterResponse* response) override;
   grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>*
   KeepAlive(grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* AllocExtend(
-      grpc::CallbackServerContext* context,
-      const v1::AllocExtendRequest* request,
-      v1::AllocResponse* response) override;
-  grpc::ServerUnaryReactor* AllocDecode(
-      grpc::CallbackServerContext* context,
-      const v1::AllocDecodeRequest* request,
-      v1::AllocResponse* response) override;
-  grpc::ServerUnaryReactor* Alloc(grpc::CallbackServerContext* context,
-                                  const v1::AllocRequest* request,
-                                  v1::AllocResponse* response) override;
-  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* context,
-                                 const v1::FreeRequest* request,
-                                 v1::FreeResponse* response) override;
-  grpc::ServerUnaryReactor* Checkpoint(
-      grpc::CallbackServerContext* context,
-      const v1::CheckpointRequest* request,
-      v1::CheckpointResponse* response) override;
-  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context,
-                                     const v1::RollbackRequest* request,
-                                     v1::RollbackResponse* response) override;
-  grpc::ServerUnaryReactor* ReleaseRing(
-      grpc::CallbackServerContext* context,
-      const v1::ReleaseRingRequest* request,
-      v1::ReleaseRingResponse* response) override;
+  grpc::Status AllocExtend(grpc::ServerContext* context,
+                           const v1::AllocExtendRequest* request,
+                           v1::AllocResponse* response) override;
+  grpc::Status AllocDecode(grpc::ServerContext* context,
+                           const v1::AllocDecodeRequest* request,
+                           v1::AllocResponse* response) override;
+  grpc::Status Alloc(grpc::ServerContext* context,
+                     const v1::AllocRequest* request,
+                     v1::AllocResponse* response) override;
+  grpc::Status Free(grpc::ServerContext* context,
+                    const v1::FreeRequest* request,
+                    v1::FreeResponse* response) override;
+  grpc::Status Checkpoint(grpc::ServerContext* context,
+                          const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
+  grpc::Status Rollback(grpc::ServerContext* context,
+                        const v1::RollbackRequest* request,
+                        v1::RollbackResponse* response) override;
+  grpc::Status ReleaseRing(grpc::ServerContext* context,
+                           const v1::ReleaseRingRequest* request,
+                           v1::ReleaseRingResponse* response) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
@@ -107,29 +138,30 @@ class PageAllocatorService final : public v1::PageAllocator::CallbackService {
 
  private:
   // The shared body of AllocExtend, AllocDecode and Alloc: authenticate,
-  // decode with `decode`, submit.
+  // decode with `decode`, submit, wait for the answer.
   template <typename Request, typename Decode>
-  grpc::ServerUnaryReactor* HandleAlloc(grpc::CallbackServerContext* context,
-                                        const Request& request,
-                                        v1::AllocResponse* response, Rpc rpc,
-                                        Decode decode);
+  grpc::Status HandleAlloc(const Request& request, v1::AllocResponse* response,
+                           Rpc rpc, Decode decode);
   // Frees a removed session's pages after its queued work; counts and logs.
   void FreeSessionPages(std::shared_ptr<Session> session, bool lease_lost,
                         std::string reason);
   // Validates a call's requests, reserves its ring region and queues it;
-  // finishes `reactor` on refusal.
+  // completes `reply` when the launch is done or on refusal.
   void SubmitAllocCall(std::shared_ptr<Session> session, DecodedCall decoded,
                        const v1::AllocOptions& options,
-                       v1::AllocResponse* response,
-                       grpc::ServerUnaryReactor* reactor, Rpc rpc,
-                       absl::Time start);
-  // Queues `op` for `session` on the batcher and finishes `reactor` with its
-  // status once it ran.
-  void SubmitOp(grpc::ServerUnaryReactor* reactor, Rpc rpc, absl::Time start,
-                uint64_t session_id, std::function<absl::Status()> op);
-  // Records the call's code and latency, then finishes it.
+                       v1::AllocResponse* response, PendingReply* reply,
+                       Rpc rpc, absl::Time start);
+  // Runs `op` for `session` on the batcher, in order with the session's
+  // other work, and answers with its status.
+  grpc::Status RunOp(Rpc rpc, absl::Time start, uint64_t session_id,
+                     std::function<absl::Status()> op);
+  // Each records the call's code and latency, then answers: a callback
+  // reactor, a waiting handler, or the returned status.
   void Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc, absl::Time start,
               const absl::Status& status);
+  void Answer(PendingReply* reply, Rpc rpc, absl::Time start,
+              const absl::Status& status);
+  grpc::Status Answer(Rpc rpc, absl::Time start, const absl::Status& status);
 
   const Options options_;
   const CallLimits limits_;
