@@ -103,6 +103,9 @@ ABSL_FLAG(int, max_seq_len, 2048,
 ABSL_FLAG(bool, async_completion, false,
           "Allocation calls ask for async completion; the client orders its "
           "slot reads after the daemon's completion event.");
+ABSL_FLAG(bool, fast_channel, true,
+          "Clients send allocation calls through the daemon's fast channel "
+          "(shared memory) when it offers one; false: through gRPC.");
 ABSL_FLAG(double, floor_s, 2, "Length of each floor measurement, seconds.");
 ABSL_FLAG(std::string, json, "", "Write the results here as JSON.");
 ABSL_FLAG(bool, progress, true, "Show one refreshing progress line on stderr.");
@@ -496,6 +499,7 @@ int WorkerMain() {
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
   options.client_name = absl::StrCat("bench-", index);
+  options.fast_channel = absl::GetFlag(FLAGS_fast_channel);
   // Room for the largest call (a spec step over every sequence, or an
   // admission of every sequence) a few times over; we release each call's
   // region right after reading it.
@@ -948,7 +952,7 @@ class Phase {
       for (const char* name :
            {"batch", "decode_weight", "prefill_weight", "spec_weight",
             "prefill_chunk", "prefill_requests", "draft_tokens", "max_seq_len",
-            "async_completion"}) {
+            "async_completion", "fast_channel"}) {
         argv.push_back(absl::StrCat("--", name, "=", FlagValue(name)));
       }
       ASSIGN_OR_RETURN(testing::Subprocess worker,
@@ -1254,7 +1258,8 @@ absl::Status WriteJson(const std::string& path, const DaemonHandle& daemon,
       "\"batch\": %d, \"duration_s\": %g, \"decode_weight\": %d, "
       "\"prefill_weight\": %d, \"spec_weight\": %d, \"prefill_chunk\": %d, "
       "\"prefill_requests\": %d, \"draft_tokens\": %d, \"max_seq_len\": %d, "
-      "\"async_completion\": %s, \"page_size\": %d, \"num_pages\": %d},\n"
+      "\"async_completion\": %s, \"fast_channel\": %s, \"page_size\": %d, "
+      "\"num_pages\": %d},\n"
       "\"floors\": {\"health_check\": {%s},\n"
       "  \"in_process_decode\": {\"executor\": \"%s\", %s}},\n"
       "\"phases\": [\n%s\n]\n}\n",
@@ -1262,6 +1267,7 @@ absl::Status WriteJson(const std::string& path, const DaemonHandle& daemon,
       absl::GetFlag(FLAGS_duration_s), w.decode_weight, w.prefill_weight,
       w.spec_weight, w.prefill_chunk, w.prefill_requests, w.draft_tokens,
       w.max_seq_len, w.async_completion ? "true" : "false",
+      absl::GetFlag(FLAGS_fast_channel) ? "true" : "false",
       absl::GetFlag(FLAGS_page_size), absl::GetFlag(FLAGS_num_pages),
       LatencyJson(floors.health.histogram), floors.executor,
       LatencyJson(floors.in_process.histogram),

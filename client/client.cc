@@ -1,10 +1,12 @@
 #include "client/client.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "allocator/status_macros.h"
 #include "client/ring_view.h"
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "client/cuda_ring_view.h"
@@ -92,6 +94,7 @@ absl::Status Client::Register(v1::OutputRing* ring) {
   request.set_client_name(options_.client_name);
   request.set_ring_capacity_slots(options_.ring_capacity_slots);
   request.set_quota_pages(options_.quota_pages);
+  request.set_fast_channel(options_.fast_channel);
   v1::RegisterResponse response;
   auto context = NewContext();
   absl::Status status =
@@ -103,6 +106,10 @@ absl::Status Client::Register(v1::OutputRing* ring) {
   lease_ms_ = response.lease_ms();
   completion_event_ = response.ring().cuda_ipc_event_handle();
   *ring = response.ring();
+  if (!response.fast_channel().shm_name().empty()) {
+    // Without it (another host, no access) calls simply go through gRPC.
+    (void)MapFastChannel(response.fast_channel());
+  }
   return absl::OkStatus();
 }
 
@@ -198,45 +205,62 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
       FromGrpcStatus((stub_.get()->*method)(context.get(), request,
                                             &response)));
   if (!status.ok()) return status;
+  const v1::PackedResults& packed = response.packed();
+  AnswerArrays answer;
+  answer.codes = packed.codes();
+  answer.ring_offsets = packed.ring_offsets();
+  answer.counts = packed.counts();
+  answer.new_pages = packed.new_pages();
+  answer.messages.assign(packed.messages().begin(), packed.messages().end());
+  answer.inline_slots = packed.slots();
+  answer.ring_end = response.ring_end();
+  answer.batch_requests = response.batch_requests();
+  return ToAllocation(answer, options);
+}
+
+absl::StatusOr<Allocation> Client::ToAllocation(
+    const AnswerArrays& answer, const CallOptions& options) const {
   Allocation allocation;
-  allocation.ring_end_ = response.ring_end();
-  allocation.batch_requests_ = response.batch_requests();
+  allocation.ring_end_ = answer.ring_end;
+  allocation.batch_requests_ = answer.batch_requests;
   allocation.on_device_ = !options.return_inline && ring_->on_device();
   // The answer is untrusted input: every array must have one entry per
   // request, messages one per refusal, slots exactly the accepted counts,
   // and every ring range must lie inside the ring.
-  const v1::PackedResults& packed = response.packed();
-  const int n = packed.codes_size();
+  const int n = answer.codes.size();
   auto malformed = [](const std::string& what) {
     return absl::InternalError("the daemon's answer is malformed: " + what);
   };
-  if (packed.ring_offsets_size() != n || packed.counts_size() != n ||
-      packed.new_pages_size() != n) {
+  if (static_cast<int>(answer.ring_offsets.size()) != n ||
+      static_cast<int>(answer.counts.size()) != n ||
+      static_cast<int>(answer.new_pages.size()) != n) {
     return malformed(absl::StrFormat(
-        "packed arrays of %d codes, %d ring_offsets, %d counts, %d new_pages",
-        n, packed.ring_offsets_size(), packed.counts_size(),
-        packed.new_pages_size()));
+        "arrays of %d codes, %d ring_offsets, %d counts, %d new_pages", n,
+        answer.ring_offsets.size(), answer.counts.size(),
+        answer.new_pages.size()));
   }
   allocation.requests_.resize(n);
-  allocation.inline_slots_.assign(packed.slots().begin(), packed.slots().end());
-  int next_message = 0;
+  allocation.inline_slots_.assign(answer.inline_slots.begin(),
+                                  answer.inline_slots.end());
+  size_t next_message = 0;
   int64_t inline_at = 0;
   for (int i = 0; i < n; ++i) {
     RequestSlots& out = allocation.requests_[i];
-    if (packed.codes(i) != 0) {
-      if (next_message >= packed.messages_size()) {
-        return malformed(absl::StrFormat("no message for refused request %d", i));
+    if (answer.codes[i] != 0) {
+      if (next_message >= answer.messages.size()) {
+        return malformed(
+            absl::StrFormat("no message for refused request %d", i));
       }
-      out.status = absl::Status(static_cast<absl::StatusCode>(packed.codes(i)),
-                                packed.messages(next_message++));
+      out.status = absl::Status(static_cast<absl::StatusCode>(answer.codes[i]),
+                                answer.messages[next_message++]);
       continue;
     }
-    out.count = packed.counts(i);
-    out.new_pages = packed.new_pages(i);
+    out.count = answer.counts[i];
+    out.new_pages = answer.new_pages[i];
     if (options.return_inline) {
       if (out.count < 0 ||
-          inline_at + out.count > static_cast<int64_t>(
-                                      allocation.inline_slots_.size())) {
+          inline_at + out.count >
+              static_cast<int64_t>(allocation.inline_slots_.size())) {
         return malformed(absl::StrFormat(
             "request %d claims %d inline slots past the %d sent", i, out.count,
             allocation.inline_slots_.size()));
@@ -244,7 +268,7 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
       out.slots = allocation.inline_slots_.data() + inline_at;
       inline_at += out.count;
     } else {
-      const int64_t offset = packed.ring_offsets(i);
+      const int64_t offset = answer.ring_offsets[i];
       if (offset < 0 || out.count < 0 ||
           offset + out.count > ring_->capacity_slots()) {
         return absl::InternalError(absl::StrFormat(
@@ -261,6 +285,10 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
 absl::StatusOr<Allocation> Client::AllocExtend(
     absl::Span<const int64_t> prefix_lens, absl::Span<const int64_t> seq_lens,
     absl::Span<const int64_t> last_locs, const CallOptions& options) {
+  if (auto fast = FastCall(fast_channel::CallKind::kExtend, prefix_lens,
+                           seq_lens, last_locs, options)) {
+    return *std::move(fast);
+  }
   v1::AllocExtendRequest request;
   request.mutable_prefix_lens()->Add(prefix_lens.begin(), prefix_lens.end());
   request.mutable_seq_lens()->Add(seq_lens.begin(), seq_lens.end());
@@ -271,6 +299,10 @@ absl::StatusOr<Allocation> Client::AllocExtend(
 absl::StatusOr<Allocation> Client::AllocDecode(
     absl::Span<const int64_t> seq_lens, absl::Span<const int64_t> last_locs,
     const CallOptions& options) {
+  if (auto fast = FastCall(fast_channel::CallKind::kDecode, {}, seq_lens,
+                           last_locs, options)) {
+    return *std::move(fast);
+  }
   v1::AllocDecodeRequest request;
   request.mutable_seq_lens()->Add(seq_lens.begin(), seq_lens.end());
   request.mutable_last_locs()->Add(last_locs.begin(), last_locs.end());
@@ -279,9 +311,167 @@ absl::StatusOr<Allocation> Client::AllocDecode(
 
 absl::StatusOr<Allocation> Client::Alloc(absl::Span<const int64_t> num_tokens,
                                          const CallOptions& options) {
+  if (auto fast = FastCall(fast_channel::CallKind::kAlloc, {}, num_tokens, {},
+                           options)) {
+    return *std::move(fast);
+  }
   v1::AllocRequest request;
   request.mutable_num_tokens()->Add(num_tokens.begin(), num_tokens.end());
   return CallAlloc(request, options, &v1::PageAllocator::Stub::Alloc);
+}
+
+absl::Status Client::MapFastChannel(const v1::FastChannel& channel) {
+  const int32_t max_requests = channel.max_requests();
+  const int32_t message_bytes = channel.message_bytes();
+  if (max_requests < 1 || message_bytes < 64) {
+    return absl::InternalError("the daemon described a malformed fast channel");
+  }
+  const fast_channel::ChannelLayout layout(max_requests, message_bytes);
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<fast_channel::SharedRegion> region,
+      fast_channel::SharedRegion::Open(channel.shm_name(), layout.total_bytes));
+  ASSIGN_OR_RETURN(std::unique_ptr<fast_channel::SharedRegion> doorbell,
+                   fast_channel::SharedRegion::Open(
+                       channel.doorbell_shm_name(),
+                       sizeof(fast_channel::Doorbell)));
+  auto* header = static_cast<fast_channel::ChannelHeader*>(region->base());
+  if (header->magic != fast_channel::kMagic ||
+      header->version != fast_channel::kVersion ||
+      header->max_requests != max_requests ||
+      header->message_bytes != message_bytes) {
+    return absl::FailedPreconditionError(
+        "the fast channel's header does not match its description");
+  }
+  fast_region_ = std::move(region);
+  doorbell_region_ = std::move(doorbell);
+  fast_header_ = header;
+  doorbell_ = static_cast<fast_channel::Doorbell*>(doorbell_region_->base());
+  fast_layout_.emplace(layout);
+  return absl::OkStatus();
+}
+
+namespace {
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+std::optional<absl::StatusOr<Allocation>> Client::FastCall(
+    fast_channel::CallKind kind, absl::Span<const int64_t> in0,
+    absl::Span<const int64_t> in1, absl::Span<const int64_t> in2,
+    const CallOptions& options) {
+  if (fast_header_ == nullptr || options.return_inline) return std::nullopt;
+  fast_channel::ChannelHeader* h = fast_header_;
+  const fast_channel::ChannelLayout& layout = *fast_layout_;
+  // Parallel arrays of different lengths are the daemon's to refuse, with
+  // its message; gRPC carries them as they are.
+  const size_t n = std::max({in0.size(), in1.size(), in2.size()});
+  if (n > static_cast<size_t>(h->max_requests) ||
+      (!in0.empty() && in0.size() != n) || in1.size() != n ||
+      (!in2.empty() && in2.size() != n) ||
+      (kind == fast_channel::CallKind::kExtend && in0.size() != n) ||
+      (kind != fast_channel::CallKind::kAlloc && in2.size() != n)) {
+    return std::nullopt;
+  }
+  absl::MutexLock fast_lock(&fast_mu_);
+  if (fast_abandoned_) return std::nullopt;
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  char* base = static_cast<char*>(fast_region_->base());
+  auto put = [&](size_t offset, absl::Span<const int64_t> values) {
+    if (!values.empty()) {
+      std::memcpy(base + offset, values.data(), values.size() * sizeof(int64_t));
+    }
+  };
+  put(layout.in0, in0);
+  put(layout.in1, in1);
+  put(layout.in2, in2);
+  h->kind = static_cast<uint32_t>(kind);
+  h->num_requests = n;
+  h->options = options.async_completion ? fast_channel::kAsyncCompletion : 0;
+  {
+    absl::MutexLock lock(&mu_);
+    h->release_ring_up_to = release_up_to_;
+  }
+  const uint32_t seq = ++fast_seq_;
+  h->request_seq.store(seq, std::memory_order_seq_cst);
+  doorbell_->seq.fetch_add(1, std::memory_order_seq_cst);
+  if (doorbell_->poller_sleeping.load(std::memory_order_seq_cst) != 0) {
+    fast_channel::FutexWakeAll(&doorbell_->seq);
+  }
+  // Wait: spin (the usual answer comes within tens of microseconds), then
+  // sleep on response_seq in short slices, watching the deadline and the
+  // session (the KeepAlive thread notices a dead daemon).
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.call_timeout;
+  while (h->response_seq.load(std::memory_order_acquire) != seq) {
+    const absl::Time now = absl::Now();
+    if (now - start < options_.fast_channel_spin) {
+      CpuRelax();
+      continue;
+    }
+    if (now >= deadline) {
+      fast_abandoned_ = true;
+      return absl::DeadlineExceededError(
+          "no answer on the fast channel before the call's deadline; later "
+          "calls go through gRPC");
+    }
+    if (absl::Status alive = session_status(); !alive.ok()) {
+      fast_abandoned_ = true;
+      return alive;
+    }
+    h->client_waiting.store(1, std::memory_order_seq_cst);
+    const uint32_t seen = h->response_seq.load(std::memory_order_seq_cst);
+    if (seen != seq) {
+      fast_channel::FutexWait(&h->response_seq, seen,
+                              std::min(deadline - now, absl::Milliseconds(50)));
+    }
+    h->client_waiting.store(0, std::memory_order_relaxed);
+  }
+  if (h->call_code != 0) {
+    const int32_t used =
+        std::clamp<int32_t>(h->messages_used, 0, h->message_bytes);
+    return Observe(absl::Status(static_cast<absl::StatusCode>(h->call_code),
+                                absl::string_view(base + layout.messages,
+                                                  used)));
+  }
+  const int32_t results = h->num_results;
+  if (results != static_cast<int32_t>(n)) {
+    return absl::InternalError(absl::StrFormat(
+        "the daemon's answer is malformed: %d results for %d requests",
+        results, n));
+  }
+  AnswerArrays answer;
+  answer.codes = absl::MakeConstSpan(
+      reinterpret_cast<const int32_t*>(base + layout.codes), n);
+  answer.ring_offsets = absl::MakeConstSpan(
+      reinterpret_cast<const int64_t*>(base + layout.ring_offsets), n);
+  answer.counts = absl::MakeConstSpan(
+      reinterpret_cast<const int64_t*>(base + layout.counts), n);
+  answer.new_pages = absl::MakeConstSpan(
+      reinterpret_cast<const int64_t*>(base + layout.new_pages), n);
+  // Refusal messages: each a 4-byte length and its bytes.
+  const int32_t used = std::clamp<int32_t>(h->messages_used, 0, h->message_bytes);
+  for (int32_t at = 0; at + 4 <= used;) {
+    int32_t length = 0;
+    std::memcpy(&length, base + layout.messages + at, 4);
+    at += 4;
+    length = std::clamp<int32_t>(length, 0, used - at);
+    answer.messages.emplace_back(base + layout.messages + at, length);
+    at += length;
+  }
+  // Messages truncated away (a huge batch of refusals) still get a status.
+  const size_t refused = std::count_if(
+      answer.codes.begin(), answer.codes.end(), [](int32_t c) { return c != 0; });
+  while (answer.messages.size() < refused) {
+    answer.messages.emplace_back("(message truncated by the fast channel)");
+  }
+  answer.ring_end = h->ring_end;
+  answer.batch_requests = h->batch_requests;
+  return ToAllocation(answer, options);
 }
 
 absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {

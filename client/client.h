@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/fast_channel.h"
 #include "proto/pagealloc.grpc.pb.h"
 
 namespace pagealloc {
@@ -64,6 +66,13 @@ struct ClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Use this channel instead of dialing `target` (in-process tests).
   std::shared_ptr<grpc::Channel> channel;
+  // Send allocation calls through the session's fast channel (shared memory,
+  // proto/fast_channel.h) when the daemon offers one and this process can
+  // map it; else, and for return_inline calls, through gRPC.
+  bool fast_channel = true;
+  // How long a fast call spins for its answer before it sleeps (a sleeping
+  // caller pays one wake-up when the answer comes).
+  absl::Duration fast_channel_spin = absl::Microseconds(500);
 };
 
 // Per-call options.
@@ -176,6 +185,8 @@ class Client {
   // `cuda_stream` (a cudaStream_t) wait until the daemon's launches so far
   // have written their slots. A no-op on the CPU backend.
   absl::Status OrderAfterCompletion(void* cuda_stream) const;
+  // Whether allocation calls go through the fast channel.
+  bool uses_fast_channel() const { return fast_header_ != nullptr; }
   // Copies `count` slots at `slots` (from a RequestSlots) into host memory.
   absl::Status CopyToHost(const int64_t* slots, int64_t count,
                           int64_t* out) const;
@@ -190,6 +201,25 @@ class Client {
   absl::StatusOr<Allocation> CallAlloc(Request& request,
                                        const CallOptions& options,
                                        Method method);
+  // The same call through the fast channel: `kind` and its arrays (in0 may
+  // be empty); nullopt when it cannot carry it (too many requests).
+  std::optional<absl::StatusOr<Allocation>> FastCall(
+      fast_channel::CallKind kind, absl::Span<const int64_t> in0,
+      absl::Span<const int64_t> in1, absl::Span<const int64_t> in2,
+      const CallOptions& options) ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+  // Maps the session's fast channel, if the daemon offered one.
+  absl::Status MapFastChannel(const v1::FastChannel& channel);
+  // Turns an answer's per-request arrays into an Allocation (both paths).
+  struct AnswerArrays {
+    absl::Span<const int32_t> codes;
+    absl::Span<const int64_t> ring_offsets, counts, new_pages;
+    std::vector<absl::string_view> messages;  // one per refused request
+    absl::Span<const int64_t> inline_slots;
+    int64_t ring_end = 0;
+    int32_t batch_requests = 0;
+  };
+  absl::StatusOr<Allocation> ToAllocation(const AnswerArrays& answer,
+                                          const CallOptions& options) const;
   // Sends a Free carrying slots or pages; returns pages freed.
   absl::StatusOr<int64_t> SendFree(v1::FreeRequest& request);
   std::unique_ptr<grpc::ClientContext> NewContext() const;
@@ -219,6 +249,18 @@ class Client {
   grpc::ClientContext* keepalive_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Notification stop_keepalive_;
   std::thread keepalive_;
+
+  // The fast channel (null when not used). One call at a time.
+  std::unique_ptr<fast_channel::SharedRegion> fast_region_;
+  std::unique_ptr<fast_channel::SharedRegion> doorbell_region_;
+  fast_channel::ChannelHeader* fast_header_ = nullptr;
+  fast_channel::Doorbell* doorbell_ = nullptr;
+  std::optional<fast_channel::ChannelLayout> fast_layout_;
+  absl::Mutex fast_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  uint32_t fast_seq_ ABSL_GUARDED_BY(fast_mu_) = 0;
+  // Set when a call gave up waiting: the channel may still be answered
+  // into, so later calls go through gRPC.
+  bool fast_abandoned_ ABSL_GUARDED_BY(fast_mu_) = false;
 };
 
 }  // namespace pagealloc

@@ -33,27 +33,36 @@ Batcher::Batcher(const Options& options, PagePool* pool, Backend* backend,
 Batcher::~Batcher() { Stop(); }
 
 absl::Status Batcher::SubmitAlloc(AllocCall call) {
-  Work work;
-  work.session_id = call.session_id;
-  work.queued_at = absl::Now();
-  work.alloc = std::make_unique<AllocCall>(std::move(call));
-  return Submit(std::move(work));
+  std::vector<AllocCall> calls;
+  calls.push_back(std::move(call));
+  return SubmitAllocs(std::move(calls));
+}
+
+absl::Status Batcher::SubmitAllocs(std::vector<AllocCall> calls) {
+  const absl::Time now = absl::Now();
+  std::vector<Work> works(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    works[i].session_id = calls[i].session_id;
+    works[i].queued_at = now;
+    works[i].alloc = std::make_unique<AllocCall>(std::move(calls[i]));
+  }
+  return Submit(std::move(works));
 }
 
 absl::Status Batcher::SubmitOp(uint64_t session_id, std::function<void()> op) {
-  Work work;
-  work.session_id = session_id;
-  work.queued_at = absl::Now();
-  work.op = std::move(op);
-  return Submit(std::move(work));
+  std::vector<Work> works(1);
+  works[0].session_id = session_id;
+  works[0].queued_at = absl::Now();
+  works[0].op = std::move(op);
+  return Submit(std::move(works));
 }
 
-absl::Status Batcher::Submit(Work work) {
+absl::Status Batcher::Submit(std::vector<Work> works) {
   std::vector<Work> batch;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the daemon is draining");
-    queue_.push_back(std::move(work));
+    for (Work& work : works) queue_.push_back(std::move(work));
     // The batcher thread drives when a window is set; a launch in progress
     // picks this work up when it ends.
     if (driving_ || options_.batch_window > absl::ZeroDuration()) {

@@ -102,6 +102,10 @@ class Batcher {
   // drives"), so the caller must hold no lock that `done` or other queued
   // work takes.
   absl::Status SubmitAlloc(AllocCall call) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues several calls at once, in order, so that they share a launch
+  // (unless one is running); all or none (UNAVAILABLE once Stop has begun).
+  absl::Status SubmitAllocs(std::vector<AllocCall> calls)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Queues `op`, which runs in order with the session's other work, possibly
   // on the calling thread before this returns (as for SubmitAlloc). Returns
@@ -125,8 +129,8 @@ class Batcher {
   Batcher(const Options& options, PagePool* pool, Backend* backend,
           std::unique_ptr<RingMemory> scratch);
 
-  // Queues `work`; then drives if nobody is driving (see "Who drives").
-  absl::Status Submit(Work work) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `works`; then drives if nobody is driving (see "Who drives").
+  absl::Status Submit(std::vector<Work> works) ABSL_LOCKS_EXCLUDED(mu_);
   // The batcher thread: drives whenever work is queued and nobody else is.
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for the batch window (batcher thread only), then takes the next

@@ -7,6 +7,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -49,6 +50,13 @@ ABSL_FLAG(std::string, socket_mode, "0660",
           "Octal file mode of Unix socket files.");
 ABSL_FLAG(std::string, socket_group, "",
           "Group that owns Unix socket files (default: the daemon's).");
+ABSL_FLAG(bool, fast_channel, true,
+          "Offer sessions a fast channel: allocation calls through shared "
+          "memory instead of gRPC, for clients on this host (see "
+          "docs/design.md).");
+ABSL_FLAG(int, fast_channel_spin_us, 200,
+          "How long the fast channel's poller spins after a call before it "
+          "sleeps (a call to a sleeping poller pays one thread wake-up).");
 ABSL_FLAG(int, metrics_port, 9464,
           "HTTP port for /metrics (Prometheus) and /healthz; 0 picks a free "
           "port, -1 turns metrics off.");
@@ -129,6 +137,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.debug_checks = absl::GetFlag(FLAGS_debug_checks);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.fast_channel = absl::GetFlag(FLAGS_fast_channel);
+  options.fast_channel_spin =
+      absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_fast_channel_spin_us)));
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   return options;
 }

@@ -196,6 +196,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->service_ = std::make_unique<PageAllocatorService>(
       service_options, server->pool_.get(), server->backend_.get(),
       server->sessions_.get(), server->batcher_.get());
+  if (options.fast_channel) {
+    FastChannelServer::Options fast;
+    fast.shm_prefix =
+        absl::StrFormat("/pagealloc-gpu%d.%d", options.gpu, getpid());
+    fast.mode = options.socket_mode & 0666;
+    fast.max_requests = options.batcher.max_batch_requests;
+    fast.spin = options.fast_channel_spin;
+    ASSIGN_OR_RETURN(server->fast_channels_,
+                     FastChannelServer::Create(fast, server->service_.get()));
+    server->service_->set_fast_channels(server->fast_channels_.get());
+  }
   server->metrics_ = std::make_unique<MetricsExporter>(
       server->pool_.get(), server->sessions_.get(), server->service_.get(),
       server->batcher_.get(), server->backend_.get());
@@ -308,6 +319,8 @@ void Server::Shutdown() {
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   batcher_->Stop();
   grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  // Calls posted until now were answered (UNAVAILABLE while draining).
+  if (fast_channels_ != nullptr) fast_channels_->Stop();
   stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
   for (const std::string& path : socket_paths_) unlink(path.c_str());

@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/backend.h"
 #include "server/batcher.h"
+#include "server/fast_channel_server.h"
 #include "server/metrics.h"
 #include "server/service.h"
 #include "server/session.h"
@@ -61,6 +62,10 @@ struct ServerOptions {
   // pagealloc-server's flag defaults to 9464).
   std::string metrics_host = "127.0.0.1";
   int metrics_port = -1;
+  // Offer fast channels (proto/fast_channel.h) to sessions that ask, and
+  // how long the poller spins after a call before it sleeps.
+  bool fast_channel = true;
+  absl::Duration fast_channel_spin = absl::Microseconds(200);
 };
 
 class Server {
@@ -88,6 +93,8 @@ class Server {
   PagePool& pool() { return *pool_; }
   Backend& backend() { return *backend_; }
   PageAllocatorService& service() { return *service_; }
+  // Null when ServerOptions.fast_channel is off.
+  FastChannelServer* fast_channels() { return fast_channels_.get(); }
   const ServerOptions& options() const { return options_; }
   // Addresses actually bound ("127.0.0.1:0" resolves to a real port).
   std::vector<std::string> bound_addresses() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -105,6 +112,8 @@ class Server {
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<PageAllocatorService> service_;
+  // After service_, which it calls: destroyed first.
+  std::unique_ptr<FastChannelServer> fast_channels_;
   std::unique_ptr<MetricsExporter> metrics_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::unique_ptr<grpc::Server> grpc_server_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/status_macros.h"
+#include "server/fast_channel_server.h"
 #include "server/grpc_status.h"
 #include "server/logging.h"
 
@@ -53,6 +54,7 @@ void PageAllocatorService::FreeSessionPages(std::shared_ptr<Session> session,
                  session->client_name(), reason, pages);
     }
   };
+  if (fast_channels_ != nullptr) fast_channels_->Close(session->id());
   if (!batcher_->SubmitOp(session->id(), free_pages).ok()) free_pages();
   counters_.sessions_closed++;
 }
@@ -110,6 +112,16 @@ grpc::ServerUnaryReactor* PageAllocatorService::Register(
   (*session)->ring_memory().Describe(response->mutable_ring());
   response->set_lease_ms(absl::ToInt64Milliseconds(lease()));
   response->set_quota_pages((*session)->quota_pages());
+  if (request->fast_channel() && fast_channels_ != nullptr) {
+    const absl::Status opened = fast_channels_->Open(
+        (*session)->id(), (*session)->token(), response->mutable_fast_channel());
+    if (!opened.ok()) {
+      // The session works without one (over gRPC); say why in the log.
+      response->clear_fast_channel();
+      log_->warn("session {}: no fast channel: {}", (*session)->id(),
+                 std::string(opened.message()));
+    }
+  }
   log_->info("session {} ({}) opened from {}: ring {} slots, quota {} pages",
              (*session)->id(), (*session)->client_name(), context->peer(),
              (*session)->ring_memory().capacity_slots(),
@@ -239,17 +251,26 @@ void FillPackedResults(const std::vector<AllocResult>& results,
 
 }  // namespace
 
-void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
-                                           DecodedCall decoded,
-                                           const v1::AllocOptions& options,
-                                           v1::AllocResponse* response,
-                                           PendingReply* reply, Rpc rpc,
-                                           absl::Time start) {
+template <typename Request, typename Decode>
+std::optional<PageAllocatorService::PreparedCall>
+PageAllocatorService::Prepare(const Request& request,
+                              v1::AllocResponse* response, Reply* reply,
+                              Rpc rpc, Decode decode) {
+  const absl::Time start = absl::Now();
   auto refuse = [this, reply, rpc, start](const absl::Status& status) {
     Answer(reply, rpc, start, status);
+    return std::nullopt;
   };
-  std::vector<AllocRequest>& requests = decoded.requests;
-  const int64_t num_slots = decoded.num_slots;
+  absl::StatusOr<std::shared_ptr<Session>> authenticated =
+      Authenticate(request.session());
+  if (!authenticated.ok()) return refuse(authenticated.status());
+  std::shared_ptr<Session> session = *std::move(authenticated);
+  absl::StatusOr<DecodedCall> decoded =
+      decode(request, session->id(), pool_->geometry(), limits_);
+  if (!decoded.ok()) return refuse(decoded.status());
+  const v1::AllocOptions& options = request.options();
+  std::vector<AllocRequest>& requests = decoded->requests;
+  const int64_t num_slots = decoded->num_slots;
   if (options.release_ring_up_to() > 0) {
     absl::Status released = session->ReleaseRing(options.release_ring_up_to());
     if (!released.ok()) {
@@ -257,17 +278,18 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
           "options.release_ring_up_to: %s", released.message())));
     }
   }
-  int64_t ring_start = 0;
+  PreparedCall prepared;
   if (!options.return_inline()) {
-    absl::StatusOr<int64_t> start = session->ReserveRing(num_slots);
-    if (!start.ok()) return refuse(start.status());
-    ring_start = *start;
+    absl::StatusOr<int64_t> ring_start = session->ReserveRing(num_slots);
+    if (!ring_start.ok()) return refuse(ring_start.status());
+    prepared.ring_start = *ring_start;
+    prepared.ring_reserved = true;
     int64_t* base = session->ring_memory().slots() +
-                    ring_start % session->ring_memory().capacity_slots();
+                    prepared.ring_start % session->ring_memory().capacity_slots();
     int64_t offset = 0;
-    for (AllocRequest& request : requests) {
-      request.destination = base + offset;
-      offset += ToExtendShape(request).num_slots();
+    for (AllocRequest& one : requests) {
+      one.destination = base + offset;
+      offset += ToExtendShape(one).num_slots();
     }
   }
   // Where each request's slots start in the ring (by its shape, so that a
@@ -275,19 +297,20 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
   std::vector<int64_t> ring_offsets(requests.size());
   {
     const int64_t capacity = session->ring_memory().capacity_slots();
-    int64_t offset = ring_start % capacity;
+    int64_t offset = prepared.ring_start % capacity;
     for (size_t i = 0; i < requests.size(); ++i) {
       ring_offsets[i] = offset;
       offset += ToExtendShape(requests[i]).num_slots();
     }
   }
-  AllocCall call;
+  AllocCall& call = prepared.call;
   call.session_id = session->id();
   call.requests = std::move(requests);
   call.num_slots = num_slots;
   call.return_inline = options.return_inline();
   call.async_completion = options.async_completion();
-  const int64_t ring_end = options.return_inline() ? 0 : ring_start + num_slots;
+  const int64_t ring_end =
+      options.return_inline() ? 0 : prepared.ring_start + num_slots;
   const bool inline_results = options.return_inline();
   const bool packed = options.packed_results();
   call.done = [this, response, reply, rpc, start, ring_end, inline_results,
@@ -307,10 +330,51 @@ void PageAllocatorService::SubmitAllocCall(std::shared_ptr<Session> session,
     response->set_launch_id(launch.launch_id);
     Answer(reply, rpc, start, absl::OkStatus());
   };
-  absl::Status submitted = batcher_->SubmitAlloc(std::move(call));
-  if (!submitted.ok()) {
-    if (!options.return_inline()) session->UnreserveRing(ring_start, num_slots);
-    refuse(submitted);
+  prepared.session = std::move(session);
+  prepared.reply = reply;
+  prepared.rpc = rpc;
+  prepared.start = start;
+  return prepared;
+}
+
+std::optional<PageAllocatorService::PreparedCall>
+PageAllocatorService::PrepareAllocExtend(const v1::AllocExtendRequest& request,
+                                         v1::AllocResponse* response,
+                                         Reply* reply) {
+  return Prepare(request, response, reply, Rpc::kAllocExtend,
+                 DecodeAllocExtend);
+}
+
+std::optional<PageAllocatorService::PreparedCall>
+PageAllocatorService::PrepareAllocDecode(const v1::AllocDecodeRequest& request,
+                                         v1::AllocResponse* response,
+                                         Reply* reply) {
+  return Prepare(request, response, reply, Rpc::kAllocDecode,
+                 DecodeAllocDecode);
+}
+
+std::optional<PageAllocatorService::PreparedCall>
+PageAllocatorService::PrepareAlloc(const v1::AllocRequest& request,
+                                   v1::AllocResponse* response, Reply* reply) {
+  return Prepare(request, response, reply, Rpc::kAlloc, DecodeAlloc);
+}
+
+void PageAllocatorService::SubmitPrepared(std::vector<PreparedCall> calls) {
+  if (calls.empty()) return;
+  std::vector<AllocCall> batch;
+  batch.reserve(calls.size());
+  for (PreparedCall& prepared : calls) {
+    batch.push_back(std::move(prepared.call));
+  }
+  const absl::Status submitted = batcher_->SubmitAllocs(std::move(batch));
+  if (submitted.ok()) return;
+  // Refused as a whole (draining): give the ring space back, answer each.
+  for (PreparedCall& prepared : calls) {
+    if (prepared.ring_reserved) {
+      prepared.session->UnreserveRing(prepared.ring_start,
+                                      prepared.call.num_slots);
+    }
+    Answer(prepared.reply, prepared.rpc, prepared.start, submitted);
   }
 }
 
@@ -339,7 +403,7 @@ grpc::Status PageAllocatorService::Answer(Rpc rpc, absl::Time start,
   return ToGrpcStatus(status);
 }
 
-void PageAllocatorService::Answer(PendingReply* reply, Rpc rpc,
+void PageAllocatorService::Answer(Reply* reply, Rpc rpc,
                                   absl::Time start,
                                   const absl::Status& status) {
   rpc_metrics_.Record(rpc, status.code(), absl::Now() - start);
@@ -350,16 +414,14 @@ template <typename Request, typename Decode>
 grpc::Status PageAllocatorService::HandleAlloc(const Request& request,
                                                v1::AllocResponse* response,
                                                Rpc rpc, Decode decode) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      Authenticate(request.session());
-  if (!session.ok()) return Answer(rpc, start, session.status());
-  absl::StatusOr<DecodedCall> decoded =
-      decode(request, (*session)->id(), pool_->geometry(), limits_);
-  if (!decoded.ok()) return Answer(rpc, start, decoded.status());
   PendingReply reply;
-  SubmitAllocCall(*std::move(session), *std::move(decoded), request.options(),
-                  response, &reply, rpc, start);
+  std::optional<PreparedCall> prepared =
+      Prepare(request, response, &reply, rpc, decode);
+  if (prepared.has_value()) {
+    std::vector<PreparedCall> calls;
+    calls.push_back(*std::move(prepared));
+    SubmitPrepared(std::move(calls));
+  }
   return reply.Wait();
 }
 

@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,13 +38,24 @@ struct ServiceCounters {
   std::atomic<int64_t> pages_reclaimed{0};
 };
 
+// Receives one unary call's answer. PendingReply (below) is for a handler
+// that waits; the fast channel (server/fast_channel_server.h) writes the
+// answer into shared memory instead.
+//
 // One unary call's answer, for a handler that waits for it: whoever
 // completes the work (the batcher thread, or the handler's own thread when
 // it drives the batcher) calls Complete once; the handler returns Wait().
 // When the handler's own thread completed it, Wait does not block.
-class PendingReply {
+class Reply {
  public:
-  void Complete(const absl::Status& status) {
+  virtual ~Reply() = default;
+  // The call's response message is final; `status` is the call's status.
+  virtual void Complete(const absl::Status& status) = 0;
+};
+
+class PendingReply final : public Reply {
+ public:
+  void Complete(const absl::Status& status) override {
     status_ = status;
     done_.Notify();
   }
@@ -68,6 +81,8 @@ using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
         v1::PageAllocator::WithCallbackMethod_GetStats<
             v1::PageAllocator::Service>>>;
 
+class FastChannelServer;  // server/fast_channel_server.h
+
 // This class is thread-safe.
 class PageAllocatorService final : public PageAllocatorBase {
  public:
@@ -81,6 +96,12 @@ class PageAllocatorService final : public PageAllocatorBase {
   PageAllocatorService(const Options& options, PagePool* pool,
                        Backend* backend, SessionRegistry* sessions,
                        Batcher* batcher);
+
+  // Where Register opens fast channels (null: none offered). Set once,
+  // before serving; must outlive the service's calls.
+  void set_fast_channels(FastChannelServer* fast_channels) {
+    fast_channels_ = fast_channels;
+  }
 
   // From now on every call but GetStats gets UNAVAILABLE.
   void StartDraining() { draining_ = true; }
@@ -131,26 +152,53 @@ class PageAllocatorService final : public PageAllocatorBase {
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
 
+  // An allocation call that has been authenticated, decoded and given its
+  // ring region, ready for SubmitPrepared.
+  struct PreparedCall {
+    AllocCall call;
+    std::shared_ptr<Session> session;
+    int64_t ring_start = 0;
+    bool ring_reserved = false;
+    Reply* reply = nullptr;
+    Rpc rpc = Rpc::kAllocDecode;
+    absl::Time start;
+  };
+  // Prepare an allocation call exactly as the gRPC handler does; `response`
+  // and `reply` must live until the reply completes. On refusal the reply is
+  // completed (and the call counted) at once and nothing is returned.
+  std::optional<PreparedCall> PrepareAllocExtend(
+      const v1::AllocExtendRequest& request, v1::AllocResponse* response,
+      Reply* reply);
+  std::optional<PreparedCall> PrepareAllocDecode(
+      const v1::AllocDecodeRequest& request, v1::AllocResponse* response,
+      Reply* reply);
+  std::optional<PreparedCall> PrepareAlloc(const v1::AllocRequest& request,
+                                           v1::AllocResponse* response,
+                                           Reply* reply);
+  // Queues prepared calls together (they share a launch unless one is
+  // running); each reply completes when its launch is done.
+  void SubmitPrepared(std::vector<PreparedCall> calls);
+
   // Authenticates `ref` (UNAVAILABLE while draining).
   absl::StatusOr<std::shared_ptr<Session>> Authenticate(
       const v1::SessionRef& ref);
   absl::Duration lease() const { return sessions_->options().lease; }
 
  private:
-  // The shared body of AllocExtend, AllocDecode and Alloc: authenticate,
-  // decode with `decode`, submit, wait for the answer.
+  // The shared body of AllocExtend, AllocDecode and Alloc: prepare, submit,
+  // wait for the answer.
   template <typename Request, typename Decode>
   grpc::Status HandleAlloc(const Request& request, v1::AllocResponse* response,
                            Rpc rpc, Decode decode);
+  // Authenticates, decodes with `decode`, releases and reserves ring space,
+  // and builds the call whose done callback fills `response`.
+  template <typename Request, typename Decode>
+  std::optional<PreparedCall> Prepare(const Request& request,
+                                      v1::AllocResponse* response,
+                                      Reply* reply, Rpc rpc, Decode decode);
   // Frees a removed session's pages after its queued work; counts and logs.
   void FreeSessionPages(std::shared_ptr<Session> session, bool lease_lost,
                         std::string reason);
-  // Validates a call's requests, reserves its ring region and queues it;
-  // completes `reply` when the launch is done or on refusal.
-  void SubmitAllocCall(std::shared_ptr<Session> session, DecodedCall decoded,
-                       const v1::AllocOptions& options,
-                       v1::AllocResponse* response, PendingReply* reply,
-                       Rpc rpc, absl::Time start);
   // Runs `op` for `session` on the batcher, in order with the session's
   // other work, and answers with its status.
   grpc::Status RunOp(Rpc rpc, absl::Time start, uint64_t session_id,
@@ -159,7 +207,7 @@ class PageAllocatorService final : public PageAllocatorBase {
   // reactor, a waiting handler, or the returned status.
   void Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc, absl::Time start,
               const absl::Status& status);
-  void Answer(PendingReply* reply, Rpc rpc, absl::Time start,
+  void Answer(Reply* reply, Rpc rpc, absl::Time start,
               const absl::Status& status);
   grpc::Status Answer(Rpc rpc, absl::Time start, const absl::Status& status);
 
@@ -169,6 +217,7 @@ class PageAllocatorService final : public PageAllocatorBase {
   Backend* const backend_;
   SessionRegistry* const sessions_;
   Batcher* const batcher_;
+  FastChannelServer* fast_channels_ = nullptr;
   std::atomic<bool> draining_{false};
   ServiceCounters counters_;
   RpcMetrics rpc_metrics_;

@@ -1,0 +1,296 @@
+// The fast channel (proto/fast_channel.h) against an in-process daemon on
+// the CPU backend: the client library uses it and gets the answers gRPC
+// gives; raw, malformed posts are refused with a message and change
+// nothing; calls posted together share a launch; closing a session removes
+// its channel.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/fast_channel.h"
+#include "proto/pagealloc.grpc.pb.h"
+#include "server/fast_channel_server.h"
+#include "server/server.h"
+#include "tests/status_matchers.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::StatusIs;
+using ::testing::HasSubstr;
+namespace fc = ::pagealloc::fast_channel;
+
+class FastChannelTest : public ::testing::Test {
+ protected:
+  void StartServer(absl::Duration spin = absl::Microseconds(200)) {
+    ServerOptions options;
+    options.backend = "cpu";
+    options.pool = {64, 4, FreePolicy::kLifo};
+    options.sessions.lease = absl::Seconds(10);
+    options.sessions.default_ring_capacity_slots = 1024;
+    options.batcher.max_batch_requests = 64;
+    options.batcher.max_batch_tokens = 4096;
+    options.fast_channel_spin = spin;
+    options.debug_checks = true;
+    ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
+    ASSERT_OK(server_->Start());
+    channel_ = server_->InProcessChannel();
+    stub_ = v1::PageAllocator::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  std::unique_ptr<Client> Connect(bool fast) {
+    ClientOptions options;
+    options.channel = channel_;
+    options.client_name = fast ? "fast" : "grpc";
+    options.fast_channel = fast;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    EXPECT_OK(client.status());
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // A raw session with a fast channel, mapped by hand.
+  struct RawSession {
+    v1::RegisterResponse registered;
+    std::unique_ptr<fc::SharedRegion> region;
+    std::unique_ptr<fc::SharedRegion> doorbell;
+    fc::ChannelHeader* header = nullptr;
+    std::optional<fc::ChannelLayout> layout;
+    uint32_t seq = 0;
+
+    int64_t* array(size_t offset) {
+      return reinterpret_cast<int64_t*>(static_cast<char*>(region->base()) +
+                                        offset);
+    }
+    // Posts the call already written; rings the doorbell when asked.
+    void Post(bool ring = true) {
+      header->request_seq.store(++seq);
+      if (ring) Ring();
+    }
+    void Ring() {
+      auto* bell = static_cast<fc::Doorbell*>(doorbell->base());
+      bell->seq.fetch_add(1);
+      fc::FutexWakeAll(&bell->seq);
+    }
+    void Await() {
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      while (header->response_seq.load() != seq && absl::Now() < deadline) {
+        absl::SleepFor(absl::Microseconds(20));
+      }
+      ASSERT_EQ(header->response_seq.load(), seq) << "no answer";
+    }
+    std::string CallMessage() {
+      return std::string(static_cast<char*>(region->base()) + layout->messages,
+                         header->messages_used);
+    }
+  };
+
+  RawSession OpenRaw() {
+    RawSession raw;
+    v1::RegisterRequest request;
+    request.set_client_name("raw");
+    request.set_fast_channel(true);
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub_->Register(&context, request, &raw.registered).ok());
+    const v1::FastChannel& channel = raw.registered.fast_channel();
+    raw.layout.emplace(channel.max_requests(), channel.message_bytes());
+    auto region = fc::SharedRegion::Open(channel.shm_name(),
+                                         raw.layout->total_bytes);
+    auto doorbell = fc::SharedRegion::Open(channel.doorbell_shm_name(),
+                                           sizeof(fc::Doorbell));
+    EXPECT_OK(region.status());
+    EXPECT_OK(doorbell.status());
+    if (region.ok() && doorbell.ok()) {
+      raw.region = *std::move(region);
+      raw.doorbell = *std::move(doorbell);
+      raw.header = static_cast<fc::ChannelHeader*>(raw.region->base());
+    }
+    return raw;
+  }
+
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::PageAllocator::Stub> stub_;
+};
+
+TEST_F(FastChannelTest, ClientCallsGoThroughItWithTheSameAnswersAsGrpc) {
+  // The same calls on two fresh daemons: through the fast channel, then
+  // through gRPC. Slots, counts, new pages, refusals and their messages
+  // must agree.
+  struct Answer {
+    std::vector<std::vector<int64_t>> slots;
+    std::vector<std::string> statuses;
+    std::vector<int64_t> new_pages;
+  };
+  Answer answers[2];
+  for (bool fast : {true, false}) {
+    StartServer();
+    auto client = Connect(fast);
+    ASSERT_NE(client, nullptr);
+    EXPECT_EQ(client->uses_fast_channel(), fast);
+    Answer& answer = answers[fast ? 0 : 1];
+    auto record = [&](const absl::StatusOr<Allocation>& a) {
+      ASSERT_OK(a.status());
+      for (size_t i = 0; i < a->size(); ++i) {
+        const RequestSlots& r = (*a)[i];
+        answer.statuses.push_back(r.status.ToString());
+        answer.slots.emplace_back(r.slots, r.slots + r.count);
+        answer.new_pages.push_back(r.new_pages);
+      }
+    };
+    absl::StatusOr<Allocation> extended =
+        client->AllocExtend({0, 0, 0}, {6, 252, 3}, {-1, -1, -1});
+    record(extended);
+    const int64_t last_a = (*extended)[0].slots[5];
+    const int64_t last_c = (*extended)[2].slots[2];
+    record(client->AllocDecode({7, 4}, {last_a, last_c}));
+    record(client->Alloc({8}));
+    // The whole-call refusal comes back the same way too.
+    absl::StatusOr<Allocation> malformed = client->AllocDecode({7}, {12345});
+    answer.statuses.push_back(malformed.status().ToString());
+    if (fast) {
+      EXPECT_EQ(server_->fast_channels()->calls(), 4);
+    } else {
+      EXPECT_EQ(server_->fast_channels()->calls(), 0);
+    }
+    EXPECT_OK(server_->pool().CheckInvariants());
+    client.reset();
+    server_->Shutdown();
+    server_.reset();
+  }
+  EXPECT_EQ(answers[0].slots, answers[1].slots);
+  EXPECT_EQ(answers[0].statuses, answers[1].statuses);
+  EXPECT_EQ(answers[0].new_pages, answers[1].new_pages);
+  EXPECT_THAT(answers[0].statuses[1], HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(answers[0].statuses.back(), HasSubstr("last_loc"));
+}
+
+TEST_F(FastChannelTest, MalformedPostsAreRefusedAndChangeNothing) {
+  StartServer();
+  RawSession raw = OpenRaw();
+  ASSERT_NE(raw.header, nullptr);
+  const std::vector<int64_t> free_before = server_->pool().FreeList();
+
+  raw.header->kind = static_cast<uint32_t>(fc::CallKind::kDecode);
+  raw.header->num_requests = raw.header->max_requests + 1;
+  raw.Post();
+  raw.Await();
+  EXPECT_EQ(raw.header->call_code,
+            static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(raw.CallMessage(), HasSubstr("num_requests (65)"));
+
+  raw.header->kind = 99;
+  raw.header->num_requests = 1;
+  raw.Post();
+  raw.Await();
+  EXPECT_EQ(raw.header->call_code,
+            static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(raw.CallMessage(), HasSubstr("unknown call kind 99"));
+
+  // A well-formed call whose request the daemon's decoder refuses: the
+  // message names the field and the request index, as over gRPC.
+  raw.header->kind = static_cast<uint32_t>(fc::CallKind::kDecode);
+  raw.header->num_requests = 2;
+  raw.array(raw.layout->in1)[0] = 1;
+  raw.array(raw.layout->in2)[0] = -1;
+  raw.array(raw.layout->in1)[1] = 0;  // seq_len must be >= 1
+  raw.array(raw.layout->in2)[1] = -1;
+  raw.Post();
+  raw.Await();
+  EXPECT_EQ(raw.header->call_code,
+            static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(raw.CallMessage(), HasSubstr("seq_lens[1]"));
+
+  EXPECT_EQ(server_->pool().FreeList(), free_before);
+  EXPECT_EQ(server_->pool().Stats().used_pages, 0);
+
+  // And the channel still works.
+  raw.array(raw.layout->in1)[1] = 1;
+  raw.Post();
+  raw.Await();
+  EXPECT_EQ(raw.header->call_code, 0);
+  EXPECT_EQ(raw.header->num_results, 2);
+  EXPECT_EQ(server_->pool().Stats().used_pages, 2);
+}
+
+TEST_F(FastChannelTest, CallsPostedTogetherShareALaunch) {
+  // No spinning: the poller sleeps, both calls are posted, then one ring.
+  StartServer(absl::ZeroDuration());
+  RawSession a = OpenRaw();
+  RawSession b = OpenRaw();
+  ASSERT_NE(a.header, nullptr);
+  ASSERT_NE(b.header, nullptr);
+  absl::SleepFor(absl::Milliseconds(20));  // let the poller fall asleep
+  for (RawSession* raw : {&a, &b}) {
+    raw->header->kind = static_cast<uint32_t>(fc::CallKind::kAlloc);
+    raw->header->num_requests = 2;
+    raw->array(raw->layout->in1)[0] = 4;
+    raw->array(raw->layout->in1)[1] = 8;
+    raw->Post(/*ring=*/false);
+  }
+  a.Ring();
+  a.Await();
+  b.Await();
+  EXPECT_EQ(a.header->call_code, 0);
+  EXPECT_EQ(b.header->call_code, 0);
+  EXPECT_EQ(a.header->launch_id, b.header->launch_id);
+  EXPECT_EQ(a.header->batch_requests, 4);
+  EXPECT_GE(server_->fast_channels()->sleeps(), 1);
+}
+
+TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
+  StartServer();
+  auto client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->uses_fast_channel());
+  ASSERT_OK(client->Alloc({4}).status());
+  RawSession raw = OpenRaw();
+  const std::string name = raw.registered.fast_channel().shm_name();
+  EXPECT_OK(fc::SharedRegion::Open(name, 1).status());
+  v1::KeepAliveRequest close;
+  close.mutable_session()->set_session_id(raw.registered.session_id());
+  close.mutable_session()->set_session_token(
+      raw.registered.session_token());
+  close.set_close(true);
+  grpc::ClientContext context;
+  auto stream = stub_->KeepAlive(&context);
+  ASSERT_TRUE(stream->Write(close));
+  stream->WritesDone();
+  v1::KeepAliveResponse ignored;
+  while (stream->Read(&ignored)) {
+  }
+  (void)stream->Finish();
+  EXPECT_THAT(fc::SharedRegion::Open(name, 1).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(name)));
+  // The other session is untouched.
+  EXPECT_OK(client->Alloc({4}).status());
+}
+
+TEST_F(FastChannelTest, DaemonWithoutFastChannelsServesOverGrpc) {
+  ServerOptions options;
+  options.backend = "cpu";
+  options.pool = {64, 4, FreePolicy::kLifo};
+  options.fast_channel = false;
+  ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
+  ASSERT_OK(server_->Start());
+  channel_ = server_->InProcessChannel();
+  auto client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  EXPECT_FALSE(client->uses_fast_channel());
+  EXPECT_EQ(server_->fast_channels(), nullptr);
+  EXPECT_OK(client->Alloc({4}).status());
+}
+
+}  // namespace
+}  // namespace pagealloc
