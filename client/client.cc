@@ -399,7 +399,7 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   const uint32_t seq = ++fast_seq_;
   h->request_seq.store(seq, std::memory_order_seq_cst);
   doorbell_->seq.fetch_add(1, std::memory_order_seq_cst);
-  if (doorbell_->poller_sleeping.load(std::memory_order_seq_cst) != 0) {
+  if (doorbell_->pollers_sleeping.load(std::memory_order_seq_cst) != 0) {
     fast_channel::FutexWakeAll(&doorbell_->seq);
   }
   // Wait: spin (the usual answer comes within tens of microseconds), then

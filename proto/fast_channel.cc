@@ -97,7 +97,11 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
 
 SharedRegion::~SharedRegion() {
   munmap(base_, bytes_);
-  if (owner_) shm_unlink(name_.c_str());
+  Unlink();
+}
+
+void SharedRegion::Unlink() {
+  if (owner_ && linked_.exchange(false)) shm_unlink(name_.c_str());
 }
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,

@@ -21,7 +21,7 @@
 //
 // Protocol (one call in flight per session):
 //   client: write kind, options and arrays; request_seq += 1 (release);
-//           doorbell.seq += 1; if doorbell.poller_sleeping: futex_wake.
+//           doorbell.seq += 1; if doorbell.pollers_sleeping: futex_wake.
 //   daemon: sees request_seq != the last it answered; copies the call;
 //           answers into the answer fields; response_seq = request_seq
 //           (release); if client_waiting: futex_wake(response_seq).
@@ -61,7 +61,8 @@ inline constexpr uint32_t kAsyncCompletion = 1u << 0;
 
 struct Doorbell {
   std::atomic<uint32_t> seq;
-  std::atomic<uint32_t> poller_sleeping;
+  // Pollers asleep on seq (a client wakes them all when it is not 0).
+  std::atomic<uint32_t> pollers_sleeping;
 };
 
 struct alignas(64) ChannelHeader {
@@ -114,8 +115,10 @@ class SharedRegion {
   // Maps an existing `name`, which must be at least `min_bytes` long.
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Open(
       const std::string& name, size_t min_bytes);
-  // Unmaps; the creator also unlinks the name.
+  // Unmaps; the creator also unlinks the name (unless Unlink did).
   ~SharedRegion();
+  // Creator only: removes the name now; the mapping stays valid.
+  void Unlink();
 
   void* base() const { return base_; }
   size_t bytes() const { return bytes_; }
@@ -128,6 +131,7 @@ class SharedRegion {
   void* const base_;
   const size_t bytes_;
   const bool owner_;
+  std::atomic<bool> linked_{true};
 };
 
 // futex(2) on a 32-bit word in shared memory (not FUTEX_PRIVATE).

@@ -45,6 +45,7 @@ struct FastChannelServer::Channel {
   const std::unique_ptr<SharedRegion> region;
   ChannelHeader* const header;
   const ChannelLayout layout;
+  int poller = 0;  // the poller that serves this channel
   // Poller only: the last request_seq taken.
   uint32_t taken_seq = 0;
   // A call of this channel is being answered; the poller takes no other
@@ -151,7 +152,9 @@ FastChannelServer::FastChannelServer(
       service_(service),
       doorbell_region_(std::move(doorbell)),
       doorbell_(static_cast<fast_channel::Doorbell*>(doorbell_region_->base())) {
-  poller_ = std::thread([this] { Poll(); });
+  for (int i = 0; i < std::max(1, options_.pollers); ++i) {
+    pollers_.emplace_back([this, i] { Poll(i); });
+  }
 }
 
 FastChannelServer::~FastChannelServer() { Stop(); }
@@ -159,7 +162,9 @@ FastChannelServer::~FastChannelServer() { Stop(); }
 void FastChannelServer::Stop() {
   stop_.store(true);
   fast_channel::FutexWakeAll(&doorbell_->seq);
-  if (poller_.joinable()) poller_.join();
+  for (std::thread& poller : pollers_) {
+    if (poller.joinable()) poller.join();
+  }
 }
 
 absl::Status FastChannelServer::Open(uint64_t session_id,
@@ -186,6 +191,7 @@ absl::Status FastChannelServer::Open(uint64_t session_id,
                                            std::move(region), layout);
   channel->reply = std::make_unique<ChannelReply>(channel.get());
   absl::MutexLock lock(&mu_);
+  channel->poller = next_poller_++ % std::max(1, options_.pollers);
   channels_[session_id] = std::move(channel);
   generation_.fetch_add(1);
   return absl::OkStatus();
@@ -193,7 +199,13 @@ absl::Status FastChannelServer::Open(uint64_t session_id,
 
 void FastChannelServer::Close(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
-  if (channels_.erase(session_id) > 0) generation_.fetch_add(1);
+  auto it = channels_.find(session_id);
+  if (it == channels_.end()) return;
+  // The name goes now; the memory when the poller and any call in flight
+  // let go of the channel.
+  it->second->region->Unlink();
+  channels_.erase(it);
+  generation_.fetch_add(1);
 }
 
 bool FastChannelServer::Take(
@@ -267,7 +279,7 @@ bool FastChannelServer::Take(
   return true;
 }
 
-void FastChannelServer::Poll() {
+void FastChannelServer::Poll(int index) {
   std::vector<std::shared_ptr<Channel>> channels;
   uint64_t seen_generation = ~uint64_t{0};
   std::vector<PageAllocatorService::PreparedCall> prepared;
@@ -282,7 +294,9 @@ void FastChannelServer::Poll() {
     if (generation != seen_generation) {
       channels.clear();
       absl::MutexLock lock(&mu_);
-      for (const auto& [id, channel] : channels_) channels.push_back(channel);
+      for (const auto& [id, channel] : channels_) {
+        if (channel->poller == index) channels.push_back(channel);
+      }
       seen_generation = generation;
     }
     bool took = false;
@@ -305,10 +319,10 @@ void FastChannelServer::Poll() {
       continue;
     }
     // Sleep on the doorbell. A client bumps request_seq, then the doorbell,
-    // then reads poller_sleeping; the poller sets poller_sleeping, then
-    // looks at every channel once more: one of the two sees the other.
+    // then reads pollers_sleeping; a poller counts itself in, then looks at
+    // its channels once more: one of the two sees the other.
     const uint32_t bell = doorbell_->seq.load(std::memory_order_seq_cst);
-    doorbell_->poller_sleeping.store(1, std::memory_order_seq_cst);
+    doorbell_->pollers_sleeping.fetch_add(1, std::memory_order_seq_cst);
     bool pending = generation_.load() != seen_generation;
     for (const std::shared_ptr<Channel>& channel : channels) {
       pending = pending || posted(*channel);
@@ -318,7 +332,7 @@ void FastChannelServer::Poll() {
       // The timeout bounds how late a Close'd channel list is refreshed.
       fast_channel::FutexWait(&doorbell_->seq, bell, absl::Milliseconds(100));
     }
-    doorbell_->poller_sleeping.store(0, std::memory_order_seq_cst);
+    doorbell_->pollers_sleeping.fetch_sub(1, std::memory_order_seq_cst);
     last_call = absl::Now();
   }
 }

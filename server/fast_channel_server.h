@@ -1,13 +1,15 @@
 // The daemon's side of the fast channel (proto/fast_channel.h): one shared
-// memory channel per session that asked for one, a doorbell, and a poller
-// thread that takes the calls posted in every channel, runs them through
+// memory channel per session that asked for one, a doorbell, and poller
+// threads that take the calls posted in their channels, run them through
 // the service's own preparation (authentication, validation, ring space)
 // and submits them to the batcher together, so that calls posted at the
 // same time share a launch.
 //
-// The poller spins for `spin` after the last call it saw, so that a client
+// A poller spins for `spin` after the last call it saw, so that a client
 // issuing calls back to back never waits for a wake-up; then it sleeps on
-// the doorbell (a futex) and uses no CPU until a client rings it.
+// the doorbell (a futex) and uses no CPU until a client rings it. A poller
+// submitting while another drives the batcher only queues: the driver
+// takes those calls into its next launch (server/batcher.h).
 //
 // This class is thread-safe.
 
@@ -43,8 +45,12 @@ class FastChannelServer {
     // Most requests in one call (the daemon's per-call limit).
     int32_t max_requests = 8192;
     int32_t message_bytes = 64 << 10;
-    // How long the poller keeps spinning after the last call it saw.
+    // How long a poller keeps spinning after the last call it saw.
     absl::Duration spin = absl::Microseconds(200);
+    // Poller threads; channels are dealt to them in turn. More than one
+    // lets taking and checking calls (per-request work) run in parallel
+    // with the launch another poller drives.
+    int pollers = 2;
   };
 
   // Creates the doorbell and starts the poller. `service` must outlive this.
@@ -72,7 +78,8 @@ class FastChannelServer {
 
   FastChannelServer(const Options& options, PageAllocatorService* service,
                     std::unique_ptr<fast_channel::SharedRegion> doorbell);
-  void Poll();
+  // Poller `index`: serves the channels dealt to it.
+  void Poll(int index);
   // Copies the call posted in `channel` and prepares it; false when it was
   // refused (answered already).
   bool Take(const std::shared_ptr<Channel>& channel, uint32_t seq,
@@ -91,7 +98,8 @@ class FastChannelServer {
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> sleeps_{0};
-  std::thread poller_;
+  int next_poller_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> pollers_;
 };
 
 }  // namespace pagealloc

@@ -57,6 +57,9 @@ ABSL_FLAG(bool, fast_channel, true,
 ABSL_FLAG(int, fast_channel_spin_us, 200,
           "How long the fast channel's poller spins after a call before it "
           "sleeps (a call to a sleeping poller pays one thread wake-up).");
+ABSL_FLAG(int, fast_channel_pollers, 2,
+          "Threads serving fast channels (each spins while its channels are "
+          "busy).");
 ABSL_FLAG(int, metrics_port, 9464,
           "HTTP port for /metrics (Prometheus) and /healthz; 0 picks a free "
           "port, -1 turns metrics off.");
@@ -138,6 +141,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.debug_checks = absl::GetFlag(FLAGS_debug_checks);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.fast_channel = absl::GetFlag(FLAGS_fast_channel);
+  options.fast_channel_pollers =
+      std::max(1, absl::GetFlag(FLAGS_fast_channel_pollers));
   options.fast_channel_spin =
       absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_fast_channel_spin_us)));
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);

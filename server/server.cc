@@ -203,6 +203,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     fast.mode = options.socket_mode & 0666;
     fast.max_requests = options.batcher.max_batch_requests;
     fast.spin = options.fast_channel_spin;
+    fast.pollers = options.fast_channel_pollers;
     ASSIGN_OR_RETURN(server->fast_channels_,
                      FastChannelServer::Create(fast, server->service_.get()));
     server->service_->set_fast_channels(server->fast_channels_.get());

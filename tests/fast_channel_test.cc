@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -30,7 +32,8 @@ namespace fc = ::pagealloc::fast_channel;
 
 class FastChannelTest : public ::testing::Test {
  protected:
-  void StartServer(absl::Duration spin = absl::Microseconds(200)) {
+  void StartServer(absl::Duration spin = absl::Microseconds(200),
+                   int pollers = 2) {
     ServerOptions options;
     options.backend = "cpu";
     options.pool = {64, 4, FreePolicy::kLifo};
@@ -39,6 +42,7 @@ class FastChannelTest : public ::testing::Test {
     options.batcher.max_batch_requests = 64;
     options.batcher.max_batch_tokens = 4096;
     options.fast_channel_spin = spin;
+    options.fast_channel_pollers = pollers;
     options.debug_checks = true;
     ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
     ASSERT_OK(server_->Start());
@@ -225,8 +229,9 @@ TEST_F(FastChannelTest, MalformedPostsAreRefusedAndChangeNothing) {
 }
 
 TEST_F(FastChannelTest, CallsPostedTogetherShareALaunch) {
-  // No spinning: the poller sleeps, both calls are posted, then one ring.
-  StartServer(absl::ZeroDuration());
+  // One poller, not spinning: it sleeps, both calls are posted, then one
+  // ring wakes it to find both.
+  StartServer(absl::ZeroDuration(), /*pollers=*/1);
   RawSession a = OpenRaw();
   RawSession b = OpenRaw();
   ASSERT_NE(a.header, nullptr);
@@ -247,6 +252,54 @@ TEST_F(FastChannelTest, CallsPostedTogetherShareALaunch) {
   EXPECT_EQ(a.header->launch_id, b.header->launch_id);
   EXPECT_EQ(a.header->batch_requests, 4);
   EXPECT_GE(server_->fast_channels()->sleeps(), 1);
+}
+
+TEST_F(FastChannelTest, ConcurrentClientsOnSeveralPollers) {
+  StartServer(absl::Microseconds(50), /*pollers=*/3);
+  constexpr int kClients = 6;
+  constexpr int kSteps = 150;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(Connect(true));
+  std::vector<std::set<int64_t>> held(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      Client& client = *clients[i];
+      std::vector<int64_t> mine;
+      for (int step = 0; step < kSteps; ++step) {
+        absl::StatusOr<Allocation> a = client.Alloc({4, 4});
+        ASSERT_OK(a.status());
+        for (size_t r = 0; r < a->size(); ++r) {
+          if (!(*a)[r].status.ok()) {
+            EXPECT_EQ((*a)[r].status.code(),
+                      absl::StatusCode::kResourceExhausted);
+            continue;
+          }
+          std::vector<int64_t> slots(4);
+          ASSERT_OK(client.CopyToHost((*a)[r].slots, 4, slots.data()));
+          mine.push_back(slots[0]);
+        }
+        client.Release(*a);
+        if (mine.size() > 4) {
+          ASSERT_OK(client.FreeSlots(mine).status());
+          mine.clear();
+        }
+      }
+      for (int64_t slot : mine) held[i].insert(slot / 4);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  // No page is held by two clients, and the pool agrees on the count.
+  std::set<int64_t> all;
+  size_t total = 0;
+  for (const std::set<int64_t>& pages : held) {
+    total += pages.size();
+    all.insert(pages.begin(), pages.end());
+  }
+  EXPECT_EQ(all.size(), total);
+  EXPECT_EQ(server_->pool().Stats().used_pages, static_cast<int64_t>(total));
+  EXPECT_OK(server_->pool().CheckInvariants());
+  EXPECT_EQ(server_->fast_channels()->calls(), kClients * kSteps);
 }
 
 TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
