@@ -50,7 +50,7 @@ class FastChannelServer {
     // Poller threads; channels are dealt to them in turn. More than one
     // lets taking and checking calls (per-request work) run in parallel
     // with the launch another poller drives.
-    int pollers = 2;
+    int pollers = 1;
   };
 
   // Creates the doorbell and starts the poller. `service` must outlive this.

@@ -57,7 +57,7 @@ ABSL_FLAG(bool, fast_channel, true,
 ABSL_FLAG(int, fast_channel_spin_us, 200,
           "How long the fast channel's poller spins after a call before it "
           "sleeps (a call to a sleeping poller pays one thread wake-up).");
-ABSL_FLAG(int, fast_channel_pollers, 2,
+ABSL_FLAG(int, fast_channel_pollers, 1,
           "Threads serving fast channels (each spins while its channels are "
           "busy).");
 ABSL_FLAG(int, metrics_port, 9464,

@@ -66,7 +66,7 @@ struct ServerOptions {
   // how long the poller spins after a call before it sleeps.
   bool fast_channel = true;
   absl::Duration fast_channel_spin = absl::Microseconds(200);
-  int fast_channel_pollers = 2;
+  int fast_channel_pollers = 1;
 };
 
 class Server {
