@@ -21,6 +21,7 @@
 // and wait), the counterpart of the anchor's in-process call.
 //
 // Usage: kernel_benchmark [--json=PATH] [--reps=N] [--sets=N] [--quick]
+//                         [--case=NAME]  (one anchor case, e.g. for ncu)
 
 #include <cuda_runtime_api.h>
 
@@ -218,6 +219,7 @@ int Main(int argc, char** argv) {
   int reps = 300;
   int sets = 8;
   bool quick = false;
+  std::string only_case;  // e.g. "bulk_64x16384": one case (profilers)
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (absl::StartsWith(arg, "--json=")) {
@@ -230,9 +232,12 @@ int Main(int argc, char** argv) {
       sets = std::atoi(arg.c_str() + 7);
     } else if (arg == "--quick") {
       quick = true;
+    } else if (absl::StartsWith(arg, "--case=")) {
+      only_case = arg.substr(7);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--json=PATH] [--reps=N] [--sets=N] [--quick]\n",
+                   "usage: %s [--json=PATH] [--reps=N] [--sets=N] [--quick] "
+                   "[--case=NAME]\n",
                    argv[0]);
       return 2;
     }
@@ -361,6 +366,7 @@ int Main(int argc, char** argv) {
     BENCH_CHECK_OK(executor.WriteFreeRing(0, ring));
 
     for (const Case& c : AnchorCases(quick)) {
+      if (!only_case.empty() && c.name != only_case) continue;
       // Input sets: the largest case writes 8 MiB a set.
       std::vector<InputSet> inputs(sets);
       bool ok = true;
