@@ -144,17 +144,20 @@ std::vector<AllocResult> PagePool::Allocate(
   absl::MutexLock lock(&mu_);
   // Pass 1: everything that does not depend on admission order.
   int64_t batch_pages = 0;
+  // A call's requests share an owner: look it up once per run of requests.
+  OwnerId known_owner = kNoOwner;
   for (size_t i = 0; i < requests.size(); ++i) {
     const AllocRequest& request = requests[i];
     AllocResult& result = results[i];
     result.status = ValidateShape(request, geometry_);
     if (!result.status.ok()) continue;
-    if (!owners_.contains(request.owner)) {
+    if (request.owner != known_owner && !owners_.contains(request.owner)) {
       result.status = absl::NotFoundError(absl::StrFormat(
           "%s request %d: unknown owner %d", RequestKindName(request.kind),
           request.index, request.owner));
       continue;
     }
+    known_owner = request.owner;
     shapes[i] = ToExtendShape(request);
     if (shapes[i].num_slots() > 0 && request.destination == nullptr) {
       result.status = absl::InvalidArgumentError(absl::StrFormat(
@@ -163,7 +166,7 @@ std::vector<AllocResult> PagePool::Allocate(
           shapes[i].num_slots()));
       continue;
     }
-    if (shapes[i].prefix_len % geometry_.page_size != 0 &&
+    if (ModNonNegative(shapes[i].prefix_len, geometry_.page_size) != 0 &&
         shapes[i].num_slots() > 0) {
       // The request writes into the rest of last_loc's page: it must be the
       // caller's.
@@ -196,6 +199,11 @@ std::vector<AllocResult> PagePool::Allocate(
   std::vector<size_t> admitted;
   admitted.reserve(requests.size());
   absl::flat_hash_map<OwnerId, int64_t> batch_pages_by_owner;
+  // The current run's owner and its batch count (entries are only added
+  // when the owner changes, so the pointers stay valid within a run).
+  OwnerId run_owner = kNoOwner;
+  const OwnerState* owner_state = nullptr;
+  int64_t* owner_batch_pages_ptr = nullptr;
   for (size_t i = 0; i < requests.size(); ++i) {
     AllocResult& result = results[i];
     if (!result.status.ok()) continue;
@@ -209,8 +217,13 @@ std::vector<AllocResult> PagePool::Allocate(
           available));
       continue;
     }
-    const OwnerState& owner = owners_.at(request.owner);
-    int64_t& owner_batch_pages = batch_pages_by_owner[request.owner];
+    if (request.owner != run_owner) {
+      run_owner = request.owner;
+      owner_state = &owners_.at(request.owner);
+      owner_batch_pages_ptr = &batch_pages_by_owner[request.owner];
+    }
+    const OwnerState& owner = *owner_state;
+    int64_t& owner_batch_pages = *owner_batch_pages_ptr;
     if (owner.quota_pages > 0 &&
         owner.pages_owned + owner_batch_pages + pages_needed[i] >
             owner.quota_pages) {
@@ -224,9 +237,15 @@ std::vector<AllocResult> PagePool::Allocate(
       continue;
     }
     owner_batch_pages += pages_needed[i];
-    plan.requests.push_back(PlannedRequest{
-        shapes[i].prefix_len, shapes[i].seq_len, shapes[i].last_loc,
-        plan.num_new_pages, plan.num_slots, request.destination});
+    // Fields written in place: building a temporary and copying it cost a
+    // store-forwarding stall per request (a third of this loop, by perf).
+    PlannedRequest& planned = plan.requests.emplace_back();
+    planned.prefix_len = shapes[i].prefix_len;
+    planned.seq_len = shapes[i].seq_len;
+    planned.last_loc = shapes[i].last_loc;
+    planned.first_new_page = plan.num_new_pages;
+    planned.output_offset = plan.num_slots;
+    planned.destination = request.destination;
     plan.num_new_pages += pages_needed[i];
     plan.num_slots += shapes[i].num_slots();
     result.num_slots = shapes[i].num_slots();
@@ -245,8 +264,14 @@ std::vector<AllocResult> PagePool::Allocate(
 
   // Commit: the batch's pages leave the front of the free list.
   int64_t next = 0;
+  OwnerId commit_owner = kNoOwner;
+  OwnerState* commit_state = nullptr;
   for (size_t i : admitted) {
-    OwnerState& owner = owners_.at(requests[i].owner);
+    if (requests[i].owner != commit_owner) {
+      commit_owner = requests[i].owner;
+      commit_state = &owners_.at(commit_owner);
+    }
+    OwnerState& owner = *commit_state;
     for (int64_t k = 0; k < pages_needed[i]; ++k) {
       const int64_t page = RingAt(next++);
       owner_of_[page] = requests[i].owner;
@@ -266,7 +291,7 @@ std::vector<AllocResult> PagePool::Allocate(
 
 absl::Status PagePool::CheckLastLocOwned(const AllocRequest& request,
                                          int64_t last_loc) const {
-  const int64_t page = last_loc / geometry_.page_size;
+  const int64_t page = DivNonNegative(last_loc, geometry_.page_size);
   const OwnerId actual = owner_of_[page];
   if (actual == request.owner) return absl::OkStatus();  // the hot path
   const std::string what = absl::StrFormat(

@@ -98,7 +98,9 @@ absl::Status ValidateShape(const AllocRequest& r, const PoolGeometry& g) {
                           "[%d, %d)",
                           i, shape.last_loc, g.page_size, g.slot_limit()));
   }
-  if ((shape.last_loc + 1) % g.page_size != shape.prefix_len % g.page_size) {
+  // Both operands are >= 0 here (checked above).
+  if (ModNonNegative(shape.last_loc + 1, g.page_size) !=
+      ModNonNegative(shape.prefix_len, g.page_size)) {
     return Invalid(r, absl::StrFormat(
                           "last_locs[%d] (%d) is misaligned: (last_loc + 1) %% "
                           "page_size is %d but prefix_len %% page_size is %d",

@@ -31,6 +31,19 @@ TEST(PageArithmeticTest, NewPagesFollowTheGenericFormula) {
   EXPECT_EQ(PartialPageSlots({6, 7, 9}, 1), 0);
 }
 
+TEST(PageArithmeticTest, FastDivisionAgreesWithDivision) {
+  // Powers of two take the shift path, the rest divide; both must agree
+  // with / and % on every non-negative value, up to the 2^40-slot limit.
+  for (int64_t b : {1, 2, 3, 4, 7, 16, 48, 64, 100, 128, 4096}) {
+    for (int64_t a : {int64_t{0}, int64_t{1}, b - 1, b, b + 1, 3 * b + 2,
+                      int64_t{123456789}, (int64_t{1} << 40) - 1}) {
+      EXPECT_EQ(DivNonNegative(a, b), a / b) << a << " / " << b;
+      EXPECT_EQ(ModNonNegative(a, b), a % b) << a << " % " << b;
+      EXPECT_EQ(CeilDiv(a, b), (a + b - 1) / b) << a << " / " << b;
+    }
+  }
+}
+
 TEST(ValidateShapeTest, AcceptsWellFormedRequests) {
   EXPECT_OK(ValidateShape(Extend(0, 9, -1), kGeometry));
   EXPECT_OK(ValidateShape(Extend(2, 11, 5), kGeometry));   // page 1, offset 1

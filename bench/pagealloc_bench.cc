@@ -904,6 +904,7 @@ struct PhaseResult {
   double server_decode_rpc_mean = -1;
   double server_queue_wait_mean = -1;
   double server_execute_mean = -1;
+  double server_complete_mean = -1;
   double server_batch_requests_mean = -1;
 
   int64_t total_calls() const {
@@ -1013,6 +1014,8 @@ class Phase {
         MetricMean(before, after, "pagealloc_queue_wait_seconds", "");
     result.server_execute_mean =
         MetricMean(before, after, "pagealloc_execute_seconds", "");
+    result.server_complete_mean =
+        MetricMean(before, after, "pagealloc_complete_seconds", "");
     result.server_batch_requests_mean =
         MetricMean(before, after, "pagealloc_batch_requests", "");
     return result;
@@ -1148,7 +1151,7 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
       "\"server_cpu_us_per_alloc_call\": %.3f, "
       "\"server_metrics\": {\"alloc_decode_rpc_mean_us\": %.3f, "
       "\"queue_wait_mean_us\": %.3f, \"execute_mean_us\": %.3f, "
-      "\"batch_requests_mean\": %.3f}, "
+      "\"complete_mean_us\": %.3f, \"batch_requests_mean\": %.3f}, "
       "\"ratios\": {\"decode_p50_vs_health_p50\": %.3f, "
       "\"decode_p99_vs_health_p99\": %.3f, "
       "\"decode_p50_vs_in_process_p50\": %.3f, "
@@ -1162,7 +1165,8 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
       Ratio(p.rpcs[kDecode].requests + p.rpcs[kExtend].requests, p.launches), p.refused,
       p.server_cpu_seconds, cpu_us_per_rpc, cpu_us_per_alloc,
       MetricUs(p.server_decode_rpc_mean), MetricUs(p.server_queue_wait_mean),
-      MetricUs(p.server_execute_mean), p.server_batch_requests_mean,
+      MetricUs(p.server_execute_mean), MetricUs(p.server_complete_mean),
+      p.server_batch_requests_mean,
       Ratio(decode.Percentile(0.5), floors.health.histogram.Percentile(0.5)),
       Ratio(decode.Percentile(0.99), floors.health.histogram.Percentile(0.99)),
       Ratio(decode.Percentile(0.5), floors.in_process.histogram.Percentile(0.5)),
@@ -1217,10 +1221,11 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
     }
     if (p.server_execute_mean >= 0) {
       std::printf("daemon means: AllocDecode rpc_duration %.1f us, "
-                  "queue_wait %.1f us, execute %.1f us\n",
+                  "queue_wait %.1f us, execute %.1f us (completing %.1f us)\n",
                   MetricUs(p.server_decode_rpc_mean),
                   MetricUs(p.server_queue_wait_mean),
-                  MetricUs(p.server_execute_mean));
+                  MetricUs(p.server_execute_mean),
+                  MetricUs(p.server_complete_mean));
     }
     const LatencyHistogram& d = p.rpcs[kDecode].latency;
     std::printf(

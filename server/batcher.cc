@@ -178,6 +178,9 @@ void Batcher::Launch(std::vector<Work>* pending) {
   if (pending->empty()) return;
   const absl::Time start = absl::Now();
   std::vector<AllocRequest> requests;
+  size_t total_requests = 0;
+  for (const Work& work : *pending) total_requests += work.alloc->requests.size();
+  requests.reserve(total_requests);
   int64_t scratch_used = 0;
   for (Work& work : *pending) {
     AllocCall& call = *work.alloc;
@@ -208,8 +211,14 @@ void Batcher::Launch(std::vector<Work>* pending) {
     launch.launch_id = ++launches_;
   }
   absl::Status completion = absl::OkStatus();
+  const absl::Time complete_start = absl::Now();
   if (launched) completion = backend_->CompleteLaunch(!any_sync);
-  launch.execute_time = absl::Now() - start;
+  const absl::Time end = absl::Now();
+  launch.execute_time = end - start;
+  if (launched) {
+    metrics_.complete_seconds.Observe(
+        absl::ToDoubleSeconds(end - complete_start));
+  }
   metrics_.requests_per_batch.Observe(launch.batch_requests);
   metrics_.tokens_per_batch.Observe(launch.batch_slots);
   metrics_.execute_seconds.Observe(absl::ToDoubleSeconds(launch.execute_time));

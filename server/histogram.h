@@ -81,6 +81,9 @@ struct BatcherMetrics {
       AtomicHistogram::Exponential(1e-6, 2, 22)};
   // Per launch: planning, the executor's launch and, in sync mode, its wait.
   AtomicHistogram execute_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
+  // Per launch, the part of execute spent completing it: the host's wait
+  // for the GPU in sync mode, recording the completion event in async mode.
+  AtomicHistogram complete_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
 };
 
 }  // namespace pagealloc

@@ -250,6 +250,11 @@ std::string MetricsExporter::Render() const {
       "pagealloc_execute_seconds",
       "Planning plus the executor's launch (and its wait in sync mode).",
       batches.execute_seconds));
+  families.push_back(Histogram(
+      "pagealloc_complete_seconds",
+      "The part of execute spent completing a launch: waiting for the GPU "
+      "(sync) or recording the completion event (async).",
+      batches.complete_seconds));
 
   return prometheus::TextSerializer().Serialize(families);
 }

@@ -105,6 +105,7 @@ TEST_F(MetricsTest, ExposesPoolSessionRequestAndBatchFigures) {
   EXPECT_THAT(body, HasSubstr("pagealloc_batch_requests_count 3"));
   EXPECT_THAT(body, HasSubstr("pagealloc_queue_wait_seconds_bucket"));
   EXPECT_THAT(body, HasSubstr("pagealloc_execute_seconds_sum"));
+  EXPECT_THAT(body, HasSubstr("pagealloc_complete_seconds_count"));
 }
 
 TEST_F(MetricsTest, PromtoolAcceptsTheExposition) {
