@@ -63,9 +63,11 @@ absl::Status Batcher::Submit(std::vector<Work> works) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the daemon is draining");
     for (Work& work : works) queue_.push_back(std::move(work));
-    // The batcher thread drives when a window is set; a launch in progress
-    // picks this work up when it ends.
-    if (driving_ || options_.batch_window > absl::ZeroDuration()) {
+    queued_.store(queue_.size(), std::memory_order_release);
+    // The batcher thread drives when a window or a spin is set; a launch in
+    // progress picks this work up when it ends.
+    if (driving_ || options_.batch_window > absl::ZeroDuration() ||
+        options_.spin > absl::ZeroDuration()) {
       return absl::OkStatus();
     }
     driving_ = true;
@@ -86,6 +88,7 @@ absl::Status Batcher::Submit(std::vector<Work> works) {
 }
 
 void Batcher::Stop() {
+  stop_requested_.store(true);
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -124,11 +127,23 @@ void Batcher::TakeBatch(std::vector<Work>* batch) {
     batch->push_back(std::move(next));
     queue_.pop_front();
   }
+  queued_.store(queue_.size(), std::memory_order_release);
 }
 
 void Batcher::Run() {
   std::vector<Work> batch;
   while (true) {
+    if (options_.spin > absl::ZeroDuration()) {
+      // Poll for more work before sleeping on the mutex (see Options.spin).
+      const absl::Time until = absl::Now() + options_.spin;
+      while (queued_.load(std::memory_order_acquire) == 0 &&
+             !stop_requested_.load(std::memory_order_relaxed) &&
+             absl::Now() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      }
+    }
     {
       absl::MutexLock lock(&mu_);
       // Work for this thread: queued and nobody driving. When stopping, it

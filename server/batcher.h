@@ -13,7 +13,8 @@
 // waits in the queue; the driver takes it next, for at most
 // kMaxInlineRounds launches, and then leaves the rest to the batcher's own
 // thread so that a handler thread returns to gRPC in bounded time. With a
-// batch window, only the batcher thread drives (it is the one that waits).
+// batch window, only the batcher thread drives (it is the one that waits);
+// with Options.spin too (it is the one that spins).
 //
 // Ordering: the work of one session applies in the order it was queued. An
 // operation (free, checkpoint, rollback, close) of a session that has an
@@ -26,6 +27,7 @@
 #ifndef PAGEALLOC_SERVER_BATCHER_H_
 #define PAGEALLOC_SERVER_BATCHER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -77,6 +79,12 @@ class Batcher {
     int64_t max_batch_requests = 8192;
     int64_t max_batch_tokens = 1 << 21;
     absl::Duration batch_window = absl::ZeroDuration();
+    // With spin > 0 the batcher thread is the only driver: submitters just
+    // queue and return (a fast-channel poller goes back to taking calls
+    // while a launch runs), and after each batch the thread polls the
+    // queue for this long before it sleeps, so a hand-off costs no
+    // wake-up while work flows. Costs a core while busy.
+    absl::Duration spin = absl::ZeroDuration();
     // Check the pool's invariants after every batch; abort on a violation
     // (a bug, never a bad request). Slow: for tests and debugging.
     bool debug_checks = false;
@@ -154,6 +162,9 @@ class Batcher {
   // A thread (the batcher's or a submitter's) is running work on the pool;
   // only that thread touches pool_ through this class until it clears this.
   bool driving_ ABSL_GUARDED_BY(mu_) = false;
+  // queue_.size(), readable without mu_ by the spinning batcher thread.
+  std::atomic<int64_t> queued_{0};
+  std::atomic<bool> stop_requested_{false};
   uint64_t launches_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };

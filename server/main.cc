@@ -73,6 +73,12 @@ ABSL_FLAG(int64_t, batch_window_us, 0,
           "How long the batcher waits for more calls before a launch (0: "
           "launch as soon as work is queued; calls that arrive meanwhile "
           "join the next launch).");
+ABSL_FLAG(int64_t, batcher_spin_us, 0,
+          "0: the thread that submits work to an idle batcher runs the launch "
+          "itself (lowest latency for a lone call). > 0: a dedicated batcher "
+          "thread drives every launch and polls for work this long after each "
+          "one, so fast-channel calls are taken while a launch runs (more "
+          "throughput with many clients; a core busy while they call).");
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "A session that sends nothing for this long (KeepAlive included) "
           "loses its pages.");
@@ -129,6 +135,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.batcher.batch_window =
       absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
+  options.batcher.spin = absl::Microseconds(
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_batcher_spin_us)));
   options.sessions.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.sessions.default_ring_capacity_slots =

@@ -101,6 +101,27 @@ TEST_F(BatcherTest, WithABatchWindowTheBatcherThreadDrives) {
   EXPECT_OK(completion.status);
 }
 
+TEST_F(BatcherTest, WithASpinTheBatcherThreadDrivesEveryLaunch) {
+  Batcher::Options options;
+  options.spin = absl::Milliseconds(1);
+  Start(options);
+  std::vector<Completion> completions(20);
+  for (Completion& completion : completions) {
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+    completion.done.WaitForNotification();
+    EXPECT_NE(completion.thread, std::this_thread::get_id());
+    EXPECT_OK(completion.status);
+  }
+  // Calls after the spin ran out wake the sleeping thread.
+  absl::SleepFor(absl::Milliseconds(20));
+  Completion late;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &late)));
+  late.done.WaitForNotification();
+  EXPECT_OK(late.status);
+  batcher_->Stop();
+  EXPECT_EQ(pool_->Stats().used_pages, 21);
+}
+
 TEST_F(BatcherTest, CallsQueuedDuringALaunchShareTheNextOne) {
   Start({});
   absl::Notification blocking, release;

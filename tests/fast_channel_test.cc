@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -33,7 +34,8 @@ namespace fc = ::pagealloc::fast_channel;
 class FastChannelTest : public ::testing::Test {
  protected:
   void StartServer(absl::Duration spin = absl::Microseconds(200),
-                   int pollers = 2) {
+                   int pollers = 2,
+                   absl::Duration batcher_spin = absl::ZeroDuration()) {
     ServerOptions options;
     options.backend = "cpu";
     options.pool = {64, 4, FreePolicy::kLifo};
@@ -43,6 +45,7 @@ class FastChannelTest : public ::testing::Test {
     options.batcher.max_batch_tokens = 4096;
     options.fast_channel_spin = spin;
     options.fast_channel_pollers = pollers;
+    options.batcher.spin = batcher_spin;
     options.debug_checks = true;
     ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
     ASSERT_OK(server_->Start());
@@ -254,12 +257,14 @@ TEST_F(FastChannelTest, CallsPostedTogetherShareALaunch) {
   EXPECT_GE(server_->fast_channels()->sleeps(), 1);
 }
 
-TEST_F(FastChannelTest, ConcurrentClientsOnSeveralPollers) {
-  StartServer(absl::Microseconds(50), /*pollers=*/3);
+// Six clients allocate and free concurrently; no page may end up held by
+// two of them, and the pool must agree with what they hold.
+void RunConcurrentClients(
+    Server* server, const std::function<std::unique_ptr<Client>()>& connect) {
   constexpr int kClients = 6;
   constexpr int kSteps = 150;
   std::vector<std::unique_ptr<Client>> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back(Connect(true));
+  for (int i = 0; i < kClients; ++i) clients.push_back(connect());
   std::vector<std::set<int64_t>> held(kClients);
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; ++i) {
@@ -297,9 +302,20 @@ TEST_F(FastChannelTest, ConcurrentClientsOnSeveralPollers) {
     all.insert(pages.begin(), pages.end());
   }
   EXPECT_EQ(all.size(), total);
-  EXPECT_EQ(server_->pool().Stats().used_pages, static_cast<int64_t>(total));
-  EXPECT_OK(server_->pool().CheckInvariants());
-  EXPECT_EQ(server_->fast_channels()->calls(), kClients * kSteps);
+  EXPECT_EQ(server->pool().Stats().used_pages, static_cast<int64_t>(total));
+  EXPECT_OK(server->pool().CheckInvariants());
+  EXPECT_EQ(server->fast_channels()->calls(), kClients * kSteps);
+}
+
+TEST_F(FastChannelTest, ConcurrentClientsOnSeveralPollers) {
+  StartServer(absl::Microseconds(50), /*pollers=*/3);
+  RunConcurrentClients(server_.get(), [this] { return Connect(true); });
+}
+
+TEST_F(FastChannelTest, ConcurrentClientsWithASpinningBatcher) {
+  // The batcher thread drives every launch; pollers only queue.
+  StartServer(absl::Microseconds(50), /*pollers=*/1, absl::Microseconds(100));
+  RunConcurrentClients(server_.get(), [this] { return Connect(true); });
 }
 
 TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
