@@ -360,26 +360,14 @@ inline void CpuRelax() {
 
 }  // namespace
 
-std::optional<absl::StatusOr<Allocation>> Client::FastCall(
-    fast_channel::CallKind kind, absl::Span<const int64_t> in0,
-    absl::Span<const int64_t> in1, absl::Span<const int64_t> in2,
-    const CallOptions& options) {
-  if (fast_header_ == nullptr || options.return_inline) return std::nullopt;
+absl::Status Client::PostFastCall(fast_channel::CallKind kind,
+                                  absl::Span<const int64_t> in0,
+                                  absl::Span<const int64_t> in1,
+                                  absl::Span<const int64_t> in2,
+                                  uint32_t option_bits) {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
   fast_channel::ChannelHeader* h = fast_header_;
   const fast_channel::ChannelLayout& layout = *fast_layout_;
-  // Parallel arrays of different lengths are the daemon's to refuse, with
-  // its message; gRPC carries them as they are.
-  const size_t n = std::max({in0.size(), in1.size(), in2.size()});
-  if (n > static_cast<size_t>(h->max_requests) ||
-      (!in0.empty() && in0.size() != n) || in1.size() != n ||
-      (!in2.empty() && in2.size() != n) ||
-      (kind == fast_channel::CallKind::kExtend && in0.size() != n) ||
-      (kind != fast_channel::CallKind::kAlloc && in2.size() != n)) {
-    return std::nullopt;
-  }
-  absl::MutexLock fast_lock(&fast_mu_);
-  if (fast_abandoned_) return std::nullopt;
-  if (absl::Status alive = session_status(); !alive.ok()) return alive;
   char* base = static_cast<char*>(fast_region_->base());
   auto put = [&](size_t offset, absl::Span<const int64_t> values) {
     if (!values.empty()) {
@@ -390,8 +378,8 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   put(layout.in1, in1);
   put(layout.in2, in2);
   h->kind = static_cast<uint32_t>(kind);
-  h->num_requests = n;
-  h->options = options.async_completion ? fast_channel::kAsyncCompletion : 0;
+  h->num_requests = std::max({in0.size(), in1.size(), in2.size()});
+  h->options = option_bits;
   {
     absl::MutexLock lock(&mu_);
     h->release_ring_up_to = release_up_to_;
@@ -431,13 +419,63 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
     }
     h->client_waiting.store(0, std::memory_order_relaxed);
   }
-  if (h->call_code != 0) {
-    const int32_t used =
-        std::clamp<int32_t>(h->messages_used, 0, h->message_bytes);
-    return Observe(absl::Status(static_cast<absl::StatusCode>(h->call_code),
-                                absl::string_view(base + layout.messages,
-                                                  used)));
+  return absl::OkStatus();
+}
+
+std::optional<absl::StatusOr<int64_t>> Client::FastOp(
+    fast_channel::CallKind kind, absl::Span<const int64_t> values) {
+  if (fast_header_ == nullptr ||
+      values.size() > static_cast<size_t>(fast_header_->max_requests)) {
+    return std::nullopt;
   }
+  absl::MutexLock fast_lock(&fast_mu_);
+  if (fast_abandoned_) return std::nullopt;
+  if (absl::Status posted = PostFastCall(kind, {}, values, {}, 0);
+      !posted.ok()) {
+    return posted;
+  }
+  if (absl::Status whole = FastCallStatus(); !whole.ok()) return whole;
+  return fast_header_->op_value;
+}
+
+absl::Status Client::FastCallStatus() {
+  const fast_channel::ChannelHeader* h = fast_header_;
+  if (h->call_code == 0) return absl::OkStatus();
+  const int32_t used =
+      std::clamp<int32_t>(h->messages_used, 0, h->message_bytes);
+  const char* base = static_cast<const char*>(fast_region_->base());
+  return Observe(
+      absl::Status(static_cast<absl::StatusCode>(h->call_code),
+                   absl::string_view(base + fast_layout_->messages, used)));
+}
+
+std::optional<absl::StatusOr<Allocation>> Client::FastCall(
+    fast_channel::CallKind kind, absl::Span<const int64_t> in0,
+    absl::Span<const int64_t> in1, absl::Span<const int64_t> in2,
+    const CallOptions& options) {
+  if (fast_header_ == nullptr || options.return_inline) return std::nullopt;
+  fast_channel::ChannelHeader* h = fast_header_;
+  const fast_channel::ChannelLayout& layout = *fast_layout_;
+  // Parallel arrays of different lengths are the daemon's to refuse, with
+  // its message; gRPC carries them as they are.
+  const size_t n = std::max({in0.size(), in1.size(), in2.size()});
+  if (n > static_cast<size_t>(h->max_requests) ||
+      (!in0.empty() && in0.size() != n) || in1.size() != n ||
+      (!in2.empty() && in2.size() != n) ||
+      (kind == fast_channel::CallKind::kExtend && in0.size() != n) ||
+      (kind != fast_channel::CallKind::kAlloc && in2.size() != n)) {
+    return std::nullopt;
+  }
+  absl::MutexLock fast_lock(&fast_mu_);
+  if (fast_abandoned_) return std::nullopt;
+  if (absl::Status posted = PostFastCall(
+          kind, in0, in1, in2,
+          options.async_completion ? fast_channel::kAsyncCompletion : 0);
+      !posted.ok()) {
+    return posted;
+  }
+  if (absl::Status whole = FastCallStatus(); !whole.ok()) return whole;
+  char* base = static_cast<char*>(fast_region_->base());
   const int32_t results = h->num_results;
   if (results != static_cast<int32_t>(n)) {
     return absl::InternalError(absl::StrFormat(
@@ -486,12 +524,18 @@ absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {
 }
 
 absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots) {
+  if (auto fast = FastOp(fast_channel::CallKind::kFreeSlots, slots)) {
+    return *std::move(fast);
+  }
   v1::FreeRequest request;
   request.mutable_slots()->Add(slots.begin(), slots.end());
   return SendFree(request);
 }
 
 absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages) {
+  if (auto fast = FastOp(fast_channel::CallKind::kFreePages, pages)) {
+    return *std::move(fast);
+  }
   v1::FreeRequest request;
   request.mutable_pages()->Add(pages.begin(), pages.end());
   return SendFree(request);
@@ -505,6 +549,9 @@ absl::StatusOr<int64_t> Client::FreeGroup::End() {
 }
 
 absl::Status Client::Checkpoint() {
+  if (auto fast = FastOp(fast_channel::CallKind::kCheckpoint, {})) {
+    return fast->status();
+  }
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
   v1::CheckpointRequest request;
   *request.mutable_session() = Ref();
@@ -515,6 +562,9 @@ absl::Status Client::Checkpoint() {
 }
 
 absl::StatusOr<int64_t> Client::Rollback() {
+  if (auto fast = FastOp(fast_channel::CallKind::kRollback, {})) {
+    return *std::move(fast);
+  }
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
   v1::RollbackRequest request;
   *request.mutable_session() = Ref();

@@ -66,9 +66,10 @@ struct ClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Use this channel instead of dialing `target` (in-process tests).
   std::shared_ptr<grpc::Channel> channel;
-  // Send allocation calls through the session's fast channel (shared memory,
-  // proto/fast_channel.h) when the daemon offers one and this process can
-  // map it; else, and for return_inline calls, through gRPC.
+  // Send allocation calls, Free, Checkpoint and Rollback through the
+  // session's fast channel (shared memory, proto/fast_channel.h) when the
+  // daemon offers one and this process can map it; else, and for
+  // return_inline calls, through gRPC.
   bool fast_channel = true;
   // How long a fast call spins for its answer before it sleeps (a sleeping
   // caller pays one wake-up when the answer comes).
@@ -207,6 +208,23 @@ class Client {
       fast_channel::CallKind kind, absl::Span<const int64_t> in0,
       absl::Span<const int64_t> in1, absl::Span<const int64_t> in2,
       const CallOptions& options) ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+  // Free / Checkpoint / Rollback through the fast channel: the operation's
+  // count (pages freed or returned); nullopt when it cannot carry it.
+  std::optional<absl::StatusOr<int64_t>> FastOp(
+      fast_channel::CallKind kind, absl::Span<const int64_t> values)
+      ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+  // Writes a call into the channel, rings the doorbell and waits for the
+  // answer (then in the header). Errors are the transport's: deadline, or
+  // the session gone; either abandons the channel.
+  absl::Status PostFastCall(fast_channel::CallKind kind,
+                            absl::Span<const int64_t> in0,
+                            absl::Span<const int64_t> in1,
+                            absl::Span<const int64_t> in2,
+                            uint32_t option_bits)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // The answered call's whole-call status (observed for session loss).
+  absl::Status FastCallStatus() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Maps the session's fast channel, if the daemon offered one.
   absl::Status MapFastChannel(const v1::FastChannel& channel);
   // Turns an answer's per-request arrays into an Allocation (both paths).

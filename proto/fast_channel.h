@@ -1,5 +1,5 @@
-// The fast channel: allocation calls through shared memory instead of gRPC,
-// for clients on the daemon's host.
+// The fast channel: allocation calls (and Free, Checkpoint, Rollback)
+// through shared memory instead of gRPC, for clients on the daemon's host.
 //
 // Why. On the H200 host an empty unary gRPC call costs 70-100 us (most of
 // it thread wake-ups across cores inside gRPC), more than the allocation it
@@ -8,7 +8,7 @@
 // the daemon's poller thread runs it through the same validation, batcher
 // and answer code as the gRPC handlers. gRPC stays the control plane:
 // Register opens the channel (RegisterResponse.fast_channel), KeepAlive
-// holds the lease, Free / Checkpoint / Rollback / GetStats go over gRPC.
+// holds the lease, ReleaseRing / GetStats go over gRPC.
 //
 // Memory. Two POSIX shared-memory objects, created by the daemon with the
 // rings' file mode (the daemon's group may map them):
@@ -47,13 +47,17 @@ namespace pagealloc {
 namespace fast_channel {
 
 inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 
 // What a call is (the gRPC method it stands for).
 enum class CallKind : uint32_t {
-  kExtend = 1,  // in0 = prefix_lens, in1 = seq_lens, in2 = last_locs
-  kDecode = 2,  // in1 = seq_lens, in2 = last_locs
-  kAlloc = 3,   // in1 = num_tokens
+  kExtend = 1,      // in0 = prefix_lens, in1 = seq_lens, in2 = last_locs
+  kDecode = 2,      // in1 = seq_lens, in2 = last_locs
+  kAlloc = 3,       // in1 = num_tokens
+  kFreeSlots = 4,   // in1 = slots; answer: op_value = pages freed
+  kFreePages = 5,   // in1 = pages; answer: op_value = pages freed
+  kCheckpoint = 6,  // no arrays
+  kRollback = 7,    // no arrays; answer: op_value = pages returned
 };
 
 // AllocOptions, as bits.
@@ -94,6 +98,8 @@ struct alignas(64) ChannelHeader {
   int32_t batch_requests;
   int64_t ring_end;
   uint64_t launch_id;
+  // Free: pages freed; Rollback: pages returned.
+  int64_t op_value;
 };
 
 // Byte offsets of a channel's parts, from its capacity.

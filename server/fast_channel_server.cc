@@ -62,12 +62,22 @@ class FastChannelServer::ChannelReply final : public Reply {
   explicit ChannelReply(Channel* channel) : channel_(channel) {}
 
   // Starts a call: keeps the channel alive until Complete.
-  void Begin(std::shared_ptr<Channel> self, uint32_t seq) {
+  void Begin(std::shared_ptr<Channel> self, uint32_t seq, CallKind kind) {
     self_ = std::move(self);
     seq_ = seq;
+    kind_ = kind;
     response_.Clear();
+    free_response_.Clear();
+    rollback_response_.Clear();
   }
   v1::AllocResponse* response() { return &response_; }
+  // Free, Checkpoint, Rollback: the request (which must outlive the
+  // operation) and the response.
+  v1::FreeRequest* free_request() { return &free_request_; }
+  v1::FreeResponse* free_response() { return &free_response_; }
+  v1::CheckpointRequest* checkpoint_request() { return &checkpoint_request_; }
+  v1::RollbackRequest* rollback_request() { return &rollback_request_; }
+  v1::RollbackResponse* rollback_response() { return &rollback_response_; }
 
   void Complete(const absl::Status& status) override {
     // Copies first: once in_flight is cleared below, the poller may Begin
@@ -90,10 +100,18 @@ class FastChannelServer::ChannelReply final : public Reply {
       std::memcpy(messages + used, text.data(), n);
       used += n;
     };
+    h->op_value = 0;
     if (!status.ok()) {
       h->call_code = static_cast<int32_t>(status.code());
       h->num_results = 0;
       add_message(status.message(), /*length_prefixed=*/false);
+    } else if (kind_ == CallKind::kFreeSlots || kind_ == CallKind::kFreePages ||
+               kind_ == CallKind::kCheckpoint || kind_ == CallKind::kRollback) {
+      h->call_code = 0;
+      h->num_results = 0;
+      h->op_value = kind_ == CallKind::kRollback
+                        ? rollback_response_.pages_returned()
+                        : free_response_.pages_freed();
     } else {
       const v1::PackedResults& packed = response_.packed();
       const int n = packed.codes_size();
@@ -126,7 +144,13 @@ class FastChannelServer::ChannelReply final : public Reply {
   Channel* const channel_;
   std::shared_ptr<Channel> self_;
   uint32_t seq_ = 0;
+  CallKind kind_ = CallKind::kDecode;
   v1::AllocResponse response_;
+  v1::FreeRequest free_request_;
+  v1::FreeResponse free_response_;
+  v1::CheckpointRequest checkpoint_request_;
+  v1::RollbackRequest rollback_request_;
+  v1::RollbackResponse rollback_response_;
 };
 
 absl::StatusOr<std::unique_ptr<FastChannelServer>> FastChannelServer::Create(
@@ -214,12 +238,12 @@ bool FastChannelServer::Take(
   Channel& c = *channel;
   const ChannelHeader* h = c.header;
   ChannelReply& reply = *c.reply;
-  c.taken_seq = seq;
-  c.in_flight.store(true, std::memory_order_relaxed);
-  reply.Begin(channel, seq);
   // Read each field once: the client may be writing (it must not, but a
   // daemon cannot rely on that). Everything below works on the copies.
   const uint32_t kind = h->kind;
+  c.taken_seq = seq;
+  c.in_flight.store(true, std::memory_order_relaxed);
+  reply.Begin(channel, seq, static_cast<CallKind>(kind));
   const int32_t n = h->num_requests;
   const uint32_t options = h->options;
   const int64_t release_up_to = h->release_ring_up_to;
@@ -241,6 +265,10 @@ bool FastChannelServer::Take(
     to->Resize(n, 0);
     std::memcpy(to->mutable_data(), c.At<int64_t>(offset),
                 n * sizeof(int64_t));
+  };
+  auto set_session = [&](v1::SessionRef* ref) {
+    ref->set_session_id(c.session_id);
+    ref->set_session_token(c.token);
   };
   std::optional<PageAllocatorService::PreparedCall> call;
   switch (static_cast<CallKind>(kind)) {
@@ -267,6 +295,34 @@ bool FastChannelServer::Take(
       copy(c.layout.in1, request.mutable_num_tokens());
       call = service_->PrepareAlloc(request, reply.response(), &reply);
       break;
+    }
+    case CallKind::kFreeSlots:
+    case CallKind::kFreePages: {
+      // Runs as soon as the batcher takes it (possibly right here); the
+      // request lives in the reply until it completes.
+      v1::FreeRequest* request = reply.free_request();
+      request->Clear();
+      set_session(request->mutable_session());
+      copy(c.layout.in1, static_cast<CallKind>(kind) == CallKind::kFreeSlots
+                             ? request->mutable_slots()
+                             : request->mutable_pages());
+      calls_.fetch_add(1, std::memory_order_relaxed);
+      service_->SubmitFree(*request, reply.free_response(), &reply);
+      return false;
+    }
+    case CallKind::kCheckpoint: {
+      v1::CheckpointRequest* request = reply.checkpoint_request();
+      set_session(request->mutable_session());
+      calls_.fetch_add(1, std::memory_order_relaxed);
+      service_->SubmitCheckpoint(*request, &reply);
+      return false;
+    }
+    case CallKind::kRollback: {
+      v1::RollbackRequest* request = reply.rollback_request();
+      set_session(request->mutable_session());
+      calls_.fetch_add(1, std::memory_order_relaxed);
+      service_->SubmitRollback(*request, reply.rollback_response(), &reply);
+      return false;
     }
     default:
       reply.Complete(absl::InvalidArgumentError(

@@ -378,16 +378,14 @@ void PageAllocatorService::SubmitPrepared(std::vector<PreparedCall> calls) {
   }
 }
 
-grpc::Status PageAllocatorService::RunOp(Rpc rpc, absl::Time start,
-                                         uint64_t session_id,
-                                         std::function<absl::Status()> op) {
-  PendingReply reply;
+void PageAllocatorService::SubmitOp(Reply* reply, Rpc rpc, absl::Time start,
+                                    uint64_t session_id,
+                                    std::function<absl::Status()> op) {
   absl::Status submitted = batcher_->SubmitOp(
-      session_id, [this, &reply, rpc, start, op = std::move(op)] {
-        Answer(&reply, rpc, start, op());
+      session_id, [this, reply, rpc, start, op = std::move(op)] {
+        Answer(reply, rpc, start, op());
       });
-  if (!submitted.ok()) Answer(&reply, rpc, start, submitted);
-  return reply.Wait();
+  if (!submitted.ok()) Answer(reply, rpc, start, submitted);
 }
 
 void PageAllocatorService::Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc,
@@ -443,54 +441,81 @@ grpc::Status PageAllocatorService::Alloc(grpc::ServerContext*,
   return HandleAlloc(*request, response, Rpc::kAlloc, DecodeAlloc);
 }
 
+void PageAllocatorService::SubmitFree(const v1::FreeRequest& request,
+                                      v1::FreeResponse* response,
+                                      Reply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request.session());
+  absl::Status status = session.status();
+  if (status.ok()) status = ValidateFree(request);
+  if (!status.ok()) return Answer(reply, Rpc::kFree, start, status);
+  const uint64_t owner = (*session)->id();
+  SubmitOp(reply, Rpc::kFree, start, owner,
+           [this, owner, &request, response]() -> absl::Status {
+             absl::StatusOr<int64_t> freed =
+                 request.slots_size() > 0
+                     ? pool_->FreeSlots(owner, request.slots())
+                     : pool_->FreePages(owner, request.pages());
+             RETURN_IF_ERROR(freed.status());
+             response->set_pages_freed(*freed);
+             return absl::OkStatus();
+           });
+}
+
+void PageAllocatorService::SubmitCheckpoint(
+    const v1::CheckpointRequest& request, Reply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request.session());
+  if (!session.ok()) {
+    return Answer(reply, Rpc::kCheckpoint, start, session.status());
+  }
+  const uint64_t owner = (*session)->id();
+  SubmitOp(reply, Rpc::kCheckpoint, start, owner,
+           [this, owner] { return pool_->Checkpoint(owner); });
+}
+
+void PageAllocatorService::SubmitRollback(const v1::RollbackRequest& request,
+                                          v1::RollbackResponse* response,
+                                          Reply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(request.session());
+  if (!session.ok()) {
+    return Answer(reply, Rpc::kRollback, start, session.status());
+  }
+  const uint64_t owner = (*session)->id();
+  SubmitOp(reply, Rpc::kRollback, start, owner,
+           [this, owner, response]() -> absl::Status {
+             ASSIGN_OR_RETURN(int64_t returned, pool_->Rollback(owner));
+             response->set_pages_returned(returned);
+             return absl::OkStatus();
+           });
+}
+
 grpc::Status PageAllocatorService::Free(grpc::ServerContext*,
                                         const v1::FreeRequest* request,
                                         v1::FreeResponse* response) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      Authenticate(request->session());
-  absl::Status status = session.status();
-  if (status.ok()) status = ValidateFree(*request);
-  if (!status.ok()) return Answer(Rpc::kFree, start, status);
-  const uint64_t owner = (*session)->id();
-  return RunOp(Rpc::kFree, start, owner,
-               [this, owner, request, response]() -> absl::Status {
-                 absl::StatusOr<int64_t> freed =
-                     request->slots_size() > 0
-                         ? pool_->FreeSlots(owner, request->slots())
-                         : pool_->FreePages(owner, request->pages());
-                 RETURN_IF_ERROR(freed.status());
-                 response->set_pages_freed(*freed);
-                 return absl::OkStatus();
-               });
+  PendingReply reply;
+  SubmitFree(*request, response, &reply);
+  return reply.Wait();
 }
 
 grpc::Status PageAllocatorService::Checkpoint(
     grpc::ServerContext*, const v1::CheckpointRequest* request,
     v1::CheckpointResponse*) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      Authenticate(request->session());
-  if (!session.ok()) return Answer(Rpc::kCheckpoint, start, session.status());
-  const uint64_t owner = (*session)->id();
-  return RunOp(Rpc::kCheckpoint, start, owner,
-               [this, owner] { return pool_->Checkpoint(owner); });
+  PendingReply reply;
+  SubmitCheckpoint(*request, &reply);
+  return reply.Wait();
 }
 
 grpc::Status PageAllocatorService::Rollback(grpc::ServerContext*,
                                             const v1::RollbackRequest* request,
                                             v1::RollbackResponse* response) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      Authenticate(request->session());
-  if (!session.ok()) return Answer(Rpc::kRollback, start, session.status());
-  const uint64_t owner = (*session)->id();
-  return RunOp(Rpc::kRollback, start, owner,
-               [this, owner, response]() -> absl::Status {
-                 ASSIGN_OR_RETURN(int64_t returned, pool_->Rollback(owner));
-                 response->set_pages_returned(returned);
-                 return absl::OkStatus();
-               });
+  PendingReply reply;
+  SubmitRollback(*request, response, &reply);
+  return reply.Wait();
 }
 
 grpc::Status PageAllocatorService::ReleaseRing(

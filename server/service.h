@@ -179,6 +179,15 @@ class PageAllocatorService final : public PageAllocatorBase {
   // running); each reply completes when its launch is done.
   void SubmitPrepared(std::vector<PreparedCall> calls);
 
+  // Free, Checkpoint and Rollback without waiting: as the gRPC handlers do,
+  // but `reply` completes once the operation ran (or was refused).
+  // `request` and `response` must live until then.
+  void SubmitFree(const v1::FreeRequest& request, v1::FreeResponse* response,
+                  Reply* reply);
+  void SubmitCheckpoint(const v1::CheckpointRequest& request, Reply* reply);
+  void SubmitRollback(const v1::RollbackRequest& request,
+                      v1::RollbackResponse* response, Reply* reply);
+
   // Authenticates `ref` (UNAVAILABLE while draining).
   absl::StatusOr<std::shared_ptr<Session>> Authenticate(
       const v1::SessionRef& ref);
@@ -199,10 +208,10 @@ class PageAllocatorService final : public PageAllocatorBase {
   // Frees a removed session's pages after its queued work; counts and logs.
   void FreeSessionPages(std::shared_ptr<Session> session, bool lease_lost,
                         std::string reason);
-  // Runs `op` for `session` on the batcher, in order with the session's
-  // other work, and answers with its status.
-  grpc::Status RunOp(Rpc rpc, absl::Time start, uint64_t session_id,
-                     std::function<absl::Status()> op);
+  // Queues `op` for `session` on the batcher, in order with the session's
+  // other work; `reply` completes with its status.
+  void SubmitOp(Reply* reply, Rpc rpc, absl::Time start, uint64_t session_id,
+                std::function<absl::Status()> op);
   // Each records the call's code and latency, then answers: a callback
   // reactor, a waiting handler, or the returned status.
   void Finish(grpc::ServerUnaryReactor* reactor, Rpc rpc, absl::Time start,

@@ -27,6 +27,7 @@
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::IsOkAndHolds;
 using ::pagealloc::testing::StatusIs;
 using ::testing::HasSubstr;
 namespace fc = ::pagealloc::fast_channel;
@@ -183,6 +184,32 @@ TEST_F(FastChannelTest, ClientCallsGoThroughItWithTheSameAnswersAsGrpc) {
   EXPECT_THAT(answers[0].statuses.back(), HasSubstr("last_loc"));
 }
 
+TEST_F(FastChannelTest, FreeCheckpointAndRollbackGoThroughItToo) {
+  StartServer();
+  auto client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->uses_fast_channel());
+  ASSERT_OK_AND_ASSIGN(Allocation a, client->Alloc({8, 4}));
+  std::vector<int64_t> first(1);
+  ASSERT_OK(client->CopyToHost(a[0].slots, 1, first.data()));
+  ASSERT_OK(client->Checkpoint());
+  ASSERT_OK(client->Alloc({4, 4, 4}).status());
+  EXPECT_THAT(client->Rollback(), IsOkAndHolds(3));
+  // Refusals carry the daemon's status and message, as over gRPC.
+  EXPECT_THAT(client->Rollback(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("checkpoint")));
+  EXPECT_THAT(client->FreePages({999}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("999")));
+  EXPECT_THAT(client->FreeSlots(first), IsOkAndHolds(1));
+  EXPECT_THAT(client->FreeSlots(first),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+  EXPECT_EQ(server_->pool().Stats().used_pages, 2);  // 3 taken, 1 freed
+  // 2 allocations, checkpoint, 2 rollbacks, 3 frees: all on the channel.
+  EXPECT_EQ(server_->fast_channels()->calls(), 8);
+  EXPECT_OK(server_->pool().CheckInvariants());
+}
+
 TEST_F(FastChannelTest, MalformedPostsAreRefusedAndChangeNothing) {
   StartServer();
   RawSession raw = OpenRaw();
@@ -266,6 +293,7 @@ void RunConcurrentClients(
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < kClients; ++i) clients.push_back(connect());
   std::vector<std::set<int64_t>> held(kClients);
+  std::atomic<int> frees{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
@@ -287,6 +315,7 @@ void RunConcurrentClients(
         client.Release(*a);
         if (mine.size() > 4) {
           ASSERT_OK(client.FreeSlots(mine).status());
+          frees.fetch_add(1);
           mine.clear();
         }
       }
@@ -304,7 +333,8 @@ void RunConcurrentClients(
   EXPECT_EQ(all.size(), total);
   EXPECT_EQ(server->pool().Stats().used_pages, static_cast<int64_t>(total));
   EXPECT_OK(server->pool().CheckInvariants());
-  EXPECT_EQ(server->fast_channels()->calls(), kClients * kSteps);
+  // Every allocation and every Free went through the fast channel.
+  EXPECT_EQ(server->fast_channels()->calls(), kClients * kSteps + frees);
 }
 
 TEST_F(FastChannelTest, ConcurrentClientsOnSeveralPollers) {
