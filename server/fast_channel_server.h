@@ -80,8 +80,9 @@ class FastChannelServer {
                     std::unique_ptr<fast_channel::SharedRegion> doorbell);
   // Poller `index`: serves the channels dealt to it.
   void Poll(int index);
-  // Copies the call posted in `channel` and prepares it; false when it was
-  // refused (answered already).
+  // Copies the call posted in `channel`. An allocation call is prepared
+  // into `prepared` (true); an operation (Free, Checkpoint, Rollback) is
+  // submitted at once, and a refused call answered at once (false).
   bool Take(const std::shared_ptr<Channel>& channel, uint32_t seq,
             std::vector<PageAllocatorService::PreparedCall>* prepared);
 

@@ -51,9 +51,9 @@ ABSL_FLAG(std::string, socket_mode, "0660",
 ABSL_FLAG(std::string, socket_group, "",
           "Group that owns Unix socket files (default: the daemon's).");
 ABSL_FLAG(bool, fast_channel, true,
-          "Offer sessions a fast channel: allocation calls through shared "
-          "memory instead of gRPC, for clients on this host (see "
-          "docs/design.md).");
+          "Offer sessions a fast channel: allocation calls, Free, Checkpoint "
+          "and Rollback through shared memory instead of gRPC, for clients "
+          "on this host (see docs/design.md).");
 ABSL_FLAG(int, fast_channel_spin_us, 200,
           "How long the fast channel's poller spins after a call before it "
           "sleeps (a call to a sleeping poller pays one thread wake-up).");
