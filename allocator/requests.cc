@@ -16,18 +16,6 @@ absl::string_view RequestKindName(RequestKind kind) {
   return "unknown";
 }
 
-ExtendShape ToExtendShape(const AllocRequest& request) {
-  switch (request.kind) {
-    case RequestKind::kExtend:
-      return {request.prefix_len, request.seq_len, request.last_loc};
-    case RequestKind::kDecode:
-      return {request.seq_len - 1, request.seq_len, request.last_loc};
-    case RequestKind::kAlloc:
-      return {0, request.seq_len, -1};
-  }
-  return {};
-}
-
 namespace {
 
 absl::Status Invalid(const AllocRequest& request, absl::string_view what) {

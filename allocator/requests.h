@@ -101,7 +101,18 @@ inline int64_t PartialPageSlots(const ExtendShape& shape, int64_t page_size) {
 }
 
 // Converts `request` to extend form.
-ExtendShape ToExtendShape(const AllocRequest& request);
+// Inline: the planning path calls it several times per request.
+inline ExtendShape ToExtendShape(const AllocRequest& request) {
+  switch (request.kind) {
+    case RequestKind::kExtend:
+      return {request.prefix_len, request.seq_len, request.last_loc};
+    case RequestKind::kDecode:
+      return {request.seq_len - 1, request.seq_len, request.last_loc};
+    case RequestKind::kAlloc:
+      return {0, request.seq_len, -1};
+  }
+  return {};
+}
 
 // Checks everything about a request that does not depend on the pool's
 // current state: lengths, alignment, slot ranges. Returns INVALID_ARGUMENT

@@ -224,24 +224,32 @@ void FillRequestResults(const std::vector<AllocResult>& results,
   }
 }
 
-// The same content as parallel packed arrays (AllocOptions.packed_results).
+// The same content as parallel packed arrays (AllocOptions.packed_results),
+// written through raw pointers after one Resize each (no per-element
+// capacity checks: this runs for every request of every call).
 void FillPackedResults(const std::vector<AllocResult>& results,
                        const std::vector<int64_t>& ring_offsets,
                        const std::vector<int64_t>& inline_slots,
                        bool inline_results, v1::PackedResults* packed) {
   const int n = results.size();
-  packed->mutable_codes()->Reserve(n);
-  packed->mutable_ring_offsets()->Reserve(n);
-  packed->mutable_counts()->Reserve(n);
-  packed->mutable_new_pages()->Reserve(n);
+  packed->mutable_codes()->Resize(n, 0);
+  packed->mutable_ring_offsets()->Resize(n, 0);
+  packed->mutable_counts()->Resize(n, 0);
+  packed->mutable_new_pages()->Resize(n, 0);
+  int32_t* codes = packed->mutable_codes()->mutable_data();
+  int64_t* offsets = packed->mutable_ring_offsets()->mutable_data();
+  int64_t* counts = packed->mutable_counts()->mutable_data();
+  int64_t* new_pages = packed->mutable_new_pages()->mutable_data();
   for (int i = 0; i < n; ++i) {
     const AllocResult& result = results[i];
-    const bool ok = result.status.ok();
-    packed->add_codes(static_cast<int>(result.status.code()));
-    packed->add_ring_offsets(ok && !inline_results ? ring_offsets[i] : 0);
-    packed->add_counts(ok ? result.num_slots : 0);
-    packed->add_new_pages(ok ? result.num_new_pages : 0);
-    if (!ok) packed->add_messages(std::string(result.status.message()));
+    if (!result.status.ok()) {
+      codes[i] = static_cast<int>(result.status.code());
+      packed->add_messages(std::string(result.status.message()));
+      continue;
+    }
+    offsets[i] = inline_results ? 0 : ring_offsets[i];
+    counts[i] = result.num_slots;
+    new_pages[i] = result.num_new_pages;
   }
   // inline_slots holds exactly the accepted requests' slots, in order.
   if (inline_results) {
@@ -284,22 +292,19 @@ PageAllocatorService::Prepare(const Request& request,
     if (!ring_start.ok()) return refuse(ring_start.status());
     prepared.ring_start = *ring_start;
     prepared.ring_reserved = true;
-    int64_t* base = session->ring_memory().slots() +
-                    prepared.ring_start % session->ring_memory().capacity_slots();
-    int64_t offset = 0;
-    for (AllocRequest& one : requests) {
-      one.destination = base + offset;
-      offset += ToExtendShape(one).num_slots();
-    }
   }
   // Where each request's slots start in the ring (by its shape, so that a
-  // refused request keeps its place and offsets stay prefix sums).
+  // refused request keeps its place and offsets stay prefix sums), and,
+  // unless the slots go inline, the destination the executor writes.
   std::vector<int64_t> ring_offsets(requests.size());
   {
-    const int64_t capacity = session->ring_memory().capacity_slots();
-    int64_t offset = prepared.ring_start % capacity;
+    const int64_t start =
+        prepared.ring_start % session->ring_memory().capacity_slots();
+    int64_t* const base = session->ring_memory().slots() + start;
+    int64_t offset = 0;
     for (size_t i = 0; i < requests.size(); ++i) {
-      ring_offsets[i] = offset;
+      ring_offsets[i] = start + offset;
+      if (prepared.ring_reserved) requests[i].destination = base + offset;
       offset += ToExtendShape(requests[i]).num_slots();
     }
   }
