@@ -350,16 +350,6 @@ absl::Status Client::MapFastChannel(const v1::FastChannel& channel) {
   return absl::OkStatus();
 }
 
-namespace {
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-}  // namespace
-
 absl::Status Client::PostFastCall(fast_channel::CallKind kind,
                                   absl::Span<const int64_t> in0,
                                   absl::Span<const int64_t> in1,
@@ -398,7 +388,7 @@ absl::Status Client::PostFastCall(fast_channel::CallKind kind,
   while (h->response_seq.load(std::memory_order_acquire) != seq) {
     const absl::Time now = absl::Now();
     if (now - start < options_.fast_channel_spin) {
-      CpuRelax();
+      fast_channel::CpuRelax();
       continue;
     }
     if (now >= deadline) {

@@ -60,6 +60,24 @@ enum class CallKind : uint32_t {
   kRollback = 7,    // no arrays; answer: op_value = pages returned
 };
 
+inline bool IsKnownKind(uint32_t kind) {
+  return kind >= static_cast<uint32_t>(CallKind::kExtend) &&
+         kind <= static_cast<uint32_t>(CallKind::kRollback);
+}
+// Free, Checkpoint, Rollback: answered with op_value, not per-request
+// results.
+inline bool IsOperation(CallKind kind) {
+  return kind >= CallKind::kFreeSlots;
+}
+
+// One spin-wait step (the x86 PAUSE hint): for the loops that poll the
+// channel, the doorbell or the batcher's queue.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 // AllocOptions, as bits.
 inline constexpr uint32_t kAsyncCompletion = 1u << 0;
 

@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "allocator/status_macros.h"
+#include "proto/fast_channel.h"
 #include "server/logging.h"
 
 namespace pagealloc {
@@ -139,9 +140,7 @@ void Batcher::Run() {
       while (queued_.load(std::memory_order_acquire) == 0 &&
              !stop_requested_.load(std::memory_order_relaxed) &&
              absl::Now() < until) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+        fast_channel::CpuRelax();
       }
     }
     {

@@ -16,16 +16,6 @@ using fast_channel::ChannelHeader;
 using fast_channel::ChannelLayout;
 using fast_channel::SharedRegion;
 
-namespace {
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-}  // namespace
-
 struct FastChannelServer::Channel {
   Channel(uint64_t id, std::string session_token,
           std::unique_ptr<SharedRegion> shared, const ChannelLayout& parts)
@@ -105,8 +95,7 @@ class FastChannelServer::ChannelReply final : public Reply {
       h->call_code = static_cast<int32_t>(status.code());
       h->num_results = 0;
       add_message(status.message(), /*length_prefixed=*/false);
-    } else if (kind_ == CallKind::kFreeSlots || kind_ == CallKind::kFreePages ||
-               kind_ == CallKind::kCheckpoint || kind_ == CallKind::kRollback) {
+    } else if (fast_channel::IsOperation(kind_)) {
       h->call_code = 0;
       h->num_results = 0;
       h->op_value = kind_ == CallKind::kRollback
@@ -247,15 +236,24 @@ bool FastChannelServer::Take(
   const int32_t n = h->num_requests;
   const uint32_t options = h->options;
   const int64_t release_up_to = h->release_ring_up_to;
+  if (!fast_channel::IsKnownKind(kind)) {
+    reply.Complete(absl::InvalidArgumentError(
+        absl::StrFormat("fast channel: unknown call kind %d", kind)));
+    return false;
+  }
   if (n < 0 || n > h->max_requests) {
     reply.Complete(absl::InvalidArgumentError(absl::StrFormat(
         "fast channel: num_requests (%d) is outside [0, %d]", n,
         options_.max_requests)));
     return false;
   }
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  auto set_session = [&](v1::SessionRef* ref) {
+    ref->set_session_id(c.session_id);
+    ref->set_session_token(c.token);
+  };
   auto fill_common = [&](auto* request) {
-    request->mutable_session()->set_session_id(c.session_id);
-    request->mutable_session()->set_session_token(c.token);
+    set_session(request->mutable_session());
     v1::AllocOptions* wire = request->mutable_options();
     wire->set_async_completion((options & fast_channel::kAsyncCompletion) != 0);
     wire->set_release_ring_up_to(release_up_to);
@@ -265,10 +263,6 @@ bool FastChannelServer::Take(
     to->Resize(n, 0);
     std::memcpy(to->mutable_data(), c.At<int64_t>(offset),
                 n * sizeof(int64_t));
-  };
-  auto set_session = [&](v1::SessionRef* ref) {
-    ref->set_session_id(c.session_id);
-    ref->set_session_token(c.token);
   };
   std::optional<PageAllocatorService::PreparedCall> call;
   switch (static_cast<CallKind>(kind)) {
@@ -306,30 +300,22 @@ bool FastChannelServer::Take(
       copy(c.layout.in1, static_cast<CallKind>(kind) == CallKind::kFreeSlots
                              ? request->mutable_slots()
                              : request->mutable_pages());
-      calls_.fetch_add(1, std::memory_order_relaxed);
       service_->SubmitFree(*request, reply.free_response(), &reply);
       return false;
     }
     case CallKind::kCheckpoint: {
       v1::CheckpointRequest* request = reply.checkpoint_request();
       set_session(request->mutable_session());
-      calls_.fetch_add(1, std::memory_order_relaxed);
       service_->SubmitCheckpoint(*request, &reply);
       return false;
     }
     case CallKind::kRollback: {
       v1::RollbackRequest* request = reply.rollback_request();
       set_session(request->mutable_session());
-      calls_.fetch_add(1, std::memory_order_relaxed);
       service_->SubmitRollback(*request, reply.rollback_response(), &reply);
       return false;
     }
-    default:
-      reply.Complete(absl::InvalidArgumentError(
-          absl::StrFormat("fast channel: unknown call kind %d", kind)));
-      return false;
   }
-  calls_.fetch_add(1, std::memory_order_relaxed);
   if (!call.has_value()) return false;  // refused and answered
   prepared->push_back(*std::move(call));
   return true;
@@ -371,7 +357,7 @@ void FastChannelServer::Poll(int index) {
       continue;
     }
     if (absl::Now() - last_call < options_.spin) {
-      CpuRelax();
+      fast_channel::CpuRelax();
       continue;
     }
     // Sleep on the doorbell. A client bumps request_seq, then the doorbell,
