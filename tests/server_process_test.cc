@@ -220,11 +220,16 @@ TEST(ServerProcessTest, HungClientLosesItsPages) {
   }
   ASSERT_GT(used, 0);
   sleeper.Signal(SIGSTOP);
-  for (int i = 0; i < 200 && used != 0; ++i) {
+  // Wait for the session itself to go: used pages alone can touch 0 while
+  // the session lives (a Free the client posted just before it froze).
+  int64_t sessions = 1;
+  for (int i = 0; i < 200 && sessions != 0; ++i) {
     absl::SleepFor(absl::Milliseconds(20));
     ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+    sessions = stats.sessions_active();
     used = stats.used_pages();
   }
+  EXPECT_EQ(sessions, 0) << "a frozen client's session outlived its lease";
   EXPECT_EQ(used, 0) << "a frozen client's pages were not reclaimed";
   // Thawed, the client's calls refer to a session the daemon no longer
   // knows: nothing it does can take pages back or touch another's.
