@@ -137,11 +137,22 @@ absl::StatusOr<int64_t> PagePool::RemoveOwner(OwnerId owner) {
 
 std::vector<AllocResult> PagePool::Allocate(
     absl::Span<const AllocRequest> requests) {
-  std::vector<AllocResult> results(requests.size());
-  std::vector<ExtendShape> shapes(requests.size());
-  std::vector<int64_t> pages_needed(requests.size(), 0);
+  std::vector<AllocResult> results;
+  Allocate(requests, &results);
+  return results;
+}
+
+void PagePool::Allocate(absl::Span<const AllocRequest> requests,
+                        std::vector<AllocResult>* results_out) {
+  std::vector<AllocResult>& results = *results_out;
+  results.clear();
+  results.resize(requests.size());
 
   absl::MutexLock lock(&mu_);
+  std::vector<ExtendShape>& shapes = scratch_.shapes;
+  std::vector<int64_t>& pages_needed = scratch_.pages_needed;
+  shapes.resize(requests.size());
+  pages_needed.assign(requests.size(), 0);
   // Pass 1: everything that does not depend on admission order.
   int64_t batch_pages = 0;
   // A call's requests share an owner: look it up once per run of requests.
@@ -186,19 +197,24 @@ std::vector<AllocResult> PagePool::Allocate(
       for (AllocResult& result : results) {
         if (result.status.ok()) result.status = merged;
       }
-      return results;
+      return;
     }
   }
 
   // Pass 2: admission in order.
-  BatchPlan plan;
+  BatchPlan& plan = scratch_.plan;
   plan.page_size = geometry_.page_size;
   plan.free_ring_head = head_;
   plan.free_ring_capacity = capacity_;
+  plan.num_new_pages = 0;
+  plan.num_slots = 0;
+  plan.requests.clear();
   plan.requests.reserve(requests.size());
-  std::vector<size_t> admitted;
-  admitted.reserve(requests.size());
-  absl::flat_hash_map<OwnerId, int64_t> batch_pages_by_owner;
+  std::vector<size_t>& admitted = scratch_.admitted;
+  admitted.clear();
+  absl::flat_hash_map<OwnerId, int64_t>& batch_pages_by_owner =
+      scratch_.pages_by_owner;
+  batch_pages_by_owner.clear();
   // The current run's owner and its batch count (entries are only added
   // when the owner changes, so the pointers stay valid within a run).
   OwnerId run_owner = kNoOwner;
@@ -252,14 +268,14 @@ std::vector<AllocResult> PagePool::Allocate(
     result.num_new_pages = pages_needed[i];
     admitted.push_back(i);
   }
-  if (plan.requests.empty()) return results;
+  if (plan.requests.empty()) return;
 
   const absl::Status executed = executor_->Execute(plan);
   if (!executed.ok()) {
     for (size_t i : admitted) {
       results[i] = AllocResult{executed, 0, 0};
     }
-    return results;
+    return;
   }
 
   // Commit: the batch's pages leave the front of the free list.
@@ -286,7 +302,6 @@ std::vector<AllocResult> PagePool::Allocate(
   counters_.pages_allocated += plan.num_new_pages;
   counters_.slots_allocated += plan.num_slots;
   ++counters_.batches_executed;
-  return results;
 }
 
 absl::Status PagePool::CheckLastLocOwned(const AllocRequest& request,

@@ -106,6 +106,9 @@ ABSL_FLAG(bool, async_completion, false,
 ABSL_FLAG(bool, fast_channel, true,
           "Clients send allocation calls through the daemon's fast channel "
           "(shared memory) when it offers one; false: through gRPC.");
+ABSL_FLAG(int, client_spin_us, 500,
+          "How long a client spins for a fast-channel answer before it "
+          "sleeps on a futex (ClientOptions.fast_channel_spin).");
 ABSL_FLAG(double, floor_s, 2, "Length of each floor measurement, seconds.");
 ABSL_FLAG(std::string, json, "", "Write the results here as JSON.");
 ABSL_FLAG(bool, progress, true, "Show one refreshing progress line on stderr.");
@@ -500,6 +503,8 @@ int WorkerMain() {
   options.target = absl::GetFlag(FLAGS_target);
   options.client_name = absl::StrCat("bench-", index);
   options.fast_channel = absl::GetFlag(FLAGS_fast_channel);
+  options.fast_channel_spin =
+      absl::Microseconds(absl::GetFlag(FLAGS_client_spin_us));
   // Room for the largest call (a spec step over every sequence, or an
   // admission of every sequence) a few times over; we release each call's
   // region right after reading it.
@@ -953,7 +958,7 @@ class Phase {
       for (const char* name :
            {"batch", "decode_weight", "prefill_weight", "spec_weight",
             "prefill_chunk", "prefill_requests", "draft_tokens", "max_seq_len",
-            "async_completion", "fast_channel"}) {
+            "async_completion", "fast_channel", "client_spin_us"}) {
         argv.push_back(absl::StrCat("--", name, "=", FlagValue(name)));
       }
       ASSIGN_OR_RETURN(testing::Subprocess worker,

@@ -44,10 +44,10 @@ struct FastChannelServer::Channel {
   std::unique_ptr<ChannelReply> reply;
 };
 
-// Answers one call into its channel: the AllocResponse the service fills
-// (packed form) is copied into the answer arrays, then response_seq is
-// published and a sleeping client woken.
-class FastChannelServer::ChannelReply final : public Reply {
+// Answers one call into its channel: an allocation call's results are
+// written straight into the answer arrays (Deliver), an operation's into
+// op_value; then response_seq is published and a sleeping client woken.
+class FastChannelServer::ChannelReply final : public AllocReply {
  public:
   explicit ChannelReply(Channel* channel) : channel_(channel) {}
 
@@ -56,11 +56,18 @@ class FastChannelServer::ChannelReply final : public Reply {
     self_ = std::move(self);
     seq_ = seq;
     kind_ = kind;
-    response_.Clear();
+    delivered_ = false;
+    messages_used_ = 0;
     free_response_.Clear();
     rollback_response_.Clear();
   }
-  v1::AllocResponse* response() { return &response_; }
+  // The call's arrays, copied out of shared memory (so that validation
+  // works on values the client can no longer change).
+  int64_t* copy_of(int array, int32_t n) {
+    std::vector<int64_t>& copy = arrays_[array];
+    if (copy.size() < static_cast<size_t>(n)) copy.resize(n);
+    return copy.data();
+  }
   // Free, Checkpoint, Rollback: the request (which must outlive the
   // operation) and the response.
   v1::FreeRequest* free_request() { return &free_request_; }
@@ -69,6 +76,40 @@ class FastChannelServer::ChannelReply final : public Reply {
   v1::RollbackRequest* rollback_request() { return &rollback_request_; }
   v1::RollbackResponse* rollback_response() { return &rollback_response_; }
 
+  void Deliver(const AllocAnswer& answer) override {
+    Channel& c = *channel_;
+    ChannelHeader* h = c.header;
+    // Locals, so that the stores below (which the compiler must assume may
+    // alias anything of their type) do not reload them every request.
+    const size_t n = answer.results.size();
+    const AllocResult* const results = answer.results.data();
+    const int64_t* const ring_offsets = answer.ring_offsets.data();
+    int32_t* __restrict const codes = c.At<int32_t>(c.layout.codes);
+    int64_t* __restrict const offsets = c.At<int64_t>(c.layout.ring_offsets);
+    int64_t* __restrict const counts = c.At<int64_t>(c.layout.counts);
+    int64_t* __restrict const new_pages = c.At<int64_t>(c.layout.new_pages);
+    for (size_t i = 0; i < n; ++i) {
+      const AllocResult& result = results[i];
+      if (result.status.ok()) {
+        codes[i] = 0;
+        offsets[i] = ring_offsets[i];
+        counts[i] = result.num_slots;
+        new_pages[i] = result.num_new_pages;
+      } else {
+        codes[i] = static_cast<int32_t>(result.status.code());
+        offsets[i] = 0;
+        counts[i] = 0;
+        new_pages[i] = 0;
+        AddMessage(result.status.message(), /*length_prefixed=*/true);
+      }
+    }
+    h->num_results = static_cast<int32_t>(n);
+    h->ring_end = answer.ring_end;
+    h->batch_requests = answer.launch->batch_requests;
+    h->launch_id = answer.launch->launch_id;
+    delivered_ = true;
+  }
+
   void Complete(const absl::Status& status) override {
     // Copies first: once in_flight is cleared below, the poller may Begin
     // the channel's next call (if its client posts one early).
@@ -76,52 +117,23 @@ class FastChannelServer::ChannelReply final : public Reply {
     const uint32_t seq = seq_;
     Channel& c = *channel_;
     ChannelHeader* h = c.header;
-    char* messages = c.At<char>(c.layout.messages);
-    const int32_t capacity = h->message_bytes;
-    int32_t used = 0;
-    auto add_message = [&](absl::string_view text, bool length_prefixed) {
-      const int32_t room = capacity - used - (length_prefixed ? 4 : 0);
-      if (room <= 0) return;
-      const int32_t n = std::min<int64_t>(text.size(), room);
-      if (length_prefixed) {
-        std::memcpy(messages + used, &n, 4);
-        used += 4;
-      }
-      std::memcpy(messages + used, text.data(), n);
-      used += n;
-    };
     h->op_value = 0;
     if (!status.ok()) {
       h->call_code = static_cast<int32_t>(status.code());
       h->num_results = 0;
-      add_message(status.message(), /*length_prefixed=*/false);
-    } else if (fast_channel::IsOperation(kind_)) {
-      h->call_code = 0;
-      h->num_results = 0;
-      h->op_value = kind_ == CallKind::kRollback
-                        ? rollback_response_.pages_returned()
-                        : free_response_.pages_freed();
+      messages_used_ = 0;
+      AddMessage(status.message(), /*length_prefixed=*/false);
     } else {
-      const v1::PackedResults& packed = response_.packed();
-      const int n = packed.codes_size();
       h->call_code = 0;
-      h->num_results = n;
-      std::copy(packed.codes().begin(), packed.codes().end(),
-                c.At<int32_t>(c.layout.codes));
-      std::copy(packed.ring_offsets().begin(), packed.ring_offsets().end(),
-                c.At<int64_t>(c.layout.ring_offsets));
-      std::copy(packed.counts().begin(), packed.counts().end(),
-                c.At<int64_t>(c.layout.counts));
-      std::copy(packed.new_pages().begin(), packed.new_pages().end(),
-                c.At<int64_t>(c.layout.new_pages));
-      for (const std::string& message : packed.messages()) {
-        add_message(message, /*length_prefixed=*/true);
+      if (!delivered_) h->num_results = 0;
+      if (kind_ == CallKind::kRollback) {
+        h->op_value = rollback_response_.pages_returned();
+      } else if (kind_ == CallKind::kFreeSlots ||
+                 kind_ == CallKind::kFreePages) {
+        h->op_value = free_response_.pages_freed();
       }
-      h->ring_end = response_.ring_end();
-      h->batch_requests = response_.batch_requests();
-      h->launch_id = response_.launch_id();
     }
-    h->messages_used = used;
+    h->messages_used = messages_used_;
     c.in_flight.store(false, std::memory_order_release);
     h->response_seq.store(seq, std::memory_order_seq_cst);
     if (h->client_waiting.load(std::memory_order_seq_cst) != 0) {
@@ -130,11 +142,29 @@ class FastChannelServer::ChannelReply final : public Reply {
   }
 
  private:
+  // Appends to the message area, truncated to fit.
+  void AddMessage(absl::string_view text, bool length_prefixed) {
+    Channel& c = *channel_;
+    char* messages = c.At<char>(c.layout.messages);
+    const int32_t capacity = c.header->message_bytes;
+    const int32_t room = capacity - messages_used_ - (length_prefixed ? 4 : 0);
+    if (room <= 0) return;
+    const int32_t n = std::min<int64_t>(text.size(), room);
+    if (length_prefixed) {
+      std::memcpy(messages + messages_used_, &n, 4);
+      messages_used_ += 4;
+    }
+    std::memcpy(messages + messages_used_, text.data(), n);
+    messages_used_ += n;
+  }
+
   Channel* const channel_;
   std::shared_ptr<Channel> self_;
   uint32_t seq_ = 0;
   CallKind kind_ = CallKind::kDecode;
-  v1::AllocResponse response_;
+  bool delivered_ = false;
+  int32_t messages_used_ = 0;
+  std::vector<int64_t> arrays_[3];
   v1::FreeRequest free_request_;
   v1::FreeResponse free_response_;
   v1::CheckpointRequest checkpoint_request_;
@@ -241,7 +271,7 @@ bool FastChannelServer::Take(
         absl::StrFormat("fast channel: unknown call kind %d", kind)));
     return false;
   }
-  if (n < 0 || n > h->max_requests) {
+  if (n < 0 || n > options_.max_requests) {
     reply.Complete(absl::InvalidArgumentError(absl::StrFormat(
         "fast channel: num_requests (%d) is outside [0, %d]", n,
         options_.max_requests)));
@@ -252,44 +282,45 @@ bool FastChannelServer::Take(
     ref->set_session_id(c.session_id);
     ref->set_session_token(c.token);
   };
-  auto fill_common = [&](auto* request) {
-    set_session(request->mutable_session());
-    v1::AllocOptions* wire = request->mutable_options();
-    wire->set_async_completion((options & fast_channel::kAsyncCompletion) != 0);
-    wire->set_release_ring_up_to(release_up_to);
-    wire->set_packed_results(true);
-  };
   auto copy = [&](size_t offset, google::protobuf::RepeatedField<int64_t>* to) {
     to->Resize(n, 0);
     std::memcpy(to->mutable_data(), c.At<int64_t>(offset),
                 n * sizeof(int64_t));
   };
+  // An allocation call: its arrays copied out of shared memory, then
+  // prepared exactly as a gRPC call is (PrepareAlloc).
+  auto copy_in = [&](int array, size_t offset) {
+    int64_t* copy = reply.copy_of(array, n);
+    std::memcpy(copy, c.At<int64_t>(offset), n * sizeof(int64_t));
+    return copy;
+  };
+  auto prepare = [&](Rpc rpc, const CallArrays& arrays) {
+    AllocCallInput input;
+    input.rpc = rpc;
+    input.session_id = c.session_id;
+    input.session_token = c.token;
+    input.arrays = arrays;
+    input.release_ring_up_to = release_up_to;
+    input.async_completion = (options & fast_channel::kAsyncCompletion) != 0;
+    return service_->PrepareAlloc(input, &reply);
+  };
+  const ChannelLayout& at = c.layout;
   std::optional<PageAllocatorService::PreparedCall> call;
   switch (static_cast<CallKind>(kind)) {
-    case CallKind::kExtend: {
-      v1::AllocExtendRequest request;
-      fill_common(&request);
-      copy(c.layout.in0, request.mutable_prefix_lens());
-      copy(c.layout.in1, request.mutable_seq_lens());
-      copy(c.layout.in2, request.mutable_last_locs());
-      call = service_->PrepareAllocExtend(request, reply.response(), &reply);
+    case CallKind::kExtend:
+      call = prepare(Rpc::kAllocExtend,
+                     {RequestKind::kExtend, n, copy_in(0, at.in0),
+                      copy_in(1, at.in1), copy_in(2, at.in2)});
       break;
-    }
-    case CallKind::kDecode: {
-      v1::AllocDecodeRequest request;
-      fill_common(&request);
-      copy(c.layout.in1, request.mutable_seq_lens());
-      copy(c.layout.in2, request.mutable_last_locs());
-      call = service_->PrepareAllocDecode(request, reply.response(), &reply);
+    case CallKind::kDecode:
+      call = prepare(Rpc::kAllocDecode,
+                     {RequestKind::kDecode, n, nullptr, copy_in(1, at.in1),
+                      copy_in(2, at.in2)});
       break;
-    }
-    case CallKind::kAlloc: {
-      v1::AllocRequest request;
-      fill_common(&request);
-      copy(c.layout.in1, request.mutable_num_tokens());
-      call = service_->PrepareAlloc(request, reply.response(), &reply);
+    case CallKind::kAlloc:
+      call = prepare(Rpc::kAlloc, {RequestKind::kAlloc, n, nullptr,
+                                   copy_in(1, at.in1), nullptr});
       break;
-    }
     case CallKind::kFreeSlots:
     case CallKind::kFreePages: {
       // Runs as soon as the batcher takes it (possibly right here); the

@@ -27,32 +27,92 @@ absl::Status CheckSameLength(
   return absl::OkStatus();
 }
 
-absl::Status CheckCount(int count, const CallLimits& limits) {
-  if (count > limits.max_requests) {
+}  // namespace
+
+absl::Status DecodeCall(const CallArrays& arrays, OwnerId owner,
+                        const PoolGeometry& geometry, const CallLimits& limits,
+                        DecodedCall* out) {
+  const int64_t n = arrays.size;
+  if (n > limits.max_requests) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the call has %d requests; at most %d per call (--max_batch_requests)",
-        count, limits.max_requests));
+        n, limits.max_requests));
   }
-  return absl::OkStatus();
-}
-
-// Validates every request's shape and the call's total.
-absl::StatusOr<DecodedCall> Finish(std::vector<AllocRequest> requests,
-                                   const PoolGeometry& geometry,
-                                   const CallLimits& limits) {
-  DecodedCall call;
-  for (const AllocRequest& request : requests) {
-    RETURN_IF_ERROR(ValidateShape(request, geometry));
-    call.num_slots += ToExtendShape(request).num_slots();
+  // Resized, not rebuilt: a reused vector keeps its (cache-warm) storage.
+  out->requests.resize(n);
+  AllocRequest* const requests = out->requests.data();
+  int64_t num_slots = 0;
+  // One pass: copy each element once (the arrays may be memory another
+  // process writes), then check only the copy. Fields are written in place
+  // (a whole struct built on the stack and copied stalls on store
+  // forwarding).
+  for (int64_t i = 0; i < n; ++i) {
+    AllocRequest& r = requests[i];
+    r.kind = arrays.kind;
+    r.owner = owner;
+    r.index = i;
+    r.destination = nullptr;
+    switch (arrays.kind) {
+      case RequestKind::kExtend:
+        r.prefix_len = arrays.prefix_lens[i];
+        r.seq_len = arrays.seq_lens[i];
+        r.last_loc = arrays.last_locs[i];
+        break;
+      case RequestKind::kDecode:
+        r.prefix_len = 0;
+        r.seq_len = arrays.seq_lens[i];
+        r.last_loc = arrays.last_locs[i];
+        break;
+      case RequestKind::kAlloc:
+        r.prefix_len = 0;
+        r.seq_len = arrays.seq_lens[i];
+        r.last_loc = -1;
+        break;
+    }
+    RETURN_IF_ERROR(ValidateShape(r, geometry));
+    num_slots += ToExtendShape(r).num_slots();
   }
-  if (call.num_slots > limits.max_slots) {
+  if (num_slots > limits.max_slots) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the call asks for %d slots; at most %d per call "
         "(--max_batch_tokens)",
-        call.num_slots, limits.max_slots));
+        num_slots, limits.max_slots));
   }
-  call.requests = std::move(requests);
-  return call;
+  out->num_slots = num_slots;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CallArrays> ArraysOf(const v1::AllocExtendRequest& call) {
+  RETURN_IF_ERROR(CheckSameLength({{"prefix_lens", call.prefix_lens_size()},
+                                   {"seq_lens", call.seq_lens_size()},
+                                   {"last_locs", call.last_locs_size()}}));
+  return CallArrays{RequestKind::kExtend, call.seq_lens_size(),
+                    call.prefix_lens().data(), call.seq_lens().data(),
+                    call.last_locs().data()};
+}
+
+absl::StatusOr<CallArrays> ArraysOf(const v1::AllocDecodeRequest& call) {
+  RETURN_IF_ERROR(CheckSameLength({{"seq_lens", call.seq_lens_size()},
+                                   {"last_locs", call.last_locs_size()}}));
+  return CallArrays{RequestKind::kDecode, call.seq_lens_size(), nullptr,
+                    call.seq_lens().data(), call.last_locs().data()};
+}
+
+absl::StatusOr<CallArrays> ArraysOf(const v1::AllocRequest& call) {
+  return CallArrays{RequestKind::kAlloc, call.num_tokens_size(), nullptr,
+                    call.num_tokens().data(), nullptr};
+}
+
+namespace {
+
+template <typename Message>
+absl::StatusOr<DecodedCall> DecodeMessage(const Message& call, OwnerId owner,
+                                          const PoolGeometry& geometry,
+                                          const CallLimits& limits) {
+  ASSIGN_OR_RETURN(const CallArrays arrays, ArraysOf(call));
+  DecodedCall decoded;
+  RETURN_IF_ERROR(DecodeCall(arrays, owner, geometry, limits, &decoded));
+  return decoded;
 }
 
 }  // namespace
@@ -60,44 +120,20 @@ absl::StatusOr<DecodedCall> Finish(std::vector<AllocRequest> requests,
 absl::StatusOr<DecodedCall> DecodeAllocExtend(
     const v1::AllocExtendRequest& call, OwnerId owner,
     const PoolGeometry& geometry, const CallLimits& limits) {
-  RETURN_IF_ERROR(CheckSameLength({{"prefix_lens", call.prefix_lens_size()},
-                                   {"seq_lens", call.seq_lens_size()},
-                                   {"last_locs", call.last_locs_size()}}));
-  RETURN_IF_ERROR(CheckCount(call.seq_lens_size(), limits));
-  std::vector<AllocRequest> requests(call.seq_lens_size());
-  for (int i = 0; i < call.seq_lens_size(); ++i) {
-    requests[i] = {RequestKind::kExtend, owner,           i,
-                   call.prefix_lens(i),  call.seq_lens(i), call.last_locs(i),
-                   nullptr};
-  }
-  return Finish(std::move(requests), geometry, limits);
+  return DecodeMessage(call, owner, geometry, limits);
 }
 
 absl::StatusOr<DecodedCall> DecodeAllocDecode(
     const v1::AllocDecodeRequest& call, OwnerId owner,
     const PoolGeometry& geometry, const CallLimits& limits) {
-  RETURN_IF_ERROR(CheckSameLength({{"seq_lens", call.seq_lens_size()},
-                                   {"last_locs", call.last_locs_size()}}));
-  RETURN_IF_ERROR(CheckCount(call.seq_lens_size(), limits));
-  std::vector<AllocRequest> requests(call.seq_lens_size());
-  for (int i = 0; i < call.seq_lens_size(); ++i) {
-    requests[i] = {RequestKind::kDecode, owner, i, 0, call.seq_lens(i),
-                   call.last_locs(i),    nullptr};
-  }
-  return Finish(std::move(requests), geometry, limits);
+  return DecodeMessage(call, owner, geometry, limits);
 }
 
 absl::StatusOr<DecodedCall> DecodeAlloc(const v1::AllocRequest& call,
                                         OwnerId owner,
                                         const PoolGeometry& geometry,
                                         const CallLimits& limits) {
-  RETURN_IF_ERROR(CheckCount(call.num_tokens_size(), limits));
-  std::vector<AllocRequest> requests(call.num_tokens_size());
-  for (int i = 0; i < call.num_tokens_size(); ++i) {
-    requests[i] = {RequestKind::kAlloc, owner, i, 0, call.num_tokens(i), -1,
-                   nullptr};
-  }
-  return Finish(std::move(requests), geometry, limits);
+  return DecodeMessage(call, owner, geometry, limits);
 }
 
 absl::Status ValidateFree(const v1::FreeRequest& call) {

@@ -27,9 +27,34 @@ struct DecodedCall {
   int64_t num_slots = 0;  // all requests together
 };
 
-// Each returns INVALID_ARGUMENT naming the field and request index when
-// parallel arrays differ in length, a request is malformed
-// (ValidateShape), or the call exceeds `limits`.
+// The request arrays of one allocation call, however it arrived (a gRPC
+// message or a fast channel), all of one length. kExtend uses all three;
+// kDecode seq_lens and last_locs; kAlloc seq_lens (the wire's num_tokens).
+// The others are ignored.
+struct CallArrays {
+  RequestKind kind = RequestKind::kExtend;
+  int64_t size = 0;
+  const int64_t* prefix_lens = nullptr;
+  const int64_t* seq_lens = nullptr;
+  const int64_t* last_locs = nullptr;
+};
+
+// Decodes `arrays` into `out` (reusing its vector's capacity), reading each
+// element exactly once, and validates the copies: INVALID_ARGUMENT naming
+// the field and request index when a request is malformed (ValidateShape)
+// or the call exceeds `limits`. On error `out` is unspecified.
+absl::Status DecodeCall(const CallArrays& arrays, OwnerId owner,
+                        const PoolGeometry& geometry, const CallLimits& limits,
+                        DecodedCall* out);
+
+// The arrays of a message; INVALID_ARGUMENT naming them when parallel
+// arrays differ in length (never for AllocRequest, which has one). The
+// result points into `call`.
+absl::StatusOr<CallArrays> ArraysOf(const v1::AllocExtendRequest& call);
+absl::StatusOr<CallArrays> ArraysOf(const v1::AllocDecodeRequest& call);
+absl::StatusOr<CallArrays> ArraysOf(const v1::AllocRequest& call);
+
+// ArraysOf, then DecodeCall.
 absl::StatusOr<DecodedCall> DecodeAllocExtend(
     const v1::AllocExtendRequest& call, OwnerId owner,
     const PoolGeometry& geometry, const CallLimits& limits);

@@ -197,14 +197,12 @@ PageAllocatorService::KeepAlive(grpc::CallbackServerContext*) {
 namespace {
 
 // One RequestResult per request (the default answer form).
-void FillRequestResults(const std::vector<AllocResult>& results,
-                        const std::vector<int64_t>& ring_offsets,
-                        const std::vector<int64_t>& inline_slots,
-                        bool inline_results, v1::AllocResponse* response) {
-  response->mutable_results()->Reserve(results.size());
+void FillRequestResults(const AllocAnswer& answer,
+                        v1::AllocResponse* response) {
+  response->mutable_results()->Reserve(answer.results.size());
   size_t inline_at = 0;
-  for (size_t i = 0; i < results.size(); ++i) {
-    const AllocResult& result = results[i];
+  for (size_t i = 0; i < answer.results.size(); ++i) {
+    const AllocResult& result = answer.results[i];
     v1::RequestResult* out = response->add_results();
     out->set_code(static_cast<int>(result.status.code()));
     if (!result.status.ok()) {
@@ -213,13 +211,13 @@ void FillRequestResults(const std::vector<AllocResult>& results,
     }
     out->set_count(result.num_slots);
     out->set_new_pages(result.num_new_pages);
-    if (inline_results) {
+    if (answer.inline_results) {
       out->mutable_slots()->Add(
-          inline_slots.begin() + inline_at,
-          inline_slots.begin() + inline_at + result.num_slots);
+          answer.inline_slots.begin() + inline_at,
+          answer.inline_slots.begin() + inline_at + result.num_slots);
       inline_at += result.num_slots;
     } else {
-      out->set_ring_offset(ring_offsets[i]);
+      out->set_ring_offset(answer.ring_offsets[i]);
     }
   }
 }
@@ -227,11 +225,8 @@ void FillRequestResults(const std::vector<AllocResult>& results,
 // The same content as parallel packed arrays (AllocOptions.packed_results),
 // written through raw pointers after one Resize each (no per-element
 // capacity checks: this runs for every request of every call).
-void FillPackedResults(const std::vector<AllocResult>& results,
-                       const std::vector<int64_t>& ring_offsets,
-                       const std::vector<int64_t>& inline_slots,
-                       bool inline_results, v1::PackedResults* packed) {
-  const int n = results.size();
+void FillPackedResults(const AllocAnswer& answer, v1::PackedResults* packed) {
+  const int n = answer.results.size();
   packed->mutable_codes()->Resize(n, 0);
   packed->mutable_ring_offsets()->Resize(n, 0);
   packed->mutable_counts()->Resize(n, 0);
@@ -241,54 +236,70 @@ void FillPackedResults(const std::vector<AllocResult>& results,
   int64_t* counts = packed->mutable_counts()->mutable_data();
   int64_t* new_pages = packed->mutable_new_pages()->mutable_data();
   for (int i = 0; i < n; ++i) {
-    const AllocResult& result = results[i];
+    const AllocResult& result = answer.results[i];
     if (!result.status.ok()) {
       codes[i] = static_cast<int>(result.status.code());
       packed->add_messages(std::string(result.status.message()));
       continue;
     }
-    offsets[i] = inline_results ? 0 : ring_offsets[i];
+    offsets[i] = answer.inline_results ? 0 : answer.ring_offsets[i];
     counts[i] = result.num_slots;
     new_pages[i] = result.num_new_pages;
   }
   // inline_slots holds exactly the accepted requests' slots, in order.
-  if (inline_results) {
-    packed->mutable_slots()->Add(inline_slots.begin(), inline_slots.end());
+  if (answer.inline_results) {
+    packed->mutable_slots()->Add(answer.inline_slots.begin(),
+                                 answer.inline_slots.end());
   }
 }
 
 }  // namespace
 
-template <typename Request, typename Decode>
+void ResponseReply::Deliver(const AllocAnswer& answer) {
+  if (packed_) {
+    FillPackedResults(answer, response_->mutable_packed());
+  } else {
+    FillRequestResults(answer, response_);
+  }
+  response_->set_ring_end(answer.ring_end);
+  response_->set_batch_requests(answer.launch->batch_requests);
+  response_->set_launch_id(answer.launch->launch_id);
+}
+
 std::optional<PageAllocatorService::PreparedCall>
-PageAllocatorService::Prepare(const Request& request,
-                              v1::AllocResponse* response, Reply* reply,
-                              Rpc rpc, Decode decode) {
+PageAllocatorService::PrepareAlloc(const AllocCallInput& input,
+                                   AllocReply* reply) {
   const absl::Time start = absl::Now();
+  const Rpc rpc = input.rpc;
   auto refuse = [this, reply, rpc, start](const absl::Status& status) {
     Answer(reply, rpc, start, status);
     return std::nullopt;
   };
+  if (draining_) return refuse(DrainingError());
   absl::StatusOr<std::shared_ptr<Session>> authenticated =
-      Authenticate(request.session());
+      sessions_->Authenticate(input.session_id, input.session_token);
   if (!authenticated.ok()) return refuse(authenticated.status());
   std::shared_ptr<Session> session = *std::move(authenticated);
-  absl::StatusOr<DecodedCall> decoded =
-      decode(request, session->id(), pool_->geometry(), limits_);
-  if (!decoded.ok()) return refuse(decoded.status());
-  const v1::AllocOptions& options = request.options();
-  std::vector<AllocRequest>& requests = decoded->requests;
-  const int64_t num_slots = decoded->num_slots;
-  if (options.release_ring_up_to() > 0) {
-    absl::Status released = session->ReleaseRing(options.release_ring_up_to());
+  PreparedCall prepared;
+  AllocCall& call = prepared.call;
+  AllocReply::CallStorage& storage = reply->storage();
+  {
+    const absl::Status valid =
+        DecodeCall(input.arrays, session->id(), pool_->geometry(), limits_,
+                   &storage.decoded);
+    if (!valid.ok()) return refuse(valid);
+    call.requests = absl::MakeSpan(storage.decoded.requests);
+    call.num_slots = storage.decoded.num_slots;
+  }
+  if (input.release_ring_up_to > 0) {
+    absl::Status released = session->ReleaseRing(input.release_ring_up_to);
     if (!released.ok()) {
       return refuse(absl::InvalidArgumentError(absl::StrFormat(
           "options.release_ring_up_to: %s", released.message())));
     }
   }
-  PreparedCall prepared;
-  if (!options.return_inline()) {
-    absl::StatusOr<int64_t> ring_start = session->ReserveRing(num_slots);
+  if (!input.return_inline) {
+    absl::StatusOr<int64_t> ring_start = session->ReserveRing(call.num_slots);
     if (!ring_start.ok()) return refuse(ring_start.status());
     prepared.ring_start = *ring_start;
     prepared.ring_reserved = true;
@@ -296,43 +307,38 @@ PageAllocatorService::Prepare(const Request& request,
   // Where each request's slots start in the ring (by its shape, so that a
   // refused request keeps its place and offsets stay prefix sums), and,
   // unless the slots go inline, the destination the executor writes.
-  std::vector<int64_t> ring_offsets(requests.size());
-  {
-    const int64_t start =
+  std::vector<int64_t>& ring_offsets = storage.ring_offsets;
+  ring_offsets.clear();
+  if (prepared.ring_reserved) {
+    ring_offsets.resize(call.requests.size());
+    const int64_t first =
         prepared.ring_start % session->ring_memory().capacity_slots();
-    int64_t* const base = session->ring_memory().slots() + start;
+    int64_t* const base = session->ring_memory().slots() + first;
     int64_t offset = 0;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      ring_offsets[i] = start + offset;
-      if (prepared.ring_reserved) requests[i].destination = base + offset;
-      offset += ToExtendShape(requests[i]).num_slots();
+    for (size_t i = 0; i < call.requests.size(); ++i) {
+      ring_offsets[i] = first + offset;
+      call.requests[i].destination = base + offset;
+      offset += ToExtendShape(call.requests[i]).num_slots();
     }
   }
-  AllocCall& call = prepared.call;
   call.session_id = session->id();
-  call.requests = std::move(requests);
-  call.num_slots = num_slots;
-  call.return_inline = options.return_inline();
-  call.async_completion = options.async_completion();
+  call.return_inline = input.return_inline;
+  call.async_completion = input.async_completion;
   const int64_t ring_end =
-      options.return_inline() ? 0 : prepared.ring_start + num_slots;
-  const bool inline_results = options.return_inline();
-  const bool packed = options.packed_results();
-  call.done = [this, response, reply, rpc, start, ring_end, inline_results,
-               packed, ring_offsets = std::move(ring_offsets)](
-                  std::vector<AllocResult> results,
-                  std::vector<int64_t> inline_slots,
+      input.return_inline ? 0 : prepared.ring_start + call.num_slots;
+  const bool inline_results = input.return_inline;
+  call.done = [this, reply, rpc, start, ring_end, inline_results](
+                  absl::Span<const AllocResult> results,
+                  absl::Span<const int64_t> inline_slots,
                   const LaunchInfo& launch) {
-    if (packed) {
-      FillPackedResults(results, ring_offsets, inline_slots, inline_results,
-                        response->mutable_packed());
-    } else {
-      FillRequestResults(results, ring_offsets, inline_slots, inline_results,
-                         response);
-    }
-    response->set_ring_end(ring_end);
-    response->set_batch_requests(launch.batch_requests);
-    response->set_launch_id(launch.launch_id);
+    AllocAnswer answer;
+    answer.results = results;
+    answer.ring_offsets = reply->storage().ring_offsets;
+    answer.inline_slots = inline_slots;
+    answer.inline_results = inline_results;
+    answer.ring_end = ring_end;
+    answer.launch = &launch;
+    reply->Deliver(answer);
     Answer(reply, rpc, start, absl::OkStatus());
   };
   prepared.session = std::move(session);
@@ -340,28 +346,6 @@ PageAllocatorService::Prepare(const Request& request,
   prepared.rpc = rpc;
   prepared.start = start;
   return prepared;
-}
-
-std::optional<PageAllocatorService::PreparedCall>
-PageAllocatorService::PrepareAllocExtend(const v1::AllocExtendRequest& request,
-                                         v1::AllocResponse* response,
-                                         Reply* reply) {
-  return Prepare(request, response, reply, Rpc::kAllocExtend,
-                 DecodeAllocExtend);
-}
-
-std::optional<PageAllocatorService::PreparedCall>
-PageAllocatorService::PrepareAllocDecode(const v1::AllocDecodeRequest& request,
-                                         v1::AllocResponse* response,
-                                         Reply* reply) {
-  return Prepare(request, response, reply, Rpc::kAllocDecode,
-                 DecodeAllocDecode);
-}
-
-std::optional<PageAllocatorService::PreparedCall>
-PageAllocatorService::PrepareAlloc(const v1::AllocRequest& request,
-                                   v1::AllocResponse* response, Reply* reply) {
-  return Prepare(request, response, reply, Rpc::kAlloc, DecodeAlloc);
 }
 
 void PageAllocatorService::SubmitPrepared(std::vector<PreparedCall> calls) {
@@ -413,13 +397,29 @@ void PageAllocatorService::Answer(Reply* reply, Rpc rpc,
   reply->Complete(status);
 }
 
-template <typename Request, typename Decode>
+template <typename Request>
 grpc::Status PageAllocatorService::HandleAlloc(const Request& request,
                                                v1::AllocResponse* response,
-                                               Rpc rpc, Decode decode) {
-  PendingReply reply;
-  std::optional<PreparedCall> prepared =
-      Prepare(request, response, &reply, rpc, decode);
+                                               Rpc rpc) {
+  const v1::AllocOptions& options = request.options();
+  ResponseReply reply(response, options.packed_results());
+  absl::StatusOr<CallArrays> arrays = ArraysOf(request);
+  if (!arrays.ok()) {
+    // Authentication comes first, as in PrepareAlloc.
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        Authenticate(request.session());
+    return Answer(rpc, absl::Now(),
+                  session.ok() ? arrays.status() : session.status());
+  }
+  AllocCallInput input;
+  input.rpc = rpc;
+  input.session_id = request.session().session_id();
+  input.session_token = request.session().session_token();
+  input.arrays = *arrays;
+  input.release_ring_up_to = options.release_ring_up_to();
+  input.return_inline = options.return_inline();
+  input.async_completion = options.async_completion();
+  std::optional<PreparedCall> prepared = PrepareAlloc(input, &reply);
   if (prepared.has_value()) {
     std::vector<PreparedCall> calls;
     calls.push_back(*std::move(prepared));
@@ -431,19 +431,19 @@ grpc::Status PageAllocatorService::HandleAlloc(const Request& request,
 grpc::Status PageAllocatorService::AllocExtend(grpc::ServerContext*,
                                          const v1::AllocExtendRequest* request,
                                          v1::AllocResponse* response) {
-  return HandleAlloc(*request, response, Rpc::kAllocExtend, DecodeAllocExtend);
+  return HandleAlloc(*request, response, Rpc::kAllocExtend);
 }
 
 grpc::Status PageAllocatorService::AllocDecode(grpc::ServerContext*,
                                          const v1::AllocDecodeRequest* request,
                                          v1::AllocResponse* response) {
-  return HandleAlloc(*request, response, Rpc::kAllocDecode, DecodeAllocDecode);
+  return HandleAlloc(*request, response, Rpc::kAllocDecode);
 }
 
 grpc::Status PageAllocatorService::Alloc(grpc::ServerContext*,
                                          const v1::AllocRequest* request,
                                          v1::AllocResponse* response) {
-  return HandleAlloc(*request, response, Rpc::kAlloc, DecodeAlloc);
+  return HandleAlloc(*request, response, Rpc::kAlloc);
 }
 
 void PageAllocatorService::SubmitFree(const v1::FreeRequest& request,

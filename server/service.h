@@ -17,7 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "allocator/page_pool.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/backend.h"
@@ -41,18 +43,18 @@ struct ServiceCounters {
 // Receives one unary call's answer. PendingReply (below) is for a handler
 // that waits; the fast channel (server/fast_channel_server.h) writes the
 // answer into shared memory instead.
-//
+class Reply {
+ public:
+  virtual ~Reply() = default;
+  // The call is over (for an allocation call, after Deliver when it ran);
+  // `status` is the call's status.
+  virtual void Complete(const absl::Status& status) = 0;
+};
+
 // One unary call's answer, for a handler that waits for it: whoever
 // completes the work (the batcher thread, or the handler's own thread when
 // it drives the batcher) calls Complete once; the handler returns Wait().
 // When the handler's own thread completed it, Wait does not block.
-class Reply {
- public:
-  virtual ~Reply() = default;
-  // The call's response message is final; `status` is the call's status.
-  virtual void Complete(const absl::Status& status) = 0;
-};
-
 class PendingReply final : public Reply {
  public:
   void Complete(const absl::Status& status) override {
@@ -67,6 +69,70 @@ class PendingReply final : public Reply {
  private:
   absl::Notification done_;
   absl::Status status_;  // written once, before done_ is notified
+};
+
+// An allocation call's results once its launch is done, as the transport
+// writes them into its answer. The spans live until Deliver returns.
+struct AllocAnswer {
+  absl::Span<const AllocResult> results;  // one per request
+  // Each request's first slot in the session's ring (by the request's shape,
+  // so that offsets stay prefix sums across refused requests); empty when
+  // the slots go inline.
+  absl::Span<const int64_t> ring_offsets;
+  // return_inline: the accepted requests' slots, concatenated in order.
+  absl::Span<const int64_t> inline_slots;
+  bool inline_results = false;
+  int64_t ring_end = 0;  // 0 when inline
+  const LaunchInfo* launch = nullptr;
+};
+
+// Receives an allocation call's answer: Deliver, then Complete(OK) when the
+// call ran; only Complete(error) when it was refused as a whole.
+class AllocReply : public Reply {
+ public:
+  virtual void Deliver(const AllocAnswer& answer) = 0;
+
+  // What PrepareAlloc builds for the call: its requests and their ring
+  // offsets. It must live until the call completes, which the reply's own
+  // lifetime ensures; a reply that serves one call after another (a fast
+  // channel's) reuses it, storage and all, so it stays warm in cache.
+  struct CallStorage {
+    DecodedCall decoded;
+    std::vector<int64_t> ring_offsets;
+  };
+  CallStorage& storage() { return storage_; }
+
+ private:
+  CallStorage storage_;
+};
+
+// Writes the answer into an AllocResponse (one RequestResult per request,
+// or PackedResults when `packed`) and waits like PendingReply.
+class ResponseReply final : public AllocReply {
+ public:
+  ResponseReply(v1::AllocResponse* response, bool packed)
+      : response_(response), packed_(packed) {}
+  void Deliver(const AllocAnswer& answer) override;
+  void Complete(const absl::Status& status) override {
+    pending_.Complete(status);
+  }
+  grpc::Status Wait() { return pending_.Wait(); }
+
+ private:
+  v1::AllocResponse* const response_;
+  const bool packed_;
+  PendingReply pending_;
+};
+
+// One allocation call as it arrived, from either transport.
+struct AllocCallInput {
+  Rpc rpc = Rpc::kAllocDecode;
+  uint64_t session_id = 0;
+  absl::string_view session_token;
+  CallArrays arrays;  // must stay valid during PrepareAlloc only
+  int64_t release_ring_up_to = 0;
+  bool return_inline = false;
+  bool async_completion = false;
 };
 
 // The service's threading. Session calls (allocations, Free, Checkpoint,
@@ -159,22 +225,16 @@ class PageAllocatorService final : public PageAllocatorBase {
     std::shared_ptr<Session> session;
     int64_t ring_start = 0;
     bool ring_reserved = false;
-    Reply* reply = nullptr;
+    AllocReply* reply = nullptr;
     Rpc rpc = Rpc::kAllocDecode;
     absl::Time start;
   };
-  // Prepare an allocation call exactly as the gRPC handler does; `response`
-  // and `reply` must live until the reply completes. On refusal the reply is
-  // completed (and the call counted) at once and nothing is returned.
-  std::optional<PreparedCall> PrepareAllocExtend(
-      const v1::AllocExtendRequest& request, v1::AllocResponse* response,
-      Reply* reply);
-  std::optional<PreparedCall> PrepareAllocDecode(
-      const v1::AllocDecodeRequest& request, v1::AllocResponse* response,
-      Reply* reply);
-  std::optional<PreparedCall> PrepareAlloc(const v1::AllocRequest& request,
-                                           v1::AllocResponse* response,
-                                           Reply* reply);
+  // Prepares an allocation call from either transport: authenticates,
+  // decodes and validates, releases and reserves ring space. `reply` must
+  // live until it completes. On refusal the reply is completed (and the
+  // call counted) at once and nothing is returned.
+  std::optional<PreparedCall> PrepareAlloc(const AllocCallInput& input,
+                                           AllocReply* reply);
   // Queues prepared calls together (they share a launch unless one is
   // running); each reply completes when its launch is done.
   void SubmitPrepared(std::vector<PreparedCall> calls);
@@ -196,15 +256,9 @@ class PageAllocatorService final : public PageAllocatorBase {
  private:
   // The shared body of AllocExtend, AllocDecode and Alloc: prepare, submit,
   // wait for the answer.
-  template <typename Request, typename Decode>
+  template <typename Request>
   grpc::Status HandleAlloc(const Request& request, v1::AllocResponse* response,
-                           Rpc rpc, Decode decode);
-  // Authenticates, decodes with `decode`, releases and reserves ring space,
-  // and builds the call whose done callback fills `response`.
-  template <typename Request, typename Decode>
-  std::optional<PreparedCall> Prepare(const Request& request,
-                                      v1::AllocResponse* response,
-                                      Reply* reply, Rpc rpc, Decode decode);
+                           Rpc rpc);
   // Frees a removed session's pages after its queued work; counts and logs.
   void FreeSessionPages(std::shared_ptr<Session> session, bool lease_lost,
                         std::string reason);

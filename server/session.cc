@@ -50,7 +50,7 @@ absl::Time Session::lease_deadline() const {
   return lease_deadline_;
 }
 
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -131,7 +131,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Authenticate(
-    uint64_t session_id, const std::string& token) {
+    uint64_t session_id, absl::string_view token) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);

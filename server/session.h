@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/backend.h"
@@ -80,7 +81,7 @@ class SessionRegistry {
   // Finds a session and checks its token (in constant time), renewing its
   // lease. Returns NOT_FOUND (unknown or expired) or UNAUTHENTICATED.
   absl::StatusOr<std::shared_ptr<Session>> Authenticate(
-      uint64_t session_id, const std::string& token) ABSL_LOCKS_EXCLUDED(mu_);
+      uint64_t session_id, absl::string_view token) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes a session; returns it, or null when it was already gone.
   std::shared_ptr<Session> Remove(uint64_t session_id)
