@@ -63,7 +63,20 @@ absl::Status Batcher::Submit(std::vector<Work> works) {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the daemon is draining");
-    for (Work& work : works) queue_.push_back(std::move(work));
+    if (queue_.empty() && !works.empty()) {
+      oldest_queued_ns_.store(absl::ToUnixNanos(works.front().queued_at),
+                              std::memory_order_relaxed);
+    }
+    for (Work& work : works) {
+      if (work.alloc != nullptr) {
+        ++queued_calls_locked_;
+        if (options_.min_batch_calls > 0) {
+          last_alloc_[work.session_id] = work.queued_at;
+        }
+      }
+      queue_.push_back(std::move(work));
+    }
+    queued_calls_.store(queued_calls_locked_, std::memory_order_relaxed);
     queued_.store(queue_.size(), std::memory_order_release);
     // The batcher thread drives when a window or a spin is set; a launch in
     // progress picks this work up when it ends.
@@ -102,14 +115,48 @@ uint64_t Batcher::launches() const {
   return launches_;
 }
 
+int64_t Batcher::CallsToWaitFor() const {
+  if (options_.min_batch_calls <= 0) return options_.max_batch_requests;
+  return std::max<int64_t>(
+      1, std::min<int64_t>(options_.min_batch_calls,
+                           active_sessions_.load(std::memory_order_relaxed)));
+}
+
+void Batcher::SpinForCompany() {
+  const int64_t want = CallsToWaitFor();
+  const int64_t deadline_ns =
+      oldest_queued_ns_.load(std::memory_order_relaxed) +
+      absl::ToInt64Nanoseconds(options_.batch_window);
+  // Only allocation calls are worth waiting for (operations run alone).
+  while (queued_calls_.load(std::memory_order_relaxed) > 0 &&
+         queued_calls_.load(std::memory_order_relaxed) < want &&
+         !stop_requested_.load(std::memory_order_relaxed) &&
+         absl::GetCurrentTimeNanos() < deadline_ns) {
+    fast_channel::CpuRelax();
+  }
+}
+
 void Batcher::TakeBatch(std::vector<Work>* batch) {
-  if (options_.batch_window > absl::ZeroDuration() && !stopping_) {
+  if (options_.batch_window > absl::ZeroDuration() && !stopping_ &&
+      options_.spin == absl::ZeroDuration()) {
     // Give other sessions a moment to join this launch.
-    auto full = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ ||
-             static_cast<int64_t>(queue_.size()) >= options_.max_batch_requests;
+    const int64_t want = CallsToWaitFor();
+    auto full = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || queued_calls_locked_ == 0 ||
+             queued_calls_locked_ >= want;
     };
-    mu_.AwaitWithTimeout(absl::Condition(&full), options_.batch_window);
+    const absl::Time deadline =
+        absl::FromUnixNanos(oldest_queued_ns_.load(std::memory_order_relaxed)) +
+        options_.batch_window;
+    mu_.AwaitWithDeadline(absl::Condition(&full), deadline);
+  }
+  if (options_.min_batch_calls > 0) {
+    // Forget sessions that have gone quiet.
+    const absl::Time quiet_since = absl::Now() - kActiveSessionWindow;
+    absl::erase_if(last_alloc_, [quiet_since](const auto& entry) {
+      return entry.second < quiet_since;
+    });
+    active_sessions_.store(last_alloc_.size(), std::memory_order_relaxed);
   }
   int64_t requests = 0;
   int64_t tokens = 0;
@@ -125,8 +172,14 @@ void Batcher::TakeBatch(std::vector<Work>* batch) {
       requests += r;
       tokens += t;
     }
+    if (next.alloc != nullptr) --queued_calls_locked_;
     batch->push_back(std::move(next));
     queue_.pop_front();
+  }
+  queued_calls_.store(queued_calls_locked_, std::memory_order_relaxed);
+  if (!queue_.empty()) {
+    oldest_queued_ns_.store(absl::ToUnixNanos(queue_.front().queued_at),
+                            std::memory_order_relaxed);
   }
   queued_.store(queue_.size(), std::memory_order_release);
 }
@@ -141,6 +194,10 @@ void Batcher::Run() {
              !stop_requested_.load(std::memory_order_relaxed) &&
              absl::Now() < until) {
         fast_channel::CpuRelax();
+      }
+      if (options_.batch_window > absl::ZeroDuration() &&
+          queued_.load(std::memory_order_acquire) > 0) {
+        SpinForCompany();
       }
     }
     {
@@ -191,22 +248,22 @@ void Batcher::RunBatch(std::vector<Work>* batch) {
 void Batcher::Launch(std::vector<Work>* pending) {
   if (pending->empty()) return;
   const absl::Time start = absl::Now();
-  std::vector<AllocRequest> requests;
-  size_t total_requests = 0;
-  for (const Work& work : *pending) total_requests += work.alloc->requests.size();
-  requests.reserve(total_requests);
+  std::vector<AllocRequest>& requests = launch_requests_;
+  requests.clear();
   int64_t scratch_used = 0;
   for (Work& work : *pending) {
     AllocCall& call = *work.alloc;
-    for (AllocRequest& request : call.requests) {
-      if (call.return_inline) {
+    if (call.return_inline) {
+      for (AllocRequest& request : call.requests) {
         request.destination = scratch_->slots() + scratch_used;
         scratch_used += ToExtendShape(request).num_slots();
       }
-      requests.push_back(request);
     }
+    requests.insert(requests.end(), call.requests.begin(),
+                    call.requests.end());
   }
-  std::vector<AllocResult> results = pool_->Allocate(requests);
+  std::vector<AllocResult>& results = launch_results_;
+  pool_->Allocate(requests, &results);
 
   LaunchInfo launch;
   launch.batch_requests = requests.size();
@@ -237,25 +294,28 @@ void Batcher::Launch(std::vector<Work>* pending) {
   metrics_.tokens_per_batch.Observe(launch.batch_slots);
   metrics_.execute_seconds.Observe(absl::ToDoubleSeconds(launch.execute_time));
 
-  size_t next = 0;
+  size_t first = 0;
   for (Work& work : *pending) {
     AllocCall& call = *work.alloc;
-    std::vector<AllocResult> call_results(
-        results.begin() + next, results.begin() + next + call.requests.size());
-    std::vector<int64_t> inline_slots;
-    for (size_t i = 0; i < call.requests.size(); ++i, ++next) {
-      AllocResult& result = call_results[i];
-      if (!completion.ok() && result.status.ok()) {
-        // The launch ran but could not be completed: the slots are not
-        // trustworthy. The pool has already committed them; report the
-        // device failure.
-        result.status = completion;
+    const size_t n = call.requests.size();
+    std::vector<int64_t>& inline_slots = inline_slots_;
+    inline_slots.clear();
+    if (!completion.ok()) {
+      // The launch ran but could not be completed: the slots are not
+      // trustworthy. The pool has already committed them; report the
+      // device failure.
+      for (size_t i = first; i < first + n; ++i) {
+        if (results[i].status.ok()) results[i].status = completion;
       }
-      if (call.return_inline && result.status.ok() && result.num_slots > 0) {
+    }
+    if (call.return_inline) {
+      for (size_t i = first; i < first + n; ++i) {
+        AllocResult& result = results[i];
+        if (!result.status.ok() || result.num_slots == 0) continue;
         const size_t at = inline_slots.size();
         inline_slots.resize(at + result.num_slots);
         const absl::Status copied =
-            backend_->CopyToHost(requests[next].destination, result.num_slots,
+            backend_->CopyToHost(requests[i].destination, result.num_slots,
                                  inline_slots.data() + at);
         if (!copied.ok()) {
           // inline_slots holds the accepted requests' slots only.
@@ -267,7 +327,9 @@ void Batcher::Launch(std::vector<Work>* pending) {
     launch.queue_wait = start - work.queued_at;
     metrics_.queue_wait_seconds.Observe(
         absl::ToDoubleSeconds(launch.queue_wait));
-    call.done(std::move(call_results), std::move(inline_slots), launch);
+    call.done(absl::MakeConstSpan(results.data() + first, n), inline_slots,
+              launch);
+    first += n;
   }
   pending->clear();
 }

@@ -36,9 +36,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "allocator/page_pool.h"
 #include "server/backend.h"
 #include "server/histogram.h"
@@ -57,18 +59,20 @@ struct LaunchInfo {
 // One allocation call of one session.
 struct AllocCall {
   uint64_t session_id = 0;
-  // Destinations already point into the session's ring, except when
-  // return_inline is set: then the batcher points them at its scratch
-  // buffer and copies the slots into `inline_slots`.
-  std::vector<AllocRequest> requests;
+  // The requests, owned by the submitter, which keeps them alive until
+  // `done` has run. Destinations already point into the session's ring,
+  // except when return_inline is set: then the batcher points them at its
+  // scratch buffer and copies the slots into `inline_slots`.
+  absl::Span<AllocRequest> requests;
   int64_t num_slots = 0;
   bool return_inline = false;
   bool async_completion = false;
-  // Runs on the driving thread once the launch is done (or refused).
-  // inline_slots (return_inline) holds the slots of the accepted requests,
-  // concatenated in request order.
-  std::function<void(std::vector<AllocResult> results,
-                     std::vector<int64_t> inline_slots,
+  // Runs on the driving thread once the launch is done (or refused), with
+  // one result per request. inline_slots (return_inline) holds the slots of
+  // the accepted requests, concatenated in request order. The spans live
+  // until `done` returns.
+  std::function<void(absl::Span<const AllocResult> results,
+                     absl::Span<const int64_t> inline_slots,
                      const LaunchInfo& launch)>
       done;
 };
@@ -78,7 +82,14 @@ class Batcher {
   struct Options {
     int64_t max_batch_requests = 8192;
     int64_t max_batch_tokens = 1 << 21;
+    // The longest the batcher thread holds queued work for more calls to
+    // join the launch (measured from when the oldest queued work arrived).
     absl::Duration batch_window = absl::ZeroDuration();
+    // With a window: stop waiting as soon as this many allocation calls are
+    // queued, capped at the number of sessions that submitted allocation
+    // calls in the last kActiveSessionWindow (so that a lone client never
+    // waits for company that is not coming). 0: wait the whole window.
+    int min_batch_calls = 0;
     // With spin > 0 the batcher thread is the only driver: submitters just
     // queue and return (a fast-channel poller goes back to taking calls
     // while a launch runs), and after each batch the thread polls the
@@ -102,6 +113,9 @@ class Batcher {
   // Launches the calling thread drives, at most, before handing the queue
   // to the batcher thread.
   static constexpr int kMaxInlineRounds = 4;
+  // A session counts as active (for min_batch_calls) this long after its
+  // last allocation call.
+  static constexpr absl::Duration kActiveSessionWindow = absl::Milliseconds(2);
 
   // Queues an allocation call. REQUIRES: call.requests.size() <=
   // max_batch_requests and call.num_slots <= max_batch_tokens (the service
@@ -141,10 +155,18 @@ class Batcher {
   absl::Status Submit(std::vector<Work> works) ABSL_LOCKS_EXCLUDED(mu_);
   // The batcher thread: drives whenever work is queued and nobody else is.
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
-  // Waits for the batch window (batcher thread only), then takes the next
-  // batch of work off the queue. REQUIRES: this thread is the driver and the
-  // queue is not empty.
+  // Waits for the batch window (batcher thread only, without spin: the
+  // spinning thread waits in SpinForCompany), then takes the next batch of
+  // work off the queue. REQUIRES: this thread is the driver and the queue is
+  // not empty.
   void TakeBatch(std::vector<Work>* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many queued allocation calls end the window's wait:
+  // min_batch_calls capped at the active sessions, or no limit (wait the
+  // whole window).
+  int64_t CallsToWaitFor() const;
+  // Spinning batcher thread: spins until CallsToWaitFor() allocation calls
+  // are queued or the oldest work has waited batch_window.
+  void SpinForCompany() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `batch` against the pool. REQUIRES: this thread is the driver.
   void RunBatch(std::vector<Work>* batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs the allocation calls gathered so far as one launch.
@@ -164,8 +186,22 @@ class Batcher {
   bool driving_ ABSL_GUARDED_BY(mu_) = false;
   // queue_.size(), readable without mu_ by the spinning batcher thread.
   std::atomic<int64_t> queued_{0};
+  // Allocation calls in queue_, likewise.
+  std::atomic<int64_t> queued_calls_{0};
+  int64_t queued_calls_locked_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the oldest queued work arrived (absl::ToUnixNanos), for the window.
+  std::atomic<int64_t> oldest_queued_ns_{0};
+  // When each session last submitted an allocation call; pruned to
+  // kActiveSessionWindow whenever a batch is taken.
+  absl::flat_hash_map<uint64_t, absl::Time> last_alloc_ ABSL_GUARDED_BY(mu_);
+  // last_alloc_.size() after the last pruning.
+  std::atomic<int64_t> active_sessions_{0};
   std::atomic<bool> stop_requested_{false};
   uint64_t launches_ ABSL_GUARDED_BY(mu_) = 0;
+  // Launch's buffers, kept between launches (the driver only).
+  std::vector<AllocRequest> launch_requests_;
+  std::vector<AllocResult> launch_results_;
+  std::vector<int64_t> inline_slots_;
   std::thread thread_;
 };
 

@@ -70,9 +70,13 @@ ABSL_FLAG(int64_t, max_batch_requests, 8192,
 ABSL_FLAG(int64_t, max_batch_tokens, 1 << 21,
           "Most slots written by one launch, and by one call.");
 ABSL_FLAG(int64_t, batch_window_us, 0,
-          "How long the batcher waits for more calls before a launch (0: "
-          "launch as soon as work is queued; calls that arrive meanwhile "
-          "join the next launch).");
+          "How long the batcher holds queued calls for more to join the "
+          "launch (0: launch as soon as work is queued; calls that arrive "
+          "meanwhile join the next launch).");
+ABSL_FLAG(int, batch_min_calls, 0,
+          "With --batch_window_us: stop waiting once this many calls are "
+          "queued, capped at the sessions that called in the last 2 ms (a "
+          "lone client never waits). 0: wait the whole window.");
 ABSL_FLAG(int64_t, batcher_spin_us, 0,
           "0: the thread that submits work to an idle batcher runs the launch "
           "itself (lowest latency for a lone call). > 0: a dedicated batcher "
@@ -135,6 +139,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.batcher.batch_window =
       absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
+  options.batcher.min_batch_calls = absl::GetFlag(FLAGS_batch_min_calls);
   options.batcher.spin = absl::Microseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_batcher_spin_us)));
   options.sessions.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));

@@ -47,6 +47,7 @@ class BatcherTest : public ::testing::Test {
   // A one-token alloc call for `owner`, returned inline (no ring needed);
   // `done` records the launch and the thread it ran on.
   struct Completion {
+    AllocRequest request;  // the call's one request (the call points here)
     absl::Notification done;
     uint64_t launch_id = 0;
     int32_t batch_requests = 0;
@@ -56,16 +57,17 @@ class BatcherTest : public ::testing::Test {
   AllocCall DecodeCall(OwnerId owner, Completion* completion) {
     AllocCall call;
     call.session_id = owner;
-    AllocRequest request;
+    AllocRequest& request = completion->request;
     request.kind = RequestKind::kAlloc;
     request.owner = owner;
     request.seq_len = kPageSize;
-    call.requests.push_back(request);
+    call.requests = absl::MakeSpan(&request, 1);
     call.num_slots = kPageSize;
     call.return_inline = true;
-    call.done = [completion](std::vector<AllocResult> results,
-                             std::vector<int64_t>, const LaunchInfo& launch) {
-      completion->status = results.at(0).status;
+    call.done = [completion](absl::Span<const AllocResult> results,
+                             absl::Span<const int64_t>,
+                             const LaunchInfo& launch) {
+      completion->status = results[0].status;
       completion->launch_id = launch.launch_id;
       completion->batch_requests = launch.batch_requests;
       completion->thread = std::this_thread::get_id();
@@ -218,14 +220,14 @@ TEST_F(BatcherTest, ManySubmittersOneDriverAtATimeAndPerSessionOrder) {
           AllocCall call = DecodeCall(owner, completion);
           auto inner = std::move(call.done);
           call.done = [&, t, step, inner = std::move(inner)](
-                          std::vector<AllocResult> results,
-                          std::vector<int64_t> slots,
+                          absl::Span<const AllocResult> results,
+                          absl::Span<const int64_t> slots,
                           const LaunchInfo& launch) {
             {
               absl::MutexLock lock(&mu);
               order[t].push_back(step);
             }
-            inner(std::move(results), std::move(slots), launch);
+            inner(results, slots, launch);
           };
           ASSERT_OK(batcher_->SubmitAlloc(std::move(call)));
         }
@@ -249,6 +251,74 @@ TEST_F(BatcherTest, ManySubmittersOneDriverAtATimeAndPerSessionOrder) {
   EXPECT_OK(pool_->CheckInvariants());
   EXPECT_EQ(pool_->Stats().used_pages, kThreads * kStepsPerThread / 2);
 }
+
+// --batch_min_calls: with a window, a launch waits for company only when
+// other sessions have been calling; a lone client never waits. Both the
+// sleeping (mutex) and the spinning batcher thread.
+class BatcherMinCallsTest : public BatcherTest,
+                            public ::testing::WithParamInterface<bool> {
+ protected:
+  void StartWithWindow() {
+    Batcher::Options options;
+    options.batch_window = absl::Seconds(30);
+    options.min_batch_calls = 4;
+    if (GetParam()) options.spin = absl::Milliseconds(50);
+    Start(options);
+  }
+};
+
+TEST_P(BatcherMinCallsTest, ALoneSessionNeverWaitsForTheWindow) {
+  StartWithWindow();
+  for (int i = 0; i < 3; ++i) {
+    Completion completion;
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+    // Far less than the 30 s window.
+    ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(
+        absl::Seconds(5)));
+    EXPECT_OK(completion.status);
+  }
+}
+
+TEST_P(BatcherMinCallsTest, ACallWaitsForTheOtherActiveSession) {
+  StartWithWindow();
+  // Sessions 1 and 2 both call: two sessions are active from now on.
+  for (OwnerId owner : {1, 2}) {
+    Completion completion;
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(owner, &completion)));
+    ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(
+        absl::Seconds(5)));
+  }
+  // min(4, 2 active) = 2 calls end the wait: session 1's call waits...
+  Completion first, second;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &first)));
+  EXPECT_FALSE(
+      first.done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  // ...until session 2's arrives, and both share one launch.
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(2, &second)));
+  ASSERT_TRUE(first.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(second.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(first.launch_id, second.launch_id);
+  EXPECT_EQ(first.batch_requests, 2);
+}
+
+TEST_P(BatcherMinCallsTest, OperationsDoNotWaitForCompany) {
+  StartWithWindow();
+  for (OwnerId owner : {1, 2}) {
+    Completion completion;
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(owner, &completion)));
+    ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(
+        absl::Seconds(5)));
+  }
+  absl::Notification ran;
+  ASSERT_OK(batcher_->SubmitOp(1, [&] { ran.Notify(); }));
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(5)));
+}
+
+INSTANTIATE_TEST_SUITE_P(SleepingAndSpinning, BatcherMinCallsTest,
+                         ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Spinning" : "Sleeping";
+                         });
 
 TEST_F(BatcherTest, StopFinishesQueuedWorkThenRefuses) {
   Batcher::Options options;
