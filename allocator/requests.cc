@@ -46,7 +46,7 @@ absl::Status ValidateAlloc(const AllocRequest& r, const PoolGeometry& g) {
 
 }  // namespace
 
-absl::Status ValidateShape(const AllocRequest& r, const PoolGeometry& g) {
+absl::Status CheckShapeInDetail(const AllocRequest& r, const PoolGeometry& g) {
   if (r.kind == RequestKind::kAlloc) return ValidateAlloc(r, g);
   const int64_t i = r.index;
   const bool decode = r.kind == RequestKind::kDecode;
@@ -96,6 +96,19 @@ absl::Status ValidateShape(const AllocRequest& r, const PoolGeometry& g) {
                           shape.prefix_len % g.page_size));
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateShape(const AllocRequest& r, const PoolGeometry& g) {
+  if (IsValidShape(r, g)) return absl::OkStatus();
+  absl::Status why = CheckShapeInDetail(r, g);
+  if (why.ok()) {
+    // The predicate and the described checks disagree: a bug here, never
+    // a reason to accept the request.
+    return absl::InternalError(absl::StrFormat(
+        "%s request %d: refused by the shape check without a reason",
+        RequestKindName(r.kind), r.index));
+  }
+  return why;
 }
 
 }  // namespace pagealloc

@@ -114,6 +114,28 @@ inline ExtendShape ToExtendShape(const AllocRequest& request) {
   return {};
 }
 
+// The checks of ValidateShape (below) as one predicate, inline and with no
+// status to build: true exactly when ValidateShape returns OK. The planning
+// and decoding loops test every request with this and call ValidateShape
+// only for the message of a refusal.
+inline bool IsValidShape(const AllocRequest& r, const PoolGeometry& g) {
+  const int64_t ps = g.page_size;
+  if (r.kind == RequestKind::kAlloc) {
+    return r.seq_len >= 0 && ModNonNegative(r.seq_len, ps) == 0 &&
+           r.seq_len <= g.num_pages * ps;
+  }
+  const bool decode = r.kind == RequestKind::kDecode;
+  if (decode ? r.seq_len < 1
+             : (r.prefix_len < 0 || r.seq_len < r.prefix_len)) {
+    return false;
+  }
+  if (r.seq_len > g.slot_limit()) return false;
+  const int64_t prefix_len = decode ? r.seq_len - 1 : r.prefix_len;
+  if (prefix_len == 0) return r.last_loc == -1;
+  return r.last_loc >= ps && r.last_loc < g.slot_limit() &&
+         ModNonNegative(r.last_loc + 1, ps) == ModNonNegative(prefix_len, ps);
+}
+
 // Checks everything about a request that does not depend on the pool's
 // current state: lengths, alignment, slot ranges. Returns INVALID_ARGUMENT
 // naming the wire field and the request index, e.g.
@@ -122,6 +144,12 @@ inline ExtendShape ToExtendShape(const AllocRequest& request) {
 // last_loc's page is owned by the request's owner (PagePool does).
 absl::Status ValidateShape(const AllocRequest& request,
                            const PoolGeometry& geometry);
+
+// The same checks one at a time, each with its message; OK when all pass.
+// ValidateShape runs it only after IsValidShape has refused; it is public
+// so that tests can hold the two to agreement.
+absl::Status CheckShapeInDetail(const AllocRequest& request,
+                                const PoolGeometry& geometry);
 
 }  // namespace pagealloc
 

@@ -92,5 +92,35 @@ TEST(ValidateShapeTest, NamesTheFieldAndTheRequestIndex) {
                        HasSubstr("num_tokens[2] (-4) is negative")));
 }
 
+// IsValidShape (the planning loops' fast check) and the checks that explain
+// (CheckShapeInDetail) must agree on every request, and ValidateShape must
+// report exactly the explained result: an exhaustive sweep of small values
+// around every boundary, all kinds, several page sizes.
+TEST(ValidateShapeTest, FastPredicateAgreesWithTheDescribedChecks) {
+  int checked = 0;
+  for (int64_t ps : {1, 3, 4, 16}) {
+    const PoolGeometry g{ps, 6};
+    const int64_t limit = g.slot_limit();
+    for (RequestKind kind :
+         {RequestKind::kExtend, RequestKind::kDecode, RequestKind::kAlloc}) {
+      for (int64_t prefix = -2; prefix <= limit + 2; ++prefix) {
+        for (int64_t seq = -2; seq <= limit + 2; ++seq) {
+          for (int64_t last = -2; last <= limit + 2; ++last) {
+            const AllocRequest r{kind, 1, 7, prefix, seq, last, nullptr};
+            const absl::Status status = CheckShapeInDetail(r, g);
+            ASSERT_EQ(IsValidShape(r, g), status.ok())
+                << RequestKindName(kind) << " ps " << ps << " prefix "
+                << prefix << " seq " << seq << " last " << last << ": "
+                << status;
+            ASSERT_EQ(ValidateShape(r, g), status);
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100000);
+}
+
 }  // namespace
 }  // namespace pagealloc

@@ -69,7 +69,7 @@ absl::Status DecodeCall(const CallArrays& arrays, OwnerId owner,
         r.last_loc = -1;
         break;
     }
-    RETURN_IF_ERROR(ValidateShape(r, geometry));
+    if (!IsValidShape(r, geometry)) return ValidateShape(r, geometry);
     num_slots += ToExtendShape(r).num_slots();
   }
   if (num_slots > limits.max_slots) {
