@@ -160,8 +160,10 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
   for (size_t i = 0; i < requests.size(); ++i) {
     const AllocRequest& request = requests[i];
     AllocResult& result = results[i];
-    result.status = ValidateShape(request, geometry_);
-    if (!result.status.ok()) continue;
+    if (!IsValidShape(request, geometry_)) {
+      result.status = ValidateShape(request, geometry_);  // never OK here
+      continue;
+    }
     if (request.owner != known_owner && !owners_.contains(request.owner)) {
       result.status = absl::NotFoundError(absl::StrFormat(
           "%s request %d: unknown owner %d", RequestKindName(request.kind),

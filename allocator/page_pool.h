@@ -185,7 +185,7 @@ class PagePool {
 
   absl::Status InitFreeList() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t RingAt(int64_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ring_[(head_ + index) % capacity_];
+    return ring_[ModNonNegative(head_ + index, capacity_)];
   }
   // Writes ring_[position .. position + pages.size()) (modulo capacity) and
   // mirrors the write to the executor.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "allocator/requests.h"
 
 namespace pagealloc {
 
@@ -19,7 +20,8 @@ void ExpandRequest(const PlannedRequest& request, int64_t page_size,
   // (2) + (3): new pages, each filled from its start; the last may be
   // partial. Page-aligned from here on, so token t sits at offset
   // (t - partial) % page_size of new page (t - partial) / page_size.
-  int64_t position = (head + request.first_new_page) % ring_capacity;
+  int64_t position =
+      ModNonNegative(head + request.first_new_page, ring_capacity);
   for (int64_t t = partial; t < num_slots; t += page_size) {
     const int64_t base = ring[position] * page_size;
     const int64_t n = std::min(page_size, num_slots - t);

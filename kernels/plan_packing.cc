@@ -151,7 +151,8 @@ absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
         ps);
     first_slot[r] = request.last_loc + 1;
     ring_start[r] =
-        (plan.free_ring_head + request.first_new_page) % ring_capacity;
+        ModNonNegative(plan.free_ring_head + request.first_new_page,
+                       ring_capacity);
     std::memcpy(&destination[r], &request.destination, kWord);
     const int64_t end = request.output_offset + num_slots;
     while (next_mark * kExpandTileSlots < end) {
@@ -210,7 +211,8 @@ absl::StatusOr<bool> PackInlinePlan(const BatchPlan& plan,
         ExtendShape{request.prefix_len, request.seq_len, request.last_loc},
         plan.page_size);
     const int64_t ring_start =
-        (plan.free_ring_head + request.first_new_page) % ring_capacity;
+        ModNonNegative(plan.free_ring_head + request.first_new_page,
+                       ring_capacity);
     w[n + r] = static_cast<int64_t>(
         reinterpret_cast<uintptr_t>(request.destination));
     if (decode) {
