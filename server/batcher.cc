@@ -117,23 +117,61 @@ uint64_t Batcher::launches() const {
 
 int64_t Batcher::CallsToWaitFor() const {
   if (options_.min_batch_calls <= 0) return options_.max_batch_requests;
+  // Half the active sessions, rounded up: calls from the other half are
+  // still being answered or prepared by their clients, and waiting for all
+  // of them would make the clients step in lockstep.
+  const int64_t active = active_sessions_.load(std::memory_order_relaxed);
   return std::max<int64_t>(
-      1, std::min<int64_t>(options_.min_batch_calls,
-                           active_sessions_.load(std::memory_order_relaxed)));
+      1, std::min<int64_t>(options_.min_batch_calls, (active + 1) / 2));
 }
 
 void Batcher::SpinForCompany() {
   const int64_t want = CallsToWaitFor();
-  const int64_t deadline_ns =
-      oldest_queued_ns_.load(std::memory_order_relaxed) +
-      absl::ToInt64Nanoseconds(options_.batch_window);
   // Only allocation calls are worth waiting for (operations run alone).
   while (queued_calls_.load(std::memory_order_relaxed) > 0 &&
          queued_calls_.load(std::memory_order_relaxed) < want &&
          !stop_requested_.load(std::memory_order_relaxed) &&
-         absl::GetCurrentTimeNanos() < deadline_ns) {
+         absl::GetCurrentTimeNanos() <
+             oldest_queued_ns_.load(std::memory_order_relaxed) +
+                 absl::ToInt64Nanoseconds(options_.batch_window)) {
+    if (queued_.load(std::memory_order_acquire) >
+        queued_calls_.load(std::memory_order_relaxed)) {
+      RunOpsWhileGathering();
+    }
     fast_channel::CpuRelax();
   }
+}
+
+void Batcher::RunOpsWhileGathering() {
+  std::vector<Work> ops;
+  {
+    absl::MutexLock lock(&mu_);
+    if (driving_) return;
+    // An operation queued behind an allocation call of its own session
+    // stays in order behind it.
+    absl::flat_hash_set<uint64_t> sessions_with_calls;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->alloc != nullptr) {
+        sessions_with_calls.insert(it->session_id);
+        ++it;
+      } else if (sessions_with_calls.contains(it->session_id)) {
+        ++it;
+      } else {
+        ops.push_back(std::move(*it));
+        it = queue_.erase(it);
+      }
+    }
+    if (ops.empty()) return;
+    if (!queue_.empty()) {
+      oldest_queued_ns_.store(absl::ToUnixNanos(queue_.front().queued_at),
+                              std::memory_order_relaxed);
+    }
+    queued_.store(queue_.size(), std::memory_order_release);
+    driving_ = true;
+  }
+  for (Work& op : ops) op.op();
+  absl::MutexLock lock(&mu_);
+  driving_ = false;
 }
 
 void Batcher::TakeBatch(std::vector<Work>* batch) {

@@ -86,9 +86,10 @@ class Batcher {
     // join the launch (measured from when the oldest queued work arrived).
     absl::Duration batch_window = absl::ZeroDuration();
     // With a window: stop waiting as soon as this many allocation calls are
-    // queued, capped at the number of sessions that submitted allocation
-    // calls in the last kActiveSessionWindow (so that a lone client never
-    // waits for company that is not coming). 0: wait the whole window.
+    // queued, capped at half (rounded up) the sessions that submitted
+    // allocation calls in the last kActiveSessionWindow, so that one or two
+    // clients never wait for company that is not coming. 0: wait the whole
+    // window.
     int min_batch_calls = 0;
     // With spin > 0 the batcher thread is the only driver: submitters just
     // queue and return (a fast-channel poller goes back to taking calls
@@ -167,6 +168,10 @@ class Batcher {
   // Spinning batcher thread: spins until CallsToWaitFor() allocation calls
   // are queued or the oldest work has waited batch_window.
   void SpinForCompany() ABSL_LOCKS_EXCLUDED(mu_);
+  // While SpinForCompany waits: runs the queued operations that no queued
+  // allocation call of their own session precedes (they need not wait for
+  // the launch being gathered), leaving the calls queued.
+  void RunOpsWhileGathering() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `batch` against the pool. REQUIRES: this thread is the driver.
   void RunBatch(std::vector<Work>* batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs the allocation calls gathered so far as one launch.

@@ -69,20 +69,22 @@ ABSL_FLAG(int64_t, max_batch_requests, 8192,
           "Most requests in one kernel launch, and in one call.");
 ABSL_FLAG(int64_t, max_batch_tokens, 1 << 21,
           "Most slots written by one launch, and by one call.");
-ABSL_FLAG(int64_t, batch_window_us, 0,
+ABSL_FLAG(int64_t, batch_window_us, -1,
           "How long the batcher holds queued calls for more to join the "
           "launch (0: launch as soon as work is queued; calls that arrive "
-          "meanwhile join the next launch).");
-ABSL_FLAG(int, batch_min_calls, 0,
+          "meanwhile join the next launch). -1: 80 when the batcher thread "
+          "spins (--batcher_spin_us), else 0.");
+ABSL_FLAG(int, batch_min_calls, 4,
           "With --batch_window_us: stop waiting once this many calls are "
-          "queued, capped at the sessions that called in the last 2 ms (a "
-          "lone client never waits). 0: wait the whole window.");
-ABSL_FLAG(int64_t, batcher_spin_us, 0,
+          "queued, capped at half the sessions that called in the last 2 ms "
+          "(one or two clients never wait). 0: wait the whole window.");
+ABSL_FLAG(int64_t, batcher_spin_us, -1,
           "0: the thread that submits work to an idle batcher runs the launch "
           "itself (lowest latency for a lone call). > 0: a dedicated batcher "
           "thread drives every launch and polls for work this long after each "
           "one, so fast-channel calls are taken while a launch runs (more "
-          "throughput with many clients; a core busy while they call).");
+          "throughput with several clients; a core busy while they call). "
+          "-1: 200 on a machine with at least 8 CPUs, else 0.");
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "A session that sends nothing for this long (KeepAlive included) "
           "loses its pages.");
@@ -99,6 +101,15 @@ ABSL_FLAG(bool, debug_checks, false,
 
 namespace pagealloc {
 namespace {
+
+// --batcher_spin_us=-1 (the default) spins this long on machines with at
+// least this many CPUs (measured on the H200 host: bench/RESULTS.md).
+constexpr int64_t kDefaultBatcherSpinUs = 200;
+constexpr unsigned kMinCpusForSpinningBatcher = 8;
+// --batch_window_us=-1 with a spinning batcher thread; with the default
+// --batch_min_calls it holds a launch only while fewer than 4 calls (or half
+// the active sessions) are queued.
+constexpr int64_t kDefaultBatchWindowUs = 80;
 
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ServerOptions options;
@@ -137,11 +148,24 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   options.batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
   options.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  options.batcher.batch_window =
-      absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
   options.batcher.min_batch_calls = absl::GetFlag(FLAGS_batch_min_calls);
-  options.batcher.spin = absl::Microseconds(
-      std::max<int64_t>(0, absl::GetFlag(FLAGS_batcher_spin_us)));
+  int64_t batcher_spin_us = absl::GetFlag(FLAGS_batcher_spin_us);
+  if (batcher_spin_us < 0) {
+    // A spinning driver pays off with several clients, but on a small
+    // machine it takes a core the clients and the poller need.
+    batcher_spin_us =
+        std::thread::hardware_concurrency() >= kMinCpusForSpinningBatcher
+            ? kDefaultBatcherSpinUs
+            : 0;
+  }
+  options.batcher.spin = absl::Microseconds(batcher_spin_us);
+  int64_t batch_window_us = absl::GetFlag(FLAGS_batch_window_us);
+  if (batch_window_us < 0) {
+    // Only a spinning batcher thread gathers cheaply (a sleeping one would
+    // take every launch over from the submitters, one wake-up each).
+    batch_window_us = batcher_spin_us > 0 ? kDefaultBatchWindowUs : 0;
+  }
+  options.batcher.batch_window = absl::Microseconds(batch_window_us);
   options.sessions.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.sessions.default_ring_capacity_slots =

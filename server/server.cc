@@ -281,7 +281,7 @@ absl::Status Server::Start() {
   started_ = true;
   log->info(
       "serving on {}{}: backend {}, {} pages of {} tokens ({} policy), lease "
-      "{} ms",
+      "{} ms, batcher {}",
       absl::StrJoin(bound_, ", "),
       options_.tls.cert_file.empty()
           ? ""
@@ -290,7 +290,14 @@ absl::Status Server::Start() {
                  : " (TCP with TLS, client certificates required)"), backend_->Summary(),
       options_.pool.num_pages, options_.pool.page_size,
       std::string(FreePolicyName(options_.pool.free_policy)),
-      absl::ToInt64Milliseconds(options_.sessions.lease));
+      absl::ToInt64Milliseconds(options_.sessions.lease),
+      options_.batcher.spin > absl::ZeroDuration()
+          ? absl::StrFormat(
+                "thread spinning %d us, window %d us for %d calls",
+                absl::ToInt64Microseconds(options_.batcher.spin),
+                absl::ToInt64Microseconds(options_.batcher.batch_window),
+                options_.batcher.min_batch_calls)
+          : std::string("driven by submitters"));
   return absl::OkStatus();
 }
 

@@ -265,6 +265,20 @@ class BatcherMinCallsTest : public BatcherTest,
     if (GetParam()) options.spin = absl::Milliseconds(50);
     Start(options);
   }
+  // Makes sessions 1..n active: one call each, submitted together (so
+  // that none of them waits for the others).
+  void MakeActive(int n) {
+    std::vector<Completion> completions(n);
+    std::vector<AllocCall> calls;
+    for (int i = 0; i < n; ++i) {
+      calls.push_back(DecodeCall(i + 1, &completions[i]));
+    }
+    ASSERT_OK(batcher_->SubmitAllocs(std::move(calls)));
+    for (Completion& completion : completions) {
+      ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(
+          absl::Seconds(5)));
+    }
+  }
 };
 
 TEST_P(BatcherMinCallsTest, ALoneSessionNeverWaitsForTheWindow) {
@@ -279,16 +293,19 @@ TEST_P(BatcherMinCallsTest, ALoneSessionNeverWaitsForTheWindow) {
   }
 }
 
-TEST_P(BatcherMinCallsTest, ACallWaitsForTheOtherActiveSession) {
+TEST_P(BatcherMinCallsTest, TwoSessionsNeverWait) {
   StartWithWindow();
-  // Sessions 1 and 2 both call: two sessions are active from now on.
-  for (OwnerId owner : {1, 2}) {
-    Completion completion;
-    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(owner, &completion)));
-    ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(
-        absl::Seconds(5)));
-  }
-  // min(4, 2 active) = 2 calls end the wait: session 1's call waits...
+  MakeActive(2);
+  // min(4, half of 2 active) = 1: no waiting for the other session.
+  Completion completion;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+  EXPECT_TRUE(completion.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+}
+
+TEST_P(BatcherMinCallsTest, ACallWaitsForHalfTheActiveSessions) {
+  StartWithWindow();
+  MakeActive(4);
+  // min(4, half of 4 active) = 2 calls end the wait: session 1's call waits...
   Completion first, second;
   ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &first)));
   EXPECT_FALSE(
@@ -303,15 +320,34 @@ TEST_P(BatcherMinCallsTest, ACallWaitsForTheOtherActiveSession) {
 
 TEST_P(BatcherMinCallsTest, OperationsDoNotWaitForCompany) {
   StartWithWindow();
-  for (OwnerId owner : {1, 2}) {
-    Completion completion;
-    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(owner, &completion)));
-    ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(
-        absl::Seconds(5)));
-  }
+  MakeActive(4);
   absl::Notification ran;
   ASSERT_OK(batcher_->SubmitOp(1, [&] { ran.Notify(); }));
   EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(5)));
+}
+
+TEST_P(BatcherMinCallsTest, OperationsRunWhileTheSpinningThreadGathers) {
+  if (!GetParam()) {
+    GTEST_SKIP() << "the sleeping batcher thread runs operations with the "
+                    "launch it gathers";
+  }
+  StartWithWindow();
+  MakeActive(4);
+  // Session 1's call waits for company (4 sessions are active)...
+  Completion waiting;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &waiting)));
+  // ...session 1's operation stays behind its call; session 2's runs now.
+  absl::Notification behind, other;
+  ASSERT_OK(batcher_->SubmitOp(1, [&] { behind.Notify(); }));
+  ASSERT_OK(batcher_->SubmitOp(2, [&] { other.Notify(); }));
+  EXPECT_TRUE(other.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_FALSE(behind.HasBeenNotified());
+  EXPECT_FALSE(waiting.done.HasBeenNotified());
+  Completion company;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(2, &company)));
+  ASSERT_TRUE(waiting.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(behind.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(company.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
 }
 
 INSTANTIATE_TEST_SUITE_P(SleepingAndSpinning, BatcherMinCallsTest,
