@@ -72,7 +72,7 @@ ABSL_FLAG(int64_t, max_batch_tokens, 1 << 21,
 ABSL_FLAG(int64_t, batch_window_us, -1,
           "How long the batcher holds queued calls for more to join the "
           "launch (0: launch as soon as work is queued; calls that arrive "
-          "meanwhile join the next launch). -1: 80 when the batcher thread "
+          "meanwhile join the next launch). -1: 100 when the batcher thread "
           "spins (--batcher_spin_us), else 0.");
 ABSL_FLAG(int, batch_min_calls, 4,
           "With --batch_window_us: stop waiting once this many calls are "
@@ -109,7 +109,7 @@ constexpr unsigned kMinCpusForSpinningBatcher = 8;
 // --batch_window_us=-1 with a spinning batcher thread; with the default
 // --batch_min_calls it holds a launch only while fewer than 4 calls (or half
 // the active sessions) are queued.
-constexpr int64_t kDefaultBatchWindowUs = 80;
+constexpr int64_t kDefaultBatchWindowUs = 100;
 
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ServerOptions options;
