@@ -106,6 +106,11 @@ ABSL_FLAG(bool, async_completion, false,
 ABSL_FLAG(bool, fast_channel, true,
           "Clients send allocation calls through the daemon's fast channel "
           "(shared memory) when it offers one; false: through gRPC.");
+ABSL_FLAG(bool, piggyback_ops, true,
+          "Clients send the pages of finished sequences and the checkpoint "
+          "before a spec step with their next allocation call "
+          "(CallOptions.free_pages_first, checkpoint_first) instead of "
+          "separate Free and Checkpoint calls.");
 ABSL_FLAG(int, client_spin_us, 500,
           "How long a client spins for a fast-channel answer before it "
           "sleeps on a futex (ClientOptions.fast_channel_spin).");
@@ -237,6 +242,7 @@ struct Workload {
   int draft_tokens = 4;
   int max_seq_len = 2048;
   bool async_completion = false;
+  bool piggyback_ops = true;
 
   static Workload FromFlags() {
     Workload w;
@@ -249,6 +255,7 @@ struct Workload {
     w.draft_tokens = absl::GetFlag(FLAGS_draft_tokens);
     w.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
     w.async_completion = absl::GetFlag(FLAGS_async_completion);
+    w.piggyback_ops = absl::GetFlag(FLAGS_piggyback_ops);
     return w;
   }
 };
@@ -331,8 +338,33 @@ class Worker {
     return absl::OkStatus();
   }
 
+  // The options of the next allocation call: pages waiting to be freed go
+  // with it (piggyback_ops), and so does a checkpoint when asked.
+  CallOptions NextCallOptions(bool checkpoint) const {
+    CallOptions options = options_;
+    options.free_pages_first = pending_free_;
+    options.checkpoint_first = checkpoint;
+    return options;
+  }
+
+  // After an allocation call: the pages that went with it are freed.
+  absl::Status Settle(const absl::StatusOr<Allocation>& a) {
+    if (!a.ok() || pending_free_.empty()) return absl::OkStatus();
+    if (a->pages_freed_first() != static_cast<int64_t>(pending_free_.size())) {
+      return absl::InternalError(
+          absl::StrFormat("freed %d pages first, expected %d",
+                          a->pages_freed_first(), pending_free_.size()));
+    }
+    pending_free_.clear();
+    return absl::OkStatus();
+  }
+
   absl::Status FreePages(const std::vector<int64_t>& pages) {
     if (pages.empty()) return absl::OkStatus();
+    if (w_.piggyback_ops) {
+      pending_free_.insert(pending_free_.end(), pages.begin(), pages.end());
+      return absl::OkStatus();
+    }
     absl::StatusOr<int64_t> freed =
         Timed(kFree, [&] { return client_->FreePages(pages); });
     if (!freed.ok()) return freed.status();
@@ -350,6 +382,7 @@ class Worker {
                        const std::vector<int>& places,
                        const std::vector<int64_t>& seq) {
     if (!a.ok()) return a.status();
+    RETURN_IF_ERROR(Settle(a));
     stats_[kind].requests += places.size();
     RETURN_IF_ERROR(ReadSlots(*a));
     std::vector<int64_t> pages;
@@ -378,9 +411,11 @@ class Worker {
       last.push_back(-1);
     }
     if (places.empty()) return absl::OkStatus();
-    absl::StatusOr<Allocation> a = Timed(
-        kExtend, [&] { return client_->AllocExtend(prefix, seq, last, options_); });
+    absl::StatusOr<Allocation> a = Timed(kExtend, [&] {
+      return client_->AllocExtend(prefix, seq, last, NextCallOptions(false));
+    });
     if (!a.ok()) return a.status();
+    RETURN_IF_ERROR(Settle(a));
     stats_[kExtend].requests += places.size();
     RETURN_IF_ERROR(ReadSlots(*a));
     std::vector<int64_t> pages;
@@ -408,8 +443,9 @@ class Worker {
       last.push_back(table_[i].last_loc);
     }
     if (places.empty()) return absl::OkStatus();
-    absl::StatusOr<Allocation> a = Timed(
-        kDecode, [&] { return client_->AllocDecode(seq, last, options_); });
+    absl::StatusOr<Allocation> a = Timed(kDecode, [&] {
+      return client_->AllocDecode(seq, last, NextCallOptions(false));
+    });
     return Consume(kDecode, a, places, seq);
   }
 
@@ -432,7 +468,7 @@ class Worker {
     }
     if (places.empty()) return absl::OkStatus();
     absl::StatusOr<Allocation> a = Timed(kExtend, [&] {
-      return client_->AllocExtend(prefix, seq, last, options_);
+      return client_->AllocExtend(prefix, seq, last, NextCallOptions(false));
     });
     return Consume(kExtend, a, places, seq);
   }
@@ -449,11 +485,16 @@ class Worker {
       last.push_back(table_[i].last_loc);
     }
     if (prefix.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(Timed(kCheckpoint, [&] { return client_->Checkpoint(); }));
+    if (!w_.piggyback_ops) {
+      RETURN_IF_ERROR(
+          Timed(kCheckpoint, [&] { return client_->Checkpoint(); }));
+    }
     absl::StatusOr<Allocation> a = Timed(kExtend, [&] {
-      return client_->AllocExtend(prefix, seq, last, options_);
+      return client_->AllocExtend(prefix, seq, last,
+                                  NextCallOptions(w_.piggyback_ops));
     });
     if (!a.ok()) return a.status();
+    RETURN_IF_ERROR(Settle(a));
     stats_[kExtend].requests += prefix.size();
     for (size_t k = 0; k < a->size(); ++k) {
       if ((*a)[k].status.ok()) {
@@ -481,6 +522,8 @@ class Worker {
   int64_t calls_ = 0;
   int64_t refused_ = 0;
   std::vector<int64_t> host_;
+  // Pages of finished sequences, freed with the next allocation call.
+  std::vector<int64_t> pending_free_;
   const int64_t* base_ = nullptr;
 };
 
@@ -958,7 +1001,8 @@ class Phase {
       for (const char* name :
            {"batch", "decode_weight", "prefill_weight", "spec_weight",
             "prefill_chunk", "prefill_requests", "draft_tokens", "max_seq_len",
-            "async_completion", "fast_channel", "client_spin_us"}) {
+            "async_completion", "fast_channel", "client_spin_us",
+            "piggyback_ops"}) {
         argv.push_back(absl::StrCat("--", name, "=", FlagValue(name)));
       }
       ASSIGN_OR_RETURN(testing::Subprocess worker,
@@ -1268,7 +1312,8 @@ absl::Status WriteJson(const std::string& path, const DaemonHandle& daemon,
       "\"batch\": %d, \"duration_s\": %g, \"decode_weight\": %d, "
       "\"prefill_weight\": %d, \"spec_weight\": %d, \"prefill_chunk\": %d, "
       "\"prefill_requests\": %d, \"draft_tokens\": %d, \"max_seq_len\": %d, "
-      "\"async_completion\": %s, \"fast_channel\": %s, \"page_size\": %d, "
+      "\"async_completion\": %s, \"fast_channel\": %s, "
+      "\"piggyback_ops\": %s, \"page_size\": %d, "
       "\"num_pages\": %d},\n"
       "\"floors\": {\"health_check\": {%s},\n"
       "  \"in_process_decode\": {\"executor\": \"%s\", %s}},\n"
@@ -1278,6 +1323,7 @@ absl::Status WriteJson(const std::string& path, const DaemonHandle& daemon,
       w.spec_weight, w.prefill_chunk, w.prefill_requests, w.draft_tokens,
       w.max_seq_len, w.async_completion ? "true" : "false",
       absl::GetFlag(FLAGS_fast_channel) ? "true" : "false",
+      w.piggyback_ops ? "true" : "false",
       absl::GetFlag(FLAGS_page_size), absl::GetFlag(FLAGS_num_pages),
       LatencyJson(floors.health.histogram), floors.executor,
       LatencyJson(floors.in_process.histogram),

@@ -9,14 +9,21 @@ bench=$runfiles/bench/pagealloc-bench
 out=${TEST_TMPDIR:?}/bench
 mkdir -p "$out"
 
+# Separate Free and Checkpoint calls here, so that every RPC row has data.
 "$bench" --backend=cpu --server_binary="$runfiles/server/pagealloc-server" \
   --sweep_clients=1,2 --batch=32 --duration_s=1 --floor_s=0.3 \
   --num_pages=65536 --max_seq_len=256 --prefill_chunk=64 \
-  --json="$out/results.json" >"$out/stdout.txt"
+  --piggyback_ops=false --json="$out/results.json" >"$out/stdout.txt"
 cat "$out/stdout.txt"
 grep -q "== sweep" "$out/stdout.txt"
+# The default: frees and checkpoints ride on the allocation calls.
+"$bench" --backend=cpu --server_binary="$runfiles/server/pagealloc-server" \
+  --clients=1 --batch=32 --duration_s=1 --floor_s=0.3 \
+  --num_pages=65536 --max_seq_len=256 --prefill_chunk=64 \
+  --json="$out/piggyback.json" >"$out/piggyback.txt"
+cat "$out/piggyback.txt"
 
-/usr/bin/python3 - "$out/results.json" <<'PY'
+/usr/bin/python3 - "$out/results.json" "$out/piggyback.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 errors = []
@@ -59,6 +66,19 @@ for i, p in enumerate(r["phases"]):
     for rpc in ("AllocDecode", "AllocExtend", "Free", "Checkpoint", "Rollback"):
         latency(f"{w}.rpcs.{rpc}", p["rpcs"][rpc])
     positive(w + ".rpcs.AllocDecode", p["rpcs"]["AllocDecode"], "slots", "slots_per_s")
+if r["config"]["piggyback_ops"]:
+    errors.append("config.piggyback_ops: want false in the sweep")
+# With piggybacking (the default) the pages of finished sequences and the
+# checkpoints travel with allocation calls: no separate Free or Checkpoint,
+# while sequences still finish (admissions) and spec steps still roll back.
+p = json.load(open(sys.argv[2]))
+if not p["config"]["piggyback_ops"]:
+    errors.append("piggyback: config.piggyback_ops: want true by default")
+for rpc in ("Free", "Checkpoint"):
+    if p["phases"][0]["rpcs"][rpc]["count"] != 0:
+        errors.append(f"piggyback: {rpc} calls were sent")
+for rpc in ("AllocDecode", "AllocExtend", "Rollback"):
+    latency(f"piggyback.rpcs.{rpc}", p["phases"][0]["rpcs"][rpc])
 if errors:
     print("\n".join(errors))
     sys.exit(1)

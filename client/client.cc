@@ -195,6 +195,9 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   wire->set_return_inline(options.return_inline);
   wire->set_async_completion(options.async_completion);
   wire->set_packed_results(true);
+  wire->mutable_free_pages_first()->Add(options.free_pages_first.begin(),
+                                        options.free_pages_first.end());
+  wire->set_checkpoint_first(options.checkpoint_first);
   {
     absl::MutexLock lock(&mu_);
     wire->set_release_ring_up_to(release_up_to_);
@@ -214,6 +217,7 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   answer.messages.assign(packed.messages().begin(), packed.messages().end());
   answer.inline_slots = packed.slots();
   answer.ring_end = response.ring_end();
+  answer.pages_freed_first = response.pages_freed_first();
   answer.batch_requests = response.batch_requests();
   return ToAllocation(answer, options);
 }
@@ -222,6 +226,7 @@ absl::StatusOr<Allocation> Client::ToAllocation(
     const AnswerArrays& answer, const CallOptions& options) const {
   Allocation allocation;
   allocation.ring_end_ = answer.ring_end;
+  allocation.pages_freed_first_ = answer.pages_freed_first;
   allocation.batch_requests_ = answer.batch_requests;
   allocation.on_device_ = !options.return_inline && ring_->on_device();
   // The answer is untrusted input: every array must have one entry per
@@ -354,7 +359,8 @@ absl::Status Client::PostFastCall(fast_channel::CallKind kind,
                                   absl::Span<const int64_t> in0,
                                   absl::Span<const int64_t> in1,
                                   absl::Span<const int64_t> in2,
-                                  uint32_t option_bits) {
+                                  uint32_t option_bits,
+                                  absl::Span<const int64_t> free_first) {
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
   fast_channel::ChannelHeader* h = fast_header_;
   const fast_channel::ChannelLayout& layout = *fast_layout_;
@@ -367,6 +373,8 @@ absl::Status Client::PostFastCall(fast_channel::CallKind kind,
   put(layout.in0, in0);
   put(layout.in1, in1);
   put(layout.in2, in2);
+  put(layout.free_first, free_first);
+  h->num_free_first = static_cast<int32_t>(free_first.size());
   h->kind = static_cast<uint32_t>(kind);
   h->num_requests = std::max({in0.size(), in1.size(), in2.size()});
   h->options = option_bits;
@@ -450,6 +458,8 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   // its message; gRPC carries them as they are.
   const size_t n = std::max({in0.size(), in1.size(), in2.size()});
   if (n > static_cast<size_t>(h->max_requests) ||
+      options.free_pages_first.size() >
+          static_cast<size_t>(h->max_requests) ||
       (!in0.empty() && in0.size() != n) || in1.size() != n ||
       (!in2.empty() && in2.size() != n) ||
       (kind == fast_channel::CallKind::kExtend && in0.size() != n) ||
@@ -458,9 +468,11 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   }
   absl::MutexLock fast_lock(&fast_mu_);
   if (fast_abandoned_) return std::nullopt;
-  if (absl::Status posted = PostFastCall(
-          kind, in0, in1, in2,
-          options.async_completion ? fast_channel::kAsyncCompletion : 0);
+  const uint32_t option_bits =
+      (options.async_completion ? fast_channel::kAsyncCompletion : 0) |
+      (options.checkpoint_first ? fast_channel::kCheckpointFirst : 0);
+  if (absl::Status posted = PostFastCall(kind, in0, in1, in2, option_bits,
+                                         options.free_pages_first);
       !posted.ok()) {
     return posted;
   }
@@ -498,6 +510,7 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
     answer.messages.emplace_back("(message truncated by the fast channel)");
   }
   answer.ring_end = h->ring_end;
+  answer.pages_freed_first = h->pages_freed_first;
   answer.batch_requests = h->batch_requests;
   return ToAllocation(answer, options);
 }

@@ -82,6 +82,13 @@ struct CallOptions {
   bool return_inline = false;
   // Answer right after the launch (CUDA backend; same as sync on CPU).
   bool async_completion = false;
+  // Operations applied first, in this order, as part of the same call (one
+  // round trip for a whole scheduler step): free these pages (as
+  // FreePages), then take a checkpoint (as Checkpoint). When the free is
+  // refused the call fails as a whole and nothing changes. The pages must
+  // stay valid during the call.
+  absl::Span<const int64_t> free_pages_first;
+  bool checkpoint_first = false;
 };
 
 // One request's result.
@@ -108,12 +115,15 @@ class Allocation {
   // Requests in the launch that carried this call (the batching factor).
   int32_t batch_requests() const { return batch_requests_; }
   bool on_device() const { return on_device_; }
+  // Pages freed by CallOptions.free_pages_first.
+  int64_t pages_freed_first() const { return pages_freed_first_; }
 
  private:
   friend class Client;
   std::vector<RequestSlots> requests_;
   std::vector<int64_t> inline_slots_;
   int64_t ring_end_ = 0;
+  int64_t pages_freed_first_ = 0;
   int32_t batch_requests_ = 0;
   bool on_device_ = false;
 };
@@ -220,7 +230,8 @@ class Client {
                             absl::Span<const int64_t> in0,
                             absl::Span<const int64_t> in1,
                             absl::Span<const int64_t> in2,
-                            uint32_t option_bits)
+                            uint32_t option_bits,
+                            absl::Span<const int64_t> free_first = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // The answered call's whole-call status (observed for session loss).
   absl::Status FastCallStatus() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_)
@@ -234,6 +245,7 @@ class Client {
     std::vector<absl::string_view> messages;  // one per refused request
     absl::Span<const int64_t> inline_slots;
     int64_t ring_end = 0;
+    int64_t pages_freed_first = 0;
     int32_t batch_requests = 0;
   };
   absl::StatusOr<Allocation> ToAllocation(const AnswerArrays& answer,

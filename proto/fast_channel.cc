@@ -30,6 +30,7 @@ ChannelLayout::ChannelLayout(int32_t max_requests, int32_t message_bytes) {
   in0 = take(n * sizeof(int64_t));
   in1 = take(n * sizeof(int64_t));
   in2 = take(n * sizeof(int64_t));
+  free_first = take(n * sizeof(int64_t));
   codes = take(n * sizeof(int32_t));
   ring_offsets = take(n * sizeof(int64_t));
   counts = take(n * sizeof(int64_t));

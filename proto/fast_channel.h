@@ -47,10 +47,12 @@ namespace pagealloc {
 namespace fast_channel {
 
 inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
-inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kVersion = 3;
 
 // What a call is (the gRPC method it stands for).
 enum class CallKind : uint32_t {
+  // Allocation calls may also carry free_first (AllocOptions
+  // .free_pages_first) and the kCheckpointFirst option bit.
   kExtend = 1,      // in0 = prefix_lens, in1 = seq_lens, in2 = last_locs
   kDecode = 2,      // in1 = seq_lens, in2 = last_locs
   kAlloc = 3,       // in1 = num_tokens
@@ -80,6 +82,7 @@ inline void CpuRelax() {
 
 // AllocOptions, as bits.
 inline constexpr uint32_t kAsyncCompletion = 1u << 0;
+inline constexpr uint32_t kCheckpointFirst = 1u << 1;
 
 struct Doorbell {
   std::atomic<uint32_t> seq;
@@ -100,6 +103,8 @@ struct alignas(64) ChannelHeader {
   int32_t num_requests;
   uint32_t options;  // k* option bits
   int64_t release_ring_up_to;
+  // AllocOptions.free_pages_first: this many page ids in free_first.
+  int32_t num_free_first;
 
   // The answer (daemon writes, then sets response_seq = request_seq).
   alignas(64) std::atomic<uint32_t> response_seq;
@@ -118,12 +123,15 @@ struct alignas(64) ChannelHeader {
   uint64_t launch_id;
   // Free: pages freed; Rollback: pages returned.
   int64_t op_value;
+  // Allocation calls: pages freed by free_first.
+  int64_t pages_freed_first;
 };
 
 // Byte offsets of a channel's parts, from its capacity.
 struct ChannelLayout {
   explicit ChannelLayout(int32_t max_requests, int32_t message_bytes);
   size_t in0, in1, in2;                          // int64[max_requests] each
+  size_t free_first;                             // int64[max_requests]
   size_t codes;                                  // int32[max_requests]
   size_t ring_offsets, counts, new_pages;        // int64[max_requests] each
   size_t messages;                               // char[message_bytes]

@@ -262,6 +262,19 @@ void Batcher::RunBatch(std::vector<Work>* batch) {
   absl::flat_hash_set<uint64_t> pending_sessions;
   for (Work& work : *batch) {
     if (work.alloc != nullptr) {
+      if (work.alloc->before) {
+        // The call's own operations come first: after the session's
+        // earlier calls, before this one's allocation.
+        if (pending_sessions.contains(work.session_id)) {
+          Launch(&pending);
+          pending_sessions.clear();
+        }
+        const absl::Status ready = work.alloc->before();
+        if (!ready.ok()) {
+          work.alloc->cancel(ready);
+          continue;
+        }
+      }
       pending_sessions.insert(work.session_id);
       pending.push_back(std::move(work));
       continue;

@@ -67,6 +67,13 @@ struct AllocCall {
   int64_t num_slots = 0;
   bool return_inline = false;
   bool async_completion = false;
+  // Optional: the session's operations that come first in this call
+  // (AllocOptions.free_pages_first, checkpoint_first). The driver runs it
+  // when it reaches the call, in order with the session's other work; when
+  // it fails the call is not launched and `cancel` runs with its status
+  // instead of `done`.
+  std::function<absl::Status()> before;
+  std::function<void(const absl::Status&)> cancel;
   // Runs on the driving thread once the launch is done (or refused), with
   // one result per request. inline_slots (return_inline) holds the slots of
   // the accepted requests, concatenated in request order. The spans live

@@ -105,6 +105,7 @@ class FastChannelServer::ChannelReply final : public AllocReply {
     }
     h->num_results = static_cast<int32_t>(n);
     h->ring_end = answer.ring_end;
+    h->pages_freed_first = answer.pages_freed_first;
     h->batch_requests = answer.launch->batch_requests;
     h->launch_id = answer.launch->launch_id;
     delivered_ = true;
@@ -118,6 +119,7 @@ class FastChannelServer::ChannelReply final : public AllocReply {
     Channel& c = *channel_;
     ChannelHeader* h = c.header;
     h->op_value = 0;
+    if (!delivered_) h->pages_freed_first = 0;
     if (!status.ok()) {
       h->call_code = static_cast<int32_t>(status.code());
       h->num_results = 0;
@@ -164,7 +166,7 @@ class FastChannelServer::ChannelReply final : public AllocReply {
   CallKind kind_ = CallKind::kDecode;
   bool delivered_ = false;
   int32_t messages_used_ = 0;
-  std::vector<int64_t> arrays_[3];
+  std::vector<int64_t> arrays_[4];  // in0, in1, in2, free_first
   v1::FreeRequest free_request_;
   v1::FreeResponse free_response_;
   v1::CheckpointRequest checkpoint_request_;
@@ -266,6 +268,7 @@ bool FastChannelServer::Take(
   const int32_t n = h->num_requests;
   const uint32_t options = h->options;
   const int64_t release_up_to = h->release_ring_up_to;
+  const int32_t num_free_first = h->num_free_first;
   if (!fast_channel::IsKnownKind(kind)) {
     reply.Complete(absl::InvalidArgumentError(
         absl::StrFormat("fast channel: unknown call kind %d", kind)));
@@ -275,6 +278,12 @@ bool FastChannelServer::Take(
     reply.Complete(absl::InvalidArgumentError(absl::StrFormat(
         "fast channel: num_requests (%d) is outside [0, %d]", n,
         options_.max_requests)));
+    return false;
+  }
+  if (num_free_first < 0 || num_free_first > options_.max_requests) {
+    reply.Complete(absl::InvalidArgumentError(absl::StrFormat(
+        "fast channel: num_free_first (%d) is outside [0, %d]",
+        num_free_first, options_.max_requests)));
     return false;
   }
   calls_.fetch_add(1, std::memory_order_relaxed);
@@ -302,6 +311,13 @@ bool FastChannelServer::Take(
     input.arrays = arrays;
     input.release_ring_up_to = release_up_to;
     input.async_completion = (options & fast_channel::kAsyncCompletion) != 0;
+    input.checkpoint_first = (options & fast_channel::kCheckpointFirst) != 0;
+    if (num_free_first > 0) {
+      int64_t* pages = reply.copy_of(3, num_free_first);
+      std::memcpy(pages, c.At<int64_t>(c.layout.free_first),
+                  num_free_first * sizeof(int64_t));
+      input.free_pages_first = absl::MakeConstSpan(pages, num_free_first);
+    }
     return service_->PrepareAlloc(input, &reply);
   };
   const ChannelLayout& at = c.layout;

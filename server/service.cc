@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/status_macros.h"
 #include "server/fast_channel_server.h"
@@ -262,6 +263,7 @@ void ResponseReply::Deliver(const AllocAnswer& answer) {
     FillRequestResults(answer, response_);
   }
   response_->set_ring_end(answer.ring_end);
+  response_->set_pages_freed_first(answer.pages_freed_first);
   response_->set_batch_requests(answer.launch->batch_requests);
   response_->set_launch_id(answer.launch->launch_id);
 }
@@ -283,6 +285,7 @@ PageAllocatorService::PrepareAlloc(const AllocCallInput& input,
   PreparedCall prepared;
   AllocCall& call = prepared.call;
   AllocReply::CallStorage& storage = reply->storage();
+  storage.pages_freed_first = 0;
   {
     const absl::Status valid =
         DecodeCall(input.arrays, session->id(), pool_->geometry(), limits_,
@@ -327,6 +330,33 @@ PageAllocatorService::PrepareAlloc(const AllocCallInput& input,
   const int64_t ring_end =
       input.return_inline ? 0 : prepared.ring_start + call.num_slots;
   const bool inline_results = input.return_inline;
+  if (!input.free_pages_first.empty() || input.checkpoint_first) {
+    const uint64_t owner = session->id();
+    const absl::Span<const int64_t> pages = input.free_pages_first;
+    const bool checkpoint = input.checkpoint_first;
+    call.before = [this, owner, pages, checkpoint, reply]() -> absl::Status {
+      if (!pages.empty()) {
+        absl::StatusOr<int64_t> freed = pool_->FreePages(owner, pages);
+        if (!freed.ok()) {
+          // Free's message names pages[i]; here they are these pages.
+          return absl::Status(
+              freed.status().code(),
+              absl::StrCat("options.free_pages_first: ",
+                           freed.status().message()));
+        }
+        reply->storage().pages_freed_first = *freed;
+      }
+      if (checkpoint) return pool_->Checkpoint(owner);
+      return absl::OkStatus();
+    };
+    call.cancel = [this, reply, rpc, start, session,
+                   ring_start = prepared.ring_start,
+                   reserved = prepared.ring_reserved,
+                   num_slots = call.num_slots](const absl::Status& status) {
+      if (reserved) session->UnreserveRing(ring_start, num_slots);
+      Answer(reply, rpc, start, status);
+    };
+  }
   call.done = [this, reply, rpc, start, ring_end, inline_results](
                   absl::Span<const AllocResult> results,
                   absl::Span<const int64_t> inline_slots,
@@ -337,6 +367,7 @@ PageAllocatorService::PrepareAlloc(const AllocCallInput& input,
     answer.inline_slots = inline_slots;
     answer.inline_results = inline_results;
     answer.ring_end = ring_end;
+    answer.pages_freed_first = reply->storage().pages_freed_first;
     answer.launch = &launch;
     reply->Deliver(answer);
     Answer(reply, rpc, start, absl::OkStatus());
@@ -419,6 +450,8 @@ grpc::Status PageAllocatorService::HandleAlloc(const Request& request,
   input.release_ring_up_to = options.release_ring_up_to();
   input.return_inline = options.return_inline();
   input.async_completion = options.async_completion();
+  input.free_pages_first = options.free_pages_first();
+  input.checkpoint_first = options.checkpoint_first();
   std::optional<PreparedCall> prepared = PrepareAlloc(input, &reply);
   if (prepared.has_value()) {
     std::vector<PreparedCall> calls;

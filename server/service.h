@@ -83,6 +83,7 @@ struct AllocAnswer {
   absl::Span<const int64_t> inline_slots;
   bool inline_results = false;
   int64_t ring_end = 0;  // 0 when inline
+  int64_t pages_freed_first = 0;
   const LaunchInfo* launch = nullptr;
 };
 
@@ -99,6 +100,7 @@ class AllocReply : public Reply {
   struct CallStorage {
     DecodedCall decoded;
     std::vector<int64_t> ring_offsets;
+    int64_t pages_freed_first = 0;  // by AllocOptions.free_pages_first
   };
   CallStorage& storage() { return storage_; }
 
@@ -133,6 +135,10 @@ struct AllocCallInput {
   int64_t release_ring_up_to = 0;
   bool return_inline = false;
   bool async_completion = false;
+  // AllocOptions.free_pages_first and checkpoint_first. The pages must stay
+  // valid until the reply completes.
+  absl::Span<const int64_t> free_pages_first;
+  bool checkpoint_first = false;
 };
 
 // The service's threading. Session calls (allocations, Free, Checkpoint,

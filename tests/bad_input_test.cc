@@ -135,11 +135,15 @@ class BadInputTest : public ::testing::Test {
     grpc::Status rpc = stub_->AllocDecode(&context, request, &response);
     return Outcome(rpc, response);
   }
-  absl::StatusOr<v1::AllocResponse> Alloc(v1::SessionRef s,
-                                          std::vector<int64_t> tokens) {
+  absl::StatusOr<v1::AllocResponse> Alloc(
+      v1::SessionRef s, std::vector<int64_t> tokens,
+      std::vector<int64_t> free_pages_first = {}) {
     v1::AllocRequest request;
     *request.mutable_session() = s;
     request.mutable_num_tokens()->Add(tokens.begin(), tokens.end());
+    request.mutable_options()->mutable_free_pages_first()->Add(
+        free_pages_first.begin(), free_pages_first.end());
+    request.mutable_options()->set_checkpoint_first(!free_pages_first.empty());
     v1::AllocResponse response;
     grpc::ClientContext context;
     grpc::Status rpc = stub_->Alloc(&context, request, &response);
@@ -302,6 +306,15 @@ TEST_F(BadInputTest, EveryBadInputIsRefusedClearlyAndChangesNothing) {
        kInvalid, "17 requests; at most 16"},
       {"alloc: over quota", [&] { return Alloc(carol_, {4}).status(); },
        C::kResourceExhausted, "over quota"},
+      // Operations first (AllocOptions.free_pages_first, checkpoint_first):
+      // a refused free fails the whole call; nothing is allocated, freed or
+      // checkpointed.
+      {"alloc: free_pages_first has page 0", [&] { return Alloc(alice_, {4}, {2, 0}).status(); },
+       kInvalid, "options.free_pages_first: pages[1] (0) is outside the usable pages"},
+      {"alloc: free_pages_first frees a free page", [&] { return Alloc(alice_, {4}, {2, 5}).status(); },
+       C::kFailedPrecondition, "options.free_pages_first: pages[1] (5): page 5 is already free"},
+      {"alloc: free_pages_first has another session's page", [&] { return Alloc(alice_, {4}, {3}).status(); },
+       C::kPermissionDenied, "options.free_pages_first: pages[0] (3): page 3 belongs to another session"},
       // Free.
       {"free: slots and pages", [&] { return Free(alice_, {4}, {1}); },
        kInvalid, "either slots (1 given) or pages (1 given)"},

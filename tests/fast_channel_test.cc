@@ -210,6 +210,69 @@ TEST_F(FastChannelTest, FreeCheckpointAndRollbackGoThroughItToo) {
   EXPECT_OK(server_->pool().CheckInvariants());
 }
 
+// CallOptions.free_pages_first / checkpoint_first, through the fast channel
+// and through gRPC: the pages are freed before the allocation (so under the
+// lifo policy the allocation takes one of them back), the checkpoint is taken
+// before it (so Rollback returns what the call took), and a refused free
+// fails the whole call and changes nothing.
+TEST_F(FastChannelTest, OperationsFirstRunBeforeTheAllocationOnBothPaths) {
+  for (bool fast : {true, false}) {
+    SCOPED_TRACE(fast ? "fast channel" : "gRPC");
+    StartServer();
+    auto client = Connect(fast);
+    ASSERT_NE(client, nullptr);
+    ASSERT_EQ(client->uses_fast_channel(), fast);
+    const int64_t ps = client->pool().page_size();
+    ASSERT_OK_AND_ASSIGN(Allocation held, client->Alloc({2 * ps, ps}));
+    std::vector<int64_t> slots(3 * ps);
+    ASSERT_OK(client->CopyToHost(held[0].slots, 2 * ps, slots.data()));
+    ASSERT_OK(client->CopyToHost(held[1].slots, ps, slots.data() + 2 * ps));
+    const std::vector<int64_t> two_pages = {slots[0] / ps, slots[ps] / ps};
+    client->Release(held);
+    const int64_t used_before = server_->pool().Stats().used_pages;
+    ASSERT_EQ(used_before, 3);
+
+    // Free two pages first, checkpoint, then allocate one page: freed pages
+    // go to the front of the free list in order (lifo), so it is the first
+    // of them, and Rollback gives back exactly that page.
+    CallOptions options;
+    options.free_pages_first = two_pages;
+    options.checkpoint_first = true;
+    ASSERT_OK_AND_ASSIGN(Allocation a, client->Alloc({ps}, options));
+    EXPECT_EQ(a.pages_freed_first(), 2);
+    ASSERT_OK(a.status());
+    int64_t first_slot = -1;
+    ASSERT_OK(client->CopyToHost(a[0].slots, 1, &first_slot));
+    EXPECT_EQ(first_slot / ps, two_pages[0]);
+    client->Release(a);
+    EXPECT_EQ(server_->pool().Stats().used_pages, used_before - 2 + 1);
+    EXPECT_THAT(client->Rollback(), IsOkAndHolds(1));
+    EXPECT_EQ(server_->pool().Stats().used_pages, used_before - 2);
+
+    // A refused free (page already free) fails the call as a whole, names
+    // the field, and changes nothing: no allocation, no checkpoint.
+    const PoolStats before = server_->pool().Stats();
+    CallOptions bad;
+    bad.free_pages_first = two_pages;
+    bad.checkpoint_first = true;
+    EXPECT_THAT(client->Alloc({ps}, bad),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("options.free_pages_first")));
+    const PoolStats after = server_->pool().Stats();
+    EXPECT_EQ(after.used_pages, before.used_pages);
+    EXPECT_EQ(after.free_pages, before.free_pages);
+    EXPECT_EQ(after.pages_allocated, before.pages_allocated);
+    EXPECT_THAT(client->Rollback(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+    // The session goes on: the next call is served normally.
+    EXPECT_OK(client->Alloc({ps}).status());
+    EXPECT_OK(server_->pool().CheckInvariants());
+    client.reset();
+    server_->Shutdown();
+    server_.reset();
+  }
+}
+
 TEST_F(FastChannelTest, MalformedPostsAreRefusedAndChangeNothing) {
   StartServer();
   RawSession raw = OpenRaw();
