@@ -128,25 +128,30 @@ int64_t Batcher::CallsToWaitFor() const {
 void Batcher::SpinForCompany() {
   const int64_t want = CallsToWaitFor();
   // Only allocation calls are worth waiting for (operations run alone).
+  // The queue is scanned for operations only when it has changed since the
+  // last scan that found none to run (one queued behind its session's call
+  // stays there until the launch).
+  int64_t scanned_at = -1;
   while (queued_calls_.load(std::memory_order_relaxed) > 0 &&
          queued_calls_.load(std::memory_order_relaxed) < want &&
          !stop_requested_.load(std::memory_order_relaxed) &&
          absl::GetCurrentTimeNanos() <
              oldest_queued_ns_.load(std::memory_order_relaxed) +
                  absl::ToInt64Nanoseconds(options_.batch_window)) {
-    if (queued_.load(std::memory_order_acquire) >
-        queued_calls_.load(std::memory_order_relaxed)) {
-      RunOpsWhileGathering();
+    const int64_t queued = queued_.load(std::memory_order_acquire);
+    if (queued > queued_calls_.load(std::memory_order_relaxed) &&
+        queued != scanned_at) {
+      scanned_at = RunOpsWhileGathering() ? -1 : queued;
     }
     fast_channel::CpuRelax();
   }
 }
 
-void Batcher::RunOpsWhileGathering() {
+bool Batcher::RunOpsWhileGathering() {
   std::vector<Work> ops;
   {
     absl::MutexLock lock(&mu_);
-    if (driving_) return;
+    if (driving_) return false;
     // An operation queued behind an allocation call of its own session
     // stays in order behind it.
     absl::flat_hash_set<uint64_t> sessions_with_calls;
@@ -161,7 +166,7 @@ void Batcher::RunOpsWhileGathering() {
         it = queue_.erase(it);
       }
     }
-    if (ops.empty()) return;
+    if (ops.empty()) return false;
     if (!queue_.empty()) {
       oldest_queued_ns_.store(absl::ToUnixNanos(queue_.front().queued_at),
                               std::memory_order_relaxed);
@@ -172,6 +177,7 @@ void Batcher::RunOpsWhileGathering() {
   for (Work& op : ops) op.op();
   absl::MutexLock lock(&mu_);
   driving_ = false;
+  return true;
 }
 
 void Batcher::TakeBatch(std::vector<Work>* batch) {
@@ -190,7 +196,8 @@ void Batcher::TakeBatch(std::vector<Work>* batch) {
   }
   if (options_.min_batch_calls > 0) {
     // Forget sessions that have gone quiet.
-    const absl::Time quiet_since = absl::Now() - kActiveSessionWindow;
+    const absl::Time quiet_since =
+        absl::Now() - options_.active_session_window;
     absl::erase_if(last_alloc_, [quiet_since](const auto& entry) {
       return entry.second < quiet_since;
     });
@@ -233,18 +240,24 @@ void Batcher::Run() {
              absl::Now() < until) {
         fast_channel::CpuRelax();
       }
-      if (options_.batch_window > absl::ZeroDuration() &&
-          queued_.load(std::memory_order_acquire) > 0) {
-        SpinForCompany();
+    }
+    // Work for this thread: queued and nobody driving. When stopping, it
+    // waits for the driver to finish, then drains what is left.
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !driving_ && (!queue_.empty() || stopping_);
+    };
+    if (options_.spin > absl::ZeroDuration() &&
+        options_.batch_window > absl::ZeroDuration()) {
+      // Gather, whether the work was found spinning or woke the thread.
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;  // stopping, nothing left
       }
+      SpinForCompany();
     }
     {
       absl::MutexLock lock(&mu_);
-      // Work for this thread: queued and nobody driving. When stopping, it
-      // waits for the driver to finish, then drains what is left.
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !driving_ && (!queue_.empty() || stopping_);
-      };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping, nothing left
       driving_ = true;

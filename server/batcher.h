@@ -94,10 +94,13 @@ class Batcher {
     absl::Duration batch_window = absl::ZeroDuration();
     // With a window: stop waiting as soon as this many allocation calls are
     // queued, capped at half (rounded up) the sessions that submitted
-    // allocation calls in the last kActiveSessionWindow, so that one or two
+    // allocation calls in the last active_session_window, so that one or two
     // clients never wait for company that is not coming. 0: wait the whole
     // window.
     int min_batch_calls = 0;
+    // A session counts as active (for min_batch_calls) this long after its
+    // last allocation call.
+    absl::Duration active_session_window = absl::Milliseconds(2);
     // With spin > 0 the batcher thread is the only driver: submitters just
     // queue and return (a fast-channel poller goes back to taking calls
     // while a launch runs), and after each batch the thread polls the
@@ -121,9 +124,6 @@ class Batcher {
   // Launches the calling thread drives, at most, before handing the queue
   // to the batcher thread.
   static constexpr int kMaxInlineRounds = 4;
-  // A session counts as active (for min_batch_calls) this long after its
-  // last allocation call.
-  static constexpr absl::Duration kActiveSessionWindow = absl::Milliseconds(2);
 
   // Queues an allocation call. REQUIRES: call.requests.size() <=
   // max_batch_requests and call.num_slots <= max_batch_tokens (the service
@@ -177,8 +177,9 @@ class Batcher {
   void SpinForCompany() ABSL_LOCKS_EXCLUDED(mu_);
   // While SpinForCompany waits: runs the queued operations that no queued
   // allocation call of their own session precedes (they need not wait for
-  // the launch being gathered), leaving the calls queued.
-  void RunOpsWhileGathering() ABSL_LOCKS_EXCLUDED(mu_);
+  // the launch being gathered), leaving the calls queued. Returns whether it
+  // ran any.
+  bool RunOpsWhileGathering() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `batch` against the pool. REQUIRES: this thread is the driver.
   void RunBatch(std::vector<Work>* batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs the allocation calls gathered so far as one launch.
@@ -204,7 +205,7 @@ class Batcher {
   // When the oldest queued work arrived (absl::ToUnixNanos), for the window.
   std::atomic<int64_t> oldest_queued_ns_{0};
   // When each session last submitted an allocation call; pruned to
-  // kActiveSessionWindow whenever a batch is taken.
+  // Options.active_session_window whenever a batch is taken.
   absl::flat_hash_map<uint64_t, absl::Time> last_alloc_ ABSL_GUARDED_BY(mu_);
   // last_alloc_.size() after the last pruning.
   std::atomic<int64_t> active_sessions_{0};

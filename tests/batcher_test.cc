@@ -262,6 +262,8 @@ class BatcherMinCallsTest : public BatcherTest,
     Batcher::Options options;
     options.batch_window = absl::Seconds(30);
     options.min_batch_calls = 4;
+    // Sessions stay active for the whole test, however slow the machine.
+    options.active_session_window = absl::Seconds(60);
     if (GetParam()) options.spin = absl::Milliseconds(50);
     Start(options);
   }
