@@ -70,7 +70,7 @@ absl::Status Batcher::Submit(std::vector<Work> works) {
     for (Work& work : works) {
       if (work.alloc != nullptr) {
         ++queued_calls_locked_;
-        if (options_.min_batch_calls > 0) {
+        if (TracksActiveSessions()) {
           last_alloc_[work.session_id] = work.queued_at;
         }
       }
@@ -194,7 +194,7 @@ void Batcher::TakeBatch(std::vector<Work>* batch) {
         options_.batch_window;
     mu_.AwaitWithDeadline(absl::Condition(&full), deadline);
   }
-  if (options_.min_batch_calls > 0) {
+  if (TracksActiveSessions()) {
     // Forget sessions that have gone quiet.
     const absl::Time quiet_since =
         absl::Now() - options_.active_session_window;

@@ -172,6 +172,12 @@ class Batcher {
   // min_batch_calls capped at the active sessions, or no limit (wait the
   // whole window).
   int64_t CallsToWaitFor() const;
+  // Only a window with min_batch_calls needs the active sessions: without
+  // one, Submit and TakeBatch skip that bookkeeping.
+  bool TracksActiveSessions() const {
+    return options_.batch_window > absl::ZeroDuration() &&
+           options_.min_batch_calls > 0;
+  }
   // Spinning batcher thread: spins until CallsToWaitFor() allocation calls
   // are queued or the oldest work has waited batch_window.
   void SpinForCompany() ABSL_LOCKS_EXCLUDED(mu_);
