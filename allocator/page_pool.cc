@@ -39,9 +39,9 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
   }
   // Slots are int64; keep (num_pages + 1) * page_size far from overflow.
   if (options.num_pages > (int64_t{1} << 40) / options.page_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "num_pages (%d) * page_size (%d) exceeds 2^40 slots",
-        options.num_pages, options.page_size));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("num_pages (%d) * page_size (%d) exceeds 2^40 slots",
+                        options.num_pages, options.page_size));
   }
   if (executor == nullptr) {
     return absl::InvalidArgumentError("executor is null");
@@ -68,8 +68,7 @@ absl::Status PagePool::WriteRing(int64_t position,
                                  absl::Span<const int64_t> pages) {
   position %= capacity_;
   while (!pages.empty()) {
-    const int64_t n =
-        std::min<int64_t>(pages.size(), capacity_ - position);
+    const int64_t n = std::min<int64_t>(pages.size(), capacity_ - position);
     std::copy(pages.begin(), pages.begin() + n, ring_.begin() + position);
     RETURN_IF_ERROR(executor_->WriteFreeRing(position, pages.subspan(0, n)));
     pages.remove_prefix(n);
@@ -175,8 +174,7 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
     if (shapes[i].num_slots() > 0 && request.destination == nullptr) {
       result.status = absl::InvalidArgumentError(absl::StrFormat(
           "%s request %d: no destination for its %d slots",
-          RequestKindName(request.kind), request.index,
-          shapes[i].num_slots()));
+          RequestKindName(request.kind), request.index, shapes[i].num_slots()));
       continue;
     }
     if (ModNonNegative(shapes[i].prefix_len, geometry_.page_size) != 0 &&
@@ -318,8 +316,8 @@ absl::Status PagePool::CheckLastLocOwned(const AllocRequest& request,
     return absl::FailedPreconditionError(
         absl::StrFormat("%s: page %d is free", what, page));
   }
-  return absl::PermissionDeniedError(absl::StrFormat(
-      "%s: page %d belongs to another session", what, page));
+  return absl::PermissionDeniedError(
+      absl::StrFormat("%s: page %d belongs to another session", what, page));
 }
 
 absl::StatusOr<int64_t> PagePool::FreeSlots(OwnerId owner,
@@ -334,8 +332,9 @@ absl::StatusOr<int64_t> PagePool::FreePages(OwnerId owner,
   return FreeDistinct(owner, pages, /*values_are_slots=*/false);
 }
 
-absl::StatusOr<int64_t> PagePool::FreeDistinct(
-    OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots) {
+absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
+                                               absl::Span<const int64_t> values,
+                                               bool values_are_slots) {
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
@@ -348,11 +347,10 @@ absl::StatusOr<int64_t> PagePool::FreeDistinct(
   seen.reserve(pages.capacity());
   for (size_t i = 0; i < values.size(); ++i) {
     const int64_t value = values[i];
-    if (values_are_slots &&
-        (value < ps || value >= geometry_.slot_limit())) {
+    if (values_are_slots && (value < ps || value >= geometry_.slot_limit())) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "slots[%d] (%d) is outside the usable slots [%d, %d)%s", i, value,
-          ps, geometry_.slot_limit(),
+          "slots[%d] (%d) is outside the usable slots [%d, %d)%s", i, value, ps,
+          geometry_.slot_limit(),
           value >= 0 && value < ps ? " (page 0 is reserved)" : ""));
     }
     if (!values_are_slots && (value < 1 || value > geometry_.num_pages)) {
@@ -364,14 +362,14 @@ absl::StatusOr<int64_t> PagePool::FreeDistinct(
     if (!seen.insert(page).second) continue;
     const OwnerId actual = owner_of_[page];
     if (actual == kNoOwner) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s[%d] (%d): page %d is already free (double free)", field, i,
-          value, page));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s[%d] (%d): page %d is already free (double free)",
+                          field, i, value, page));
     }
     if (actual != owner) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "%s[%d] (%d): page %d belongs to another session", field, i, value,
-          page));
+      return absl::PermissionDeniedError(
+          absl::StrFormat("%s[%d] (%d): page %d belongs to another session",
+                          field, i, value, page));
     }
     pages.push_back(page);
   }
@@ -409,8 +407,8 @@ absl::StatusOr<int64_t> PagePool::Rollback(OwnerId owner) {
   }
   OwnerState& state = it->second;
   if (!state.given_since_checkpoint.has_value()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "owner %d has no checkpoint to roll back to", owner));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("owner %d has no checkpoint to roll back to", owner));
   }
   std::vector<int64_t> given = std::move(*state.given_since_checkpoint);
   state.given_since_checkpoint.reset();
@@ -506,8 +504,8 @@ absl::Status PagePool::CheckInvariants() {
   for (int64_t p = 1; p <= n; ++p) {
     if (seen[p]) continue;
     if (owner_of_[p] == kNoOwner) {
-      return absl::InternalError(absl::StrFormat(
-          "page %d is neither free nor owned (lost)", p));
+      return absl::InternalError(
+          absl::StrFormat("page %d is neither free nor owned (lost)", p));
     }
     if (!owners_.contains(owner_of_[p])) {
       return absl::InternalError(absl::StrFormat(
@@ -518,17 +516,17 @@ absl::Status PagePool::CheckInvariants() {
   for (const auto& [id, state] : owners_) {
     const int64_t actual = counted.contains(id) ? counted[id] : 0;
     if (actual != state.pages_owned) {
-      return absl::InternalError(absl::StrFormat(
-          "owner %d is counted %d pages but owns %d", id, state.pages_owned,
-          actual));
+      return absl::InternalError(
+          absl::StrFormat("owner %d is counted %d pages but owns %d", id,
+                          state.pages_owned, actual));
     }
   }
   RETURN_IF_ERROR(executor_->Synchronize());
   ASSIGN_OR_RETURN(std::vector<int64_t> mirror, executor_->ReadFreeRing());
   if (static_cast<int64_t>(mirror.size()) != capacity_) {
-    return absl::InternalError(absl::StrFormat(
-        "executor ring has %d entries, pool ring %d", mirror.size(),
-        capacity_));
+    return absl::InternalError(
+        absl::StrFormat("executor ring has %d entries, pool ring %d",
+                        mirror.size(), capacity_));
   }
   for (int64_t i = 0; i < free_count_; ++i) {
     const int64_t position = (head_ + i) % capacity_;

@@ -208,8 +208,7 @@ class PagePool {
                                        bool values_are_slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `pages` free and returns them under the pool's policy.
-  absl::Status ReleasePages(OwnerState& state,
-                            absl::Span<const int64_t> pages)
+  absl::Status ReleasePages(OwnerState& state, absl::Span<const int64_t> pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PoolGeometry geometry_;

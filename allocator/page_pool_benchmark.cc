@@ -2,9 +2,9 @@
 // CPU executor, for decode and extend batches of 1 to 8192 requests and up to
 // 1M tokens; BM_DecodePacked adds the CUDA executor's host work (packing the
 // plan for upload, kernels/plan_packing.h), so that its cost can be profiled
-// on a machine without a GPU. Planning is O(requests + new pages); the CPU expansion is
-// O(tokens). Each iteration allocates the batch and frees it again (one
-// FreePages call), so the pool returns to the same state.
+// on a machine without a GPU. Planning is O(requests + new pages); the CPU
+// expansion is O(tokens). Each iteration allocates the batch and frees it again
+// (one FreePages call), so the pool returns to the same state.
 
 #include <memory>
 #include <numeric>

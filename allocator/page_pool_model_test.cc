@@ -74,19 +74,15 @@ TEST_P(PagePoolModelTest, RandomOperationSequencesMatchTheModel) {
 
 INSTANTIATE_TEST_SUITE_P(
     PageSizesAndPolicies, PagePoolModelTest,
-    ::testing::Values(Params{1, FreePolicy::kLifo},
-                      Params{2, FreePolicy::kLifo},
-                      Params{16, FreePolicy::kLifo},
-                      Params{64, FreePolicy::kLifo},
-                      Params{1, FreePolicy::kSorted},
-                      Params{2, FreePolicy::kSorted},
-                      Params{16, FreePolicy::kSorted},
-                      Params{64, FreePolicy::kSorted}),
+    ::testing::Values(
+        Params{1, FreePolicy::kLifo}, Params{2, FreePolicy::kLifo},
+        Params{16, FreePolicy::kLifo}, Params{64, FreePolicy::kLifo},
+        Params{1, FreePolicy::kSorted}, Params{2, FreePolicy::kSorted},
+        Params{16, FreePolicy::kSorted}, Params{64, FreePolicy::kSorted}),
     [](const ::testing::TestParamInfo<Params>& info) {
-      return absl::StrFormat("PageSize%d%s", info.param.page_size,
-                             info.param.policy == FreePolicy::kLifo
-                                 ? "Lifo"
-                                 : "Sorted");
+      return absl::StrFormat(
+          "PageSize%d%s", info.param.page_size,
+          info.param.policy == FreePolicy::kLifo ? "Lifo" : "Sorted");
     });
 
 }  // namespace

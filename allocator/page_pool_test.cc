@@ -121,15 +121,15 @@ TEST_F(PagePoolTest, StartsWithEveryPageFreeInOrder) {
 }
 
 TEST_F(PagePoolTest, RejectsBadOptions) {
-  EXPECT_THAT(PagePool::Create({0, 4, FreePolicy::kLifo}, &executor_),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("num_pages (0)")));
-  EXPECT_THAT(PagePool::Create({8, 0, FreePolicy::kLifo}, &executor_),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("page_size (0)")));
-  EXPECT_THAT(PagePool::Create({8, 4, FreePolicy::kLifo}, nullptr),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("executor")));
+  EXPECT_THAT(
+      PagePool::Create({0, 4, FreePolicy::kLifo}, &executor_),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_pages (0)")));
+  EXPECT_THAT(
+      PagePool::Create({8, 0, FreePolicy::kLifo}, &executor_),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page_size (0)")));
+  EXPECT_THAT(
+      PagePool::Create({8, 4, FreePolicy::kLifo}, nullptr),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("executor")));
 }
 
 // The seed's own worked example, at the executor: page_size 4, prefix 2,
@@ -181,14 +181,13 @@ TEST_F(PagePoolTest, DecodeBatchTakesPagesInRequestOrder) {
   MakePool(8, 2);
   // Three sequences of 2 tokens (pages 1, 2, 3); each decode opens a page.
   std::vector<std::vector<int64_t>> slots;
-  auto results = Run({Alloc(kAlice, 2), Alloc(kAlice, 2), Alloc(kBob, 2)},
-                     &slots);
+  auto results =
+      Run({Alloc(kAlice, 2), Alloc(kAlice, 2), Alloc(kBob, 2)}, &slots);
   ASSERT_OK(results[2].status);
-  results = Run({Decode(kAlice, 3, 3), Decode(kAlice, 3, 5),
-                 Decode(kBob, 3, 7)},
-                &slots);
-  EXPECT_THAT(slots, ElementsAre(ElementsAre(8), ElementsAre(10),
-                                 ElementsAre(12)));
+  results = Run(
+      {Decode(kAlice, 3, 3), Decode(kAlice, 3, 5), Decode(kBob, 3, 7)}, &slots);
+  EXPECT_THAT(slots,
+              ElementsAre(ElementsAre(8), ElementsAre(10), ElementsAre(12)));
   EXPECT_EQ(results[1].num_new_pages, 1);
 }
 
@@ -205,9 +204,9 @@ TEST_F(PagePoolTest, ZeroExtendLengthYieldsNothing) {
               IsOkAndHolds(ElementsAre(4, 5, 6)));
   const Snapshot before = Take();
   std::vector<std::vector<int64_t>> slots;
-  auto results = Run({Extend(kAlice, 3, 3, 6), Extend(kBob, 0, 0, -1),
-                      Alloc(kBob, 0)},
-                     &slots);
+  auto results =
+      Run({Extend(kAlice, 3, 3, 6), Extend(kBob, 0, 0, -1), Alloc(kBob, 0)},
+          &slots);
   for (const AllocResult& r : results) {
     EXPECT_OK(r.status);
     EXPECT_EQ(r.num_slots, 0);
@@ -222,17 +221,16 @@ TEST_F(PagePoolTest, PageSizeOneGivesOnePagePerToken) {
               IsOkAndHolds(ElementsAre(1, 2, 3)));
   // Every decode opens a page with page_size 1.
   EXPECT_THAT(RunOne(Decode(kAlice, 4, 3)), IsOkAndHolds(ElementsAre(4)));
-  EXPECT_THAT(RunOne(Extend(kAlice, 4, 6, 4)),
-              IsOkAndHolds(ElementsAre(5, 6)));
+  EXPECT_THAT(RunOne(Extend(kAlice, 4, 6, 4)), IsOkAndHolds(ElementsAre(5, 6)));
   EXPECT_THAT(pool_->FreeList(), ElementsAre(7, 8));
 }
 
 TEST_F(PagePoolTest, MixedBatchOffsetsAndPagesAddUp) {
   MakePool(16, 4);
   std::vector<std::vector<int64_t>> slots;
-  auto results = Run({Extend(kAlice, 0, 5, -1), Alloc(kBob, 8),
-                      Decode(kAlice, 1, -1)},
-                     &slots);
+  auto results =
+      Run({Extend(kAlice, 0, 5, -1), Alloc(kBob, 8), Decode(kAlice, 1, -1)},
+          &slots);
   EXPECT_THAT(slots, ElementsAre(ElementsAre(4, 5, 6, 7, 8),
                                  ElementsAre(12, 13, 14, 15, 16, 17, 18, 19),
                                  ElementsAre(20)));
@@ -252,8 +250,7 @@ TEST_F(PagePoolTest, LifoFreeReusesFreedPagesFirstInOrderGiven) {
   // Slots 5 and 6 are both page 1: freed once. Then page 3 (slot 12).
   EXPECT_THAT(pool_->FreeSlots(kAlice, {5, 6, 12}), IsOkAndHolds(2));
   EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 3, 5, 6, 7, 8));
-  EXPECT_THAT(RunOne(Alloc(kBob, 4)),
-              IsOkAndHolds(ElementsAre(4, 5, 6, 7)));
+  EXPECT_THAT(RunOne(Alloc(kBob, 4)), IsOkAndHolds(ElementsAre(4, 5, 6, 7)));
   PoolStats stats = pool_->Stats();
   EXPECT_EQ(stats.pages_freed, 2);
   EXPECT_EQ(stats.owners[kAlice].pages_owned, 2);
@@ -270,8 +267,7 @@ TEST_F(PagePoolTest, SortedPolicyParksThenMergesWhenShort) {
   EXPECT_THAT(RunOne(Alloc(kBob, 2)), IsOkAndHolds(ElementsAre(8, 9)));
   EXPECT_EQ(pool_->Stats().free_list_sorts, 0);
   // Two pages do not: merge {} + {3, 1}, sort, take 1 then 3.
-  EXPECT_THAT(RunOne(Alloc(kBob, 4)),
-              IsOkAndHolds(ElementsAre(2, 3, 6, 7)));
+  EXPECT_THAT(RunOne(Alloc(kBob, 4)), IsOkAndHolds(ElementsAre(2, 3, 6, 7)));
   EXPECT_EQ(pool_->Stats().free_list_sorts, 1);
   EXPECT_THAT(pool_->ParkedPages(), IsEmpty());
 }
@@ -295,9 +291,9 @@ TEST_F(PagePoolTest, RollbackRestoresTheFreeListExactly) {
 TEST_F(PagePoolTest, RollbackLeavesOtherOwnersAlone) {
   MakePool(8, 4, FreePolicy::kSorted);
   ASSERT_OK(pool_->Checkpoint(kAlice));
-  ASSERT_OK(RunOne(Alloc(kAlice, 4)).status());  // page 1
-  ASSERT_OK(RunOne(Alloc(kBob, 4)).status());    // page 2
-  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());  // pages 3, 4
+  ASSERT_OK(RunOne(Alloc(kAlice, 4)).status());                 // page 1
+  ASSERT_OK(RunOne(Alloc(kBob, 4)).status());                   // page 2
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());                 // pages 3, 4
   ASSERT_THAT(pool_->FreePages(kAlice, {3}), IsOkAndHolds(1));  // parked
   EXPECT_THAT(pool_->Rollback(kAlice), IsOkAndHolds(2));
   EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 4, 5, 6, 7, 8));
@@ -311,9 +307,8 @@ TEST_F(PagePoolTest, RemoveOwnerReclaimsEveryPage) {
   ASSERT_OK(RunOne(Alloc(kBob, 4)).status());
   EXPECT_THAT(pool_->RemoveOwner(kAlice), IsOkAndHolds(2));
   EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 4, 5, 6, 7, 8));
-  EXPECT_THAT(RunOne(Alloc(kAlice, 4)),
-              StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("unknown owner 1")));
+  EXPECT_THAT(RunOne(Alloc(kAlice, 4)), StatusIs(absl::StatusCode::kNotFound,
+                                                 HasSubstr("unknown owner 1")));
   EXPECT_OK(pool_->CheckInvariants());
 }
 
@@ -334,8 +329,8 @@ TEST_F(PagePoolTest, ClearFreesEverything) {
 TEST_F(PagePoolTest, OutOfPagesRefusesOnlyThatRequest) {
   MakePool(4, 4);
   std::vector<std::vector<int64_t>> slots;
-  auto results = Run({Alloc(kAlice, 8), Alloc(kBob, 12), Alloc(kBob, 4)},
-                     &slots);
+  auto results =
+      Run({Alloc(kAlice, 8), Alloc(kBob, 12), Alloc(kBob, 4)}, &slots);
   EXPECT_OK(results[0].status);
   EXPECT_THAT(results[1].status,
               StatusIs(absl::StatusCode::kResourceExhausted,
@@ -359,9 +354,9 @@ TEST_F(PagePoolTest, QuotaCapsAnOwnersPages) {
                                  "of its 2")));
   EXPECT_THAT(pool_->AddOwner(kCarol, 2),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("owner 3")));
-  EXPECT_THAT(pool_->AddOwner(kNoOwner, 0),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("reserved")));
+  EXPECT_THAT(
+      pool_->AddOwner(kNoOwner, 0),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reserved")));
 }
 
 // Each refusal: the right code, a message naming the field and index, and a
@@ -403,28 +398,37 @@ TEST_F(PagePoolRefusalTest, EveryRefusalChangesNothing) {
       {"out of pages",
        [&](PagePoolTest& t) { return one(t, Alloc(kBob, 4 * 6)); },
        absl::StatusCode::kResourceExhausted, "needs 6 pages, 5 free"},
-      {"unknown owner",
-       [&](PagePoolTest& t) { return one(t, Alloc(99, 4)); },
+      {"unknown owner", [&](PagePoolTest& t) { return one(t, Alloc(99, 4)); },
        absl::StatusCode::kNotFound, "unknown owner 99"},
       {"double free",
-       [](PagePoolTest& t) { return t.pool_->FreePages(kAlice, {1, 4}).status(); },
+       [](PagePoolTest& t) {
+         return t.pool_->FreePages(kAlice, {1, 4}).status();
+       },
        absl::StatusCode::kFailedPrecondition,
        "pages[1] (4): page 4 is already free"},
       {"free another's page",
-       [](PagePoolTest& t) { return t.pool_->FreeSlots(kAlice, {4, 13}).status(); },
+       [](PagePoolTest& t) {
+         return t.pool_->FreeSlots(kAlice, {4, 13}).status();
+       },
        absl::StatusCode::kPermissionDenied,
        "slots[1] (13): page 3 belongs to another session"},
       {"free page 0",
-       [](PagePoolTest& t) { return t.pool_->FreePages(kAlice, {1, 0}).status(); },
+       [](PagePoolTest& t) {
+         return t.pool_->FreePages(kAlice, {1, 0}).status();
+       },
        absl::StatusCode::kInvalidArgument, "pages[1] (0) is outside"},
       {"free slot of page 0",
        [](PagePoolTest& t) { return t.pool_->FreeSlots(kAlice, {2}).status(); },
        absl::StatusCode::kInvalidArgument, "page 0 is reserved"},
       {"slot out of range",
-       [](PagePoolTest& t) { return t.pool_->FreeSlots(kAlice, {4, 36}).status(); },
+       [](PagePoolTest& t) {
+         return t.pool_->FreeSlots(kAlice, {4, 36}).status();
+       },
        absl::StatusCode::kInvalidArgument, "slots[1] (36) is outside"},
       {"negative slot",
-       [](PagePoolTest& t) { return t.pool_->FreeSlots(kAlice, {-1}).status(); },
+       [](PagePoolTest& t) {
+         return t.pool_->FreeSlots(kAlice, {-1}).status();
+       },
        absl::StatusCode::kInvalidArgument, "slots[0] (-1) is outside"},
       {"free for unknown owner",
        [](PagePoolTest& t) { return t.pool_->FreePages(7, {1}).status(); },
@@ -490,9 +494,9 @@ TEST(PagePoolExecutorFailureTest, FailedLaunchCommitsNothing) {
 TEST(FreePolicyTest, ParsesNames) {
   EXPECT_THAT(ParseFreePolicy("lifo"), IsOkAndHolds(FreePolicy::kLifo));
   EXPECT_THAT(ParseFreePolicy("sorted"), IsOkAndHolds(FreePolicy::kSorted));
-  EXPECT_THAT(ParseFreePolicy("fifo"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("\"fifo\"")));
+  EXPECT_THAT(
+      ParseFreePolicy("fifo"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"fifo\"")));
 }
 
 }  // namespace

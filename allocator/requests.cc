@@ -19,27 +19,26 @@ absl::string_view RequestKindName(RequestKind kind) {
 namespace {
 
 absl::Status Invalid(const AllocRequest& request, absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrFormat("%s request %d: %s", RequestKindName(request.kind),
-                      request.index, what));
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s request %d: %s", RequestKindName(request.kind), request.index, what));
 }
 
 absl::Status ValidateAlloc(const AllocRequest& r, const PoolGeometry& g) {
   const int64_t i = r.index;
   if (r.seq_len < 0) {
-    return Invalid(r, absl::StrFormat("num_tokens[%d] (%d) is negative", i,
-                                      r.seq_len));
+    return Invalid(
+        r, absl::StrFormat("num_tokens[%d] (%d) is negative", i, r.seq_len));
   }
   if (r.seq_len % g.page_size != 0) {
-    return Invalid(r, absl::StrFormat(
-                          "num_tokens[%d] (%d) is not a multiple of "
-                          "page_size (%d)",
-                          i, r.seq_len, g.page_size));
+    return Invalid(r,
+                   absl::StrFormat("num_tokens[%d] (%d) is not a multiple of "
+                                   "page_size (%d)",
+                                   i, r.seq_len, g.page_size));
   }
   if (r.seq_len > g.num_pages * g.page_size) {
-    return Invalid(r, absl::StrFormat(
-                          "num_tokens[%d] (%d) exceeds the pool's %d slots", i,
-                          r.seq_len, g.num_pages * g.page_size));
+    return Invalid(
+        r, absl::StrFormat("num_tokens[%d] (%d) exceeds the pool's %d slots", i,
+                           r.seq_len, g.num_pages * g.page_size));
   }
   return absl::OkStatus();
 }
@@ -65,9 +64,9 @@ absl::Status CheckShapeInDetail(const AllocRequest& r, const PoolGeometry& g) {
                                       i, r.seq_len, i, r.prefix_len));
   }
   if (r.seq_len > g.slot_limit()) {
-    return Invalid(r, absl::StrFormat(
-                          "seq_lens[%d] (%d) exceeds the pool's %d slots", i,
-                          r.seq_len, g.slot_limit()));
+    return Invalid(
+        r, absl::StrFormat("seq_lens[%d] (%d) exceeds the pool's %d slots", i,
+                           r.seq_len, g.slot_limit()));
   }
   const ExtendShape shape = ToExtendShape(r);
   if (shape.prefix_len == 0) {
@@ -81,10 +80,10 @@ absl::Status CheckShapeInDetail(const AllocRequest& r, const PoolGeometry& g) {
   // A non-empty prefix ends at last_loc, which lies in a usable page and sits
   // at the same offset in its page as the prefix's last token does.
   if (shape.last_loc < g.page_size || shape.last_loc >= g.slot_limit()) {
-    return Invalid(r, absl::StrFormat(
-                          "last_locs[%d] (%d) is outside the usable slots "
-                          "[%d, %d)",
-                          i, shape.last_loc, g.page_size, g.slot_limit()));
+    return Invalid(
+        r, absl::StrFormat("last_locs[%d] (%d) is outside the usable slots "
+                           "[%d, %d)",
+                           i, shape.last_loc, g.page_size, g.slot_limit()));
   }
   // Both operands are >= 0 here (checked above).
   if (ModNonNegative(shape.last_loc + 1, g.page_size) !=

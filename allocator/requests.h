@@ -125,8 +125,7 @@ inline bool IsValidShape(const AllocRequest& r, const PoolGeometry& g) {
            r.seq_len <= g.num_pages * ps;
   }
   const bool decode = r.kind == RequestKind::kDecode;
-  if (decode ? r.seq_len < 1
-             : (r.prefix_len < 0 || r.seq_len < r.prefix_len)) {
+  if (decode ? r.seq_len < 1 : (r.prefix_len < 0 || r.seq_len < r.prefix_len)) {
     return false;
   }
   if (r.seq_len > g.slot_limit()) return false;

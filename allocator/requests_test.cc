@@ -18,10 +18,10 @@ AllocRequest Extend(int64_t prefix, int64_t seq, int64_t last,
 }
 
 TEST(PageArithmeticTest, NewPagesFollowTheGenericFormula) {
-  EXPECT_EQ(NewPagesNeeded({2, 11, 1}, 4), 2);   // pages 1..3 minus page 1
-  EXPECT_EQ(NewPagesNeeded({4, 5, 15}, 4), 1);   // decode opening a page
-  EXPECT_EQ(NewPagesNeeded({5, 6, 20}, 4), 0);   // decode inside a page
-  EXPECT_EQ(NewPagesNeeded({0, 0, -1}, 4), 0);   // nothing to do
+  EXPECT_EQ(NewPagesNeeded({2, 11, 1}, 4), 2);  // pages 1..3 minus page 1
+  EXPECT_EQ(NewPagesNeeded({4, 5, 15}, 4), 1);  // decode opening a page
+  EXPECT_EQ(NewPagesNeeded({5, 6, 20}, 4), 0);  // decode inside a page
+  EXPECT_EQ(NewPagesNeeded({0, 0, -1}, 4), 0);  // nothing to do
   // page_size 1: every token is a page; SGLang's `seq % ps == 1` decode test
   // would say 0 here.
   EXPECT_EQ(NewPagesNeeded({6, 7, 9}, 1), 1);
@@ -46,9 +46,9 @@ TEST(PageArithmeticTest, FastDivisionAgreesWithDivision) {
 
 TEST(ValidateShapeTest, AcceptsWellFormedRequests) {
   EXPECT_OK(ValidateShape(Extend(0, 9, -1), kGeometry));
-  EXPECT_OK(ValidateShape(Extend(2, 11, 5), kGeometry));   // page 1, offset 1
-  EXPECT_OK(ValidateShape(Extend(4, 11, 7), kGeometry));   // aligned prefix
-  EXPECT_OK(ValidateShape(Extend(3, 3, 6), kGeometry));    // extend_len 0
+  EXPECT_OK(ValidateShape(Extend(2, 11, 5), kGeometry));  // page 1, offset 1
+  EXPECT_OK(ValidateShape(Extend(4, 11, 7), kGeometry));  // aligned prefix
+  EXPECT_OK(ValidateShape(Extend(3, 3, 6), kGeometry));   // extend_len 0
   AllocRequest decode{RequestKind::kDecode, 1, 0, 0, 1, -1, nullptr};
   EXPECT_OK(ValidateShape(decode, kGeometry));
   AllocRequest alloc{RequestKind::kAlloc, 1, 0, 0, 8, 0, nullptr};
@@ -109,9 +109,8 @@ TEST(ValidateShapeTest, FastPredicateAgreesWithTheDescribedChecks) {
             const AllocRequest r{kind, 1, 7, prefix, seq, last, nullptr};
             const absl::Status status = CheckShapeInDetail(r, g);
             ASSERT_EQ(IsValidShape(r, g), status.ok())
-                << RequestKindName(kind) << " ps " << ps << " prefix "
-                << prefix << " seq " << seq << " last " << last << ": "
-                << status;
+                << RequestKindName(kind) << " ps " << ps << " prefix " << prefix
+                << " seq " << seq << " last " << last << ": " << status;
             ASSERT_EQ(ValidateShape(r, g), status);
             ++checked;
           }

@@ -13,12 +13,12 @@
 
 // Evaluates `expr` (an absl::Status) and returns it from the enclosing
 // function when it is not OK.
-#define RETURN_IF_ERROR(expr)                                    \
-  do {                                                           \
-    const ::absl::Status pagealloc_status_internal_ = (expr);    \
-    if (!pagealloc_status_internal_.ok()) {                      \
-      return pagealloc_status_internal_;                         \
-    }                                                            \
+#define RETURN_IF_ERROR(expr)                                 \
+  do {                                                        \
+    const ::absl::Status pagealloc_status_internal_ = (expr); \
+    if (!pagealloc_status_internal_.ok()) {                   \
+      return pagealloc_status_internal_;                      \
+    }                                                         \
   } while (false)
 
 #define PAGEALLOC_STATUS_CONCAT_INNER_(a, b) a##b
@@ -27,8 +27,8 @@
 // Evaluates `rexpr` (an absl::StatusOr<T>); returns its status from the
 // enclosing function when it is not OK, else moves its value into `lhs`,
 // which may be a declaration: ASSIGN_OR_RETURN(auto x, MakeX());
-#define ASSIGN_OR_RETURN(lhs, rexpr)                                        \
-  PAGEALLOC_ASSIGN_OR_RETURN_IMPL_(                                         \
+#define ASSIGN_OR_RETURN(lhs, rexpr) \
+  PAGEALLOC_ASSIGN_OR_RETURN_IMPL_(  \
       PAGEALLOC_STATUS_CONCAT_(pagealloc_statusor_, __LINE__), lhs, rexpr)
 
 #define PAGEALLOC_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \

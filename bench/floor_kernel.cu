@@ -1,5 +1,5 @@
-// The floor and spin kernels. Trivial enough that the .cuh layer would hold one line,
-// so the __global__ function lives here with its launcher.
+// The floor and spin kernels. Trivial enough that the .cuh layer would hold one
+// line, so the __global__ function lives here with its launcher.
 
 #include "bench/floor_kernel.h"
 

@@ -15,8 +15,8 @@
 // ways: "flushed", with a 256 MiB memset before each launch as Triton's
 // do_bench does (what the anchor's numbers are), and "rotated", without it
 // (inputs and plan as hot as right after Execute uploads them; a spin kernel
-// before each launch keeps the host's launch time out of the events). Every set's
-// output is checked against the CPU reference first. "call" is the host's
+// before each launch keeps the host's launch time out of the events). Every
+// set's output is checked against the CPU reference first. "call" is the host's
 // wall time of CudaExecutor::Execute + Synchronize (packing, upload, launch
 // and wait), the counterpart of the anchor's in-process call.
 //
@@ -50,24 +50,24 @@
 namespace pagealloc {
 namespace {
 
-#define BENCH_CHECK_CUDA(expr)                                          \
-  do {                                                                  \
-    const cudaError_t bench_error_ = (expr);                            \
-    if (bench_error_ != cudaSuccess) {                                  \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, \
-                   #expr, cudaGetErrorString(bench_error_));            \
-      std::exit(1);                                                     \
-    }                                                                   \
-  } while (false)
-
-#define BENCH_CHECK_OK(expr)                                             \
+#define BENCH_CHECK_CUDA(expr)                                           \
   do {                                                                   \
-    const absl::Status bench_status_ = (expr);                           \
-    if (!bench_status_.ok()) {                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__,            \
-                   bench_status_.ToString().c_str());                    \
+    const cudaError_t bench_error_ = (expr);                             \
+    if (bench_error_ != cudaSuccess) {                                   \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, \
+                   #expr, cudaGetErrorString(bench_error_));             \
       std::exit(1);                                                      \
     }                                                                    \
+  } while (false)
+
+#define BENCH_CHECK_OK(expr)                                  \
+  do {                                                        \
+    const absl::Status bench_status_ = (expr);                \
+    if (!bench_status_.ok()) {                                \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, \
+                   bench_status_.ToString().c_str());         \
+      std::exit(1);                                           \
+    }                                                         \
   } while (false)
 
 constexpr int64_t kFlushBytes = int64_t{256} << 20;  // as do_bench
@@ -129,9 +129,8 @@ BatchPlan AnchorPlan(const Case& c, int64_t page_size, std::mt19937_64& rng,
     r.first_new_page = plan.num_new_pages;
     r.output_offset = plan.num_slots;
     r.destination = out + plan.num_slots;
-    plan.num_new_pages +=
-        (r.seq_len + page_size - 1) / page_size -
-        (r.prefix_len + page_size - 1) / page_size;
+    plan.num_new_pages += (r.seq_len + page_size - 1) / page_size -
+                          (r.prefix_len + page_size - 1) / page_size;
     plan.num_slots += r.seq_len - r.prefix_len;
     plan.requests.push_back(r);
   }
@@ -165,8 +164,8 @@ class Timer {
   // timed region): with flush, a 256 MiB memset, so caches start cold (as
   // do_bench); without, a ~20 us spin kernel, so the GPU is still busy when
   // the host has queued the rep and the events time the GPU alone.
-  double MedianUs(const std::function<void(int)>& launch, int reps,
-                  bool flush, int warmup = 20) {
+  double MedianUs(const std::function<void(int)>& launch, int reps, bool flush,
+                  int warmup = 20) {
     for (int i = 0; i < warmup; ++i) launch(i);
     const int n = std::min<int>(reps, events_.size() / 2);
     for (int i = 0; i < n; ++i) {
@@ -280,7 +279,8 @@ int Main(int argc, char** argv) {
   BENCH_CHECK_CUDA(cudaMalloc(&bw_buffer, bw_bytes));
   const double memset_us = timer.MedianUs(
       [&](int i) {
-        BENCH_CHECK_CUDA(cudaMemsetAsync(bw_buffer, i & 0xff, bw_bytes, stream));
+        BENCH_CHECK_CUDA(
+            cudaMemsetAsync(bw_buffer, i & 0xff, bw_bytes, stream));
       },
       9, /*flush=*/false, /*warmup=*/2);
   const double copy_us = timer.MedianUs(
@@ -311,8 +311,8 @@ int Main(int argc, char** argv) {
   std::printf("fill: 8 MiB memset %.2f us (flushed), %.2f us (rotated)\n",
               fill_us, fill_rotated_us);
   json.push_back(absl::StrFormat(
-      "{\"case\": \"fill_8MiB\", \"us\": %.3f, \"rotated_us\": %.3f}",
-      fill_us, fill_rotated_us));
+      "{\"case\": \"fill_8MiB\", \"us\": %.3f, \"rotated_us\": %.3f}", fill_us,
+      fill_rotated_us));
   const double copy_gbps = bw_bytes / (copy_us * 1e3);  // read + write
   std::printf(
       "floor: empty kernel %.2f us (flushed), %.2f us (rotated); write "
@@ -328,13 +328,14 @@ int Main(int argc, char** argv) {
     };
     const double us = timer.MedianUs(launch, reps, /*flush=*/true);
     const double rotated = timer.MedianUs(launch, reps, /*flush=*/false);
-    std::printf("floor: empty kernel with %d parameter bytes %.2f us "
-                "(flushed), %.2f us (rotated)\n",
-                bytes, us, rotated);
-    json.push_back(absl::StrFormat(
-        "{\"case\": \"floor_params_%d\", \"us\": %.3f, "
-        "\"rotated_us\": %.3f}",
-        bytes, us, rotated));
+    std::printf(
+        "floor: empty kernel with %d parameter bytes %.2f us "
+        "(flushed), %.2f us (rotated)\n",
+        bytes, us, rotated);
+    json.push_back(
+        absl::StrFormat("{\"case\": \"floor_params_%d\", \"us\": %.3f, "
+                        "\"rotated_us\": %.3f}",
+                        bytes, us, rotated));
   }
   json.push_back(absl::StrFormat(
       "{\"case\": \"bandwidth\", \"write_GBps\": %.1f, \"copy_GBps\": %.1f}",
@@ -345,9 +346,8 @@ int Main(int argc, char** argv) {
   std::printf(
       "%-7s %-16s %3s %5s %8s %7s %4s %-6s %10s %10s %9s %9s %9s %9s "
       "%8s\n",
-      "kind", "case", "ps", "bs", "tokens", "pages", "ok", "path",
-      "flushed_us", "rotated_us", "up_flush", "up_rot", "call_p50",
-      "call_p99", "GB/s");
+      "kind", "case", "ps", "bs", "tokens", "pages", "ok", "path", "flushed_us",
+      "rotated_us", "up_flush", "up_rot", "call_p50", "call_p99", "GB/s");
   std::mt19937_64 rng(1234);
   BENCH_CHECK_OK(executor.InitFreeRing(kRingCapacity));
   bool all_ok = true;
@@ -394,9 +394,8 @@ int Main(int argc, char** argv) {
         BENCH_CHECK_CUDA(cudaDeviceSynchronize());
         set.params = MakeExpandParams(*packed, set.device_block, device_ring,
                                       kRingCapacity, page_size);
-        absl::StatusOr<bool> fits =
-            PackInlinePlan(set.plan, kRingCapacity, device_ring,
-                           set.inline_params.get());
+        absl::StatusOr<bool> fits = PackInlinePlan(
+            set.plan, kRingCapacity, device_ring, set.inline_params.get());
         BENCH_CHECK_OK(fits.status());
         set.fits_inline = *fits;
         // Check each path's output against the CPU reference, from a
@@ -413,9 +412,8 @@ int Main(int argc, char** argv) {
           BENCH_CHECK_CUDA(cudaMemsetAsync(
               set.device_out, 0xa5, max_slots * sizeof(int64_t), stream));
           BENCH_CHECK_CUDA(
-              inline_path
-                  ? LaunchExpandInlinePlan(*set.inline_params, stream)
-                  : LaunchExpandPlan(set.params, stream));
+              inline_path ? LaunchExpandInlinePlan(*set.inline_params, stream)
+                          : LaunchExpandPlan(set.params, stream));
           BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
           std::vector<int64_t> actual(set.plan.num_slots);
           BENCH_CHECK_CUDA(cudaMemcpy(actual.data(), set.device_out,
@@ -466,8 +464,8 @@ int Main(int argc, char** argv) {
           "%9.2f %9.1f %9.1f %8.0f\n",
           c.decode ? "decode" : "extend", c.name.c_str(), page_size, c.bs,
           tokens, pages, ok ? "yes" : "NO", all_inline ? "inline" : "upload",
-          flushed_us, rotated_us, up_flushed_us, up_rotated_us,
-          Median(call_us), Percentile(call_us, 0.99), gbps);
+          flushed_us, rotated_us, up_flushed_us, up_rotated_us, Median(call_us),
+          Percentile(call_us, 0.99), gbps);
       std::fflush(stdout);
       if (c.name == "bulk_64x16384") {
         std::printf(

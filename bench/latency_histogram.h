@@ -105,9 +105,9 @@ class LatencyHistogram {
       total += n;
     }
     if (total != h.count_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "histogram buckets hold ", total, " samples, header says ",
-          h.count_));
+      return absl::InvalidArgumentError(
+          absl::StrCat("histogram buckets hold ", total,
+                       " samples, header says ", h.count_));
     }
     return h;
   }
@@ -118,8 +118,7 @@ class LatencyHistogram {
     const int exponent = 63 - __builtin_clzll(static_cast<uint64_t>(v));
     const int shift = exponent - kSubBits;
     const int sub = static_cast<int>(v >> shift) - (1 << kSubBits);
-    return (1 << kExactBits) + (exponent - kExactBits) * (1 << kSubBits) +
-           sub;
+    return (1 << kExactBits) + (exponent - kExactBits) * (1 << kSubBits) + sub;
   }
   static int64_t BucketHighest(int index) {
     if (index < (1 << kExactBits)) return index;

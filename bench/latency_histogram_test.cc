@@ -50,7 +50,8 @@ TEST(LatencyHistogramTest, SerializeParseMergeEqualsRecordingIntoOne) {
     b.Record(v);
     both.Record(v);
   }
-  absl::StatusOr<LatencyHistogram> parsed = LatencyHistogram::Parse(b.Serialize());
+  absl::StatusOr<LatencyHistogram> parsed =
+      LatencyHistogram::Parse(b.Serialize());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   a.Merge(*parsed);
   EXPECT_EQ(a.Serialize(), both.Serialize());

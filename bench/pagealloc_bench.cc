@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/flags/flag.h"
 #include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/status/status.h"
@@ -165,17 +165,18 @@ static_assert(std::atomic<int64_t>::is_always_lock_free,
               "the control block is shared between processes");
 
 absl::StatusOr<Control*> MapControl(const std::string& path, bool create) {
-  const int fd = open(path.c_str(), create ? O_RDWR | O_CREAT | O_TRUNC : O_RDWR,
-                      0600);
+  const int fd =
+      open(path.c_str(), create ? O_RDWR | O_CREAT | O_TRUNC : O_RDWR, 0600);
   if (fd < 0) return absl::InternalError(absl::StrCat("open ", path));
   if (create && ftruncate(fd, sizeof(Control)) != 0) {
     close(fd);
     return absl::InternalError(absl::StrCat("ftruncate ", path));
   }
-  void* base = mmap(nullptr, sizeof(Control), PROT_READ | PROT_WRITE,
-                    MAP_SHARED, fd, 0);
+  void* base =
+      mmap(nullptr, sizeof(Control), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (base == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap ", path));
+  if (base == MAP_FAILED)
+    return absl::InternalError(absl::StrCat("mmap ", path));
   return static_cast<Control*>(base);
 }
 
@@ -216,7 +217,8 @@ class SequenceTable {
   void Apply(Sequence& s, int64_t new_len, const int64_t* slots,
              int64_t count) {
     for (int64_t t = 0; t < count; ++t) {
-      if ((s.len + t) % page_size_ == 0) s.pages.push_back(slots[t] / page_size_);
+      if ((s.len + t) % page_size_ == 0)
+        s.pages.push_back(slots[t] / page_size_);
     }
     if (count > 0) s.last_loc = slots[count - 1];
     s.len = new_len;
@@ -369,8 +371,8 @@ class Worker {
         Timed(kFree, [&] { return client_->FreePages(pages); });
     if (!freed.ok()) return freed.status();
     if (*freed != static_cast<int64_t>(pages.size())) {
-      return absl::InternalError(absl::StrFormat(
-          "freed %d pages, expected %d", *freed, pages.size()));
+      return absl::InternalError(
+          absl::StrFormat("freed %d pages, expected %d", *freed, pages.size()));
     }
     return absl::OkStatus();
   }
@@ -677,12 +679,9 @@ absl::StatusOr<std::unique_ptr<InProcessExecutor>> MakeInProcessExecutor(
 // executor's launch and its completion (Allocate + Synchronize, what the
 // daemon's batcher does per launch in sync mode), no RPC. Admission and
 // frees happen outside the timed region.
-absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
-                                               const Workload& w,
-                                               int64_t num_pages,
-                                               int64_t page_size,
-                                               double seconds,
-                                               std::string* executor_name) {
+absl::StatusOr<Latency> MeasureInProcessDecode(
+    const std::string& backend, const Workload& w, int64_t num_pages,
+    int64_t page_size, double seconds, std::string* executor_name) {
   const int64_t capacity =
       int64_t{w.batch} * std::max<int64_t>(w.prefill_chunk, 1);
   ASSIGN_OR_RETURN(std::unique_ptr<InProcessExecutor> ex,
@@ -705,8 +704,8 @@ absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
     for (AllocRequest& r : requests) {
       r.owner = kOwner;
       r.destination = ex->destination + offset;
-      offset += r.seq_len - (r.kind == RequestKind::kDecode ? r.seq_len - 1
-                                                            : r.prefix_len);
+      offset += r.seq_len -
+                (r.kind == RequestKind::kDecode ? r.seq_len - 1 : r.prefix_len);
     }
     const int64_t t0 = NowNanos();
     *results = pool->Allocate(requests);
@@ -769,7 +768,8 @@ absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
       table.Apply(s, requests[k].seq_len, ex->host.data() + k, 1);
       if (s.len >= s.target_len) table.Finish(s, &pages);
     }
-    if (!pages.empty()) RETURN_IF_ERROR(pool->FreePages(kOwner, pages).status());
+    if (!pages.empty())
+      RETURN_IF_ERROR(pool->FreePages(kOwner, pages).status());
     if (NowNanos() >= end && result.histogram.count() > 0) break;
   }
   result.seconds = (NowNanos() - start) / 1e9;
@@ -802,7 +802,8 @@ std::string FindServer() {
   std::vector<std::string> candidates;
   for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
     if (const char* dir = std::getenv(var)) {
-      candidates.push_back(absl::StrCat(dir, "/pagealloc/server/pagealloc-server"));
+      candidates.push_back(
+          absl::StrCat(dir, "/pagealloc/server/pagealloc-server"));
     }
   }
   candidates.push_back(self + ".runfiles/pagealloc/server/pagealloc-server");
@@ -821,7 +822,8 @@ absl::StatusOr<int> FreePort() {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+  if (fd < 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     if (fd >= 0) close(fd);
     return absl::InternalError("cannot find a free port for /metrics");
@@ -866,8 +868,9 @@ absl::StatusOr<DaemonHandle> StartOrAttach(const std::string& dir) {
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (!testing::DaemonStats(daemon.target).ok()) {
     if (!daemon.process.running() || absl::Now() > deadline) {
-      return absl::UnavailableError(absl::StrCat(
-          "pagealloc-server did not start:\n", testing::ReadLog(daemon.log_path)));
+      return absl::UnavailableError(
+          absl::StrCat("pagealloc-server did not start:\n",
+                       testing::ReadLog(daemon.log_path)));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -979,7 +982,11 @@ class Phase {
  public:
   Phase(const DaemonHandle& daemon, const std::string& dir, int clients,
         int number, int of)
-      : daemon_(daemon), dir_(dir), clients_(clients), number_(number), of_(of) {}
+      : daemon_(daemon),
+        dir_(dir),
+        clients_(clients),
+        number_(number),
+        of_(of) {}
 
   absl::StatusOr<PhaseResult> Run() {
     const std::string control_path = absl::StrCat(dir_, "/control-", number_);
@@ -1020,7 +1027,8 @@ class Phase {
     while (NowNanos() - start < duration * 1e9) {
       absl::SleepFor(absl::Milliseconds(250));
       int64_t calls = 0;
-      for (int i = 0; i < clients_; ++i) calls += control->workers[i].calls.load();
+      for (int i = 0; i < clients_; ++i)
+        calls += control->workers[i].calls.load();
       const int64_t now = NowNanos();
       rate = (calls - last_calls) / ((now - last_time) / 1e9);
       last_calls = calls;
@@ -1051,14 +1059,16 @@ class Phase {
       RETURN_IF_ERROR(ReadWorker(outs[i], &result));
     }
     munmap(control, sizeof(Control));
-    result.launches = after.stats.launches_total() - before.stats.launches_total();
-    result.alloc_calls =
-        result.rpcs[kDecode].latency.count() + result.rpcs[kExtend].latency.count();
+    result.launches =
+        after.stats.launches_total() - before.stats.launches_total();
+    result.alloc_calls = result.rpcs[kDecode].latency.count() +
+                         result.rpcs[kExtend].latency.count();
     if (before.cpu_seconds >= 0 && after.cpu_seconds >= 0) {
       result.server_cpu_seconds = after.cpu_seconds - before.cpu_seconds;
     }
-    result.server_decode_rpc_mean = MetricMean(
-        before, after, "pagealloc_rpc_duration_seconds", "{rpc=\"AllocDecode\"}");
+    result.server_decode_rpc_mean =
+        MetricMean(before, after, "pagealloc_rpc_duration_seconds",
+                   "{rpc=\"AllocDecode\"}");
     result.server_queue_wait_mean =
         MetricMean(before, after, "pagealloc_queue_wait_seconds", "");
     result.server_execute_mean =
@@ -1077,8 +1087,9 @@ class Phase {
   }
 
   absl::Status WorkerFailure(int i, const std::string& log) {
-    return absl::InternalError(absl::StrFormat(
-        "worker %d of phase %d failed:\n%s", i, number_, testing::ReadLog(log)));
+    return absl::InternalError(
+        absl::StrFormat("worker %d of phase %d failed:\n%s", i, number_,
+                        testing::ReadLog(log)));
   }
 
   absl::Status WaitAll(Control* control, WorkerState state,
@@ -1145,8 +1156,8 @@ class Phase {
 double Us(int64_t nanos) { return nanos / 1e3; }
 double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
-constexpr double kQuantiles[] = {0.5,   0.75,  0.9,   0.95,
-                                 0.99,  0.995, 0.999, 0.9999};
+constexpr double kQuantiles[] = {0.5,  0.75,  0.9,   0.95,
+                                 0.99, 0.995, 0.999, 0.9999};
 
 std::string LatencyJson(const LatencyHistogram& h) {
   std::vector<std::string> curve;
@@ -1211,14 +1222,15 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
       p.alloc_calls / p.seconds,
       (p.rpcs[kDecode].slots + p.rpcs[kExtend].slots) / p.seconds, p.launches,
       p.launches / p.seconds, Ratio(p.alloc_calls, p.launches),
-      Ratio(p.rpcs[kDecode].requests + p.rpcs[kExtend].requests, p.launches), p.refused,
-      p.server_cpu_seconds, cpu_us_per_rpc, cpu_us_per_alloc,
+      Ratio(p.rpcs[kDecode].requests + p.rpcs[kExtend].requests, p.launches),
+      p.refused, p.server_cpu_seconds, cpu_us_per_rpc, cpu_us_per_alloc,
       MetricUs(p.server_decode_rpc_mean), MetricUs(p.server_queue_wait_mean),
       MetricUs(p.server_execute_mean), MetricUs(p.server_complete_mean),
       p.server_batch_requests_mean,
       Ratio(decode.Percentile(0.5), floors.health.histogram.Percentile(0.5)),
       Ratio(decode.Percentile(0.99), floors.health.histogram.Percentile(0.99)),
-      Ratio(decode.Percentile(0.5), floors.in_process.histogram.Percentile(0.5)),
+      Ratio(decode.Percentile(0.5),
+            floors.in_process.histogram.Percentile(0.5)),
       Ratio(decode.Percentile(0.99),
             floors.in_process.histogram.Percentile(0.99)),
       absl::StrJoin(rpcs, ", "));
@@ -1248,8 +1260,8 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
     std::printf("\n== %d client(s), batch %d, %s completion, %.1f s\n",
                 p.clients, w.batch, w.async_completion ? "async" : "sync",
                 p.seconds);
-    std::printf(header, "rpc", "calls", "calls/s", "p50 us", "p90 us",
-                "p99 us", "p99.9 us");
+    std::printf(header, "rpc", "calls", "calls/s", "p50 us", "p90 us", "p99 us",
+                "p99.9 us");
     for (int r = 0; r < kNumRpcKinds; ++r) {
       PrintLatencyRow(kRpcNames[r], p.rpcs[r].latency, p.seconds);
     }
@@ -1262,19 +1274,20 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
         Ratio(p.rpcs[kDecode].requests + p.rpcs[kExtend].requests, p.launches),
         static_cast<long long>(p.refused));
     if (p.server_cpu_seconds >= 0) {
-      std::printf("server CPU %.2f s: %.1f us per RPC, %.1f us per "
-                  "allocation call\n",
-                  p.server_cpu_seconds,
-                  Ratio(p.server_cpu_seconds * 1e6, p.total_calls()),
-                  Ratio(p.server_cpu_seconds * 1e6, p.alloc_calls));
+      std::printf(
+          "server CPU %.2f s: %.1f us per RPC, %.1f us per "
+          "allocation call\n",
+          p.server_cpu_seconds,
+          Ratio(p.server_cpu_seconds * 1e6, p.total_calls()),
+          Ratio(p.server_cpu_seconds * 1e6, p.alloc_calls));
     }
     if (p.server_execute_mean >= 0) {
-      std::printf("daemon means: AllocDecode rpc_duration %.1f us, "
-                  "queue_wait %.1f us, execute %.1f us (completing %.1f us)\n",
-                  MetricUs(p.server_decode_rpc_mean),
-                  MetricUs(p.server_queue_wait_mean),
-                  MetricUs(p.server_execute_mean),
-                  MetricUs(p.server_complete_mean));
+      std::printf(
+          "daemon means: AllocDecode rpc_duration %.1f us, "
+          "queue_wait %.1f us, execute %.1f us (completing %.1f us)\n",
+          MetricUs(p.server_decode_rpc_mean),
+          MetricUs(p.server_queue_wait_mean), MetricUs(p.server_execute_mean),
+          MetricUs(p.server_complete_mean));
     }
     const LatencyHistogram& d = p.rpcs[kDecode].latency;
     std::printf(
@@ -1306,7 +1319,8 @@ absl::Status WriteJson(const std::string& path, const DaemonHandle& daemon,
                        const std::vector<PhaseResult>& phases,
                        const Workload& w) {
   std::vector<std::string> phase_json;
-  for (const PhaseResult& p : phases) phase_json.push_back(PhaseJson(p, floors));
+  for (const PhaseResult& p : phases)
+    phase_json.push_back(PhaseJson(p, floors));
   const std::string text = absl::StrFormat(
       "{\n\"config\": {\"backend\": \"%s\", \"target\": \"%s\", "
       "\"batch\": %d, \"duration_s\": %g, \"decode_weight\": %d, "
@@ -1323,10 +1337,9 @@ absl::Status WriteJson(const std::string& path, const DaemonHandle& daemon,
       w.spec_weight, w.prefill_chunk, w.prefill_requests, w.draft_tokens,
       w.max_seq_len, w.async_completion ? "true" : "false",
       absl::GetFlag(FLAGS_fast_channel) ? "true" : "false",
-      w.piggyback_ops ? "true" : "false",
-      absl::GetFlag(FLAGS_page_size), absl::GetFlag(FLAGS_num_pages),
-      LatencyJson(floors.health.histogram), floors.executor,
-      LatencyJson(floors.in_process.histogram),
+      w.piggyback_ops ? "true" : "false", absl::GetFlag(FLAGS_page_size),
+      absl::GetFlag(FLAGS_num_pages), LatencyJson(floors.health.histogram),
+      floors.executor, LatencyJson(floors.in_process.histogram),
       absl::StrJoin(phase_json, ",\n"));
   std::ofstream out(path);
   out << text;
@@ -1345,7 +1358,8 @@ absl::Status CoordinatorMain() {
     }
     client_counts.push_back(n);
   }
-  if (client_counts.empty()) client_counts.push_back(absl::GetFlag(FLAGS_clients));
+  if (client_counts.empty())
+    client_counts.push_back(absl::GetFlag(FLAGS_clients));
   if (client_counts.front() < 1 || client_counts.front() > kMaxClients) {
     return absl::InvalidArgumentError(
         absl::StrCat("--clients must be 1..", kMaxClients));
@@ -1370,8 +1384,9 @@ absl::Status CoordinatorMain() {
     std::fprintf(stderr, "measuring floors (%.1f s each)...\n",
                  absl::GetFlag(FLAGS_floor_s));
   }
-  ASSIGN_OR_RETURN(floors.health,
-                   MeasureHealthCheck(daemon.target, absl::GetFlag(FLAGS_floor_s)));
+  ASSIGN_OR_RETURN(
+      floors.health,
+      MeasureHealthCheck(daemon.target, absl::GetFlag(FLAGS_floor_s)));
   ASSIGN_OR_RETURN(
       floors.in_process,
       MeasureInProcessDecode(absl::GetFlag(FLAGS_backend), w,

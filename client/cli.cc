@@ -35,7 +35,8 @@ ABSL_FLAG(std::string, target, "unix:///run/pagealloc/gpu0.sock",
           "The daemon's gRPC address.");
 ABSL_FLAG(bool, sessions, false, "stats: list sessions too.");
 ABSL_FLAG(int64_t, interval_ms, 1000, "watch: refresh period.");
-ABSL_FLAG(int64_t, count, 0, "watch: stop after this many refreshes (0: never).");
+ABSL_FLAG(int64_t, count, 0,
+          "watch: stop after this many refreshes (0: never).");
 ABSL_FLAG(int64_t, tokens, 0, "alloc: tokens to allocate (whole pages).");
 ABSL_FLAG(int64_t, hold_s, 0, "alloc: keep the pages this long before exit.");
 ABSL_FLAG(std::string, token_file, "",
@@ -71,15 +72,14 @@ std::string Bar(double fraction, int width) {
 
 void PrintStats(const v1::GetStatsResponse& s) {
   const v1::PoolInfo& p = s.pool();
-  const double used =
-      p.num_pages() > 0 ? static_cast<double>(s.used_pages()) / p.num_pages()
-                        : 0;
-  std::printf("backend      %s%s\n",
-              p.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
-              p.backend() == v1::BACKEND_CUDA
-                  ? absl::StrFormat(" (gpu %d, %s)", p.gpu(), p.device_uuid())
-                        .c_str()
-                  : "");
+  const double used = p.num_pages() > 0
+                          ? static_cast<double>(s.used_pages()) / p.num_pages()
+                          : 0;
+  std::printf(
+      "backend      %s%s\n", p.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
+      p.backend() == v1::BACKEND_CUDA
+          ? absl::StrFormat(" (gpu %d, %s)", p.gpu(), p.device_uuid()).c_str()
+          : "");
   std::printf("pool         %lld pages x %lld tokens, %s policy\n",
               static_cast<long long>(p.num_pages()),
               static_cast<long long>(p.page_size()), p.free_policy().c_str());
@@ -90,14 +90,15 @@ void PrintStats(const v1::GetStatsResponse& s) {
               static_cast<long long>(s.parked_pages()));
   std::printf("sessions     %lld active\n",
               static_cast<long long>(s.sessions_active()));
-  std::printf("totals       %lld slots and %lld pages allocated, %lld pages "
-              "freed, %lld out-of-pages refusals, %lld launches, %lld sorts\n",
-              static_cast<long long>(s.slots_allocated_total()),
-              static_cast<long long>(s.pages_allocated_total()),
-              static_cast<long long>(s.pages_freed_total()),
-              static_cast<long long>(s.out_of_pages_total()),
-              static_cast<long long>(s.launches_total()),
-              static_cast<long long>(s.free_list_sorts_total()));
+  std::printf(
+      "totals       %lld slots and %lld pages allocated, %lld pages "
+      "freed, %lld out-of-pages refusals, %lld launches, %lld sorts\n",
+      static_cast<long long>(s.slots_allocated_total()),
+      static_cast<long long>(s.pages_allocated_total()),
+      static_cast<long long>(s.pages_freed_total()),
+      static_cast<long long>(s.out_of_pages_total()),
+      static_cast<long long>(s.launches_total()),
+      static_cast<long long>(s.free_list_sorts_total()));
   if (s.sessions_size() > 0) {
     std::printf("\n%-20s %-24s %10s %10s %12s %s\n", "SESSION", "CLIENT",
                 "PAGES", "QUOTA", "RING USED", "CHECKPOINT");
@@ -128,15 +129,16 @@ int Stats() {
 int Watch() {
   const int64_t count = absl::GetFlag(FLAGS_count);
   for (int64_t i = 0; count == 0 || i < count; ++i) {
-    if (i > 0) absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_interval_ms)));
+    if (i > 0)
+      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_interval_ms)));
     absl::StatusOr<v1::GetStatsResponse> stats = FetchStats(true);
     if (isatty(STDOUT_FILENO)) std::printf("\033[H\033[2J");
     std::printf("pagealloc %s   %s\n\n", absl::GetFlag(FLAGS_target).c_str(),
-                absl::FormatTime("%H:%M:%S", absl::Now(),
-                                 absl::LocalTimeZone())
+                absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone())
                     .c_str());
     if (!stats.ok()) {
-      std::printf("daemon unreachable: %s\n", stats.status().ToString().c_str());
+      std::printf("daemon unreachable: %s\n",
+                  stats.status().ToString().c_str());
     } else {
       PrintStats(*stats);
     }
@@ -174,12 +176,11 @@ int Alloc() {
   for (int64_t i = 0; i < r.count; i += page_size) {
     pages.push_back(r.slots[i] / page_size);
   }
-  std::printf("session %llu: %lld slots in %s (%lld pages): %s\n",
-              static_cast<unsigned long long>((*client)->session_id()),
-              static_cast<long long>(r.count),
-              absl::FormatDuration(took).c_str(),
-              static_cast<long long>(r.new_pages),
-              absl::StrJoin(pages, ",").c_str());
+  std::printf(
+      "session %llu: %lld slots in %s (%lld pages): %s\n",
+      static_cast<unsigned long long>((*client)->session_id()),
+      static_cast<long long>(r.count), absl::FormatDuration(took).c_str(),
+      static_cast<long long>(r.new_pages), absl::StrJoin(pages, ",").c_str());
   const std::string token_file = absl::GetFlag(FLAGS_token_file);
   const int64_t hold = absl::GetFlag(FLAGS_hold_s);
   if (!token_file.empty()) {

@@ -204,9 +204,8 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   }
   v1::AllocResponse response;
   auto context = NewContext();
-  absl::Status status = Observe(
-      FromGrpcStatus((stub_.get()->*method)(context.get(), request,
-                                            &response)));
+  absl::Status status = Observe(FromGrpcStatus(
+      (stub_.get()->*method)(context.get(), request, &response)));
   if (!status.ok()) return status;
   const v1::PackedResults& packed = response.packed();
   AnswerArrays answer;
@@ -335,10 +334,10 @@ absl::Status Client::MapFastChannel(const v1::FastChannel& channel) {
   ASSIGN_OR_RETURN(
       std::unique_ptr<fast_channel::SharedRegion> region,
       fast_channel::SharedRegion::Open(channel.shm_name(), layout.total_bytes));
-  ASSIGN_OR_RETURN(std::unique_ptr<fast_channel::SharedRegion> doorbell,
-                   fast_channel::SharedRegion::Open(
-                       channel.doorbell_shm_name(),
-                       sizeof(fast_channel::Doorbell)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<fast_channel::SharedRegion> doorbell,
+      fast_channel::SharedRegion::Open(channel.doorbell_shm_name(),
+                                       sizeof(fast_channel::Doorbell)));
   auto* header = static_cast<fast_channel::ChannelHeader*>(region->base());
   if (header->magic != fast_channel::kMagic ||
       header->version != fast_channel::kVersion ||
@@ -367,7 +366,8 @@ absl::Status Client::PostFastCall(fast_channel::CallKind kind,
   char* base = static_cast<char*>(fast_region_->base());
   auto put = [&](size_t offset, absl::Span<const int64_t> values) {
     if (!values.empty()) {
-      std::memcpy(base + offset, values.data(), values.size() * sizeof(int64_t));
+      std::memcpy(base + offset, values.data(),
+                  values.size() * sizeof(int64_t));
     }
   };
   put(layout.in0, in0);
@@ -458,8 +458,7 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   // its message; gRPC carries them as they are.
   const size_t n = std::max({in0.size(), in1.size(), in2.size()});
   if (n > static_cast<size_t>(h->max_requests) ||
-      options.free_pages_first.size() >
-          static_cast<size_t>(h->max_requests) ||
+      options.free_pages_first.size() > static_cast<size_t>(h->max_requests) ||
       (!in0.empty() && in0.size() != n) || in1.size() != n ||
       (!in2.empty() && in2.size() != n) ||
       (kind == fast_channel::CallKind::kExtend && in0.size() != n) ||
@@ -481,8 +480,8 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   const int32_t results = h->num_results;
   if (results != static_cast<int32_t>(n)) {
     return absl::InternalError(absl::StrFormat(
-        "the daemon's answer is malformed: %d results for %d requests",
-        results, n));
+        "the daemon's answer is malformed: %d results for %d requests", results,
+        n));
   }
   AnswerArrays answer;
   answer.codes = absl::MakeConstSpan(
@@ -494,7 +493,8 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   answer.new_pages = absl::MakeConstSpan(
       reinterpret_cast<const int64_t*>(base + layout.new_pages), n);
   // Refusal messages: each a 4-byte length and its bytes.
-  const int32_t used = std::clamp<int32_t>(h->messages_used, 0, h->message_bytes);
+  const int32_t used =
+      std::clamp<int32_t>(h->messages_used, 0, h->message_bytes);
   for (int32_t at = 0; at + 4 <= used;) {
     int32_t length = 0;
     std::memcpy(&length, base + layout.messages + at, 4);
@@ -504,8 +504,8 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
     at += length;
   }
   // Messages truncated away (a huge batch of refusals) still get a status.
-  const size_t refused = std::count_if(
-      answer.codes.begin(), answer.codes.end(), [](int32_t c) { return c != 0; });
+  const size_t refused = std::count_if(answer.codes.begin(), answer.codes.end(),
+                                       [](int32_t c) { return c != 0; });
   while (answer.messages.size() < refused) {
     answer.messages.emplace_back("(message truncated by the fast channel)");
   }

@@ -229,8 +229,7 @@ class Client {
   absl::Status PostFastCall(fast_channel::CallKind kind,
                             absl::Span<const int64_t> in0,
                             absl::Span<const int64_t> in1,
-                            absl::Span<const int64_t> in2,
-                            uint32_t option_bits,
+                            absl::Span<const int64_t> in2, uint32_t option_bits,
                             absl::Span<const int64_t> free_first = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // The answered call's whole-call status (observed for session loss).

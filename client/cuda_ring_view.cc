@@ -63,15 +63,15 @@ class EventCache {
     auto it = events_.find(handle);
     if (it != events_.end()) return it->second;
     if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cuda_ipc_event_handle is %d bytes; expected %d", handle.size(),
-          sizeof(cudaIpcEventHandle_t)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cuda_ipc_event_handle is %d bytes; expected %d",
+                          handle.size(), sizeof(cudaIpcEventHandle_t)));
     }
     cudaIpcEventHandle_t ipc;
     std::memcpy(&ipc, handle.data(), sizeof(ipc));
     cudaEvent_t event;
-    RETURN_IF_ERROR(
-        CudaStatus(cudaIpcOpenEventHandle(&event, ipc), "cudaIpcOpenEventHandle"));
+    RETURN_IF_ERROR(CudaStatus(cudaIpcOpenEventHandle(&event, ipc),
+                               "cudaIpcOpenEventHandle"));
     events_[handle] = event;
     return event;
   }
@@ -102,8 +102,7 @@ absl::StatusOr<std::unique_ptr<RingView>> MapCudaIpcRing(
       device, static_cast<const int64_t*>(slots), ring.capacity_slots());
 }
 
-absl::Status WaitForDaemonEvent(const std::string& event_handle,
-                                void* stream) {
+absl::Status WaitForDaemonEvent(const std::string& event_handle, void* stream) {
   static EventCache* const events = new EventCache();
   ASSIGN_OR_RETURN(cudaEvent_t event, events->Open(event_handle));
   return CudaStatus(

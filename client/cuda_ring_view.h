@@ -22,8 +22,7 @@ absl::StatusOr<std::unique_ptr<RingView>> MapCudaIpcRing(
 // Makes `stream` (a cudaStream_t) wait for the daemon's latest completion
 // event, for calls made with async_completion. `event_handle` is
 // OutputRing.cuda_ipc_event_handle; the event is opened once per process.
-absl::Status WaitForDaemonEvent(const std::string& event_handle,
-                                void* stream);
+absl::Status WaitForDaemonEvent(const std::string& event_handle, void* stream);
 
 }  // namespace pagealloc
 

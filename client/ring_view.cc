@@ -53,9 +53,9 @@ absl::StatusOr<std::unique_ptr<RingView>> MapShmRing(
   const size_t bytes = ring.capacity_slots() * sizeof(int64_t);
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
     close(fd);
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "output ring %s is smaller than its %d slots", ring.shm_name(),
-        ring.capacity_slots()));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("output ring %s is smaller than its %d slots",
+                        ring.shm_name(), ring.capacity_slots()));
   }
   void* base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   const int error = errno;
@@ -84,8 +84,8 @@ absl::StatusOr<std::unique_ptr<RingView>> MapRing(const v1::PoolInfo& pool,
           "without CUDA");
 #endif
     default:
-      return absl::InvalidArgumentError(
-          absl::StrFormat("unknown backend %d", static_cast<int>(pool.backend())));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "unknown backend %d", static_cast<int>(pool.backend())));
   }
 }
 

@@ -1,11 +1,10 @@
 // Launchers and instantiations of the expand kernels.
 
-#include "kernels/alloc_kernels.h"
-
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/alloc_kernels.cuh"
+#include "kernels/alloc_kernels.h"
 
 namespace pagealloc {
 namespace {
@@ -26,8 +25,8 @@ cudaError_t Launch(const ExpandParams& params, int page_shift,
         <<<static_cast<unsigned>(Blocks(params.num_slots)), kExpandThreads, 0,
            stream>>>(params, page_shift);
   } else {
-    constexpr int kPerThread = kPow2PageSize ? kManySlotsPerThread
-                                             : kManySlotsPerThreadAnyPageSize;
+    constexpr int kPerThread =
+        kPow2PageSize ? kManySlotsPerThread : kManySlotsPerThreadAnyPageSize;
     ExpandTileKernel<kPow2PageSize, kPerThread>
         <<<static_cast<unsigned>(
                Blocks((params.num_slots + kPerThread - 1) / kPerThread)),
@@ -76,8 +75,7 @@ static_assert(offsetof(InlineExpandParams<kInlineTierWords[0]>, words) ==
 
 cudaError_t LaunchExpandPlan(const ExpandParams& params, cudaStream_t stream) {
   if (params.num_slots == 0) return cudaSuccess;
-  const bool per_request =
-      UsesPerRequestKernel(params.max_request_slots);
+  const bool per_request = UsesPerRequestKernel(params.max_request_slots);
   if (params.num_slots < 0 || params.num_requests < 1 ||
       params.num_requests > params.num_slots || params.page_size < 1 ||
       params.ring_capacity < 1 || params.max_request_slots < 1 ||
@@ -120,9 +118,9 @@ cudaError_t LaunchExpandInlinePlan(const MaxInlineExpandParams& params,
                            ? InlineKernel<kInlineTierWords[0]>(h, &blocks)
                            : InlineKernel<kInlineTierWords[1]>(h, &blocks);
   void* args[] = {const_cast<MaxInlineExpandParams*>(&params)};
-  const cudaError_t launched = cudaLaunchKernel(
-      kernel, dim3(static_cast<unsigned>(blocks)), dim3(kExpandThreads), args,
-      0, stream);
+  const cudaError_t launched =
+      cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)),
+                       dim3(kExpandThreads), args, 0, stream);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }

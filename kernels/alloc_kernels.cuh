@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
 template <bool kPow2PageSize, int kSlotsPerThread>
 __global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
     ExpandTileKernel(const ExpandParams params,  // arrays on device
-                     int page_shift) {  // log2(page_size) if kPow2
+                     int page_shift) {           // log2(page_size) if kPow2
   ExpandTileThread<kPow2PageSize, kSlotsPerThread>(
       UploadedPlan(params), page_shift, blockIdx.x,
       static_cast<int>(threadIdx.x));

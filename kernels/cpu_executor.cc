@@ -41,12 +41,11 @@ absl::Status CpuExecutor::InitFreeRing(int64_t capacity) {
 
 absl::Status CpuExecutor::WriteFreeRing(int64_t position,
                                         absl::Span<const int64_t> pages) {
-  if (position < 0 ||
-      position + static_cast<int64_t>(pages.size()) >
-          static_cast<int64_t>(ring_.size())) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "free ring write [%d, %d) outside capacity %d", position,
-        position + pages.size(), ring_.size()));
+  if (position < 0 || position + static_cast<int64_t>(pages.size()) >
+                          static_cast<int64_t>(ring_.size())) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("free ring write [%d, %d) outside capacity %d",
+                        position, position + pages.size(), ring_.size()));
   }
   std::copy(pages.begin(), pages.end(), ring_.begin() + position);
   return absl::OkStatus();
@@ -54,9 +53,9 @@ absl::Status CpuExecutor::WriteFreeRing(int64_t position,
 
 absl::Status CpuExecutor::Execute(const BatchPlan& plan) {
   if (plan.free_ring_capacity != static_cast<int64_t>(ring_.size())) {
-    return absl::InternalError(absl::StrFormat(
-        "plan ring capacity %d differs from the executor's %d",
-        plan.free_ring_capacity, ring_.size()));
+    return absl::InternalError(
+        absl::StrFormat("plan ring capacity %d differs from the executor's %d",
+                        plan.free_ring_capacity, ring_.size()));
   }
   for (const PlannedRequest& request : plan.requests) {
     ExpandRequest(request, plan.page_size, ring_.data(), ring_.size(),

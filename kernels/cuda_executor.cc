@@ -98,11 +98,11 @@ absl::StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(
 
 absl::Status CudaExecutor::Init() {
   RETURN_IF_ERROR(SelectDevice());
-  RETURN_IF_ERROR(CudaStatus(
-      cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-      "cudaStreamCreateWithFlags"));
-  const int64_t plan_bytes = MaxPackedPlanBytes(
-      options_.max_requests_per_batch, options_.max_slots_per_batch);
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                 "cudaStreamCreateWithFlags"));
+  const int64_t plan_bytes = MaxPackedPlanBytes(options_.max_requests_per_batch,
+                                                options_.max_slots_per_batch);
   plan_staging_words_ = plan_bytes / static_cast<int64_t>(sizeof(int64_t));
   const int64_t ring_bytes =
       options_.max_pages_per_ring_write * static_cast<int64_t>(sizeof(int64_t));
@@ -121,8 +121,8 @@ absl::Status CudaExecutor::Init() {
           "cudaEventCreateWithFlags"));
     }
   }
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&device_plan_, plan_bytes),
-                             "cudaMalloc (plan)"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(&device_plan_, plan_bytes), "cudaMalloc (plan)"));
   inline_plan_ = std::make_unique<MaxInlineExpandParams>();
   return absl::OkStatus();
 }
@@ -180,10 +180,10 @@ absl::Status CudaExecutor::InitFreeRing(int64_t capacity) {
         ring_capacity_, capacity));
   }
   RETURN_IF_ERROR(SelectDevice());
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMalloc(reinterpret_cast<void**>(&device_ring_), capacity * static_cast<int64_t>(
-                                               sizeof(int64_t))),
-      "cudaMalloc (free ring)"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(reinterpret_cast<void**>(&device_ring_),
+                            capacity * static_cast<int64_t>(sizeof(int64_t))),
+                 "cudaMalloc (free ring)"));
   ring_capacity_ = capacity;
   return absl::OkStatus();
 }
@@ -222,9 +222,9 @@ absl::Status CudaExecutor::Execute(const BatchPlan& plan) {
   }
   if (static_cast<int64_t>(plan.requests.size()) >
       options_.max_requests_per_batch) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "plan has %d requests; max_requests_per_batch is %d",
-        plan.requests.size(), options_.max_requests_per_batch));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("plan has %d requests; max_requests_per_batch is %d",
+                        plan.requests.size(), options_.max_requests_per_batch));
   }
   if (plan.num_slots > options_.max_slots_per_batch) {
     return absl::InvalidArgumentError(
@@ -236,28 +236,26 @@ absl::Status CudaExecutor::Execute(const BatchPlan& plan) {
   if (options_.inline_plans) {
     // Small plans travel in the launch itself: no staging buffer to wait
     // for, no copy, and the kernel reads them through the constant cache.
-    ASSIGN_OR_RETURN(const bool packed_inline,
-                     PackInlinePlan(plan, ring_capacity_, device_ring_,
-                                    inline_plan_.get()));
+    ASSIGN_OR_RETURN(
+        const bool packed_inline,
+        PackInlinePlan(plan, ring_capacity_, device_ring_, inline_plan_.get()));
     if (packed_inline) {
-      RETURN_IF_ERROR(CudaStatus(
-          LaunchExpandInlinePlan(*inline_plan_, stream_),
-          "LaunchExpandInlinePlan"));
+      RETURN_IF_ERROR(CudaStatus(LaunchExpandInlinePlan(*inline_plan_, stream_),
+                                 "LaunchExpandInlinePlan"));
       return MaybeDebugSync("expand kernel (debug sync)");
     }
   }
   ASSIGN_OR_RETURN(Staging * staging,
                    AcquireStaging(plan_staging_, next_plan_staging_));
-  ASSIGN_OR_RETURN(
-      const PackedPlan packed,
-      PackPlan(plan, ring_capacity_,
-               absl::MakeSpan(static_cast<int64_t*>(staging->host),
-                              plan_staging_words_)));
+  ASSIGN_OR_RETURN(const PackedPlan packed,
+                   PackPlan(plan, ring_capacity_,
+                            absl::MakeSpan(static_cast<int64_t*>(staging->host),
+                                           plan_staging_words_)));
   if (packed.num_requests == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(device_plan_, staging->host, packed.bytes,
-                      cudaMemcpyHostToDevice, stream_),
-      "cudaMemcpyAsync (plan)"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(device_plan_, staging->host, packed.bytes,
+                                 cudaMemcpyHostToDevice, stream_),
+                 "cudaMemcpyAsync (plan)"));
   RETURN_IF_ERROR(ReleaseStaging(*staging));
   const ExpandParams params = MakeExpandParams(
       packed, device_plan_, device_ring_, ring_capacity_, plan.page_size);
@@ -275,11 +273,10 @@ absl::StatusOr<std::vector<int64_t>> CudaExecutor::ReadFreeRing() {
   RETURN_IF_ERROR(SelectDevice());
   std::vector<int64_t> ring(ring_capacity_);
   if (ring_capacity_ == 0) return ring;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(ring.data(), device_ring_,
-                      ring_capacity_ * sizeof(int64_t),
-                      cudaMemcpyDeviceToHost, stream_),
-      "cudaMemcpyAsync (read free ring)"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(ring.data(), device_ring_,
+                                             ring_capacity_ * sizeof(int64_t),
+                                             cudaMemcpyDeviceToHost, stream_),
+                             "cudaMemcpyAsync (read free ring)"));
   RETURN_IF_ERROR(Synchronize());
   return ring;
 }

@@ -2,8 +2,9 @@
 // mirror of the pool's free ring, updated on its one stream in the order the
 // pool writes it, so a kernel never waits for the host's list; Execute packs
 // a small plan into the kernel's parameters, or a larger one into pinned
-// staging uploaded with one async copy, and expands it with one kernel launch (kernels/alloc_kernels.h) into each request's own
-// destination (device pointers).
+// staging uploaded with one async copy, and expands it with one kernel launch
+// (kernels/alloc_kernels.h) into each request's own destination (device
+// pointers).
 //
 // Everything is issued on one CUDA stream, in call order, and is
 // asynchronous: slots are in their destinations once Synchronize() returns
@@ -18,11 +19,11 @@
 #ifndef PAGEALLOC_KERNELS_CUDA_EXECUTOR_H_
 #define PAGEALLOC_KERNELS_CUDA_EXECUTOR_H_
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <memory>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

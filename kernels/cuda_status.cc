@@ -19,7 +19,8 @@ absl::Status CudaStatus(cudaError_t error, const char* what) {
 std::string FormatCudaUuid(const cudaUUID_t& uuid) {
   const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
   return absl::StrFormat(
-      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%"
+      "02x",
       b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
       b[12], b[13], b[14], b[15]);
 }

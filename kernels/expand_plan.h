@@ -5,7 +5,8 @@
 //
 // A small batch plan is packed into the kernel's parameters (InlinePlanHeader
 // below). A larger one is packed on the host (kernels/plan_packing.h) into
-// one uploaded block of struct-of-arrays, one entry per request that writes at least one slot:
+// one uploaded block of struct-of-arrays, one entry per request that writes at
+// least one slot:
 //   slot_begin[r]     first slot index of request r within the batch
 //                     (an exclusive prefix sum; slot_begin[n] = num_slots)
 //   partial_slots[r]  slots that continue the prefix's partial last page
@@ -14,14 +15,15 @@
 //   destination[r]    where request r's slots go
 // plus, for the tiled kernel, tile_first_request[m]: the request that holds
 // batch slot m * kExpandTileSlots (and a last entry, the last request).
-// Requests with no slots are dropped while packing, so every packed request owns at least one slot and a tile of
-// kExpandTileSlots slots spans at most kExpandTileSlots + 1 requests.
+// Requests with no slots are dropped while packing, so every packed request
+// owns at least one slot and a tile of kExpandTileSlots slots spans at most
+// kExpandTileSlots + 1 requests.
 
 #ifndef PAGEALLOC_KERNELS_EXPAND_PLAN_H_
 #define PAGEALLOC_KERNELS_EXPAND_PLAN_H_
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #define PAGEALLOC_HOST_DEVICE __host__ __device__ __forceinline__
@@ -38,8 +40,8 @@ inline constexpr int64_t kExpandTileSlots = kExpandThreads;
 
 // Batches whose largest request writes at most this many slots run one
 // thread per request (decode, speculative drafts, small mixed batches):
-// the request's fields, then its pages, then the stores; no search. Larger ones run tiles
-// of slots, one thread per slot.
+// the request's fields, then its pages, then the stores; no search. Larger ones
+// run tiles of slots, one thread per slot.
 inline constexpr int64_t kPerRequestMaxSlots = 16;
 
 // Returns whether the per-request kernel (not the tiled one) expands a
@@ -65,7 +67,7 @@ inline constexpr int TileSlotsPerThread(int64_t num_slots,
                                         bool pow2_page_size) {
   return num_slots <= kOneSlotPerThreadMaxSlots ? 1
          : pow2_page_size                       ? kManySlotsPerThread
-                                                : kManySlotsPerThreadAnyPageSize;
+                          : kManySlotsPerThreadAnyPageSize;
 }
 
 struct ExpandParams {
@@ -78,11 +80,11 @@ struct ExpandParams {
   // [ceil(num_slots / kExpandTileSlots) + 1]; the last entry is
   // num_requests - 1. Read by the tiled kernel only.
   const int64_t* tile_first_request;
-  const int64_t* free_ring;  // [ring_capacity]: the device mirror
-  int64_t ring_capacity;     // >= 1
-  int64_t page_size;         // >= 1
-  int64_t num_requests;      // packed requests, each with >= 1 slot
-  int64_t num_slots;         // slot_begin[num_requests]
+  const int64_t* free_ring;   // [ring_capacity]: the device mirror
+  int64_t ring_capacity;      // >= 1
+  int64_t page_size;          // >= 1
+  int64_t num_requests;       // packed requests, each with >= 1 slot
+  int64_t num_slots;          // slot_begin[num_requests]
   int64_t max_request_slots;  // the largest request's slot count
 };
 
@@ -113,16 +115,16 @@ inline constexpr int64_t kInlineDecode = 1;
 inline constexpr int64_t kInlineGeneral = 2;
 
 struct InlinePlanHeader {
-  const int64_t* free_ring;  // [ring_capacity]: the device mirror
-  int64_t ring_capacity;     // in [1, 2^31)
-  int64_t page_size;         // in [1, 2^31)
-  int64_t page_shift;        // log2(page_size), or -1 if not a power of two
-  int64_t num_requests;      // packed requests, each with >= 1 slot
-  int64_t num_slots;         // in [num_requests, 2^31)
+  const int64_t* free_ring;   // [ring_capacity]: the device mirror
+  int64_t ring_capacity;      // in [1, 2^31)
+  int64_t page_size;          // in [1, 2^31)
+  int64_t page_shift;         // log2(page_size), or -1 if not a power of two
+  int64_t num_requests;       // packed requests, each with >= 1 slot
+  int64_t num_slots;          // in [num_requests, 2^31)
   int64_t max_request_slots;  // the largest request's slot count
-  int64_t kind;              // kInlineDecode or kInlineGeneral
-  int64_t narrow_base;       // first word of the 32-bit values (general)
-  int64_t words_used;        // words of `words` the plan fills
+  int64_t kind;               // kInlineDecode or kInlineGeneral
+  int64_t narrow_base;        // first word of the 32-bit values (general)
+  int64_t words_used;         // words of `words` the plan fills
 };
 
 template <int kWords>
@@ -165,11 +167,8 @@ inline constexpr int64_t InlineDecodeWords(int64_t n) { return 2 * n; }
 // The thread bodies below are templates over these two.
 class UploadedPlan {
  public:
-  PAGEALLOC_HOST_DEVICE explicit UploadedPlan(const ExpandParams& p)
-      : p_(p) {}
-  PAGEALLOC_HOST_DEVICE int64_t num_requests() const {
-    return p_.num_requests;
-  }
+  PAGEALLOC_HOST_DEVICE explicit UploadedPlan(const ExpandParams& p) : p_(p) {}
+  PAGEALLOC_HOST_DEVICE int64_t num_requests() const { return p_.num_requests; }
   PAGEALLOC_HOST_DEVICE int64_t num_slots() const { return p_.num_slots; }
   PAGEALLOC_HOST_DEVICE int64_t slot_begin(int64_t r) const {
     return p_.slot_begin[r];
@@ -214,8 +213,7 @@ class UploadedPlan {
 template <int kWords>
 class InlinePlan {
  public:
-  PAGEALLOC_HOST_DEVICE explicit InlinePlan(
-      const InlineExpandParams<kWords>& p)
+  PAGEALLOC_HOST_DEVICE explicit InlinePlan(const InlineExpandParams<kWords>& p)
       : p_(p) {}
   PAGEALLOC_HOST_DEVICE int64_t num_requests() const {
     return p_.header.num_requests;
@@ -293,9 +291,8 @@ PAGEALLOC_HOST_DEVICE int64_t FindRequest(const Plan& plan, int64_t lo,
 template <bool kPow2PageSize>
 PAGEALLOC_HOST_DEVICE void LocateSlot(int64_t u, int64_t partial_slots,
                                       int64_t first_slot, int64_t ring_start,
-                                      int64_t ring_capacity,
-                                      int64_t page_size, int page_shift,
-                                      int64_t* ring_position,
+                                      int64_t ring_capacity, int64_t page_size,
+                                      int page_shift, int64_t* ring_position,
                                       int64_t* value) {
   if (u < partial_slots) {
     *ring_position = -1;
@@ -327,8 +324,8 @@ PAGEALLOC_HOST_DEVICE void LocateSlot(int64_t u, int64_t partial_slots,
 // compiler cannot tell apart from the ring would otherwise wait for it, one
 // ring read per slot instead of one trip per request.
 template <bool kPow2PageSize, class Plan>
-PAGEALLOC_HOST_DEVICE void ExpandRequestThread(const Plan& plan,
-                                               int page_shift, int64_t r) {
+PAGEALLOC_HOST_DEVICE void ExpandRequestThread(const Plan& plan, int page_shift,
+                                               int64_t r) {
   if (r >= plan.num_requests()) return;
   const int64_t begin = plan.slot_begin(r);
   const int64_t num_slots = plan.slot_begin(r + 1) - begin;
@@ -354,11 +351,9 @@ PAGEALLOC_HOST_DEVICE void ExpandRequestThread(const Plan& plan,
                               capacity, page_size, page_shift, &position,
                               &value);
     if (position >= 0) {
-      const int64_t page =
-          kPow2PageSize ? (u - partial_slots) >> page_shift
-                        : (u - partial_slots) / page_size;
-      const int64_t id =
-          page == 0 ? page0 : page == 1 ? page1 : ring[position];
+      const int64_t page = kPow2PageSize ? (u - partial_slots) >> page_shift
+                                         : (u - partial_slots) / page_size;
+      const int64_t id = page == 0 ? page0 : page == 1 ? page1 : ring[position];
       value += id * page_size;
     }
     out[u] = value;
@@ -403,8 +398,7 @@ PAGEALLOC_HOST_DEVICE void ExpandTileThread(const Plan& plan, int page_shift,
   const int64_t num_slots = plan.num_slots();
   const int64_t tile_begin = block * kTileSlots;
   const int64_t tile_end =
-      tile_begin + kTileSlots < num_slots ? tile_begin + kTileSlots
-                                          : num_slots;
+      tile_begin + kTileSlots < num_slots ? tile_begin + kTileSlots : num_slots;
   int64_t lo;
   int64_t hi;
   plan.TileRequests(block, kSlotsPerThread, &lo, &hi);
@@ -418,8 +412,8 @@ PAGEALLOC_HOST_DEVICE void ExpandTileThread(const Plan& plan, int page_shift,
   int64_t partial_slots = 0;
   int64_t first_slot = 0;
   int64_t ring_start = 0;
-  int64_t word[kSlotsPerThread];    // page id, or the value itself
-  int32_t offset[kSlotsPerThread];  // offset in the page; -1: word is it
+  int64_t word[kSlotsPerThread];     // page id, or the value itself
+  int32_t offset[kSlotsPerThread];   // offset in the page; -1: word is it
   int32_t request[kSlotsPerThread];  // -1: no slot
 #if defined(__CUDA_ARCH__)
 #pragma unroll

@@ -70,16 +70,15 @@ absl::StatusOr<PackedPlan> ValidatePlan(const BatchPlan& plan,
     }
     if (request.output_offset != slots) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "plan requests[%d].output_offset (%d) != the slots before it (%d)",
-          k, request.output_offset, slots));
+          "plan requests[%d].output_offset (%d) != the slots before it (%d)", k,
+          request.output_offset, slots));
     }
     const int64_t num_slots = request.seq_len - request.prefix_len;
     slots += num_slots;
     if (num_slots == 0) continue;
     if (request.destination == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "plan requests[%d] has %d slots and no destination", k,
-          num_slots));
+          "plan requests[%d] has %d slots and no destination", k, num_slots));
     }
     const ExtendShape shape{request.prefix_len, request.seq_len,
                             request.last_loc};
@@ -96,9 +95,9 @@ absl::StatusOr<PackedPlan> ValidatePlan(const BatchPlan& plan,
     packed.max_request_slots = std::max(packed.max_request_slots, num_slots);
   }
   if (slots != plan.num_slots) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "plan num_slots (%d) != the requests' slots (%d)", plan.num_slots,
-        slots));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("plan num_slots (%d) != the requests' slots (%d)",
+                        plan.num_slots, slots));
   }
   packed.num_slots = slots;
   return packed;
@@ -133,7 +132,8 @@ absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
 
   // Pass 2: fill the arrays.
   int64_t* const slot_begin = block.data();
-  int64_t* const partial_slots = slot_begin + packed.partial_slots_offset / kWord;
+  int64_t* const partial_slots =
+      slot_begin + packed.partial_slots_offset / kWord;
   int64_t* const first_slot = slot_begin + packed.first_slot_offset / kWord;
   int64_t* const ring_start = slot_begin + packed.ring_start_offset / kWord;
   // Destinations are stored with memcpy: the block's words are int64_t.
@@ -147,12 +147,10 @@ absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
     if (num_slots == 0) continue;
     slot_begin[r] = request.output_offset;
     partial_slots[r] = PartialPageSlots(
-        ExtendShape{request.prefix_len, request.seq_len, request.last_loc},
-        ps);
+        ExtendShape{request.prefix_len, request.seq_len, request.last_loc}, ps);
     first_slot[r] = request.last_loc + 1;
-    ring_start[r] =
-        ModNonNegative(plan.free_ring_head + request.first_new_page,
-                       ring_capacity);
+    ring_start[r] = ModNonNegative(plan.free_ring_head + request.first_new_page,
+                                   ring_capacity);
     std::memcpy(&destination[r], &request.destination, kWord);
     const int64_t end = request.output_offset + num_slots;
     while (next_mark * kExpandTileSlots < end) {
@@ -210,11 +208,10 @@ absl::StatusOr<bool> PackInlinePlan(const BatchPlan& plan,
     const int64_t partial = PartialPageSlots(
         ExtendShape{request.prefix_len, request.seq_len, request.last_loc},
         plan.page_size);
-    const int64_t ring_start =
-        ModNonNegative(plan.free_ring_head + request.first_new_page,
-                       ring_capacity);
-    w[n + r] = static_cast<int64_t>(
-        reinterpret_cast<uintptr_t>(request.destination));
+    const int64_t ring_start = ModNonNegative(
+        plan.free_ring_head + request.first_new_page, ring_capacity);
+    w[n + r] =
+        static_cast<int64_t>(reinterpret_cast<uintptr_t>(request.destination));
     if (decode) {
       // One slot: the prefix page's next slot, or the start of a new page.
       w[r] = partial > 0 ? request.last_loc + 1 : -(ring_start + 1);
@@ -232,8 +229,8 @@ absl::StatusOr<bool> PackInlinePlan(const BatchPlan& plan,
 
 ExpandParams MakeExpandParams(const PackedPlan& packed,
                               const void* device_block,
-                              const int64_t* free_ring,
-                              int64_t ring_capacity, int64_t page_size) {
+                              const int64_t* free_ring, int64_t ring_capacity,
+                              int64_t page_size) {
   const char* base = static_cast<const char*>(device_block);
   ExpandParams params;
   params.slot_begin =
@@ -246,8 +243,8 @@ ExpandParams MakeExpandParams(const PackedPlan& packed,
       reinterpret_cast<const int64_t*>(base + packed.ring_start_offset);
   params.destination =
       reinterpret_cast<int64_t* const*>(base + packed.destination_offset);
-  params.tile_first_request = reinterpret_cast<const int64_t*>(
-      base + packed.tile_first_request_offset);
+  params.tile_first_request =
+      reinterpret_cast<const int64_t*>(base + packed.tile_first_request_offset);
   params.free_ring = free_ring;
   params.ring_capacity = ring_capacity;
   params.page_size = page_size;

@@ -69,8 +69,8 @@ absl::StatusOr<bool> PackInlinePlan(const BatchPlan& plan,
 // `device_block`, reading pages from `free_ring`.
 ExpandParams MakeExpandParams(const PackedPlan& packed,
                               const void* device_block,
-                              const int64_t* free_ring,
-                              int64_t ring_capacity, int64_t page_size);
+                              const int64_t* free_ring, int64_t ring_capacity,
+                              int64_t page_size);
 
 }  // namespace pagealloc
 

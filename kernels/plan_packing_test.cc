@@ -128,8 +128,8 @@ class PlanPackingTest : public ::testing::Test {
       std::vector<int64_t> inline_actual(batch.output_words, kPoison);
       BindDestinations(batch, inline_actual.data());
       ASSERT_OK_AND_ASSIGN(const bool fits,
-                           PackInlinePlan(batch.plan, ring.size(),
-                                          ring.data(), inline_params_.get()));
+                           PackInlinePlan(batch.plan, ring.size(), ring.data(),
+                                          inline_params_.get()));
       if (!fits) continue;
       ++inline_runs_;
       const InlinePlanHeader& header = inline_params_->header;
@@ -212,8 +212,8 @@ TEST_F(PlanPackingTest, InlinePlansStayWithinTheirKernelsLimit) {
     for (int64_t i = 0; i < n; ++i) {
       // Every other decode starts a page.
       const int64_t prefix = i % 2 == 0 ? 32 : 33;
-      plan.requests.push_back({prefix, prefix + 1, 16 * (500 + i) + 15 -
-                                                       (i % 2 == 0 ? 0 : 15),
+      plan.requests.push_back({prefix, prefix + 1,
+                               16 * (500 + i) + 15 - (i % 2 == 0 ? 0 : 15),
                                plan.num_new_pages, i, out.data() + i});
       plan.num_new_pages += i % 2 == 0 ? 1 : 0;
       ++plan.num_slots;
@@ -258,12 +258,11 @@ TEST_F(PlanPackingTest, PagesWrapAroundTheRingEnd) {
   std::vector<int64_t> block(MaxPackedPlanBytes(1, 10) / 8);
   ASSERT_OK_AND_ASSIGN(const PackedPlan packed,
                        PackPlan(plan, 4, absl::MakeSpan(block)));
-  EmulateLaunch<true>(
-      MakeExpandParams(packed, block.data(), ring.data(), 4, 4),
-      Variant::kTile1, 2);
+  EmulateLaunch<true>(MakeExpandParams(packed, block.data(), ring.data(), 4, 4),
+                      Variant::kTile1, 2);
   // 2 slots finish page 6, then pages ring[3] = 7, ring[0] = 5.
-  EXPECT_EQ(out, (std::vector<int64_t>{26, 27, 28, 29, 30, 31, 20, 21, 22,
-                                       23}));
+  EXPECT_EQ(out,
+            (std::vector<int64_t>{26, 27, 28, 29, 30, 31, 20, 21, 22, 23}));
 }
 
 TEST_F(PlanPackingTest, RequestsWithoutSlotsAreLeftOut) {
@@ -348,9 +347,9 @@ TEST_F(PlanPackingTest, RejectsInconsistentPlans) {
                                    HasSubstr("page_size (0)")));
 
   std::vector<int64_t> small(MaxPackedPlanBytes(2, 40) / 8 - 1);
-  EXPECT_THAT(PackPlan(make(), 8, absl::MakeSpan(small)).status(),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("needs")));
+  EXPECT_THAT(
+      PackPlan(make(), 8, absl::MakeSpan(small)).status(),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("needs")));
 }
 
 TEST_F(PlanPackingTest, TileMarksNameTheRequestOfEveryTilesFirstSlot) {

@@ -43,8 +43,8 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
     const std::string& name, size_t bytes, int mode) {
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, mode);
   if (fd < 0) {
-    return absl::InternalError(absl::StrFormat("shm_open(%s) failed: %s", name,
-                                               std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrFormat("shm_open(%s) failed: %s", name, std::strerror(errno)));
   }
   // shm_open applies the umask; the mode is what the operator asked for.
   fchmod(fd, mode);
@@ -52,9 +52,9 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
     const int error = errno;
     close(fd);
     shm_unlink(name.c_str());
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "sizing shared memory %s to %d bytes failed: %s", name, bytes,
-        std::strerror(error)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("sizing shared memory %s to %d bytes failed: %s", name,
+                        bytes, std::strerror(error)));
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int error = errno;
@@ -73,9 +73,9 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
     const std::string& name, size_t min_bytes) {
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot open the fast channel's shared memory %s: %s", name,
-        std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrFormat("cannot open the fast channel's shared memory %s: %s",
+                        name, std::strerror(errno)));
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < min_bytes) {

@@ -68,9 +68,7 @@ inline bool IsKnownKind(uint32_t kind) {
 }
 // Free, Checkpoint, Rollback: answered with op_value, not per-request
 // results.
-inline bool IsOperation(CallKind kind) {
-  return kind >= CallKind::kFreeSlots;
-}
+inline bool IsOperation(CallKind kind) { return kind >= CallKind::kFreeSlots; }
 
 // One spin-wait step (the x86 PAUSE hint): for the loops that poll the
 // channel, the doorbell or the batcher's queue.
@@ -130,11 +128,11 @@ struct alignas(64) ChannelHeader {
 // Byte offsets of a channel's parts, from its capacity.
 struct ChannelLayout {
   explicit ChannelLayout(int32_t max_requests, int32_t message_bytes);
-  size_t in0, in1, in2;                          // int64[max_requests] each
-  size_t free_first;                             // int64[max_requests]
-  size_t codes;                                  // int32[max_requests]
-  size_t ring_offsets, counts, new_pages;        // int64[max_requests] each
-  size_t messages;                               // char[message_bytes]
+  size_t in0, in1, in2;                    // int64[max_requests] each
+  size_t free_first;                       // int64[max_requests]
+  size_t codes;                            // int32[max_requests]
+  size_t ring_offsets, counts, new_pages;  // int64[max_requests] each
+  size_t messages;                         // char[message_bytes]
   size_t total_bytes;
 };
 

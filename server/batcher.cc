@@ -10,8 +10,9 @@
 
 namespace pagealloc {
 
-absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(
-    const Options& options, PagePool* pool, Backend* backend) {
+absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(const Options& options,
+                                                         PagePool* pool,
+                                                         Backend* backend) {
   if (options.max_batch_requests < 1 || options.max_batch_tokens < 1) {
     return absl::InvalidArgumentError(
         "max_batch_requests and max_batch_tokens must be >= 1");
@@ -196,8 +197,7 @@ void Batcher::TakeBatch(std::vector<Work>* batch) {
   }
   if (TracksActiveSessions()) {
     // Forget sessions that have gone quiet.
-    const absl::Time quiet_since =
-        absl::Now() - options_.active_session_window;
+    const absl::Time quiet_since = absl::Now() - options_.active_session_window;
     absl::erase_if(last_alloc_, [quiet_since](const auto& entry) {
       return entry.second < quiet_since;
     });
@@ -323,8 +323,7 @@ void Batcher::Launch(std::vector<Work>* pending) {
         scratch_used += ToExtendShape(request).num_slots();
       }
     }
-    requests.insert(requests.end(), call.requests.begin(),
-                    call.requests.end());
+    requests.insert(requests.end(), call.requests.begin(), call.requests.end());
   }
   std::vector<AllocResult>& results = launch_results_;
   pool_->Allocate(requests, &results);
@@ -338,8 +337,8 @@ void Batcher::Launch(std::vector<Work>* pending) {
     launch.batch_slots += result.status.ok() ? result.num_slots : 0;
   }
   for (Work& work : *pending) {
-    any_sync = any_sync || !work.alloc->async_completion ||
-               work.alloc->return_inline;
+    any_sync =
+        any_sync || !work.alloc->async_completion || work.alloc->return_inline;
   }
   {
     absl::MutexLock lock(&mu_);

@@ -52,8 +52,8 @@ struct LaunchInfo {
   uint64_t launch_id = 0;
   int32_t batch_requests = 0;  // requests in the launch, all calls together
   int64_t batch_slots = 0;
-  absl::Duration queue_wait;   // this call's wait before the launch began
-  absl::Duration execute_time; // plan + launch (+ wait, in sync mode)
+  absl::Duration queue_wait;    // this call's wait before the launch began
+  absl::Duration execute_time;  // plan + launch (+ wait, in sync mode)
 };
 
 // One allocation call of one session.
@@ -114,8 +114,9 @@ class Batcher {
 
   // `pool` and `backend` must outlive the batcher. Creates the scratch
   // buffer for inline results (max_batch_tokens slots).
-  static absl::StatusOr<std::unique_ptr<Batcher>> Create(
-      const Options& options, PagePool* pool, Backend* backend);
+  static absl::StatusOr<std::unique_ptr<Batcher>> Create(const Options& options,
+                                                         PagePool* pool,
+                                                         Backend* backend);
 
   // What the batcher has recorded about its launches.
   const BatcherMetrics& metrics() const { return metrics_; }

@@ -23,25 +23,26 @@ class ShmRing final : public RingMemory {
     // 0660: the daemon's group (the schedulers') may map the ring.
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0660);
     if (fd < 0) {
-      return absl::InternalError(absl::StrFormat(
-          "shm_open(%s) failed: %s", name, std::strerror(errno)));
+      return absl::InternalError(absl::StrFormat("shm_open(%s) failed: %s",
+                                                 name, std::strerror(errno)));
     }
     const size_t bytes = capacity * sizeof(int64_t);
     if (ftruncate(fd, bytes) != 0) {
       const int error = errno;
       close(fd);
       shm_unlink(name.c_str());
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "sizing shared memory %s to %d bytes failed: %s", name, bytes,
-          std::strerror(error)));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("sizing shared memory %s to %d bytes failed: %s",
+                          name, bytes, std::strerror(error)));
     }
-    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* base =
+        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int error = errno;
     close(fd);
     if (base == MAP_FAILED) {
       shm_unlink(name.c_str());
-      return absl::InternalError(absl::StrFormat(
-          "mmap of %s failed: %s", name, std::strerror(error)));
+      return absl::InternalError(
+          absl::StrFormat("mmap of %s failed: %s", name, std::strerror(error)));
     }
     return std::unique_ptr<ShmRing>(
         new ShmRing(std::move(name), static_cast<int64_t*>(base), capacity));
@@ -81,8 +82,8 @@ class CpuBackend final : public Backend {
     // A random tag keeps a restarted daemon from colliding with rings a
     // crashed one left behind.
     std::random_device random;
-    const std::string name = absl::StrFormat(
-        "%s.%d.%08x", shm_prefix_, session_id, random());
+    const std::string name =
+        absl::StrFormat("%s.%d.%08x", shm_prefix_, session_id, random());
     return ShmRing::Create(name, capacity_slots);
   }
 

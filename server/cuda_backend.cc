@@ -15,8 +15,8 @@ namespace {
 
 class CudaRing final : public RingMemory {
  public:
-  CudaRing(int device, int64_t* slots, int64_t capacity,
-           std::string ipc_handle, std::string event_handle)
+  CudaRing(int device, int64_t* slots, int64_t capacity, std::string ipc_handle,
+           std::string event_handle)
       : device_(device),
         slots_(slots),
         capacity_(capacity),
@@ -56,22 +56,22 @@ class CudaBackend final : public Backend {
     std::unique_ptr<CudaBackend> backend(
         new CudaBackend(options.gpu, std::move(executor)));
     cudaDeviceProp properties;
-    RETURN_IF_ERROR(CudaStatus(
-        cudaGetDeviceProperties(&properties, options.gpu),
-        "cudaGetDeviceProperties"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaGetDeviceProperties(&properties, options.gpu),
+                   "cudaGetDeviceProperties"));
     backend->device_name_ = properties.name;
     backend->uuid_ = FormatCudaUuid(properties.uuid);
     // One interprocess event for the whole daemon: a client that waits on it
     // after its answer waits for its launch or a later one (stream order).
-    RETURN_IF_ERROR(CudaStatus(
-        cudaEventCreateWithFlags(&backend->completion_,
-                                 cudaEventDisableTiming |
-                                     cudaEventInterprocess),
-        "cudaEventCreateWithFlags(interprocess)"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(
+                       &backend->completion_,
+                       cudaEventDisableTiming | cudaEventInterprocess),
+                   "cudaEventCreateWithFlags(interprocess)"));
     cudaIpcEventHandle_t handle;
-    RETURN_IF_ERROR(CudaStatus(
-        cudaIpcGetEventHandle(&handle, backend->completion_),
-        "cudaIpcGetEventHandle"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaIpcGetEventHandle(&handle, backend->completion_),
+                   "cudaIpcGetEventHandle"));
     backend->event_handle_.assign(reinterpret_cast<const char*>(&handle),
                                   sizeof(handle));
     return backend;
@@ -92,9 +92,9 @@ class CudaBackend final : public Backend {
     const absl::Status allocated = CudaStatus(
         cudaMalloc(&slots, capacity_slots * sizeof(int64_t)), "cudaMalloc");
     if (!allocated.ok()) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "cannot allocate a %d-slot output ring on GPU %d: %s",
-          capacity_slots, gpu_, allocated.message()));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("cannot allocate a %d-slot output ring on GPU %d: %s",
+                          capacity_slots, gpu_, allocated.message()));
     }
     cudaIpcMemHandle_t handle;
     const absl::Status exported =
@@ -112,9 +112,9 @@ class CudaBackend final : public Backend {
   absl::Status CopyToHost(const int64_t* src, int64_t count,
                           int64_t* dst) override {
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(gpu_), "cudaSetDevice"));
-    return CudaStatus(cudaMemcpy(dst, src, count * sizeof(int64_t),
-                                 cudaMemcpyDeviceToHost),
-                      "cudaMemcpy(ring to host)");
+    return CudaStatus(
+        cudaMemcpy(dst, src, count * sizeof(int64_t), cudaMemcpyDeviceToHost),
+        "cudaMemcpy(ring to host)");
   }
 
   absl::Status CompleteLaunch(bool async) override {

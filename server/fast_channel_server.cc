@@ -190,13 +190,14 @@ absl::StatusOr<std::unique_ptr<FastChannelServer>> FastChannelServer::Create(
       new FastChannelServer(options, service, std::move(doorbell)));
 }
 
-FastChannelServer::FastChannelServer(
-    const Options& options, PageAllocatorService* service,
-    std::unique_ptr<SharedRegion> doorbell)
+FastChannelServer::FastChannelServer(const Options& options,
+                                     PageAllocatorService* service,
+                                     std::unique_ptr<SharedRegion> doorbell)
     : options_(options),
       service_(service),
       doorbell_region_(std::move(doorbell)),
-      doorbell_(static_cast<fast_channel::Doorbell*>(doorbell_region_->base())) {
+      doorbell_(
+          static_cast<fast_channel::Doorbell*>(doorbell_region_->base())) {
   for (int i = 0; i < std::max(1, options_.pollers); ++i) {
     pollers_.emplace_back([this, i] { Poll(i); });
   }
@@ -218,11 +219,10 @@ absl::Status FastChannelServer::Open(uint64_t session_id,
   const ChannelLayout layout(options_.max_requests, options_.message_bytes);
   std::random_device random;
   ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region,
-                   SharedRegion::Create(
-                       absl::StrFormat("%s.channel.%d.%08x",
-                                       options_.shm_prefix, session_id,
-                                       random()),
-                       layout.total_bytes, options_.mode));
+                   SharedRegion::Create(absl::StrFormat("%s.channel.%d.%08x",
+                                                        options_.shm_prefix,
+                                                        session_id, random()),
+                                        layout.total_bytes, options_.mode));
   auto* header = static_cast<ChannelHeader*>(region->base());
   header->magic = fast_channel::kMagic;
   header->version = fast_channel::kVersion;
@@ -275,15 +275,15 @@ bool FastChannelServer::Take(
     return false;
   }
   if (n < 0 || n > options_.max_requests) {
-    reply.Complete(absl::InvalidArgumentError(absl::StrFormat(
-        "fast channel: num_requests (%d) is outside [0, %d]", n,
-        options_.max_requests)));
+    reply.Complete(absl::InvalidArgumentError(
+        absl::StrFormat("fast channel: num_requests (%d) is outside [0, %d]", n,
+                        options_.max_requests)));
     return false;
   }
   if (num_free_first < 0 || num_free_first > options_.max_requests) {
-    reply.Complete(absl::InvalidArgumentError(absl::StrFormat(
-        "fast channel: num_free_first (%d) is outside [0, %d]",
-        num_free_first, options_.max_requests)));
+    reply.Complete(absl::InvalidArgumentError(
+        absl::StrFormat("fast channel: num_free_first (%d) is outside [0, %d]",
+                        num_free_first, options_.max_requests)));
     return false;
   }
   calls_.fetch_add(1, std::memory_order_relaxed);
@@ -293,8 +293,7 @@ bool FastChannelServer::Take(
   };
   auto copy = [&](size_t offset, google::protobuf::RepeatedField<int64_t>* to) {
     to->Resize(n, 0);
-    std::memcpy(to->mutable_data(), c.At<int64_t>(offset),
-                n * sizeof(int64_t));
+    std::memcpy(to->mutable_data(), c.At<int64_t>(offset), n * sizeof(int64_t));
   };
   // An allocation call: its arrays copied out of shared memory, then
   // prepared exactly as a gRPC call is (PrepareAlloc).
@@ -329,9 +328,9 @@ bool FastChannelServer::Take(
                       copy_in(1, at.in1), copy_in(2, at.in2)});
       break;
     case CallKind::kDecode:
-      call = prepare(Rpc::kAllocDecode,
-                     {RequestKind::kDecode, n, nullptr, copy_in(1, at.in1),
-                      copy_in(2, at.in2)});
+      call =
+          prepare(Rpc::kAllocDecode, {RequestKind::kDecode, n, nullptr,
+                                      copy_in(1, at.in1), copy_in(2, at.in2)});
       break;
     case CallKind::kAlloc:
       call = prepare(Rpc::kAlloc, {RequestKind::kAlloc, n, nullptr,
@@ -375,8 +374,7 @@ void FastChannelServer::Poll(int index) {
   absl::Time last_call = absl::Now();
   auto posted = [](const Channel& c) {
     return !c.in_flight.load(std::memory_order_acquire) &&
-           c.header->request_seq.load(std::memory_order_acquire) !=
-               c.taken_seq;
+           c.header->request_seq.load(std::memory_order_acquire) != c.taken_seq;
   };
   while (!stop_.load(std::memory_order_relaxed)) {
     const uint64_t generation = generation_.load();

@@ -77,8 +77,7 @@ struct BatcherMetrics {
   AtomicHistogram requests_per_batch{AtomicHistogram::Exponential(1, 2, 14)};
   AtomicHistogram tokens_per_batch{AtomicHistogram::Exponential(1, 4, 12)};
   // Per call: from queueing to the start of its launch.
-  AtomicHistogram queue_wait_seconds{
-      AtomicHistogram::Exponential(1e-6, 2, 22)};
+  AtomicHistogram queue_wait_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
   // Per launch: planning, the executor's launch and, in sync mode, its wait.
   AtomicHistogram execute_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
   // Per launch, the part of execute spent completing it: the host's wait

@@ -180,8 +180,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.fast_channel = absl::GetFlag(FLAGS_fast_channel);
   options.fast_channel_pollers =
       std::max(1, absl::GetFlag(FLAGS_fast_channel_pollers));
-  options.fast_channel_spin =
-      absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_fast_channel_spin_us)));
+  options.fast_channel_spin = absl::Microseconds(
+      std::max(0, absl::GetFlag(FLAGS_fast_channel_spin_us)));
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   return options;
 }

@@ -41,15 +41,15 @@ void AddCounter(MetricFamily& family, double value,
 }
 
 MetricFamily Gauge(std::string name, std::string help, double value) {
-  MetricFamily family = Family(std::move(name), std::move(help),
-                               MetricType::Gauge);
+  MetricFamily family =
+      Family(std::move(name), std::move(help), MetricType::Gauge);
   AddGauge(family, value);
   return family;
 }
 
 MetricFamily Counter(std::string name, std::string help, double value) {
-  MetricFamily family = Family(std::move(name), std::move(help),
-                               MetricType::Counter);
+  MetricFamily family =
+      Family(std::move(name), std::move(help), MetricType::Counter);
   AddCounter(family, value);
   return family;
 }
@@ -65,39 +65,37 @@ void AddHistogram(MetricFamily& family, const AtomicHistogram& histogram,
     metric.histogram.bucket.push_back(
         {snapshot.cumulative_counts[i], snapshot.upper_bounds[i]});
   }
-  metric.histogram.bucket.push_back(
-      {snapshot.cumulative_counts.back(),
-       std::numeric_limits<double>::infinity()});
+  metric.histogram.bucket.push_back({snapshot.cumulative_counts.back(),
+                                     std::numeric_limits<double>::infinity()});
   family.metric.push_back(std::move(metric));
 }
 
 MetricFamily Histogram(std::string name, std::string help,
                        const AtomicHistogram& histogram) {
-  MetricFamily family = Family(std::move(name), std::move(help),
-                               MetricType::Histogram);
+  MetricFamily family =
+      Family(std::move(name), std::move(help), MetricType::Histogram);
   AddHistogram(family, histogram);
   return family;
 }
 
 const char* CodeName(int code) {
-  static constexpr const char* kNames[kNumStatusCodes] = {
-      "OK",
-      "CANCELLED",
-      "UNKNOWN",
-      "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED",
-      "NOT_FOUND",
-      "ALREADY_EXISTS",
-      "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION",
-      "ABORTED",
-      "OUT_OF_RANGE",
-      "UNIMPLEMENTED",
-      "INTERNAL",
-      "UNAVAILABLE",
-      "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static constexpr const char* kNames[kNumStatusCodes] = {"OK",
+                                                          "CANCELLED",
+                                                          "UNKNOWN",
+                                                          "INVALID_ARGUMENT",
+                                                          "DEADLINE_EXCEEDED",
+                                                          "NOT_FOUND",
+                                                          "ALREADY_EXISTS",
+                                                          "PERMISSION_DENIED",
+                                                          "RESOURCE_EXHAUSTED",
+                                                          "FAILED_PRECONDITION",
+                                                          "ABORTED",
+                                                          "OUT_OF_RANGE",
+                                                          "UNIMPLEMENTED",
+                                                          "INTERNAL",
+                                                          "UNAVAILABLE",
+                                                          "DATA_LOSS",
+                                                          "UNAUTHENTICATED"};
   return kNames[code];
 }
 
@@ -126,26 +124,27 @@ std::string MetricsExporter::Render() const {
   families.push_back(std::move(pages));
   families.push_back(Gauge("pagealloc_pool_capacity_pages",
                            "Usable pages in the pool.", stats.total_pages));
-  families.push_back(Gauge(
-      "pagealloc_pool_usage_ratio", "Used pages over usable pages.",
-      stats.total_pages > 0
-          ? static_cast<double>(stats.used_pages) / stats.total_pages
-          : 0));
-  families.push_back(Gauge("pagealloc_page_size_tokens", "Tokens per page.",
-                           stats.page_size));
+  families.push_back(
+      Gauge("pagealloc_pool_usage_ratio", "Used pages over usable pages.",
+            stats.total_pages > 0
+                ? static_cast<double>(stats.used_pages) / stats.total_pages
+                : 0));
+  families.push_back(
+      Gauge("pagealloc_page_size_tokens", "Tokens per page.", stats.page_size));
   v1::PoolInfo device;
   backend_->DescribeDevice(&device);
-  MetricFamily build = Family("pagealloc_build_info",
-                              "Always 1; labels describe the daemon.",
-                              MetricType::Gauge);
-  AddGauge(build, 1,
-           {{"version", kPagealloVersion},
-            {"backend", device.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu"},
-            {"gpu", device.backend() == v1::BACKEND_CUDA
-                        ? absl::StrFormat("%d", device.gpu())
-                        : ""},
-            {"device_uuid", device.device_uuid()},
-            {"free_policy", std::string(FreePolicyName(pool_->free_policy()))}});
+  MetricFamily build =
+      Family("pagealloc_build_info", "Always 1; labels describe the daemon.",
+             MetricType::Gauge);
+  AddGauge(
+      build, 1,
+      {{"version", kPagealloVersion},
+       {"backend", device.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu"},
+       {"gpu", device.backend() == v1::BACKEND_CUDA
+                   ? absl::StrFormat("%d", device.gpu())
+                   : ""},
+       {"device_uuid", device.device_uuid()},
+       {"free_policy", std::string(FreePolicyName(pool_->free_policy()))}});
   families.push_back(std::move(build));
 
   // Allocation counters.
@@ -184,12 +183,12 @@ std::string MetricsExporter::Render() const {
     owned += it != stats.owners.end() ? it->second.pages_owned : 0;
     quota += session->quota_pages();
   }
-  MetricFamily owned = Family("pagealloc_session_pages",
-                              "Pages owned, by client name.",
-                              MetricType::Gauge);
-  MetricFamily quota = Family("pagealloc_session_quota_pages",
-                              "Page quota (0: none), by client name.",
-                              MetricType::Gauge);
+  MetricFamily owned =
+      Family("pagealloc_session_pages", "Pages owned, by client name.",
+             MetricType::Gauge);
+  MetricFamily quota =
+      Family("pagealloc_session_quota_pages",
+             "Page quota (0: none), by client name.", MetricType::Gauge);
   for (const auto& [name, figures] : by_client) {
     AddGauge(owned, figures.first, {{"client", name}});
     AddGauge(quota, figures.second, {{"client", name}});
@@ -197,8 +196,8 @@ std::string MetricsExporter::Render() const {
   families.push_back(std::move(owned));
   families.push_back(std::move(quota));
   const ServiceCounters& counters = service_->counters();
-  families.push_back(Gauge("pagealloc_sessions_active", "Live sessions.",
-                           sessions.size()));
+  families.push_back(
+      Gauge("pagealloc_sessions_active", "Live sessions.", sessions.size()));
   families.push_back(Counter("pagealloc_sessions_opened_total",
                              "Sessions registered.", counters.sessions_opened));
   families.push_back(Counter("pagealloc_sessions_closed_total",
@@ -207,16 +206,16 @@ std::string MetricsExporter::Render() const {
   families.push_back(Counter("pagealloc_sessions_reclaimed_total",
                              "Sessions ended because their lease ran out.",
                              counters.sessions_reclaimed));
-  families.push_back(Counter(
-      "pagealloc_pages_reclaimed_total",
-      "Pages freed because their session's lease ran out.",
-      counters.pages_reclaimed));
+  families.push_back(
+      Counter("pagealloc_pages_reclaimed_total",
+              "Pages freed because their session's lease ran out.",
+              counters.pages_reclaimed));
 
   // Requests by RPC and code, and their latency.
   const RpcMetrics& rpc = service_->rpc_metrics();
-  MetricFamily requests = Family("pagealloc_requests_total",
-                                 "RPCs answered, by method and status code.",
-                                 MetricType::Counter);
+  MetricFamily requests =
+      Family("pagealloc_requests_total",
+             "RPCs answered, by method and status code.", MetricType::Counter);
   MetricFamily latency = Family(
       "pagealloc_rpc_duration_seconds",
       "Time from a call's arrival to its answer (KeepAlive: stream life).",
@@ -285,10 +284,11 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     bound = -1;
   }
   if (bound < 0) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot listen for metrics on %s:%d", host, port));
+    return absl::UnavailableError(
+        absl::StrFormat("cannot listen for metrics on %s:%d", host, port));
   }
-  impl->thread = std::thread([http = &impl->http] { http->listen_after_bind(); });
+  impl->thread =
+      std::thread([http = &impl->http] { http->listen_after_bind(); });
   return std::unique_ptr<MetricsHttpServer>(
       new MetricsHttpServer(std::move(impl), bound));
 }

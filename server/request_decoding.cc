@@ -21,8 +21,8 @@ absl::Status CheckSameLength(
       absl::StrAppendFormat(&sizes, "%s%s has %d", sizes.empty() ? "" : ", ",
                             other, other_size);
     }
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "parallel arrays differ in length: %s entries", sizes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("parallel arrays differ in length: %s entries", sizes));
   }
   return absl::OkStatus();
 }
@@ -73,10 +73,10 @@ absl::Status DecodeCall(const CallArrays& arrays, OwnerId owner,
     num_slots += ToExtendShape(r).num_slots();
   }
   if (num_slots > limits.max_slots) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the call asks for %d slots; at most %d per call "
-        "(--max_batch_tokens)",
-        num_slots, limits.max_slots));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the call asks for %d slots; at most %d per call "
+                        "(--max_batch_tokens)",
+                        num_slots, limits.max_slots));
   }
   out->num_slots = num_slots;
   return absl::OkStatus();

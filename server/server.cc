@@ -15,8 +15,8 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "allocator/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -51,8 +51,8 @@ absl::Status PrepareSocketPath(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "socket path %s is %d bytes long; Unix sockets allow at most %d",
-        path, path.size(), sizeof(addr.sun_path) - 1));
+        "socket path %s is %d bytes long; Unix sockets allow at most %d", path,
+        path.size(), sizeof(addr.sun_path) - 1));
   }
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
@@ -63,9 +63,8 @@ absl::Status PrepareSocketPath(const std::string& path) {
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const bool live =
-      fd >= 0 &&
-      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const bool live = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr),
+                                       sizeof(addr)) == 0;
   if (fd >= 0) close(fd);
   if (live) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -146,16 +145,15 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
   const std::string shm_prefix = absl::StrFormat("/pagealloc-%s", tag);
   if (name == "cpu") return MakeCpuBackend(shm_prefix);
   if (name != "cuda" && name != "auto") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--backend=%s is not one of auto, cuda, cpu", name));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--backend=%s is not one of auto, cuda, cpu", name));
   }
 #ifdef PAGEALLOC_HAVE_CUDA
   CudaBackendOptions cuda_options;
   cuda_options.gpu = options.gpu;
   cuda_options.max_batch_requests = options.batcher.max_batch_requests;
   cuda_options.max_batch_tokens = options.batcher.max_batch_tokens;
-  absl::StatusOr<std::unique_ptr<Backend>> cuda =
-      MakeCudaBackend(cuda_options);
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeCudaBackend(cuda_options);
   if (cuda.ok() || name == "cuda") return cuda;
   Logger("server")->warn(
       "no usable GPU ({}); falling back to the CPU backend, whose slots live "
@@ -180,13 +178,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   ASSIGN_OR_RETURN(
       server->backend_,
       MakeBackend(options, absl::StrFormat("gpu%d.%d", options.gpu, getpid())));
-  ASSIGN_OR_RETURN(server->pool_, PagePool::Create(options.pool,
-                                                   server->backend_->executor()));
-  server->sessions_ = std::make_unique<SessionRegistry>(
-      options.sessions, server->backend_.get());
+  ASSIGN_OR_RETURN(
+      server->pool_,
+      PagePool::Create(options.pool, server->backend_->executor()));
+  server->sessions_ = std::make_unique<SessionRegistry>(options.sessions,
+                                                        server->backend_.get());
   Batcher::Options batcher_options = options.batcher;
-  batcher_options.debug_checks = batcher_options.debug_checks ||
-                                 options.debug_checks;
+  batcher_options.debug_checks =
+      batcher_options.debug_checks || options.debug_checks;
   ASSIGN_OR_RETURN(server->batcher_,
                    Batcher::Create(batcher_options, server->pool_.get(),
                                    server->backend_.get()));
@@ -242,10 +241,10 @@ absl::Status Server::Start() {
       socket_paths_.push_back(path);
     }
     ports.push_back(std::make_unique<int>(0));
-    builder.AddListeningPort(address,
-                             path.empty() ? tcp_credentials
-                                          : grpc::InsecureServerCredentials(),
-                             ports.back().get());
+    builder.AddListeningPort(
+        address,
+        path.empty() ? tcp_credentials : grpc::InsecureServerCredentials(),
+        ports.back().get());
   }
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) {
@@ -258,8 +257,8 @@ absl::Status Server::Start() {
       bound_.push_back(address);
     } else {
       const size_t colon = address.rfind(':');
-      bound_.push_back(absl::StrFormat("%s:%d", address.substr(0, colon),
-                                       *ports[i]));
+      bound_.push_back(
+          absl::StrFormat("%s:%d", address.substr(0, colon), *ports[i]));
     }
   }
   for (const std::string& path : socket_paths_) {
@@ -268,12 +267,11 @@ absl::Status Server::Start() {
   }
   grpc_server_->GetHealthCheckService()->SetServingStatus(true);
   if (options_.metrics_port >= 0) {
-    ASSIGN_OR_RETURN(
-        metrics_http_,
-        MetricsHttpServer::Start(
-            options_.metrics_host, options_.metrics_port,
-            [this] { return metrics_->Render(); },
-            [this] { return !service_->draining(); }));
+    ASSIGN_OR_RETURN(metrics_http_,
+                     MetricsHttpServer::Start(
+                         options_.metrics_host, options_.metrics_port,
+                         [this] { return metrics_->Render(); },
+                         [this] { return !service_->draining(); }));
     log->info("metrics on http://{}:{}/metrics", options_.metrics_host,
               metrics_http_->port());
   }
@@ -287,8 +285,8 @@ absl::Status Server::Start() {
           ? ""
           : (options_.tls.client_ca_file.empty()
                  ? " (TCP with TLS)"
-                 : " (TCP with TLS, client certificates required)"), backend_->Summary(),
-      options_.pool.num_pages, options_.pool.page_size,
+                 : " (TCP with TLS, client certificates required)"),
+      backend_->Summary(), options_.pool.num_pages, options_.pool.page_size,
       std::string(FreePolicyName(options_.pool.free_policy)),
       absl::ToInt64Milliseconds(options_.sessions.lease),
       options_.batcher.spin > absl::ZeroDuration()

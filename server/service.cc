@@ -73,8 +73,7 @@ int PageAllocatorService::ReclaimExpired(absl::Time now) {
   for (std::shared_ptr<Session>& session : sessions_->TakeExpired(now)) {
     ++reclaimed;
     counters_.sessions_reclaimed++;
-    FreeSessionPages(std::move(session), /*lease_lost=*/true,
-                     "lost its lease");
+    FreeSessionPages(std::move(session), /*lease_lost=*/true, "lost its lease");
   }
   return reclaimed;
 }
@@ -114,8 +113,9 @@ grpc::ServerUnaryReactor* PageAllocatorService::Register(
   response->set_lease_ms(absl::ToInt64Milliseconds(lease()));
   response->set_quota_pages((*session)->quota_pages());
   if (request->fast_channel() && fast_channels_ != nullptr) {
-    const absl::Status opened = fast_channels_->Open(
-        (*session)->id(), (*session)->token(), response->mutable_fast_channel());
+    const absl::Status opened =
+        fast_channels_->Open((*session)->id(), (*session)->token(),
+                             response->mutable_fast_channel());
     if (!opened.ok()) {
       // The session works without one (over gRPC); say why in the log.
       response->clear_fast_channel();
@@ -339,10 +339,9 @@ PageAllocatorService::PrepareAlloc(const AllocCallInput& input,
         absl::StatusOr<int64_t> freed = pool_->FreePages(owner, pages);
         if (!freed.ok()) {
           // Free's message names pages[i]; here they are these pages.
-          return absl::Status(
-              freed.status().code(),
-              absl::StrCat("options.free_pages_first: ",
-                           freed.status().message()));
+          return absl::Status(freed.status().code(),
+                              absl::StrCat("options.free_pages_first: ",
+                                           freed.status().message()));
         }
         reply->storage().pages_freed_first = *freed;
       }
@@ -421,8 +420,7 @@ grpc::Status PageAllocatorService::Answer(Rpc rpc, absl::Time start,
   return ToGrpcStatus(status);
 }
 
-void PageAllocatorService::Answer(Reply* reply, Rpc rpc,
-                                  absl::Time start,
+void PageAllocatorService::Answer(Reply* reply, Rpc rpc, absl::Time start,
                                   const absl::Status& status) {
   rpc_metrics_.Record(rpc, status.code(), absl::Now() - start);
   reply->Complete(status);
@@ -461,15 +459,15 @@ grpc::Status PageAllocatorService::HandleAlloc(const Request& request,
   return reply.Wait();
 }
 
-grpc::Status PageAllocatorService::AllocExtend(grpc::ServerContext*,
-                                         const v1::AllocExtendRequest* request,
-                                         v1::AllocResponse* response) {
+grpc::Status PageAllocatorService::AllocExtend(
+    grpc::ServerContext*, const v1::AllocExtendRequest* request,
+    v1::AllocResponse* response) {
   return HandleAlloc(*request, response, Rpc::kAllocExtend);
 }
 
-grpc::Status PageAllocatorService::AllocDecode(grpc::ServerContext*,
-                                         const v1::AllocDecodeRequest* request,
-                                         v1::AllocResponse* response) {
+grpc::Status PageAllocatorService::AllocDecode(
+    grpc::ServerContext*, const v1::AllocDecodeRequest* request,
+    v1::AllocResponse* response) {
   return HandleAlloc(*request, response, Rpc::kAllocDecode);
 }
 

@@ -16,8 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocator/page_pool.h"
@@ -165,9 +165,8 @@ class PageAllocatorService final : public PageAllocatorBase {
   };
 
   // Every pointer must outlive the service.
-  PageAllocatorService(const Options& options, PagePool* pool,
-                       Backend* backend, SessionRegistry* sessions,
-                       Batcher* batcher);
+  PageAllocatorService(const Options& options, PagePool* pool, Backend* backend,
+                       SessionRegistry* sessions, Batcher* batcher);
 
   // Where Register opens fast channels (null: none offered). Set once,
   // before serving; must outlive the service's calls.

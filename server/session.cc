@@ -85,13 +85,12 @@ SessionRegistry::SessionRegistry(const Options& options, Backend* backend)
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
-    std::string client_name, int64_t ring_capacity_slots,
-    int64_t quota_pages) {
+    std::string client_name, int64_t ring_capacity_slots, int64_t quota_pages) {
   if (ring_capacity_slots < 0 ||
       ring_capacity_slots > options_.max_ring_capacity_slots) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "ring_capacity_slots (%d) must be in [0, %d]", ring_capacity_slots,
-        options_.max_ring_capacity_slots));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ring_capacity_slots (%d) must be in [0, %d]",
+                        ring_capacity_slots, options_.max_ring_capacity_slots));
   }
   if (quota_pages < 0) {
     return absl::InvalidArgumentError(
@@ -138,8 +137,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Authenticate(
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) {
       return absl::NotFoundError(absl::StrFormat(
-          "session %d is unknown or has expired; register again",
-          session_id));
+          "session %d is unknown or has expired; register again", session_id));
     }
     session = it->second;
   }

@@ -80,12 +80,12 @@ class SessionRegistry {
 
   // Finds a session and checks its token (in constant time), renewing its
   // lease. Returns NOT_FOUND (unknown or expired) or UNAUTHENTICATED.
-  absl::StatusOr<std::shared_ptr<Session>> Authenticate(
-      uint64_t session_id, absl::string_view token) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<Session>> Authenticate(uint64_t session_id,
+                                                        absl::string_view token)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes a session; returns it, or null when it was already gone.
-  std::shared_ptr<Session> Remove(uint64_t session_id)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<Session> Remove(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes and returns the sessions whose lease ran out before `now`.
   std::vector<std::shared_ptr<Session>> TakeExpired(absl::Time now)

@@ -208,7 +208,8 @@ class BadInputTest : public ::testing::Test {
     PoolSnapshot s;
     s.free_list = server_->pool().FreeList();
     s.parked = server_->pool().ParkedPages();
-    for (int64_t p = 0; p <= 64; ++p) s.owners.push_back(server_->pool().OwnerOf(p));
+    for (int64_t p = 0; p <= 64; ++p)
+      s.owners.push_back(server_->pool().OwnerOf(p));
     PoolStats stats = server_->pool().Stats();
     s.free_pages = stats.free_pages;
     s.used_pages = stats.used_pages;
@@ -238,102 +239,173 @@ TEST_F(BadInputTest, EveryBadInputIsRefusedClearlyAndChangesNothing) {
   std::vector<int64_t> many(17, 0), many_seq(17, 1), many_last(17, -1);
   const std::vector<Case> cases = {
       // AllocExtend.
-      {"extend: array lengths", [&] { return Extend(alice_, {0, 0}, {4}, {-1, -1}).status(); },
+      {"extend: array lengths",
+       [&] {
+         return Extend(alice_, {0, 0}, {4}, {-1, -1}).status();
+       },
        kInvalid, "prefix_lens has 2, seq_lens has 1, last_locs has 2"},
-      {"extend: last_locs length", [&] { return Extend(alice_, {0}, {4}, {}).status(); },
-       kInvalid, "last_locs has 0"},
-      {"extend: negative prefix", [&] { return Extend(alice_, {0, -3}, {4, 2}, {-1, -1}).status(); },
+      {"extend: last_locs length",
+       [&] { return Extend(alice_, {0}, {4}, {}).status(); }, kInvalid,
+       "last_locs has 0"},
+      {"extend: negative prefix",
+       [&] {
+         return Extend(alice_, {0, -3}, {4, 2}, {-1, -1}).status();
+       },
        kInvalid, "prefix_lens[1] (-3) is negative"},
-      {"extend: seq < prefix", [&] { return Extend(alice_, {0, 5}, {4, 2}, {-1, 8}).status(); },
+      {"extend: seq < prefix",
+       [&] {
+         return Extend(alice_, {0, 5}, {4, 2}, {-1, 8}).status();
+       },
        kInvalid, "seq_lens[1] (2) < prefix_lens[1] (5)"},
-      {"extend: huge seq", [&] { return Extend(alice_, {0}, {int64_t{1} << 40}, {-1}).status(); },
+      {"extend: huge seq",
+       [&] { return Extend(alice_, {0}, {int64_t{1} << 40}, {-1}).status(); },
        kInvalid, "seq_lens[0] (1099511627776) exceeds the pool's"},
-      {"extend: empty prefix, last_loc set", [&] { return Extend(alice_, {0}, {4}, {9}).status(); },
-       kInvalid, "last_locs[0] (9) must be -1"},
-      {"extend: misaligned last_loc", [&] { return Extend(alice_, {6}, {8}, {10}).status(); },
-       kInvalid, "last_locs[0] (10) is misaligned"},
-      {"extend: last_loc in page 0", [&] { return Extend(alice_, {2}, {4}, {1}).status(); },
-       kInvalid, "last_locs[0] (1) is outside the usable slots"},
-      {"extend: last_loc past the pool", [&] { return Extend(alice_, {2}, {4}, {261}).status(); },
-       kInvalid, "last_locs[0] (261) is outside"},
-      {"extend: another session's last_loc", [&] { return Extend(alice_, {2}, {4}, {13}).status(); },
-       C::kPermissionDenied, "last_locs[0] (13): page 3 belongs to another session"},
-      {"extend: last_loc on a free page", [&] { return Extend(alice_, {2}, {4}, {21}).status(); },
+      {"extend: empty prefix, last_loc set",
+       [&] { return Extend(alice_, {0}, {4}, {9}).status(); }, kInvalid,
+       "last_locs[0] (9) must be -1"},
+      {"extend: misaligned last_loc",
+       [&] { return Extend(alice_, {6}, {8}, {10}).status(); }, kInvalid,
+       "last_locs[0] (10) is misaligned"},
+      {"extend: last_loc in page 0",
+       [&] { return Extend(alice_, {2}, {4}, {1}).status(); }, kInvalid,
+       "last_locs[0] (1) is outside the usable slots"},
+      {"extend: last_loc past the pool",
+       [&] { return Extend(alice_, {2}, {4}, {261}).status(); }, kInvalid,
+       "last_locs[0] (261) is outside"},
+      {"extend: another session's last_loc",
+       [&] { return Extend(alice_, {2}, {4}, {13}).status(); },
+       C::kPermissionDenied,
+       "last_locs[0] (13): page 3 belongs to another session"},
+      {"extend: last_loc on a free page",
+       [&] { return Extend(alice_, {2}, {4}, {21}).status(); },
        C::kFailedPrecondition, "last_locs[0] (21): page 5 is free"},
-      {"extend: too many requests", [&] { return Extend(alice_, many, many_seq, many_last).status(); },
+      {"extend: too many requests",
+       [&] { return Extend(alice_, many, many_seq, many_last).status(); },
        kInvalid, "17 requests; at most 16"},
-      {"extend: too many slots", [&] {
+      {"extend: too many slots",
+       [&] {
          return Extend(alice_, std::vector<int64_t>(5, 0),
                        std::vector<int64_t>(5, 250),
-                       std::vector<int64_t>(5, -1)).status();
-       }, kInvalid, "1250 slots; at most 1024"},
-      {"extend: unknown session", [&] { return Extend(Unknown(), {0}, {4}, {-1}).status(); },
-       C::kNotFound, "is unknown or has expired"},
-      {"extend: wrong token", [&] { return Extend(WrongToken(alice_), {0}, {4}, {-1}).status(); },
+                       std::vector<int64_t>(5, -1))
+             .status();
+       },
+       kInvalid, "1250 slots; at most 1024"},
+      {"extend: unknown session",
+       [&] { return Extend(Unknown(), {0}, {4}, {-1}).status(); }, C::kNotFound,
+       "is unknown or has expired"},
+      {"extend: wrong token",
+       [&] { return Extend(WrongToken(alice_), {0}, {4}, {-1}).status(); },
        C::kUnauthenticated, "wrong session_token"},
-      {"extend: empty token", [&] {
+      {"extend: empty token",
+       [&] {
          v1::SessionRef ref = alice_;
          ref.clear_session_token();
          return Extend(ref, {0}, {4}, {-1}).status();
-       }, C::kUnauthenticated, "wrong session_token"},
-      {"extend: release past the ring's end", [&] { return Extend(alice_, {0}, {4}, {-1}, 1 << 20).status(); },
+       },
+       C::kUnauthenticated, "wrong session_token"},
+      {"extend: release past the ring's end",
+       [&] { return Extend(alice_, {0}, {4}, {-1}, 1 << 20).status(); },
        kInvalid, "options.release_ring_up_to: up_to (1048576) is past"},
-      {"extend: out of pages", [&] { return Extend(bob_, {0}, {4 * 61}, {-1}).status(); },
+      {"extend: out of pages",
+       [&] { return Extend(bob_, {0}, {4 * 61}, {-1}).status(); },
        C::kResourceExhausted, "needs 61 pages, 60 free"},
       // AllocDecode.
-      {"decode: array lengths", [&] { return Decode(alice_, {7, 8}, {9}).status(); },
+      {"decode: array lengths",
+       [&] {
+         return Decode(alice_, {7, 8}, {9}).status();
+       },
        kInvalid, "seq_lens has 2, last_locs has 1"},
-      {"decode: seq_len 0", [&] { return Decode(alice_, {7, 0}, {9, -1}).status(); },
+      {"decode: seq_len 0",
+       [&] {
+         return Decode(alice_, {7, 0}, {9, -1}).status();
+       },
        kInvalid, "decode request 1: seq_lens[1] (0) must be >= 1"},
-      {"decode: negative seq_len", [&] { return Decode(alice_, {-2}, {-1}).status(); },
-       kInvalid, "seq_lens[0] (-2) must be >= 1"},
-      {"decode: misaligned last_loc", [&] { return Decode(alice_, {7}, {10}).status(); },
-       kInvalid, "last_locs[0] (10) is misaligned"},
-      {"decode: missing last_loc", [&] { return Decode(alice_, {7}, {-1}).status(); },
-       kInvalid, "last_locs[0] (-1) is outside"},
-      {"decode: another session's page", [&] { return Decode(bob_, {7}, {9}).status(); },
-       C::kPermissionDenied, "page 2 belongs to another session"},
-      {"decode: unknown session", [&] { return Decode(Unknown(), {1}, {-1}).status(); },
-       C::kNotFound, "unknown or has expired"},
+      {"decode: negative seq_len",
+       [&] { return Decode(alice_, {-2}, {-1}).status(); }, kInvalid,
+       "seq_lens[0] (-2) must be >= 1"},
+      {"decode: misaligned last_loc",
+       [&] { return Decode(alice_, {7}, {10}).status(); }, kInvalid,
+       "last_locs[0] (10) is misaligned"},
+      {"decode: missing last_loc",
+       [&] { return Decode(alice_, {7}, {-1}).status(); }, kInvalid,
+       "last_locs[0] (-1) is outside"},
+      {"decode: another session's page",
+       [&] { return Decode(bob_, {7}, {9}).status(); }, C::kPermissionDenied,
+       "page 2 belongs to another session"},
+      {"decode: unknown session",
+       [&] { return Decode(Unknown(), {1}, {-1}).status(); }, C::kNotFound,
+       "unknown or has expired"},
       // Alloc.
-      {"alloc: unaligned", [&] { return Alloc(alice_, {4, 6}).status(); },
+      {"alloc: unaligned",
+       [&] {
+         return Alloc(alice_, {4, 6}).status();
+       },
        kInvalid, "num_tokens[1] (6) is not a multiple of page_size (4)"},
       {"alloc: negative", [&] { return Alloc(alice_, {-4}).status(); },
        kInvalid, "num_tokens[0] (-4) is negative"},
-      {"alloc: huge", [&] { return Alloc(alice_, {int64_t{4} << 40}).status(); },
-       kInvalid, "exceeds the pool's 256 slots"},
-      {"alloc: too many requests", [&] { return Alloc(alice_, std::vector<int64_t>(17, 4)).status(); },
+      {"alloc: huge",
+       [&] { return Alloc(alice_, {int64_t{4} << 40}).status(); }, kInvalid,
+       "exceeds the pool's 256 slots"},
+      {"alloc: too many requests",
+       [&] { return Alloc(alice_, std::vector<int64_t>(17, 4)).status(); },
        kInvalid, "17 requests; at most 16"},
       {"alloc: over quota", [&] { return Alloc(carol_, {4}).status(); },
        C::kResourceExhausted, "over quota"},
       // Operations first (AllocOptions.free_pages_first, checkpoint_first):
       // a refused free fails the whole call; nothing is allocated, freed or
       // checkpointed.
-      {"alloc: free_pages_first has page 0", [&] { return Alloc(alice_, {4}, {2, 0}).status(); },
-       kInvalid, "options.free_pages_first: pages[1] (0) is outside the usable pages"},
-      {"alloc: free_pages_first frees a free page", [&] { return Alloc(alice_, {4}, {2, 5}).status(); },
-       C::kFailedPrecondition, "options.free_pages_first: pages[1] (5): page 5 is already free"},
-      {"alloc: free_pages_first has another session's page", [&] { return Alloc(alice_, {4}, {3}).status(); },
-       C::kPermissionDenied, "options.free_pages_first: pages[0] (3): page 3 belongs to another session"},
+      {"alloc: free_pages_first has page 0",
+       [&] {
+         return Alloc(alice_, {4}, {2, 0}).status();
+       },
+       kInvalid,
+       "options.free_pages_first: pages[1] (0) is outside the usable pages"},
+      {"alloc: free_pages_first frees a free page",
+       [&] {
+         return Alloc(alice_, {4}, {2, 5}).status();
+       },
+       C::kFailedPrecondition,
+       "options.free_pages_first: pages[1] (5): page 5 is already free"},
+      {"alloc: free_pages_first has another session's page",
+       [&] { return Alloc(alice_, {4}, {3}).status(); }, C::kPermissionDenied,
+       "options.free_pages_first: pages[0] (3): page 3 belongs to another "
+       "session"},
       // Free.
       {"free: slots and pages", [&] { return Free(alice_, {4}, {1}); },
        kInvalid, "either slots (1 given) or pages (1 given)"},
-      {"free: page 0", [&] { return Free(alice_, {}, {1, 0}); },
-       kInvalid, "pages[1] (0) is outside the usable pages [1, 64] (page 0 is reserved)"},
-      {"free: slot of page 0", [&] { return Free(alice_, {4, 3}, {}); },
-       kInvalid, "slots[1] (3) is outside the usable slots [4, 260) (page 0 is reserved)"},
+      {"free: page 0",
+       [&] {
+         return Free(alice_, {}, {1, 0});
+       },
+       kInvalid,
+       "pages[1] (0) is outside the usable pages [1, 64] (page 0 is reserved)"},
+      {"free: slot of page 0",
+       [&] {
+         return Free(alice_, {4, 3}, {});
+       },
+       kInvalid,
+       "slots[1] (3) is outside the usable slots [4, 260) (page 0 is "
+       "reserved)"},
       {"free: slot past the pool", [&] { return Free(alice_, {260}, {}); },
        kInvalid, "slots[0] (260) is outside"},
-      {"free: negative slot", [&] { return Free(alice_, {-8}, {}); },
-       kInvalid, "slots[0] (-8) is outside"},
+      {"free: negative slot", [&] { return Free(alice_, {-8}, {}); }, kInvalid,
+       "slots[0] (-8) is outside"},
       {"free: page past the pool", [&] { return Free(alice_, {}, {65}); },
        kInvalid, "pages[0] (65) is outside"},
-      {"free: double free", [&] { return Free(alice_, {}, {2, 5}); },
-       C::kFailedPrecondition, "pages[1] (5): page 5 is already free (double free)"},
+      {"free: double free",
+       [&] {
+         return Free(alice_, {}, {2, 5});
+       },
+       C::kFailedPrecondition,
+       "pages[1] (5): page 5 is already free (double free)"},
       {"free: another session's page", [&] { return Free(alice_, {}, {3}); },
        C::kPermissionDenied, "pages[0] (3): page 3 belongs to another session"},
-      {"free: own and another's, all or nothing", [&] { return Free(alice_, {4, 5, 12}, {}); },
-       C::kPermissionDenied, "slots[2] (12): page 3 belongs to another session"},
+      {"free: own and another's, all or nothing",
+       [&] {
+         return Free(alice_, {4, 5, 12}, {});
+       },
+       C::kPermissionDenied,
+       "slots[2] (12): page 3 belongs to another session"},
       {"free: unknown session", [&] { return Free(Unknown(), {}, {1}); },
        C::kNotFound, "unknown or has expired"},
       {"free: wrong token", [&] { return Free(WrongToken(bob_), {}, {3}); },
@@ -345,25 +417,28 @@ TEST_F(BadInputTest, EveryBadInputIsRefusedClearlyAndChangesNothing) {
        C::kFailedPrecondition, "has no checkpoint to roll back to"},
       {"rollback: wrong token", [&] { return Rollback(WrongToken(bob_)); },
        C::kUnauthenticated, "wrong session_token"},
-      {"release: past the end", [&] { return Release(alice_, 1000); },
-       kInvalid, "up_to: up_to (1000) is past the ring's last reserved position"},
+      {"release: past the end", [&] { return Release(alice_, 1000); }, kInvalid,
+       "up_to: up_to (1000) is past the ring's last reserved position"},
       {"release: unknown session", [&] { return Release(Unknown(), 0); },
        C::kNotFound, "unknown or has expired"},
       // Register and KeepAlive.
       {"register: negative ring", [&] { return RegisterWith("x", -1, 0); },
        kInvalid, "ring_capacity_slots (-1) must be in [0, 4096]"},
-      {"register: ring too large", [&] { return RegisterWith("x", 1 << 20, 0); },
-       kInvalid, "ring_capacity_slots (1048576) must be in [0, 4096]"},
+      {"register: ring too large",
+       [&] { return RegisterWith("x", 1 << 20, 0); }, kInvalid,
+       "ring_capacity_slots (1048576) must be in [0, 4096]"},
       {"register: negative quota", [&] { return RegisterWith("x", 0, -5); },
        kInvalid, "quota_pages (-5) is negative"},
-      {"register: name too long", [&] { return RegisterWith(std::string(300, 'n'), 0, 0); },
-       kInvalid, "client_name is 300 bytes long; at most 128"},
+      {"register: name too long",
+       [&] { return RegisterWith(std::string(300, 'n'), 0, 0); }, kInvalid,
+       "client_name is 300 bytes long; at most 128"},
       {"keepalive: unknown session", [&] { return KeepAlive(Unknown()); },
        C::kNotFound, "unknown or has expired"},
       {"keepalive: wrong token", [&] { return KeepAlive(WrongToken(alice_)); },
        C::kUnauthenticated, "wrong session_token"},
       // Limits of the transport and the daemon.
-      {"message larger than --max_message_bytes", [&] {
+      {"message larger than --max_message_bytes",
+       [&] {
          v1::FreeRequest request;
          *request.mutable_session() = alice_;
          // 100k one-byte varints: past the 64 KiB limit.
@@ -372,7 +447,8 @@ TEST_F(BadInputTest, EveryBadInputIsRefusedClearlyAndChangesNothing) {
          grpc::ClientContext context;
          return FromGrpcStatus(
              socket_stub_->Free(&context, request, &response));
-       }, C::kResourceExhausted, "larger than max"},
+       },
+       C::kResourceExhausted, "larger than max"},
   };
   ASSERT_GE(cases.size(), 40u);
   for (const Case& c : cases) {
@@ -386,9 +462,10 @@ TEST_F(BadInputTest, EveryBadInputIsRefusedClearlyAndChangesNothing) {
 
 TEST_F(BadInputTest, SessionsAreCapped) {
   ASSERT_OK(RegisterWith("fourth", 0, 0));
-  EXPECT_THAT(RegisterWith("fifth", 0, 0),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("already serves 4 sessions (--max_sessions)")));
+  EXPECT_THAT(
+      RegisterWith("fifth", 0, 0),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("already serves 4 sessions (--max_sessions)")));
 }
 
 }  // namespace

@@ -31,11 +31,11 @@ constexpr int64_t kPageSize = 4;
 class BatcherTest : public ::testing::Test {
  protected:
   void Start(Batcher::Options options) {
-    backend_ = MakeCpuBackend(
-        absl::StrFormat("/pagealloc-batcher-test-%d", getpid()));
-    ASSERT_OK_AND_ASSIGN(
-        pool_, PagePool::Create({4096, kPageSize, FreePolicy::kLifo},
-                                backend_->executor()));
+    backend_ =
+        MakeCpuBackend(absl::StrFormat("/pagealloc-batcher-test-%d", getpid()));
+    ASSERT_OK_AND_ASSIGN(pool_,
+                         PagePool::Create({4096, kPageSize, FreePolicy::kLifo},
+                                          backend_->executor()));
     for (OwnerId owner = 1; owner <= 8; ++owner) {
       ASSERT_OK(pool_->AddOwner(owner, 0));
     }
@@ -277,8 +277,8 @@ class BatcherMinCallsTest : public BatcherTest,
     }
     ASSERT_OK(batcher_->SubmitAllocs(std::move(calls)));
     for (Completion& completion : completions) {
-      ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(
-          absl::Seconds(5)));
+      ASSERT_TRUE(
+          completion.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
     }
   }
 };
@@ -289,8 +289,8 @@ TEST_P(BatcherMinCallsTest, ALoneSessionNeverWaitsForTheWindow) {
     Completion completion;
     ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
     // Far less than the 30 s window.
-    ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(
-        absl::Seconds(5)));
+    ASSERT_TRUE(
+        completion.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
     EXPECT_OK(completion.status);
   }
 }

@@ -81,9 +81,9 @@ absl::StatusOr<Daemon> StartDaemon(const std::string& name,
     }
     if (DaemonStats(daemon.target).ok()) return daemon;
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "pagealloc-server did not answer within 20 s:\n%s",
-          ReadLog(daemon.log_path)));
+      return absl::DeadlineExceededError(
+          absl::StrFormat("pagealloc-server did not answer within 20 s:\n%s",
+                          ReadLog(daemon.log_path)));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }

@@ -4,6 +4,8 @@
 // nothing; calls posted together share a launch; closing a session removes
 // its channel.
 
+#include "proto/fast_channel.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -18,7 +20,6 @@
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/fast_channel.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/fast_channel_server.h"
 #include "server/server.h"
@@ -113,8 +114,8 @@ class FastChannelTest : public ::testing::Test {
     EXPECT_TRUE(stub_->Register(&context, request, &raw.registered).ok());
     const v1::FastChannel& channel = raw.registered.fast_channel();
     raw.layout.emplace(channel.max_requests(), channel.message_bytes());
-    auto region = fc::SharedRegion::Open(channel.shm_name(),
-                                         raw.layout->total_bytes);
+    auto region =
+        fc::SharedRegion::Open(channel.shm_name(), raw.layout->total_bytes);
     auto doorbell = fc::SharedRegion::Open(channel.doorbell_shm_name(),
                                            sizeof(fc::Doorbell));
     EXPECT_OK(region.status());
@@ -196,9 +197,9 @@ TEST_F(FastChannelTest, FreeCheckpointAndRollbackGoThroughItToo) {
   ASSERT_OK(client->Alloc({4, 4, 4}).status());
   EXPECT_THAT(client->Rollback(), IsOkAndHolds(3));
   // Refusals carry the daemon's status and message, as over gRPC.
-  EXPECT_THAT(client->Rollback(),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("checkpoint")));
+  EXPECT_THAT(
+      client->Rollback(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("checkpoint")));
   EXPECT_THAT(client->FreePages({999}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("999")));
   EXPECT_THAT(client->FreeSlots(first), IsOkAndHolds(1));
@@ -422,8 +423,7 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   EXPECT_OK(fc::SharedRegion::Open(name, 1).status());
   v1::KeepAliveRequest close;
   close.mutable_session()->set_session_id(raw.registered.session_id());
-  close.mutable_session()->set_session_token(
-      raw.registered.session_token());
+  close.mutable_session()->set_session_token(raw.registered.session_token());
   close.set_close(true);
   grpc::ClientContext context;
   auto stream = stub_->KeepAlive(&context);

@@ -104,8 +104,7 @@ class LoadClient {
       return s.code() == absl::StatusCode::kDataLoss ? 3 : 1;
     }
     std::printf("client %u: %lld calls, %lld slots, %lld pages claimed\n", id_,
-                static_cast<long long>(calls_),
-                static_cast<long long>(slots_),
+                static_cast<long long>(calls_), static_cast<long long>(slots_),
                 static_cast<long long>(pages_claimed_));
     return 0;
   }
@@ -148,8 +147,8 @@ class LoadClient {
       if (!ordered.ok()) return ordered;
     }
     if (result.count != seq - prefix) {
-      return absl::DataLossError(absl::StrFormat(
-          "%d slots for %d tokens", result.count, seq - prefix));
+      return absl::DataLossError(absl::StrFormat("%d slots for %d tokens",
+                                                 result.count, seq - prefix));
     }
     absl::Status copied =
         client_->CopyToHost(result.slots, result.count, slots.data());
@@ -170,8 +169,7 @@ class LoadClient {
         ++new_pages;
       } else if (slot != previous + 1) {
         return absl::DataLossError(absl::StrFormat(
-            "token %d got slot %d, expected %d", position, slot,
-            previous + 1));
+            "token %d got slot %d, expected %d", position, slot, previous + 1));
       }
       previous = slot;
     }
@@ -242,8 +240,8 @@ class LoadClient {
         exhausted = true;
         continue;
       }
-      if (absl::Status s = Check(seq[i] - 1, seq[i], last[i], (*a)[i],
-                                 &sequences_[i]);
+      if (absl::Status s =
+              Check(seq[i] - 1, seq[i], last[i], (*a)[i], &sequences_[i]);
           !s.ok()) {
         return s;
       }
@@ -406,8 +404,8 @@ int Main() {
   if (seed == 0) seed = std::random_device{}();
   LoadClient load(client->get(), claims, dead,
                   absl::GetFlag(FLAGS_client_index), seed);
-  const int code = load.Run(absl::Now() + absl::Milliseconds(
-                                              absl::GetFlag(FLAGS_duration_ms)));
+  const int code = load.Run(
+      absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_duration_ms)));
   if (code != 0) std::fprintf(stderr, "seed %llu\n", (unsigned long long)seed);
   return code;
 }

@@ -31,8 +31,7 @@ std::pair<int, std::string> RunWithInput(const std::string& command,
   const std::string out_path = ::testing::TempDir() + "/stdout.txt";
   std::ofstream(in_path) << input;
   const int status = std::system(
-      absl::StrFormat("%s < %s > %s 2>&1", command, in_path, out_path)
-          .c_str());
+      absl::StrFormat("%s < %s > %s 2>&1", command, in_path, out_path).c_str());
   std::ifstream out(out_path);
   std::stringstream text;
   text << out.rdbuf();
@@ -49,8 +48,8 @@ class MetricsTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
     ASSERT_OK(server_->Start());
     ASSERT_GT(server_->metrics_port(), 0);
-    http_ = std::make_unique<httplib::Client>("127.0.0.1",
-                                              server_->metrics_port());
+    http_ =
+        std::make_unique<httplib::Client>("127.0.0.1", server_->metrics_port());
   }
   void TearDown() override { server_->Shutdown(); }
 
@@ -69,9 +68,9 @@ class MetricsTest : public ::testing::Test {
 
 TEST_F(MetricsTest, ExposesPoolSessionRequestAndBatchFigures) {
   auto alice = Connect("scheduler-a");
-  ASSERT_OK(alice->Alloc({64}).status());        // 4 pages
+  ASSERT_OK(alice->Alloc({64}).status());                   // 4 pages
   ASSERT_OK(alice->AllocExtend({0}, {20}, {-1}).status());  // 2 pages
-  EXPECT_FALSE(alice->FreePages({99}).ok());     // a refused call counts too
+  EXPECT_FALSE(alice->FreePages({99}).ok());  // a refused call counts too
   ASSERT_OK_AND_ASSIGN(Allocation refused, alice->Alloc({16 * 95}));
   EXPECT_FALSE(refused.status().ok());
 
@@ -87,15 +86,17 @@ TEST_F(MetricsTest, ExposesPoolSessionRequestAndBatchFigures) {
   EXPECT_THAT(body, HasSubstr("pagealloc_pool_capacity_pages 100"));
   EXPECT_THAT(body, HasSubstr("pagealloc_pool_usage_ratio 0.06"));
   EXPECT_THAT(body, HasSubstr("pagealloc_page_size_tokens 16"));
-  EXPECT_THAT(body, HasSubstr("pagealloc_build_info{version=\"0.1.0\",backend=\"cpu\""));
+  EXPECT_THAT(
+      body,
+      HasSubstr("pagealloc_build_info{version=\"0.1.0\",backend=\"cpu\""));
   EXPECT_THAT(body,
               HasSubstr("pagealloc_session_pages{client=\"scheduler-a\"} 6"));
   EXPECT_THAT(body, HasSubstr("pagealloc_sessions_active 1"));
   EXPECT_THAT(body, HasSubstr("pagealloc_sessions_opened_total 1"));
   EXPECT_THAT(body, HasSubstr("pagealloc_slots_allocated_total 84"));
   EXPECT_THAT(body, HasSubstr("pagealloc_out_of_pages_total 1"));
-  EXPECT_THAT(body, HasSubstr(
-                        "pagealloc_requests_total{rpc=\"Alloc\",code=\"OK\"} 2"));
+  EXPECT_THAT(
+      body, HasSubstr("pagealloc_requests_total{rpc=\"Alloc\",code=\"OK\"} 2"));
   EXPECT_THAT(body, HasSubstr("pagealloc_requests_total{rpc=\"Free\",code="
                               "\"FAILED_PRECONDITION\"} 1"));
   EXPECT_THAT(body, HasSubstr("# TYPE pagealloc_rpc_duration_seconds "
@@ -146,7 +147,8 @@ TEST_F(MetricsTest, ClientLabelsAreCapped) {
 }
 
 TEST(DeployPrometheusTest, AlertingRulesAndScrapeConfigAreValid) {
-  const std::string rules = testing::RunfilePath("deploy/prometheus/alerts.yml");
+  const std::string rules =
+      testing::RunfilePath("deploy/prometheus/alerts.yml");
   auto [rules_status, rules_output] =
       RunWithInput("/usr/bin/promtool check rules " + rules, "");
   EXPECT_EQ(rules_status, 0) << rules_output;

@@ -32,14 +32,14 @@ TEST_P(MultiClientTest, ClientsNeverShareAPageAndEverythingComesBack) {
   constexpr int64_t kPages = 256;  // small: clients compete for pages
   ASSERT_OK_AND_ASSIGN(
       Daemon daemon,
-      StartDaemon(absl::StrFormat("multi%d_%d_%s", p.clients, p.page_size,
-                                  p.policy),
-                  {absl::StrFormat("--num_pages=%d", kPages),
-                   absl::StrFormat("--page_size=%d", p.page_size),
-                   absl::StrFormat("--free_policy=%s", p.policy),
-                   "--debug_checks", "--lease_ms=2000"}));
-  const std::string claims = absl::StrFormat("/pagealloc-test-claims-%d-%d",
-                                             getpid(), p.page_size);
+      StartDaemon(
+          absl::StrFormat("multi%d_%d_%s", p.clients, p.page_size, p.policy),
+          {absl::StrFormat("--num_pages=%d", kPages),
+           absl::StrFormat("--page_size=%d", p.page_size),
+           absl::StrFormat("--free_policy=%s", p.policy), "--debug_checks",
+           "--lease_ms=2000"}));
+  const std::string claims =
+      absl::StrFormat("/pagealloc-test-claims-%d-%d", getpid(), p.page_size);
   const int fd = shm_open(claims.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   ASSERT_GE(fd, 0);
   const size_t bytes = (kPages + 1) * sizeof(std::atomic<uint32_t>);
@@ -50,12 +50,11 @@ TEST_P(MultiClientTest, ClientsNeverShareAPageAndEverythingComesBack) {
   for (int i = 1; i <= p.clients; ++i) {
     ASSERT_OK_AND_ASSIGN(
         Subprocess client,
-        Subprocess::Start({RunfilePath("tests/load_client"),
-                           "--target=" + daemon.target,
-                           "--claims_shm=" + claims,
-                           absl::StrFormat("--client_index=%d", i),
-                           "--duration_ms=3000"},
-                          daemon.log_path + ".clients"));
+        Subprocess::Start(
+            {RunfilePath("tests/load_client"), "--target=" + daemon.target,
+             "--claims_shm=" + claims, absl::StrFormat("--client_index=%d", i),
+             "--duration_ms=3000"},
+            daemon.log_path + ".clients"));
     clients.push_back(std::move(client));
   }
   for (Subprocess& client : clients) {
@@ -77,14 +76,15 @@ TEST_P(MultiClientTest, ClientsNeverShareAPageAndEverythingComesBack) {
   std::printf("%s", log.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ClientsAndPolicies, MultiClientTest,
-    ::testing::Values(Params{4, 16, "lifo"}, Params{6, 1, "sorted"},
-                      Params{4, 64, "sorted"}),
-    [](const ::testing::TestParamInfo<Params>& info) {
-      return absl::StrFormat("Clients%dPageSize%d%s", info.param.clients,
-                             info.param.page_size, info.param.policy);
-    });
+INSTANTIATE_TEST_SUITE_P(ClientsAndPolicies, MultiClientTest,
+                         ::testing::Values(Params{4, 16, "lifo"},
+                                           Params{6, 1, "sorted"},
+                                           Params{4, 64, "sorted"}),
+                         [](const ::testing::TestParamInfo<Params>& info) {
+                           return absl::StrFormat(
+                               "Clients%dPageSize%d%s", info.param.clients,
+                               info.param.page_size, info.param.policy);
+                         });
 
 }  // namespace
 }  // namespace pagealloc::testing

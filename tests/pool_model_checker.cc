@@ -37,8 +37,8 @@ PoolModelChecker::PoolModelChecker(int64_t num_pages, int64_t page_size,
       model_(num_pages, page_size, policy == FreePolicy::kSorted) {}
 
 absl::Status PoolModelChecker::Init() {
-  ASSIGN_OR_RETURN(pool_, PagePool::Create({num_pages_, page_size_, policy_},
-                                           &executor_));
+  ASSIGN_OR_RETURN(
+      pool_, PagePool::Create({num_pages_, page_size_, policy_}, &executor_));
   for (OwnerId o = 1; o <= kOwners; ++o) {
     RETURN_IF_ERROR(pool_->AddOwner(o, Quota(o)));
     model_.AddOwner(o, Quota(o));

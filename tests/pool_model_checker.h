@@ -57,8 +57,8 @@ class PoolModelChecker {
 
   // How often each (kind, code) came up, and pages rolled back: to check that
   // a generator reaches the interesting paths.
-  const std::map<std::pair<RequestKind, absl::StatusCode>, int64_t>&
-  outcomes() const {
+  const std::map<std::pair<RequestKind, absl::StatusCode>, int64_t>& outcomes()
+      const {
     return outcomes_;
   }
   int64_t pages_rolled_back() const { return pages_rolled_back_; }

@@ -44,9 +44,8 @@ std::string QueryValue(httplib::Client& prometheus, const std::string& query) {
   const size_t at = body.find("\"value\":[");
   if (at == std::string::npos) return "";
   const size_t open = body.find(",\"", at);
-  const size_t close = open == std::string::npos
-                           ? std::string::npos
-                           : body.find('"', open + 2);
+  const size_t close =
+      open == std::string::npos ? std::string::npos : body.find('"', open + 2);
   if (close == std::string::npos) return "";
   return body.substr(open + 2, close - open - 2);
 }
@@ -65,7 +64,7 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
   ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(client_options));
   ASSERT_OK(client->Alloc({16 * 5}).status());
   ASSERT_OK(client->AllocExtend({0, 0}, {17, 3}, {-1, -1}).status());  // 3
-  ASSERT_OK(client->AllocDecode({1}, {-1}).status());                    // 1
+  ASSERT_OK(client->AllocDecode({1}, {-1}).status());                  // 1
 
   const std::string dir = ::testing::TempDir();
   const std::string config = dir + "/prometheus.yml";
@@ -96,8 +95,8 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
     used = QueryValue(api, R"(pagealloc_pool_pages{state="used"})");
     requests = QueryValue(
         api, R"(pagealloc_requests_total{rpc="AllocExtend",code="OK"})");
-    sessions = QueryValue(
-        api, R"(pagealloc_session_pages{client="e2e-scheduler"})");
+    sessions =
+        QueryValue(api, R"(pagealloc_session_pages{client="e2e-scheduler"})");
     up = QueryValue(api, R"(up{job="pagealloc"})");
     if (used == "9" && !requests.empty() && !sessions.empty()) break;
     absl::SleepFor(absl::Milliseconds(250));

@@ -38,9 +38,9 @@ RandomBatch MakeRandomBatch(const RandomPlanSpec& spec, int64_t ring_capacity,
       request.prefix_len = request.seq_len - 1;
     } else if (kind == 2) {  // alloc: whole pages, no prefix
       request.seq_len =
-          ps * std::min(Uniform(rng, 0, std::max<int64_t>(
-                                            spec.max_extend / ps, 1)),
-                        budget / ps);
+          ps *
+          std::min(Uniform(rng, 0, std::max<int64_t>(spec.max_extend / ps, 1)),
+                   budget / ps);
     } else {
       request.prefix_len = Uniform(rng, 0, spec.max_prefix);
       const int64_t extend = Chance(rng, spec.empty_fraction)

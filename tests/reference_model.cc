@@ -82,8 +82,10 @@ std::vector<ReferenceModel::Outcome> ReferenceModel::Allocate(
     }
     if (prefix[i] % page_size_ != 0 && r.seq_len > prefix[i]) {
       const uint64_t o = owner_of(last / page_size_);
-      if (o == 0) code = absl::StatusCode::kFailedPrecondition;
-      else if (o != r.owner) code = absl::StatusCode::kPermissionDenied;
+      if (o == 0)
+        code = absl::StatusCode::kFailedPrecondition;
+      else if (o != r.owner)
+        code = absl::StatusCode::kPermissionDenied;
       if (code != absl::StatusCode::kOk) continue;
     }
     for (int64_t pos = prefix[i]; pos < r.seq_len; ++pos) {
@@ -139,10 +141,9 @@ absl::StatusCode ReferenceModel::Free(uint64_t owner,
   std::set<int64_t> seen;
   for (int64_t v : values) {
     const int64_t page = values_are_slots ? v / page_size_ : v;
-    const bool in_range = values_are_slots
-                              ? (v >= page_size_ &&
-                                 v < (num_pages_ + 1) * page_size_)
-                              : (v >= 1 && v <= num_pages_);
+    const bool in_range = values_are_slots ? (v >= page_size_ &&
+                                              v < (num_pages_ + 1) * page_size_)
+                                           : (v >= 1 && v <= num_pages_);
     if (!in_range) return absl::StatusCode::kInvalidArgument;
     if (!seen.insert(page).second) continue;
     const uint64_t o = owner_of(page);

@@ -22,9 +22,9 @@ using ::testing::HasSubstr;
 TEST(SchedulerExampleTest, RunsEveryStepAgainstARealDaemon) {
   // 64 pages of 16 tokens: prefill and decode fit, and the oversized
   // request of step 6 needs evictions.
-  ASSERT_OK_AND_ASSIGN(Daemon daemon,
-                       StartDaemon("example", {"--num_pages=64",
-                                               "--page_size=16"}));
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon,
+      StartDaemon("example", {"--num_pages=64", "--page_size=16"}));
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string log_path =
       absl::StrFormat("%s/example.log", tmp != nullptr ? tmp : "/tmp");

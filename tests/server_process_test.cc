@@ -145,14 +145,15 @@ TEST(ServerProcessTest, SigtermDrainsAndRemovesTheSocket) {
   daemon.process.Signal(SIGTERM);
   ASSERT_OK_AND_ASSIGN(int status, daemon.process.Wait(absl::Seconds(15)));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << DescribeWaitStatus(status) << "\n" << ReadLog(daemon.log_path);
+      << DescribeWaitStatus(status) << "\n"
+      << ReadLog(daemon.log_path);
   struct stat st;
   EXPECT_NE(stat(daemon.socket_path.c_str(), &st), 0);
   EXPECT_THAT(ReadLog(daemon.log_path), HasSubstr("draining"));
   // The daemon is gone: calls fail with UNAVAILABLE, and once the lease has
   // passed the library says the session (and its slots) are gone.
-  EXPECT_THAT(client->Alloc({16}), StatusIs(absl::StatusCode::kUnavailable,
-                                            ::testing::_));
+  EXPECT_THAT(client->Alloc({16}),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
   absl::Status session = absl::OkStatus();
   for (int i = 0; i < 300 && session.ok(); ++i) {
     absl::SleepFor(absl::Milliseconds(20));
@@ -174,10 +175,10 @@ TEST(ServerProcessTest, KilledClientsPagesAreReclaimedAfterTheLease) {
   for (int i = 0; i < 3; ++i) {
     ASSERT_OK_AND_ASSIGN(
         Subprocess victim,
-        Subprocess::Start({RunfilePath("tests/load_client"),
-                           "--target=" + daemon.target, "--duration_ms=60000",
-                           "--client_index=" + std::to_string(i + 1)},
-                          daemon.log_path + ".victims"));
+        Subprocess::Start(
+            {RunfilePath("tests/load_client"), "--target=" + daemon.target,
+             "--duration_ms=60000", "--client_index=" + std::to_string(i + 1)},
+            daemon.log_path + ".victims"));
     victims.push_back(std::move(victim));
   }
   // Let them allocate, then kill them at different moments.
@@ -192,7 +193,8 @@ TEST(ServerProcessTest, KilledClientsPagesAreReclaimedAfterTheLease) {
   int64_t used = during.used_pages();
   for (int i = 0; i < 200 && used != 2; ++i) {
     absl::SleepFor(absl::Milliseconds(20));
-    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats,
+                         DaemonStats(daemon.target));
     used = stats.used_pages();
   }
   EXPECT_EQ(used, 2);  // only the survivor's pages remain
@@ -207,15 +209,16 @@ TEST(ServerProcessTest, HungClientLosesItsPages) {
       Daemon daemon, StartDaemon("hang", {"--lease_ms=300", "--debug_checks"}));
   ASSERT_OK_AND_ASSIGN(
       Subprocess sleeper,
-      Subprocess::Start({RunfilePath("tests/load_client"),
-                         "--target=" + daemon.target, "--duration_ms=60000",
-                         "--report_ready"},
-                        daemon.log_path + ".sleeper"));
+      Subprocess::Start(
+          {RunfilePath("tests/load_client"), "--target=" + daemon.target,
+           "--duration_ms=60000", "--report_ready"},
+          daemon.log_path + ".sleeper"));
   // Wait until it holds pages, then freeze it (a hung scheduler).
   int64_t used = 0;
   for (int i = 0; i < 250 && used == 0; ++i) {
     absl::SleepFor(absl::Milliseconds(20));
-    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats,
+                         DaemonStats(daemon.target));
     used = stats.used_pages();
   }
   ASSERT_GT(used, 0);
@@ -225,7 +228,8 @@ TEST(ServerProcessTest, HungClientLosesItsPages) {
   int64_t sessions = 1;
   for (int i = 0; i < 200 && sessions != 0; ++i) {
     absl::SleepFor(absl::Milliseconds(20));
-    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats,
+                         DaemonStats(daemon.target));
     sessions = stats.sessions_active();
     used = stats.used_pages();
   }
@@ -236,7 +240,8 @@ TEST(ServerProcessTest, HungClientLosesItsPages) {
   sleeper.Signal(SIGCONT);
   for (int i = 0; i < 25; ++i) {
     absl::SleepFor(absl::Milliseconds(20));
-    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats,
+                         DaemonStats(daemon.target));
     EXPECT_EQ(stats.used_pages(), 0);
     EXPECT_EQ(stats.sessions_active(), 0);
   }
@@ -266,8 +271,8 @@ TEST(ServerProcessTest, ClientsSeeADeadDaemon) {
                                 HasSubstr("session and its slots are gone")));
   // A restarted daemon does not know the old session.
   ASSERT_OK_AND_ASSIGN(Daemon restarted, StartDaemon("dead", {}));
-  EXPECT_THAT(client->Alloc({16}), StatusIs(absl::StatusCode::kUnavailable,
-                                            HasSubstr("session")));
+  EXPECT_THAT(client->Alloc({16}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("session")));
 }
 
 }  // namespace

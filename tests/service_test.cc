@@ -127,9 +127,9 @@ TEST_F(ServiceTest, InlineResultsNeedNoRing) {
   auto client = Connect();
   CallOptions inline_results;
   inline_results.return_inline = true;
-  ASSERT_OK_AND_ASSIGN(Allocation a,
-                       client->AllocExtend({0, 0}, {3, 5}, {-1, -1},
-                                           inline_results));
+  ASSERT_OK_AND_ASSIGN(
+      Allocation a,
+      client->AllocExtend({0, 0}, {3, 5}, {-1, -1}, inline_results));
   EXPECT_THAT(Slots(a[0]), ElementsAre(4, 5, 6));
   EXPECT_THAT(Slots(a[1]), ElementsAre(8, 9, 10, 11, 12));
   EXPECT_EQ(a.ring_end(), 0);
@@ -223,9 +223,8 @@ TEST_F(ServiceTest, RingFullUntilReleased) {
   auto client = Connect("ring", /*ring=*/16);
   ASSERT_OK_AND_ASSIGN(Allocation a, client->Alloc({12}));
   const auto before = PoolState();
-  EXPECT_THAT(client->Alloc({8}),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("output ring full")));
+  EXPECT_THAT(client->Alloc({8}), StatusIs(absl::StatusCode::kResourceExhausted,
+                                           HasSubstr("output ring full")));
   EXPECT_EQ(PoolState(), before);
   client->Release(a);  // piggybacked on the next call
   ASSERT_OK_AND_ASSIGN(Allocation b, client->Alloc({8}));
@@ -341,9 +340,9 @@ TEST_F(ServiceTest, ClosingASessionFreesItsPages) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_EQ(server_->pool().Stats().used_pages, 0);
-  EXPECT_THAT(client->Alloc({4}),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("closed")));
+  EXPECT_THAT(
+      client->Alloc({4}),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("closed")));
 }
 
 TEST_F(ServiceTest, ExpiredLeaseReclaimsPagesAndTheClientSeesIt) {
@@ -395,14 +394,18 @@ struct FlatResult {
 std::vector<FlatResult> Flatten(const v1::AllocResponse& response) {
   std::vector<FlatResult> flat;
   for (const v1::RequestResult& r : response.results()) {
-    flat.push_back({r.code(), r.message(), r.ring_offset(), r.count(),
-                    r.new_pages(), {r.slots().begin(), r.slots().end()}});
+    flat.push_back({r.code(),
+                    r.message(),
+                    r.ring_offset(),
+                    r.count(),
+                    r.new_pages(),
+                    {r.slots().begin(), r.slots().end()}});
   }
   const v1::PackedResults& p = response.packed();
   int message = 0;
   int64_t slot = 0;
   for (int i = 0; i < p.codes_size(); ++i) {
-    FlatResult r{p.codes(i), "", p.ring_offsets(i), p.counts(i),
+    FlatResult r{p.codes(i),     "", p.ring_offsets(i), p.counts(i),
                  p.new_pages(i), {}};
     if (r.code != 0) r.message = p.messages(message++);
     if (r.code == 0 && p.slots_size() > 0) {
@@ -456,7 +459,8 @@ TEST_F(ServiceTest, PackedResultsCarryTheSameAnswers) {
     ASSERT_EQ(call.size(), 3u);
     EXPECT_EQ(call[0].code, 0);
     EXPECT_EQ(call[0].count, 6);
-    EXPECT_EQ(call[1].code, static_cast<int>(absl::StatusCode::kResourceExhausted));
+    EXPECT_EQ(call[1].code,
+              static_cast<int>(absl::StatusCode::kResourceExhausted));
     EXPECT_THAT(call[1].message, HasSubstr("request 1"));
     EXPECT_EQ(call[1].count, 0);
     EXPECT_EQ(call[2].code, 0);

@@ -37,9 +37,8 @@ MATCHER_P2(StatusIs, code, message_matcher,
   const absl::Status& status = ::pagealloc::testing::GetStatus(arg);
   *result_listener << "whose status is " << status;
   return status.code() == code &&
-         ::testing::ExplainMatchResult(message_matcher,
-                                       std::string(status.message()),
-                                       result_listener);
+         ::testing::ExplainMatchResult(
+             message_matcher, std::string(status.message()), result_listener);
 }
 
 // Matches an OK StatusOr whose value matches `value_matcher`.
@@ -68,8 +67,8 @@ MATCHER(IsOk, "is OK") {
 
 #define PAGEALLOC_MATCHERS_CONCAT_INNER_(a, b) a##b
 #define PAGEALLOC_MATCHERS_CONCAT_(a, b) PAGEALLOC_MATCHERS_CONCAT_INNER_(a, b)
-#define ASSERT_OK_AND_ASSIGN(lhs, rexpr)                                  \
-  PAGEALLOC_ASSERT_OK_AND_ASSIGN_IMPL_(                                   \
+#define ASSERT_OK_AND_ASSIGN(lhs, rexpr) \
+  PAGEALLOC_ASSERT_OK_AND_ASSIGN_IMPL_(  \
       PAGEALLOC_MATCHERS_CONCAT_(pagealloc_statusor_, __LINE__), lhs, rexpr)
 #define PAGEALLOC_ASSERT_OK_AND_ASSIGN_IMPL_(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                                         \

@@ -40,9 +40,9 @@ TEST(StressTest, KillsAndRestartsUnderLoadLoseNothing) {
   constexpr int kMaxIds = 4096;
   ASSERT_OK_AND_ASSIGN(
       Daemon daemon,
-      StartDaemon("stress", {absl::StrFormat("--num_pages=%d", kPages),
-                             "--page_size=16", "--debug_checks",
-                             "--lease_ms=300"}));
+      StartDaemon("stress",
+                  {absl::StrFormat("--num_pages=%d", kPages), "--page_size=16",
+                   "--debug_checks", "--lease_ms=300"}));
   const std::string shm = absl::StrFormat("/pagealloc-stress-%d", getpid());
   const int fd = shm_open(shm.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   ASSERT_GE(fd, 0);
@@ -80,8 +80,8 @@ TEST(StressTest, KillsAndRestartsUnderLoadLoseNothing) {
   int kills = 0;
   while (absl::Now() + absl::Milliseconds(400) < deadline &&
          next_id < kMaxIds) {
-    absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<>(
-        50, 250)(rng)));
+    absl::SleepFor(
+        absl::Milliseconds(std::uniform_int_distribution<>(50, 250)(rng)));
     Running& victim = running[rng() % running.size()];
     // Mark it dead before its lease can run out: its claims go stale no
     // earlier than the daemon may hand its pages to someone else.
@@ -111,16 +111,18 @@ TEST(StressTest, KillsAndRestartsUnderLoadLoseNothing) {
   EXPECT_EQ(stats.free_pages() + stats.parked_pages(), kPages);
   EXPECT_EQ(stats.pages_allocated_total(), stats.pages_freed_total());
   EXPECT_GT(kills, 0);
-  std::printf("%d clients over %lld s, %d killed and replaced; %lld pages "
-              "allocated and freed, %lld launches\n",
-              next_id - 1, static_cast<long long>(seconds), kills,
-              static_cast<long long>(stats.pages_allocated_total()),
-              static_cast<long long>(stats.launches_total()));
+  std::printf(
+      "%d clients over %lld s, %d killed and replaced; %lld pages "
+      "allocated and freed, %lld launches\n",
+      next_id - 1, static_cast<long long>(seconds), kills,
+      static_cast<long long>(stats.pages_allocated_total()),
+      static_cast<long long>(stats.launches_total()));
   ASSERT_TRUE(daemon.process.running()) << ReadLog(daemon.log_path);
   daemon.process.Signal(SIGTERM);
   ASSERT_OK_AND_ASSIGN(int status, daemon.process.Wait(absl::Seconds(15)));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << DescribeWaitStatus(status) << "\n" << ReadLog(daemon.log_path);
+      << DescribeWaitStatus(status) << "\n"
+      << ReadLog(daemon.log_path);
 }
 
 }  // namespace

@@ -20,7 +20,8 @@ namespace pagealloc::testing {
 absl::StatusOr<Subprocess> Subprocess::Start(
     const std::vector<std::string>& argv, const std::string& log_path) {
   std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  for (const std::string& arg : argv)
+    args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -34,8 +35,8 @@ absl::StatusOr<Subprocess> Subprocess::Start(
       posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (error != 0) {
-    return absl::InternalError(absl::StrFormat("posix_spawn %s: %s", argv[0],
-                                               std::strerror(error)));
+    return absl::InternalError(
+        absl::StrFormat("posix_spawn %s: %s", argv[0], std::strerror(error)));
   }
   return Subprocess(pid);
 }
@@ -95,7 +96,8 @@ std::string RunfilePath(const std::string& relative) {
 }
 
 std::string DescribeWaitStatus(int status) {
-  if (WIFEXITED(status)) return absl::StrFormat("exited %d", WEXITSTATUS(status));
+  if (WIFEXITED(status))
+    return absl::StrFormat("exited %d", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     return absl::StrFormat("killed by signal %d", WTERMSIG(status));
   }

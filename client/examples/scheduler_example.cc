@@ -41,10 +41,10 @@ struct Sequence {
   int64_t last_loc() const { return slots.empty() ? -1 : slots.back(); }
 };
 
-#define EXAMPLE_RETURN_IF_ERROR(expr)    \
-  do {                                   \
-    absl::Status status_ = (expr);       \
-    if (!status_.ok()) return status_;   \
+#define EXAMPLE_RETURN_IF_ERROR(expr)  \
+  do {                                 \
+    absl::Status status_ = (expr);     \
+    if (!status_.ok()) return status_; \
   } while (0)
 
 class Scheduler {
@@ -96,8 +96,7 @@ class Scheduler {
   // Copies each request's slots out of the ring (they are device pointers
   // on a GPU daemon), appends them to its sequence, then releases the ring
   // space: the slots are ours until freed, the ring region is not.
-  absl::Status Consume(const std::vector<Sequence*>& batch,
-                       const Allocation& a,
+  absl::Status Consume(const std::vector<Sequence*>& batch, const Allocation& a,
                        std::vector<absl::Status>* refused) {
     for (size_t i = 0; i < a.size(); ++i) {
       if (refused != nullptr) refused->push_back(a[i].status);
@@ -108,8 +107,7 @@ class Scheduler {
       std::vector<int64_t> slots(a[i].count);
       EXAMPLE_RETURN_IF_ERROR(
           client_->CopyToHost(a[i].slots, a[i].count, slots.data()));
-      batch[i]->slots.insert(batch[i]->slots.end(), slots.begin(),
-                             slots.end());
+      batch[i]->slots.insert(batch[i]->slots.end(), slots.begin(), slots.end());
     }
     client_->Release(a);
     return absl::OkStatus();

@@ -57,8 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   constexpr int kFullCheckEvery = 8;
   for (int step = 0; step < kMaxSteps && !choices.exhausted(); ++step) {
     absl::Status status = (*checker)->Step();
-    if (status.ok() &&
-        (step % kFullCheckEvery == kFullCheckEvery - 1 || choices.exhausted())) {
+    if (status.ok() && (step % kFullCheckEvery == kFullCheckEvery - 1 ||
+                        choices.exhausted())) {
       status = (*checker)->CheckSameState();
     }
     if (!status.ok()) {

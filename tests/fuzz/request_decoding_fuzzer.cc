@@ -47,8 +47,8 @@ std::unique_ptr<PagePool> MakePool(int64_t page_size, CpuExecutor* executor) {
   (void)(*pool)->AddOwner(kOwner, 0);
   (void)(*pool)->AddOwner(kOther, 0);
   std::vector<int64_t> mine(4 * page_size), theirs(2 * page_size);
-  AllocRequest a{RequestKind::kAlloc, kOwner, 0, 0, 4 * page_size, -1,
-                 mine.data()};
+  AllocRequest a{RequestKind::kAlloc, kOwner, 0,          0,
+                 4 * page_size,       -1,     mine.data()};
   AllocRequest b{RequestKind::kAlloc, kOther, 1, 0, 2 * page_size, -1,
                  theirs.data()};
   (void)(*pool)->Allocate({a, b});

@@ -13,6 +13,8 @@
 // Without a GPU every test skips. PAGEALLOC_GPU_TEST_QUICK=1 shrinks the
 // sizes so that compute-sanitizer runs finish in minutes.
 
+#include "kernels/cuda_executor.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -32,7 +34,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_executor.h"
-#include "kernels/cuda_executor.h"
 #include "tests/random_plan.h"
 #include "tests/status_matchers.h"
 
@@ -57,9 +58,9 @@ bool Quick() {
 class DeviceWords {
  public:
   explicit DeviceWords(int64_t words) : words_(std::max<int64_t>(words, 1)) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&data_),
-                         words_ * sizeof(int64_t)),
-              cudaSuccess);
+    EXPECT_EQ(
+        cudaMalloc(reinterpret_cast<void**>(&data_), words_ * sizeof(int64_t)),
+        cudaSuccess);
     Poison();
   }
   ~DeviceWords() { cudaFree(data_); }
@@ -113,17 +114,17 @@ class DeviceWords {
 }
 
 // Creates the executor or skips the test when the machine has no GPU.
-#define CREATE_OR_SKIP(executor, options)                                  \
-  do {                                                                    \
-    absl::StatusOr<std::unique_ptr<CudaExecutor>> created =               \
-        CudaExecutor::Create(options);                                    \
-    if (absl::IsFailedPrecondition(created.status()) &&                   \
-        absl::StrContains(created.status().message(), "no CUDA GPU")) {   \
-      GTEST_SKIP() << "skipped: this machine has no CUDA GPU ("           \
-                   << created.status().message() << ")";                  \
-    }                                                                     \
-    ASSERT_OK(created.status());                                          \
-    executor = std::move(*created);                                       \
+#define CREATE_OR_SKIP(executor, options)                               \
+  do {                                                                  \
+    absl::StatusOr<std::unique_ptr<CudaExecutor>> created =             \
+        CudaExecutor::Create(options);                                  \
+    if (absl::IsFailedPrecondition(created.status()) &&                 \
+        absl::StrContains(created.status().message(), "no CUDA GPU")) { \
+      GTEST_SKIP() << "skipped: this machine has no CUDA GPU ("         \
+                   << created.status().message() << ")";                \
+    }                                                                   \
+    ASSERT_OK(created.status());                                        \
+    executor = std::move(*created);                                     \
   } while (false)
 
 class CudaExecutorTest : public ::testing::Test {
@@ -165,8 +166,7 @@ TEST_P(RandomBatchesTest, RandomBatchesMatchTheCpuExecutor) {
       {"small mixed (per-request kernel)", 8192, 16, 8192, 0.3},
       {"medium mixed", 1024, 512, 4096, 0.3},
       {"large extends", 64, 65536, 1024, 0.0},
-      {"many requests, budget-clamped (empty tails)", 8192, 65536, 8192,
-       0.2},
+      {"many requests, budget-clamped (empty tails)", 8192, 65536, 8192, 0.2},
       {"one request", 1, 65536, 100, 0.0},
   };
   int64_t decodes_in_page = 0;
@@ -177,12 +177,11 @@ TEST_P(RandomBatchesTest, RandomBatchesMatchTheCpuExecutor) {
         RandomPlanSpec spec;
         spec.page_size = page_size;
         spec.num_requests =
-            1 + rng_() % (quick ? std::min<int64_t>(scenario.max_requests,
-                                                    512)
+            1 + rng_() % (quick ? std::min<int64_t>(scenario.max_requests, 512)
                                 : scenario.max_requests);
         if (trial == 0) spec.num_requests = scenario.max_requests;
-        if (quick) spec.num_requests = std::min<int64_t>(spec.num_requests,
-                                                         1024);
+        if (quick)
+          spec.num_requests = std::min<int64_t>(spec.num_requests, 1024);
         spec.max_extend = scenario.max_extend;
         spec.max_prefix = scenario.max_prefix;
         spec.decode_fraction = scenario.decode_fraction;
@@ -263,8 +262,7 @@ TEST_F(CudaExecutorTest, ManyQueuedBatchesReuseStagingSafely) {
     std::vector<int64_t> expected(batches[i].output_words, kPoison);
     BindDestinations(batches[i], expected.data());
     ASSERT_OK(cpu.Execute(batches[i].plan));
-    ASSERT_TRUE(
-        SameWords(outputs[i]->Read(batches[i].output_words), expected));
+    ASSERT_TRUE(SameWords(outputs[i]->Read(batches[i].output_words), expected));
   }
 }
 
@@ -349,9 +347,7 @@ class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
  protected:
   static constexpr int kOwners = 3;
 
-  void SetUp() override {
-    CREATE_OR_SKIP(cuda_, CudaExecutorOptions{});
-  }
+  void SetUp() override { CREATE_OR_SKIP(cuda_, CudaExecutorOptions{}); }
 
   // A fresh pair of pools on fresh executors (the mirror is sized once).
   void NewPools() {
@@ -432,10 +428,9 @@ class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
     ASSERT_OK(cuda_->Synchronize());
     ASSERT_EQ(cpu.size(), cuda.size());
     for (size_t i = 0; i < cpu.size(); ++i) {
-      SCOPED_TRACE(absl::StrFormat("request %d: %s", i,
-                                   cpu[i].status.ToString()));
-      ASSERT_EQ(cuda[i].status.code(), cpu[i].status.code())
-          << cuda[i].status;
+      SCOPED_TRACE(
+          absl::StrFormat("request %d: %s", i, cpu[i].status.ToString()));
+      ASSERT_EQ(cuda[i].status.code(), cpu[i].status.code()) << cuda[i].status;
       ASSERT_EQ(cuda[i].num_slots, cpu[i].num_slots);
       ASSERT_EQ(cuda[i].num_new_pages, cpu[i].num_new_pages);
       ++outcomes_[cpu[i].status.code()];
@@ -576,20 +571,20 @@ TEST_P(TwoPoolsTest, RandomOperationSequencesGiveIdenticalSlots) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    PageSizesAndPolicies, TwoPoolsTest,
-    ::testing::Values(PoolParams{1, FreePolicy::kLifo},
-                      PoolParams{16, FreePolicy::kLifo},
-                      PoolParams{64, FreePolicy::kLifo},
-                      PoolParams{1, FreePolicy::kSorted},
-                      PoolParams{16, FreePolicy::kSorted},
-                      PoolParams{64, FreePolicy::kSorted}),
-    [](const ::testing::TestParamInfo<PoolParams>& info) {
-      return absl::StrFormat("PageSize%d%s", info.param.page_size,
-                             info.param.policy == FreePolicy::kLifo
-                                 ? "Lifo"
-                                 : "Sorted");
-    });
+INSTANTIATE_TEST_SUITE_P(PageSizesAndPolicies, TwoPoolsTest,
+                         ::testing::Values(PoolParams{1, FreePolicy::kLifo},
+                                           PoolParams{16, FreePolicy::kLifo},
+                                           PoolParams{64, FreePolicy::kLifo},
+                                           PoolParams{1, FreePolicy::kSorted},
+                                           PoolParams{16, FreePolicy::kSorted},
+                                           PoolParams{64, FreePolicy::kSorted}),
+                         [](const ::testing::TestParamInfo<PoolParams>& info) {
+                           return absl::StrFormat(
+                               "PageSize%d%s", info.param.page_size,
+                               info.param.policy == FreePolicy::kLifo
+                                   ? "Lifo"
+                                   : "Sorted");
+                         });
 
 }  // namespace
 }  // namespace pagealloc
