@@ -6,7 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.h"
+#include "common/status_macros.h"
 
 namespace pagealloc {
 

@@ -28,8 +28,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/grpc_status.h"
 #include "proto/pagealloc.grpc.pb.h"
-#include "server/grpc_status.h"
 
 ABSL_FLAG(std::string, target, "unix:///run/pagealloc/gpu0.sock",
           "The daemon's gRPC address.");

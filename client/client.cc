@@ -6,12 +6,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.h"
 #include "client/ring_view.h"
+#include "common/cpu_relax.h"
+#include "common/status_macros.h"
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "client/cuda_ring_view.h"
 #endif
-#include "server/grpc_status.h"
+#include "common/grpc_status.h"
 
 namespace pagealloc {
 
@@ -396,7 +397,7 @@ absl::Status Client::PostFastCall(fast_channel::CallKind kind,
   while (h->response_seq.load(std::memory_order_acquire) != seq) {
     const absl::Time now = absl::Now();
     if (now - start < options_.fast_channel_spin) {
-      fast_channel::CpuRelax();
+      CpuRelax();
       continue;
     }
     if (now >= deadline) {

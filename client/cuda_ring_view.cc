@@ -8,8 +8,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "allocator/status_macros.h"
-#include "kernels/cuda_status.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
 
 namespace pagealloc {
 namespace {

@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
 #include "kernels/alloc_kernels.h"
-#include "kernels/cuda_status.h"
 #include "kernels/expand_plan.h"
 #include "kernels/plan_packing.h"
 

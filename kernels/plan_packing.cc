@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/requests.h"
-#include "allocator/status_macros.h"
+#include "common/status_macros.h"
 
 namespace pagealloc {
 namespace {

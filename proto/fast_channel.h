@@ -70,14 +70,6 @@ inline bool IsKnownKind(uint32_t kind) {
 // results.
 inline bool IsOperation(CallKind kind) { return kind >= CallKind::kFreeSlots; }
 
-// One spin-wait step (the x86 PAUSE hint): for the loops that poll the
-// channel, the doorbell or the batcher's queue.
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 // AllocOptions, as bits.
 inline constexpr uint32_t kAsyncCompletion = 1u << 0;
 inline constexpr uint32_t kCheckpointFirst = 1u << 1;

@@ -4,9 +4,9 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-#include "allocator/status_macros.h"
-#include "proto/fast_channel.h"
-#include "server/logging.h"
+#include "common/cpu_relax.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace pagealloc {
 
@@ -144,7 +144,7 @@ void Batcher::SpinForCompany() {
         queued != scanned_at) {
       scanned_at = RunOpsWhileGathering() ? -1 : queued;
     }
-    fast_channel::CpuRelax();
+    CpuRelax();
   }
 }
 
@@ -238,7 +238,7 @@ void Batcher::Run() {
       while (queued_.load(std::memory_order_acquire) == 0 &&
              !stop_requested_.load(std::memory_order_relaxed) &&
              absl::Now() < until) {
-        fast_channel::CpuRelax();
+        CpuRelax();
       }
     }
     // Work for this thread: queued and nobody driving. When stopping, it

@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.h"
+#include "common/cuda_status.h"
+#include "common/status_macros.h"
 #include "kernels/cuda_executor.h"
-#include "kernels/cuda_status.h"
 
 namespace pagealloc {
 namespace {

@@ -6,8 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.h"
-#include "server/logging.h"
+#include "common/cpu_relax.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace pagealloc {
 
@@ -402,7 +403,7 @@ void FastChannelServer::Poll(int index) {
       continue;
     }
     if (absl::Now() - last_call < options_.spin) {
-      fast_channel::CpuRelax();
+      CpuRelax();
       continue;
     }
     // Sleep on the doorbell. A client bumps request_seq, then the doorbell,

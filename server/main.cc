@@ -20,7 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/logging.h"
+#include "common/logging.h"
 #include "server/server.h"
 
 ABSL_FLAG(int, gpu, 0, "CUDA device ordinal whose KV pool this daemon owns.");

@@ -5,10 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
 #include "server/fast_channel_server.h"
-#include "server/grpc_status.h"
-#include "server/logging.h"
 
 namespace pagealloc {
 namespace {

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.h"
+#include "common/status_macros.h"
 
 namespace pagealloc {
 

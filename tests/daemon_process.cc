@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/pagealloc.grpc.pb.h"
-#include "server/grpc_status.h"
 
 namespace pagealloc::testing {
 

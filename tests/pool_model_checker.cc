@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "allocator/status_macros.h"
+#include "common/status_macros.h"
 
 namespace pagealloc::testing {
 namespace {

@@ -9,10 +9,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/grpc_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/pagealloc.grpc.pb.h"
-#include "server/grpc_status.h"
 #include "server/server.h"
 #include "tests/status_matchers.h"
 

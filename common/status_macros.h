@@ -3,8 +3,8 @@
 // Debian 12's Abseil (20220623) predates absl's own status macros, so we keep
 // these two here and use them everywhere instead of hand-written if-chains.
 
-#ifndef PAGEALLOC_ALLOCATOR_STATUS_MACROS_H_
-#define PAGEALLOC_ALLOCATOR_STATUS_MACROS_H_
+#ifndef PAGEALLOC_COMMON_STATUS_MACROS_H_
+#define PAGEALLOC_COMMON_STATUS_MACROS_H_
 
 #include <utility>
 
@@ -38,4 +38,4 @@
   }                                                            \
   lhs = std::move(statusor).value()
 
-#endif  // PAGEALLOC_ALLOCATOR_STATUS_MACROS_H_
+#endif  // PAGEALLOC_COMMON_STATUS_MACROS_H_

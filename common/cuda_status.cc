@@ -1,4 +1,4 @@
-#include "kernels/cuda_status.h"
+#include "common/cuda_status.h"
 
 #include <string>
 

@@ -1,7 +1,7 @@
 // Named spdlog loggers, one per subsystem ("server", "session", "batcher").
 
-#ifndef PAGEALLOC_SERVER_LOGGING_H_
-#define PAGEALLOC_SERVER_LOGGING_H_
+#ifndef PAGEALLOC_COMMON_LOGGING_H_
+#define PAGEALLOC_COMMON_LOGGING_H_
 
 #include <memory>
 #include <string>
@@ -27,4 +27,4 @@ inline std::shared_ptr<spdlog::logger> Logger(const std::string& name) {
 
 }  // namespace pagealloc
 
-#endif  // PAGEALLOC_SERVER_LOGGING_H_
+#endif  // PAGEALLOC_COMMON_LOGGING_H_

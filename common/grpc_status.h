@@ -1,8 +1,8 @@
 // The one place where absl::Status becomes grpc::Status (and back, for the
 // client library). The canonical codes share their numbers.
 
-#ifndef PAGEALLOC_SERVER_GRPC_STATUS_H_
-#define PAGEALLOC_SERVER_GRPC_STATUS_H_
+#ifndef PAGEALLOC_COMMON_GRPC_STATUS_H_
+#define PAGEALLOC_COMMON_GRPC_STATUS_H_
 
 #include <string>
 
@@ -25,4 +25,4 @@ inline absl::Status FromGrpcStatus(const grpc::Status& status) {
 
 }  // namespace pagealloc
 
-#endif  // PAGEALLOC_SERVER_GRPC_STATUS_H_
+#endif  // PAGEALLOC_COMMON_GRPC_STATUS_H_

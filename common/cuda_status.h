@@ -1,8 +1,8 @@
 // The one place where a cudaError_t becomes an absl::Status, shared by the
 // CUDA executor, the daemon's CUDA backend and the client's IPC mapping.
 
-#ifndef PAGEALLOC_KERNELS_CUDA_STATUS_H_
-#define PAGEALLOC_KERNELS_CUDA_STATUS_H_
+#ifndef PAGEALLOC_COMMON_CUDA_STATUS_H_
+#define PAGEALLOC_COMMON_CUDA_STATUS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -22,4 +22,4 @@ std::string FormatCudaUuid(const cudaUUID_t& uuid);
 
 }  // namespace pagealloc
 
-#endif  // PAGEALLOC_KERNELS_CUDA_STATUS_H_
+#endif  // PAGEALLOC_COMMON_CUDA_STATUS_H_
