@@ -6,9 +6,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "client/fast_channel_client.h"
 #include "client/ring_view.h"
-#include "common/cpu_relax.h"
 #include "common/status_macros.h"
+#include "fast_channel/layout.h"
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "client/cuda_ring_view.h"
 #endif
@@ -109,7 +110,9 @@ absl::Status Client::Register(v1::OutputRing* ring) {
   *ring = response.ring();
   if (!response.fast_channel().shm_name().empty()) {
     // Without it (another host, no access) calls simply go through gRPC.
-    (void)MapFastChannel(response.fast_channel());
+    absl::StatusOr<std::unique_ptr<FastChannelClient>> fast =
+        FastChannelClient::Map(response.fast_channel());
+    if (fast.ok()) fast_ = *std::move(fast);
   }
   return absl::OkStatus();
 }
@@ -325,141 +328,59 @@ absl::StatusOr<Allocation> Client::Alloc(absl::Span<const int64_t> num_tokens,
   return CallAlloc(request, options, &v1::PageAllocator::Stub::Alloc);
 }
 
-absl::Status Client::MapFastChannel(const v1::FastChannel& channel) {
-  const int32_t max_requests = channel.max_requests();
-  const int32_t message_bytes = channel.message_bytes();
-  if (max_requests < 1 || message_bytes < 64) {
-    return absl::InternalError("the daemon described a malformed fast channel");
-  }
-  const fast_channel::ChannelLayout layout(max_requests, message_bytes);
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<fast_channel::SharedRegion> region,
-      fast_channel::SharedRegion::Open(channel.shm_name(), layout.total_bytes));
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<fast_channel::SharedRegion> doorbell,
-      fast_channel::SharedRegion::Open(channel.doorbell_shm_name(),
-                                       sizeof(fast_channel::Doorbell)));
-  auto* header = static_cast<fast_channel::ChannelHeader*>(region->base());
-  if (header->magic != fast_channel::kMagic ||
-      header->version != fast_channel::kVersion ||
-      header->max_requests != max_requests ||
-      header->message_bytes != message_bytes) {
-    return absl::FailedPreconditionError(
-        "the fast channel's header does not match its description");
-  }
-  fast_region_ = std::move(region);
-  doorbell_region_ = std::move(doorbell);
-  fast_header_ = header;
-  doorbell_ = static_cast<fast_channel::Doorbell*>(doorbell_region_->base());
-  fast_layout_.emplace(layout);
-  return absl::OkStatus();
-}
-
-absl::Status Client::PostFastCall(fast_channel::CallKind kind,
+absl::Status Client::PostFastCall(uint32_t kind, uint32_t option_bits,
                                   absl::Span<const int64_t> in0,
                                   absl::Span<const int64_t> in1,
                                   absl::Span<const int64_t> in2,
-                                  uint32_t option_bits,
                                   absl::Span<const int64_t> free_first) {
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
-  fast_channel::ChannelHeader* h = fast_header_;
-  const fast_channel::ChannelLayout& layout = *fast_layout_;
-  char* base = static_cast<char*>(fast_region_->base());
-  auto put = [&](size_t offset, absl::Span<const int64_t> values) {
-    if (!values.empty()) {
-      std::memcpy(base + offset, values.data(),
-                  values.size() * sizeof(int64_t));
-    }
-  };
-  put(layout.in0, in0);
-  put(layout.in1, in1);
-  put(layout.in2, in2);
-  put(layout.free_first, free_first);
-  h->num_free_first = static_cast<int32_t>(free_first.size());
-  h->kind = static_cast<uint32_t>(kind);
-  h->num_requests = std::max({in0.size(), in1.size(), in2.size()});
-  h->options = option_bits;
+  fast_channel::CallView call;
+  call.kind = static_cast<fast_channel::CallKind>(kind);
+  call.options = option_bits;
+  call.in0 = in0;
+  call.in1 = in1;
+  call.in2 = in2;
+  call.free_first = free_first;
   {
     absl::MutexLock lock(&mu_);
-    h->release_ring_up_to = release_up_to_;
+    call.release_ring_up_to = release_up_to_;
   }
-  const uint32_t seq = ++fast_seq_;
-  h->request_seq.store(seq, std::memory_order_seq_cst);
-  doorbell_->seq.fetch_add(1, std::memory_order_seq_cst);
-  if (doorbell_->pollers_sleeping.load(std::memory_order_seq_cst) != 0) {
-    fast_channel::FutexWakeAll(&doorbell_->seq);
+  const absl::Status answered = fast_->Call(
+      call, options_.fast_channel_spin, absl::Now() + options_.call_timeout,
+      [this] { return session_status(); });
+  if (!answered.ok()) {
+    fast_abandoned_ = true;
+    return answered;
   }
-  // Wait: spin (the usual answer comes within tens of microseconds), then
-  // sleep on response_seq in short slices, watching the deadline and the
-  // session (the KeepAlive thread notices a dead daemon).
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + options_.call_timeout;
-  while (h->response_seq.load(std::memory_order_acquire) != seq) {
-    const absl::Time now = absl::Now();
-    if (now - start < options_.fast_channel_spin) {
-      CpuRelax();
-      continue;
-    }
-    if (now >= deadline) {
-      fast_abandoned_ = true;
-      return absl::DeadlineExceededError(
-          "no answer on the fast channel before the call's deadline; later "
-          "calls go through gRPC");
-    }
-    if (absl::Status alive = session_status(); !alive.ok()) {
-      fast_abandoned_ = true;
-      return alive;
-    }
-    h->client_waiting.store(1, std::memory_order_seq_cst);
-    const uint32_t seen = h->response_seq.load(std::memory_order_seq_cst);
-    if (seen != seq) {
-      fast_channel::FutexWait(&h->response_seq, seen,
-                              std::min(deadline - now, absl::Milliseconds(50)));
-    }
-    h->client_waiting.store(0, std::memory_order_relaxed);
-  }
-  return absl::OkStatus();
+  return Observe(fast_->codec().CallStatus());
 }
 
 std::optional<absl::StatusOr<int64_t>> Client::FastOp(
     fast_channel::CallKind kind, absl::Span<const int64_t> values) {
-  if (fast_header_ == nullptr ||
-      values.size() > static_cast<size_t>(fast_header_->max_requests)) {
+  if (fast_ == nullptr ||
+      values.size() > static_cast<size_t>(fast_->max_requests())) {
     return std::nullopt;
   }
   absl::MutexLock fast_lock(&fast_mu_);
   if (fast_abandoned_) return std::nullopt;
-  if (absl::Status posted = PostFastCall(kind, {}, values, {}, 0);
+  if (absl::Status posted =
+          PostFastCall(static_cast<uint32_t>(kind), 0, {}, values, {}, {});
       !posted.ok()) {
     return posted;
   }
-  if (absl::Status whole = FastCallStatus(); !whole.ok()) return whole;
-  return fast_header_->op_value;
-}
-
-absl::Status Client::FastCallStatus() {
-  const fast_channel::ChannelHeader* h = fast_header_;
-  if (h->call_code == 0) return absl::OkStatus();
-  const int32_t used =
-      std::clamp<int32_t>(h->messages_used, 0, h->message_bytes);
-  const char* base = static_cast<const char*>(fast_region_->base());
-  return Observe(
-      absl::Status(static_cast<absl::StatusCode>(h->call_code),
-                   absl::string_view(base + fast_layout_->messages, used)));
+  return fast_->codec().OpValue();
 }
 
 std::optional<absl::StatusOr<Allocation>> Client::FastCall(
     fast_channel::CallKind kind, absl::Span<const int64_t> in0,
     absl::Span<const int64_t> in1, absl::Span<const int64_t> in2,
     const CallOptions& options) {
-  if (fast_header_ == nullptr || options.return_inline) return std::nullopt;
-  fast_channel::ChannelHeader* h = fast_header_;
-  const fast_channel::ChannelLayout& layout = *fast_layout_;
+  if (fast_ == nullptr || options.return_inline) return std::nullopt;
   // Parallel arrays of different lengths are the daemon's to refuse, with
   // its message; gRPC carries them as they are.
   const size_t n = std::max({in0.size(), in1.size(), in2.size()});
-  if (n > static_cast<size_t>(h->max_requests) ||
-      options.free_pages_first.size() > static_cast<size_t>(h->max_requests) ||
+  const size_t capacity = fast_->max_requests();
+  if (n > capacity || options.free_pages_first.size() > capacity ||
       (!in0.empty() && in0.size() != n) || in1.size() != n ||
       (!in2.empty() && in2.size() != n) ||
       (kind == fast_channel::CallKind::kExtend && in0.size() != n) ||
@@ -471,48 +392,26 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   const uint32_t option_bits =
       (options.async_completion ? fast_channel::kAsyncCompletion : 0) |
       (options.checkpoint_first ? fast_channel::kCheckpointFirst : 0);
-  if (absl::Status posted = PostFastCall(kind, in0, in1, in2, option_bits,
-                                         options.free_pages_first);
+  if (absl::Status posted =
+          PostFastCall(static_cast<uint32_t>(kind), option_bits, in0, in1, in2,
+                       options.free_pages_first);
       !posted.ok()) {
     return posted;
   }
-  if (absl::Status whole = FastCallStatus(); !whole.ok()) return whole;
-  char* base = static_cast<char*>(fast_region_->base());
-  const int32_t results = h->num_results;
-  if (results != static_cast<int32_t>(n)) {
-    return absl::InternalError(absl::StrFormat(
-        "the daemon's answer is malformed: %d results for %d requests", results,
-        n));
+  fast_channel::AllocAnswerView view;
+  if (absl::Status read = fast_->codec().ReadAllocAnswer(n, &view);
+      !read.ok()) {
+    return read;
   }
   AnswerArrays answer;
-  answer.codes = absl::MakeConstSpan(
-      reinterpret_cast<const int32_t*>(base + layout.codes), n);
-  answer.ring_offsets = absl::MakeConstSpan(
-      reinterpret_cast<const int64_t*>(base + layout.ring_offsets), n);
-  answer.counts = absl::MakeConstSpan(
-      reinterpret_cast<const int64_t*>(base + layout.counts), n);
-  answer.new_pages = absl::MakeConstSpan(
-      reinterpret_cast<const int64_t*>(base + layout.new_pages), n);
-  // Refusal messages: each a 4-byte length and its bytes.
-  const int32_t used =
-      std::clamp<int32_t>(h->messages_used, 0, h->message_bytes);
-  for (int32_t at = 0; at + 4 <= used;) {
-    int32_t length = 0;
-    std::memcpy(&length, base + layout.messages + at, 4);
-    at += 4;
-    length = std::clamp<int32_t>(length, 0, used - at);
-    answer.messages.emplace_back(base + layout.messages + at, length);
-    at += length;
-  }
-  // Messages truncated away (a huge batch of refusals) still get a status.
-  const size_t refused = std::count_if(answer.codes.begin(), answer.codes.end(),
-                                       [](int32_t c) { return c != 0; });
-  while (answer.messages.size() < refused) {
-    answer.messages.emplace_back("(message truncated by the fast channel)");
-  }
-  answer.ring_end = h->ring_end;
-  answer.pages_freed_first = h->pages_freed_first;
-  answer.batch_requests = h->batch_requests;
+  answer.codes = view.codes;
+  answer.ring_offsets = view.ring_offsets;
+  answer.counts = view.counts;
+  answer.new_pages = view.new_pages;
+  answer.messages.assign(view.messages.begin(), view.messages.end());
+  answer.ring_end = view.ring_end;
+  answer.pages_freed_first = view.pages_freed_first;
+  answer.batch_requests = view.batch_requests;
   return ToAllocation(answer, options);
 }
 

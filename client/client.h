@@ -39,7 +39,6 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/fast_channel.h"
 #include "proto/pagealloc.grpc.pb.h"
 
 namespace pagealloc {
@@ -67,7 +66,7 @@ struct ClientOptions {
   // Use this channel instead of dialing `target` (in-process tests).
   std::shared_ptr<grpc::Channel> channel;
   // Send allocation calls, Free, Checkpoint and Rollback through the
-  // session's fast channel (shared memory, proto/fast_channel.h) when the
+  // session's fast channel (shared memory, fast_channel/layout.h) when the
   // daemon offers one and this process can map it; else, and for
   // return_inline calls, through gRPC.
   bool fast_channel = true;
@@ -128,7 +127,11 @@ class Allocation {
   bool on_device_ = false;
 };
 
-class RingView;  // the mapped output ring (client/ring_view.h)
+class RingView;           // the mapped output ring (client/ring_view.h)
+class FastChannelClient;  // client/fast_channel_client.h
+namespace fast_channel {
+enum class CallKind : uint32_t;  // fast_channel/layout.h
+}  // namespace fast_channel
 
 class Client {
  public:
@@ -197,7 +200,7 @@ class Client {
   // have written their slots. A no-op on the CPU backend.
   absl::Status OrderAfterCompletion(void* cuda_stream) const;
   // Whether allocation calls go through the fast channel.
-  bool uses_fast_channel() const { return fast_header_ != nullptr; }
+  bool uses_fast_channel() const { return fast_ != nullptr; }
   // Copies `count` slots at `slots` (from a RequestSlots) into host memory.
   absl::Status CopyToHost(const int64_t* slots, int64_t count,
                           int64_t* out) const;
@@ -223,20 +226,15 @@ class Client {
   std::optional<absl::StatusOr<int64_t>> FastOp(
       fast_channel::CallKind kind, absl::Span<const int64_t> values)
       ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
-  // Writes a call into the channel, rings the doorbell and waits for the
-  // answer (then in the header). Errors are the transport's: deadline, or
-  // the session gone; either abandons the channel.
-  absl::Status PostFastCall(fast_channel::CallKind kind,
+  // Posts a call on the fast channel and waits for its answer; then its
+  // whole-call status (observed for session loss). A transport error
+  // (deadline, session gone) abandons the channel.
+  absl::Status PostFastCall(uint32_t kind, uint32_t option_bits,
                             absl::Span<const int64_t> in0,
                             absl::Span<const int64_t> in1,
-                            absl::Span<const int64_t> in2, uint32_t option_bits,
-                            absl::Span<const int64_t> free_first = {})
+                            absl::Span<const int64_t> in2,
+                            absl::Span<const int64_t> free_first)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_) ABSL_LOCKS_EXCLUDED(mu_);
-  // The answered call's whole-call status (observed for session loss).
-  absl::Status FastCallStatus() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Maps the session's fast channel, if the daemon offered one.
-  absl::Status MapFastChannel(const v1::FastChannel& channel);
   // Turns an answer's per-request arrays into an Allocation (both paths).
   struct AnswerArrays {
     absl::Span<const int32_t> codes;
@@ -280,13 +278,8 @@ class Client {
   std::thread keepalive_;
 
   // The fast channel (null when not used). One call at a time.
-  std::unique_ptr<fast_channel::SharedRegion> fast_region_;
-  std::unique_ptr<fast_channel::SharedRegion> doorbell_region_;
-  fast_channel::ChannelHeader* fast_header_ = nullptr;
-  fast_channel::Doorbell* doorbell_ = nullptr;
-  std::optional<fast_channel::ChannelLayout> fast_layout_;
+  std::unique_ptr<FastChannelClient> fast_;
   absl::Mutex fast_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  uint32_t fast_seq_ ABSL_GUARDED_BY(fast_mu_) = 0;
   // Set when a call gave up waiting: the channel may still be answered
   // into, so later calls go through gRPC.
   bool fast_abandoned_ ABSL_GUARDED_BY(fast_mu_) = false;

@@ -1,14 +1,10 @@
 #include "client/ring_view.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_format.h"
+#include "memory/shared_region.h"
 
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "client/cuda_ring_view.h"
@@ -17,16 +13,15 @@
 namespace pagealloc {
 namespace {
 
-// The CPU backend's ring: POSIX shared memory, mapped read-only.
+// The CPU backend's ring: shared memory, mapped read-only.
 class ShmRingView final : public RingView {
  public:
-  ShmRingView(const int64_t* base, int64_t capacity)
-      : base_(base), capacity_(capacity) {}
-  ~ShmRingView() override {
-    munmap(const_cast<int64_t*>(base_), capacity_ * sizeof(int64_t));
-  }
+  ShmRingView(std::unique_ptr<SharedRegion> region, int64_t capacity)
+      : region_(std::move(region)), capacity_(capacity) {}
 
-  const int64_t* slots() const override { return base_; }
+  const int64_t* slots() const override {
+    return static_cast<const int64_t*>(region_->base());
+  }
   int64_t capacity_slots() const override { return capacity_; }
   bool on_device() const override { return false; }
   absl::Status CopyToHost(const int64_t* src, int64_t count,
@@ -36,35 +31,33 @@ class ShmRingView final : public RingView {
   }
 
  private:
-  const int64_t* const base_;
+  const std::unique_ptr<SharedRegion> region_;
   const int64_t capacity_;
 };
 
 absl::StatusOr<std::unique_ptr<RingView>> MapShmRing(
     const v1::OutputRing& ring) {
-  const int fd = shm_open(ring.shm_name().c_str(), O_RDONLY, 0);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot open the output ring %s: %s (the client must run on the "
-        "daemon's host, in a group that may read its shared memory)",
-        ring.shm_name(), std::strerror(errno)));
-  }
-  struct stat st;
-  const size_t bytes = ring.capacity_slots() * sizeof(int64_t);
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
-    close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrFormat("output ring %s is smaller than its %d slots",
-                        ring.shm_name(), ring.capacity_slots()));
-  }
-  void* base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
-  const int error = errno;
-  close(fd);
-  if (base == MAP_FAILED) {
+  if (ring.capacity_slots() < 1 || ring.capacity_slots() > (int64_t{1} << 40)) {
     return absl::InternalError(absl::StrFormat(
-        "mmap of %s failed: %s", ring.shm_name(), std::strerror(error)));
+        "the daemon described a ring of %d slots", ring.capacity_slots()));
   }
-  return std::make_unique<ShmRingView>(static_cast<const int64_t*>(base),
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Open(
+      ring.shm_name(), ring.capacity_slots() * sizeof(int64_t),
+      SharedRegion::Access::kReadOnly);
+  if (!region.ok()) {
+    // Not being able to open it is a deployment problem, not a passing one.
+    const absl::StatusCode code =
+        region.status().code() == absl::StatusCode::kUnavailable
+            ? absl::StatusCode::kFailedPrecondition
+            : region.status().code();
+    return absl::Status(
+        code,
+        absl::StrFormat("cannot map the output ring: %s (the client must run "
+                        "on the daemon's host, in a group that may read its "
+                        "shared memory)",
+                        region.status().message()));
+  }
+  return std::make_unique<ShmRingView>(*std::move(region),
                                        ring.capacity_slots());
 }
 

@@ -16,9 +16,26 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/executor.h"
-#include "proto/pagealloc.pb.h"
 
 namespace pagealloc {
+
+enum class BackendKind { kCpu, kCuda };
+
+// What a client needs to map a session's output ring (the transport turns
+// it into its wire form, e.g. v1::OutputRing).
+struct RingDescription {
+  int64_t capacity_slots = 0;
+  std::string shm_name;               // CPU: shared memory to open read-only
+  std::string cuda_ipc_handle;        // CUDA: a cudaIpcMemHandle_t
+  std::string cuda_ipc_event_handle;  // CUDA: a cudaIpcEventHandle_t
+};
+
+// The device a pool lives on.
+struct DeviceDescription {
+  BackendKind kind = BackendKind::kCpu;
+  int gpu = -1;             // CUDA device ordinal; -1 on the CPU backend
+  std::string device_uuid;  // "GPU-..." on the CUDA backend
+};
 
 // One session's output ring memory. Destroying it unmaps and unlinks it.
 class RingMemory {
@@ -27,8 +44,8 @@ class RingMemory {
   // The ring's first slot, in the executor's address space.
   virtual int64_t* slots() = 0;
   virtual int64_t capacity_slots() const = 0;
-  // Fills what a client needs to map the ring.
-  virtual void Describe(v1::OutputRing* ring) const = 0;
+  // What a client needs to map the ring.
+  virtual RingDescription Describe() const = 0;
 };
 
 // This class is thread-safe: CreateRing may be called from any handler
@@ -37,7 +54,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
 
-  virtual v1::Backend kind() const = 0;
+  virtual BackendKind kind() const = 0;
   virtual PlanExecutor* executor() = 0;
   // Creates a ring of `capacity_slots` int64 slots for `session_id`.
   virtual absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
@@ -48,8 +65,8 @@ class Backend {
   // Ends a launch: waits for it (sync) or records the completion event that
   // clients wait on (async). Called after every Allocate that launched.
   virtual absl::Status CompleteLaunch(bool async) = 0;
-  // Fills the pool facts the backend knows (backend, gpu, device uuid).
-  virtual void DescribeDevice(v1::PoolInfo* pool) const = 0;
+  // The device the pool lives on.
+  virtual DeviceDescription DescribeDevice() const = 0;
   // A line for the start-up log.
   virtual std::string Summary() const = 0;
 };

@@ -275,16 +275,16 @@ void Batcher::RunBatch(std::vector<Work>* batch) {
   absl::flat_hash_set<uint64_t> pending_sessions;
   for (Work& work : *batch) {
     if (work.alloc != nullptr) {
-      if (work.alloc->before) {
+      if (work.alloc->has_before) {
         // The call's own operations come first: after the session's
         // earlier calls, before this one's allocation.
         if (pending_sessions.contains(work.session_id)) {
           Launch(&pending);
           pending_sessions.clear();
         }
-        const absl::Status ready = work.alloc->before();
+        const absl::Status ready = work.alloc->completion->Before();
         if (!ready.ok()) {
-          work.alloc->cancel(ready);
+          work.alloc->completion->Cancel(ready);
           continue;
         }
       }
@@ -390,8 +390,8 @@ void Batcher::Launch(std::vector<Work>* pending) {
     launch.queue_wait = start - work.queued_at;
     metrics_.queue_wait_seconds.Observe(
         absl::ToDoubleSeconds(launch.queue_wait));
-    call.done(absl::MakeConstSpan(results.data() + first, n), inline_slots,
-              launch);
+    call.completion->Done(absl::MakeConstSpan(results.data() + first, n),
+                          inline_slots, launch);
     first += n;
   }
   pending->clear();

@@ -56,32 +56,54 @@ struct LaunchInfo {
   absl::Duration execute_time;  // plan + launch (+ wait, in sync mode)
 };
 
+// What the batcher records about each launch.
+struct BatcherMetrics {
+  AtomicHistogram requests_per_batch{AtomicHistogram::Exponential(1, 2, 14)};
+  AtomicHistogram tokens_per_batch{AtomicHistogram::Exponential(1, 4, 12)};
+  // Per call: from queueing to the start of its launch.
+  AtomicHistogram queue_wait_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
+  // Per launch: planning, the executor's launch and, in sync mode, its wait.
+  AtomicHistogram execute_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
+  // Per launch, the part of execute spent completing it: the host's wait
+  // for the GPU in sync mode, recording the completion event in async mode.
+  AtomicHistogram complete_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
+};
+
+// How the batcher hands an allocation call back to whoever submitted it.
+// The driving thread calls, in order: Before (only when the call has
+// operations that come first), then exactly one of Cancel (Before failed;
+// the call was not launched) or Done (the launch ran, or was refused).
+class AllocCompletion {
+ public:
+  virtual ~AllocCompletion() = default;
+  // Runs the session's operations that come first in this call
+  // (AllocOptions.free_pages_first, checkpoint_first), in order with the
+  // session's other work. When it fails the call is not launched.
+  virtual absl::Status Before() = 0;
+  virtual void Cancel(const absl::Status& status) = 0;
+  // One result per request. inline_slots (return_inline) holds the slots of
+  // the accepted requests, concatenated in request order. The spans live
+  // until Done returns.
+  virtual void Done(absl::Span<const AllocResult> results,
+                    absl::Span<const int64_t> inline_slots,
+                    const LaunchInfo& launch) = 0;
+};
+
 // One allocation call of one session.
 struct AllocCall {
   uint64_t session_id = 0;
-  // The requests, owned by the submitter, which keeps them alive until
-  // `done` has run. Destinations already point into the session's ring,
+  // The requests, owned by the submitter, which keeps them alive until the
+  // call completes. Destinations already point into the session's ring,
   // except when return_inline is set: then the batcher points them at its
   // scratch buffer and copies the slots into `inline_slots`.
   absl::Span<AllocRequest> requests;
   int64_t num_slots = 0;
   bool return_inline = false;
   bool async_completion = false;
-  // Optional: the session's operations that come first in this call
-  // (AllocOptions.free_pages_first, checkpoint_first). The driver runs it
-  // when it reaches the call, in order with the session's other work; when
-  // it fails the call is not launched and `cancel` runs with its status
-  // instead of `done`.
-  std::function<absl::Status()> before;
-  std::function<void(const absl::Status&)> cancel;
-  // Runs on the driving thread once the launch is done (or refused), with
-  // one result per request. inline_slots (return_inline) holds the slots of
-  // the accepted requests, concatenated in request order. The spans live
-  // until `done` returns.
-  std::function<void(absl::Span<const AllocResult> results,
-                     absl::Span<const int64_t> inline_slots,
-                     const LaunchInfo& launch)>
-      done;
+  // Whether completion->Before must run first.
+  bool has_before = false;
+  // Must live until Cancel or Done has returned.
+  AllocCompletion* completion = nullptr;
 };
 
 class Batcher {
@@ -127,11 +149,11 @@ class Batcher {
   static constexpr int kMaxInlineRounds = 4;
 
   // Queues an allocation call. REQUIRES: call.requests.size() <=
-  // max_batch_requests and call.num_slots <= max_batch_tokens (the service
-  // refuses larger calls). Returns UNAVAILABLE once Stop has begun.
-  // `call.done` may run on the calling thread before this returns (see "Who
-  // drives"), so the caller must hold no lock that `done` or other queued
-  // work takes.
+  // max_batch_requests, call.num_slots <= max_batch_tokens (the call core
+  // refuses larger calls) and call.completion is set. Returns UNAVAILABLE
+  // once Stop has begun. The completion may run on the calling thread
+  // before this returns (see "Who drives"), so the caller must hold no lock
+  // that the completion or other queued work takes.
   absl::Status SubmitAlloc(AllocCall call) ABSL_LOCKS_EXCLUDED(mu_);
   // Queues several calls at once, in order, so that they share a launch
   // (unless one is running); all or none (UNAVAILABLE once Stop has begun).

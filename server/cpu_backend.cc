@@ -1,71 +1,45 @@
 // The CPU backend: the reference executor, and rings in POSIX shared memory
 // that the client maps read-only.
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "kernels/cpu_executor.h"
+#include "memory/shared_region.h"
 #include "server/backend.h"
 
 namespace pagealloc {
 namespace {
 
+// A ring in shared memory that the client maps read-only.
 class ShmRing final : public RingMemory {
  public:
-  static absl::StatusOr<std::unique_ptr<ShmRing>> Create(std::string name,
-                                                         int64_t capacity) {
+  static absl::StatusOr<std::unique_ptr<ShmRing>> Create(
+      const std::string& name, int64_t capacity) {
     // 0660: the daemon's group (the schedulers') may map the ring.
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0660);
-    if (fd < 0) {
-      return absl::InternalError(absl::StrFormat("shm_open(%s) failed: %s",
-                                                 name, std::strerror(errno)));
-    }
-    const size_t bytes = capacity * sizeof(int64_t);
-    if (ftruncate(fd, bytes) != 0) {
-      const int error = errno;
-      close(fd);
-      shm_unlink(name.c_str());
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("sizing shared memory %s to %d bytes failed: %s",
-                          name, bytes, std::strerror(error)));
-    }
-    void* base =
-        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const int error = errno;
-    close(fd);
-    if (base == MAP_FAILED) {
-      shm_unlink(name.c_str());
-      return absl::InternalError(
-          absl::StrFormat("mmap of %s failed: %s", name, std::strerror(error)));
-    }
-    return std::unique_ptr<ShmRing>(
-        new ShmRing(std::move(name), static_cast<int64_t*>(base), capacity));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<SharedRegion> region,
+        SharedRegion::Create(name, capacity * sizeof(int64_t), 0660));
+    return std::unique_ptr<ShmRing>(new ShmRing(std::move(region), capacity));
   }
 
-  ~ShmRing() override {
-    munmap(base_, capacity_ * sizeof(int64_t));
-    shm_unlink(name_.c_str());
-  }
-
-  int64_t* slots() override { return base_; }
+  int64_t* slots() override { return static_cast<int64_t*>(region_->base()); }
   int64_t capacity_slots() const override { return capacity_; }
-  void Describe(v1::OutputRing* ring) const override {
-    ring->set_capacity_slots(capacity_);
-    ring->set_shm_name(name_);
+  RingDescription Describe() const override {
+    RingDescription ring;
+    ring.capacity_slots = capacity_;
+    ring.shm_name = region_->name();
+    return ring;
   }
 
  private:
-  ShmRing(std::string name, int64_t* base, int64_t capacity)
-      : name_(std::move(name)), base_(base), capacity_(capacity) {}
+  ShmRing(std::unique_ptr<SharedRegion> region, int64_t capacity)
+      : region_(std::move(region)), capacity_(capacity) {}
 
-  const std::string name_;
-  int64_t* const base_;
+  const std::unique_ptr<SharedRegion> region_;
   const int64_t capacity_;
 };
 
@@ -74,7 +48,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(std::string shm_prefix)
       : shm_prefix_(std::move(shm_prefix)) {}
 
-  v1::Backend kind() const override { return v1::BACKEND_CPU; }
+  BackendKind kind() const override { return BackendKind::kCpu; }
   PlanExecutor* executor() override { return &executor_; }
 
   absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
@@ -95,9 +69,8 @@ class CpuBackend final : public Backend {
 
   absl::Status CompleteLaunch(bool) override { return absl::OkStatus(); }
 
-  void DescribeDevice(v1::PoolInfo* pool) const override {
-    pool->set_backend(v1::BACKEND_CPU);
-    pool->set_gpu(-1);
+  DeviceDescription DescribeDevice() const override {
+    return {BackendKind::kCpu, -1, ""};
   }
 
   std::string Summary() const override {

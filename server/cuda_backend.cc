@@ -29,10 +29,12 @@ class CudaRing final : public RingMemory {
 
   int64_t* slots() override { return slots_; }
   int64_t capacity_slots() const override { return capacity_; }
-  void Describe(v1::OutputRing* ring) const override {
-    ring->set_capacity_slots(capacity_);
-    ring->set_cuda_ipc_handle(ipc_handle_);
-    ring->set_cuda_ipc_event_handle(event_handle_);
+  RingDescription Describe() const override {
+    RingDescription ring;
+    ring.capacity_slots = capacity_;
+    ring.cuda_ipc_handle = ipc_handle_;
+    ring.cuda_ipc_event_handle = event_handle_;
+    return ring;
   }
 
  private:
@@ -82,7 +84,7 @@ class CudaBackend final : public Backend {
     if (completion_ != nullptr) cudaEventDestroy(completion_);
   }
 
-  v1::Backend kind() const override { return v1::BACKEND_CUDA; }
+  BackendKind kind() const override { return BackendKind::kCuda; }
   PlanExecutor* executor() override { return executor_.get(); }
 
   absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
@@ -124,10 +126,8 @@ class CudaBackend final : public Backend {
                       "cudaEventRecord(completion)");
   }
 
-  void DescribeDevice(v1::PoolInfo* pool) const override {
-    pool->set_backend(v1::BACKEND_CUDA);
-    pool->set_gpu(gpu_);
-    pool->set_device_uuid(uuid_);
+  DeviceDescription DescribeDevice() const override {
+    return {BackendKind::kCuda, gpu_, uuid_};
   }
 
   std::string Summary() const override {

@@ -1,8 +1,9 @@
-// The daemon's side of the fast channel (proto/fast_channel.h): one shared
-// memory channel per session that asked for one, a doorbell, and poller
-// threads that take the calls posted in their channels, run them through
-// the service's own preparation (authentication, validation, ring space)
-// and submits them to the batcher together, so that calls posted at the
+// The fast channel's adapter over the call core (fast_channel/layout.h): one
+// shared-memory channel per session that asked for one, a doorbell, and
+// poller threads that take the calls posted in their channels through the
+// codec (fast_channel/codec.h), run them through the call core (the same
+// authentication, validation and ring space as gRPC calls) and submit the
+// allocation calls to the batcher together, so that calls posted at the
 // same time share a launch.
 //
 // A poller spins for `spin` after the last call it saw, so that a client
@@ -29,13 +30,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proto/fast_channel.h"
+#include "fast_channel/codec.h"
+#include "fast_channel/layout.h"
+#include "memory/shared_region.h"
 #include "proto/pagealloc.pb.h"
-#include "server/service.h"
+#include "server/call_core.h"
 
 namespace pagealloc {
 
-class FastChannelServer {
+class FastChannelServer final : public SessionObserver {
  public:
   struct Options {
     // Shared memory names start with this (e.g. "/pagealloc-gpu0.1234").
@@ -53,17 +56,19 @@ class FastChannelServer {
     int pollers = 1;
   };
 
-  // Creates the doorbell and starts the poller. `service` must outlive this.
+  // Creates the doorbell and starts the pollers. `core` must outlive this.
   static absl::StatusOr<std::unique_ptr<FastChannelServer>> Create(
-      const Options& options, PageAllocatorService* service);
-  // Stops the poller (Stop) and unlinks every channel.
-  ~FastChannelServer();
+      const Options& options, CallCore* core);
+  // Stops the pollers (Stop) and unlinks every channel.
+  ~FastChannelServer() override;
 
   // Opens a channel for a session and describes it in `out`.
   absl::Status Open(uint64_t session_id, const std::string& session_token,
                     v1::FastChannel* out) ABSL_LOCKS_EXCLUDED(mu_);
   // Unlinks a session's channel (calls in flight still complete).
   void Close(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // SessionObserver: a session that ends loses its channel.
+  void SessionClosed(uint64_t session_id) override { Close(session_id); }
   // Stops the poller: calls posted afterwards are never answered (the
   // daemon is going away; clients see their deadline, then gRPC's error).
   void Stop();
@@ -76,19 +81,20 @@ class FastChannelServer {
   struct Channel;
   class ChannelReply;
 
-  FastChannelServer(const Options& options, PageAllocatorService* service,
-                    std::unique_ptr<fast_channel::SharedRegion> doorbell);
+  FastChannelServer(const Options& options, CallCore* core,
+                    std::unique_ptr<SharedRegion> doorbell);
   // Poller `index`: serves the channels dealt to it.
   void Poll(int index);
-  // Copies the call posted in `channel`. An allocation call is prepared
-  // into `prepared` (true); an operation (Free, Checkpoint, Rollback) is
-  // submitted at once, and a refused call answered at once (false).
-  bool Take(const std::shared_ptr<Channel>& channel, uint32_t seq,
-            std::vector<PageAllocatorService::PreparedCall>* prepared);
+  // Takes the call posted in `channel` through the codec. An allocation
+  // call is prepared and appended to `prepared`; an operation (Free,
+  // Checkpoint, Rollback) is submitted at once, and a refused call answered
+  // at once.
+  void Take(const std::shared_ptr<Channel>& channel, uint32_t seq,
+            std::vector<AllocCall>* prepared);
 
   const Options options_;
-  PageAllocatorService* const service_;
-  const std::unique_ptr<fast_channel::SharedRegion> doorbell_region_;
+  CallCore* const core_;
+  const std::unique_ptr<SharedRegion> doorbell_region_;
   fast_channel::Doorbell* const doorbell_;
 
   absl::Mutex mu_;

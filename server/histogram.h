@@ -72,19 +72,6 @@ class AtomicHistogram {
   std::atomic<double> sum_{0};
 };
 
-// What the batcher records about each launch.
-struct BatcherMetrics {
-  AtomicHistogram requests_per_batch{AtomicHistogram::Exponential(1, 2, 14)};
-  AtomicHistogram tokens_per_batch{AtomicHistogram::Exponential(1, 4, 12)};
-  // Per call: from queueing to the start of its launch.
-  AtomicHistogram queue_wait_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
-  // Per launch: planning, the executor's launch and, in sync mode, its wait.
-  AtomicHistogram execute_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
-  // Per launch, the part of execute spent completing it: the host's wait
-  // for the GPU in sync mode, recording the completion event in async mode.
-  AtomicHistogram complete_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
-};
-
 }  // namespace pagealloc
 
 #endif  // PAGEALLOC_SERVER_HISTOGRAM_H_

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/version.h"
 #include "httplib.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
@@ -102,11 +103,11 @@ const char* CodeName(int code) {
 }  // namespace
 
 MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
-                                 PageAllocatorService* service,
-                                 Batcher* batcher, Backend* backend)
+                                 CallCore* core, Batcher* batcher,
+                                 Backend* backend)
     : pool_(pool),
       sessions_(sessions),
-      service_(service),
+      core_(core),
       batcher_(batcher),
       backend_(backend) {}
 
@@ -131,19 +132,17 @@ std::string MetricsExporter::Render() const {
                 : 0));
   families.push_back(
       Gauge("pagealloc_page_size_tokens", "Tokens per page.", stats.page_size));
-  v1::PoolInfo device;
-  backend_->DescribeDevice(&device);
+  const DeviceDescription device = backend_->DescribeDevice();
+  const bool cuda = device.kind == BackendKind::kCuda;
   MetricFamily build =
       Family("pagealloc_build_info", "Always 1; labels describe the daemon.",
              MetricType::Gauge);
   AddGauge(
       build, 1,
-      {{"version", kPagealloVersion},
-       {"backend", device.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu"},
-       {"gpu", device.backend() == v1::BACKEND_CUDA
-                   ? absl::StrFormat("%d", device.gpu())
-                   : ""},
-       {"device_uuid", device.device_uuid()},
+      {{"version", kPageallocVersion},
+       {"backend", cuda ? "cuda" : "cpu"},
+       {"gpu", cuda ? absl::StrFormat("%d", device.gpu) : ""},
+       {"device_uuid", device.device_uuid},
        {"free_policy", std::string(FreePolicyName(pool_->free_policy()))}});
   families.push_back(std::move(build));
 
@@ -195,7 +194,7 @@ std::string MetricsExporter::Render() const {
   }
   families.push_back(std::move(owned));
   families.push_back(std::move(quota));
-  const ServiceCounters& counters = service_->counters();
+  const SessionCounters& counters = core_->counters();
   families.push_back(
       Gauge("pagealloc_sessions_active", "Live sessions.", sessions.size()));
   families.push_back(Counter("pagealloc_sessions_opened_total",
@@ -212,7 +211,7 @@ std::string MetricsExporter::Render() const {
               counters.pages_reclaimed));
 
   // Requests by RPC and code, and their latency.
-  const RpcMetrics& rpc = service_->rpc_metrics();
+  const RpcMetrics& rpc = core_->rpc_metrics();
   MetricFamily requests =
       Family("pagealloc_requests_total",
              "RPCs answered, by method and status code.", MetricType::Counter);
@@ -220,16 +219,16 @@ std::string MetricsExporter::Render() const {
       "pagealloc_rpc_duration_seconds",
       "Time from a call's arrival to its answer (KeepAlive: stream life).",
       MetricType::Histogram);
-  for (int r = 0; r < kNumRpcs; ++r) {
-    const Rpc method = static_cast<Rpc>(r);
+  for (int r = 0; r < kNumMethods; ++r) {
+    const Method method = static_cast<Method>(r);
     for (int code = 0; code < kNumStatusCodes; ++code) {
       const int64_t n = rpc.count(method, static_cast<absl::StatusCode>(code));
       if (n > 0 || code == 0) {
         AddCounter(requests, n,
-                   {{"rpc", RpcName(method)}, {"code", CodeName(code)}});
+                   {{"rpc", MethodName(method)}, {"code", CodeName(code)}});
       }
     }
-    AddHistogram(latency, rpc.latency(method), {{"rpc", RpcName(method)}});
+    AddHistogram(latency, rpc.latency(method), {{"rpc", MethodName(method)}});
   }
   families.push_back(std::move(requests));
   families.push_back(std::move(latency));

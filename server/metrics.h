@@ -3,7 +3,7 @@
 //
 // Gauges come from snapshots taken at scrape time (the pool's stats, the
 // session list); counters and histograms are atomics the hot path bumps
-// without locks (RpcMetrics, BatcherMetrics, ServiceCounters). Names start
+// without locks (RpcMetrics, BatcherMetrics, SessionCounters). Names start
 // with pagealloc_, counters end in _total, times are in seconds.
 
 #ifndef PAGEALLOC_SERVER_METRICS_H_
@@ -18,12 +18,10 @@
 #include "allocator/page_pool.h"
 #include "server/backend.h"
 #include "server/batcher.h"
-#include "server/service.h"
+#include "server/call_core.h"
 #include "server/session.h"
 
 namespace pagealloc {
-
-inline constexpr char kPagealloVersion[] = "0.1.0";
 
 // Renders every metric. This class is thread-safe; it only reads.
 class MetricsExporter {
@@ -34,9 +32,8 @@ class MetricsExporter {
   static constexpr int kMaxClientLabels = 64;
 
   // Every pointer must outlive the exporter.
-  MetricsExporter(PagePool* pool, SessionRegistry* sessions,
-                  PageAllocatorService* service, Batcher* batcher,
-                  Backend* backend);
+  MetricsExporter(PagePool* pool, SessionRegistry* sessions, CallCore* core,
+                  Batcher* batcher, Backend* backend);
 
   // The exposition, text format 0.0.4.
   std::string Render() const;
@@ -44,7 +41,7 @@ class MetricsExporter {
  private:
   PagePool* const pool_;
   SessionRegistry* const sessions_;
-  PageAllocatorService* const service_;
+  CallCore* const core_;
   Batcher* const batcher_;
   Backend* const backend_;
 };

@@ -2,11 +2,11 @@
 
 namespace pagealloc {
 
-const char* RpcName(Rpc rpc) {
-  static constexpr const char* kNames[kNumRpcs] = {
+const char* MethodName(Method method) {
+  static constexpr const char* kNames[kNumMethods] = {
       "Register", "KeepAlive",  "AllocExtend", "AllocDecode", "Alloc",
       "Free",     "Checkpoint", "Rollback",    "ReleaseRing", "GetStats"};
-  return kNames[static_cast<int>(rpc)];
+  return kNames[static_cast<int>(method)];
 }
 
 RpcMetrics::RpcMetrics() {

@@ -189,11 +189,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   ASSIGN_OR_RETURN(server->batcher_,
                    Batcher::Create(batcher_options, server->pool_.get(),
                                    server->backend_.get()));
-  PageAllocatorService::Options service_options;
-  service_options.max_call_requests = options.batcher.max_batch_requests;
-  service_options.max_call_tokens = options.batcher.max_batch_tokens;
-  server->service_ = std::make_unique<PageAllocatorService>(
-      service_options, server->pool_.get(), server->backend_.get(),
+  CallCore::Options core_options;
+  core_options.max_call_requests = options.batcher.max_batch_requests;
+  core_options.max_call_tokens = options.batcher.max_batch_tokens;
+  server->core_ = std::make_unique<CallCore>(
+      core_options, server->pool_.get(), server->backend_.get(),
       server->sessions_.get(), server->batcher_.get());
   if (options.fast_channel) {
     FastChannelServer::Options fast;
@@ -204,11 +204,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     fast.spin = options.fast_channel_spin;
     fast.pollers = options.fast_channel_pollers;
     ASSIGN_OR_RETURN(server->fast_channels_,
-                     FastChannelServer::Create(fast, server->service_.get()));
-    server->service_->set_fast_channels(server->fast_channels_.get());
+                     FastChannelServer::Create(fast, server->core_.get()));
   }
+  server->grpc_service_ = std::make_unique<GrpcService>(
+      server->core_.get(), server->fast_channels_.get());
   server->metrics_ = std::make_unique<MetricsExporter>(
-      server->pool_.get(), server->sessions_.get(), server->service_.get(),
+      server->pool_.get(), server->sessions_.get(), server->core_.get(),
       server->batcher_.get(), server->backend_.get());
   return server;
 }
@@ -230,7 +231,7 @@ absl::Status Server::Start() {
   // No HTTP/2 BDP probing: the daemon's peers are on the same host, where
   // it only adds a PING exchange (two wake-ups) per message.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  builder.RegisterService(service_.get());
+  builder.RegisterService(grpc_service_.get());
   std::vector<std::unique_ptr<int>> ports;
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
                    TcpCredentials(options_.tls));
@@ -271,7 +272,7 @@ absl::Status Server::Start() {
                      MetricsHttpServer::Start(
                          options_.metrics_host, options_.metrics_port,
                          [this] { return metrics_->Render(); },
-                         [this] { return !service_->draining(); }));
+                         [this] { return !core_->draining(); }));
     log->info("metrics on http://{}:{}/metrics", options_.metrics_host,
               metrics_http_->port());
   }
@@ -303,7 +304,7 @@ void Server::ReapLeases() {
   const absl::Duration period = std::clamp(
       options_.sessions.lease / 4, absl::Milliseconds(5), absl::Seconds(1));
   while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
-    service_->ReclaimExpired(absl::Now());
+    core_->ReclaimExpired(absl::Now());
   }
 }
 
@@ -321,7 +322,7 @@ void Server::Shutdown() {
   }
   std::shared_ptr<spdlog::logger> log = Logger("server");
   log->info("draining: refusing new calls, finishing queued work");
-  service_->StartDraining();
+  core_->StartDraining();
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   batcher_->Stop();
   grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));

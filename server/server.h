@@ -27,9 +27,10 @@
 #include "grpcpp/grpcpp.h"
 #include "server/backend.h"
 #include "server/batcher.h"
+#include "server/call_core.h"
 #include "server/fast_channel_server.h"
+#include "server/grpc_service.h"
 #include "server/metrics.h"
-#include "server/service.h"
 #include "server/session.h"
 
 namespace pagealloc {
@@ -93,7 +94,7 @@ class Server {
 
   PagePool& pool() { return *pool_; }
   Backend& backend() { return *backend_; }
-  PageAllocatorService& service() { return *service_; }
+  CallCore& core() { return *core_; }
   // Null when ServerOptions.fast_channel is off.
   FastChannelServer* fast_channels() { return fast_channels_.get(); }
   const ServerOptions& options() const { return options_; }
@@ -112,9 +113,10 @@ class Server {
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<Batcher> batcher_;
-  std::unique_ptr<PageAllocatorService> service_;
-  // After service_, which it calls: destroyed first.
+  std::unique_ptr<CallCore> core_;
+  // After core_, which they call: destroyed first.
   std::unique_ptr<FastChannelServer> fast_channels_;
+  std::unique_ptr<GrpcService> grpc_service_;
   std::unique_ptr<MetricsExporter> metrics_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::unique_ptr<grpc::Server> grpc_server_;

@@ -1,10 +1,8 @@
-// The fast channel (proto/fast_channel.h) against an in-process daemon on
+// The fast channel (fast_channel/layout.h) against an in-process daemon on
 // the CPU backend: the client library uses it and gets the answers gRPC
 // gives; raw, malformed posts are refused with a message and change
 // nothing; calls posted together share a launch; closing a session removes
 // its channel.
-
-#include "proto/fast_channel.h"
 
 #include <unistd.h>
 
@@ -18,8 +16,11 @@
 
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "fast_channel/futex.h"
+#include "fast_channel/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/shared_region.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/fast_channel_server.h"
 #include "server/server.h"
@@ -72,8 +73,8 @@ class FastChannelTest : public ::testing::Test {
   // A raw session with a fast channel, mapped by hand.
   struct RawSession {
     v1::RegisterResponse registered;
-    std::unique_ptr<fc::SharedRegion> region;
-    std::unique_ptr<fc::SharedRegion> doorbell;
+    std::unique_ptr<SharedRegion> region;
+    std::unique_ptr<SharedRegion> doorbell;
     fc::ChannelHeader* header = nullptr;
     std::optional<fc::ChannelLayout> layout;
     uint32_t seq = 0;
@@ -115,9 +116,9 @@ class FastChannelTest : public ::testing::Test {
     const v1::FastChannel& channel = raw.registered.fast_channel();
     raw.layout.emplace(channel.max_requests(), channel.message_bytes());
     auto region =
-        fc::SharedRegion::Open(channel.shm_name(), raw.layout->total_bytes);
-    auto doorbell = fc::SharedRegion::Open(channel.doorbell_shm_name(),
-                                           sizeof(fc::Doorbell));
+        SharedRegion::Open(channel.shm_name(), raw.layout->total_bytes);
+    auto doorbell =
+        SharedRegion::Open(channel.doorbell_shm_name(), sizeof(fc::Doorbell));
     EXPECT_OK(region.status());
     EXPECT_OK(doorbell.status());
     if (region.ok() && doorbell.ok()) {
@@ -420,7 +421,7 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   ASSERT_OK(client->Alloc({4}).status());
   RawSession raw = OpenRaw();
   const std::string name = raw.registered.fast_channel().shm_name();
-  EXPECT_OK(fc::SharedRegion::Open(name, 1).status());
+  EXPECT_OK(SharedRegion::Open(name, 1).status());
   v1::KeepAliveRequest close;
   close.mutable_session()->set_session_id(raw.registered.session_id());
   close.mutable_session()->set_session_token(raw.registered.session_token());
@@ -433,7 +434,7 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   while (stream->Read(&ignored)) {
   }
   (void)stream->Finish();
-  EXPECT_THAT(fc::SharedRegion::Open(name, 1).status(),
+  EXPECT_THAT(SharedRegion::Open(name, 1).status(),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr(name)));
   // The other session is untouched.
   EXPECT_OK(client->Alloc({4}).status());

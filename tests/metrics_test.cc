@@ -123,7 +123,7 @@ TEST_F(MetricsTest, HealthzIsServiceableUntilDraining) {
   httplib::Result up = http_->Get("/healthz");
   ASSERT_TRUE(up);
   EXPECT_EQ(up->status, 200);
-  server_->service().StartDraining();
+  server_->core().StartDraining();
   httplib::Result draining = http_->Get("/healthz");
   ASSERT_TRUE(draining);
   EXPECT_EQ(draining->status, 503);

@@ -367,7 +367,7 @@ TEST_F(ServiceTest, ExpiredLeaseReclaimsPagesAndTheClientSeesIt) {
   EXPECT_EQ(server_->pool().Stats().used_pages, 3);
   absl::SleepFor(absl::Milliseconds(800));
   EXPECT_EQ(server_->pool().Stats().used_pages, 1);
-  EXPECT_EQ(server_->service().counters().pages_reclaimed, 2);
+  EXPECT_EQ(server_->core().counters().pages_reclaimed, 2);
   grpc::ClientContext late_context;
   EXPECT_THAT(FromGrpcStatus(stub_->Alloc(&late_context, alloc, &allocated)),
               StatusIs(absl::StatusCode::kNotFound,
@@ -493,7 +493,7 @@ TEST_F(ServiceTest, ConcurrentSessionsShareOneLaunch) {
 TEST_F(ServiceTest, DrainingRefusesNewCalls) {
   StartServer(64, 4);
   auto client = Connect();
-  server_->service().StartDraining();
+  server_->core().StartDraining();
   EXPECT_THAT(client->Alloc({4}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("draining")));
   v1::RegisterRequest request;

@@ -1,43 +1,16 @@
-#include "proto/fast_channel.h"
+#include "memory/shared_region.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 
 #include "absl/strings/str_format.h"
 
 namespace pagealloc {
-namespace fast_channel {
-
-static_assert(std::atomic<uint32_t>::is_always_lock_free,
-              "the channel's words are shared between processes");
-
-ChannelLayout::ChannelLayout(int32_t max_requests, int32_t message_bytes) {
-  const size_t n = max_requests;
-  size_t at = sizeof(ChannelHeader);
-  auto take = [&at](size_t bytes) {
-    const size_t start = at;
-    at += (bytes + 63) / 64 * 64;  // each part on its own cache lines
-    return start;
-  };
-  in0 = take(n * sizeof(int64_t));
-  in1 = take(n * sizeof(int64_t));
-  in2 = take(n * sizeof(int64_t));
-  free_first = take(n * sizeof(int64_t));
-  codes = take(n * sizeof(int32_t));
-  ring_offsets = take(n * sizeof(int64_t));
-  counts = take(n * sizeof(int64_t));
-  new_pages = take(n * sizeof(int64_t));
-  messages = take(message_bytes);
-  total_bytes = at;
-}
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
     const std::string& name, size_t bytes, int mode) {
@@ -70,12 +43,12 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
 }
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
-    const std::string& name, size_t min_bytes) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    const std::string& name, size_t min_bytes, Access access) {
+  const bool writable = access == Access::kReadWrite;
+  const int fd = shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
   if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrFormat("cannot open the fast channel's shared memory %s: %s",
-                        name, std::strerror(errno)));
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot open shared memory %s: %s", name, std::strerror(errno)));
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < min_bytes) {
@@ -85,7 +58,9 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
         min_bytes));
   }
   const size_t bytes = st.st_size;
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base =
+      mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+           MAP_SHARED, fd, 0);
   const int error = errno;
   close(fd);
   if (base == MAP_FAILED) {
@@ -105,17 +80,4 @@ void SharedRegion::Unlink() {
   if (owner_ && linked_.exchange(false)) shm_unlink(name_.c_str());
 }
 
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
-               absl::Duration timeout) {
-  const timespec relative = absl::ToTimespec(timeout);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected,
-          &relative, nullptr, 0);
-}
-
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX,
-          nullptr, nullptr, 0);
-}
-
-}  // namespace fast_channel
 }  // namespace pagealloc

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -45,9 +46,25 @@ class BatcherTest : public ::testing::Test {
   }
 
   // A one-token alloc call for `owner`, returned inline (no ring needed);
-  // `done` records the launch and the thread it ran on.
-  struct Completion {
+  // its completion records the launch and the thread it ran on.
+  struct Completion final : public AllocCompletion {
+    absl::Status Before() override { return absl::OkStatus(); }
+    void Cancel(const absl::Status& cancelled) override {
+      status = cancelled;
+      done.Notify();
+    }
+    void Done(absl::Span<const AllocResult> results, absl::Span<const int64_t>,
+              const LaunchInfo& launch) override {
+      if (on_done) on_done();
+      status = results[0].status;
+      launch_id = launch.launch_id;
+      batch_requests = launch.batch_requests;
+      thread = std::this_thread::get_id();
+      done.Notify();
+    }
+
     AllocRequest request;  // the call's one request (the call points here)
+    std::function<void()> on_done;  // runs first in Done, when set
     absl::Notification done;
     uint64_t launch_id = 0;
     int32_t batch_requests = 0;
@@ -64,15 +81,7 @@ class BatcherTest : public ::testing::Test {
     call.requests = absl::MakeSpan(&request, 1);
     call.num_slots = kPageSize;
     call.return_inline = true;
-    call.done = [completion](absl::Span<const AllocResult> results,
-                             absl::Span<const int64_t>,
-                             const LaunchInfo& launch) {
-      completion->status = results[0].status;
-      completion->launch_id = launch.launch_id;
-      completion->batch_requests = launch.batch_requests;
-      completion->thread = std::this_thread::get_id();
-      completion->done.Notify();
-    };
+    call.completion = completion;
     return call;
   }
 
@@ -217,19 +226,11 @@ TEST_F(BatcherTest, ManySubmittersOneDriverAtATimeAndPerSessionOrder) {
         } else {
           completions.push_back(std::make_unique<Completion>());
           Completion* completion = completions.back().get();
-          AllocCall call = DecodeCall(owner, completion);
-          auto inner = std::move(call.done);
-          call.done = [&, t, step, inner = std::move(inner)](
-                          absl::Span<const AllocResult> results,
-                          absl::Span<const int64_t> slots,
-                          const LaunchInfo& launch) {
-            {
-              absl::MutexLock lock(&mu);
-              order[t].push_back(step);
-            }
-            inner(results, slots, launch);
+          completion->on_done = [&, t, step] {
+            absl::MutexLock lock(&mu);
+            order[t].push_back(step);
           };
-          ASSERT_OK(batcher_->SubmitAlloc(std::move(call)));
+          ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(owner, completion)));
         }
       }
       for (auto& completion : completions) {

@@ -1,0 +1,162 @@
+// The one codec of the fast channel's wire format (fast_channel/layout.h):
+// the client library writes calls and reads answers through it, the daemon
+// takes calls and writes answers through it.
+//
+// Trust. A channel's memory is writable by its client at any time, so the
+// daemon's side never reads a size, count or capacity back from it: the
+// codec's capacity comes from the daemon's own records, TakeCall copies a
+// call out once (each header field read once, every count bounded before
+// any array is copied) into daemon-private memory, and the answer writers
+// bound every write by that capacity. The client's side trusts the daemon
+// but still clamps what it reads to the capacity Register described.
+
+#ifndef PAGEALLOC_FAST_CHANNEL_CODEC_H_
+#define PAGEALLOC_FAST_CHANNEL_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "fast_channel/layout.h"
+
+namespace pagealloc {
+namespace fast_channel {
+
+// A channel's capacities, as the daemon created it.
+struct Capacity {
+  int32_t max_requests = 0;   // every array's length
+  int32_t message_bytes = 0;  // the message area's size
+};
+
+// Whether `capacity` describes a channel the codec can work with
+// (max_requests >= 1, message_bytes >= 64).
+absl::Status ValidateCapacity(const Capacity& capacity);
+
+// A call as a client posts it. Which arrays a kind uses: layout.h.
+struct CallView {
+  CallKind kind = CallKind::kDecode;
+  uint32_t options = 0;  // k* option bits
+  int64_t release_ring_up_to = 0;
+  absl::Span<const int64_t> in0, in1, in2;
+  absl::Span<const int64_t> free_first;
+};
+
+// A call as the daemon took it: copied out of shared memory, checked for
+// shape (kind known, counts within capacity, option bits known). The
+// vectors are reused from call to call (TakeCall only grows them).
+struct TakenCall {
+  CallKind kind = CallKind::kDecode;
+  uint32_t options = 0;
+  int64_t release_ring_up_to = 0;
+  int32_t num_requests = 0;
+  // The arrays the kind uses hold num_requests values; the others are
+  // empty spans. free_first holds num_free_first page ids.
+  std::vector<int64_t> in0_storage, in1_storage, in2_storage, free_storage;
+  absl::Span<const int64_t> in0, in1, in2, free_first;
+};
+
+// An allocation call's answer as the client reads it. The spans point into
+// the channel and stay valid until the next call is posted.
+struct AllocAnswerView {
+  absl::Span<const int32_t> codes;  // one per request; 0 when accepted
+  absl::Span<const int64_t> ring_offsets, counts, new_pages;
+  // One per refused request, in order (a placeholder where the message
+  // area ran out).
+  std::vector<std::string> messages;
+  int64_t ring_end = 0;
+  int64_t pages_freed_first = 0;
+  int32_t batch_requests = 0;
+  uint64_t launch_id = 0;
+};
+
+// Reads and writes one mapped channel. Copyable and cheap: it holds the
+// base address and the capacity. Not thread-safe: one call in flight per
+// channel, by the protocol.
+class ChannelCodec {
+ public:
+  // `base` maps at least ChannelLayout(capacity).total_bytes bytes.
+  // REQUIRES: ValidateCapacity(capacity).ok().
+  ChannelCodec(void* base, const Capacity& capacity);
+
+  const Capacity& capacity() const { return capacity_; }
+  ChannelHeader* header() const { return header_; }
+
+  // ---- Daemon side.
+
+  // Writes the header fields a new channel starts with (the rest of the
+  // region is zero).
+  void Initialize();
+  // The sequence number of the last call posted (the client's word).
+  uint32_t PostedSeq() const {
+    return header_->request_seq.load(std::memory_order_acquire);
+  }
+  // Copies the posted call into `call`. INVALID_ARGUMENT naming the field
+  // when its kind, options or counts are malformed (nothing is copied then
+  // beyond the header fields).
+  absl::Status TakeCall(TakenCall* call) const;
+
+  // Answers. A call is answered by either WriteRefusal, or by the
+  // per-request writers (BeginResults, then Accepted/Refused for requests
+  // 0..n-1 in order, then FinishResults), or by WriteOpValue; then Publish.
+  void WriteRefusal(const absl::Status& status);
+  void BeginResults();
+  void Accepted(int32_t index, int64_t ring_offset, int64_t count,
+                int64_t new_pages) {
+    codes_[index] = 0;
+    ring_offsets_[index] = ring_offset;
+    counts_[index] = count;
+    new_pages_[index] = new_pages;
+  }
+  void Refused(int32_t index, const absl::Status& status);
+  void FinishResults(int32_t num_results, int64_t ring_end,
+                     int64_t pages_freed_first, int32_t batch_requests,
+                     uint64_t launch_id);
+  void WriteOpValue(int64_t op_value);
+  // Publishes the answer to call `seq` and wakes a sleeping client.
+  void Publish(uint32_t seq);
+
+  // ---- Client side.
+
+  // Checks the header the daemon wrote: magic, version and capacity.
+  absl::Status CheckHeader() const;
+  // Writes `call` and posts it as call `seq`. INVALID_ARGUMENT (nothing
+  // posted) when an array does not fit the capacity.
+  absl::Status PostCall(const CallView& call, uint32_t seq);
+  bool Answered(uint32_t seq) const {
+    return header_->response_seq.load(std::memory_order_acquire) == seq;
+  }
+  // The answered call's whole-call status.
+  absl::Status CallStatus() const;
+  // An answered allocation call's per-request results, which must number
+  // `num_requests` (INTERNAL otherwise).
+  absl::Status ReadAllocAnswer(int32_t num_requests,
+                               AllocAnswerView* answer) const;
+  // An answered Free's or Rollback's count.
+  int64_t OpValue() const { return header_->op_value; }
+
+ private:
+  template <typename T>
+  T* At(size_t offset) const {
+    return reinterpret_cast<T*>(base_ + offset);
+  }
+  // Appends to the message area, truncated to fit the capacity.
+  void AddMessage(absl::string_view text, bool length_prefixed);
+
+  char* base_;
+  Capacity capacity_;
+  ChannelLayout layout_;
+  ChannelHeader* header_;
+  int32_t* codes_;
+  int64_t* ring_offsets_;
+  int64_t* counts_;
+  int64_t* new_pages_;
+  int32_t messages_used_ = 0;  // daemon side, while answering
+};
+
+}  // namespace fast_channel
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_FAST_CHANNEL_CODEC_H_

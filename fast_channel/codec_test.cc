@@ -1,0 +1,241 @@
+#include "fast_channel/codec.h"
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace pagealloc {
+namespace fast_channel {
+namespace {
+
+using ::pagealloc::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+// One channel's memory, as the daemon would create it (zeroed).
+class CodecTest : public ::testing::Test {
+ protected:
+  static constexpr Capacity kCapacity{/*max_requests=*/8,
+                                      /*message_bytes=*/64};
+
+  CodecTest()
+      : memory_(ChannelLayout(kCapacity.max_requests, kCapacity.message_bytes)
+                        .total_bytes /
+                    8 +
+                1),
+        daemon_(memory_.data(), kCapacity),
+        client_(memory_.data(), kCapacity) {
+    daemon_.Initialize();
+  }
+
+  std::vector<int64_t> memory_;  // int64 for alignment
+  ChannelCodec daemon_;
+  ChannelCodec client_;
+};
+
+TEST_F(CodecTest, ValidateCapacityRefusesTinyChannels) {
+  EXPECT_THAT(ValidateCapacity({0, 64}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_requests (0)")));
+  EXPECT_THAT(ValidateCapacity({1, 63}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("message_bytes (63)")));
+  EXPECT_OK(ValidateCapacity({1, 64}));
+}
+
+TEST_F(CodecTest, ClientAcceptsTheHeaderTheDaemonWrote) {
+  EXPECT_OK(client_.CheckHeader());
+  ChannelCodec other(memory_.data(), {4, 64});
+  EXPECT_THAT(other.CheckHeader(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("does not match")));
+  daemon_.header()->version = kVersion + 1;
+  EXPECT_THAT(
+      client_.CheckHeader(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("version")));
+}
+
+TEST_F(CodecTest, ExtendCallRoundTrips) {
+  const std::vector<int64_t> prefix = {0, 4}, seq = {3, 9}, last = {-1, 7};
+  const std::vector<int64_t> free_first = {5};
+  ASSERT_OK(client_.PostCall(
+      {CallKind::kExtend, kCheckpointFirst, 12, prefix, seq, last, free_first},
+      /*seq=*/1));
+  EXPECT_EQ(daemon_.PostedSeq(), 1u);
+  TakenCall call;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_EQ(call.kind, CallKind::kExtend);
+  EXPECT_EQ(call.options, kCheckpointFirst);
+  EXPECT_EQ(call.release_ring_up_to, 12);
+  EXPECT_EQ(call.num_requests, 2);
+  EXPECT_THAT(call.in0, ElementsAre(0, 4));
+  EXPECT_THAT(call.in1, ElementsAre(3, 9));
+  EXPECT_THAT(call.in2, ElementsAre(-1, 7));
+  EXPECT_THAT(call.free_first, ElementsAre(5));
+}
+
+TEST_F(CodecTest, TakenCallIsACopyTheClientCannotChange) {
+  const std::vector<int64_t> seq = {3}, last = {7};
+  ASSERT_OK(client_.PostCall({CallKind::kDecode, 0, 0, {}, seq, last, {}}, 1));
+  TakenCall call;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  // The client scribbles over the whole channel after the daemon took it.
+  std::memset(reinterpret_cast<char*>(memory_.data()) + sizeof(ChannelHeader),
+              0xff, memory_.size() * 8 - sizeof(ChannelHeader));
+  EXPECT_THAT(call.in1, ElementsAre(3));
+  EXPECT_THAT(call.in2, ElementsAre(7));
+  EXPECT_THAT(call.in0, IsEmpty());
+}
+
+TEST_F(CodecTest, OperationsCarryOnlyTheirArrays) {
+  const std::vector<int64_t> pages = {2, 3};
+  ASSERT_OK(
+      client_.PostCall({CallKind::kFreePages, 0, 0, {}, pages, {}, {}}, 1));
+  TakenCall call;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_THAT(call.in1, ElementsAre(2, 3));
+  EXPECT_THAT(call.free_first, IsEmpty());
+  // A checkpoint ignores whatever counts the header holds.
+  ASSERT_OK(client_.PostCall({CallKind::kCheckpoint, 0, 0, {}, {}, {}, {}}, 2));
+  daemon_.header()->num_requests = -5;
+  daemon_.header()->num_free_first = 1 << 30;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_EQ(call.num_requests, 0);
+  EXPECT_THAT(call.in1, IsEmpty());
+}
+
+TEST_F(CodecTest, ClientCannotPostMoreThanTheCapacity) {
+  const std::vector<int64_t> nine(9, 1);
+  EXPECT_THAT(
+      client_.PostCall({CallKind::kAlloc, 0, 0, {}, nine, {}, {}}, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 8")));
+  EXPECT_EQ(daemon_.PostedSeq(), 0u);
+}
+
+// Every field a hostile client can set, at the edges; the daemon's codec
+// refuses each with a message naming it and copies nothing.
+struct HostileHeader {
+  const char* name;
+  uint32_t kind;
+  int32_t num_requests;
+  uint32_t options;
+  int32_t num_free_first;
+  const char* message;
+};
+
+class HostileHeaderTest : public CodecTest,
+                          public ::testing::WithParamInterface<HostileHeader> {
+};
+
+TEST_P(HostileHeaderTest, IsRefused) {
+  const HostileHeader& hostile = GetParam();
+  ChannelHeader* h = daemon_.header();
+  h->kind = hostile.kind;
+  h->num_requests = hostile.num_requests;
+  h->options = hostile.options;
+  h->num_free_first = hostile.num_free_first;
+  // The capacity the header claims is never believed.
+  h->max_requests = std::numeric_limits<int32_t>::max();
+  h->message_bytes = std::numeric_limits<int32_t>::max();
+  TakenCall call;
+  EXPECT_THAT(
+      daemon_.TakeCall(&call),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(hostile.message)));
+  EXPECT_TRUE(call.in0_storage.empty() && call.in1_storage.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, HostileHeaderTest,
+    ::testing::Values(
+        HostileHeader{"kind_zero", 0, 1, 0, 0, "unknown call kind 0"},
+        HostileHeader{"kind_huge", 0xffffffff, 1, 0, 0, "unknown call kind"},
+        HostileHeader{"negative_requests", 2, -1, 0, 0, "num_requests (-1)"},
+        HostileHeader{"too_many_requests", 1, 9, 0, 0, "num_requests (9)"},
+        HostileHeader{"int_max_requests", 3, std::numeric_limits<int>::max(), 0,
+                      0, "is outside [0, 8]"},
+        HostileHeader{"negative_free_first", 2, 1, 0, -3,
+                      "num_free_first (-3)"},
+        HostileHeader{"too_many_free_first", 1, 1, 0, 9, "num_free_first (9)"},
+        HostileHeader{"unknown_options", 2, 1, 0x80, 0,
+                      "unknown option bits 0x80"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST_F(CodecTest, PerRequestAnswerRoundTrips) {
+  daemon_.BeginResults();
+  daemon_.Accepted(0, /*ring_offset=*/16, /*count=*/3, /*new_pages=*/1);
+  daemon_.Refused(1, absl::ResourceExhaustedError("out of pages"));
+  daemon_.Accepted(2, 19, 1, 0);
+  daemon_.FinishResults(3, /*ring_end=*/20, /*pages_freed_first=*/2,
+                        /*batch_requests=*/40, /*launch_id=*/7);
+  daemon_.Publish(5);
+  EXPECT_TRUE(client_.Answered(5));
+  EXPECT_OK(client_.CallStatus());
+  AllocAnswerView answer;
+  ASSERT_OK(client_.ReadAllocAnswer(3, &answer));
+  EXPECT_THAT(
+      answer.codes,
+      ElementsAre(0, static_cast<int>(absl::StatusCode::kResourceExhausted),
+                  0));
+  EXPECT_THAT(answer.ring_offsets, ElementsAre(16, 0, 19));
+  EXPECT_THAT(answer.counts, ElementsAre(3, 0, 1));
+  EXPECT_THAT(answer.new_pages, ElementsAre(1, 0, 0));
+  EXPECT_THAT(answer.messages, ElementsAre("out of pages"));
+  EXPECT_EQ(answer.ring_end, 20);
+  EXPECT_EQ(answer.pages_freed_first, 2);
+  EXPECT_EQ(answer.batch_requests, 40);
+  EXPECT_EQ(answer.launch_id, 7u);
+  EXPECT_THAT(client_.ReadAllocAnswer(4, &answer),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("3 results")));
+}
+
+TEST_F(CodecTest, MessagesStayInsideTheMessageAreaWhateverTheHeaderSays) {
+  // A client claims a huge message area; the daemon writes within its own.
+  daemon_.header()->message_bytes = std::numeric_limits<int32_t>::max();
+  const std::string long_message(100, 'x');
+  daemon_.BeginResults();
+  for (int i = 0; i < kCapacity.max_requests; ++i) {
+    daemon_.Refused(i, absl::InvalidArgumentError(long_message));
+  }
+  daemon_.FinishResults(kCapacity.max_requests, 0, 0, 0, 0);
+  EXPECT_LE(daemon_.header()->messages_used, kCapacity.message_bytes);
+  // Past the message area the memory is untouched (zero).
+  const ChannelLayout layout(kCapacity.max_requests, kCapacity.message_bytes);
+  const char* bytes = reinterpret_cast<const char*>(memory_.data());
+  for (size_t at = layout.messages + kCapacity.message_bytes;
+       at < memory_.size() * 8; ++at) {
+    ASSERT_EQ(bytes[at], 0) << at;
+  }
+  AllocAnswerView answer;
+  daemon_.header()->message_bytes = kCapacity.message_bytes;
+  ASSERT_OK(client_.ReadAllocAnswer(kCapacity.max_requests, &answer));
+  ASSERT_EQ(answer.messages.size(), 8u);
+  EXPECT_EQ(answer.messages[0], std::string(60, 'x'));  // 64 - 4 bytes
+  EXPECT_EQ(answer.messages[7], "(message truncated by the fast channel)");
+}
+
+TEST_F(CodecTest, WholeCallRefusalAndOperationValue) {
+  daemon_.WriteRefusal(absl::NotFoundError("session 3 is gone"));
+  daemon_.Publish(1);
+  EXPECT_THAT(client_.CallStatus(),
+              StatusIs(absl::StatusCode::kNotFound, "session 3 is gone"));
+  daemon_.WriteOpValue(12);
+  daemon_.Publish(2);
+  EXPECT_OK(client_.CallStatus());
+  EXPECT_EQ(client_.OpValue(), 12);
+}
+
+TEST_F(CodecTest, ClientClampsAHostileMessageLength) {
+  daemon_.WriteRefusal(absl::InternalError("boom"));
+  daemon_.header()->messages_used = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(client_.CallStatus().message().size(),
+            static_cast<size_t>(kCapacity.message_bytes));
+}
+
+}  // namespace
+}  // namespace fast_channel
+}  // namespace pagealloc

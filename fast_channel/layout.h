@@ -1,0 +1,182 @@
+// The fast channel's shared-memory layout: allocation calls (and Free,
+// Checkpoint, Rollback) through memory the daemon and one client map, for
+// clients on the daemon's host. gRPC stays the control plane: Register
+// opens the channel (RegisterResponse.fast_channel), KeepAlive holds the
+// lease, ReleaseRing and GetStats go over gRPC.
+//
+// Why. An empty unary gRPC call costs more than the allocation it would
+// carry (most of it thread wake-ups across cores inside gRPC). The channel
+// carries exactly what an AllocExtend / AllocDecode / Alloc call carries,
+// and the daemon runs it through the same call core as the gRPC handlers.
+//
+// Memory. Two shared regions (fast_channel/shared_region.h):
+//   - the doorbell, one per daemon: a counter clients bump after posting a
+//     call, and a count of pollers asleep on it (futex);
+//   - the channel, one per session: a header, the call's arrays and the
+//     answer's arrays, at the offsets ChannelLayout computes.
+//
+// This header is the wire format; fast_channel/codec.h is the one codec
+// that reads and writes it, on both ends. Everything a client writes is
+// untrusted: the daemon's codec copies a call out once and takes every
+// capacity from its own records, never from the header.
+//
+// Protocol (one call in flight per session):
+//   client: write kind, options and arrays; request_seq += 1 (release);
+//           doorbell.seq += 1; if doorbell.pollers_sleeping: futex_wake.
+//   daemon: sees request_seq != the last it answered; copies the call;
+//           answers into the answer fields; response_seq = request_seq
+//           (release); if client_waiting: futex_wake(response_seq).
+//   client: spins, then futex-waits, until response_seq == request_seq;
+//           reads the answer.
+// A client that gives up waiting (its deadline) must not reuse the
+// channel: the daemon may still answer into it.
+
+#ifndef PAGEALLOC_FAST_CHANNEL_LAYOUT_H_
+#define PAGEALLOC_FAST_CHANNEL_LAYOUT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace pagealloc {
+namespace fast_channel {
+
+inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
+// Bumped whenever a field's meaning or offset changes; both ends check it.
+inline constexpr uint32_t kVersion = 4;
+
+// What a call is (the gRPC method it stands for).
+enum class CallKind : uint32_t {
+  // Allocation calls may also carry free_first (AllocOptions
+  // .free_pages_first) and the kCheckpointFirst option bit.
+  kExtend = 1,      // in0 = prefix_lens, in1 = seq_lens, in2 = last_locs
+  kDecode = 2,      // in1 = seq_lens, in2 = last_locs
+  kAlloc = 3,       // in1 = num_tokens
+  kFreeSlots = 4,   // in1 = slots; answer: op_value = pages freed
+  kFreePages = 5,   // in1 = pages; answer: op_value = pages freed
+  kCheckpoint = 6,  // no arrays
+  kRollback = 7,    // no arrays; answer: op_value = pages returned
+};
+
+inline bool IsKnownKind(uint32_t kind) {
+  return kind >= static_cast<uint32_t>(CallKind::kExtend) &&
+         kind <= static_cast<uint32_t>(CallKind::kRollback);
+}
+// Free, Checkpoint, Rollback: answered with op_value, not per-request
+// results.
+inline bool IsOperation(CallKind kind) { return kind >= CallKind::kFreeSlots; }
+
+// AllocOptions, as bits of ChannelHeader::options.
+inline constexpr uint32_t kAsyncCompletion = 1u << 0;
+inline constexpr uint32_t kCheckpointFirst = 1u << 1;
+inline constexpr uint32_t kKnownOptions = kAsyncCompletion | kCheckpointFirst;
+
+struct Doorbell {
+  std::atomic<uint32_t> seq;
+  // Pollers asleep on seq (a client wakes them all when it is not 0).
+  std::atomic<uint32_t> pollers_sleeping;
+};
+
+struct alignas(64) ChannelHeader {
+  // Written by the daemon at creation; a client checks them against what
+  // Register described. The daemon never reads them back.
+  uint32_t magic;
+  uint32_t version;
+  int32_t max_requests;   // capacity of every array
+  int32_t message_bytes;  // capacity of the message area
+
+  // The call (client writes, then bumps request_seq).
+  alignas(64) std::atomic<uint32_t> request_seq;
+  uint32_t kind;  // CallKind
+  int32_t num_requests;
+  uint32_t options;  // k* option bits
+  int64_t release_ring_up_to;
+  // AllocOptions.free_pages_first: this many page ids in free_first.
+  int32_t num_free_first;
+
+  // The answer (daemon writes, then sets response_seq = request_seq).
+  alignas(64) std::atomic<uint32_t> response_seq;
+  std::atomic<uint32_t> client_waiting;  // the client sleeps on response_seq
+  // The whole call's status (a google.rpc.Code); when not 0 the call was
+  // refused as a whole, the message is in the message area, and there are
+  // no per-request results.
+  int32_t call_code;
+  int32_t num_results;
+  // Bytes used in the message area: the call's message, or the per-request
+  // messages of refused requests, each as a 4-byte length and its bytes, in
+  // request order (truncated to fit).
+  int32_t messages_used;
+  int32_t batch_requests;
+  int64_t ring_end;
+  uint64_t launch_id;
+  // Free: pages freed; Rollback: pages returned.
+  int64_t op_value;
+  // Allocation calls: pages freed by free_first.
+  int64_t pages_freed_first;
+};
+
+// The layout is shared between separately built processes: pin it.
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+              "the channel's words are shared between processes");
+static_assert(sizeof(std::atomic<uint32_t>) == 4);
+static_assert(sizeof(Doorbell) == 8);
+static_assert(offsetof(ChannelHeader, magic) == 0);
+static_assert(offsetof(ChannelHeader, message_bytes) == 12);
+static_assert(offsetof(ChannelHeader, request_seq) == 64);
+static_assert(offsetof(ChannelHeader, kind) == 68);
+static_assert(offsetof(ChannelHeader, num_requests) == 72);
+static_assert(offsetof(ChannelHeader, options) == 76);
+static_assert(offsetof(ChannelHeader, release_ring_up_to) == 80);
+static_assert(offsetof(ChannelHeader, num_free_first) == 88);
+static_assert(offsetof(ChannelHeader, response_seq) == 128);
+static_assert(offsetof(ChannelHeader, client_waiting) == 132);
+static_assert(offsetof(ChannelHeader, call_code) == 136);
+static_assert(offsetof(ChannelHeader, num_results) == 140);
+static_assert(offsetof(ChannelHeader, messages_used) == 144);
+static_assert(offsetof(ChannelHeader, batch_requests) == 148);
+static_assert(offsetof(ChannelHeader, ring_end) == 152);
+static_assert(offsetof(ChannelHeader, launch_id) == 160);
+static_assert(offsetof(ChannelHeader, op_value) == 168);
+static_assert(offsetof(ChannelHeader, pages_freed_first) == 176);
+static_assert(sizeof(ChannelHeader) == 192);
+
+// Byte offsets of a channel's parts, from its capacity. Each part starts on
+// its own cache line.
+struct ChannelLayout {
+  constexpr ChannelLayout(int32_t max_requests, int32_t message_bytes)
+      : in0(sizeof(ChannelHeader)),
+        in1(After(in0, max_requests, 8)),
+        in2(After(in1, max_requests, 8)),
+        free_first(After(in2, max_requests, 8)),
+        codes(After(free_first, max_requests, 8)),
+        ring_offsets(After(codes, max_requests, 4)),
+        counts(After(ring_offsets, max_requests, 8)),
+        new_pages(After(counts, max_requests, 8)),
+        messages(After(new_pages, max_requests, 8)),
+        total_bytes(After(messages, message_bytes, 1)) {}
+
+  size_t in0, in1, in2;                    // int64[max_requests] each
+  size_t free_first;                       // int64[max_requests]
+  size_t codes;                            // int32[max_requests]
+  size_t ring_offsets, counts, new_pages;  // int64[max_requests] each
+  size_t messages;                         // char[message_bytes]
+  size_t total_bytes;
+
+ private:
+  // Where the part after one at `start` of `count` elements of
+  // `element_bytes` begins: the next cache line.
+  static constexpr size_t After(size_t start, int32_t count,
+                                size_t element_bytes) {
+    const size_t end = start + static_cast<size_t>(count) * element_bytes;
+    return (end + 63) / 64 * 64;
+  }
+};
+
+static_assert(ChannelLayout(1, 64).in0 == 192);
+static_assert(ChannelLayout(8192, 65536).total_bytes ==
+              192 + 7 * 8192 * 8 + 8192 * 4 + 65536);
+
+}  // namespace fast_channel
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_FAST_CHANNEL_LAYOUT_H_

@@ -1,0 +1,322 @@
+#include "server/call_core.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace pagealloc {
+namespace {
+
+absl::Status DrainingError() {
+  return absl::UnavailableError(
+      "the daemon is draining; reconnect to its successor");
+}
+
+}  // namespace
+
+CallCore::CallCore(const Options& options, PagePool* pool, Backend* backend,
+                   SessionRegistry* sessions, Batcher* batcher)
+    : options_(options),
+      limits_{options.max_call_requests, options.max_call_tokens},
+      pool_(pool),
+      backend_(backend),
+      sessions_(sessions),
+      batcher_(batcher),
+      log_(Logger("session")) {}
+
+absl::StatusOr<std::shared_ptr<Session>> CallCore::OpenSession(
+    const SessionRequest& request, absl::string_view peer) {
+  if (draining_) return DrainingError();
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Session> session,
+      sessions_->Open(request.client_name, request.ring_capacity_slots,
+                      request.quota_pages));
+  const absl::Status added =
+      pool_->AddOwner(session->id(), session->quota_pages());
+  if (!added.ok()) {
+    sessions_->Remove(session->id());
+    return added;
+  }
+  counters_.sessions_opened++;
+  log_->info("session {} ({}) opened from {}: ring {} slots, quota {} pages",
+             session->id(), session->client_name(), std::string(peer),
+             session->ring_memory().capacity_slots(), session->quota_pages());
+  return session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> CallCore::Authenticate(
+    uint64_t session_id, absl::string_view token) {
+  if (draining_) return DrainingError();
+  return sessions_->Authenticate(session_id, token);
+}
+
+void CallCore::FreeSessionPages(std::shared_ptr<Session> session,
+                                bool lease_lost, std::string reason) {
+  // The session's queued work runs first; the session object (and its ring)
+  // lives until the last piece of it is done.
+  auto free_pages = [this, session, lease_lost, reason] {
+    absl::StatusOr<int64_t> freed = pool_->RemoveOwner(session->id());
+    const int64_t pages = freed.ok() ? *freed : 0;
+    if (lease_lost) {
+      counters_.pages_reclaimed += pages;
+      log_->warn("session {} ({}) {}: {} pages reclaimed, ring released",
+                 session->id(), session->client_name(), reason, pages);
+    } else {
+      log_->info("session {} ({}) {}: {} pages freed", session->id(),
+                 session->client_name(), reason, pages);
+    }
+  };
+  for (SessionObserver* observer : observers_) {
+    observer->SessionClosed(session->id());
+  }
+  if (!batcher_->SubmitOp(session->id(), free_pages).ok()) free_pages();
+  counters_.sessions_closed++;
+}
+
+bool CallCore::CloseSession(uint64_t session_id, const std::string& reason) {
+  std::shared_ptr<Session> session = sessions_->Remove(session_id);
+  if (session == nullptr) return false;
+  FreeSessionPages(std::move(session), /*lease_lost=*/false, reason);
+  return true;
+}
+
+int CallCore::ReclaimExpired(absl::Time now) {
+  int reclaimed = 0;
+  for (std::shared_ptr<Session>& session : sessions_->TakeExpired(now)) {
+    ++reclaimed;
+    counters_.sessions_reclaimed++;
+    FreeSessionPages(std::move(session), /*lease_lost=*/true, "lost its lease");
+  }
+  return reclaimed;
+}
+
+bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
+                            AllocCall* call) {
+  const absl::Time start = absl::Now();
+  const Method method = input.method;
+  auto refuse = [this, reply, method, start](const absl::Status& status) {
+    Answer(reply, method, start, status);
+    return false;
+  };
+  if (draining_) return refuse(DrainingError());
+  absl::StatusOr<std::shared_ptr<Session>> authenticated =
+      sessions_->Authenticate(input.session_id, input.session_token);
+  if (!authenticated.ok()) return refuse(authenticated.status());
+  Session& session = **authenticated;
+  {
+    const absl::Status valid =
+        DecodeCall(input.arrays, session.id(), pool_->geometry(), limits_,
+                   &reply->decoded_);
+    if (!valid.ok()) return refuse(valid);
+  }
+  if (input.release_ring_up_to > 0) {
+    absl::Status released = session.ReleaseRing(input.release_ring_up_to);
+    if (!released.ok()) {
+      return refuse(absl::InvalidArgumentError(absl::StrFormat(
+          "options.release_ring_up_to: %s", released.message())));
+    }
+  }
+  const int64_t num_slots = reply->decoded_.num_slots;
+  int64_t ring_start = 0;
+  if (!input.return_inline) {
+    absl::StatusOr<int64_t> reserved = session.ReserveRing(num_slots);
+    if (!reserved.ok()) return refuse(reserved.status());
+    ring_start = *reserved;
+  }
+  absl::Span<AllocRequest> requests = absl::MakeSpan(reply->decoded_.requests);
+  // Where each request's slots start in the ring (by its shape, so that a
+  // refused request keeps its place and offsets stay prefix sums), and,
+  // unless the slots go inline, the destination the executor writes.
+  std::vector<int64_t>& ring_offsets = reply->ring_offsets_;
+  ring_offsets.clear();
+  if (!input.return_inline) {
+    ring_offsets.resize(requests.size());
+    const int64_t first = ring_start % session.ring_memory().capacity_slots();
+    int64_t* const base = session.ring_memory().slots() + first;
+    int64_t offset = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ring_offsets[i] = first + offset;
+      requests[i].destination = base + offset;
+      offset += ToExtendShape(requests[i]).num_slots();
+    }
+  }
+  reply->core_ = this;
+  reply->method_ = method;
+  reply->start_ = start;
+  reply->session_ = *std::move(authenticated);
+  reply->ring_start_ = ring_start;
+  reply->ring_reserved_ = !input.return_inline;
+  reply->ring_end_ = input.return_inline ? 0 : ring_start + num_slots;
+  reply->inline_results_ = input.return_inline;
+  reply->free_pages_first_ = input.free_pages_first;
+  reply->checkpoint_first_ = input.checkpoint_first;
+  reply->pages_freed_first_ = 0;
+
+  *call = AllocCall();
+  call->session_id = reply->session_->id();
+  call->requests = requests;
+  call->num_slots = num_slots;
+  call->return_inline = input.return_inline;
+  call->async_completion = input.async_completion;
+  call->has_before = !input.free_pages_first.empty() || input.checkpoint_first;
+  call->completion = reply;
+  return true;
+}
+
+absl::Status AllocReply::Before() {
+  const uint64_t owner = session_->id();
+  if (!free_pages_first_.empty()) {
+    absl::StatusOr<int64_t> freed =
+        core_->pool_->FreePages(owner, free_pages_first_);
+    if (!freed.ok()) {
+      // Free's message names pages[i]; here they are these pages.
+      return absl::Status(
+          freed.status().code(),
+          absl::StrCat("options.free_pages_first: ", freed.status().message()));
+    }
+    pages_freed_first_ = *freed;
+  }
+  if (checkpoint_first_) return core_->pool_->Checkpoint(owner);
+  return absl::OkStatus();
+}
+
+void AllocReply::Cancel(const absl::Status& status) {
+  if (ring_reserved_) {
+    session_->UnreserveRing(ring_start_, decoded_.num_slots);
+  }
+  session_.reset();
+  core_->Answer(this, method_, start_, status);
+}
+
+void AllocReply::Done(absl::Span<const AllocResult> results,
+                      absl::Span<const int64_t> inline_slots,
+                      const LaunchInfo& launch) {
+  AllocAnswer answer;
+  answer.results = results;
+  answer.ring_offsets = ring_offsets_;
+  answer.inline_slots = inline_slots;
+  answer.inline_results = inline_results_;
+  answer.ring_end = ring_end_;
+  answer.pages_freed_first = pages_freed_first_;
+  answer.launch = &launch;
+  Deliver(answer);
+  session_.reset();
+  core_->Answer(this, method_, start_, absl::OkStatus());
+}
+
+void CallCore::SubmitPrepared(std::vector<AllocCall> calls) {
+  if (calls.empty()) return;
+  // Kept for the refusal below: SubmitAllocs takes the calls.
+  std::vector<AllocCompletion*> completions;
+  completions.reserve(calls.size());
+  for (const AllocCall& call : calls) completions.push_back(call.completion);
+  const absl::Status submitted = batcher_->SubmitAllocs(std::move(calls));
+  if (submitted.ok()) return;
+  // Refused as a whole (draining): give the ring space back, answer each.
+  for (AllocCompletion* completion : completions) {
+    completion->Cancel(submitted);
+  }
+}
+
+void CallCore::SubmitOp(Reply* reply, Method method, absl::Time start,
+                        uint64_t session_id, std::function<absl::Status()> op) {
+  absl::Status submitted = batcher_->SubmitOp(
+      session_id, [this, reply, method, start, op = std::move(op)] {
+        Answer(reply, method, start, op());
+      });
+  if (!submitted.ok()) Answer(reply, method, start, submitted);
+}
+
+void CallCore::Answer(Reply* reply, Method method, absl::Time start,
+                      const absl::Status& status) {
+  rpc_metrics_.Record(method, status.code(), absl::Now() - start);
+  reply->Complete(status);
+}
+
+void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
+                          FreeUnit unit, absl::Span<const int64_t> values,
+                          Reply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(session_id, token);
+  if (!session.ok()) {
+    return Answer(reply, Method::kFree, start, session.status());
+  }
+  const uint64_t owner = (*session)->id();
+  reply->set_value(0);
+  SubmitOp(reply, Method::kFree, start, owner,
+           [this, owner, unit, values, reply]() -> absl::Status {
+             ASSIGN_OR_RETURN(const int64_t freed,
+                              unit == FreeUnit::kSlots
+                                  ? pool_->FreeSlots(owner, values)
+                                  : pool_->FreePages(owner, values));
+             reply->set_value(freed);
+             return absl::OkStatus();
+           });
+}
+
+void CallCore::SubmitCheckpoint(uint64_t session_id, absl::string_view token,
+                                Reply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(session_id, token);
+  if (!session.ok()) {
+    return Answer(reply, Method::kCheckpoint, start, session.status());
+  }
+  const uint64_t owner = (*session)->id();
+  reply->set_value(0);
+  SubmitOp(reply, Method::kCheckpoint, start, owner,
+           [this, owner] { return pool_->Checkpoint(owner); });
+}
+
+void CallCore::SubmitRollback(uint64_t session_id, absl::string_view token,
+                              Reply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(session_id, token);
+  if (!session.ok()) {
+    return Answer(reply, Method::kRollback, start, session.status());
+  }
+  const uint64_t owner = (*session)->id();
+  reply->set_value(0);
+  SubmitOp(reply, Method::kRollback, start, owner,
+           [this, owner, reply]() -> absl::Status {
+             ASSIGN_OR_RETURN(const int64_t returned, pool_->Rollback(owner));
+             reply->set_value(returned);
+             return absl::OkStatus();
+           });
+}
+
+absl::StatusOr<int64_t> CallCore::ReleaseRing(uint64_t session_id,
+                                              absl::string_view token,
+                                              int64_t up_to) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(session_id, token);
+  absl::Status status = session.status();
+  if (status.ok()) {
+    status = (*session)->ReleaseRing(up_to);
+    if (!status.ok()) {
+      status = absl::InvalidArgumentError(
+          absl::StrFormat("up_to: %s", status.message()));
+    }
+  }
+  rpc_metrics_.Record(Method::kReleaseRing, status.code(), absl::Now() - start);
+  if (!status.ok()) return status;
+  return (*session)->ring_reserved();
+}
+
+PoolDescription CallCore::DescribePool() const {
+  PoolDescription pool;
+  pool.page_size = pool_->geometry().page_size;
+  pool.num_pages = pool_->geometry().num_pages;
+  pool.free_policy = pool_->free_policy();
+  pool.device = backend_->DescribeDevice();
+  return pool;
+}
+
+}  // namespace pagealloc

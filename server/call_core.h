@@ -1,0 +1,297 @@
+// CallCore: the daemon's calls, whichever transport carries them. The gRPC
+// service (server/grpc_service.h) and the fast channel's pollers
+// (server/fast_channel_server.h) are thin adapters over it: they turn their
+// wire form into the plain inputs below and the answers back, and nothing
+// else. The core authenticates, decodes and validates, reserves ring space,
+// queues work on the batcher in order with the session's other work,
+// records each call's metrics, opens and closes sessions, and reclaims
+// expired ones.
+//
+// Answers. Every call is answered through a Reply exactly once, possibly on
+// the calling thread before the submitting method returns (the thread that
+// submits often drives the batcher itself: server/batcher.h). An allocation
+// call's AllocReply also receives the per-request results (Deliver) before
+// it completes. A reply serving one call after another (a fast channel's)
+// keeps its per-call storage warm between calls.
+//
+// This class is thread-safe.
+
+#ifndef PAGEALLOC_SERVER_CALL_CORE_H_
+#define PAGEALLOC_SERVER_CALL_CORE_H_
+
+#include <atomic>
+#include <functional>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "allocator/page_pool.h"
+#include "server/backend.h"
+#include "server/batcher.h"
+#include "server/request_decoding.h"
+#include "server/rpc_metrics.h"
+#include "server/session.h"
+#include "spdlog/spdlog.h"
+
+namespace pagealloc {
+
+class CallCore;
+
+// Sessions opened, closed and reclaimed, for logs, stats and metrics.
+struct SessionCounters {
+  std::atomic<int64_t> sessions_opened{0};
+  std::atomic<int64_t> sessions_closed{0};
+  std::atomic<int64_t> sessions_reclaimed{0};
+  std::atomic<int64_t> pages_reclaimed{0};
+};
+
+// Receives one call's answer.
+class Reply {
+ public:
+  virtual ~Reply() = default;
+  // The call is over; `status` is its status. Called once per call.
+  virtual void Complete(const absl::Status& status) = 0;
+
+  // Free: pages freed; Rollback: pages returned; other calls: 0. Set before
+  // Complete(OK).
+  int64_t value() const { return value_; }
+  void set_value(int64_t value) { value_ = value; }
+
+ private:
+  int64_t value_ = 0;
+};
+
+// A reply for a caller that waits: Wait returns the call's status once it
+// completed (at once when the caller's own thread completed it).
+class PendingReply final : public Reply {
+ public:
+  void Complete(const absl::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+  absl::Status Wait() {
+    done_.WaitForNotification();
+    return status_;
+  }
+
+ private:
+  absl::Notification done_;
+  absl::Status status_;  // written once, before done_ is notified
+};
+
+// An allocation call's results once its launch is done, as the transport
+// writes them into its answer. The spans live until Deliver returns.
+struct AllocAnswer {
+  absl::Span<const AllocResult> results;  // one per request
+  // Each request's first slot in the session's ring (by the request's shape,
+  // so that offsets stay prefix sums across refused requests); empty when
+  // the slots go inline.
+  absl::Span<const int64_t> ring_offsets;
+  // return_inline: the accepted requests' slots, concatenated in order.
+  absl::Span<const int64_t> inline_slots;
+  bool inline_results = false;
+  int64_t ring_end = 0;  // 0 when inline
+  int64_t pages_freed_first = 0;
+  const LaunchInfo* launch = nullptr;
+};
+
+// Receives an allocation call's answer: Deliver, then Complete(OK) when the
+// call ran; only Complete(error) when it was refused as a whole. It is also
+// the call's state between PrepareAlloc and its completion (the batcher's
+// AllocCompletion), so it must live until Complete.
+class AllocReply : public Reply, private AllocCompletion {
+ public:
+  virtual void Deliver(const AllocAnswer& answer) = 0;
+
+ private:
+  friend class CallCore;
+
+  // AllocCompletion, for the batcher (call_core.cc).
+  absl::Status Before() final;
+  void Cancel(const absl::Status& status) final;
+  void Done(absl::Span<const AllocResult> results,
+            absl::Span<const int64_t> inline_slots,
+            const LaunchInfo& launch) final;
+
+  // The call in flight, from PrepareAlloc until Complete. The vectors keep
+  // their capacity from call to call.
+  CallCore* core_ = nullptr;
+  Method method_ = Method::kAllocDecode;
+  absl::Time start_;
+  std::shared_ptr<Session> session_;
+  DecodedCall decoded_;
+  std::vector<int64_t> ring_offsets_;
+  int64_t ring_start_ = 0;
+  int64_t ring_end_ = 0;
+  bool ring_reserved_ = false;
+  bool inline_results_ = false;
+  absl::Span<const int64_t> free_pages_first_;
+  bool checkpoint_first_ = false;
+  int64_t pages_freed_first_ = 0;
+};
+
+// One allocation call as it arrived, from either transport.
+struct AllocCallInput {
+  Method method = Method::kAllocDecode;
+  uint64_t session_id = 0;
+  absl::string_view session_token;
+  CallArrays arrays;  // must stay valid during PrepareAlloc only
+  int64_t release_ring_up_to = 0;
+  bool return_inline = false;
+  bool async_completion = false;
+  // AllocOptions.free_pages_first and checkpoint_first. The pages must stay
+  // valid until the reply completes.
+  absl::Span<const int64_t> free_pages_first;
+  bool checkpoint_first = false;
+};
+
+// What Free frees: slots (their pages) or pages.
+enum class FreeUnit { kSlots, kPages };
+
+// A new session as Register asks for it.
+struct SessionRequest {
+  std::string client_name;
+  int64_t ring_capacity_slots = 0;  // 0: the daemon's default
+  int64_t quota_pages = 0;          // 0: no quota
+};
+
+// The pool as every session sees it.
+struct PoolDescription {
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
+  FreePolicy free_policy = FreePolicy::kLifo;
+  DeviceDescription device;
+};
+
+// Told when a session ends, so that a transport can drop what it holds
+// for it (the fast channel's shared memory).
+class SessionObserver {
+ public:
+  virtual ~SessionObserver() = default;
+  // Called once per session, from whichever thread ended it.
+  virtual void SessionClosed(uint64_t session_id) = 0;
+};
+
+class CallCore {
+ public:
+  struct Options {
+    // Most requests and slots in one call (a call must fit one launch).
+    int64_t max_call_requests = 8192;
+    int64_t max_call_tokens = 1 << 21;
+  };
+
+  // Every pointer must outlive the core.
+  CallCore(const Options& options, PagePool* pool, Backend* backend,
+           SessionRegistry* sessions, Batcher* batcher);
+
+  // Adds an observer of session ends. Set before serving; must outlive the
+  // core's calls.
+  void AddSessionObserver(SessionObserver* observer) {
+    observers_.push_back(observer);
+  }
+
+  // From now on every call but Stats gets UNAVAILABLE.
+  void StartDraining() { draining_ = true; }
+  bool draining() const { return draining_; }
+
+  // ---- Sessions.
+
+  // Opens a session and makes it an owner in the pool. `peer` goes to the
+  // log. Errors: SessionRegistry::Open's, UNAVAILABLE while draining.
+  absl::StatusOr<std::shared_ptr<Session>> OpenSession(
+      const SessionRequest& request, absl::string_view peer);
+  // Authenticates a session (UNAVAILABLE while draining, NOT_FOUND or
+  // PERMISSION_DENIED otherwise: SessionRegistry::Authenticate).
+  absl::StatusOr<std::shared_ptr<Session>> Authenticate(
+      uint64_t session_id, absl::string_view token);
+  // Ends a session: forgets it and frees its pages (in order with its queued
+  // work). `reason` goes to the log. Returns false when it was already gone.
+  bool CloseSession(uint64_t session_id, const std::string& reason);
+  // Frees the pages of sessions whose lease has run out; returns how many
+  // sessions were reclaimed. Called periodically by the server.
+  int ReclaimExpired(absl::Time now);
+  absl::Duration lease() const { return sessions_->options().lease; }
+
+  // ---- Allocation calls.
+
+  // Prepares an allocation call: authenticates, decodes and validates,
+  // releases and reserves ring space, and fills `call` for SubmitPrepared.
+  // `reply` must live until it completes. On refusal the reply is completed
+  // (and the call counted) at once and false is returned.
+  bool PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
+                    AllocCall* call);
+  // Queues prepared calls together (they share a launch unless one is
+  // running); each reply completes when its launch is done.
+  void SubmitPrepared(std::vector<AllocCall> calls);
+
+  // ---- Operations: each reply completes once the operation ran in order
+  // with the session's other work (or was refused). The spans must stay
+  // valid until then.
+
+  // Frees `values` (slots or pages) of the session; the reply's value is
+  // the pages freed.
+  void SubmitFree(uint64_t session_id, absl::string_view token, FreeUnit unit,
+                  absl::Span<const int64_t> values, Reply* reply);
+  void SubmitCheckpoint(uint64_t session_id, absl::string_view token,
+                        Reply* reply);
+  // The reply's value is the pages returned.
+  void SubmitRollback(uint64_t session_id, absl::string_view token,
+                      Reply* reply);
+  // Releases the session's ring up to `up_to`; returns the slots still
+  // reserved.
+  absl::StatusOr<int64_t> ReleaseRing(uint64_t session_id,
+                                      absl::string_view token, int64_t up_to);
+
+  // ---- What the core knows, for stats and metrics.
+
+  PoolDescription DescribePool() const;
+  PoolStats PoolStatsSnapshot() const { return pool_->Stats(); }
+  std::vector<std::shared_ptr<Session>> Sessions() const {
+    return sessions_->List();
+  }
+  uint64_t launches() const { return batcher_->launches(); }
+  const SessionCounters& counters() const { return counters_; }
+  const RpcMetrics& rpc_metrics() const { return rpc_metrics_; }
+  // Records a call the transport answered itself (GetStats, a KeepAlive
+  // stream's end, a message it could not parse).
+  void Record(Method method, absl::StatusCode code, absl::Duration latency) {
+    rpc_metrics_.Record(method, code, latency);
+  }
+
+ private:
+  friend class AllocReply;
+
+  // Frees a removed session's pages after its queued work; counts and logs.
+  void FreeSessionPages(std::shared_ptr<Session> session, bool lease_lost,
+                        std::string reason);
+  // Queues `op` for `session_id` on the batcher, in order with the session's
+  // other work; `reply` completes with its status.
+  void SubmitOp(Reply* reply, Method method, absl::Time start,
+                uint64_t session_id, std::function<absl::Status()> op);
+  // Records the call's code and latency, then completes the reply.
+  void Answer(Reply* reply, Method method, absl::Time start,
+              const absl::Status& status);
+
+  const Options options_;
+  const CallLimits limits_;
+  PagePool* const pool_;
+  Backend* const backend_;
+  SessionRegistry* const sessions_;
+  Batcher* const batcher_;
+  std::vector<SessionObserver*> observers_;
+  std::atomic<bool> draining_{false};
+  SessionCounters counters_;
+  RpcMetrics rpc_metrics_;
+  std::shared_ptr<spdlog::logger> log_;
+};
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_SERVER_CALL_CORE_H_

@@ -1,0 +1,368 @@
+#include "server/grpc_service.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "server/request_decoding.h"
+
+namespace pagealloc {
+namespace {
+
+v1::Backend ToWire(BackendKind kind) {
+  return kind == BackendKind::kCuda ? v1::BACKEND_CUDA : v1::BACKEND_CPU;
+}
+
+void FillPoolInfo(const PoolDescription& pool, v1::PoolInfo* out) {
+  out->set_page_size(pool.page_size);
+  out->set_num_pages(pool.num_pages);
+  out->set_free_policy(std::string(FreePolicyName(pool.free_policy)));
+  out->set_backend(ToWire(pool.device.kind));
+  out->set_gpu(pool.device.gpu);
+  out->set_device_uuid(pool.device.device_uuid);
+}
+
+void FillRing(const RingDescription& ring, v1::OutputRing* out) {
+  out->set_capacity_slots(ring.capacity_slots);
+  out->set_shm_name(ring.shm_name);
+  out->set_cuda_ipc_handle(ring.cuda_ipc_handle);
+  out->set_cuda_ipc_event_handle(ring.cuda_ipc_event_handle);
+}
+
+// Holds one client's KeepAlive stream: every message renews the lease.
+class KeepAliveReactor final
+    : public grpc::ServerBidiReactor<v1::KeepAliveRequest,
+                                     v1::KeepAliveResponse> {
+ public:
+  explicit KeepAliveReactor(CallCore* core)
+      : core_(core), opened_(absl::Now()) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client went away without saying goodbye, or the stream broke:
+      // the lease runs out on its own unless the client comes back.
+      End(absl::OkStatus());
+      return;
+    }
+    absl::StatusOr<std::shared_ptr<Session>> session = core_->Authenticate(
+        request_.session().session_id(), request_.session().session_token());
+    if (!session.ok()) {
+      End(session.status());
+      return;
+    }
+    if (request_.close()) {
+      core_->CloseSession((*session)->id(), "closed by client");
+      End(absl::OkStatus());
+      return;
+    }
+    response_.set_lease_remaining_ms(absl::ToInt64Milliseconds(core_->lease()));
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      End(absl::OkStatus());
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void End(const absl::Status& status) {
+    core_->Record(Method::kKeepAlive, status.code(), absl::Now() - opened_);
+    Finish(ToGrpcStatus(status));
+  }
+
+  CallCore* const core_;
+  const absl::Time opened_;
+  v1::KeepAliveRequest request_;
+  v1::KeepAliveResponse response_;
+};
+
+// One RequestResult per request (the default answer form).
+void FillRequestResults(const AllocAnswer& answer,
+                        v1::AllocResponse* response) {
+  response->mutable_results()->Reserve(answer.results.size());
+  size_t inline_at = 0;
+  for (size_t i = 0; i < answer.results.size(); ++i) {
+    const AllocResult& result = answer.results[i];
+    v1::RequestResult* out = response->add_results();
+    out->set_code(static_cast<int>(result.status.code()));
+    if (!result.status.ok()) {
+      out->set_message(std::string(result.status.message()));
+      continue;
+    }
+    out->set_count(result.num_slots);
+    out->set_new_pages(result.num_new_pages);
+    if (answer.inline_results) {
+      out->mutable_slots()->Add(
+          answer.inline_slots.begin() + inline_at,
+          answer.inline_slots.begin() + inline_at + result.num_slots);
+      inline_at += result.num_slots;
+    } else {
+      out->set_ring_offset(answer.ring_offsets[i]);
+    }
+  }
+}
+
+// The same content as parallel packed arrays (AllocOptions.packed_results),
+// written through raw pointers after one Resize each (no per-element
+// capacity checks: this runs for every request of every call).
+void FillPackedResults(const AllocAnswer& answer, v1::PackedResults* packed) {
+  const int n = answer.results.size();
+  packed->mutable_codes()->Resize(n, 0);
+  packed->mutable_ring_offsets()->Resize(n, 0);
+  packed->mutable_counts()->Resize(n, 0);
+  packed->mutable_new_pages()->Resize(n, 0);
+  int32_t* codes = packed->mutable_codes()->mutable_data();
+  int64_t* offsets = packed->mutable_ring_offsets()->mutable_data();
+  int64_t* counts = packed->mutable_counts()->mutable_data();
+  int64_t* new_pages = packed->mutable_new_pages()->mutable_data();
+  for (int i = 0; i < n; ++i) {
+    const AllocResult& result = answer.results[i];
+    if (!result.status.ok()) {
+      codes[i] = static_cast<int>(result.status.code());
+      packed->add_messages(std::string(result.status.message()));
+      continue;
+    }
+    offsets[i] = answer.inline_results ? 0 : answer.ring_offsets[i];
+    counts[i] = result.num_slots;
+    new_pages[i] = result.num_new_pages;
+  }
+  // inline_slots holds exactly the accepted requests' slots, in order.
+  if (answer.inline_results) {
+    packed->mutable_slots()->Add(answer.inline_slots.begin(),
+                                 answer.inline_slots.end());
+  }
+}
+
+// Writes the answer into an AllocResponse (one RequestResult per request,
+// or PackedResults when `packed`); the handler waits for Complete.
+class ResponseReply final : public AllocReply {
+ public:
+  ResponseReply(v1::AllocResponse* response, bool packed)
+      : response_(response), packed_(packed) {}
+
+  void Deliver(const AllocAnswer& answer) override {
+    if (packed_) {
+      FillPackedResults(answer, response_->mutable_packed());
+    } else {
+      FillRequestResults(answer, response_);
+    }
+    response_->set_ring_end(answer.ring_end);
+    response_->set_pages_freed_first(answer.pages_freed_first);
+    response_->set_batch_requests(answer.launch->batch_requests);
+    response_->set_launch_id(answer.launch->launch_id);
+  }
+  void Complete(const absl::Status& status) override {
+    pending_.Complete(status);
+  }
+  grpc::Status Wait() { return ToGrpcStatus(pending_.Wait()); }
+
+ private:
+  v1::AllocResponse* const response_;
+  const bool packed_;
+  PendingReply pending_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* GrpcService::Register(
+    grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
+    v1::RegisterResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  SessionRequest wanted;
+  wanted.client_name = request->client_name();
+  wanted.ring_capacity_slots = request->ring_capacity_slots();
+  wanted.quota_pages = request->quota_pages();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      core_->OpenSession(wanted, context->peer());
+  if (!session.ok()) {
+    Finish(reactor, Method::kRegister, start, session.status());
+    return reactor;
+  }
+  response->set_session_id((*session)->id());
+  response->set_session_token((*session)->token());
+  FillPoolInfo(core_->DescribePool(), response->mutable_pool());
+  FillRing((*session)->ring_memory().Describe(), response->mutable_ring());
+  response->set_lease_ms(absl::ToInt64Milliseconds(core_->lease()));
+  response->set_quota_pages((*session)->quota_pages());
+  if (request->fast_channel() && fast_channels_ != nullptr) {
+    const absl::Status opened =
+        fast_channels_->Open((*session)->id(), (*session)->token(),
+                             response->mutable_fast_channel());
+    if (!opened.ok()) {
+      // The session works without one (over gRPC); say why in the log.
+      response->clear_fast_channel();
+      Logger("session")->warn("session {}: no fast channel: {}",
+                              (*session)->id(), std::string(opened.message()));
+    }
+  }
+  Finish(reactor, Method::kRegister, start, absl::OkStatus());
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>*
+GrpcService::KeepAlive(grpc::CallbackServerContext*) {
+  return new KeepAliveReactor(core_);
+}
+
+void GrpcService::Finish(grpc::ServerUnaryReactor* reactor, Method method,
+                         absl::Time start, const absl::Status& status) {
+  core_->Record(method, status.code(), absl::Now() - start);
+  reactor->Finish(ToGrpcStatus(status));
+}
+
+template <typename Request>
+grpc::Status GrpcService::HandleAlloc(const Request& request,
+                                      v1::AllocResponse* response,
+                                      Method method) {
+  const v1::AllocOptions& options = request.options();
+  ResponseReply reply(response, options.packed_results());
+  absl::StatusOr<CallArrays> arrays = ArraysOf(request);
+  if (!arrays.ok()) {
+    // Authentication comes first, as in PrepareAlloc.
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::shared_ptr<Session>> session = core_->Authenticate(
+        request.session().session_id(), request.session().session_token());
+    const absl::Status status =
+        session.ok() ? arrays.status() : session.status();
+    core_->Record(method, status.code(), absl::Now() - start);
+    return ToGrpcStatus(status);
+  }
+  AllocCallInput input;
+  input.method = method;
+  input.session_id = request.session().session_id();
+  input.session_token = request.session().session_token();
+  input.arrays = *arrays;
+  input.release_ring_up_to = options.release_ring_up_to();
+  input.return_inline = options.return_inline();
+  input.async_completion = options.async_completion();
+  input.free_pages_first = options.free_pages_first();
+  input.checkpoint_first = options.checkpoint_first();
+  std::vector<AllocCall> calls(1);
+  if (core_->PrepareAlloc(input, &reply, &calls[0])) {
+    core_->SubmitPrepared(std::move(calls));
+  }
+  return reply.Wait();
+}
+
+grpc::Status GrpcService::AllocExtend(grpc::ServerContext*,
+                                      const v1::AllocExtendRequest* request,
+                                      v1::AllocResponse* response) {
+  return HandleAlloc(*request, response, Method::kAllocExtend);
+}
+
+grpc::Status GrpcService::AllocDecode(grpc::ServerContext*,
+                                      const v1::AllocDecodeRequest* request,
+                                      v1::AllocResponse* response) {
+  return HandleAlloc(*request, response, Method::kAllocDecode);
+}
+
+grpc::Status GrpcService::Alloc(grpc::ServerContext*,
+                                const v1::AllocRequest* request,
+                                v1::AllocResponse* response) {
+  return HandleAlloc(*request, response, Method::kAlloc);
+}
+
+grpc::Status GrpcService::Free(grpc::ServerContext*,
+                               const v1::FreeRequest* request,
+                               v1::FreeResponse* response) {
+  const absl::Status valid = ValidateFree(*request);
+  if (!valid.ok()) {
+    // Authentication comes first, as for every call.
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::shared_ptr<Session>> session = core_->Authenticate(
+        request->session().session_id(), request->session().session_token());
+    const absl::Status status = session.ok() ? valid : session.status();
+    core_->Record(Method::kFree, status.code(), absl::Now() - start);
+    return ToGrpcStatus(status);
+  }
+  PendingReply reply;
+  const bool slots = request->slots_size() > 0;
+  core_->SubmitFree(request->session().session_id(),
+                    request->session().session_token(),
+                    slots ? FreeUnit::kSlots : FreeUnit::kPages,
+                    slots ? absl::MakeConstSpan(request->slots())
+                          : absl::MakeConstSpan(request->pages()),
+                    &reply);
+  const absl::Status status = reply.Wait();
+  if (status.ok()) response->set_pages_freed(reply.value());
+  return ToGrpcStatus(status);
+}
+
+grpc::Status GrpcService::Checkpoint(grpc::ServerContext*,
+                                     const v1::CheckpointRequest* request,
+                                     v1::CheckpointResponse*) {
+  PendingReply reply;
+  core_->SubmitCheckpoint(request->session().session_id(),
+                          request->session().session_token(), &reply);
+  return ToGrpcStatus(reply.Wait());
+}
+
+grpc::Status GrpcService::Rollback(grpc::ServerContext*,
+                                   const v1::RollbackRequest* request,
+                                   v1::RollbackResponse* response) {
+  PendingReply reply;
+  core_->SubmitRollback(request->session().session_id(),
+                        request->session().session_token(), &reply);
+  const absl::Status status = reply.Wait();
+  if (status.ok()) response->set_pages_returned(reply.value());
+  return ToGrpcStatus(status);
+}
+
+grpc::Status GrpcService::ReleaseRing(grpc::ServerContext*,
+                                      const v1::ReleaseRingRequest* request,
+                                      v1::ReleaseRingResponse* response) {
+  absl::StatusOr<int64_t> reserved =
+      core_->ReleaseRing(request->session().session_id(),
+                         request->session().session_token(), request->up_to());
+  if (reserved.ok()) response->set_reserved_slots(*reserved);
+  return ToGrpcStatus(reserved.status());
+}
+
+grpc::ServerUnaryReactor* GrpcService::GetStats(
+    grpc::CallbackServerContext* context, const v1::GetStatsRequest* request,
+    v1::GetStatsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  const PoolStats stats = core_->PoolStatsSnapshot();
+  FillPoolInfo(core_->DescribePool(), response->mutable_pool());
+  response->set_free_pages(stats.free_pages);
+  response->set_parked_pages(stats.parked_pages);
+  response->set_used_pages(stats.used_pages);
+  response->set_slots_allocated_total(stats.slots_allocated);
+  response->set_pages_allocated_total(stats.pages_allocated);
+  response->set_pages_freed_total(stats.pages_freed);
+  response->set_out_of_pages_total(stats.out_of_pages_refusals);
+  response->set_free_list_sorts_total(stats.free_list_sorts);
+  response->set_launches_total(core_->launches());
+  const std::vector<std::shared_ptr<Session>> sessions = core_->Sessions();
+  response->set_sessions_active(sessions.size());
+  if (request->include_sessions()) {
+    for (const std::shared_ptr<Session>& session : sessions) {
+      v1::SessionStats* out = response->add_sessions();
+      out->set_session_id(session->id());
+      out->set_client_name(session->client_name());
+      auto it = stats.owners.find(session->id());
+      if (it != stats.owners.end()) {
+        out->set_pages_owned(it->second.pages_owned);
+        out->set_checkpoint_active(it->second.checkpoint_active);
+      }
+      out->set_quota_pages(session->quota_pages());
+      out->set_ring_capacity_slots(session->ring_memory().capacity_slots());
+      out->set_ring_reserved_slots(session->ring_reserved());
+    }
+  }
+  Finish(reactor, Method::kGetStats, start, absl::OkStatus());
+  return reactor;
+}
+
+}  // namespace pagealloc

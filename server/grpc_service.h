@@ -1,0 +1,82 @@
+// GrpcService: the gRPC adapter of pagealloc.v1.PageAllocator over the call
+// core (server/call_core.h). Each handler turns its message into the core's
+// plain input, lets the core run the call, and writes the answer back;
+// absl::Status becomes grpc::Status in ToGrpcStatus only.
+//
+// Threading. Session calls (allocations, Free, Checkpoint, Rollback,
+// ReleaseRing) are synchronous handlers: gRPC's sync server runs a call on
+// the thread that read it, and that thread usually drives the batcher
+// itself (server/batcher.h), so an answer is computed and written with no
+// thread hand-off. Register and GetStats are callback handlers, and
+// KeepAlive a callback stream, so that a session's open stream holds no
+// thread.
+//
+// This class is thread-safe.
+
+#ifndef PAGEALLOC_SERVER_GRPC_SERVICE_H_
+#define PAGEALLOC_SERVER_GRPC_SERVICE_H_
+
+#include "proto/pagealloc.grpc.pb.h"
+#include "server/call_core.h"
+#include "server/fast_channel_server.h"
+
+namespace pagealloc {
+
+using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
+    v1::PageAllocator::WithCallbackMethod_KeepAlive<
+        v1::PageAllocator::WithCallbackMethod_GetStats<
+            v1::PageAllocator::Service>>>;
+
+class GrpcService final : public PageAllocatorBase {
+ public:
+  // `core` must outlive the service; so must `fast_channels`, where Register
+  // opens fast channels (null: none offered).
+  GrpcService(CallCore* core, FastChannelServer* fast_channels)
+      : core_(core), fast_channels_(fast_channels) {}
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override;
+  grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>*
+  KeepAlive(grpc::CallbackServerContext* context) override;
+  grpc::Status AllocExtend(grpc::ServerContext* context,
+                           const v1::AllocExtendRequest* request,
+                           v1::AllocResponse* response) override;
+  grpc::Status AllocDecode(grpc::ServerContext* context,
+                           const v1::AllocDecodeRequest* request,
+                           v1::AllocResponse* response) override;
+  grpc::Status Alloc(grpc::ServerContext* context,
+                     const v1::AllocRequest* request,
+                     v1::AllocResponse* response) override;
+  grpc::Status Free(grpc::ServerContext* context,
+                    const v1::FreeRequest* request,
+                    v1::FreeResponse* response) override;
+  grpc::Status Checkpoint(grpc::ServerContext* context,
+                          const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
+  grpc::Status Rollback(grpc::ServerContext* context,
+                        const v1::RollbackRequest* request,
+                        v1::RollbackResponse* response) override;
+  grpc::Status ReleaseRing(grpc::ServerContext* context,
+                           const v1::ReleaseRingRequest* request,
+                           v1::ReleaseRingResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+
+ private:
+  // The shared body of AllocExtend, AllocDecode and Alloc.
+  template <typename Request>
+  grpc::Status HandleAlloc(const Request& request, v1::AllocResponse* response,
+                           Method method);
+  // Records the call's code and latency, then finishes the reactor.
+  void Finish(grpc::ServerUnaryReactor* reactor, Method method,
+              absl::Time start, const absl::Status& status);
+
+  CallCore* const core_;
+  FastChannelServer* const fast_channels_;
+};
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_SERVER_GRPC_SERVICE_H_
