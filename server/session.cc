@@ -141,11 +141,19 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Authenticate(
     }
     session = it->second;
   }
+  // A lease that ran out ends the session even before the reaper's next
+  // TakeExpired removes it: renewing it here would revive a session whose
+  // pages are about to be reclaimed.
+  const absl::Time now = absl::Now();
+  if (session->lease_deadline() < now) {
+    return absl::NotFoundError(absl::StrFormat(
+        "session %d is unknown or has expired; register again", session_id));
+  }
   if (!ConstantTimeEquals(session->token(), token)) {
     return absl::UnauthenticatedError(
         absl::StrFormat("wrong session_token for session %d", session_id));
   }
-  session->Renew(absl::Now(), options_.lease);
+  session->Renew(now, options_.lease);
   return session;
 }
 
