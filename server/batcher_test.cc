@@ -379,5 +379,19 @@ TEST_F(BatcherTest, StopFinishesQueuedWorkThenRefuses) {
               StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
 }
 
+TEST(BatcherMetricsTest, EveryHistogramHasAscendingBounds) {
+  const BatcherMetrics metrics;
+  for (const AtomicHistogram* histogram :
+       {&metrics.requests_per_batch, &metrics.tokens_per_batch,
+        &metrics.queue_wait_seconds, &metrics.execute_seconds,
+        &metrics.complete_seconds}) {
+    const std::vector<double> bounds = histogram->Take().upper_bounds;
+    ASSERT_FALSE(bounds.empty());
+    for (size_t i = 1; i < bounds.size(); ++i) {
+      EXPECT_LT(bounds[i - 1], bounds[i]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagealloc

@@ -108,14 +108,19 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     quota_pages = options_.max_quota_pages;
   }
   ASSIGN_OR_RETURN(std::string token, RandomToken());
+  auto check_room = [this]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (static_cast<int64_t>(sessions_.size()) < options_.max_sessions) {
+      return absl::OkStatus();
+    }
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the daemon already serves %d sessions (--max_sessions)",
+        sessions_.size()));
+  };
   uint64_t id;
   {
     absl::MutexLock lock(&mu_);
-    if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "the daemon already serves %d sessions (--max_sessions)",
-          sessions_.size()));
-    }
+    RETURN_IF_ERROR(check_room());
     id = next_id_++;
   }
   ASSIGN_OR_RETURN(std::unique_ptr<RingMemory> ring,
@@ -125,6 +130,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
                                 quota_pages, std::move(ring));
   session->Renew(absl::Now(), options_.lease);
   absl::MutexLock lock(&mu_);
+  // The ring was made outside the lock, so other Opens may have filled the
+  // last places meanwhile; the first check only spares a ring when full.
+  RETURN_IF_ERROR(check_room());
   sessions_[id] = session;
   return session;
 }
@@ -141,11 +149,19 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Authenticate(
     }
     session = it->second;
   }
+  // A lease that ran out ends the session even before the reaper's next
+  // TakeExpired removes it: renewing it here would revive a session whose
+  // pages are about to be reclaimed.
+  const absl::Time now = absl::Now();
+  if (session->lease_deadline() < now) {
+    return absl::NotFoundError(absl::StrFormat(
+        "session %d is unknown or has expired; register again", session_id));
+  }
   if (!ConstantTimeEquals(session->token(), token)) {
     return absl::UnauthenticatedError(
         absl::StrFormat("wrong session_token for session %d", session_id));
   }
-  session->Renew(absl::Now(), options_.lease);
+  session->Renew(now, options_.lease);
   return session;
 }
 

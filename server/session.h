@@ -105,7 +105,7 @@ class SessionRegistry {
 };
 
 // Compares two strings in time that depends only on their lengths.
-bool ConstantTimeEquals(const std::string& a, const std::string& b);
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 }  // namespace pagealloc
 

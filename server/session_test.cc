@@ -1,0 +1,465 @@
+// SessionRegistry and Session on the real CPU backend (rings in POSIX shared
+// memory). Leases are checked at times the test chooses: TakeExpired takes
+// `now`, and where the registry reads the clock itself (Open and
+// Authenticate renew at absl::Now()) the test uses an infinite lease or a
+// deadline in 1970, which no clock reading can make ambiguous.
+
+#include "server/session.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/backend.h"
+#include "tests/status_matchers.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::IsOkAndHolds;
+using ::pagealloc::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::UnorderedElementsAre;
+
+std::vector<uint64_t> Ids(const std::vector<std::shared_ptr<Session>>& list) {
+  std::vector<uint64_t> ids;
+  for (const auto& session : list) ids.push_back(session->id());
+  return ids;
+}
+
+bool ShmExists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+class SessionRegistryTest : public ::testing::Test {
+ protected:
+  SessionRegistryTest()
+      : backend_(MakeCpuBackend(
+            absl::StrFormat("/pagealloc-session-test-%d", getpid()))) {
+    options_.lease = absl::Seconds(10);
+    options_.max_sessions = 4;
+    options_.default_ring_capacity_slots = 32;
+    options_.max_ring_capacity_slots = 256;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  SessionRegistry::Options options_;
+};
+
+// ---------------------------------------------------------------------------
+// Open
+
+TEST_F(SessionRegistryTest, OpenGivesFreshIdsAndSecretTokens) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto a, registry.Open("alice", 0, 0));
+  ASSERT_OK_AND_ASSIGN(auto b, registry.Open("bob", 64, 5));
+  EXPECT_NE(a->id(), 0u);
+  EXPECT_NE(a->id(), b->id());
+  EXPECT_EQ(a->token().size(), 32u);
+  EXPECT_EQ(b->token().size(), 32u);
+  EXPECT_NE(a->token(), b->token());
+  EXPECT_EQ(a->client_name(), "alice");
+  EXPECT_EQ(b->client_name(), "bob");
+  EXPECT_EQ(b->quota_pages(), 5);
+  EXPECT_EQ(registry.size(), 2);
+  EXPECT_THAT(Ids(registry.List()), UnorderedElementsAre(a->id(), b->id()));
+}
+
+TEST_F(SessionRegistryTest, RingCapacityZeroTakesTheDefault) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto a, registry.Open("a", 0, 0));
+  EXPECT_EQ(a->ring_memory().capacity_slots(), 32);
+  ASSERT_OK_AND_ASSIGN(auto b, registry.Open("b", 1, 0));
+  EXPECT_EQ(b->ring_memory().capacity_slots(), 1);
+  ASSERT_OK_AND_ASSIGN(auto c, registry.Open("c", 256, 0));  // the maximum
+  EXPECT_EQ(c->ring_memory().capacity_slots(), 256);
+
+  // The ring is real memory a client can map by the name Describe gives.
+  const RingDescription ring = c->ring_memory().Describe();
+  EXPECT_EQ(ring.capacity_slots, 256);
+  EXPECT_TRUE(ShmExists(ring.shm_name)) << ring.shm_name;
+  c->ring_memory().slots()[255] = 1234;
+  EXPECT_EQ(c->ring_memory().slots()[255], 1234);
+}
+
+TEST_F(SessionRegistryTest, OpenRefusesBadRingSizesQuotasAndNames) {
+  SessionRegistry registry(options_, backend_.get());
+  struct Case {
+    std::string name;
+    std::string client_name;
+    int64_t ring_capacity_slots;
+    int64_t quota_pages;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"negative ring", "x", -1, 0,
+       "ring_capacity_slots (-1) must be in [0, 256]"},
+      {"ring over the maximum", "x", 257, 0,
+       "ring_capacity_slots (257) must be in [0, 256]"},
+      {"negative quota", "x", 0, -2, "quota_pages (-2) is negative"},
+      {"name too long", std::string(129, 'n'), 0, 0,
+       "client_name is 129 bytes long; at most 128"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(
+        registry.Open(c.client_name, c.ring_capacity_slots, c.quota_pages),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.name;
+  }
+  EXPECT_EQ(registry.size(), 0);
+  // The longest name and an empty one are fine.
+  EXPECT_OK(registry.Open(std::string(128, 'n'), 0, 0));
+  EXPECT_OK(registry.Open("", 0, 0));
+}
+
+TEST_F(SessionRegistryTest, QuotasAreKeptWithoutAServerCap) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto none, registry.Open("none", 0, 0));
+  EXPECT_EQ(none->quota_pages(), 0);  // no quota
+  ASSERT_OK_AND_ASSIGN(auto big, registry.Open("big", 0, 1 << 30));
+  EXPECT_EQ(big->quota_pages(), 1 << 30);
+}
+
+// --max_session_quota_pages: 0 ("no quota") and anything larger take the
+// cap; smaller quotas are kept.
+TEST_F(SessionRegistryTest, QuotasAreCappedByTheServer) {
+  options_.max_quota_pages = 3;
+  SessionRegistry registry(options_, backend_.get());
+  for (const auto& [asked, given] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 3}, {1, 1}, {3, 3}, {4, 3}}) {
+    ASSERT_OK_AND_ASSIGN(auto session, registry.Open("q", 0, asked));
+    EXPECT_EQ(session->quota_pages(), given) << "asked " << asked;
+    registry.Remove(session->id());
+  }
+}
+
+TEST_F(SessionRegistryTest, OpenRefusesPastMaxSessions) {
+  SessionRegistry registry(options_, backend_.get());
+  std::vector<std::shared_ptr<Session>> sessions;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(auto session, registry.Open("s", 0, 0));
+    sessions.push_back(session);
+  }
+  EXPECT_THAT(
+      registry.Open("one too many", 0, 0),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("already serves 4 sessions (--max_sessions)")));
+  EXPECT_EQ(registry.size(), 4);
+  // A removed session makes room.
+  registry.Remove(sessions[0]->id());
+  EXPECT_OK(registry.Open("room again", 0, 0));
+  EXPECT_EQ(registry.size(), 4);
+}
+
+// A backend that pauses the first CreateRing until the test releases it, so
+// that another Open can run while one is creating its ring. The rings are
+// the real CPU backend's.
+class PausingBackend final : public Backend {
+ public:
+  explicit PausingBackend(Backend* real) : real_(real) {}
+
+  BackendKind kind() const override { return real_->kind(); }
+  PlanExecutor* executor() override { return real_->executor(); }
+  absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
+      uint64_t session_id, int64_t capacity_slots) override {
+    if (!paused_once_.exchange(true)) {
+      entered_.Notify();
+      resume_.WaitForNotification();
+    }
+    return real_->CreateRing(session_id, capacity_slots);
+  }
+  absl::Status CopyToHost(const int64_t* src, int64_t count,
+                          int64_t* dst) override {
+    return real_->CopyToHost(src, count, dst);
+  }
+  absl::Status CompleteLaunch(bool async) override {
+    return real_->CompleteLaunch(async);
+  }
+  DeviceDescription DescribeDevice() const override {
+    return real_->DescribeDevice();
+  }
+  std::string Summary() const override { return real_->Summary(); }
+
+  absl::Notification entered_;
+  absl::Notification resume_;
+
+ private:
+  Backend* const real_;
+  std::atomic<bool> paused_once_{false};
+};
+
+// Two Opens racing for the last place, the second run whole while the
+// first creates its ring: exactly one gets it.
+TEST_F(SessionRegistryTest, MaxSessionsHoldsForConcurrentOpens) {
+  options_.max_sessions = 1;
+  PausingBackend backend(backend_.get());
+  SessionRegistry registry(options_, &backend);
+  absl::StatusOr<std::shared_ptr<Session>> first;
+  std::thread opener([&] { first = registry.Open("first", 0, 0); });
+  backend.entered_.WaitForNotification();  // "first" is creating its ring
+  absl::StatusOr<std::shared_ptr<Session>> second =
+      registry.Open("second", 0, 0);
+  backend.resume_.Notify();
+  opener.join();
+
+  EXPECT_EQ(registry.size(), 1);
+  EXPECT_NE(first.ok(), second.ok())
+      << "first: " << first.status() << ", second: " << second.status();
+  const absl::Status& refused = first.ok() ? second.status() : first.status();
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                HasSubstr("--max_sessions")));
+}
+
+// ---------------------------------------------------------------------------
+// Authenticate
+
+TEST_F(SessionRegistryTest, AuthenticateChecksIdAndToken) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto session, registry.Open("a", 0, 0));
+  const uint64_t id = session->id();
+  const std::string token = session->token();
+
+  EXPECT_THAT(registry.Authenticate(id, token), IsOkAndHolds(session));
+
+  std::string last_byte_wrong = token;
+  last_byte_wrong.back() ^= 1;
+  std::string first_byte_wrong = token;
+  first_byte_wrong.front() ^= 0x80;
+  for (const std::string& wrong :
+       {last_byte_wrong, first_byte_wrong, token.substr(0, 31), token + "x",
+        std::string()}) {
+    const absl::Status status = registry.Authenticate(id, wrong).status();
+    EXPECT_THAT(status,
+                StatusIs(absl::StatusCode::kUnauthenticated,
+                         HasSubstr(absl::StrFormat(
+                             "wrong session_token for session %d", id))));
+    // The token is a secret: messages never carry it.
+    EXPECT_THAT(std::string(status.message()), Not(HasSubstr(token)));
+  }
+
+  EXPECT_THAT(registry.Authenticate(id + 1, token),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr(absl::StrFormat(
+                           "session %d is unknown or has expired", id + 1))));
+  // Another session's token does not open this one.
+  ASSERT_OK_AND_ASSIGN(auto other, registry.Open("b", 0, 0));
+  EXPECT_THAT(registry.Authenticate(id, other->token()),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("wrong session_token")));
+}
+
+// With an infinite lease, renewing at any time gives an infinite deadline,
+// so the tests see which calls renew without reading the clock.
+TEST_F(SessionRegistryTest, OpenAndAuthenticateRenewTheLease) {
+  options_.lease = absl::InfiniteDuration();
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto session, registry.Open("a", 0, 0));
+  EXPECT_EQ(session->lease_deadline(), absl::InfiniteFuture());
+
+  const absl::Time finite = absl::Now() + absl::Hours(1);
+  session->Renew(finite, absl::ZeroDuration());
+  EXPECT_EQ(session->lease_deadline(), finite);
+  // A refused token renews nothing.
+  EXPECT_THAT(registry.Authenticate(session->id(), "wrong"),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("wrong session_token")));
+  EXPECT_EQ(session->lease_deadline(), finite);
+  ASSERT_OK(registry.Authenticate(session->id(), session->token()));
+  EXPECT_EQ(session->lease_deadline(), absl::InfiniteFuture());
+}
+
+// A session whose lease ran out is gone for its client, even before the
+// reaper's next TakeExpired: a call must not bring it back to life while the
+// daemon is about to reclaim its pages.
+TEST_F(SessionRegistryTest, AnExpiredSessionDoesNotAuthenticate) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto session, registry.Open("a", 0, 0));
+  session->Renew(absl::UnixEpoch(), absl::Seconds(1));  // ran out in 1970
+  EXPECT_THAT(registry.Authenticate(session->id(), session->token()),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("is unknown or has expired")));
+  // Not renewed: the reaper still takes it.
+  EXPECT_EQ(session->lease_deadline(), absl::UnixEpoch() + absl::Seconds(1));
+  EXPECT_THAT(Ids(registry.TakeExpired(absl::UnixEpoch() + absl::Seconds(2))),
+              UnorderedElementsAre(session->id()));
+}
+
+// ---------------------------------------------------------------------------
+// Leases and TakeExpired
+
+TEST_F(SessionRegistryTest, TakeExpiredTakesLeasesThatRanOutBeforeNow) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto a, registry.Open("a", 0, 0));
+  ASSERT_OK_AND_ASSIGN(auto b, registry.Open("b", 0, 0));
+  ASSERT_OK_AND_ASSIGN(auto c, registry.Open("c", 0, 0));
+  const absl::Time t0 = absl::FromUnixSeconds(1'000'000);
+  const absl::Duration lease = absl::Seconds(10);
+  a->Renew(t0, lease);
+  b->Renew(t0 + absl::Seconds(5), lease);
+  c->Renew(absl::InfiniteFuture(), lease);  // never expires
+
+  EXPECT_THAT(registry.TakeExpired(t0), UnorderedElementsAre());
+  // A deadline equal to `now` has not run out yet.
+  EXPECT_THAT(registry.TakeExpired(t0 + lease), UnorderedElementsAre());
+  EXPECT_THAT(Ids(registry.TakeExpired(t0 + lease + absl::Nanoseconds(1))),
+              UnorderedElementsAre(a->id()));
+  EXPECT_THAT(Ids(registry.List()), UnorderedElementsAre(b->id(), c->id()));
+  // Taken once only.
+  EXPECT_THAT(registry.TakeExpired(t0 + lease + absl::Nanoseconds(1)),
+              UnorderedElementsAre());
+  EXPECT_THAT(registry.Authenticate(a->id(), a->token()),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("is unknown or has expired")));
+
+  // b's lease is renewed past the time it would have run out.
+  b->Renew(t0 + absl::Seconds(12), lease);
+  EXPECT_THAT(registry.TakeExpired(t0 + absl::Seconds(20)),
+              UnorderedElementsAre());
+  EXPECT_THAT(Ids(registry.TakeExpired(t0 + absl::Seconds(23))),
+              UnorderedElementsAre(b->id()));
+  EXPECT_THAT(Ids(registry.List()), UnorderedElementsAre(c->id()));
+  EXPECT_EQ(registry.size(), 1);
+}
+
+TEST_F(SessionRegistryTest, TakeExpiredAtTheEndOfTimeTakesEveryFiniteLease) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto a, registry.Open("a", 0, 0));
+  ASSERT_OK_AND_ASSIGN(auto b, registry.Open("b", 0, 0));
+  EXPECT_THAT(registry.TakeExpired(absl::InfinitePast()),
+              UnorderedElementsAre());
+  EXPECT_THAT(Ids(registry.TakeExpired(absl::InfiniteFuture())),
+              UnorderedElementsAre(a->id(), b->id()));
+  EXPECT_EQ(registry.size(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Remove and List
+
+TEST_F(SessionRegistryTest, RemoveReturnsTheSessionOnce) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto a, registry.Open("a", 0, 0));
+  ASSERT_OK_AND_ASSIGN(auto b, registry.Open("b", 0, 0));
+  EXPECT_EQ(registry.Remove(a->id()), a);
+  EXPECT_EQ(registry.Remove(a->id()), nullptr);
+  EXPECT_EQ(registry.Remove(b->id() + 1000), nullptr);  // never opened
+  EXPECT_THAT(Ids(registry.List()), UnorderedElementsAre(b->id()));
+  EXPECT_EQ(registry.size(), 1);
+  EXPECT_THAT(registry.Authenticate(a->id(), a->token()),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("is unknown or has expired")));
+  EXPECT_THAT(registry.TakeExpired(absl::InfiniteFuture()),
+              ::testing::ElementsAre(b));
+}
+
+// The ring lives as long as anyone holds its session: a call in flight keeps
+// it mapped after the session is removed; the last holder unlinks it.
+TEST_F(SessionRegistryTest, TheLastHolderOfARemovedSessionFreesItsRing) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto session, registry.Open("a", 0, 0));
+  const RingDescription ring = session->ring_memory().Describe();
+  ASSERT_TRUE(ShmExists(ring.shm_name));
+  std::shared_ptr<Session> removed = registry.Remove(session->id());
+  EXPECT_TRUE(ShmExists(ring.shm_name));
+  removed.reset();
+  session.reset();
+  EXPECT_FALSE(ShmExists(ring.shm_name));
+}
+
+// ---------------------------------------------------------------------------
+// Ring accounting
+
+TEST_F(SessionRegistryTest, RingReservationsAreBoundedUntilReleased) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto session, registry.Open("a", 16, 0));
+  EXPECT_EQ(session->ring_reserved(), 0);
+  EXPECT_THAT(session->ReserveRing(10), IsOkAndHolds(0));
+  EXPECT_EQ(session->ring_reserved(), 10);
+  EXPECT_THAT(session->ReserveRing(7),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("output ring full: the call needs 7 slots, "
+                                 "10 of 16 are still reserved")));
+  EXPECT_THAT(session->ReserveRing(17),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("more than the ring's capacity of 16")));
+  EXPECT_EQ(session->ring_reserved(), 10);  // refusals reserve nothing
+
+  EXPECT_OK(session->ReleaseRing(10));
+  EXPECT_EQ(session->ring_reserved(), 0);
+  // 6 slots are left before the lap's end: a 10-slot region skips them.
+  EXPECT_THAT(session->ReserveRing(10), IsOkAndHolds(16));
+  EXPECT_EQ(session->ring_reserved(), 16);
+  EXPECT_THAT(session->ReleaseRing(27),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("up_to (27) is past the ring's last reserved "
+                                 "position (26)")));
+  EXPECT_OK(session->ReleaseRing(5));  // before the last release: no-op
+  EXPECT_EQ(session->ring_reserved(), 16);
+}
+
+// A call refused after it reserved gives its region back.
+TEST_F(SessionRegistryTest, UnreserveGivesBackARefusedCallsRegion) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto session, registry.Open("a", 16, 0));
+  ASSERT_THAT(session->ReserveRing(4), IsOkAndHolds(0));
+  ASSERT_THAT(session->ReserveRing(8), IsOkAndHolds(4));
+  session->UnreserveRing(4, 8);
+  EXPECT_EQ(session->ring_reserved(), 4);
+  EXPECT_THAT(session->ReserveRing(12), IsOkAndHolds(4));
+  EXPECT_EQ(session->ring_reserved(), 16);
+}
+
+// Each session has a ring of its own.
+TEST_F(SessionRegistryTest, RingsAreAccountedPerSession) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto a, registry.Open("a", 8, 0));
+  ASSERT_OK_AND_ASSIGN(auto b, registry.Open("b", 8, 0));
+  ASSERT_THAT(a->ReserveRing(8), IsOkAndHolds(0));
+  EXPECT_THAT(b->ReserveRing(8), IsOkAndHolds(0));
+  EXPECT_THAT(a->ReserveRing(1), StatusIs(absl::StatusCode::kResourceExhausted,
+                                          HasSubstr("output ring full")));
+  EXPECT_EQ(a->ring_reserved(), 8);
+  EXPECT_EQ(b->ring_reserved(), 8);
+}
+
+// ---------------------------------------------------------------------------
+// ConstantTimeEquals (its timing is not testable here; its answers are)
+
+TEST(ConstantTimeEqualsTest, ComparesEveryByte) {
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+  EXPECT_TRUE(ConstantTimeEquals("token", "token"));
+  EXPECT_FALSE(ConstantTimeEquals("token", "tokeN"));
+  EXPECT_FALSE(ConstantTimeEquals("token", "Token"));
+  EXPECT_FALSE(ConstantTimeEquals("token", "toke"));
+  EXPECT_FALSE(ConstantTimeEquals("toke", "token"));
+  EXPECT_FALSE(ConstantTimeEquals("", "x"));
+  // Tokens are random bytes: NULs and high bits count like any other.
+  const std::string with_nul("a\0b", 3);
+  EXPECT_TRUE(ConstantTimeEquals(with_nul, std::string("a\0b", 3)));
+  EXPECT_FALSE(ConstantTimeEquals(with_nul, std::string("a\0c", 3)));
+  EXPECT_FALSE(ConstantTimeEquals(with_nul, std::string("a\1b", 3)));
+  EXPECT_FALSE(
+      ConstantTimeEquals(std::string("\x80", 1), std::string("\0", 1)));
+  EXPECT_TRUE(ConstantTimeEquals(std::string("\xff\xfe", 2),
+                                 std::string("\xff\xfe", 2)));
+}
+
+}  // namespace
+}  // namespace pagealloc
