@@ -134,6 +134,15 @@ class Batcher {
     bool debug_checks = false;
   };
 
+  // The defaults for a daemon on a machine with `cpus` CPUs: with 8 or
+  // more, a spinning batcher thread (200 us) that gathers calls for up to
+  // 100 us, waiting for at most 4 calls (or half the active sessions); on
+  // smaller machines, where a spinning thread would take a core the clients
+  // and the pollers need, the submitting thread drives and nothing waits.
+  static Options DefaultsForMachine(unsigned cpus);
+  // The gathering window of a spinning batcher thread by default.
+  static constexpr absl::Duration kDefaultBatchWindow = absl::Microseconds(100);
+
   // `pool` and `backend` must outlive the batcher. Creates the scratch
   // buffer for inline results (max_batch_tokens slots).
   static absl::StatusOr<std::unique_ptr<Batcher>> Create(const Options& options,

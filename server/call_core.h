@@ -20,8 +20,8 @@
 #define PAGEALLOC_SERVER_CALL_CORE_H_
 
 #include <atomic>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>

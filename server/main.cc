@@ -63,7 +63,7 @@ ABSL_FLAG(int, fast_channel_pollers, 1,
 ABSL_FLAG(int, metrics_port, 9464,
           "HTTP port for /metrics (Prometheus) and /healthz; 0 picks a free "
           "port, -1 turns metrics off.");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0",
+ABSL_FLAG(std::string, metrics_host, pagealloc::ServerOptions().metrics_host,
           "Address the metrics port binds.");
 ABSL_FLAG(int64_t, max_batch_requests, 8192,
           "Most requests in one kernel launch, and in one call.");
@@ -101,15 +101,6 @@ ABSL_FLAG(bool, debug_checks, false,
 
 namespace pagealloc {
 namespace {
-
-// --batcher_spin_us=-1 (the default) spins this long on machines with at
-// least this many CPUs (measured on the H200 host: bench/RESULTS.md).
-constexpr int64_t kDefaultBatcherSpinUs = 200;
-constexpr unsigned kMinCpusForSpinningBatcher = 8;
-// --batch_window_us=-1 with a spinning batcher thread; with the default
-// --batch_min_calls it holds a launch only while fewer than 4 calls (or half
-// the active sessions) are queued.
-constexpr int64_t kDefaultBatchWindowUs = 100;
 
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ServerOptions options;
@@ -149,23 +140,20 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
   options.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.batcher.min_batch_calls = absl::GetFlag(FLAGS_batch_min_calls);
-  int64_t batcher_spin_us = absl::GetFlag(FLAGS_batcher_spin_us);
-  if (batcher_spin_us < 0) {
-    // A spinning driver pays off with several clients, but on a small
-    // machine it takes a core the clients and the poller need.
-    batcher_spin_us =
-        std::thread::hardware_concurrency() >= kMinCpusForSpinningBatcher
-            ? kDefaultBatcherSpinUs
-            : 0;
+  // -1: the library's default for this machine (ServerOptions.batcher).
+  if (const int64_t spin_us = absl::GetFlag(FLAGS_batcher_spin_us);
+      spin_us >= 0) {
+    options.batcher.spin = absl::Microseconds(spin_us);
   }
-  options.batcher.spin = absl::Microseconds(batcher_spin_us);
-  int64_t batch_window_us = absl::GetFlag(FLAGS_batch_window_us);
-  if (batch_window_us < 0) {
-    // Only a spinning batcher thread gathers cheaply (a sleeping one would
-    // take every launch over from the submitters, one wake-up each).
-    batch_window_us = batcher_spin_us > 0 ? kDefaultBatchWindowUs : 0;
+  if (const int64_t window_us = absl::GetFlag(FLAGS_batch_window_us);
+      window_us >= 0) {
+    options.batcher.batch_window = absl::Microseconds(window_us);
+  } else {
+    // Only a spinning batcher thread gathers by default.
+    options.batcher.batch_window = options.batcher.spin > absl::ZeroDuration()
+                                       ? Batcher::kDefaultBatchWindow
+                                       : absl::ZeroDuration();
   }
-  options.batcher.batch_window = absl::Microseconds(batch_window_us);
   options.sessions.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.sessions.default_ring_capacity_slots =

@@ -45,7 +45,9 @@ struct ServerOptions {
   // Mode and group of Unix socket files (group "" keeps the default).
   int socket_mode = 0660;
   std::string socket_group;
-  Batcher::Options batcher;
+  // Batcher::DefaultsForMachine for the CPUs this process may run on.
+  Batcher::Options batcher =
+      Batcher::DefaultsForMachine(std::thread::hardware_concurrency());
   SessionRegistry::Options sessions;
   // TLS for TCP addresses (Unix sockets rely on file permissions). With a
   // certificate and key set, TCP listens with TLS only; with a client CA too,
@@ -60,10 +62,11 @@ struct ServerOptions {
   // Run PagePool::CheckInvariants after every change (slow; tests).
   bool debug_checks = false;
   // HTTP /metrics and /healthz: host and port (0: any free port; -1: off;
-  // pagealloc-server's flag defaults to 9464).
-  std::string metrics_host = "127.0.0.1";
+  // pagealloc-server's flag defaults to 9464). Every address by default, so
+  // that Prometheus on another host can scrape.
+  std::string metrics_host = "0.0.0.0";
   int metrics_port = -1;
-  // Offer fast channels (proto/fast_channel.h) to sessions that ask, and
+  // Offer fast channels (fast_channel/layout.h) to sessions that ask, and
   // how long the poller spins after a call before it sleeps.
   bool fast_channel = true;
   absl::Duration fast_channel_spin = absl::Microseconds(200);
