@@ -14,8 +14,9 @@
 #        sync, the daemon's defaults first and then each variant, all of them
 #        VARIANT_ROUNDS times (default 2) in turn: the host's speed drifts
 #        between runs, so compare rows of one round
-# DECODE_S, SWEEP_S and VARIANT_S set the phases' whole seconds (6, 5, 5). Plots
-# (bench/plot.sh) where gnuplot is installed.
+# DECODE_S, SWEEP_S and VARIANT_S set the phases' whole seconds (6, 5, 5);
+# BENCH_FLAGS adds pagealloc-bench flags to every run. Plots (bench/plot.sh)
+# where gnuplot is installed.
 # Usage: run_e2e.sh [--variant FLAGS]... [OUT_DIR]   (default ./gpu-results)
 # Writes OUT_DIR/e2e/; exits 1 if a step failed, 2 if it cannot run here.
 
@@ -26,8 +27,10 @@ gpu_setup "$@"
 need_binaries bench/pagealloc-bench server/pagealloc-server
 
 bench=$BIN/bench/pagealloc-bench
+# Word-split on purpose: BENCH_FLAGS is a list of flags.
+# shellcheck disable=SC2206
 common=(--backend=cuda --server_binary="$BIN/server/pagealloc-server"
-  --batch=256 --progress=false)
+  --batch=256 --progress=false ${BENCH_FLAGS:-})
 decode=(--clients=1 --decode_weight=100 --prefill_weight=0 --spec_weight=0
   --duration_s="${DECODE_S:-6}" --floor_s=2)
 # shellcheck disable=SC2054  # the commas are the flag's
