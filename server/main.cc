@@ -103,7 +103,7 @@ namespace pagealloc {
 namespace {
 
 // --batcher_spin_us=-1 (the default) spins this long on machines with at
-// least this many CPUs (measured on the H200 host: bench/RESULTS.md).
+// least this many CPUs (measured on the H200 host: docs/performance.md).
 constexpr int64_t kDefaultBatcherSpinUs = 200;
 constexpr unsigned kMinCpusForSpinningBatcher = 8;
 // --batch_window_us=-1 with a spinning batcher thread; with the default

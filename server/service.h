@@ -147,7 +147,7 @@ struct AllocCallInput {
 // batcher itself (server/batcher.h), so an answer is computed and written
 // with no thread hand-off. Register and GetStats are callback handlers, and
 // KeepAlive a callback stream, so that a session's open stream holds no
-// thread. (Measured: see bench/RESULTS.md, "The daemon on the H200".)
+// thread.
 using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
     v1::PageAllocator::WithCallbackMethod_KeepAlive<
         v1::PageAllocator::WithCallbackMethod_GetStats<
