@@ -61,6 +61,8 @@ gpu_setup() {
       "with tools/gpu/package.sh on the build host and run the copy of" \
       "this script inside it"
   check_driver
+  # A rerun replaces this script's results: its steps append to their logs.
+  rm -rf "$OUT"
   mkdir -p "$OUT" || die "cannot create $OUT"
   export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   # compute-sanitizer and the toolkit's tools, where the toolkit is installed.
