@@ -1,10 +1,10 @@
 // kernel_benchmark: times the expand kernel on exactly the cases of the
-// seed's Triton anchor benchmark (bench/RESULTS.md names it): page sizes 16
-// and 64; extend batches 1x8192, 16x512, 256x32, 1024x8, 4096x4 and the
-// 64x16384 bulk with the anchor's prefix and length distributions; decode
-// batches of 1, 64, 256, 1024 and 4096. Also an empty kernel (the launch
-// floor) and the GPU's write bandwidth (a large memset), so the bulk case
-// can be read as a fraction of it.
+// seed's Triton anchor benchmark (triton_anchor.py; tools/gpu/README.md):
+// page sizes 16 and 64; extend batches 1x8192, 16x512, 256x32, 1024x8,
+// 4096x4 and the 64x16384 bulk with the anchor's prefix and length
+// distributions; decode batches of 1, 64, 256, 1024 and 4096. Also an empty
+// kernel (the launch floor) and the GPU's write bandwidth (a large memset),
+// so the bulk case can be read as a fraction of it.
 //
 // Plans that fit are timed twice: passed in the kernel parameters (what
 // CudaExecutor does with them) and uploaded, so the two can be compared.

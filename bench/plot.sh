@@ -3,10 +3,10 @@
 #   OUT_DIR/latency.png     AllocDecode latency by percentile, one line per
 #                           client count, with the two floors
 #   OUT_DIR/throughput.png  allocation calls/s and calls per launch vs clients
-# Usage: bench/plot.sh RESULTS.json OUT_DIR
+# Usage: bench/plot.sh BENCH.json OUT_DIR
 set -euo pipefail
-json=${1:?usage: plot.sh RESULTS.json OUT_DIR}
-out=${2:?usage: plot.sh RESULTS.json OUT_DIR}
+json=${1:?usage: plot.sh BENCH.json OUT_DIR}
+out=${2:?usage: plot.sh BENCH.json OUT_DIR}
 command -v gnuplot >/dev/null || { echo "plot.sh: gnuplot not installed (Debian: gnuplot-nox)" >&2; exit 2; }
 mkdir -p "$out"
 data=$(mktemp -d)

@@ -134,11 +134,11 @@ struct InlineExpandParams {
 };
 
 // Parameter sizes the launcher picks from (words of `words`): 2 KB and 8 KB.
-// Parameters are not free: on the H200 (bench/RESULTS.md) an empty kernel
-// took 3.2 us flushed, 4.0 us with 2 KB of parameters, 4.2 us with 8 KB and
-// 5.9 us with 32 KB. So the packer passes a plan inline only where that
-// measured cheaper than uploading it (InlineWordsLimit), and the 32764-byte
-// parameter limit goes unused.
+// Parameters are not free: on the H200 (docs/performance.md) an empty
+// kernel takes 3.2 us flushed, 4.1 us with 2 KB of parameters, 4.3 us with
+// 8 KB and 6.2 us with 32 KB. So the packer passes a plan inline only where
+// that measured cheaper than uploading it (InlineWordsLimit), and the
+// 32764-byte parameter limit goes unused.
 inline constexpr int kInlineTierWords[2] = {244, 1012};
 inline constexpr int kMaxInlineWords = kInlineTierWords[1];
 using MaxInlineExpandParams = InlineExpandParams<kMaxInlineWords>;

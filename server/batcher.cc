@@ -11,9 +11,10 @@
 namespace pagealloc {
 
 Batcher::Options Batcher::DefaultsForMachine(unsigned cpus) {
-  // A spinning driver pays off with several clients (it measured faster at
-  // 8 clients on the H200 host; docs/performance.md), but on a small
-  // machine it takes a core the clients and the poller need. Only a
+  // A spinning driver takes fast-channel calls while a launch runs and
+  // gathers more calls per launch with several clients (docs/performance.md
+  // has its throughput against the submitting thread driving), but on a
+  // small machine it takes a core the clients and the poller need. Only a
   // spinning thread gathers cheaply: a sleeping one would take every launch
   // over from the submitters, one wake-up each.
   constexpr unsigned kMinCpusForSpinning = 8;

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The daemon's process-level tests on a GPU host with the CUDA backend and
+# real CUDA IPC, from a package made by package.sh:
+#   1. multi_client_test, server_process_test and stress_test (20 s of
+#      SIGKILLed and replaced clients; PAGEALLOC_STRESS_SECONDS and
+#      PAGEALLOC_STRESS_CLIENTS change it), with PAGEALLOC_TEST_BACKEND=cuda
+#   2. a soak: 8 load_client processes (4 sync, 4 async completion) for 10 s
+#      against one CUDA daemon with --debug_checks, sharing a claim table
+#      that catches a slot handed to two clients; then every page must be
+#      back in the pool and the daemon must drain and exit 0
+# Usage: run_daemon_suite.sh [OUT_DIR]   (default ./gpu-results)
+# Writes OUT_DIR/daemon/; exits 1 if a step failed, 2 if it cannot run here.
+
+set -u
+STEP_KIND=daemon
+source "$(dirname "$0")/gpu_common.sh"
+gpu_setup "$@"
+need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
+  tests/multi_client_test tests/server_process_test tests/stress_test
+
+# The tests find server/pagealloc-server and tests/load_client relative to
+# the working directory when Bazel's TEST_SRCDIR is not set.
+cd "$BIN" || die "cannot enter $BIN"
+export PAGEALLOC_TEST_BACKEND=cuda
+export PAGEALLOC_STRESS_SECONDS=${PAGEALLOC_STRESS_SECONDS:-20}
+
+for t in multi_client_test server_process_test stress_test; do
+  run_step "$t" 240 "$OUT/$t.log" "tests/$t"
+  add_detail "$(gtest_counts "$OUT/$t.log")"
+  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |killed and replaced" \
+    "$OUT/$t.log" | tail -n 12
+done
+# On a GPU host the CUDA backend starts, so server_process_test skips its
+# one no-GPU case; a test that skips for want of a GPU would show here.
+stress_line=$(grep -E "killed and replaced" "$OUT/stress_test.log" | tail -n 1)
+[[ -n $stress_line ]] && add_detail "$stress_line"
+
+echo "== soak: 8 clients x 10 s against one CUDA daemon (4 of them async)"
+work=$(mktemp -d /tmp/pagealloc-gpu-soak.XXXXXX)
+sock=$work/daemon.sock
+claims=/pagealloc-gpu-claims-$$
+trap 'rm -rf "$work" "/dev/shm$claims"' EXIT
+server/pagealloc-server --backend=cuda --gpu=0 --listen="unix://$sock" \
+  --num_pages=4096 --page_size=16 --lease_ms=2000 --metrics_port=0 \
+  --debug_checks >"$OUT/soak_server.log" 2>&1 &
+server=$!
+for _ in $(seq 100); do
+  [[ -S $sock ]] && break
+  kill -0 "$server" 2>/dev/null || break
+  sleep 0.1
+done
+if [[ ! -S $sock ]]; then
+  note_step "soak" "FAILED" "the daemon did not start: soak_server.log"
+  tail -n 20 "$OUT/soak_server.log"
+  kill -KILL "$server" 2>/dev/null
+else
+  # The claim table: one 32-bit holder per page of the pool (4096 and page
+  # 0), zeroed, private to this user.
+  (umask 077 && truncate -s $((4097 * 4)) "/dev/shm$claims")
+  pids=()
+  for i in $(seq 8); do
+    async=false
+    (( i % 2 == 0 )) && async=true
+    tests/load_client --target="unix://$sock" --claims_shm="$claims" \
+      --client_index="$i" --duration_ms=10000 --async_completion=$async \
+      >>"$OUT/soak_clients.log" 2>&1 &
+    pids+=($!)
+  done
+  clients_failed=0
+  for p in "${pids[@]}"; do wait "$p" || clients_failed=$((clients_failed + 1)); done
+  echo "== clients failed: $clients_failed of 8"
+  cat "$OUT/soak_clients.log"
+  # Each client ends its session on exit; the daemon returns its pages when
+  # it processes that close, so wait for it (bounded) rather than a fixed time.
+  used=
+  for _ in $(seq 100); do
+    client/pagealloc-cli --target="unix://$sock" stats >"$OUT/soak_stats.txt" 2>&1
+    used=$(sed -n 's/^pages *\([0-9]*\) used.*/\1/p' "$OUT/soak_stats.txt")
+    [[ $used == 0 ]] && break
+    sleep 0.1
+  done
+  cat "$OUT/soak_stats.txt"
+  kill -TERM "$server"
+  wait "$server"
+  server_rc=$?
+  echo "== server exit $server_rc"
+  grep -E "critical|error|serving on" "$OUT/soak_server.log" | head -5
+  result=ok
+  ((clients_failed == 0 && server_rc == 0)) && [[ $used == 0 ]] ||
+    result=FAILED
+  note_step "soak" "$result" "clients failed: $clients_failed of 8;\
+ pages used at the end: ${used:-unknown}; daemon exit $server_rc;\
+ soak_clients.log, soak_stats.txt, soak_server.log"
+fi
+
+print_summary
