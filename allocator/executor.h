@@ -1,5 +1,6 @@
 // The batch plan and the narrow interface through which the pool drives an
-// executor (the CPU reference in //kernels:cpu_executor, or the CUDA one).
+// executor (the CPU reference in //kernels:cpu_executor, the CUDA one, or,
+// in allocator/'s own tests and benchmark, FakeExecutor in fake_executor.h).
 //
 // The pool owns the truth: the free list's order, the owner of every page.
 // An executor keeps a mirror of the free list (a ring of page ids, the same

@@ -146,13 +146,28 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
   std::vector<AllocResult>& results = *results_out;
   results.clear();
   results.resize(requests.size());
+  const absl::Span<AllocResult> result_span = absl::MakeSpan(results);
 
   absl::MutexLock lock(&mu_);
+  const int64_t batch_pages = ValidateRequests(requests, result_span);
+  const absl::Status room = MakeRoomForBatch(batch_pages);
+  if (!room.ok()) {
+    for (AllocResult& result : results) {
+      if (result.status.ok()) result.status = room;
+    }
+    return;
+  }
+  if (!AdmitAndPlan(requests, result_span)) return;
+  if (!ExecutePlan(result_span)) return;
+  CommitPlan(requests);
+}
+
+int64_t PagePool::ValidateRequests(absl::Span<const AllocRequest> requests,
+                                   absl::Span<AllocResult> results) {
   std::vector<ExtendShape>& shapes = scratch_.shapes;
   std::vector<int64_t>& pages_needed = scratch_.pages_needed;
   shapes.resize(requests.size());
   pages_needed.assign(requests.size(), 0);
-  // Pass 1: everything that does not depend on admission order.
   int64_t batch_pages = 0;
   // A call's requests share an owner: look it up once per run of requests.
   OwnerId known_owner = kNoOwner;
@@ -187,21 +202,23 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
     pages_needed[i] = NewPagesNeeded(shapes[i], geometry_.page_size);
     batch_pages += pages_needed[i];
   }
+  return batch_pages;
+}
 
+absl::Status PagePool::MakeRoomForBatch(int64_t batch_pages) {
   // SGLang sorts before a batch that does not fit; doing it once, up front,
   // gives the same slots as SGLang whenever SGLang's batch would succeed.
   if (policy_ == FreePolicy::kSorted && batch_pages > free_count_ &&
       !parked_.empty()) {
-    const absl::Status merged = MergeParkedAndSort();
-    if (!merged.ok()) {
-      for (AllocResult& result : results) {
-        if (result.status.ok()) result.status = merged;
-      }
-      return;
-    }
+    return MergeParkedAndSort();
   }
+  return absl::OkStatus();
+}
 
-  // Pass 2: admission in order.
+bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
+                            absl::Span<AllocResult> results) {
+  const std::vector<ExtendShape>& shapes = scratch_.shapes;
+  const std::vector<int64_t>& pages_needed = scratch_.pages_needed;
   BatchPlan& plan = scratch_.plan;
   plan.page_size = geometry_.page_size;
   plan.free_ring_head = head_;
@@ -268,21 +285,26 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
     result.num_new_pages = pages_needed[i];
     admitted.push_back(i);
   }
-  if (plan.requests.empty()) return;
+  return !plan.requests.empty();
+}
 
-  const absl::Status executed = executor_->Execute(plan);
-  if (!executed.ok()) {
-    for (size_t i : admitted) {
-      results[i] = AllocResult{executed, 0, 0};
-    }
-    return;
+bool PagePool::ExecutePlan(absl::Span<AllocResult> results) {
+  const absl::Status executed = executor_->Execute(scratch_.plan);
+  if (executed.ok()) return true;
+  for (size_t i : scratch_.admitted) {
+    results[i] = AllocResult{executed, 0, 0};
   }
+  return false;
+}
 
-  // Commit: the batch's pages leave the front of the free list.
+void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
+  const std::vector<int64_t>& pages_needed = scratch_.pages_needed;
+  const BatchPlan& plan = scratch_.plan;
+  // The batch's pages leave the front of the free list, in admission order.
   int64_t next = 0;
   OwnerId commit_owner = kNoOwner;
   OwnerState* commit_state = nullptr;
-  for (size_t i : admitted) {
+  for (size_t i : scratch_.admitted) {
     if (requests[i].owner != commit_owner) {
       commit_owner = requests[i].owner;
       commit_state = &owners_.at(commit_owner);

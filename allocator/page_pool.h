@@ -211,6 +211,50 @@ class PagePool {
   absl::Status ReleasePages(OwnerState& state, absl::Span<const int64_t> pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Allocate's passes, in the order it runs them. Each reads and writes
+  // scratch_; only MakeRoomForBatch (a sort of the free list) and
+  // CommitPlan change the pool.
+  //
+  // Checks everything about each request that does not depend on admission
+  // order: its shape, its owner, its destination, and that last_loc's page
+  // is the owner's when the request writes into it. Sets results[i].status
+  // for each request it refuses and leaves the others OK; fills
+  // scratch_.shapes and scratch_.pages_needed (0 for a refused request).
+  // Returns the pages the requests it accepts need, together.
+  // REQUIRES: results.size() == requests.size(), every status OK.
+  int64_t ValidateRequests(absl::Span<const AllocRequest> requests,
+                           absl::Span<AllocResult> results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under kSorted, merges the parked pages into the free list and sorts it
+  // when `batch_pages` exceed the free pages and some pages are parked;
+  // otherwise changes nothing. Returns the executor's error when the
+  // mirror write fails.
+  absl::Status MakeRoomForBatch(int64_t batch_pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admits the requests ValidateRequests accepted, in order, against the
+  // free pages and their owners' quotas, and builds scratch_.plan (reading
+  // from the current head of the free list) and scratch_.admitted (the
+  // admitted requests' indices). Sets a refused request's status to
+  // RESOURCE_EXHAUSTED and counts the refusal; fills an admitted request's
+  // num_slots and num_new_pages. Changes no page, owner or free-list
+  // state. Returns false when no request was admitted (nothing to launch).
+  // REQUIRES: ValidateRequests (and MakeRoomForBatch) ran on `requests`.
+  bool AdmitAndPlan(absl::Span<const AllocRequest> requests,
+                    absl::Span<AllocResult> results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Launches scratch_.plan on the executor. Returns true when the launch
+  // succeeded. On failure nothing has been committed, so the batch rolls
+  // back by refusing it: every admitted request's result becomes the
+  // executor's status with no slots and no pages, and the call returns
+  // false. REQUIRES: AdmitAndPlan returned true.
+  bool ExecutePlan(absl::Span<AllocResult> results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the plan's pages to the admitted requests' owners (recording them
+  // in active checkpoints), moves the free list's head past them and
+  // counts the batch. Cannot fail. REQUIRES: ExecutePlan returned true.
+  void CommitPlan(absl::Span<const AllocRequest> requests)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const PoolGeometry geometry_;
   const FreePolicy policy_;
   const int64_t capacity_;  // ring capacity: num_pages

@@ -1,62 +1,25 @@
 // Host-side cost of the allocator: planning a batch plus expanding it on the
-// CPU executor, for decode and extend batches of 1 to 8192 requests and up to
-// 1M tokens; BM_DecodePacked adds the CUDA executor's host work (packing the
-// plan for upload, kernels/plan_packing.h), so that its cost can be profiled
-// on a machine without a GPU. Planning is O(requests + new pages); the CPU
-// expansion is O(tokens). Each iteration allocates the batch and frees it again
-// (one FreePages call), so the pool returns to the same state.
+// allocator's fake executor (plain host code, the CPU reference executor's
+// semantics), for decode and extend batches of 1 to 8192 requests and up to
+// 1M tokens. Planning is O(requests + new pages); the expansion is
+// O(tokens). Each iteration allocates the batch and frees it again (one
+// FreePages call), so the pool returns to the same state.
+// kernels/plan_packing_benchmark.cc adds the CUDA executor's host packing.
 
 #include <memory>
-#include <numeric>
-#include <random>
 #include <vector>
 
+#include "allocator/fake_executor.h"
 #include "allocator/page_pool.h"
 #include "benchmark/benchmark.h"
-#include "kernels/cpu_executor.h"
-#include "kernels/plan_packing.h"
 
 namespace pagealloc {
 namespace {
 
 constexpr OwnerId kOwner = 1;
 
-// The CPU executor, plus packing every plan as the CUDA executor does before
-// its upload (into host memory here).
-class PackingExecutor final : public PlanExecutor {
- public:
-  absl::Status InitFreeRing(int64_t capacity) override {
-    capacity_ = capacity;
-    return cpu_.InitFreeRing(capacity);
-  }
-  absl::Status WriteFreeRing(int64_t position,
-                             absl::Span<const int64_t> pages) override {
-    return cpu_.WriteFreeRing(position, pages);
-  }
-  absl::Status Execute(const BatchPlan& plan) override {
-    block_.resize(MaxPackedPlanBytes(plan.requests.size(), plan.num_slots) /
-                  sizeof(int64_t));
-    absl::StatusOr<PackedPlan> packed =
-        PackPlan(plan, capacity_, absl::MakeSpan(block_));
-    if (!packed.ok()) return packed.status();
-    benchmark::DoNotOptimize(block_.data());
-    return cpu_.Execute(plan);
-  }
-  absl::Status Synchronize() override { return cpu_.Synchronize(); }
-  absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override {
-    return cpu_.ReadFreeRing();
-  }
-  const char* name() const override { return "cpu+packing"; }
-
- private:
-  CpuExecutor cpu_;
-  int64_t capacity_ = 0;
-  std::vector<int64_t> block_;
-};
-
-template <typename Executor>
 struct Fixture {
-  Executor executor;
+  FakeExecutor executor;
   std::unique_ptr<PagePool> pool;
   std::vector<AllocRequest> requests;
   std::vector<int64_t> out;
@@ -64,12 +27,10 @@ struct Fixture {
 
 // Sets up a pool with `requests` sequences whose prefixes end inside their
 // pages (the common decode case) and a batch stepping each of them.
-template <typename Executor = CpuExecutor>
-std::unique_ptr<Fixture<Executor>> MakeFixture(int64_t num_requests,
-                                               int64_t tokens_per_request,
-                                               int64_t page_size,
-                                               RequestKind kind) {
-  auto f = std::make_unique<Fixture<Executor>>();
+std::unique_ptr<Fixture> MakeFixture(int64_t num_requests,
+                                     int64_t tokens_per_request,
+                                     int64_t page_size, RequestKind kind) {
+  auto f = std::make_unique<Fixture>();
   const int64_t pages_per_request =
       CeilDiv(tokens_per_request + 1, page_size) + 1;
   const int64_t num_pages = num_requests * pages_per_request * 2 + 64;
@@ -85,7 +46,6 @@ std::unique_ptr<Fixture<Executor>> MakeFixture(int64_t num_requests,
     prefill[i] = {RequestKind::kExtend, kOwner, i, 0, 1, -1, &first_slots[i]};
   }
   (void)f->pool->Allocate(prefill);
-  std::mt19937_64 rng(42);
   int64_t offset = 0;
   for (int64_t i = 0; i < num_requests; ++i) {
     AllocRequest r;
@@ -106,11 +66,10 @@ std::unique_ptr<Fixture<Executor>> MakeFixture(int64_t num_requests,
   return f;
 }
 
-template <typename Executor = CpuExecutor>
 void RunBatch(benchmark::State& state, RequestKind kind, int64_t page_size) {
   const int64_t num_requests = state.range(0);
   const int64_t tokens = kind == RequestKind::kDecode ? 1 : state.range(1);
-  auto f = MakeFixture<Executor>(num_requests, tokens, page_size, kind);
+  auto f = MakeFixture(num_requests, tokens, page_size, kind);
   std::vector<int64_t> new_pages;
   for (auto _ : state) {
     std::vector<AllocResult> results = f->pool->Allocate(f->requests);
@@ -137,11 +96,6 @@ void BM_Decode(benchmark::State& state) {
 }
 BENCHMARK(BM_Decode)->Arg(1)->Arg(64)->Arg(256)->Arg(1024)->Arg(4096)->Arg(
     8192);
-
-void BM_DecodePacked(benchmark::State& state) {
-  RunBatch<PackingExecutor>(state, RequestKind::kDecode, 16);
-}
-BENCHMARK(BM_DecodePacked)->Arg(256)->Arg(1024);
 
 void BM_Extend(benchmark::State& state) {
   RunBatch(state, RequestKind::kExtend, 16);

@@ -4,9 +4,9 @@
 #include <memory>
 #include <vector>
 
+#include "allocator/fake_executor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu_executor.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
@@ -105,7 +105,7 @@ class PagePoolTest : public ::testing::Test {
     return s;
   }
 
-  CpuExecutor executor_;
+  FakeExecutor executor_;
   std::unique_ptr<PagePool> pool_;
 };
 
@@ -130,16 +130,6 @@ TEST_F(PagePoolTest, RejectsBadOptions) {
   EXPECT_THAT(
       PagePool::Create({8, 4, FreePolicy::kLifo}, nullptr),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("executor")));
-}
-
-// The seed's own worked example, at the executor: page_size 4, prefix 2,
-// seq 11, last_loc 1, free pages [3, 4].
-TEST(ExpandRequestTest, SeedGoldenVector) {
-  const std::vector<int64_t> ring = {3, 4};
-  PlannedRequest request{2, 11, 1, 0, 0, nullptr};
-  std::vector<int64_t> out(9, -7);
-  ExpandRequest(request, 4, ring.data(), ring.size(), 0, out.data());
-  EXPECT_THAT(out, ElementsAre(2, 3, 12, 13, 14, 15, 16, 17, 18));
 }
 
 // The same example through the pool: Alice owns page 1 (her prefix of 2
@@ -452,43 +442,58 @@ TEST_F(PagePoolRefusalTest, EveryRefusalChangesNothing) {
   }
 }
 
-// An executor whose launches fail, to check that a device failure commits
-// nothing.
-class FailingExecutor : public PlanExecutor {
- public:
-  absl::Status InitFreeRing(int64_t capacity) override {
-    return mirror_.InitFreeRing(capacity);
-  }
-  absl::Status WriteFreeRing(int64_t position,
-                             absl::Span<const int64_t> pages) override {
-    return mirror_.WriteFreeRing(position, pages);
-  }
-  absl::Status Execute(const BatchPlan&) override {
-    return absl::InternalError("CUDA error: an illegal memory access");
-  }
-  absl::Status Synchronize() override { return absl::OkStatus(); }
-  absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override {
-    return mirror_.ReadFreeRing();
-  }
-  const char* name() const override { return "failing"; }
-
- private:
-  CpuExecutor mirror_;
-};
-
-TEST(PagePoolExecutorFailureTest, FailedLaunchCommitsNothing) {
-  FailingExecutor executor;
-  ASSERT_OK_AND_ASSIGN(auto pool,
-                       PagePool::Create({4, 4, FreePolicy::kLifo}, &executor));
-  ASSERT_OK(pool->AddOwner(kAlice, 0));
-  std::vector<int64_t> out(4);
-  AllocRequest request{RequestKind::kAlloc, kAlice, 0, 0, 4, -1, out.data()};
-  std::vector<AllocResult> results = pool->Allocate({request});
+// A failed launch commits nothing: no page changes hands, no checkpoint
+// records a page, no counter moves; a refusal from validation keeps its own
+// status. The batch then succeeds as if the failure had not happened.
+TEST_F(PagePoolTest, FailedLaunchCommitsNothing) {
+  MakePool(8, 4);
+  ASSERT_OK(RunOne(Alloc(kAlice, 4)).status());  // page 1
+  ASSERT_OK(pool_->Checkpoint(kAlice));
+  const Snapshot before = Take();
+  const PoolStats stats_before = pool_->Stats();
+  const std::vector<AllocRequest> batch = {Extend(kAlice, 2, 9, 5),
+                                           Alloc(kBob, 5), Alloc(kBob, 8)};
+  executor_.FailNextLaunches(
+      1, absl::InternalError("CUDA error: an illegal memory access"));
+  std::vector<std::vector<int64_t>> slots;
+  std::vector<AllocResult> results = Run(batch, &slots);
   EXPECT_THAT(results[0].status,
               StatusIs(absl::StatusCode::kInternal, HasSubstr("CUDA error")));
-  EXPECT_THAT(pool->FreeList(), ElementsAre(1, 2, 3, 4));
-  EXPECT_EQ(pool->Stats().used_pages, 0);
-  EXPECT_OK(pool->CheckInvariants());
+  EXPECT_THAT(results[1].status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("num_tokens[1] (5)")));
+  EXPECT_THAT(results[2].status,
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("CUDA error")));
+  for (const AllocResult& result : results) {
+    EXPECT_EQ(result.num_slots, 0);
+    EXPECT_EQ(result.num_new_pages, 0);
+  }
+  EXPECT_TRUE(before == Take());
+  const PoolStats stats_after = pool_->Stats();
+  EXPECT_EQ(stats_after.pages_allocated, stats_before.pages_allocated);
+  EXPECT_EQ(stats_after.slots_allocated, stats_before.slots_allocated);
+  EXPECT_EQ(stats_after.batches_executed, stats_before.batches_executed);
+
+  results = Run(batch, &slots);
+  ASSERT_OK(results[0].status);
+  ASSERT_OK(results[2].status);
+  EXPECT_THAT(slots[0], ElementsAre(6, 7, 8, 9, 10, 11, 12));  // pages 2, 3
+  EXPECT_THAT(slots[2], ElementsAre(16, 17, 18, 19, 20, 21, 22, 23));
+  EXPECT_THAT(pool_->Rollback(kAlice), IsOkAndHolds(2));
+}
+
+// A batch whose every request is refused never reaches the executor.
+TEST_F(PagePoolTest, BatchWithNothingAdmittedLaunchesNothing) {
+  MakePool(4, 4);
+  const int64_t launches = executor_.launches();
+  std::vector<std::vector<int64_t>> slots;
+  std::vector<AllocResult> results =
+      Run({Alloc(kAlice, 5), Alloc(99, 4), Alloc(kBob, 20)}, &slots);
+  for (const AllocResult& result : results) EXPECT_FALSE(result.status.ok());
+  EXPECT_EQ(executor_.launches(), launches);
+  EXPECT_EQ(pool_->Stats().batches_executed, 0);
+  // One admitted request makes one launch for the whole batch.
+  results = Run({Alloc(kAlice, 5), Alloc(kAlice, 4), Alloc(kBob, 4)}, &slots);
+  EXPECT_EQ(executor_.launches(), launches + 1);
 }
 
 TEST(FreePolicyTest, ParsesNames) {

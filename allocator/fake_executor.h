@@ -1,0 +1,62 @@
+// FakeExecutor: the allocator's own test executor. It really executes plans
+// on the host (plain C++, the semantics of the CPU reference executor in
+// //kernels:cpu_executor, which a kernels/ test holds it to), so allocator/
+// tests and benchmarks need nothing outside allocator/. A failure switch
+// makes the next launches fail, so that tests can check that a failed
+// launch changes nothing.
+//
+// Destinations are host pointers.
+//
+// This class is thread-compatible: the pool serializes calls.
+
+#ifndef PAGEALLOC_ALLOCATOR_FAKE_EXECUTOR_H_
+#define PAGEALLOC_ALLOCATOR_FAKE_EXECUTOR_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "allocator/executor.h"
+
+namespace pagealloc {
+
+class FakeExecutor final : public PlanExecutor {
+ public:
+  FakeExecutor() = default;
+
+  // Returns INVALID_ARGUMENT for a capacity below 1.
+  absl::Status InitFreeRing(int64_t capacity) override;
+  // Returns OUT_OF_RANGE for a write outside the ring.
+  absl::Status WriteFreeRing(int64_t position,
+                             absl::Span<const int64_t> pages) override;
+  // Writes each planned request's slots to its destination. Returns the
+  // failure switch's status, writing nothing, while the switch is armed,
+  // and INTERNAL, writing nothing, when the plan's ring capacity is not the
+  // mirror's.
+  absl::Status Execute(const BatchPlan& plan) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override;
+  const char* name() const override { return "fake"; }
+
+  // Makes the next `launches` calls to Execute return `status` without
+  // writing anything; later calls execute again. Replaces an armed switch.
+  // REQUIRES: launches >= 0 and !status.ok().
+  void FailNextLaunches(int64_t launches, absl::Status status);
+
+  // Calls to Execute so far, failed ones included.
+  int64_t launches() const { return launches_; }
+  // Calls to Execute still to fail.
+  int64_t failures_pending() const { return failures_pending_; }
+
+ private:
+  std::vector<int64_t> ring_;
+  int64_t launches_ = 0;
+  int64_t failures_pending_ = 0;
+  absl::Status failure_;
+};
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_ALLOCATOR_FAKE_EXECUTOR_H_
