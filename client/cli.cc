@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/admin.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "proto/pagealloc.grpc.pb.h"
@@ -53,15 +54,9 @@ std::unique_ptr<v1::PageAllocator::Stub> Stub() {
 }
 
 absl::StatusOr<v1::GetStatsResponse> FetchStats(bool sessions) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  v1::GetStatsRequest request;
-  request.set_include_sessions(sessions);
-  v1::GetStatsResponse response;
-  absl::Status status =
-      FromGrpcStatus(Stub()->GetStats(&context, request, &response));
-  if (!status.ok()) return status;
-  return response;
+  AdminOptions options;
+  options.target = absl::GetFlag(FLAGS_target);
+  return GetDaemonStats(options, sessions);
 }
 
 std::string Bar(double fraction, int width) {

@@ -1,0 +1,37 @@
+// Calls that need no session: what operators, tools and tests ask a daemon
+// without registering (and so without holding a ring or a lease).
+
+#ifndef PAGEALLOC_CLIENT_ADMIN_H_
+#define PAGEALLOC_CLIENT_ADMIN_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/pagealloc.pb.h"
+
+namespace pagealloc {
+
+struct AdminOptions {
+  // gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port".
+  std::string target;
+  // Credentials for TCP targets (default: insecure, right for Unix sockets).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Use this channel instead of dialing `target` (in-process tests).
+  std::shared_ptr<grpc::Channel> channel;
+  // Deadline of the call.
+  absl::Duration timeout = absl::Seconds(5);
+};
+
+// The daemon's GetStats: pool counters, sessions (with `include_sessions`,
+// one row each) and launches. Errors are the call's (UNAVAILABLE when no
+// daemon answers at `target`, DEADLINE_EXCEEDED after `timeout`);
+// INVALID_ARGUMENT when neither a target nor a channel is given.
+absl::StatusOr<v1::GetStatsResponse> GetDaemonStats(
+    const AdminOptions& options, bool include_sessions = false);
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_CLIENT_ADMIN_H_
