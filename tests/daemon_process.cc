@@ -11,6 +11,7 @@
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/pagealloc.grpc.pb.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc::testing {
 
@@ -28,17 +29,28 @@ absl::StatusOr<v1::GetStatsResponse> DaemonStats(const std::string& target) {
   return response;
 }
 
+absl::StatusOr<v1::GetStatsResponse> WaitForStats(
+    const std::string& target,
+    absl::FunctionRef<bool(const v1::GetStatsResponse&)> done,
+    absl::Duration timeout) {
+  absl::StatusOr<v1::GetStatsResponse> stats;
+  WaitFor(
+      [&] {
+        stats = DaemonStats(target);
+        return !stats.ok() || done(*stats);
+      },
+      timeout);
+  return stats;
+}
+
 absl::StatusOr<v1::GetStatsResponse> WaitUntilEmpty(const std::string& target,
                                                     absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    absl::StatusOr<v1::GetStatsResponse> stats = DaemonStats(target);
-    if (!stats.ok() || absl::Now() > deadline ||
-        (stats->used_pages() == 0 && stats->sessions_active() == 0)) {
-      return stats;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  return WaitForStats(
+      target,
+      [](const v1::GetStatsResponse& stats) {
+        return stats.used_pages() == 0 && stats.sessions_active() == 0;
+      },
+      timeout);
 }
 
 std::string ReadLog(const std::string& path) {
@@ -73,20 +85,21 @@ absl::StatusOr<Daemon> StartDaemon(const std::string& name,
   absl::StatusOr<Subprocess> process = Subprocess::Start(argv, daemon.log_path);
   if (!process.ok()) return process.status();
   daemon.process = *std::move(process);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (true) {
-    if (!daemon.process.running()) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "pagealloc-server exited at start:\n%s", ReadLog(daemon.log_path)));
-    }
-    if (DaemonStats(daemon.target).ok()) return daemon;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrFormat("pagealloc-server did not answer within 20 s:\n%s",
-                          ReadLog(daemon.log_path)));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
+  bool answered = false;
+  WaitFor(
+      [&] {
+        answered = DaemonStats(daemon.target).ok();
+        return answered || !daemon.process.running();
+      },
+      absl::Seconds(20));
+  if (answered) return daemon;
+  if (!daemon.process.running()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "pagealloc-server exited at start:\n%s", ReadLog(daemon.log_path)));
   }
+  return absl::DeadlineExceededError(
+      absl::StrFormat("pagealloc-server did not answer within 20 s:\n%s",
+                      ReadLog(daemon.log_path)));
 }
 
 }  // namespace pagealloc::testing

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/pagealloc.pb.h"
@@ -28,6 +29,13 @@ absl::StatusOr<Daemon> StartDaemon(const std::string& name,
 
 // GetStats from `target`.
 absl::StatusOr<v1::GetStatsResponse> DaemonStats(const std::string& target);
+
+// Polls GetStats (up to `timeout`) until `done` holds for the stats; returns
+// the last stats, or the first failed GetStats's status.
+absl::StatusOr<v1::GetStatsResponse> WaitForStats(
+    const std::string& target,
+    absl::FunctionRef<bool(const v1::GetStatsResponse&)> done,
+    absl::Duration timeout);
 
 // Polls GetStats (up to `timeout`) until no page is used and no session is
 // active; returns the last stats.

@@ -24,12 +24,14 @@
 #include "server/fast_channel_server.h"
 #include "server/server.h"
 #include "tests/status_matchers.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc {
 namespace {
 
 using ::pagealloc::testing::IsOkAndHolds;
 using ::pagealloc::testing::StatusIs;
+using ::pagealloc::testing::WaitFor;
 using ::testing::HasSubstr;
 namespace fc = ::pagealloc::fast_channel;
 
@@ -93,10 +95,8 @@ class FastChannelTest : public ::testing::Test {
       fc::FutexWakeAll(&bell->seq);
     }
     void Await() {
-      const absl::Time deadline = absl::Now() + absl::Seconds(10);
-      while (header->response_seq.load() != seq && absl::Now() < deadline) {
-        absl::SleepFor(absl::Microseconds(20));
-      }
+      WaitFor([&] { return header->response_seq.load() == seq; },
+              absl::Seconds(10), absl::Microseconds(20));
       ASSERT_EQ(header->response_seq.load(), seq) << "no answer";
     }
     std::string CallMessage() {

@@ -17,6 +17,7 @@
 #include "server/server.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc {
 namespace {
@@ -89,18 +90,21 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
 
   // Wait (bounded) for a scrape that saw the allocations.
   std::string used, requests, sessions, up;
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
-    ASSERT_TRUE(prometheus.running()) << "prometheus exited";
-    used = QueryValue(api, R"(pagealloc_pool_pages{state="used"})");
-    requests = QueryValue(
-        api, R"(pagealloc_requests_total{rpc="AllocExtend",code="OK"})");
-    sessions =
-        QueryValue(api, R"(pagealloc_session_pages{client="e2e-scheduler"})");
-    up = QueryValue(api, R"(up{job="pagealloc"})");
-    if (used == "9" && !requests.empty() && !sessions.empty()) break;
-    absl::SleepFor(absl::Milliseconds(250));
-  }
+  bool exited = false;
+  testing::WaitFor(
+      [&] {
+        exited = !prometheus.running();
+        if (exited) return true;
+        used = QueryValue(api, R"(pagealloc_pool_pages{state="used"})");
+        requests = QueryValue(
+            api, R"(pagealloc_requests_total{rpc="AllocExtend",code="OK"})");
+        sessions = QueryValue(
+            api, R"(pagealloc_session_pages{client="e2e-scheduler"})");
+        up = QueryValue(api, R"(up{job="pagealloc"})");
+        return used == "9" && !requests.empty() && !sessions.empty();
+      },
+      absl::Seconds(60), absl::Milliseconds(250));
+  ASSERT_FALSE(exited) << "prometheus exited";
   EXPECT_EQ(up, "1");
   EXPECT_EQ(used, "9");  // 5 + 2 + 1 + 1 pages
   EXPECT_EQ(requests, "1");

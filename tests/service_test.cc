@@ -15,12 +15,14 @@
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
 #include "tests/status_matchers.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc {
 namespace {
 
 using ::pagealloc::testing::IsOkAndHolds;
 using ::pagealloc::testing::StatusIs;
+using ::pagealloc::testing::WaitFor;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -336,9 +338,8 @@ TEST_F(ServiceTest, ClosingASessionFreesItsPages) {
   EXPECT_EQ(server_->pool().Stats().used_pages, 10);
   ASSERT_OK(client->Close());
   // The close is queued behind the session's work; wait for the batcher.
-  for (int i = 0; i < 200 && server_->pool().Stats().used_pages != 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  WaitFor([&] { return server_->pool().Stats().used_pages == 0; },
+          absl::Seconds(5), absl::Milliseconds(5));
   EXPECT_EQ(server_->pool().Stats().used_pages, 0);
   EXPECT_THAT(
       client->Alloc({4}),
@@ -365,8 +366,12 @@ TEST_F(ServiceTest, ExpiredLeaseReclaimsPagesAndTheClientSeesIt) {
   auto kept = Connect("kept");
   ASSERT_OK_AND_ASSIGN(Allocation k, kept->Alloc({4}));
   EXPECT_EQ(server_->pool().Stats().used_pages, 3);
-  absl::SleepFor(absl::Milliseconds(800));
+  const absl::Time start = absl::Now();
+  WaitFor([&] { return server_->pool().Stats().used_pages == 1; },
+          absl::Seconds(10));
   EXPECT_EQ(server_->pool().Stats().used_pages, 1);
+  // Four leases at least, so that "kept" has had to renew its own.
+  absl::SleepFor(start + absl::Milliseconds(800) - absl::Now());
   EXPECT_EQ(server_->service().counters().pages_reclaimed, 2);
   grpc::ClientContext late_context;
   EXPECT_THAT(FromGrpcStatus(stub_->Alloc(&late_context, alloc, &allocated)),
