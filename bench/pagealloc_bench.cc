@@ -56,6 +56,7 @@
 #include "httplib.h"
 #include "kernels/cpu_executor.h"
 #include "tests/daemon_process.h"
+#include "tests/daemon_stats.h"
 #include "tests/subprocess.h"
 #ifdef PAGEALLOC_HAVE_CUDA
 #include <cuda_runtime_api.h>
