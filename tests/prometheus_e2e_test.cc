@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "server/server.h"
+#include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
 #include "tests/wait_for.h"
@@ -56,13 +57,11 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
   options.backend = "cpu";
   options.pool = {200, 16, FreePolicy::kLifo};
   options.metrics_port = 0;
-  ASSERT_OK_AND_ASSIGN(auto server, Server::Create(options));
-  ASSERT_OK(server->Start());
+  ASSERT_OK_AND_ASSIGN(auto server, testing::InProcessServer::Start(options));
 
   ClientOptions client_options;
-  client_options.channel = server->InProcessChannel();
   client_options.client_name = "e2e-scheduler";
-  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(client_options));
+  ASSERT_OK_AND_ASSIGN(auto client, server->Connect(client_options));
   ASSERT_OK(client->Alloc({16 * 5}).status());
   ASSERT_OK(client->AllocExtend({0, 0}, {17, 3}, {-1, -1}).status());  // 3
   ASSERT_OK(client->AllocDecode({1}, {-1}).status());                  // 1
@@ -76,7 +75,7 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
       "  - job_name: pagealloc\n"
       "    static_configs:\n"
       "      - targets: ['127.0.0.1:%d']\n",
-      server->metrics_port());
+      server->server().metrics_port());
   const int web_port = FreePort();
   ASSERT_OK_AND_ASSIGN(
       testing::Subprocess prometheus,
@@ -112,9 +111,6 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
   EXPECT_EQ(QueryValue(api, "pagealloc_pool_capacity_pages"), "200");
   EXPECT_EQ(QueryValue(api, "pagealloc_slots_allocated_total"), "101");
   EXPECT_EQ(QueryValue(api, "pagealloc_sessions_active"), "1");
-  // An in-process channel must not outlive its server.
-  client.reset();
-  server->Shutdown();
 }
 
 }  // namespace
