@@ -16,8 +16,12 @@
 //   for (const LiveSequence& s : live) call.Add(s.Decode());
 //   ASSIGN_OR_RETURN(Allocation a, client->AllocDecode(call.seq_lens,
 //                                                      call.last_locs));
-//   for (size_t i = 0; i < a.size(); ++i)
-//     RETURN_IF_ERROR(live.Record(i, call[i], HostCopyOf(a[i])));
+//   for (size_t i = 0; i < a.size(); ++i) {
+//     std::vector<int64_t> slots(a[i].count);
+//     RETURN_IF_ERROR(client->CopyToHost(a[i].slots, a[i].count,
+//                                        slots.data()));
+//     RETURN_IF_ERROR(live.Record(i, call[i], slots));
+//   }
 //
 // The semantics (SGLang's alloc_extend / alloc_decode): a request for
 // tokens [prefix_len, seq_len) gets one slot per token; a token whose
