@@ -2,9 +2,6 @@
 // model, a message naming the field (and request index), and leaves the pool
 // exactly as it was: free list, parked pages, owner of every page, counts.
 
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,11 +13,13 @@
 #include "gtest/gtest.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
+#include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::InProcessServer;
 using ::pagealloc::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -55,16 +54,12 @@ class BadInputTest : public ::testing::Test {
     options.sessions.max_sessions = 4;
     options.max_message_bytes = 64 << 10;
     options.debug_checks = true;
-    // A real socket too: the in-process transport does not apply gRPC's
+    ASSERT_OK_AND_ASSIGN(server_, InProcessServer::Start(options));
+    stub_ = server_->NewStub();
+    // The socket too: the in-process transport does not apply gRPC's
     // message size limit.
-    char dir[] = "/tmp/pagealloc-bad-XXXXXX";
-    socket_dir_ = mkdtemp(dir);
-    options.listen = {"unix://" + socket_dir_ + "/s.sock"};
-    ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
-    ASSERT_OK(server_->Start());
-    stub_ = v1::PageAllocator::NewStub(server_->InProcessChannel());
     socket_stub_ = v1::PageAllocator::NewStub(grpc::CreateChannel(
-        options.listen[0], grpc::InsecureChannelCredentials()));
+        server_->target(), grpc::InsecureChannelCredentials()));
     alice_ = Register("alice", 0);
     bob_ = Register("bob", 0);
     carol_ = Register("carol", 1);
@@ -73,10 +68,6 @@ class BadInputTest : public ::testing::Test {
     // Bob: page 3 (slots 12..15). Carol: page 4, her whole quota.
     ASSERT_OK(Alloc(bob_, {4}).status());
     ASSERT_OK(Alloc(carol_, {4}).status());
-  }
-  void TearDown() override {
-    server_->Shutdown();
-    rmdir(socket_dir_.c_str());
   }
 
   v1::SessionRef Register(const std::string& name, int64_t quota) {
@@ -226,8 +217,7 @@ class BadInputTest : public ::testing::Test {
     return ref;
   }
 
-  std::unique_ptr<Server> server_;
-  std::string socket_dir_;
+  std::unique_ptr<InProcessServer> server_;
   std::unique_ptr<v1::PageAllocator::Stub> stub_;
   std::unique_ptr<v1::PageAllocator::Stub> socket_stub_;
   v1::SessionRef alice_, bob_, carol_;

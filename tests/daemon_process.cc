@@ -7,39 +7,11 @@
 #include <sstream>
 
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
-#include "common/grpc_status.h"
-#include "grpcpp/grpcpp.h"
-#include "proto/pagealloc.grpc.pb.h"
+#include "absl/time/time.h"
+#include "tests/daemon_stats.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc::testing {
-
-absl::StatusOr<v1::GetStatsResponse> DaemonStats(const std::string& target) {
-  auto stub = v1::PageAllocator::NewStub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  v1::GetStatsRequest request;
-  request.set_include_sessions(true);
-  v1::GetStatsResponse response;
-  absl::Status status =
-      FromGrpcStatus(stub->GetStats(&context, request, &response));
-  if (!status.ok()) return status;
-  return response;
-}
-
-absl::StatusOr<v1::GetStatsResponse> WaitUntilEmpty(const std::string& target,
-                                                    absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    absl::StatusOr<v1::GetStatsResponse> stats = DaemonStats(target);
-    if (!stats.ok() || absl::Now() > deadline ||
-        (stats->used_pages() == 0 && stats->sessions_active() == 0)) {
-      return stats;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-}
 
 std::string ReadLog(const std::string& path) {
   std::ifstream in(path);
@@ -73,20 +45,21 @@ absl::StatusOr<Daemon> StartDaemon(const std::string& name,
   absl::StatusOr<Subprocess> process = Subprocess::Start(argv, daemon.log_path);
   if (!process.ok()) return process.status();
   daemon.process = *std::move(process);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (true) {
-    if (!daemon.process.running()) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "pagealloc-server exited at start:\n%s", ReadLog(daemon.log_path)));
-    }
-    if (DaemonStats(daemon.target).ok()) return daemon;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrFormat("pagealloc-server did not answer within 20 s:\n%s",
-                          ReadLog(daemon.log_path)));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
+  bool answered = false;
+  WaitFor(
+      [&] {
+        answered = DaemonStats(daemon.target).ok();
+        return answered || !daemon.process.running();
+      },
+      absl::Seconds(20));
+  if (answered) return daemon;
+  if (!daemon.process.running()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "pagealloc-server exited at start:\n%s", ReadLog(daemon.log_path)));
   }
+  return absl::DeadlineExceededError(
+      absl::StrFormat("pagealloc-server did not answer within 20 s:\n%s",
+                      ReadLog(daemon.log_path)));
 }
 
 }  // namespace pagealloc::testing

@@ -7,8 +7,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
-#include "proto/pagealloc.pb.h"
 #include "tests/subprocess.h"
 
 namespace pagealloc::testing {
@@ -25,14 +23,6 @@ struct Daemon {
 // the environment sets PAGEALLOC_TEST_BACKEND (e.g. "cuda" on a GPU host).
 absl::StatusOr<Daemon> StartDaemon(const std::string& name,
                                    const std::vector<std::string>& flags);
-
-// GetStats from `target`.
-absl::StatusOr<v1::GetStatsResponse> DaemonStats(const std::string& target);
-
-// Polls GetStats (up to `timeout`) until no page is used and no session is
-// active; returns the last stats.
-absl::StatusOr<v1::GetStatsResponse> WaitUntilEmpty(const std::string& target,
-                                                    absl::Duration timeout);
 
 // The daemon's log so far (for failure messages).
 std::string ReadLog(const std::string& path);

@@ -24,13 +24,17 @@
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/fast_channel_server.h"
 #include "server/server.h"
+#include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::InProcessServer;
 using ::pagealloc::testing::IsOkAndHolds;
 using ::pagealloc::testing::StatusIs;
+using ::pagealloc::testing::WaitFor;
 using ::testing::HasSubstr;
 namespace fc = ::pagealloc::fast_channel;
 
@@ -50,24 +54,32 @@ class FastChannelTest : public ::testing::Test {
     options.fast_channel_pollers = pollers;
     options.batcher.spin = batcher_spin;
     options.debug_checks = true;
-    ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
-    ASSERT_OK(server_->Start());
-    channel_ = server_->InProcessChannel();
-    stub_ = v1::PageAllocator::NewStub(channel_);
+    StartServer(options);
   }
 
-  void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown();
+  void StartServer(const ServerOptions& options) {
+    StopServer();
+    ASSERT_OK_AND_ASSIGN(server_, InProcessServer::Start(options));
+    stub_ = server_->NewStub();
+  }
+
+  // Stops and destroys the server; the stub on its channel goes first.
+  void StopServer() {
+    stub_.reset();
+    server_.reset();
   }
 
   std::unique_ptr<Client> Connect(bool fast) {
     ClientOptions options;
-    options.channel = channel_;
     options.client_name = fast ? "fast" : "grpc";
     options.fast_channel = fast;
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    absl::StatusOr<std::unique_ptr<Client>> client = server_->Connect(options);
     EXPECT_OK(client.status());
     return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  FastChannelServer* fast_channels() {
+    return server_->server().fast_channels();
   }
 
   // A raw session with a fast channel, mapped by hand.
@@ -94,10 +106,8 @@ class FastChannelTest : public ::testing::Test {
       fc::FutexWakeAll(&bell->seq);
     }
     void Await() {
-      const absl::Time deadline = absl::Now() + absl::Seconds(10);
-      while (header->response_seq.load() != seq && absl::Now() < deadline) {
-        absl::SleepFor(absl::Microseconds(20));
-      }
+      WaitFor([&] { return header->response_seq.load() == seq; },
+              absl::Seconds(10), absl::Microseconds(20));
       ASSERT_EQ(header->response_seq.load(), seq) << "no answer";
     }
     std::string CallMessage() {
@@ -129,8 +139,7 @@ class FastChannelTest : public ::testing::Test {
     return raw;
   }
 
-  std::unique_ptr<Server> server_;
-  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<InProcessServer> server_;
   std::unique_ptr<v1::PageAllocator::Stub> stub_;
 };
 
@@ -170,14 +179,13 @@ TEST_F(FastChannelTest, ClientCallsGoThroughItWithTheSameAnswersAsGrpc) {
     absl::StatusOr<Allocation> malformed = client->AllocDecode({7}, {12345});
     answer.statuses.push_back(malformed.status().ToString());
     if (fast) {
-      EXPECT_EQ(server_->fast_channels()->calls(), 4);
+      EXPECT_EQ(fast_channels()->calls(), 4);
     } else {
-      EXPECT_EQ(server_->fast_channels()->calls(), 0);
+      EXPECT_EQ(fast_channels()->calls(), 0);
     }
     EXPECT_OK(server_->pool().CheckInvariants());
     client.reset();
-    server_->Shutdown();
-    server_.reset();
+    StopServer();
   }
   EXPECT_EQ(answers[0].slots, answers[1].slots);
   EXPECT_EQ(answers[0].statuses, answers[1].statuses);
@@ -208,7 +216,7 @@ TEST_F(FastChannelTest, FreeCheckpointAndRollbackGoThroughItToo) {
               StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
   EXPECT_EQ(server_->pool().Stats().used_pages, 2);  // 3 taken, 1 freed
   // 2 allocations, checkpoint, 2 rollbacks, 3 frees: all on the channel.
-  EXPECT_EQ(server_->fast_channels()->calls(), 8);
+  EXPECT_EQ(fast_channels()->calls(), 8);
   EXPECT_OK(server_->pool().CheckInvariants());
 }
 
@@ -270,8 +278,7 @@ TEST_F(FastChannelTest, OperationsFirstRunBeforeTheAllocationOnBothPaths) {
     EXPECT_OK(client->Alloc({ps}).status());
     EXPECT_OK(server_->pool().CheckInvariants());
     client.reset();
-    server_->Shutdown();
-    server_.reset();
+    StopServer();
   }
 }
 
@@ -346,7 +353,7 @@ TEST_F(FastChannelTest, CallsPostedTogetherShareALaunch) {
   EXPECT_EQ(b.header->call_code, 0);
   EXPECT_EQ(a.header->launch_id, b.header->launch_id);
   EXPECT_EQ(a.header->batch_requests, 4);
-  EXPECT_GE(server_->fast_channels()->sleeps(), 1);
+  EXPECT_GE(fast_channels()->sleeps(), 1);
 }
 
 // Six clients allocate and free concurrently; no page may end up held by
@@ -404,13 +411,13 @@ void RunConcurrentClients(
 
 TEST_F(FastChannelTest, ConcurrentClientsOnSeveralPollers) {
   StartServer(absl::Microseconds(50), /*pollers=*/3);
-  RunConcurrentClients(server_.get(), [this] { return Connect(true); });
+  RunConcurrentClients(&server_->server(), [this] { return Connect(true); });
 }
 
 TEST_F(FastChannelTest, ConcurrentClientsWithASpinningBatcher) {
   // The batcher thread drives every launch; pollers only queue.
   StartServer(absl::Microseconds(50), /*pollers=*/1, absl::Microseconds(100));
-  RunConcurrentClients(server_.get(), [this] { return Connect(true); });
+  RunConcurrentClients(&server_->server(), [this] { return Connect(true); });
 }
 
 TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
@@ -445,13 +452,11 @@ TEST_F(FastChannelTest, DaemonWithoutFastChannelsServesOverGrpc) {
   options.backend = "cpu";
   options.pool = {64, 4, FreePolicy::kLifo};
   options.fast_channel = false;
-  ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
-  ASSERT_OK(server_->Start());
-  channel_ = server_->InProcessChannel();
+  StartServer(options);
   auto client = Connect(true);
   ASSERT_NE(client, nullptr);
   EXPECT_FALSE(client->uses_fast_channel());
-  EXPECT_EQ(server_->fast_channels(), nullptr);
+  EXPECT_EQ(fast_channels(), nullptr);
   EXPECT_OK(client->Alloc({4}).status());
 }
 

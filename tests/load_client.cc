@@ -16,7 +16,6 @@
 #include <atomic>
 #include <cstdio>
 #include <random>
-#include <set>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -24,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "tests/workload.h"
 
 ABSL_FLAG(std::string, target, "", "Daemon address.");
 ABSL_FLAG(std::string, claims_shm, "", "Shared claim table (optional).");
@@ -43,11 +43,10 @@ ABSL_FLAG(bool, async_completion, false,
 namespace pagealloc {
 namespace {
 
-struct Sequence {
-  int64_t len = 0;
-  int64_t last_loc = -1;
-  std::vector<int64_t> pages;
-};
+using ::pagealloc::testing::CallArrays;
+using ::pagealloc::testing::LiveSequence;
+using ::pagealloc::testing::Prefill;
+using ::pagealloc::testing::SequenceSet;
 
 class LoadClient {
  public:
@@ -58,6 +57,7 @@ class LoadClient {
         dead_(dead),
         id_(id),
         page_size_(client->pool().page_size()),
+        live_(page_size_),
         rng_(seed) {
     call_options_.async_completion = absl::GetFlag(FLAGS_async_completion);
   }
@@ -73,8 +73,8 @@ class LoadClient {
       }
       const int op = Uniform(0, 99);
       absl::Status status;
-      if (op < 25 || sequences_.empty()) {
-        status = Prefill();
+      if (op < 25 || live_.empty()) {
+        status = PrefillSome();
       } else if (op < 55) {
         status = Decode();
       } else if (op < 65) {
@@ -98,7 +98,7 @@ class LoadClient {
     }
     // Give everything back before the session closes, so that no page is
     // claimed once the daemon may hand it to another client.
-    if (absl::Status s = FreeSome(sequences_.size()); !s.ok()) {
+    if (absl::Status s = FreeSome(live_.size()); !s.ok()) {
       std::fprintf(stderr, "client %u: final free: %s\n", id_,
                    s.ToString().c_str());
       return s.code() == absl::StatusCode::kDataLoss ? 3 : 1;
@@ -132,13 +132,16 @@ class LoadClient {
     }
     return absl::OkStatus();
   }
-  void Unclaim(int64_t page) {
-    if (claims_ != nullptr) claims_[page].store(0);
+  void Unclaim(absl::Span<const int64_t> pages) {
+    if (claims_ == nullptr) return;
+    for (int64_t page : pages) claims_[page].store(0);
   }
 
-  // Checks one request's slots against the semantics and claims its pages.
-  absl::Status Check(int64_t prefix, int64_t seq, int64_t last_loc,
-                     const RequestSlots& result, Sequence* sequence) {
+  // Checks request `k`'s answer to `call` against the semantics, records it
+  // in sequence `i` and claims the pages it opened. DATA_LOSS on a
+  // violation.
+  absl::Status Check(size_t i, const CallArrays& call, size_t k,
+                     const RequestSlots& result) {
     std::vector<int64_t> slots(result.count);
     if (call_options_.async_completion) {
       // The answer came right after the launch: order our read (on the
@@ -146,39 +149,21 @@ class LoadClient {
       absl::Status ordered = client_->OrderAfterCompletion(nullptr);
       if (!ordered.ok()) return ordered;
     }
-    if (result.count != seq - prefix) {
-      return absl::DataLossError(absl::StrFormat("%d slots for %d tokens",
-                                                 result.count, seq - prefix));
-    }
     absl::Status copied =
         client_->CopyToHost(result.slots, result.count, slots.data());
     if (!copied.ok()) return copied;
-    int64_t previous = last_loc;
-    int64_t new_pages = 0;
-    for (int64_t t = 0; t < result.count; ++t) {
-      const int64_t position = prefix + t;
-      const int64_t slot = slots[t];
-      if (position % page_size_ == 0) {
-        if (slot % page_size_ != 0 || slot < page_size_) {
-          return absl::DataLossError(absl::StrFormat(
-              "token %d opens a page but got slot %d", position, slot));
-        }
-        const int64_t page = slot / page_size_;
-        if (absl::Status claimed = Claim(page); !claimed.ok()) return claimed;
-        sequence->pages.push_back(page);
-        ++new_pages;
-      } else if (slot != previous + 1) {
-        return absl::DataLossError(absl::StrFormat(
-            "token %d got slot %d, expected %d", position, slot, previous + 1));
-      }
-      previous = slot;
+    std::vector<int64_t> opened;
+    if (absl::Status s = live_.Record(i, call[k], slots, &opened); !s.ok()) {
+      // A call we built wrongly is our bug; a bad answer is the daemon's.
+      return s;
     }
-    if (new_pages != result.new_pages) {
+    for (int64_t page : opened) {
+      if (absl::Status claimed = Claim(page); !claimed.ok()) return claimed;
+    }
+    if (static_cast<int64_t>(opened.size()) != result.new_pages) {
       return absl::DataLossError(absl::StrFormat(
-          "%d new pages reported, %d seen", result.new_pages, new_pages));
+          "%d new pages reported, %d seen", result.new_pages, opened.size()));
     }
-    sequence->len = seq;
-    if (result.count > 0) sequence->last_loc = previous;
     slots_ += result.count;
     return absl::OkStatus();
   }
@@ -186,33 +171,32 @@ class LoadClient {
   // Out of pages is normal under load: make room and carry on.
   absl::Status Tolerate(const absl::Status& status) {
     if (status.code() == absl::StatusCode::kResourceExhausted) {
-      return FreeSome(std::max<int64_t>(1, sequences_.size() / 2));
+      return FreeSome(std::max<int64_t>(1, live_.size() / 2));
     }
     return status;
   }
 
-  absl::Status Prefill() {
-    if (static_cast<int64_t>(sequences_.size()) >=
+  absl::Status PrefillSome() {
+    if (static_cast<int64_t>(live_.size()) >=
         absl::GetFlag(FLAGS_max_sequences)) {
       return FreeSome(2);
     }
-    const int n = Uniform(1, 4);
-    std::vector<int64_t> prefix(n, 0), seq(n), last(n, -1);
-    for (int i = 0; i < n; ++i) seq[i] = Uniform(1, 3 * page_size_ + 3);
-    absl::StatusOr<Allocation> a =
-        client_->AllocExtend(prefix, seq, last, call_options_);
+    CallArrays call;
+    for (int n = Uniform(1, 4); n > 0; --n) {
+      call.Add(Prefill(Uniform(1, 3 * page_size_ + 3)));
+    }
+    absl::StatusOr<Allocation> a = client_->AllocExtend(
+        call.prefix_lens, call.seq_lens, call.last_locs, call_options_);
     ++calls_;
     if (!a.ok()) return a.status();
-    for (int i = 0; i < n; ++i) {
-      if (!(*a)[i].status.ok()) {
-        if (absl::Status s = Tolerate((*a)[i].status); !s.ok()) return s;
+    for (size_t k = 0; k < call.size(); ++k) {
+      if (!(*a)[k].status.ok()) {
+        if (absl::Status s = Tolerate((*a)[k].status); !s.ok()) return s;
         continue;
       }
-      Sequence sequence;
-      if (absl::Status s = Check(0, seq[i], -1, (*a)[i], &sequence); !s.ok()) {
+      if (absl::Status s = Check(live_.Add(), call, k, (*a)[k]); !s.ok()) {
         return s;
       }
-      sequences_.push_back(std::move(sequence));
       ready_ = true;
     }
     client_->Release(*a);
@@ -222,17 +206,14 @@ class LoadClient {
   // Decodes one token for every sequence; `make_room` frees sequences when
   // the pool runs short.
   absl::Status Decode(bool make_room = true) {
-    std::vector<int64_t> seq, last;
-    for (const Sequence& s : sequences_) {
-      seq.push_back(s.len + 1);
-      last.push_back(s.last_loc);
-    }
+    CallArrays call;
+    for (const LiveSequence& s : live_) call.Add(s.Decode());
     absl::StatusOr<Allocation> a =
-        client_->AllocDecode(seq, last, call_options_);
+        client_->AllocDecode(call.seq_lens, call.last_locs, call_options_);
     ++calls_;
     if (!a.ok()) return a.status();
     bool exhausted = false;
-    for (size_t i = 0; i < seq.size(); ++i) {
+    for (size_t i = 0; i < call.size(); ++i) {
       if (!(*a)[i].status.ok()) {
         if ((*a)[i].status.code() != absl::StatusCode::kResourceExhausted) {
           return (*a)[i].status;
@@ -240,26 +221,22 @@ class LoadClient {
         exhausted = true;
         continue;
       }
-      if (absl::Status s =
-              Check(seq[i] - 1, seq[i], last[i], (*a)[i], &sequences_[i]);
-          !s.ok()) {
-        return s;
-      }
+      if (absl::Status s = Check(i, call, i, (*a)[i]); !s.ok()) return s;
     }
     client_->Release(*a);
     return exhausted && make_room ? FreeSome(2) : absl::OkStatus();
   }
 
   absl::Status Extend() {
-    const size_t k = Uniform(0, sequences_.size() - 1);
-    Sequence& s = sequences_[k];
-    const int64_t seq = s.len + Uniform(1, 2 * page_size_ + 1);
-    absl::StatusOr<Allocation> a =
-        client_->AllocExtend({s.len}, {seq}, {s.last_loc}, call_options_);
+    const size_t i = Uniform(0, live_.size() - 1);
+    CallArrays call;
+    call.Add(live_[i].Extend(Uniform(1, 2 * page_size_ + 1)));
+    absl::StatusOr<Allocation> a = client_->AllocExtend(
+        call.prefix_lens, call.seq_lens, call.last_locs, call_options_);
     ++calls_;
     if (!a.ok()) return a.status();
     if (!(*a)[0].status.ok()) return Tolerate((*a)[0].status);
-    absl::Status checked = Check(s.len, seq, s.last_loc, (*a)[0], &s);
+    absl::Status checked = Check(i, call, 0, (*a)[0]);
     client_->Release(*a);
     return checked;
   }
@@ -270,11 +247,12 @@ class LoadClient {
     ++calls_;
     if (!a.ok()) return a.status();
     if (!(*a)[0].status.ok()) return Tolerate((*a)[0].status);
-    Sequence sequence;
-    if (absl::Status s = Check(0, tokens, -1, (*a)[0], &sequence); !s.ok()) {
+    // A page alloc has the shape of a prefill of whole pages.
+    CallArrays call;
+    call.Add(Prefill(tokens));
+    if (absl::Status s = Check(live_.Add(), call, 0, (*a)[0]); !s.ok()) {
       return s;
     }
-    sequences_.push_back(std::move(sequence));
     client_->Release(*a);
     return absl::OkStatus();
   }
@@ -282,16 +260,14 @@ class LoadClient {
   absl::Status FreeSome(int64_t count) {
     Client::FreeGroup group = client_->BeginFreeGroup();
     int64_t pages = 0;
-    for (int64_t i = 0; i < count && !sequences_.empty(); ++i) {
-      const size_t k = Uniform(0, sequences_.size() - 1);
+    for (int64_t i = 0; i < count && !live_.empty(); ++i) {
+      std::vector<int64_t> freed;
+      live_.Remove(Uniform(0, live_.size() - 1), &freed);
+      Unclaim(freed);
       std::vector<int64_t> slots;
-      for (int64_t page : sequences_[k].pages) {
-        Unclaim(page);
-        slots.push_back(page * page_size_);
-      }
-      pages += sequences_[k].pages.size();
+      for (int64_t page : freed) slots.push_back(page * page_size_);
+      pages += freed.size();
       group.Add(slots);
-      sequences_.erase(sequences_.begin() + k);
     }
     absl::StatusOr<int64_t> freed = group.End();
     ++calls_;
@@ -307,46 +283,24 @@ class LoadClient {
   absl::Status CheckpointAndRollback() {
     if (absl::Status s = client_->Checkpoint(); !s.ok()) return s;
     ++calls_;
-    std::vector<size_t> page_counts;
-    for (const Sequence& s : sequences_) page_counts.push_back(s.pages.size());
+    const SequenceSet::Mark mark = live_.MarkCheckpoint();
     if (absl::Status s = Decode(/*make_room=*/false); !s.ok()) return s;
-    // Pages given since the checkpoint go back: unclaim them first, and drop
-    // the sequences that lost their last page.
-    std::vector<Sequence> kept;
-    int64_t returned = 0;
-    for (size_t i = 0; i < sequences_.size(); ++i) {
-      Sequence& s = sequences_[i];
-      const size_t before = i < page_counts.size() ? page_counts[i] : 0;
-      if (s.pages.size() == before) {
-        kept.push_back(std::move(s));
-        continue;
-      }
-      for (size_t p = before; p < s.pages.size(); ++p) {
-        Unclaim(s.pages[p]);
-        ++returned;
-      }
-      s.pages.resize(before);
-      dropped_.push_back(std::move(s));
-    }
-    sequences_ = std::move(kept);
+    // Pages given since the checkpoint go back: unclaim them first. The
+    // sequences that lost their last page leave; their older pages are
+    // still ours, to free below.
+    std::vector<int64_t> returned, orphaned;
+    live_.Rollback(mark, &returned, &orphaned);
+    Unclaim(returned);
     absl::StatusOr<int64_t> rolled = client_->Rollback();
     ++calls_;
     if (!rolled.ok()) return rolled.status();
-    if (*rolled != returned) {
+    if (*rolled != static_cast<int64_t>(returned.size())) {
       return absl::DataLossError(absl::StrFormat(
-          "rollback returned %d pages, expected %d", *rolled, returned));
+          "rollback returned %d pages, expected %d", *rolled, returned.size()));
     }
-    // The dropped sequences' older pages are still ours: free them.
-    std::vector<int64_t> pages;
-    for (Sequence& s : dropped_) {
-      for (int64_t page : s.pages) {
-        Unclaim(page);
-        pages.push_back(page);
-      }
-    }
-    dropped_.clear();
-    if (pages.empty()) return absl::OkStatus();
-    absl::StatusOr<int64_t> freed = client_->FreePages(pages);
+    Unclaim(orphaned);
+    if (orphaned.empty()) return absl::OkStatus();
+    absl::StatusOr<int64_t> freed = client_->FreePages(orphaned);
     ++calls_;
     return freed.status();
   }
@@ -356,10 +310,9 @@ class LoadClient {
   const std::atomic<uint8_t>* const dead_;
   const uint32_t id_;
   const int64_t page_size_;
+  SequenceSet live_;
   std::mt19937_64 rng_;
   CallOptions call_options_;
-  std::vector<Sequence> sequences_;
-  std::vector<Sequence> dropped_;
   int64_t calls_ = 0, slots_ = 0, pages_claimed_ = 0;
   bool ready_ = false, reported_ = false;
 };

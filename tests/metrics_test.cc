@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "server/server.h"
+#include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
 
@@ -45,24 +46,21 @@ class MetricsTest : public ::testing::Test {
     options.backend = "cpu";
     options.pool = {100, 16, FreePolicy::kLifo};
     options.metrics_port = 0;
-    ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
-    ASSERT_OK(server_->Start());
-    ASSERT_GT(server_->metrics_port(), 0);
-    http_ =
-        std::make_unique<httplib::Client>("127.0.0.1", server_->metrics_port());
+    ASSERT_OK_AND_ASSIGN(server_, testing::InProcessServer::Start(options));
+    ASSERT_GT(server_->server().metrics_port(), 0);
+    http_ = std::make_unique<httplib::Client>("127.0.0.1",
+                                              server_->server().metrics_port());
   }
-  void TearDown() override { server_->Shutdown(); }
 
   std::unique_ptr<Client> Connect(const std::string& name) {
     ClientOptions options;
-    options.channel = server_->InProcessChannel();
     options.client_name = name;
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    absl::StatusOr<std::unique_ptr<Client>> client = server_->Connect(options);
     EXPECT_OK(client.status());
     return client.ok() ? *std::move(client) : nullptr;
   }
 
-  std::unique_ptr<Server> server_;
+  std::unique_ptr<testing::InProcessServer> server_;
   std::unique_ptr<httplib::Client> http_;
 };
 
@@ -123,7 +121,7 @@ TEST_F(MetricsTest, HealthzIsServiceableUntilDraining) {
   httplib::Result up = http_->Get("/healthz");
   ASSERT_TRUE(up);
   EXPECT_EQ(up->status, 200);
-  server_->core().StartDraining();
+  server_->server().core().StartDraining();
   httplib::Result draining = http_->Get("/healthz");
   ASSERT_TRUE(draining);
   EXPECT_EQ(draining->status, 503);
@@ -135,7 +133,7 @@ TEST_F(MetricsTest, ClientLabelsAreCapped) {
   for (int i = 0; i < MetricsExporter::kMaxClientLabels + 5; ++i) {
     clients.push_back(Connect(absl::StrFormat("client-%03d", i)));
   }
-  const std::string body = server_->metrics().Render();
+  const std::string body = server_->server().metrics().Render();
   int series = 0;
   for (size_t at = body.find("pagealloc_session_pages{");
        at != std::string::npos;

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_process.h"
+#include "tests/daemon_stats.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc::testing {

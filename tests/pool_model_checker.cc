@@ -34,7 +34,8 @@ PoolModelChecker::PoolModelChecker(int64_t num_pages, int64_t page_size,
       page_size_(page_size),
       policy_(policy),
       choices_(choices),
-      model_(num_pages, page_size, policy == FreePolicy::kSorted) {}
+      model_(num_pages, page_size, policy == FreePolicy::kSorted),
+      live_(page_size) {}
 
 absl::Status PoolModelChecker::Init() {
   ASSIGN_OR_RETURN(
@@ -73,7 +74,7 @@ absl::Status PoolModelChecker::StepAllocate() {
       seq_index = choices_->Uniform(0, live_.size() - 1);
       if (used[seq_index]) continue;
       used[seq_index] = true;
-      const Sequence& s = live_[seq_index];
+      const LiveSequence& s = live_[seq_index];
       r.owner = s.owner;
       r.last_loc = s.last_loc;
       if (pick < 6) {
@@ -93,7 +94,7 @@ absl::Status PoolModelChecker::StepAllocate() {
       r.owner = RandomOwner();
       switch (choices_->Uniform(0, 4)) {
         case 0: {  // a stranger continues someone's sequence
-          const Sequence& s = live_[choices_->Uniform(0, live_.size() - 1)];
+          const LiveSequence& s = live_[choices_->Uniform(0, live_.size() - 1)];
           r.owner = s.owner % kOwners + 1;
           r.prefix_len = s.len;
           r.seq_len = s.len + 1;
@@ -146,18 +147,17 @@ absl::Status PoolModelChecker::StepAllocate() {
       return Disagree(absl::StrFormat("request %d: slots %s, model %s", i,
                                       Join(out[i]), Join(expected[i].slots)));
     }
-    const AllocRequest& r = requests[i];
     if (out[i].empty()) continue;
-    Sequence* s;
-    if (seq_of[i] >= 0) {
-      s = &live_[seq_of[i]];
-    } else {
-      live_.push_back({r.owner, 0, -1, {}});
-      s = &live_.back();
+    // A new sequence, or a continued one. A stranger's successful
+    // continuation of someone's prefix (possible where the prefix ends on
+    // a page boundary) is the stranger's new sequence on a shared prefix.
+    const size_t s = seq_of[i] >= 0 ? seq_of[i] : live_.Add(requests[i].owner);
+    const absl::Status recorded =
+        live_.Record(s, ToExtendShape(requests[i]), out[i]);
+    if (!recorded.ok()) {
+      return Disagree(
+          absl::StrFormat("request %d: %s", i, recorded.ToString()));
     }
-    s->len = r.seq_len;
-    s->slots.insert(s->slots.end(), out[i].begin(), out[i].end());
-    s->last_loc = out[i].back();
   }
   return absl::OkStatus();
 }
@@ -165,9 +165,8 @@ absl::Status PoolModelChecker::StepAllocate() {
 absl::Status PoolModelChecker::StepFree() {
   if (live_.empty()) return absl::OkStatus();
   const size_t k = choices_->Uniform(0, live_.size() - 1);
-  const Sequence s = live_[k];
-  OwnerId caller = s.owner;
-  std::vector<int64_t> values = s.slots;
+  OwnerId caller = live_[k].owner;
+  std::vector<int64_t> values = live_.SlotsOf(k);
   const bool as_slots = choices_->Uniform(0, 1) == 0;
   if (!as_slots) {
     for (int64_t& v : values) v /= page_size_;
@@ -186,7 +185,7 @@ absl::Status PoolModelChecker::StepFree() {
                                     static_cast<int>(expected)));
   }
   if (!freed.ok()) return absl::OkStatus();
-  live_.erase(live_.begin() + k);
+  live_.Remove(k);
   if (choices_->Uniform(0, 5) == 0 && !values.empty()) {
     const absl::StatusOr<int64_t> again = free();
     if (again.status().code() != absl::StatusCode::kFailedPrecondition ||
@@ -229,15 +228,12 @@ absl::Status PoolModelChecker::StepReclaim() {
 }
 
 void PoolModelChecker::ForgetDeadSequences() {
-  std::vector<Sequence> kept;
-  for (Sequence& s : live_) {
-    bool alive = true;
-    for (int64_t slot : s.slots) {
-      alive = alive && model_.owner_of(slot / page_size_) == s.owner;
+  live_.RemoveIf([&](const LiveSequence& s) {
+    for (int64_t page : s.pages) {
+      if (model_.owner_of(page) != s.owner) return true;
     }
-    if (alive) kept.push_back(std::move(s));
-  }
-  live_ = std::move(kept);
+    return false;
+  });
 }
 
 absl::Status PoolModelChecker::CheckSameState() {

@@ -27,6 +27,7 @@
 #include "allocator/page_pool.h"
 #include "kernels/cpu_executor.h"
 #include "tests/reference_model.h"
+#include "tests/workload.h"
 
 namespace pagealloc::testing {
 
@@ -65,13 +66,6 @@ class PoolModelChecker {
   int64_t page_size() const { return page_size_; }
 
  private:
-  struct Sequence {
-    OwnerId owner;
-    int64_t len;
-    int64_t last_loc;
-    std::vector<int64_t> slots;
-  };
-
   PoolModelChecker(int64_t num_pages, int64_t page_size, FreePolicy policy,
                    ChoiceSource* choices);
   absl::Status Init();
@@ -93,7 +87,9 @@ class PoolModelChecker {
   CpuExecutor executor_;
   std::unique_ptr<PagePool> pool_;
   ReferenceModel model_;
-  std::vector<Sequence> live_;
+  // The sequences the owners are growing (LiveSequence::owner); each
+  // answer is checked against the semantics as it is recorded.
+  SequenceSet live_;
   std::map<std::pair<RequestKind, absl::StatusCode>, int64_t> outcomes_;
   int64_t pages_rolled_back_ = 0;
 };

@@ -15,8 +15,10 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "server/server.h"
+#include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc {
 namespace {
@@ -55,13 +57,11 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
   options.backend = "cpu";
   options.pool = {200, 16, FreePolicy::kLifo};
   options.metrics_port = 0;
-  ASSERT_OK_AND_ASSIGN(auto server, Server::Create(options));
-  ASSERT_OK(server->Start());
+  ASSERT_OK_AND_ASSIGN(auto server, testing::InProcessServer::Start(options));
 
   ClientOptions client_options;
-  client_options.channel = server->InProcessChannel();
   client_options.client_name = "e2e-scheduler";
-  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(client_options));
+  ASSERT_OK_AND_ASSIGN(auto client, server->Connect(client_options));
   ASSERT_OK(client->Alloc({16 * 5}).status());
   ASSERT_OK(client->AllocExtend({0, 0}, {17, 3}, {-1, -1}).status());  // 3
   ASSERT_OK(client->AllocDecode({1}, {-1}).status());                  // 1
@@ -75,7 +75,7 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
       "  - job_name: pagealloc\n"
       "    static_configs:\n"
       "      - targets: ['127.0.0.1:%d']\n",
-      server->metrics_port());
+      server->server().metrics_port());
   const int web_port = FreePort();
   ASSERT_OK_AND_ASSIGN(
       testing::Subprocess prometheus,
@@ -89,18 +89,21 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
 
   // Wait (bounded) for a scrape that saw the allocations.
   std::string used, requests, sessions, up;
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
-    ASSERT_TRUE(prometheus.running()) << "prometheus exited";
-    used = QueryValue(api, R"(pagealloc_pool_pages{state="used"})");
-    requests = QueryValue(
-        api, R"(pagealloc_requests_total{rpc="AllocExtend",code="OK"})");
-    sessions =
-        QueryValue(api, R"(pagealloc_session_pages{client="e2e-scheduler"})");
-    up = QueryValue(api, R"(up{job="pagealloc"})");
-    if (used == "9" && !requests.empty() && !sessions.empty()) break;
-    absl::SleepFor(absl::Milliseconds(250));
-  }
+  bool exited = false;
+  testing::WaitFor(
+      [&] {
+        exited = !prometheus.running();
+        if (exited) return true;
+        used = QueryValue(api, R"(pagealloc_pool_pages{state="used"})");
+        requests = QueryValue(
+            api, R"(pagealloc_requests_total{rpc="AllocExtend",code="OK"})");
+        sessions = QueryValue(
+            api, R"(pagealloc_session_pages{client="e2e-scheduler"})");
+        up = QueryValue(api, R"(up{job="pagealloc"})");
+        return used == "9" && !requests.empty() && !sessions.empty();
+      },
+      absl::Seconds(60), absl::Milliseconds(250));
+  ASSERT_FALSE(exited) << "prometheus exited";
   EXPECT_EQ(up, "1");
   EXPECT_EQ(used, "9");  // 5 + 2 + 1 + 1 pages
   EXPECT_EQ(requests, "1");
@@ -108,9 +111,6 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
   EXPECT_EQ(QueryValue(api, "pagealloc_pool_capacity_pages"), "200");
   EXPECT_EQ(QueryValue(api, "pagealloc_slots_allocated_total"), "101");
   EXPECT_EQ(QueryValue(api, "pagealloc_sessions_active"), "1");
-  // An in-process channel must not outlive its server.
-  client.reset();
-  server->Shutdown();
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_process.h"
+#include "tests/daemon_stats.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
 

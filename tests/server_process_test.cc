@@ -17,7 +17,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_process.h"
+#include "tests/daemon_stats.h"
 #include "tests/status_matchers.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc::testing {
 namespace {
@@ -107,12 +109,9 @@ TEST(ServerProcessTest, RefusesToStartOverALiveSocketAndReplacesAStaleOne) {
                                    "--backend=cpu", "--listen=unix://" + stale};
   ASSERT_OK_AND_ASSIGN(Subprocess replacing,
                        Subprocess::Start(argv, first.log_path + ".stale"));
-  bool answered = false;
-  for (int i = 0; i < 500 && !answered; ++i) {
-    answered = DaemonStats("unix://" + stale).ok();
-    if (!answered) absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_TRUE(answered) << ReadLog(first.log_path + ".stale");
+  EXPECT_TRUE(WaitFor([&] { return DaemonStats("unix://" + stale).ok(); },
+                      absl::Seconds(10)))
+      << ReadLog(first.log_path + ".stale");
   EXPECT_THAT(ReadLog(first.log_path + ".stale"),
               HasSubstr("removing stale socket"));
 }
@@ -155,10 +154,12 @@ TEST(ServerProcessTest, SigtermDrainsAndRemovesTheSocket) {
   EXPECT_THAT(client->Alloc({16}),
               StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
   absl::Status session = absl::OkStatus();
-  for (int i = 0; i < 300 && session.ok(); ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
-    session = client->session_status();
-  }
+  WaitFor(
+      [&] {
+        session = client->session_status();
+        return !session.ok();
+      },
+      absl::Seconds(6));
   EXPECT_THAT(session, StatusIs(absl::StatusCode::kUnavailable,
                                 HasSubstr("session and its slots are gone")));
 }
@@ -190,14 +191,13 @@ TEST(ServerProcessTest, KilledClientsPagesAreReclaimedAfterTheLease) {
   }
   ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse during, DaemonStats(daemon.target));
   EXPECT_GT(during.used_pages(), 2);
-  int64_t used = during.used_pages();
-  for (int i = 0; i < 200 && used != 2; ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
-    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats,
-                         DaemonStats(daemon.target));
-    used = stats.used_pages();
-  }
-  EXPECT_EQ(used, 2);  // only the survivor's pages remain
+  ASSERT_OK_AND_ASSIGN(
+      v1::GetStatsResponse after,
+      WaitForStats(
+          daemon.target,
+          [](const v1::GetStatsResponse& s) { return s.used_pages() == 2; },
+          absl::Seconds(4)));
+  EXPECT_EQ(after.used_pages(), 2);  // only the survivor's pages remain
   EXPECT_OK(survivor->session_status());
   EXPECT_THAT(ReadLog(daemon.log_path), HasSubstr("lost its lease"));
   ASSERT_OK_AND_ASSIGN(Allocation more, survivor->Alloc({16}));
@@ -214,27 +214,27 @@ TEST(ServerProcessTest, HungClientLosesItsPages) {
            "--duration_ms=60000", "--report_ready"},
           daemon.log_path + ".sleeper"));
   // Wait until it holds pages, then freeze it (a hung scheduler).
-  int64_t used = 0;
-  for (int i = 0; i < 250 && used == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
-    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats,
-                         DaemonStats(daemon.target));
-    used = stats.used_pages();
-  }
-  ASSERT_GT(used, 0);
+  ASSERT_OK_AND_ASSIGN(
+      v1::GetStatsResponse holding,
+      WaitForStats(
+          daemon.target,
+          [](const v1::GetStatsResponse& s) { return s.used_pages() > 0; },
+          absl::Seconds(5)));
+  ASSERT_GT(holding.used_pages(), 0);
   sleeper.Signal(SIGSTOP);
   // Wait for the session itself to go: used pages alone can touch 0 while
   // the session lives (a Free the client posted just before it froze).
-  int64_t sessions = 1;
-  for (int i = 0; i < 200 && sessions != 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
-    ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats,
-                         DaemonStats(daemon.target));
-    sessions = stats.sessions_active();
-    used = stats.used_pages();
-  }
-  EXPECT_EQ(sessions, 0) << "a frozen client's session outlived its lease";
-  EXPECT_EQ(used, 0) << "a frozen client's pages were not reclaimed";
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse reclaimed,
+                       WaitForStats(
+                           daemon.target,
+                           [](const v1::GetStatsResponse& s) {
+                             return s.sessions_active() == 0;
+                           },
+                           absl::Seconds(4)));
+  EXPECT_EQ(reclaimed.sessions_active(), 0)
+      << "a frozen client's session outlived its lease";
+  EXPECT_EQ(reclaimed.used_pages(), 0)
+      << "a frozen client's pages were not reclaimed";
   // Thawed, the client's calls refer to a session the daemon no longer
   // knows: nothing it does can take pages back or touch another's.
   sleeper.Signal(SIGCONT);
@@ -263,10 +263,12 @@ TEST(ServerProcessTest, ClientsSeeADeadDaemon) {
   EXPECT_THAT(client->Alloc({16}),
               StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
   absl::Status session = absl::OkStatus();
-  for (int i = 0; i < 300 && session.ok(); ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
-    session = client->session_status();
-  }
+  WaitFor(
+      [&] {
+        session = client->session_status();
+        return !session.ok();
+      },
+      absl::Seconds(6));
   EXPECT_THAT(session, StatusIs(absl::StatusCode::kUnavailable,
                                 HasSubstr("session and its slots are gone")));
   // A restarted daemon does not know the old session.

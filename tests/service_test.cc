@@ -14,13 +14,17 @@
 #include "gtest/gtest.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
+#include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::InProcessServer;
 using ::pagealloc::testing::IsOkAndHolds;
 using ::pagealloc::testing::StatusIs;
+using ::pagealloc::testing::WaitFor;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -39,24 +43,28 @@ class ServiceTest : public ::testing::Test {
     options.batcher.max_batch_tokens = 4096;
     options.batcher.batch_window = window;
     options.debug_checks = true;
-    ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
-    ASSERT_OK(server_->Start());
-    channel_ = server_->InProcessChannel();
-    stub_ = v1::PageAllocator::NewStub(channel_);
+    StartServer(options);
   }
 
-  void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown();
+  void StartServer(const ServerOptions& options) {
+    StopServer();
+    ASSERT_OK_AND_ASSIGN(server_, InProcessServer::Start(options));
+    stub_ = server_->NewStub();
+  }
+
+  // Stops and destroys the server; the stub on its channel goes first.
+  void StopServer() {
+    stub_.reset();
+    server_.reset();
   }
 
   std::unique_ptr<Client> Connect(const std::string& name = "test",
                                   int64_t ring = 0, int64_t quota = 0) {
     ClientOptions options;
-    options.channel = channel_;
     options.client_name = name;
     options.ring_capacity_slots = ring;
     options.quota_pages = quota;
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    absl::StatusOr<std::unique_ptr<Client>> client = server_->Connect(options);
     EXPECT_OK(client.status());
     return client.ok() ? *std::move(client) : nullptr;
   }
@@ -70,8 +78,7 @@ class ServiceTest : public ::testing::Test {
     return {server_->pool().FreeList(), server_->pool().Stats().used_pages};
   }
 
-  std::unique_ptr<Server> server_;
-  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<InProcessServer> server_;
   std::unique_ptr<v1::PageAllocator::Stub> stub_;
 };
 
@@ -198,10 +205,7 @@ TEST_F(ServiceTest, QuotasAreCappedByTheServer) {
   options.backend = "cpu";
   options.pool = {64, 4, FreePolicy::kLifo};
   options.sessions.max_quota_pages = 3;
-  ASSERT_OK_AND_ASSIGN(server_, Server::Create(options));
-  ASSERT_OK(server_->Start());
-  channel_ = server_->InProcessChannel();
-  stub_ = v1::PageAllocator::NewStub(channel_);
+  StartServer(options);
   for (const auto& [asked, given] :
        std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {10, 3}, {2, 2}}) {
     v1::RegisterRequest request;
@@ -336,9 +340,8 @@ TEST_F(ServiceTest, ClosingASessionFreesItsPages) {
   EXPECT_EQ(server_->pool().Stats().used_pages, 10);
   ASSERT_OK(client->Close());
   // The close is queued behind the session's work; wait for the batcher.
-  for (int i = 0; i < 200 && server_->pool().Stats().used_pages != 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  WaitFor([&] { return server_->pool().Stats().used_pages == 0; },
+          absl::Seconds(5), absl::Milliseconds(5));
   EXPECT_EQ(server_->pool().Stats().used_pages, 0);
   EXPECT_THAT(
       client->Alloc({4}),
@@ -365,9 +368,13 @@ TEST_F(ServiceTest, ExpiredLeaseReclaimsPagesAndTheClientSeesIt) {
   auto kept = Connect("kept");
   ASSERT_OK_AND_ASSIGN(Allocation k, kept->Alloc({4}));
   EXPECT_EQ(server_->pool().Stats().used_pages, 3);
-  absl::SleepFor(absl::Milliseconds(800));
+  const absl::Time start = absl::Now();
+  WaitFor([&] { return server_->pool().Stats().used_pages == 1; },
+          absl::Seconds(10));
   EXPECT_EQ(server_->pool().Stats().used_pages, 1);
-  EXPECT_EQ(server_->core().counters().pages_reclaimed, 2);
+  // Four leases at least, so that "kept" has had to renew its own.
+  absl::SleepFor(start + absl::Milliseconds(800) - absl::Now());
+  EXPECT_EQ(server_->server().core().counters().pages_reclaimed, 2);
   grpc::ClientContext late_context;
   EXPECT_THAT(FromGrpcStatus(stub_->Alloc(&late_context, alloc, &allocated)),
               StatusIs(absl::StatusCode::kNotFound,
@@ -450,8 +457,7 @@ TEST_F(ServiceTest, PackedResultsCarryTheSameAnswers) {
       EXPECT_EQ(response.packed().codes_size(), packed ? 3 : 0);
       answers[packed].push_back(Flatten(response));
     }
-    server_->Shutdown();
-    server_.reset();
+    StopServer();
   }
   ASSERT_EQ(answers[0].size(), 2u);
   EXPECT_EQ(answers[0], answers[1]);
@@ -493,7 +499,7 @@ TEST_F(ServiceTest, ConcurrentSessionsShareOneLaunch) {
 TEST_F(ServiceTest, DrainingRefusesNewCalls) {
   StartServer(64, 4);
   auto client = Connect();
-  server_->core().StartDraining();
+  server_->server().core().StartDraining();
   EXPECT_THAT(client->Alloc({4}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("draining")));
   v1::RegisterRequest request;

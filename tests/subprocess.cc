@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "tests/wait_for.h"
 
 extern char** environ;
 
@@ -75,13 +76,9 @@ bool Subprocess::running() {
 }
 
 absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (running()) {
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrFormat("process %d still runs", pid_));
-    }
-    absl::SleepFor(absl::Milliseconds(5));
+  if (!WaitFor([this] { return !running(); }, timeout, absl::Milliseconds(5))) {
+    return absl::DeadlineExceededError(
+        absl::StrFormat("process %d still runs", pid_));
   }
   return *status_;
 }

@@ -11,10 +11,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
 namespace {
+
+using ::pagealloc::testing::InProcessServer;
 
 std::string Read(const std::string& path) {
   std::ifstream in(path);
@@ -43,7 +46,8 @@ done)",
     ASSERT_EQ(std::system(script.c_str()), 0) << "openssl failed";
   }
 
-  std::unique_ptr<Server> StartServer(bool verify_clients) {
+  absl::StatusOr<std::unique_ptr<InProcessServer>> StartServer(
+      bool verify_clients) {
     ServerOptions options;
     options.backend = "cpu";
     options.pool = {64, 16, FreePolicy::kLifo};
@@ -51,16 +55,16 @@ done)",
     options.tls.cert_file = *dir_ + "/server.pem";
     options.tls.key_file = *dir_ + "/server.key";
     if (verify_clients) options.tls.client_ca_file = *dir_ + "/ca.pem";
-    absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);
-    EXPECT_OK(server.status());
-    EXPECT_OK((*server)->Start());
-    return *std::move(server);
+    return InProcessServer::Start(options);
   }
 
+  // Connects over TCP: the first listen address (the fixture's Unix socket
+  // comes after it).
   absl::StatusOr<std::unique_ptr<Client>> Connect(
-      const Server& server, std::shared_ptr<grpc::ChannelCredentials> creds) {
+      InProcessServer& server,
+      std::shared_ptr<grpc::ChannelCredentials> creds) {
     ClientOptions options;
-    options.target = server.bound_addresses()[0];
+    options.target = server.server().bound_addresses()[0];
     options.client_name = "tls";
     options.credentials = std::move(creds);
     options.call_timeout = absl::Seconds(5);
@@ -82,7 +86,7 @@ done)",
 std::string* TlsTest::dir_ = nullptr;
 
 TEST_F(TlsTest, ServesClientsThatTrustTheCa) {
-  auto server = StartServer(/*verify_clients=*/false);
+  ASSERT_OK_AND_ASSIGN(auto server, StartServer(/*verify_clients=*/false));
   ASSERT_OK_AND_ASSIGN(auto client, Connect(*server, Tls(false)));
   CallOptions inline_results;
   inline_results.return_inline = true;
@@ -91,27 +95,22 @@ TEST_F(TlsTest, ServesClientsThatTrustTheCa) {
   ASSERT_OK_AND_ASSIGN(Allocation a, client->Alloc({32}, inline_results));
   EXPECT_OK(a.status());
   EXPECT_EQ(a[0].count, 32);
-  client.reset();
-  server->Shutdown();
 }
 
 TEST_F(TlsTest, RefusesPlaintextClients) {
-  auto server = StartServer(/*verify_clients=*/false);
+  ASSERT_OK_AND_ASSIGN(auto server, StartServer(/*verify_clients=*/false));
   EXPECT_THAT(Connect(*server, grpc::InsecureChannelCredentials()).status(),
               pagealloc::testing::StatusIs(absl::StatusCode::kUnavailable,
                                            ::testing::_));
-  server->Shutdown();
 }
 
 TEST_F(TlsTest, WithClientVerificationACertificateIsRequired) {
-  auto server = StartServer(/*verify_clients=*/true);
+  ASSERT_OK_AND_ASSIGN(auto server, StartServer(/*verify_clients=*/true));
   EXPECT_THAT(Connect(*server, Tls(/*with_cert=*/false)).status(),
               pagealloc::testing::StatusIs(absl::StatusCode::kUnavailable,
                                            ::testing::_));
   ASSERT_OK_AND_ASSIGN(auto client, Connect(*server, Tls(/*with_cert=*/true)));
   EXPECT_OK(client->session_status());
-  client.reset();
-  server->Shutdown();
 }
 
 TEST_F(TlsTest, HalfConfiguredTlsIsAnError) {
@@ -120,8 +119,7 @@ TEST_F(TlsTest, HalfConfiguredTlsIsAnError) {
   options.pool = {8, 16, FreePolicy::kLifo};
   options.listen = {"127.0.0.1:0"};
   options.tls.cert_file = *dir_ + "/server.pem";
-  ASSERT_OK_AND_ASSIGN(auto server, Server::Create(options));
-  EXPECT_THAT(server->Start(),
+  EXPECT_THAT(InProcessServer::Start(options).status(),
               pagealloc::testing::StatusIs(
                   absl::StatusCode::kInvalidArgument,
                   ::testing::HasSubstr("needs both --tls_cert_file and "

@@ -36,16 +36,19 @@
 #include "kernels/cpu_executor.h"
 #include "tests/random_plan.h"
 #include "tests/status_matchers.h"
+#include "tests/workload.h"
 
 namespace pagealloc {
 namespace {
 
 using ::pagealloc::testing::BindDestinations;
 using ::pagealloc::testing::kPoison;
+using ::pagealloc::testing::LiveSequence;
 using ::pagealloc::testing::MakeRandomBatch;
 using ::pagealloc::testing::RandomBatch;
 using ::pagealloc::testing::RandomPlanSpec;
 using ::pagealloc::testing::RandomRing;
+using ::pagealloc::testing::SequenceSet;
 using ::pagealloc::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -336,13 +339,6 @@ struct PoolParams {
   FreePolicy policy;
 };
 
-struct Sequence {
-  OwnerId owner;
-  int64_t len;
-  int64_t last_loc;
-  std::vector<int64_t> slots;
-};
-
 class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
  protected:
   static constexpr int kOwners = 3;
@@ -366,7 +362,7 @@ class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
       ASSERT_OK(cpu_pool_->AddOwner(o, quota));
       ASSERT_OK(cuda_pool_->AddOwner(o, quota));
     }
-    live_.clear();
+    live_ = SequenceSet(page_size_);
   }
 
   int64_t Uniform(int64_t lo, int64_t hi) {
@@ -391,7 +387,7 @@ class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
         seq_index = Uniform(0, live_.size() - 1);
         if (used[seq_index]) continue;
         used[seq_index] = true;
-        const Sequence& s = live_[seq_index];
+        const LiveSequence& s = live_[seq_index];
         r.owner = s.owner;
         r.last_loc = s.last_loc;
         if (pick < 6) {
@@ -443,20 +439,15 @@ class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
       std::vector<int64_t> out(host.begin() + offsets[i],
                                host.begin() + offsets[i] + cpu[i].num_slots);
       slots_compared_ += out.size();
-      if (seq_of[i] < 0) {
-        live_.push_back({r.owner, 0, -1, {}});
-      }
-      Sequence& s = seq_of[i] < 0 ? live_.back() : live_[seq_of[i]];
-      s.len = r.seq_len;
-      s.last_loc = out.back();
-      s.slots.insert(s.slots.end(), out.begin(), out.end());
+      const size_t s = seq_of[i] >= 0 ? seq_of[i] : live_.Add(r.owner);
+      ASSERT_OK(live_.Record(s, ToExtendShape(r), out));
     }
   }
 
   void StepFree() {
     if (live_.empty()) return;
     const size_t k = Uniform(0, live_.size() - 1);
-    std::vector<int64_t> values = live_[k].slots;
+    std::vector<int64_t> values = live_.SlotsOf(k);
     const bool as_slots = Uniform(0, 1) == 0;
     if (!as_slots) {
       for (int64_t& v : values) v /= page_size_;
@@ -471,7 +462,7 @@ class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
     ASSERT_EQ(cuda.status().code(), cpu.status().code()) << cuda.status();
     if (cpu.ok()) {
       ASSERT_EQ(*cuda, *cpu);
-      live_.erase(live_.begin() + k);
+      live_.Remove(k);
     }
   }
 
@@ -504,15 +495,12 @@ class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
   }
 
   void ForgetDeadSequences() {
-    std::vector<Sequence> kept;
-    for (Sequence& s : live_) {
-      bool alive = true;
-      for (int64_t slot : s.slots) {
-        alive = alive && cpu_pool_->OwnerOf(slot / page_size_) == s.owner;
+    live_.RemoveIf([&](const LiveSequence& s) {
+      for (int64_t page : s.pages) {
+        if (cpu_pool_->OwnerOf(page) != s.owner) return true;
       }
-      if (alive) kept.push_back(std::move(s));
-    }
-    live_ = std::move(kept);
+      return false;
+    });
   }
 
   void ExpectSameState() {
@@ -530,7 +518,7 @@ class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
   std::unique_ptr<CpuExecutor> cpu_;
   std::unique_ptr<PagePool> cpu_pool_;
   std::unique_ptr<PagePool> cuda_pool_;
-  std::vector<Sequence> live_;
+  SequenceSet live_{1};
   std::map<absl::StatusCode, int64_t> outcomes_;
   int64_t rolled_back_ = 0;
   int64_t slots_compared_ = 0;

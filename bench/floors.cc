@@ -1,0 +1,210 @@
+#include "bench/floors.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "allocator/page_pool.h"
+#include "bench/clock.h"
+#include "bench/health.grpc.pb.h"
+#include "client/client.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/cpu_executor.h"
+#include "tests/workload.h"
+#ifdef PAGEALLOC_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda_executor.h"
+#endif
+
+namespace pagealloc::bench {
+namespace {
+
+using ::pagealloc::testing::SequenceSet;
+
+// Where the in-process executor writes, and how we read it back.
+struct InProcessExecutor {
+  std::unique_ptr<PlanExecutor> executor;
+  int64_t* destination = nullptr;  // host or device memory
+  std::vector<int64_t> host;
+  bool on_device = false;
+  std::string name;
+
+  ~InProcessExecutor() {
+#ifdef PAGEALLOC_HAVE_CUDA
+    if (on_device) cudaFree(destination);
+#endif
+  }
+  absl::Status CopyToHost(int64_t count) {
+#ifdef PAGEALLOC_HAVE_CUDA
+    if (on_device) {
+      if (cudaMemcpy(host.data(), destination, count * sizeof(int64_t),
+                     cudaMemcpyDeviceToHost) != cudaSuccess) {
+        return absl::InternalError("cudaMemcpy of the in-process slots");
+      }
+    }
+#endif
+    return absl::OkStatus();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<InProcessExecutor>> MakeInProcessExecutor(
+    const std::string& backend, int64_t capacity_slots) {
+  auto result = std::make_unique<InProcessExecutor>();
+  result->host.resize(capacity_slots);
+  if (backend == "cuda") {
+#ifdef PAGEALLOC_HAVE_CUDA
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> cuda,
+                     CudaExecutor::Create(CudaExecutorOptions()));
+    result->executor = std::move(cuda);
+    void* device = nullptr;
+    if (cudaMalloc(&device, capacity_slots * sizeof(int64_t)) != cudaSuccess) {
+      return absl::InternalError("cudaMalloc for the in-process slots");
+    }
+    result->destination = static_cast<int64_t*>(device);
+    result->on_device = true;
+    result->name = "cuda";
+    return result;
+#else
+    return absl::FailedPreconditionError(
+        "--backend=cuda: this benchmark was built without CUDA");
+#endif
+  }
+  result->executor = std::make_unique<CpuExecutor>();
+  result->destination = result->host.data();
+  result->name = "cpu";
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<Latency> MeasureHealthCheck(const std::string& target,
+                                           double seconds) {
+  // The client library's channel, so the floor differs from an allocation
+  // call only in what the call carries and does.
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(
+      target, grpc::InsecureChannelCredentials(), ClientChannelArguments()));
+  Latency result;
+  grpc::health::v1::HealthCheckRequest request;
+  const int64_t start = NowNanos();
+  const int64_t end = start + static_cast<int64_t>(seconds * 1e9);
+  for (int i = 0;; ++i) {
+    grpc::ClientContext context;
+    grpc::health::v1::HealthCheckResponse response;
+    const int64_t t0 = NowNanos();
+    grpc::Status status = stub->Check(&context, request, &response);
+    const int64_t t1 = NowNanos();
+    if (!status.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("Health/Check: ", status.error_message()));
+    }
+    // The first calls open the connection; keep them out.
+    if (i >= 100) result.histogram.Record(t1 - t0);
+    if (t1 >= end && result.histogram.count() > 0) break;
+  }
+  result.seconds = (NowNanos() - start) / 1e9;
+  return result;
+}
+
+absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
+                                               const Workload& w,
+                                               int64_t num_pages,
+                                               int64_t page_size,
+                                               double seconds, uint64_t seed,
+                                               std::string* executor_name) {
+  const int64_t capacity =
+      int64_t{w.batch} * std::max<int64_t>(w.prefill_chunk, 1);
+  ASSIGN_OR_RETURN(std::unique_ptr<InProcessExecutor> ex,
+                   MakeInProcessExecutor(backend, capacity));
+  *executor_name = ex->name;
+  PoolOptions pool_options;
+  pool_options.num_pages = num_pages;
+  pool_options.page_size = page_size;
+  ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
+                   PagePool::Create(pool_options, ex->executor.get()));
+  constexpr OwnerId kOwner = 1;
+  RETURN_IF_ERROR(pool->AddOwner(kOwner, 0));
+  SequenceSet live(page_size);
+  WorkloadRandom random(seed);
+
+  // Runs one batch; fills `results` and the host copy of the slots.
+  auto run = [&](std::vector<AllocRequest>& requests,
+                 std::vector<AllocResult>* results,
+                 int64_t* nanos) -> absl::Status {
+    int64_t offset = 0;
+    for (AllocRequest& r : requests) {
+      r.owner = kOwner;
+      r.destination = ex->destination + offset;
+      offset += ToExtendShape(r).num_slots();
+    }
+    const int64_t t0 = NowNanos();
+    *results = pool->Allocate(requests);
+    RETURN_IF_ERROR(ex->executor->Synchronize());
+    *nanos = NowNanos() - t0;
+    return ex->CopyToHost(offset);
+  };
+
+  Latency result;
+  std::vector<AllocRequest> requests;
+  std::vector<AllocResult> results;
+  const int64_t start = NowNanos();
+  const int64_t end = start + static_cast<int64_t>(seconds * 1e9);
+  for (int step = 0;; ++step) {
+    // Admit into empty places (untimed).
+    requests.clear();
+    while (live.size() + requests.size() < static_cast<size_t>(w.batch)) {
+      AllocRequest r;
+      r.kind = RequestKind::kExtend;
+      r.index = requests.size();
+      r.seq_len = random.PromptLen(w);
+      requests.push_back(r);
+    }
+    int64_t nanos = 0;
+    if (!requests.empty()) {
+      RETURN_IF_ERROR(run(requests, &results, &nanos));
+      int64_t offset = 0;
+      for (size_t k = 0; k < requests.size(); ++k) {
+        if (!results[k].status.ok()) return results[k].status;
+        const ExtendShape shape = ToExtendShape(requests[k]);
+        const size_t i = live.Add(kNoOwner, random.TargetLen(w, shape.seq_len));
+        RETURN_IF_ERROR(live.Record(
+            i, shape,
+            absl::MakeConstSpan(ex->host.data() + offset, shape.num_slots())));
+        offset += shape.num_slots();
+      }
+    }
+    // One decode step of every sequence (timed).
+    requests.clear();
+    for (size_t i = 0; i < live.size(); ++i) {
+      AllocRequest r;
+      r.kind = RequestKind::kDecode;
+      r.index = i;
+      r.seq_len = live[i].len + 1;
+      r.last_loc = live[i].last_loc;
+      requests.push_back(r);
+    }
+    RETURN_IF_ERROR(run(requests, &results, &nanos));
+    // The first steps load code and warm caches; keep them out.
+    if (step >= 20) result.histogram.Record(nanos);
+    std::vector<size_t> finished;
+    for (size_t k = 0; k < requests.size(); ++k) {
+      if (!results[k].status.ok()) return results[k].status;
+      RETURN_IF_ERROR(live.Record(k, ToExtendShape(requests[k]),
+                                  absl::MakeConstSpan(ex->host.data() + k, 1)));
+      if (live[k].finished()) finished.push_back(k);
+    }
+    std::vector<int64_t> pages;
+    live.RemoveAll(finished, &pages);
+    if (!pages.empty()) {
+      RETURN_IF_ERROR(pool->FreePages(kOwner, pages).status());
+    }
+    if (NowNanos() >= end && result.histogram.count() > 0) break;
+  }
+  result.seconds = (NowNanos() - start) / 1e9;
+  return result;
+}
+
+}  // namespace pagealloc::bench

@@ -1,0 +1,54 @@
+// The two floors every phase is compared with, measured on the same socket
+// and machine: an empty unary gRPC call (grpc.health.v1.Health/Check), and
+// the workers' decode steps made directly on a PagePool in this process (no
+// RPC).
+
+#ifndef PAGEALLOC_BENCH_FLOORS_H_
+#define PAGEALLOC_BENCH_FLOORS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "bench/latency_histogram.h"
+#include "bench/workload.h"
+
+namespace pagealloc::bench {
+
+struct Latency {
+  LatencyHistogram histogram;
+  double seconds = 0;  // how long the measurement ran
+};
+
+struct Floors {
+  Latency health;
+  Latency in_process;
+  std::string executor;  // the in-process floor's: "cpu" or "cuda"
+};
+
+// Times grpc.health.v1.Health/Check on `target`, one call at a time on one
+// channel (the client library's channel arguments), for `seconds`: what
+// any unary call costs on this socket before the daemon does any work. The
+// first 100 calls (connection set-up) are not recorded. UNAVAILABLE when a
+// call fails.
+absl::StatusOr<Latency> MeasureHealthCheck(const std::string& target,
+                                           double seconds);
+
+// Times the decode steps a worker sends as AllocDecode (`w.batch`
+// sequences, the same length model and seed) made directly on a PagePool
+// of `num_pages` pages of `page_size` tokens with the `backend` executor
+// ("cpu", or "cuda" where built with CUDA): planning, the launch and its
+// completion (Allocate + Synchronize, what the daemon's batcher does per
+// launch in sync mode), no RPC. Admissions and frees happen outside the
+// timed region; the first 20 steps are not recorded. Sets
+// `executor_name`. FAILED_PRECONDITION for "cuda" in a build without CUDA.
+absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
+                                               const Workload& w,
+                                               int64_t num_pages,
+                                               int64_t page_size,
+                                               double seconds, uint64_t seed,
+                                               std::string* executor_name);
+
+}  // namespace pagealloc::bench
+
+#endif  // PAGEALLOC_BENCH_FLOORS_H_

@@ -1,0 +1,187 @@
+// pagealloc-bench: the end-to-end load generator and benchmark.
+//
+// It starts a daemon (or drives --target), measures two floors on the same
+// socket and machine (an empty unary gRPC call, grpc.health.v1.Health/Check,
+// and the allocator called in-process with no RPC), then runs one phase per
+// client count: K worker processes (this binary with --worker) behave like
+// schedulers, each with --batch live sequences: decode steps, prefill chunks,
+// speculative steps (checkpoint, draft, rollback), frees of finished
+// sequences and admission of new ones. Every call's latency goes into a
+// log-linear histogram per RPC; workers hand theirs to the coordinator, which
+// merges them and adds what only the daemon knows: launches (GetStats), its
+// CPU time (/proc/<pid>/stat) and its own stage histograms (/metrics).
+//
+// The benchmark reports; it fails only when something breaks (a worker's
+// error, a daemon that does not start), never on a number.
+//
+// This file holds the flags and turns them into the options of the jobs in
+// bench/: daemon.h (start or attach), floors.h, worker.h and phase.h (the
+// workers and the coordinator's side of them), snapshot.h (what the daemon
+// reports), report.h (tables and JSON), coordinator.h (the run).
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "bench/coordinator.h"
+#include "bench/worker.h"
+#include "bench/workload.h"
+
+ABSL_FLAG(std::string, target, "",
+          "Daemon to drive (e.g. unix:///run/pagealloc/gpu0.sock); empty "
+          "starts one on a private Unix socket.");
+ABSL_FLAG(std::string, server_binary, "",
+          "pagealloc-server to start (default: from this binary's runfiles).");
+ABSL_FLAG(std::string, backend, "cpu",
+          "cpu or cuda: the started daemon's --backend and the executor of "
+          "the in-process floor.");
+ABSL_FLAG(int64_t, num_pages, 1 << 20, "Pool size of the started daemon.");
+ABSL_FLAG(int64_t, page_size, 16, "Page size of the started daemon.");
+ABSL_FLAG(std::vector<std::string>, server_flags, {},
+          "Extra flags for the started daemon, comma-separated.");
+ABSL_FLAG(int, server_pid, 0,
+          "With --target: the daemon's pid, to read its CPU time.");
+ABSL_FLAG(std::string, metrics_address, "",
+          "With --target: the daemon's metrics host:port.");
+ABSL_FLAG(int, clients, 1, "Client processes.");
+ABSL_FLAG(std::vector<std::string>, sweep_clients, {},
+          "One phase per client count, e.g. 1,2,4,8,16 (overrides --clients).");
+ABSL_FLAG(int, batch, 256,
+          "Live sequences per client: the requests of one decode step.");
+ABSL_FLAG(double, duration_s, 5, "Length of each phase, seconds.");
+ABSL_FLAG(int, decode_weight, 80, "Share of steps that decode every sequence.");
+ABSL_FLAG(int, prefill_weight, 10,
+          "Share of steps that extend --prefill_requests sequences by a "
+          "chunk.");
+ABSL_FLAG(int, spec_weight, 10,
+          "Share of steps that checkpoint, draft --draft_tokens per sequence "
+          "and roll back.");
+ABSL_FLAG(int, prefill_chunk, 256,
+          "Tokens of a prefill chunk (and most tokens a new sequence starts "
+          "with).");
+ABSL_FLAG(int, prefill_requests, 4, "Sequences extended per prefill step.");
+ABSL_FLAG(int, draft_tokens, 4, "Draft tokens per sequence per spec step.");
+ABSL_FLAG(int, max_seq_len, 2048,
+          "A sequence finishes (its pages are freed) at a random length up "
+          "to this; a new one takes its place.");
+ABSL_FLAG(bool, async_completion, false,
+          "Allocation calls ask for async completion; the client orders its "
+          "slot reads after the daemon's completion event.");
+ABSL_FLAG(bool, fast_channel, true,
+          "Clients send allocation calls through the daemon's fast channel "
+          "(shared memory) when it offers one; false: through gRPC.");
+ABSL_FLAG(bool, piggyback_ops, true,
+          "Clients send the pages of finished sequences and the checkpoint "
+          "before a spec step with their next allocation call "
+          "(CallOptions.free_pages_first, checkpoint_first) instead of "
+          "separate Free and Checkpoint calls.");
+ABSL_FLAG(int, client_spin_us, 500,
+          "How long a client spins for a fast-channel answer before it "
+          "sleeps on a futex (ClientOptions.fast_channel_spin).");
+ABSL_FLAG(double, floor_s, 2, "Length of each floor measurement, seconds.");
+ABSL_FLAG(std::string, json, "", "Write the results here as JSON.");
+ABSL_FLAG(bool, progress, true, "Show one refreshing progress line on stderr.");
+ABSL_FLAG(uint64_t, seed, 1, "Random seed (each client adds its index).");
+// Internal: the coordinator starts workers with these.
+ABSL_FLAG(bool, worker, false, "Internal: run as one client process.");
+ABSL_FLAG(int, worker_index, 0, "Internal: this worker's slot.");
+ABSL_FLAG(std::string, control_file, "", "Internal: the shared control block.");
+ABSL_FLAG(std::string, worker_out, "", "Internal: where to write results.");
+
+namespace pagealloc::bench {
+namespace {
+
+Workload WorkloadFromFlags() {
+  Workload w;
+  w.batch = absl::GetFlag(FLAGS_batch);
+  w.decode_weight = absl::GetFlag(FLAGS_decode_weight);
+  w.prefill_weight = absl::GetFlag(FLAGS_prefill_weight);
+  w.spec_weight = absl::GetFlag(FLAGS_spec_weight);
+  w.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  w.prefill_requests = absl::GetFlag(FLAGS_prefill_requests);
+  w.draft_tokens = absl::GetFlag(FLAGS_draft_tokens);
+  w.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  w.async_completion = absl::GetFlag(FLAGS_async_completion);
+  w.piggyback_ops = absl::GetFlag(FLAGS_piggyback_ops);
+  return w;
+}
+
+WorkerOptions WorkerOptionsFromFlags() {
+  WorkerOptions o;
+  o.target = absl::GetFlag(FLAGS_target);
+  o.index = absl::GetFlag(FLAGS_worker_index);
+  o.control_file = absl::GetFlag(FLAGS_control_file);
+  o.out_path = absl::GetFlag(FLAGS_worker_out);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.fast_channel = absl::GetFlag(FLAGS_fast_channel);
+  o.client_spin_us = absl::GetFlag(FLAGS_client_spin_us);
+  o.workload = WorkloadFromFlags();
+  return o;
+}
+
+// The flags a worker needs to run the same workload as the coordinator was
+// given, as "--name=value".
+std::vector<std::string> WorkerFlags() {
+  std::vector<std::string> args;
+  for (const char* name : {"batch", "decode_weight", "prefill_weight",
+                           "spec_weight", "prefill_chunk", "prefill_requests",
+                           "draft_tokens", "max_seq_len", "async_completion",
+                           "fast_channel", "client_spin_us", "piggyback_ops"}) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    args.push_back(absl::StrCat("--", name, "=",
+                                flag == nullptr ? "" : flag->CurrentValue()));
+  }
+  return args;
+}
+
+BenchOptions BenchOptionsFromFlags() {
+  BenchOptions o;
+  o.daemon.target = absl::GetFlag(FLAGS_target);
+  o.daemon.server_pid = absl::GetFlag(FLAGS_server_pid);
+  o.daemon.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  o.daemon.server_binary = absl::GetFlag(FLAGS_server_binary);
+  o.daemon.backend = absl::GetFlag(FLAGS_backend);
+  o.daemon.num_pages = absl::GetFlag(FLAGS_num_pages);
+  o.daemon.page_size = absl::GetFlag(FLAGS_page_size);
+  o.daemon.server_flags = absl::GetFlag(FLAGS_server_flags);
+  o.sweep_clients = absl::GetFlag(FLAGS_sweep_clients);
+  o.clients = absl::GetFlag(FLAGS_clients);
+  o.duration_s = absl::GetFlag(FLAGS_duration_s);
+  o.floor_s = absl::GetFlag(FLAGS_floor_s);
+  o.workload = WorkloadFromFlags();
+  o.fast_channel = absl::GetFlag(FLAGS_fast_channel);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.progress = absl::GetFlag(FLAGS_progress);
+  o.json = absl::GetFlag(FLAGS_json);
+  o.worker_flags = WorkerFlags();
+  return o;
+}
+
+}  // namespace
+}  // namespace pagealloc::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // As the daemon does (server/main.cc): Debian's Abseil leaves Mutex
+  // deadlock detection on, a global lock in every Lock; a scheduler linking
+  // the client library should turn it off the same way.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (absl::GetFlag(FLAGS_worker)) {
+    return pagealloc::bench::RunWorker(
+        pagealloc::bench::WorkerOptionsFromFlags());
+  }
+  absl::Status status = pagealloc::bench::RunCoordinator(
+      pagealloc::bench::BenchOptionsFromFlags());
+  if (!status.ok()) {
+    std::fprintf(stderr, "pagealloc-bench: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

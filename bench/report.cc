@@ -1,0 +1,214 @@
+#include "bench/report.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "bench/rpc_stats.h"
+
+namespace pagealloc::bench {
+namespace {
+
+double Us(int64_t nanos) { return nanos / 1e3; }
+double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
+
+constexpr double kQuantiles[] = {0.5,  0.75,  0.9,   0.95,
+                                 0.99, 0.995, 0.999, 0.9999};
+
+std::string LatencyJson(const LatencyHistogram& h) {
+  std::vector<std::string> curve;
+  for (double q : kQuantiles) {
+    curve.push_back(absl::StrFormat("[%g, %.3f]", q, Us(h.Percentile(q))));
+  }
+  return absl::StrFormat(
+      "\"count\": %d, \"mean_us\": %.3f, \"p50_us\": %.3f, \"p90_us\": %.3f, "
+      "\"p99_us\": %.3f, \"p999_us\": %.3f, \"max_us\": %.3f, "
+      "\"percentiles_us\": [%s]",
+      h.count(), h.mean_nanos() / 1e3, Us(h.Percentile(0.5)),
+      Us(h.Percentile(0.9)), Us(h.Percentile(0.99)), Us(h.Percentile(0.999)),
+      Us(h.max_nanos()), absl::StrJoin(curve, ", "));
+}
+
+// -1 (unknown) stays -1; seconds become microseconds.
+double MetricUs(double seconds) { return seconds < 0 ? -1 : seconds * 1e6; }
+
+std::string PhaseJson(const PhaseResult& p, const Floors& floors,
+                      bool async_completion) {
+  std::vector<std::string> rpcs;
+  for (int r = 0; r < kNumRpcKinds; ++r) {
+    const RpcStats& s = p.workers.rpcs[r];
+    rpcs.push_back(absl::StrFormat(
+        "\"%s\": {\"calls_per_s\": %.1f, \"slots_per_s\": %.1f, \"slots\": "
+        "%d, %s}",
+        kRpcNames[r], s.latency.count() / p.seconds, s.slots / p.seconds,
+        s.slots, LatencyJson(s.latency)));
+  }
+  const LatencyHistogram& decode = p.workers.rpcs[kDecode].latency;
+  const double cpu_us_per_rpc =
+      p.server_cpu_seconds < 0
+          ? -1
+          : Ratio(p.server_cpu_seconds * 1e6, p.workers.total_calls());
+  const double cpu_us_per_alloc =
+      p.server_cpu_seconds < 0
+          ? -1
+          : Ratio(p.server_cpu_seconds * 1e6, p.alloc_calls);
+  return absl::StrFormat(
+      "{\"clients\": %d, \"async_completion\": %s, \"seconds\": %.3f, "
+      "\"calls\": %d, \"calls_per_s\": %.1f, \"alloc_calls\": %d, "
+      "\"alloc_calls_per_s\": %.1f, \"alloc_slots_per_s\": %.1f, "
+      "\"launches\": %d, \"launches_per_s\": %.1f, \"calls_per_launch\": %.3f, "
+      "\"requests_per_launch\": %.3f, \"refused_requests\": %d, "
+      "\"server_cpu_s\": %.3f, \"server_cpu_us_per_rpc\": %.3f, "
+      "\"server_cpu_us_per_alloc_call\": %.3f, "
+      "\"server_metrics\": {\"alloc_decode_rpc_mean_us\": %.3f, "
+      "\"queue_wait_mean_us\": %.3f, \"execute_mean_us\": %.3f, "
+      "\"complete_mean_us\": %.3f, \"batch_requests_mean\": %.3f}, "
+      "\"ratios\": {\"decode_p50_vs_health_p50\": %.3f, "
+      "\"decode_p99_vs_health_p99\": %.3f, "
+      "\"decode_p50_vs_in_process_p50\": %.3f, "
+      "\"decode_p99_vs_in_process_p99\": %.3f}, "
+      "\"rpcs\": {%s}}",
+      p.clients, async_completion ? "true" : "false", p.seconds,
+      p.workers.total_calls(), p.workers.total_calls() / p.seconds,
+      p.alloc_calls, p.alloc_calls / p.seconds,
+      (p.workers.rpcs[kDecode].slots + p.workers.rpcs[kExtend].slots) /
+          p.seconds,
+      p.launches, p.launches / p.seconds, Ratio(p.alloc_calls, p.launches),
+      Ratio(p.workers.rpcs[kDecode].requests + p.workers.rpcs[kExtend].requests,
+            p.launches),
+      p.workers.refused, p.server_cpu_seconds, cpu_us_per_rpc, cpu_us_per_alloc,
+      MetricUs(p.server_decode_rpc_mean), MetricUs(p.server_queue_wait_mean),
+      MetricUs(p.server_execute_mean), MetricUs(p.server_complete_mean),
+      p.server_batch_requests_mean,
+      Ratio(decode.Percentile(0.5), floors.health.histogram.Percentile(0.5)),
+      Ratio(decode.Percentile(0.99), floors.health.histogram.Percentile(0.99)),
+      Ratio(decode.Percentile(0.5),
+            floors.in_process.histogram.Percentile(0.5)),
+      Ratio(decode.Percentile(0.99),
+            floors.in_process.histogram.Percentile(0.99)),
+      absl::StrJoin(rpcs, ", "));
+}
+
+void PrintLatencyRow(const char* name, const LatencyHistogram& h,
+                     double seconds) {
+  std::printf("%-28s %9lld %10.0f %8.1f %8.1f %8.1f %8.1f\n", name,
+              static_cast<long long>(h.count()), h.count() / seconds,
+              Us(h.Percentile(0.5)), Us(h.Percentile(0.9)),
+              Us(h.Percentile(0.99)), Us(h.Percentile(0.999)));
+}
+
+}  // namespace
+
+void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
+                 const Workload& w) {
+  const char* header = "%-28s %9s %10s %8s %8s %8s %8s\n";
+  std::printf("\n== floors (same socket, same machine)\n");
+  std::printf(header, "", "calls", "calls/s", "p50 us", "p90 us", "p99 us",
+              "p99.9 us");
+  PrintLatencyRow("Health/Check (empty unary)", floors.health.histogram,
+                  floors.health.seconds);
+  const std::string in_process =
+      absl::StrFormat("in-process decode(%d) %s", w.batch, floors.executor);
+  PrintLatencyRow(in_process.c_str(), floors.in_process.histogram,
+                  floors.in_process.seconds);
+  for (const PhaseResult& p : phases) {
+    std::printf("\n== %d client(s), batch %d, %s completion, %.1f s\n",
+                p.clients, w.batch, w.async_completion ? "async" : "sync",
+                p.seconds);
+    std::printf(header, "rpc", "calls", "calls/s", "p50 us", "p90 us", "p99 us",
+                "p99.9 us");
+    for (int r = 0; r < kNumRpcKinds; ++r) {
+      PrintLatencyRow(kRpcNames[r], p.workers.rpcs[r].latency, p.seconds);
+    }
+    std::printf(
+        "allocation calls/s %.0f, slots/s %.0f, launches/s %.0f, "
+        "calls/launch %.2f, requests/launch %.1f, refused %lld\n",
+        p.alloc_calls / p.seconds,
+        (p.workers.rpcs[kDecode].slots + p.workers.rpcs[kExtend].slots) /
+            p.seconds,
+        p.launches / p.seconds, Ratio(p.alloc_calls, p.launches),
+        Ratio(
+            p.workers.rpcs[kDecode].requests + p.workers.rpcs[kExtend].requests,
+            p.launches),
+        static_cast<long long>(p.workers.refused));
+    if (p.server_cpu_seconds >= 0) {
+      std::printf(
+          "server CPU %.2f s: %.1f us per RPC, %.1f us per "
+          "allocation call\n",
+          p.server_cpu_seconds,
+          Ratio(p.server_cpu_seconds * 1e6, p.workers.total_calls()),
+          Ratio(p.server_cpu_seconds * 1e6, p.alloc_calls));
+    }
+    if (p.server_execute_mean >= 0) {
+      std::printf(
+          "daemon means: AllocDecode rpc_duration %.1f us, "
+          "queue_wait %.1f us, execute %.1f us (completing %.1f us)\n",
+          MetricUs(p.server_decode_rpc_mean),
+          MetricUs(p.server_queue_wait_mean), MetricUs(p.server_execute_mean),
+          MetricUs(p.server_complete_mean));
+    }
+    const LatencyHistogram& d = p.workers.rpcs[kDecode].latency;
+    std::printf(
+        "AllocDecode p50 = %.2fx Health/Check p50, %.2fx in-process; "
+        "p99 = %.2fx, %.2fx\n",
+        Ratio(d.Percentile(0.5), floors.health.histogram.Percentile(0.5)),
+        Ratio(d.Percentile(0.5), floors.in_process.histogram.Percentile(0.5)),
+        Ratio(d.Percentile(0.99), floors.health.histogram.Percentile(0.99)),
+        Ratio(d.Percentile(0.99),
+              floors.in_process.histogram.Percentile(0.99)));
+  }
+  if (phases.size() > 1) {
+    std::printf("\n== sweep\n%8s %14s %12s %13s %12s %12s\n", "clients",
+                "alloc calls/s", "slots/s", "calls/launch", "decode p50",
+                "decode p99");
+    for (const PhaseResult& p : phases) {
+      const LatencyHistogram& d = p.workers.rpcs[kDecode].latency;
+      std::printf(
+          "%8d %14.0f %12.0f %13.2f %12.1f %12.1f\n", p.clients,
+          p.alloc_calls / p.seconds,
+          (p.workers.rpcs[kDecode].slots + p.workers.rpcs[kExtend].slots) /
+              p.seconds,
+          Ratio(p.alloc_calls, p.launches), Us(d.Percentile(0.5)),
+          Us(d.Percentile(0.99)));
+    }
+  }
+}
+
+absl::Status WriteJson(const std::string& path, const RunConfig& config,
+                       const Floors& floors,
+                       const std::vector<PhaseResult>& phases) {
+  const Workload& w = config.workload;
+  std::vector<std::string> phase_json;
+  for (const PhaseResult& p : phases) {
+    phase_json.push_back(PhaseJson(p, floors, w.async_completion));
+  }
+  const std::string text = absl::StrFormat(
+      "{\n\"config\": {\"backend\": \"%s\", \"target\": \"%s\", "
+      "\"batch\": %d, \"duration_s\": %g, \"decode_weight\": %d, "
+      "\"prefill_weight\": %d, \"spec_weight\": %d, \"prefill_chunk\": %d, "
+      "\"prefill_requests\": %d, \"draft_tokens\": %d, \"max_seq_len\": %d, "
+      "\"async_completion\": %s, \"fast_channel\": %s, "
+      "\"piggyback_ops\": %s, \"page_size\": %d, "
+      "\"num_pages\": %d},\n"
+      "\"floors\": {\"health_check\": {%s},\n"
+      "  \"in_process_decode\": {\"executor\": \"%s\", %s}},\n"
+      "\"phases\": [\n%s\n]\n}\n",
+      config.backend, config.target, w.batch, config.duration_s,
+      w.decode_weight, w.prefill_weight, w.spec_weight, w.prefill_chunk,
+      w.prefill_requests, w.draft_tokens, w.max_seq_len,
+      w.async_completion ? "true" : "false",
+      config.fast_channel ? "true" : "false",
+      w.piggyback_ops ? "true" : "false", config.page_size, config.num_pages,
+      LatencyJson(floors.health.histogram), floors.executor,
+      LatencyJson(floors.in_process.histogram),
+      absl::StrJoin(phase_json, ",\n"));
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace pagealloc::bench
