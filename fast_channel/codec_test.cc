@@ -1,7 +1,9 @@
 #include "fast_channel/codec.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -24,16 +26,19 @@ class CodecTest : public ::testing::Test {
                                       /*message_bytes=*/64};
 
   CodecTest()
-      : memory_(ChannelLayout(kCapacity.max_requests, kCapacity.message_bytes)
-                        .total_bytes /
-                    8 +
-                1),
-        daemon_(memory_.data(), kCapacity),
-        client_(memory_.data(), kCapacity) {
+      : bytes_(ChannelLayout(kCapacity.max_requests, kCapacity.message_bytes)
+                   .total_bytes),
+        // Zeroed and aligned as a fresh mapping is (the header is
+        // alignas(64)).
+        memory_(static_cast<char*>(std::aligned_alloc(64, bytes_)), &std::free),
+        daemon_((std::memset(memory_.get(), 0, bytes_), memory_.get()),
+                kCapacity),
+        client_(memory_.get(), kCapacity) {
     daemon_.Initialize();
   }
 
-  std::vector<int64_t> memory_;  // int64 for alignment
+  const size_t bytes_;
+  std::unique_ptr<char, decltype(&std::free)> memory_;
   ChannelCodec daemon_;
   ChannelCodec client_;
 };
@@ -50,7 +55,7 @@ TEST_F(CodecTest, ValidateCapacityRefusesTinyChannels) {
 
 TEST_F(CodecTest, ClientAcceptsTheHeaderTheDaemonWrote) {
   EXPECT_OK(client_.CheckHeader());
-  ChannelCodec other(memory_.data(), {4, 64});
+  ChannelCodec other(memory_.get(), {4, 64});
   EXPECT_THAT(other.CheckHeader(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("does not match")));
@@ -85,8 +90,8 @@ TEST_F(CodecTest, TakenCallIsACopyTheClientCannotChange) {
   TakenCall call;
   ASSERT_OK(daemon_.TakeCall(&call));
   // The client scribbles over the whole channel after the daemon took it.
-  std::memset(reinterpret_cast<char*>(memory_.data()) + sizeof(ChannelHeader),
-              0xff, memory_.size() * 8 - sizeof(ChannelHeader));
+  std::memset(memory_.get() + sizeof(ChannelHeader), 0xff,
+              bytes_ - sizeof(ChannelHeader));
   EXPECT_THAT(call.in1, ElementsAre(3));
   EXPECT_THAT(call.in2, ElementsAre(7));
   EXPECT_THAT(call.in0, IsEmpty());
@@ -205,9 +210,9 @@ TEST_F(CodecTest, MessagesStayInsideTheMessageAreaWhateverTheHeaderSays) {
   EXPECT_LE(daemon_.header()->messages_used, kCapacity.message_bytes);
   // Past the message area the memory is untouched (zero).
   const ChannelLayout layout(kCapacity.max_requests, kCapacity.message_bytes);
-  const char* bytes = reinterpret_cast<const char*>(memory_.data());
-  for (size_t at = layout.messages + kCapacity.message_bytes;
-       at < memory_.size() * 8; ++at) {
+  const char* bytes = memory_.get();
+  for (size_t at = layout.messages + kCapacity.message_bytes; at < bytes_;
+       ++at) {
     ASSERT_EQ(bytes[at], 0) << at;
   }
   AllocAnswerView answer;
