@@ -113,7 +113,7 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
                    &reply->decoded_);
     if (!valid.ok()) return refuse(valid);
   }
-  if (input.release_ring_up_to > 0) {
+  if (input.release_ring_up_to != 0) {
     absl::Status released = session.ReleaseRing(input.release_ring_up_to);
     if (!released.ok()) {
       return refuse(absl::InvalidArgumentError(absl::StrFormat(

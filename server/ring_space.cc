@@ -37,6 +37,10 @@ void RingSpace::Unreserve(int64_t position, int64_t n) {
 }
 
 absl::Status RingSpace::Release(int64_t up_to) {
+  if (up_to < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("up_to (%d) is negative", up_to));
+  }
   if (up_to > end_) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "up_to (%d) is past the ring's last reserved position (%d)", up_to,

@@ -30,7 +30,7 @@ class RingSpace {
 
   // Releases every region before logical position `up_to`. A position at or
   // before the last release is a no-op. Returns INVALID_ARGUMENT for a
-  // position past end().
+  // negative position or one past end().
   absl::Status Release(int64_t up_to);
 
   // Undoes the most recent Reserve when it returned `position` for `n`

@@ -49,6 +49,9 @@ TEST(RingSpaceTest, ReleaseIsMonotonicAndBounded) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("up_to (7) is past the ring's last reserved "
                                  "position (6)")));
+  EXPECT_THAT(ring.Release(-1), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("up_to (-1) is negative")));
+  EXPECT_EQ(ring.reserved(), 2);
 }
 
 TEST(RingSpaceTest, UnreserveUndoesTheLastReservation) {
