@@ -8,22 +8,32 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "server/process_stats.h"
+#include "server/rpc_metrics.h"
 #include "server/server.h"
 #include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Runs `command` with `input` on stdin; returns its exit status and output.
 std::pair<int, std::string> RunWithInput(const std::string& command,
@@ -37,6 +47,25 @@ std::pair<int, std::string> RunWithInput(const std::string& command,
   std::stringstream text;
   text << out.rdbuf();
   return {status, text.str()};
+}
+
+// An exposition's samples: "name{labels}" (as written) to value.
+using Samples = std::map<std::string, double>;
+
+Samples ParseSamples(const std::string& exposition) {
+  Samples samples;
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    double value = 0;
+    if (space == absl::string_view::npos ||
+        !absl::SimpleAtod(line.substr(space + 1), &value)) {
+      ADD_FAILURE() << "cannot parse sample line: " << line;
+      continue;
+    }
+    samples[std::string(line.substr(0, space))] = value;
+  }
+  return samples;
 }
 
 class MetricsTest : public ::testing::Test {
@@ -58,6 +87,13 @@ class MetricsTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<Client>> client = server_->Connect(options);
     EXPECT_OK(client.status());
     return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // The samples of one scrape of /metrics over HTTP.
+  Samples Scrape() {
+    httplib::Result response = http_->Get("/metrics");
+    EXPECT_TRUE(response) << "no answer from /metrics";
+    return response ? ParseSamples(response->body) : Samples();
   }
 
   std::unique_ptr<testing::InProcessServer> server_;
@@ -93,18 +129,174 @@ TEST_F(MetricsTest, ExposesPoolSessionRequestAndBatchFigures) {
   EXPECT_THAT(body, HasSubstr("pagealloc_sessions_opened_total 1"));
   EXPECT_THAT(body, HasSubstr("pagealloc_slots_allocated_total 84"));
   EXPECT_THAT(body, HasSubstr("pagealloc_out_of_pages_total 1"));
-  EXPECT_THAT(
-      body, HasSubstr("pagealloc_requests_total{rpc=\"Alloc\",code=\"OK\"} 2"));
+  // The client's calls go through its fast channel; Register through gRPC.
+  EXPECT_THAT(body, HasSubstr("pagealloc_requests_total{rpc=\"Alloc\",code="
+                              "\"OK\",transport=\"fast_channel\"} 2"));
   EXPECT_THAT(body, HasSubstr("pagealloc_requests_total{rpc=\"Free\",code="
-                              "\"FAILED_PRECONDITION\"} 1"));
+                              "\"FAILED_PRECONDITION\",transport=\"fast_"
+                              "channel\"} 1"));
+  EXPECT_THAT(body, HasSubstr("pagealloc_requests_total{rpc=\"Register\","
+                              "code=\"OK\",transport=\"grpc\"} 1"));
   EXPECT_THAT(body, HasSubstr("# TYPE pagealloc_rpc_duration_seconds "
                               "histogram"));
   EXPECT_THAT(body, HasSubstr("pagealloc_rpc_duration_seconds_count{rpc="
-                              "\"AllocExtend\"} 1"));
+                              "\"AllocExtend\",transport=\"fast_channel\"} "
+                              "1"));
   EXPECT_THAT(body, HasSubstr("pagealloc_batch_requests_count 3"));
   EXPECT_THAT(body, HasSubstr("pagealloc_queue_wait_seconds_bucket"));
   EXPECT_THAT(body, HasSubstr("pagealloc_execute_seconds_sum"));
   EXPECT_THAT(body, HasSubstr("pagealloc_complete_seconds_count"));
+}
+
+// Every call counts under the transport that carried it: a fast-channel
+// client's calls under fast_channel, a gRPC-only client's under grpc, each
+// timed in its own histogram.
+TEST_F(MetricsTest, CallsAreLabelledWithTheirTransport) {
+  auto fast = Connect("fast");
+  ClientOptions grpc_options;
+  grpc_options.client_name = "grpc";
+  grpc_options.fast_channel = false;
+  ASSERT_OK_AND_ASSIGN(auto grpc_only, server_->Connect(grpc_options));
+  ASSERT_TRUE(fast->uses_fast_channel());
+  ASSERT_FALSE(grpc_only->uses_fast_channel());
+  for (int i = 0; i < 3; ++i) ASSERT_OK(fast->Alloc({16}).status());
+  ASSERT_OK(grpc_only->Alloc({16}).status());
+  ASSERT_OK(fast->Checkpoint());
+  ASSERT_OK(grpc_only->Checkpoint());
+  ASSERT_OK(grpc_only->Checkpoint());
+
+  const Samples samples = Scrape();
+  auto sample = [&samples](const std::string& series) {
+    auto it = samples.find(series);
+    return it == samples.end() ? -1 : it->second;
+  };
+  EXPECT_EQ(sample(R"(pagealloc_requests_total{rpc="Alloc",code="OK",)"
+                   R"(transport="fast_channel"})"),
+            3);
+  EXPECT_EQ(sample(R"(pagealloc_requests_total{rpc="Alloc",code="OK",)"
+                   R"(transport="grpc"})"),
+            1);
+  EXPECT_EQ(sample(R"(pagealloc_requests_total{rpc="Checkpoint",code="OK",)"
+                   R"(transport="fast_channel"})"),
+            1);
+  EXPECT_EQ(sample(R"(pagealloc_requests_total{rpc="Checkpoint",code="OK",)"
+                   R"(transport="grpc"})"),
+            2);
+  EXPECT_EQ(sample(R"(pagealloc_rpc_duration_seconds_count{rpc="Alloc",)"
+                   R"(transport="fast_channel"})"),
+            3);
+  EXPECT_EQ(sample(R"(pagealloc_rpc_duration_seconds_count{rpc="Alloc",)"
+                   R"(transport="grpc"})"),
+            1);
+  // A series for each method a transport carries, from the start; none for
+  // the methods it does not.
+  for (int m = 0; m < kNumMethods; ++m) {
+    const Method method = static_cast<Method>(m);
+    for (const Transport transport :
+         {Transport::kGrpc, Transport::kFastChannel}) {
+      const std::string labels =
+          absl::StrFormat(R"(rpc="%s",code="OK",transport="%s")",
+                          MethodName(method), TransportName(transport));
+      const bool carried = TransportCarries(transport, method);
+      EXPECT_EQ(samples.count("pagealloc_requests_total{" + labels + "}"),
+                carried ? 1 : 0)
+          << labels;
+      const std::string histogram = absl::StrFormat(
+          R"(pagealloc_rpc_duration_seconds_count{rpc="%s",transport="%s"})",
+          MethodName(method), TransportName(transport));
+      EXPECT_EQ(samples.count(histogram),
+                carried && method != Method::kKeepAlive ? 1 : 0)
+          << histogram;
+    }
+  }
+}
+
+// KeepAlive streams are counted by code like calls, but how long they were
+// open goes to pagealloc_keepalive_stream_seconds, never to the latency
+// histogram.
+TEST_F(MetricsTest, KeepAliveStreamsAreCountedButTimedApart) {
+  auto client = Connect("short-lived");
+  ASSERT_OK(client->Close());
+  const std::string ended =
+      R"(pagealloc_requests_total{rpc="KeepAlive",code="OK",transport="grpc"})";
+  Samples samples;
+  // The daemon records a stream as it finishes it; the client's background
+  // stream may finish after Close returns.
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        samples = Scrape();
+        return samples[ended] >= 1 &&
+               samples[ended] ==
+                   samples["pagealloc_keepalive_stream_seconds_count"];
+      },
+      absl::Seconds(30)));
+  EXPECT_GE(samples["pagealloc_keepalive_stream_seconds_sum"], 0);
+  for (const auto& [series, value] : samples) {
+    EXPECT_THAT(series, Not(AllOf(HasSubstr("pagealloc_rpc_duration_seconds"),
+                                  HasSubstr("KeepAlive"))));
+  }
+}
+
+// The code label's values are google.rpc.Code's names (what dashboards and
+// alerts match on), and a code out of range counts as UNKNOWN.
+TEST_F(MetricsTest, StatusCodesAreLabelledWithTheirCanonicalNames) {
+  const std::vector<std::string> names = {"OK",
+                                          "CANCELLED",
+                                          "UNKNOWN",
+                                          "INVALID_ARGUMENT",
+                                          "DEADLINE_EXCEEDED",
+                                          "NOT_FOUND",
+                                          "ALREADY_EXISTS",
+                                          "PERMISSION_DENIED",
+                                          "RESOURCE_EXHAUSTED",
+                                          "FAILED_PRECONDITION",
+                                          "ABORTED",
+                                          "OUT_OF_RANGE",
+                                          "UNIMPLEMENTED",
+                                          "INTERNAL",
+                                          "UNAVAILABLE",
+                                          "DATA_LOSS",
+                                          "UNAUTHENTICATED"};
+  ASSERT_EQ(names.size(), static_cast<size_t>(kNumStatusCodes));
+  CallCore& core = server_->server().core();
+  for (int code = 0; code < kNumStatusCodes; ++code) {
+    core.Record(Method::kGetStats, Transport::kGrpc,
+                static_cast<absl::StatusCode>(code), absl::Microseconds(1));
+  }
+  core.Record(Method::kGetStats, Transport::kGrpc,
+              static_cast<absl::StatusCode>(99), absl::Microseconds(1));
+  Samples samples = Scrape();
+  for (const std::string& name : names) {
+    EXPECT_EQ(samples[absl::StrFormat(
+                  R"(pagealloc_requests_total{rpc="GetStats",code="%s",)"
+                  R"(transport="grpc"})",
+                  name)],
+              name == "UNKNOWN" ? 2 : 1)
+        << name;
+  }
+}
+
+TEST_F(MetricsTest, ExportsTheStandardProcessMetrics) {
+  const std::string body = server_->server().metrics().Render();
+  EXPECT_THAT(body, HasSubstr("# TYPE process_cpu_seconds_total counter"));
+  for (const char* gauge :
+       {"process_resident_memory_bytes", "process_virtual_memory_bytes",
+        "process_open_fds", "process_max_fds", "process_start_time_seconds"}) {
+    EXPECT_THAT(body, HasSubstr(absl::StrFormat("# TYPE %s gauge", gauge)));
+  }
+  Samples samples = ParseSamples(body);
+  ASSERT_OK_AND_ASSIGN(const ProcessStats now, ReadProcessStats());
+  // This process is the daemon: the same start time, a plausible rest.
+  EXPECT_NEAR(samples["process_start_time_seconds"], now.start_time_seconds,
+              1e-3);
+  EXPECT_EQ(samples["process_max_fds"], now.max_fds);
+  EXPECT_GT(samples["process_cpu_seconds_total"], 0);
+  EXPECT_LE(samples["process_cpu_seconds_total"], now.cpu_seconds);
+  EXPECT_GT(samples["process_open_fds"], 3);  // stdio, sockets, the ring
+  EXPECT_LT(samples["process_open_fds"], samples["process_max_fds"]);
+  EXPECT_GT(samples["process_resident_memory_bytes"], 1 << 20);
+  EXPECT_GE(samples["process_virtual_memory_bytes"],
+            samples["process_resident_memory_bytes"]);
 }
 
 TEST_F(MetricsTest, PromtoolAcceptsTheExposition) {
