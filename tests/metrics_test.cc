@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
@@ -297,6 +299,108 @@ TEST_F(MetricsTest, ExportsTheStandardProcessMetrics) {
   EXPECT_GT(samples["process_resident_memory_bytes"], 1 << 20);
   EXPECT_GE(samples["process_virtual_memory_bytes"],
             samples["process_resident_memory_bytes"]);
+}
+
+// A metric as the exposition or the documentation describes it.
+struct MetricShape {
+  std::string type;
+  std::set<std::string> labels;  // "le" left out
+  bool operator==(const MetricShape& other) const {
+    return type == other.type && labels == other.labels;
+  }
+};
+
+std::ostream& operator<<(std::ostream& os, const MetricShape& shape) {
+  return os << shape.type << " {" << absl::StrJoin(shape.labels, ",") << "}";
+}
+
+// The families of an exposition: their # TYPE line and the label names of
+// their samples (a histogram's _bucket, _sum and _count included).
+std::map<std::string, MetricShape> ExportedMetrics(const std::string& body) {
+  std::map<std::string, MetricShape> metrics;
+  const std::regex type_line(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (\w+)$)");
+  const std::regex label(R"(([a-zA-Z_][a-zA-Z0-9_]*)=")");
+  for (absl::string_view piece : absl::StrSplit(body, '\n')) {
+    const std::string line(piece);
+    std::smatch match;
+    if (std::regex_match(line, match, type_line)) {
+      metrics[match[1]].type = match[2];
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    std::string name = line.substr(0, line.find_first_of("{ "));
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      if (!metrics.count(name) && absl::EndsWith(name, suffix)) {
+        name = name.substr(0, name.size() - strlen(suffix));
+      }
+    }
+    EXPECT_TRUE(metrics.count(name)) << "a sample before its # TYPE: " << line;
+    const size_t open = line.find('{');
+    if (open == std::string::npos) continue;
+    const std::string labels = line.substr(open, line.rfind('}') - open);
+    for (auto it = std::sregex_iterator(labels.begin(), labels.end(), label);
+         it != std::sregex_iterator(); ++it) {
+      if ((*it)[1] != "le") metrics[name].labels.insert((*it)[1]);
+    }
+  }
+  return metrics;
+}
+
+// The rows of docs/operations.md's metric table:
+// | `name` | type | `label`, `label`: values | meaning |
+std::map<std::string, MetricShape> DocumentedMetrics(
+    const std::string& markdown) {
+  std::map<std::string, MetricShape> metrics;
+  const std::regex row(
+      R"(^\| `([a-zA-Z_:][a-zA-Z0-9_:]*)` \| (counter|gauge|histogram) \|([^|]*)\|)");
+  const std::regex label("`([a-zA-Z_][a-zA-Z0-9_]*)`");
+  for (absl::string_view piece : absl::StrSplit(markdown, '\n')) {
+    const std::string line(piece);
+    std::smatch match;
+    if (!std::regex_search(line, match, row)) continue;
+    MetricShape& shape = metrics[match[1]];
+    shape.type = match[2];
+    const std::string labels = match[3];
+    for (auto it = std::sregex_iterator(labels.begin(), labels.end(), label);
+         it != std::sregex_iterator(); ++it) {
+      shape.labels.insert((*it)[1]);
+    }
+  }
+  return metrics;
+}
+
+// docs/operations.md is the operator's reference: every metric the daemon
+// exports is in its table, with its type and labels, and the table lists
+// nothing the daemon does not export.
+TEST_F(MetricsTest, EveryExportedMetricIsDocumented) {
+  auto client = Connect("documented");  // for the per-client series
+  ASSERT_OK(client->Alloc({16}).status());
+  httplib::Result response = http_->Get("/metrics");
+  ASSERT_TRUE(response);
+  const std::map<std::string, MetricShape> exported =
+      ExportedMetrics(response->body);
+  std::ifstream doc(testing::RunfilePath("docs/operations.md"));
+  ASSERT_TRUE(doc) << "docs/operations.md is not in the runfiles";
+  std::stringstream markdown;
+  markdown << doc.rdbuf();
+  const std::map<std::string, MetricShape> documented =
+      DocumentedMetrics(markdown.str());
+  ASSERT_GT(exported.size(), 30u);
+  for (const auto& [name, shape] : exported) {
+    auto it = documented.find(name);
+    if (it == documented.end()) {
+      ADD_FAILURE() << name << " (" << shape
+                    << ") is exported but not in docs/operations.md's "
+                       "metric table";
+      continue;
+    }
+    EXPECT_EQ(it->second, shape) << name << ": documented vs exported";
+  }
+  for (const auto& [name, shape] : documented) {
+    EXPECT_TRUE(exported.count(name))
+        << name << " is in docs/operations.md but the daemon does not export "
+        << "it";
+  }
 }
 
 TEST_F(MetricsTest, PromtoolAcceptsTheExposition) {
