@@ -25,6 +25,7 @@
 #include "server/process_stats.h"
 #include "server/rpc_metrics.h"
 #include "server/server.h"
+#include "tests/grafana_dashboard.h"
 #include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
@@ -438,6 +439,172 @@ TEST_F(MetricsTest, ClientLabelsAreCapped) {
   }
   EXPECT_EQ(series, MetricsExporter::kMaxClientLabels + 1);  // + "other"
   EXPECT_THAT(body, HasSubstr("pagealloc_session_pages{client=\"other\"} 0"));
+}
+
+// ---- deploy/grafana/pagealloc.json
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+const Value& Field(const Struct& object, const std::string& name) {
+  auto it = object.fields().find(name);
+  return it == object.fields().end() ? Value::default_instance() : it->second;
+}
+
+absl::StatusOr<testing::Dashboard> LoadShippedDashboard() {
+  return testing::LoadDashboard(
+      testing::RunfilePath("deploy/grafana/pagealloc.json"));
+}
+
+// Concrete values for the dashboard's variables, as Grafana would give them.
+const std::map<std::string, std::string>& VariableValues() {
+  static const auto* values = new std::map<std::string, std::string>{
+      {"__rate_interval", "1m"}, {"__interval", "15s"},
+      {"__range", "1h"},         {"datasource", "prometheus"},
+      {"job", "pagealloc"},      {"instance", "gpu-host-1:9464"},
+  };
+  return *values;
+}
+
+TEST(GrafanaDashboardTest, IsAPrometheusDashboardWithItsVariables) {
+  ASSERT_OK_AND_ASSIGN(const testing::Dashboard dashboard,
+                       LoadShippedDashboard());
+  const Struct& json = dashboard.json;
+  EXPECT_EQ(Field(json, "schemaVersion").number_value(), 38);
+  EXPECT_EQ(Field(json, "uid").string_value(), "pagealloc");
+  EXPECT_EQ(Field(json, "title").string_value(), "pagealloc");
+  EXPECT_EQ(dashboard.variables,
+            (std::vector<std::string>{"datasource", "job", "instance"}));
+  const Struct& datasource =
+      Field(Field(json, "templating").struct_value(), "list")
+          .list_value()
+          .values(0)
+          .struct_value();
+  EXPECT_EQ(Field(datasource, "type").string_value(), "datasource");
+  EXPECT_EQ(Field(datasource, "query").string_value(), "prometheus");
+
+  // Every panel and target reads the chosen data source; ids are unique;
+  // panels lie on the 24-column grid without overlapping.
+  auto uses_variable = [](const Value& source) {
+    return Field(source.struct_value(), "type").string_value() ==
+               "prometheus" &&
+           Field(source.struct_value(), "uid").string_value() ==
+               "${datasource}";
+  };
+  std::set<int> ids;
+  struct Box {
+    double x, y, w, h;
+  };
+  std::vector<std::pair<std::string, Box>> boxes;
+  for (const Value& value : Field(json, "panels").list_value().values()) {
+    const Struct& panel = value.struct_value();
+    const std::string title = Field(panel, "title").string_value();
+    EXPECT_TRUE(ids.insert(Field(panel, "id").number_value()).second)
+        << "duplicate id: " << title;
+    const Struct& pos = Field(panel, "gridPos").struct_value();
+    const Box box = {
+        Field(pos, "x").number_value(), Field(pos, "y").number_value(),
+        Field(pos, "w").number_value(), Field(pos, "h").number_value()};
+    EXPECT_LE(box.x + box.w, 24) << title;
+    for (const auto& [other, b] : boxes) {
+      const bool apart = box.x >= b.x + b.w || b.x >= box.x + box.w ||
+                         box.y >= b.y + b.h || b.y >= box.y + box.h;
+      EXPECT_TRUE(apart) << title << " overlaps " << other;
+    }
+    boxes.push_back({title, box});
+    if (Field(panel, "type").string_value() == "row") continue;
+    EXPECT_FALSE(Field(panel, "description").string_value().empty()) << title;
+    EXPECT_TRUE(uses_variable(Field(panel, "datasource"))) << title;
+    const auto& targets = Field(panel, "targets").list_value().values();
+    EXPECT_FALSE(targets.empty()) << title;
+    for (const Value& target : targets) {
+      EXPECT_TRUE(uses_variable(Field(target.struct_value(), "datasource")))
+          << title;
+    }
+  }
+  // Each query selects the chosen job and daemons.
+  for (const testing::DashboardQuery& query : dashboard.queries) {
+    if (query.panel_title.empty()) continue;  // a variable
+    EXPECT_THAT(query.expr, HasSubstr(R"(job="$job",instance=~"$instance")"))
+        << query.where;
+  }
+}
+
+// Prometheus' own parser (promtool check rules) accepts every panel's and
+// variable's query once Grafana's variables are replaced.
+TEST(GrafanaDashboardTest, PromtoolParsesEveryQuery) {
+  ASSERT_OK_AND_ASSIGN(const testing::Dashboard dashboard,
+                       LoadShippedDashboard());
+  std::vector<std::string> exprs;
+  std::string index;  // which query each rule is, for failure messages
+  for (const testing::DashboardQuery& query : dashboard.queries) {
+    ASSERT_OK_AND_ASSIGN(std::string expr, testing::SubstituteVariables(
+                                               query.expr, VariableValues()));
+    absl::StrAppendFormat(&index, "\n  dashboard:query_%d: %s", exprs.size(),
+                          query.where);
+    exprs.push_back(expr);
+  }
+  ASSERT_GT(exprs.size(), 30u);
+  const std::string rules = ::testing::TempDir() + "/dashboard_rules.yml";
+  std::ofstream(rules) << testing::RecordingRuleFile(exprs);
+  auto [status, output] =
+      RunWithInput("/usr/bin/promtool check rules " + rules, "");
+  EXPECT_EQ(status, 0) << output << "The rules are:" << index;
+  EXPECT_THAT(output, HasSubstr(absl::StrFormat("SUCCESS: %d rules found",
+                                                exprs.size())));
+}
+
+// The checks above can fail: a query Prometheus cannot parse, or a variable
+// left in, is refused.
+TEST(GrafanaDashboardTest, PromtoolRefusesABrokenQuery) {
+  const std::string rules = ::testing::TempDir() + "/broken_rules.yml";
+  std::ofstream(rules) << testing::RecordingRuleFile(
+      {"sum by (instance) (rate(pagealloc_launches_total[1m])",
+       "rate(pagealloc_launches_total[$__rate_interval])"});
+  auto [status, output] =
+      RunWithInput("/usr/bin/promtool check rules " + rules, "");
+  EXPECT_NE(status, 0) << output;
+  EXPECT_THAT(
+      testing::SubstituteVariables("up{job=\"$cluster\"}", VariableValues()),
+      testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                        HasSubstr("$cluster")));
+  EXPECT_THAT(testing::SubstituteVariables(
+                  R"(up{job="${job}",instance=~"$instance"}[$__range])",
+                  VariableValues()),
+              testing::IsOkAndHolds(
+                  R"(up{job="pagealloc",instance=~"gpu-host-1:9464"}[1h])"));
+}
+
+// The dashboard plots every metric the daemon exports, and names none that
+// it does not.
+TEST_F(MetricsTest, TheDashboardUsesEveryExportedMetric) {
+  auto client = Connect("dashboard");  // for the per-client series
+  httplib::Result response = http_->Get("/metrics");
+  ASSERT_TRUE(response);
+  const std::map<std::string, MetricShape> exported =
+      ExportedMetrics(response->body);
+  ASSERT_OK_AND_ASSIGN(const testing::Dashboard dashboard,
+                       LoadShippedDashboard());
+  std::set<std::string> used;
+  const std::regex metric(R"(\b((pagealloc|process)_[a-z_]+)\b)");
+  for (const testing::DashboardQuery& query : dashboard.queries) {
+    for (auto it =
+             std::sregex_iterator(query.expr.begin(), query.expr.end(), metric);
+         it != std::sregex_iterator(); ++it) {
+      std::string name = (*it)[1];
+      for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+        if (!exported.count(name) && absl::EndsWith(name, suffix)) {
+          name = name.substr(0, name.size() - strlen(suffix));
+        }
+      }
+      EXPECT_TRUE(exported.count(name)) << query.where << " uses " << (*it)[1]
+                                        << ", which the daemon does not export";
+      used.insert(name);
+    }
+  }
+  for (const auto& [name, shape] : exported) {
+    EXPECT_TRUE(used.count(name)) << name << " is on no dashboard panel";
+  }
 }
 
 TEST(DeployPrometheusTest, AlertingRulesAndScrapeConfigAreValid) {
