@@ -18,6 +18,28 @@
 namespace pagealloc::bench {
 namespace {
 
+// The mean of the daemon's AllocDecode latency over the phase, whichever
+// transport carried the calls (the histogram is per transport); -1 when
+// unknown or nothing was observed.
+double DecodeRpcMean(const Snapshot& before, const Snapshot& after) {
+  double sum = 0;
+  double count = 0;
+  for (const char* transport : {"grpc", "fast_channel"}) {
+    const std::string labels =
+        absl::StrFormat("{rpc=\"AllocDecode\",transport=\"%s\"}", transport);
+    const double mean =
+        MetricMean(before, after, "pagealloc_rpc_duration_seconds", labels);
+    if (mean < 0) continue;
+    const std::string key =
+        absl::StrCat("pagealloc_rpc_duration_seconds_count", labels);
+    const double n = after.metrics.at(key) -
+                     (before.metrics.count(key) ? before.metrics.at(key) : 0);
+    sum += mean * n;
+    count += n;
+  }
+  return count > 0 ? sum / count : -1;
+}
+
 class Phase {
  public:
   Phase(const DaemonHandle& daemon, const PhaseOptions& options)
@@ -99,9 +121,7 @@ class Phase {
     if (before.cpu_seconds >= 0 && after.cpu_seconds >= 0) {
       result.server_cpu_seconds = after.cpu_seconds - before.cpu_seconds;
     }
-    result.server_decode_rpc_mean =
-        MetricMean(before, after, "pagealloc_rpc_duration_seconds",
-                   "{rpc=\"AllocDecode\"}");
+    result.server_decode_rpc_mean = DecodeRpcMean(before, after);
     result.server_queue_wait_mean =
         MetricMean(before, after, "pagealloc_queue_wait_seconds", "");
     result.server_execute_mean =

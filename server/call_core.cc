@@ -98,8 +98,10 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
                             AllocCall* call) {
   const absl::Time start = absl::Now();
   const Method method = input.method;
-  auto refuse = [this, reply, method, start](const absl::Status& status) {
-    Answer(reply, method, start, status);
+  const Transport transport = input.transport;
+  auto refuse = [this, reply, method, transport,
+                 start](const absl::Status& status) {
+    Answer(reply, method, transport, start, status);
     return false;
   };
   if (draining_) return refuse(DrainingError());
@@ -146,6 +148,7 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
   }
   reply->core_ = this;
   reply->method_ = method;
+  reply->transport_ = transport;
   reply->start_ = start;
   reply->session_ = *std::move(authenticated);
   reply->ring_start_ = ring_start;
@@ -189,7 +192,7 @@ void AllocReply::Cancel(const absl::Status& status) {
     session_->UnreserveRing(ring_start_, decoded_.num_slots);
   }
   session_.reset();
-  core_->Answer(this, method_, start_, status);
+  core_->Answer(this, method_, transport_, start_, status);
 }
 
 void AllocReply::Done(absl::Span<const AllocResult> results,
@@ -205,7 +208,7 @@ void AllocReply::Done(absl::Span<const AllocResult> results,
   answer.launch = &launch;
   Deliver(answer);
   session_.reset();
-  core_->Answer(this, method_, start_, absl::OkStatus());
+  core_->Answer(this, method_, transport_, start_, absl::OkStatus());
 }
 
 void CallCore::SubmitPrepared(std::vector<AllocCall> calls) {
@@ -222,33 +225,34 @@ void CallCore::SubmitPrepared(std::vector<AllocCall> calls) {
   }
 }
 
-void CallCore::SubmitOp(Reply* reply, Method method, absl::Time start,
-                        uint64_t session_id, std::function<absl::Status()> op) {
+void CallCore::SubmitOp(Reply* reply, Method method, Transport transport,
+                        absl::Time start, uint64_t session_id,
+                        std::function<absl::Status()> op) {
   absl::Status submitted = batcher_->SubmitOp(
-      session_id, [this, reply, method, start, op = std::move(op)] {
-        Answer(reply, method, start, op());
+      session_id, [this, reply, method, transport, start, op = std::move(op)] {
+        Answer(reply, method, transport, start, op());
       });
-  if (!submitted.ok()) Answer(reply, method, start, submitted);
+  if (!submitted.ok()) Answer(reply, method, transport, start, submitted);
 }
 
-void CallCore::Answer(Reply* reply, Method method, absl::Time start,
-                      const absl::Status& status) {
-  rpc_metrics_.Record(method, status.code(), absl::Now() - start);
+void CallCore::Answer(Reply* reply, Method method, Transport transport,
+                      absl::Time start, const absl::Status& status) {
+  rpc_metrics_.Record(method, transport, status.code(), absl::Now() - start);
   reply->Complete(status);
 }
 
 void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
                           FreeUnit unit, absl::Span<const int64_t> values,
-                          Reply* reply) {
+                          Transport transport, Reply* reply) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
   if (!session.ok()) {
-    return Answer(reply, Method::kFree, start, session.status());
+    return Answer(reply, Method::kFree, transport, start, session.status());
   }
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
-  SubmitOp(reply, Method::kFree, start, owner,
+  SubmitOp(reply, Method::kFree, transport, start, owner,
            [this, owner, unit, values, reply]() -> absl::Status {
              ASSIGN_OR_RETURN(const int64_t freed,
                               unit == FreeUnit::kSlots
@@ -260,30 +264,31 @@ void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
 }
 
 void CallCore::SubmitCheckpoint(uint64_t session_id, absl::string_view token,
-                                Reply* reply) {
+                                Transport transport, Reply* reply) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
   if (!session.ok()) {
-    return Answer(reply, Method::kCheckpoint, start, session.status());
+    return Answer(reply, Method::kCheckpoint, transport, start,
+                  session.status());
   }
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
-  SubmitOp(reply, Method::kCheckpoint, start, owner,
+  SubmitOp(reply, Method::kCheckpoint, transport, start, owner,
            [this, owner] { return pool_->Checkpoint(owner); });
 }
 
 void CallCore::SubmitRollback(uint64_t session_id, absl::string_view token,
-                              Reply* reply) {
+                              Transport transport, Reply* reply) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
   if (!session.ok()) {
-    return Answer(reply, Method::kRollback, start, session.status());
+    return Answer(reply, Method::kRollback, transport, start, session.status());
   }
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
-  SubmitOp(reply, Method::kRollback, start, owner,
+  SubmitOp(reply, Method::kRollback, transport, start, owner,
            [this, owner, reply]() -> absl::Status {
              ASSIGN_OR_RETURN(const int64_t returned, pool_->Rollback(owner));
              reply->set_value(returned);
@@ -293,7 +298,8 @@ void CallCore::SubmitRollback(uint64_t session_id, absl::string_view token,
 
 absl::StatusOr<int64_t> CallCore::ReleaseRing(uint64_t session_id,
                                               absl::string_view token,
-                                              int64_t up_to) {
+                                              int64_t up_to,
+                                              Transport transport) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
@@ -305,7 +311,8 @@ absl::StatusOr<int64_t> CallCore::ReleaseRing(uint64_t session_id,
           absl::StrFormat("up_to: %s", status.message()));
     }
   }
-  rpc_metrics_.Record(Method::kReleaseRing, status.code(), absl::Now() - start);
+  rpc_metrics_.Record(Method::kReleaseRing, transport, status.code(),
+                      absl::Now() - start);
   if (!status.ok()) return status;
   return (*session)->ring_reserved();
 }

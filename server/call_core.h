@@ -124,6 +124,7 @@ class AllocReply : public Reply, private AllocCompletion {
   // their capacity from call to call.
   CallCore* core_ = nullptr;
   Method method_ = Method::kAllocDecode;
+  Transport transport_ = Transport::kGrpc;
   absl::Time start_;
   std::shared_ptr<Session> session_;
   DecodedCall decoded_;
@@ -140,6 +141,7 @@ class AllocReply : public Reply, private AllocCompletion {
 // One allocation call as it arrived, from either transport.
 struct AllocCallInput {
   Method method = Method::kAllocDecode;
+  Transport transport = Transport::kGrpc;  // what carried it, for metrics
   uint64_t session_id = 0;
   absl::string_view session_token;
   CallArrays arrays;  // must stay valid during PrepareAlloc only
@@ -233,21 +235,23 @@ class CallCore {
 
   // ---- Operations: each reply completes once the operation ran in order
   // with the session's other work (or was refused). The spans must stay
-  // valid until then.
+  // valid until then. `transport` is what carried the call, for metrics.
 
   // Frees `values` (slots or pages) of the session; the reply's value is
   // the pages freed.
   void SubmitFree(uint64_t session_id, absl::string_view token, FreeUnit unit,
-                  absl::Span<const int64_t> values, Reply* reply);
+                  absl::Span<const int64_t> values, Transport transport,
+                  Reply* reply);
   void SubmitCheckpoint(uint64_t session_id, absl::string_view token,
-                        Reply* reply);
+                        Transport transport, Reply* reply);
   // The reply's value is the pages returned.
   void SubmitRollback(uint64_t session_id, absl::string_view token,
-                      Reply* reply);
+                      Transport transport, Reply* reply);
   // Releases the session's ring up to `up_to`; returns the slots still
   // reserved.
   absl::StatusOr<int64_t> ReleaseRing(uint64_t session_id,
-                                      absl::string_view token, int64_t up_to);
+                                      absl::string_view token, int64_t up_to,
+                                      Transport transport);
 
   // ---- What the core knows, for stats and metrics.
 
@@ -260,9 +264,10 @@ class CallCore {
   const SessionCounters& counters() const { return counters_; }
   const RpcMetrics& rpc_metrics() const { return rpc_metrics_; }
   // Records a call the transport answered itself (GetStats, a KeepAlive
-  // stream's end, a message it could not parse).
-  void Record(Method method, absl::StatusCode code, absl::Duration latency) {
-    rpc_metrics_.Record(method, code, latency);
+  // stream's end, a message it could not parse): RpcMetrics::Record.
+  void Record(Method method, Transport transport, absl::StatusCode code,
+              absl::Duration latency) {
+    rpc_metrics_.Record(method, transport, code, latency);
   }
 
  private:
@@ -273,11 +278,12 @@ class CallCore {
                         std::string reason);
   // Queues `op` for `session_id` on the batcher, in order with the session's
   // other work; `reply` completes with its status.
-  void SubmitOp(Reply* reply, Method method, absl::Time start,
-                uint64_t session_id, std::function<absl::Status()> op);
+  void SubmitOp(Reply* reply, Method method, Transport transport,
+                absl::Time start, uint64_t session_id,
+                std::function<absl::Status()> op);
   // Records the call's code and latency, then completes the reply.
-  void Answer(Reply* reply, Method method, absl::Time start,
-              const absl::Status& status);
+  void Answer(Reply* reply, Method method, Transport transport,
+              absl::Time start, const absl::Status& status);
 
   const Options options_;
   const CallLimits limits_;

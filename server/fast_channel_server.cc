@@ -196,6 +196,7 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
   auto prepare = [&](Method method, const CallArrays& arrays) {
     AllocCallInput input;
     input.method = method;
+    input.transport = Transport::kFastChannel;
     input.session_id = c.session_id;
     input.session_token = c.token;
     input.arrays = arrays;
@@ -230,13 +231,15 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
       core_->SubmitFree(c.session_id, c.token,
                         call.kind == CallKind::kFreeSlots ? FreeUnit::kSlots
                                                           : FreeUnit::kPages,
-                        call.in1, &reply);
+                        call.in1, Transport::kFastChannel, &reply);
       return;
     case CallKind::kCheckpoint:
-      core_->SubmitCheckpoint(c.session_id, c.token, &reply);
+      core_->SubmitCheckpoint(c.session_id, c.token, Transport::kFastChannel,
+                              &reply);
       return;
     case CallKind::kRollback:
-      core_->SubmitRollback(c.session_id, c.token, &reply);
+      core_->SubmitRollback(c.session_id, c.token, Transport::kFastChannel,
+                            &reply);
       return;
   }
 }

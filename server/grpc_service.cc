@@ -75,7 +75,8 @@ class KeepAliveReactor final
 
  private:
   void End(const absl::Status& status) {
-    core_->Record(Method::kKeepAlive, status.code(), absl::Now() - opened_);
+    core_->Record(Method::kKeepAlive, Transport::kGrpc, status.code(),
+                  absl::Now() - opened_);
     Finish(ToGrpcStatus(status));
   }
 
@@ -216,7 +217,7 @@ GrpcService::KeepAlive(grpc::CallbackServerContext*) {
 
 void GrpcService::Finish(grpc::ServerUnaryReactor* reactor, Method method,
                          absl::Time start, const absl::Status& status) {
-  core_->Record(method, status.code(), absl::Now() - start);
+  core_->Record(method, Transport::kGrpc, status.code(), absl::Now() - start);
   reactor->Finish(ToGrpcStatus(status));
 }
 
@@ -234,11 +235,12 @@ grpc::Status GrpcService::HandleAlloc(const Request& request,
         request.session().session_id(), request.session().session_token());
     const absl::Status status =
         session.ok() ? arrays.status() : session.status();
-    core_->Record(method, status.code(), absl::Now() - start);
+    core_->Record(method, Transport::kGrpc, status.code(), absl::Now() - start);
     return ToGrpcStatus(status);
   }
   AllocCallInput input;
   input.method = method;
+  input.transport = Transport::kGrpc;
   input.session_id = request.session().session_id();
   input.session_token = request.session().session_token();
   input.arrays = *arrays;
@@ -282,7 +284,8 @@ grpc::Status GrpcService::Free(grpc::ServerContext*,
     absl::StatusOr<std::shared_ptr<Session>> session = core_->Authenticate(
         request->session().session_id(), request->session().session_token());
     const absl::Status status = session.ok() ? valid : session.status();
-    core_->Record(Method::kFree, status.code(), absl::Now() - start);
+    core_->Record(Method::kFree, Transport::kGrpc, status.code(),
+                  absl::Now() - start);
     return ToGrpcStatus(status);
   }
   PendingReply reply;
@@ -292,7 +295,7 @@ grpc::Status GrpcService::Free(grpc::ServerContext*,
                     slots ? FreeUnit::kSlots : FreeUnit::kPages,
                     slots ? absl::MakeConstSpan(request->slots())
                           : absl::MakeConstSpan(request->pages()),
-                    &reply);
+                    Transport::kGrpc, &reply);
   const absl::Status status = reply.Wait();
   if (status.ok()) response->set_pages_freed(reply.value());
   return ToGrpcStatus(status);
@@ -303,7 +306,8 @@ grpc::Status GrpcService::Checkpoint(grpc::ServerContext*,
                                      v1::CheckpointResponse*) {
   PendingReply reply;
   core_->SubmitCheckpoint(request->session().session_id(),
-                          request->session().session_token(), &reply);
+                          request->session().session_token(), Transport::kGrpc,
+                          &reply);
   return ToGrpcStatus(reply.Wait());
 }
 
@@ -312,7 +316,8 @@ grpc::Status GrpcService::Rollback(grpc::ServerContext*,
                                    v1::RollbackResponse* response) {
   PendingReply reply;
   core_->SubmitRollback(request->session().session_id(),
-                        request->session().session_token(), &reply);
+                        request->session().session_token(), Transport::kGrpc,
+                        &reply);
   const absl::Status status = reply.Wait();
   if (status.ok()) response->set_pages_returned(reply.value());
   return ToGrpcStatus(status);
@@ -321,9 +326,9 @@ grpc::Status GrpcService::Rollback(grpc::ServerContext*,
 grpc::Status GrpcService::ReleaseRing(grpc::ServerContext*,
                                       const v1::ReleaseRingRequest* request,
                                       v1::ReleaseRingResponse* response) {
-  absl::StatusOr<int64_t> reserved =
-      core_->ReleaseRing(request->session().session_id(),
-                         request->session().session_token(), request->up_to());
+  absl::StatusOr<int64_t> reserved = core_->ReleaseRing(
+      request->session().session_id(), request->session().session_token(),
+      request->up_to(), Transport::kGrpc);
   if (reserved.ok()) response->set_reserved_slots(*reserved);
   return ToGrpcStatus(reserved.status());
 }

@@ -14,6 +14,7 @@
 #include "httplib.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
+#include "server/process_stats.h"
 
 namespace pagealloc {
 namespace {
@@ -82,27 +83,6 @@ MetricFamily Histogram(std::string name, std::string help,
       Family(std::move(name), std::move(help), MetricType::Histogram);
   AddHistogram(family, histogram);
   return family;
-}
-
-const char* CodeName(int code) {
-  static constexpr const char* kNames[kNumStatusCodes] = {"OK",
-                                                          "CANCELLED",
-                                                          "UNKNOWN",
-                                                          "INVALID_ARGUMENT",
-                                                          "DEADLINE_EXCEEDED",
-                                                          "NOT_FOUND",
-                                                          "ALREADY_EXISTS",
-                                                          "PERMISSION_DENIED",
-                                                          "RESOURCE_EXHAUSTED",
-                                                          "FAILED_PRECONDITION",
-                                                          "ABORTED",
-                                                          "OUT_OF_RANGE",
-                                                          "UNIMPLEMENTED",
-                                                          "INTERNAL",
-                                                          "UNAVAILABLE",
-                                                          "DATA_LOSS",
-                                                          "UNAUTHENTICATED"};
-  return kNames[code];
 }
 
 }  // namespace
@@ -215,28 +195,52 @@ std::string MetricsExporter::Render() const {
               "Pages freed because their session's lease ran out.",
               counters.pages_reclaimed));
 
-  // Requests by RPC and code, and their latency.
+  // Calls by method, transport and code, and their latency. A method's
+  // series exist from the start (OK at 0, an empty histogram) for each
+  // transport that carries it, so that rates and ratios have a base; other
+  // codes appear when they first occur. KeepAlive streams are counted like
+  // calls but timed in a histogram of their own (RpcMetrics::Record).
   const RpcMetrics& rpc = core_->rpc_metrics();
   MetricFamily requests =
       Family("pagealloc_requests_total",
-             "RPCs answered, by method and status code.", MetricType::Counter);
-  MetricFamily latency = Family(
-      "pagealloc_rpc_duration_seconds",
-      "Time from a call's arrival to its answer (KeepAlive: stream life).",
-      MetricType::Histogram);
+             "Calls answered, by method, status code and transport "
+             "(KeepAlive: streams ended).",
+             MetricType::Counter);
+  MetricFamily latency =
+      Family("pagealloc_rpc_duration_seconds",
+             "Time from a call's arrival to its answer, by method and "
+             "transport (KeepAlive excluded).",
+             MetricType::Histogram);
   for (int r = 0; r < kNumMethods; ++r) {
     const Method method = static_cast<Method>(r);
-    for (int code = 0; code < kNumStatusCodes; ++code) {
-      const int64_t n = rpc.count(method, static_cast<absl::StatusCode>(code));
-      if (n > 0 || code == 0) {
-        AddCounter(requests, n,
-                   {{"rpc", MethodName(method)}, {"code", CodeName(code)}});
+    for (const Transport transport :
+         {Transport::kGrpc, Transport::kFastChannel}) {
+      const bool carried = TransportCarries(transport, method);
+      for (int c = 0; c < kNumStatusCodes; ++c) {
+        const absl::StatusCode code = static_cast<absl::StatusCode>(c);
+        const int64_t n = rpc.count(method, transport, code);
+        if (n > 0 || (carried && code == absl::StatusCode::kOk)) {
+          AddCounter(requests, n,
+                     {{"rpc", MethodName(method)},
+                      {"code", absl::StatusCodeToString(code)},
+                      {"transport", TransportName(transport)}});
+        }
+      }
+      if (method == Method::kKeepAlive) continue;
+      const AtomicHistogram& histogram = rpc.latency(method, transport);
+      if (carried || histogram.Take().count > 0) {
+        AddHistogram(latency, histogram,
+                     {{"rpc", MethodName(method)},
+                      {"transport", TransportName(transport)}});
       }
     }
-    AddHistogram(latency, rpc.latency(method), {{"rpc", MethodName(method)}});
   }
   families.push_back(std::move(requests));
   families.push_back(std::move(latency));
+  families.push_back(Histogram(
+      "pagealloc_keepalive_stream_seconds",
+      "How long each KeepAlive stream was open (about its session's life).",
+      rpc.keepalive_stream()));
 
   // Batches.
   const BatcherMetrics& batches = batcher_->metrics();
@@ -258,6 +262,32 @@ std::string MetricsExporter::Render() const {
       "The part of execute spent completing a launch: waiting for the GPU "
       "(sync) or recording the completion event (async).",
       batches.complete_seconds));
+
+  // The process, under the names every Prometheus client library uses.
+  // Left out where /proc cannot be read.
+  const absl::StatusOr<ProcessStats> process = ReadProcessStats();
+  if (process.ok()) {
+    families.push_back(Counter("process_cpu_seconds_total",
+                               "Total user and system CPU time spent in "
+                               "seconds.",
+                               process->cpu_seconds));
+    families.push_back(Gauge("process_resident_memory_bytes",
+                             "Resident memory size in bytes.",
+                             process->resident_memory_bytes));
+    families.push_back(Gauge("process_virtual_memory_bytes",
+                             "Virtual memory size in bytes.",
+                             process->virtual_memory_bytes));
+    families.push_back(Gauge("process_open_fds",
+                             "Number of open file descriptors.",
+                             process->open_fds));
+    families.push_back(Gauge("process_max_fds",
+                             "Maximum number of open file descriptors.",
+                             process->max_fds));
+    families.push_back(Gauge("process_start_time_seconds",
+                             "Start time of the process since unix epoch in "
+                             "seconds.",
+                             process->start_time_seconds));
+  }
 
   return prometheus::TextSerializer().Serialize(families);
 }

@@ -3,8 +3,11 @@
 //
 // Gauges come from snapshots taken at scrape time (the pool's stats, the
 // session list); counters and histograms are atomics the hot path bumps
-// without locks (RpcMetrics, BatcherMetrics, SessionCounters). Names start
-// with pagealloc_, counters end in _total, times are in seconds.
+// without locks (RpcMetrics, BatcherMetrics, SessionCounters), and the
+// process's figures are read from /proc at scrape time (ProcessStats). Names
+// start with pagealloc_, except the standard process_* ones; counters end
+// in _total, times are in seconds. docs/operations.md lists every metric
+// (a test checks that it does).
 
 #ifndef PAGEALLOC_SERVER_METRICS_H_
 #define PAGEALLOC_SERVER_METRICS_H_

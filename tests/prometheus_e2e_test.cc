@@ -1,20 +1,34 @@
 // End to end with a real Prometheus: Debian's prometheus server scrapes a
-// running daemon on loopback, and its HTTP API returns the pool and request
-// figures the test produced.
+// running daemon on loopback, its HTTP API returns the pool and request
+// figures the test produced, and every query of the Grafana dashboard
+// (deploy/grafana/pagealloc.json) returns data from a daemon under load.
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
+#include "tests/daemon_process.h"
+#include "tests/grafana_dashboard.h"
 #include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
@@ -22,6 +36,9 @@
 
 namespace pagealloc {
 namespace {
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
 
 // A loopback port nobody listens on right now.
 int FreePort() {
@@ -36,20 +53,126 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// The value of an instant query's first sample, or "" when it has none yet.
-std::string QueryValue(httplib::Client& prometheus, const std::string& query) {
-  httplib::Result response = prometheus.Get(
+// Debian's Prometheus, scraping the daemon's metrics port every second,
+// with a configuration and a database of its own (under the test's name).
+struct Prometheus {
+  testing::Subprocess process;
+  std::unique_ptr<httplib::Client> api;
+  std::string log_path;
+};
+
+absl::StatusOr<Prometheus> StartPrometheus(int metrics_port) {
+  const std::string dir = absl::StrFormat(
+      "%s/prometheus-%s", ::testing::TempDir(),
+      ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  if (mkdir(dir.c_str(), 0755) != 0) {
+    return absl::InternalError("cannot create " + dir);
+  }
+  const std::string config = dir + "/prometheus.yml";
+  std::ofstream(config) << absl::StrFormat(
+      "global:\n"
+      "  scrape_interval: 1s\n"
+      "scrape_configs:\n"
+      "  - job_name: pagealloc\n"
+      "    static_configs:\n"
+      "      - targets: ['127.0.0.1:%d']\n",
+      metrics_port);
+  const int web_port = FreePort();
+  Prometheus prometheus;
+  prometheus.log_path = dir + "/prometheus.log";
+  absl::StatusOr<testing::Subprocess> process = testing::Subprocess::Start(
+      {"/usr/bin/prometheus", "--config.file=" + config,
+       "--storage.tsdb.path=" + dir + "/tsdb",
+       absl::StrFormat("--web.listen-address=127.0.0.1:%d", web_port),
+       "--log.level=warn"},
+      prometheus.log_path);
+  if (!process.ok()) return process.status();
+  prometheus.process = *std::move(process);
+  prometheus.api = std::make_unique<httplib::Client>("127.0.0.1", web_port);
+  return prometheus;
+}
+
+// One sample of an instant query's answer.
+struct Sample {
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+const Value& Field(const Struct& object, const std::string& name) {
+  auto it = object.fields().find(name);
+  return it == object.fields().end() ? Value::default_instance() : it->second;
+}
+
+// Runs an instant query through Prometheus' HTTP API. A vector answer
+// gives its samples, a scalar one a single sample without labels. Returns
+// UNAVAILABLE when Prometheus does not answer (yet) and INVALID_ARGUMENT
+// with Prometheus' error when it refuses the query.
+absl::StatusOr<std::vector<Sample>> Query(httplib::Client& api,
+                                          const std::string& query) {
+  httplib::Result response = api.Get(
       "/api/v1/query", httplib::Params{{"query", query}}, httplib::Headers{});
-  if (!response || response->status != 200) return "";
-  // The body holds ..."value":[<time>,"<value>"]...; a search is enough.
-  const std::string& body = response->body;
-  const size_t at = body.find("\"value\":[");
-  if (at == std::string::npos) return "";
-  const size_t open = body.find(",\"", at);
-  const size_t close =
-      open == std::string::npos ? std::string::npos : body.find('"', open + 2);
-  if (close == std::string::npos) return "";
-  return body.substr(open + 2, close - open - 2);
+  if (!response) return absl::UnavailableError("no answer from prometheus");
+  Struct body;
+  if (!google::protobuf::util::JsonStringToMessage(response->body, &body)
+           .ok()) {
+    return absl::UnavailableError("not JSON: " + response->body);
+  }
+  if (Field(body, "status").string_value() != "success") {
+    return absl::InvalidArgumentError(response->body);
+  }
+  const Struct& data = Field(body, "data").struct_value();
+  auto value_of = [](const Value& pair) {
+    // [<time>, "<value>"]; "NaN", "+Inf" and "-Inf" parse too.
+    double value = 0;
+    const auto& values = pair.list_value().values();
+    if (values.size() != 2 ||
+        !absl::SimpleAtod(values[1].string_value(), &value)) {
+      value = std::nan("");
+    }
+    return value;
+  };
+  std::vector<Sample> samples;
+  if (Field(data, "resultType").string_value() == "scalar") {
+    samples.push_back({{}, value_of(Field(data, "result"))});
+    return samples;
+  }
+  for (const Value& result : Field(data, "result").list_value().values()) {
+    Sample sample;
+    for (const auto& [name, label] :
+         Field(result.struct_value(), "metric").struct_value().fields()) {
+      sample.labels[name] = label.string_value();
+    }
+    sample.value = value_of(Field(result.struct_value(), "value"));
+    samples.push_back(std::move(sample));
+  }
+  return samples;
+}
+
+// The value of a query's first sample, or "" when it has none yet.
+std::string QueryValue(httplib::Client& api, const std::string& query) {
+  absl::StatusOr<std::vector<Sample>> samples = Query(api, query);
+  if (!samples.ok() || samples->empty()) return "";
+  return absl::StrFormat("%g", samples->front().value);
+}
+
+// Prometheus' view of its scrape targets (health, last error), for failure
+// messages.
+std::string Targets(httplib::Client& api) {
+  httplib::Result response = api.Get("/api/v1/targets");
+  return response ? response->body : "(no answer)";
+}
+
+std::string Describe(const std::vector<Sample>& samples) {
+  std::vector<std::string> lines;
+  for (const Sample& sample : samples) {
+    std::vector<std::string> labels;
+    for (const auto& [name, value] : sample.labels) {
+      labels.push_back(absl::StrFormat("%s=\"%s\"", name, value));
+    }
+    lines.push_back(
+        absl::StrFormat("{%s} %g", absl::StrJoin(labels, ","), sample.value));
+  }
+  return absl::StrJoin(lines, "; ");
 }
 
 TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
@@ -62,48 +185,34 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
   ClientOptions client_options;
   client_options.client_name = "e2e-scheduler";
   ASSERT_OK_AND_ASSIGN(auto client, server->Connect(client_options));
+  ASSERT_TRUE(client->uses_fast_channel());
   ASSERT_OK(client->Alloc({16 * 5}).status());
   ASSERT_OK(client->AllocExtend({0, 0}, {17, 3}, {-1, -1}).status());  // 3
   ASSERT_OK(client->AllocDecode({1}, {-1}).status());                  // 1
 
-  const std::string dir = ::testing::TempDir();
-  const std::string config = dir + "/prometheus.yml";
-  std::ofstream(config) << absl::StrFormat(
-      "global:\n"
-      "  scrape_interval: 1s\n"
-      "scrape_configs:\n"
-      "  - job_name: pagealloc\n"
-      "    static_configs:\n"
-      "      - targets: ['127.0.0.1:%d']\n",
-      server->server().metrics_port());
-  const int web_port = FreePort();
-  ASSERT_OK_AND_ASSIGN(
-      testing::Subprocess prometheus,
-      testing::Subprocess::Start(
-          {"/usr/bin/prometheus", "--config.file=" + config,
-           "--storage.tsdb.path=" + dir + "/tsdb",
-           absl::StrFormat("--web.listen-address=127.0.0.1:%d", web_port),
-           "--log.level=warn"},
-          dir + "/prometheus.log"));
-  httplib::Client api("127.0.0.1", web_port);
+  ASSERT_OK_AND_ASSIGN(Prometheus prometheus,
+                       StartPrometheus(server->server().metrics_port()));
+  httplib::Client& api = *prometheus.api;
 
   // Wait (bounded) for a scrape that saw the allocations.
   std::string used, requests, sessions, up;
   bool exited = false;
   testing::WaitFor(
       [&] {
-        exited = !prometheus.running();
+        exited = !prometheus.process.running();
         if (exited) return true;
         used = QueryValue(api, R"(pagealloc_pool_pages{state="used"})");
-        requests = QueryValue(
-            api, R"(pagealloc_requests_total{rpc="AllocExtend",code="OK"})");
+        requests =
+            QueryValue(api, R"(pagealloc_requests_total{rpc="AllocExtend",)"
+                            R"(code="OK",transport="fast_channel"})");
         sessions = QueryValue(
             api, R"(pagealloc_session_pages{client="e2e-scheduler"})");
         up = QueryValue(api, R"(up{job="pagealloc"})");
         return used == "9" && !requests.empty() && !sessions.empty();
       },
       absl::Seconds(60), absl::Milliseconds(250));
-  ASSERT_FALSE(exited) << "prometheus exited";
+  ASSERT_FALSE(exited) << "prometheus exited: "
+                       << testing::ReadLog(prometheus.log_path);
   EXPECT_EQ(up, "1");
   EXPECT_EQ(used, "9");  // 5 + 2 + 1 + 1 pages
   EXPECT_EQ(requests, "1");
@@ -111,6 +220,223 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
   EXPECT_EQ(QueryValue(api, "pagealloc_pool_capacity_pages"), "200");
   EXPECT_EQ(QueryValue(api, "pagealloc_slots_allocated_total"), "101");
   EXPECT_EQ(QueryValue(api, "pagealloc_sessions_active"), "1");
+}
+
+// Every query of the dashboard, against a real Prometheus scraping a
+// daemon that served load through both transports, refused requests for
+// lack of pages and by quota, failed a call, sorted its free list, ended
+// KeepAlive streams and reclaimed a session whose lease ran out: each
+// returns at least one finite, non-zero value.
+TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
+  ServerOptions options;
+  options.backend = "cpu";
+  // The sorted policy, so that freed pages park and a later allocation
+  // merges them back (a free-list sort).
+  options.pool = {200, 16, FreePolicy::kSorted};
+  options.metrics_port = 0;
+  // Clients renew every third of it; the abandoned session below loses it.
+  options.sessions.lease = absl::Seconds(5);
+  ASSERT_OK_AND_ASSIGN(auto server, testing::InProcessServer::Start(options));
+  ASSERT_OK_AND_ASSIGN(Prometheus prometheus,
+                       StartPrometheus(server->server().metrics_port()));
+  httplib::Client& api = *prometheus.api;
+  const std::string instance =
+      absl::StrFormat("127.0.0.1:%d", server->server().metrics_port());
+  const std::string selector = absl::StrFormat(R"({instance="%s"})", instance);
+
+  // Rates need a sample from before the load: wait for the first scrape.
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return !prometheus.process.running() ||
+               QueryValue(api, "pagealloc_pool_capacity_pages" + selector) ==
+                   "200";
+      },
+      absl::Seconds(60), absl::Milliseconds(250)));
+  ASSERT_TRUE(prometheus.process.running())
+      << "prometheus exited: " << testing::ReadLog(prometheus.log_path);
+
+  ClientOptions fast_options;
+  fast_options.client_name = "e2e-fast";
+  ASSERT_OK_AND_ASSIGN(auto fast, server->Connect(fast_options));
+  ClientOptions grpc_options;
+  grpc_options.client_name = "e2e-grpc";
+  grpc_options.fast_channel = false;
+  ASSERT_OK_AND_ASSIGN(auto grpc, server->Connect(grpc_options));
+  ClientOptions quota_options;
+  quota_options.client_name = "e2e-quota";
+  quota_options.quota_pages = 4;
+  ASSERT_OK_AND_ASSIGN(auto quota, server->Connect(quota_options));
+  ASSERT_TRUE(fast->uses_fast_channel());
+  ASSERT_FALSE(grpc->uses_fast_channel());
+
+  // A free-list sort: take every free page, free them all (they park), then
+  // allocate one page, which finds the free list empty and merges.
+  {
+    const int64_t free_pages = server->pool().Stats().free_pages;
+    ASSERT_OK_AND_ASSIGN(Allocation all, fast->Alloc({16 * free_pages}));
+    ASSERT_OK(all.status());
+    std::vector<int64_t> slots(all[0].count);
+    ASSERT_OK(fast->CopyToHost(all[0].slots, all[0].count, slots.data()));
+    ASSERT_OK_AND_ASSIGN(const int64_t freed, fast->FreeSlots(slots));
+    EXPECT_EQ(freed, free_pages);
+    fast->Release(all);
+    ASSERT_OK_AND_ASSIGN(Allocation one, fast->Alloc({16}));
+    ASSERT_OK(one.status());
+    fast->Release(one);
+    ASSERT_GT(server->pool().Stats().free_list_sorts, 0);
+  }
+
+  // Calls of every allocating kind through both transports.
+  for (Client* client : {fast.get(), grpc.get()}) {
+    for (int round = 0; round < 5; ++round) {
+      ASSERT_OK(client->Checkpoint());
+      ASSERT_OK_AND_ASSIGN(Allocation extend,
+                           client->AllocExtend({0, 0}, {40, 8}, {-1, -1}));
+      ASSERT_OK(extend.status());
+      // Each sequence's next token follows its last slot.
+      int64_t last[2];
+      ASSERT_OK(client->CopyToHost(extend[0].slots + 39, 1, &last[0]));
+      ASSERT_OK(client->CopyToHost(extend[1].slots + 7, 1, &last[1]));
+      ASSERT_OK_AND_ASSIGN(Allocation decode,
+                           client->AllocDecode({41, 9}, {last[0], last[1]}));
+      ASSERT_OK(decode.status());
+      ASSERT_OK_AND_ASSIGN(const int64_t returned, client->Rollback());
+      EXPECT_GT(returned, 0);
+      client->Release(decode);
+      ASSERT_OK_AND_ASSIGN(Allocation alloc, client->Alloc({32, 16}));
+      ASSERT_OK(alloc.status());
+      client->Release(alloc);
+    }
+  }
+  // Refusals: one request larger than the free pool, one over a quota.
+  {
+    const int64_t free_pages = server->pool().Stats().free_pages;
+    ASSERT_OK_AND_ASSIGN(Allocation refused,
+                         fast->Alloc({16 * (free_pages + 1)}));
+    EXPECT_THAT(
+        refused.status(),
+        testing::StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+    ASSERT_OK_AND_ASSIGN(Allocation over, quota->Alloc({16 * 5}));
+    EXPECT_FALSE(over.status().ok());
+    ASSERT_OK_AND_ASSIGN(Allocation within, quota->Alloc({16 * 2}));
+    ASSERT_OK(within.status());
+    const PoolStats stats = server->pool().Stats();
+    ASSERT_GT(stats.out_of_pages_refusals, 0);
+    ASSERT_GT(stats.quota_refusals, 0);
+  }
+  // Failed calls: freeing a page the session does not own. A code's series
+  // appears with its first occurrence, which rate() cannot see (it has no
+  // earlier sample): fail once, let Prometheus scrape the new series, fail
+  // again.
+  const int64_t not_owned = server->pool().geometry().num_pages;
+  EXPECT_FALSE(grpc->FreePages({not_owned}).ok());
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return !prometheus.process.running() ||
+               QueryValue(api, absl::StrFormat(
+                                   R"(pagealloc_requests_total{rpc="Free",)"
+                                   R"(code="FAILED_PRECONDITION",)"
+                                   R"(instance="%s"})",
+                                   instance)) == "1";
+      },
+      absl::Seconds(60), absl::Milliseconds(250)))
+      << "its targets: " << Targets(api);
+  EXPECT_FALSE(grpc->FreePages({not_owned}).ok());
+
+  // A KeepAlive stream ends: a session closes.
+  {
+    ClientOptions short_options;
+    short_options.client_name = "e2e-short";
+    ASSERT_OK_AND_ASSIGN(auto short_lived, server->Connect(short_options));
+    ASSERT_OK(short_lived->Close());
+  }
+  // A session that never renews its lease, holding pages: registered and
+  // served through a bare stub, then abandoned.
+  {
+    std::unique_ptr<v1::PageAllocator::Stub> stub = server->NewStub();
+    grpc::ClientContext register_context;
+    v1::RegisterRequest register_request;
+    register_request.set_client_name("e2e-abandoned");
+    v1::RegisterResponse registered;
+    ASSERT_TRUE(
+        stub->Register(&register_context, register_request, &registered).ok());
+    grpc::ClientContext alloc_context;
+    v1::AllocRequest alloc;
+    alloc.mutable_session()->set_session_id(registered.session_id());
+    alloc.mutable_session()->set_session_token(registered.session_token());
+    alloc.add_num_tokens(16 * 3);
+    alloc.mutable_options()->set_return_inline(true);
+    v1::AllocResponse allocated;
+    ASSERT_TRUE(stub->Alloc(&alloc_context, alloc, &allocated).ok());
+    ASSERT_EQ(allocated.results(0).code(), 0);
+  }
+  const CallCore& core = server->server().core();
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return core.counters().sessions_reclaimed > 0 &&
+               core.counters().pages_reclaimed > 0 &&
+               core.rpc_metrics().keepalive_stream().Take().count > 0;
+      },
+      absl::Seconds(60)))
+      << "no session was reclaimed, or no KeepAlive stream ended";
+  // Everything above happened before the reclaim: once Prometheus has the
+  // reclaimed pages, it has the rest.
+  const std::string reclaimed = absl::StrFormat(
+      "%g", static_cast<double>(core.counters().pages_reclaimed));
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return !prometheus.process.running() ||
+               QueryValue(api, "pagealloc_pages_reclaimed_total" + selector) ==
+                   reclaimed;
+      },
+      absl::Seconds(60), absl::Milliseconds(250)))
+      << "Prometheus has pagealloc_pages_reclaimed_total "
+      << QueryValue(api, "pagealloc_pages_reclaimed_total" + selector)
+      << ", not " << reclaimed << "; its targets: " << Targets(api);
+  ASSERT_TRUE(prometheus.process.running())
+      << "prometheus exited: " << testing::ReadLog(prometheus.log_path);
+
+  ASSERT_OK_AND_ASSIGN(const testing::Dashboard dashboard,
+                       testing::LoadDashboard(testing::RunfilePath(
+                           "deploy/grafana/pagealloc.json")));
+  // Rate windows span the whole test, so every increase above is in them.
+  const std::map<std::string, std::string> values = {
+      {"__rate_interval", "5m"}, {"__interval", "15s"},
+      {"__range", "5m"},         {"datasource", "prometheus"},
+      {"job", "pagealloc"},      {"instance", instance},
+  };
+  int checked = 0;
+  for (const testing::DashboardQuery& query : dashboard.queries) {
+    ASSERT_OK_AND_ASSIGN(const std::string expr,
+                         testing::SubstituteVariables(query.expr, values));
+    absl::StatusOr<std::vector<Sample>> samples = Query(api, expr);
+    ASSERT_OK(samples.status()) << query.where << ": " << expr;
+    bool data = false;
+    for (const Sample& sample : *samples) {
+      data = data || (std::isfinite(sample.value) && sample.value != 0);
+    }
+    EXPECT_TRUE(data) << query.where
+                      << " has no finite, non-zero value: " << expr << " -> ["
+                      << Describe(*samples) << "]";
+    ++checked;
+
+    // The latency panels show both transports.
+    if (expr.find("pagealloc_rpc_duration_seconds_bucket") !=
+        std::string::npos) {
+      std::set<std::string> transports;
+      for (const Sample& sample : *samples) {
+        if (std::isfinite(sample.value) && sample.value > 0) {
+          auto transport = sample.labels.find("transport");
+          transports.insert(
+              transport == sample.labels.end() ? "(none)" : transport->second);
+        }
+      }
+      EXPECT_EQ(transports, (std::set<std::string>{"fast_channel", "grpc"}))
+          << query.where << ": " << Describe(*samples);
+    }
+  }
+  EXPECT_EQ(checked, dashboard.queries.size());
+  EXPECT_GT(checked, 30);
 }
 
 }  // namespace
