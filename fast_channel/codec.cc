@@ -100,7 +100,7 @@ absl::Status ChannelCodec::TakeCall(TakenCall* call) const {
   call->num_requests = has_requests ? n : 0;
   auto copy = [this](bool used, size_t offset, int32_t count,
                      std::vector<int64_t>* storage) {
-    if (!used) return absl::Span<const int64_t>();
+    if (!used || count == 0) return absl::Span<const int64_t>();
     if (storage->size() < static_cast<size_t>(count)) storage->resize(count);
     std::memcpy(storage->data(), At<int64_t>(offset), count * sizeof(int64_t));
     return absl::MakeConstSpan(storage->data(), count);
@@ -127,7 +127,7 @@ void ChannelCodec::AddMessage(absl::string_view text, bool length_prefixed) {
     std::memcpy(messages + messages_used_, &n, 4);
     messages_used_ += 4;
   }
-  std::memcpy(messages + messages_used_, text.data(), n);
+  if (n > 0) std::memcpy(messages + messages_used_, text.data(), n);
   messages_used_ += n;
 }
 
