@@ -2,6 +2,10 @@
 """Sums the test cases in Bazel's test.xml files into one line.
 
   test_summary.py [--label L] [--append FILE] [--newer-than MARKER] TESTLOGS
+  test_summary.py --label L --check-exit STATUS [--append FILE]
+                                a pass that is not a Bazel test (a format
+                                check, a build): one case, passed if STATUS
+                                is 0
   test_summary.py --total FILE                           the passes summed
 
 Prints "L: N passed, N failed, N skipped" so that a CI reader sees how many
@@ -45,6 +49,8 @@ def main() -> int:
     parser.add_argument("--append")
     parser.add_argument("--total")
     parser.add_argument("--newer-than", help="count only results written after this file")
+    parser.add_argument("--check-exit", type=int,
+                        help="count one case with this exit status instead of test.xml files")
     args = parser.parse_args()
     if args.total:
         totals = [0, 0, 0]
@@ -53,8 +59,11 @@ def main() -> int:
                 totals[i] += int(value)
         print(f"summary: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
         return 0
-    since = pathlib.Path(args.newer_than).stat().st_mtime if args.newer_than else 0
-    passed, failed, skipped = count(pathlib.Path(args.testlogs), since)
+    if args.check_exit is not None:
+        passed, failed, skipped = (1, 0, 0) if args.check_exit == 0 else (0, 1, 0)
+    else:
+        since = pathlib.Path(args.newer_than).stat().st_mtime if args.newer_than else 0
+        passed, failed, skipped = count(pathlib.Path(args.testlogs), since)
     print(f"{args.label}: {passed} passed, {failed} failed, {skipped} skipped")
     if args.append:
         with open(args.append, "a") as out:
