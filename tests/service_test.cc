@@ -297,7 +297,8 @@ TEST_F(ServiceTest, MalformedCallsAreRefusedWhole) {
                        HasSubstr("either slots (1 given) or pages (1 given)")));
   EXPECT_THAT(client->FreePages({1, 3}),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("pages[1] (3): page 3 is already free")));
+                       HasSubstr("pages[1] (3): page 3 was never "
+                                 "allocated")));
   EXPECT_THAT(client->FreeSlots({0}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("page 0 is reserved")));
