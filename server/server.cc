@@ -21,13 +21,78 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/support/server_interceptor.h"
 
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "server/cuda_backend.h"
 #endif
 
 namespace pagealloc {
+
+// Counts the unary RPCs that have arrived and are not yet complete (their
+// answer sent). Streams are not counted: a KeepAlive stream is open for as
+// long as its session lives and carries no work to finish. This class is
+// thread-safe.
+class InFlightRpcs {
+ public:
+  void Add() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ++count_;
+  }
+  void Done() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    --count_;
+  }
+  // Waits until no unary RPC is in flight; false after `timeout`.
+  bool WaitForNone(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](int64_t* count) { return *count == 0; }, &count_),
+        timeout);
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 namespace {
+
+// Holds its RPC in the InFlightRpcs count from creation (the RPC's arrival)
+// to destruction (gRPC destroys it with the finished call).
+class InFlightInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit InFlightInterceptor(std::shared_ptr<InFlightRpcs> rpcs)
+      : rpcs_(std::move(rpcs)) {
+    rpcs_->Add();
+  }
+  ~InFlightInterceptor() override { rpcs_->Done(); }
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    methods->Proceed();
+  }
+
+ private:
+  const std::shared_ptr<InFlightRpcs> rpcs_;
+};
+
+class InFlightInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit InFlightInterceptorFactory(std::shared_ptr<InFlightRpcs> rpcs)
+      : rpcs_(std::move(rpcs)) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    if (info->type() != grpc::experimental::ServerRpcInfo::Type::UNARY) {
+      return nullptr;  // streams: KeepAlive, health Watch, reflection
+    }
+    return new InFlightInterceptor(rpcs_);
+  }
+
+ private:
+  const std::shared_ptr<InFlightRpcs> rpcs_;
+};
 
 // "unix:///run/x.sock" or "unix:/run/x.sock" -> "/run/x.sock"; "" for TCP.
 std::string UnixSocketPath(const std::string& address) {
@@ -232,6 +297,14 @@ absl::Status Server::Start() {
   // it only adds a PING exchange (two wake-ups) per message.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.RegisterService(grpc_service_.get());
+  // Shutdown waits for the unary RPCs in flight, and only for those.
+  in_flight_rpcs_ = std::make_shared<InFlightRpcs>();
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      std::make_unique<InFlightInterceptorFactory>(in_flight_rpcs_));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::vector<std::unique_ptr<int>> ports;
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
                    TcpCredentials(options_.tls));
@@ -324,8 +397,18 @@ void Server::Shutdown() {
   log->info("draining: refusing new calls, finishing queued work");
   core_->StartDraining();
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  // Finishes the queued work: every call taken so far is answered.
   batcher_->Stop();
-  grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  // Then lets gRPC send those answers, and answer UNAVAILABLE to what
+  // arrived meanwhile. What is left after that holds no work: KeepAlive
+  // streams and idle connections, which gRPC's Shutdown would wait for
+  // until its deadline (a client keeps its connection after closing its
+  // session). So the deadline is now: gRPC cuts them at once. The bound
+  // only guards against a handler that never returns.
+  if (!in_flight_rpcs_->WaitForNone(absl::Seconds(5))) {
+    log->warn("unary calls still in flight after 5 s; cancelling them");
+  }
+  grpc_server_->Shutdown(absl::ToChronoTime(absl::Now()));
   // Calls posted until now were answered (UNAVAILABLE while draining).
   if (fast_channels_ != nullptr) fast_channels_->Stop();
   stop_reaper_.Notify();

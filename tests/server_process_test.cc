@@ -164,6 +164,32 @@ TEST(ServerProcessTest, SigtermDrainsAndRemovesTheSocket) {
                                 HasSubstr("session and its slots are gone")));
 }
 
+// Nothing queued, two clients connected: one closed its session and keeps
+// its (idle) connection, the other holds a session and its KeepAlive
+// stream. Neither has work in flight, so the daemon stops at once instead
+// of waiting out gRPC's shutdown deadline (5 s) for them. The lease is long
+// so that no KeepAlive message arrives during the test to end a stream.
+TEST(ServerProcessTest, SigtermDoesNotWaitForIdleConnections) {
+  ASSERT_OK_AND_ASSIGN(Daemon daemon,
+                       StartDaemon("idle", {"--lease_ms=60000"}));
+  auto closed = ConnectTo(daemon.target);
+  auto open = ConnectTo(daemon.target);
+  ASSERT_NE(closed, nullptr);
+  ASSERT_NE(open, nullptr);
+  ASSERT_OK(closed->Alloc({16}).status());
+  ASSERT_OK(open->Alloc({16}).status());
+  ASSERT_OK(closed->Close());
+  const absl::Time signalled = absl::Now();
+  daemon.process.Signal(SIGTERM);
+  ASSERT_OK_AND_ASSIGN(int status, daemon.process.Wait(absl::Seconds(15)));
+  const absl::Duration took = absl::Now() - signalled;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << DescribeWaitStatus(status) << "\n"
+      << ReadLog(daemon.log_path);
+  // Generous for a loaded machine; a wait for the deadline takes 5 s.
+  EXPECT_LT(took, absl::Seconds(4)) << ReadLog(daemon.log_path);
+}
+
 TEST(ServerProcessTest, KilledClientsPagesAreReclaimedAfterTheLease) {
   ASSERT_OK_AND_ASSIGN(
       Daemon daemon,
