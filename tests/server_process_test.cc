@@ -1,6 +1,7 @@
 // The real pagealloc-server binary on a real Unix socket, driven by the
 // client library and by real client processes.
 
+#include <dlfcn.h>
 #include <grp.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -134,6 +135,14 @@ TEST(ServerProcessTest, CudaBackendWithoutAGpuSaysSo) {
   EXPECT_TRUE(text.find("no CUDA GPU") != std::string::npos ||
               text.find("built without CUDA") != std::string::npos)
       << text;
+  // Without the driver library the reason is that, in those words (not the
+  // CUDA runtime's "driver version is insufficient").
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (driver != nullptr) {
+    dlclose(driver);
+  } else if (text.find("no CUDA GPU") != std::string::npos) {
+    EXPECT_THAT(text, HasSubstr("no CUDA GPU: no NVIDIA driver"));
+  }
 }
 
 TEST(ServerProcessTest, SigtermDrainsAndRemovesTheSocket) {
