@@ -140,6 +140,19 @@ class Server {
   std::vector<std::string> bound_ ABSL_GUARDED_BY(mu_);
 };
 
+// Where pagealloc-server puts its socket when --listen is not given.
+inline constexpr char kDefaultSocketDir[] = "/run/pagealloc";
+
+// The address pagealloc-server listens on without --listen:
+// unix://<system_dir>/gpu<gpu>.sock when this process may create sockets in
+// `system_dir` (kDefaultSocketDir; created when missing), else
+// unix://<runtime_dir>/pagealloc/gpu<gpu>.sock (runtime_dir:
+// $XDG_RUNTIME_DIR, "" when unset), with a warning in the log that says
+// why and where. PERMISSION_DENIED when neither will do, naming each
+// directory's error (errno's text) and the ways out.
+absl::StatusOr<std::string> DefaultListenAddress(
+    int gpu, const std::string& system_dir, const std::string& runtime_dir);
+
 // Makes the backend options.backend names. "auto" falls back to CPU
 // (logging a warning) when no GPU is usable. `tag` makes shared memory names
 // unique to this daemon.
