@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
   }
   std::unique_ptr<PagePool> pool(new PagePool(options, executor));
   absl::MutexLock lock(&pool->mu_);
+  pool->allocated_once_.assign(options.num_pages + 1, false);
   RETURN_IF_ERROR(executor->InitFreeRing(pool->capacity_));
   RETURN_IF_ERROR(pool->InitFreeList());
   return pool;
@@ -313,6 +314,7 @@ void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
     for (int64_t k = 0; k < pages_needed[i]; ++k) {
       const int64_t page = RingAt(next++);
       owner_of_[page] = requests[i].owner;
+      allocated_once_[page] = true;
       if (owner.given_since_checkpoint.has_value()) {
         owner.given_since_checkpoint->push_back(page);
       }
@@ -336,7 +338,7 @@ absl::Status PagePool::CheckLastLocOwned(const AllocRequest& request,
       request.index, request.index, last_loc);
   if (actual == kNoOwner) {
     return absl::FailedPreconditionError(
-        absl::StrFormat("%s: page %d is free", what, page));
+        absl::StrFormat("%s: page %d %s", what, page, FreePageState(page)));
   }
   return absl::PermissionDeniedError(
       absl::StrFormat("%s: page %d belongs to another session", what, page));
@@ -384,9 +386,9 @@ absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
     if (!seen.insert(page).second) continue;
     const OwnerId actual = owner_of_[page];
     if (actual == kNoOwner) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("%s[%d] (%d): page %d is already free (double free)",
-                          field, i, value, page));
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s[%d] (%d): page %d %s%s", field, i, value, page,
+          FreePageState(page), allocated_once_[page] ? " (double free)" : ""));
     }
     if (actual != owner) {
       return absl::PermissionDeniedError(

@@ -132,8 +132,9 @@ class PagePool {
   // Frees the distinct pages of `slots` (slot / page_size, first occurrence
   // order), all or nothing. Returns the number of pages freed, or
   // INVALID_ARGUMENT (a slot outside the usable range), FAILED_PRECONDITION
-  // (a page already free), PERMISSION_DENIED (a page of another owner) or
-  // NOT_FOUND (unknown owner), naming slots[i].
+  // (a free page: "was never allocated", or "was already freed" for a double
+  // free), PERMISSION_DENIED (a page of another owner) or NOT_FOUND (unknown
+  // owner), naming slots[i].
   absl::StatusOr<int64_t> FreeSlots(OwnerId owner,
                                     absl::Span<const int64_t> slots)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -198,9 +199,16 @@ class PagePool {
   absl::Status MergeParkedAndSort() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks that `request`'s owner owns last_loc's page (the request writes
   // into it). Messages name last_locs[index]; they are only built on refusal.
+  // A free page is FAILED_PRECONDITION, worded by FreePageState.
   absl::Status CheckLastLocOwned(const AllocRequest& request,
                                  int64_t last_loc) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "was never allocated" or "was already freed": why a free `page` cannot
+  // be freed or written into.
+  const char* FreePageState(int64_t page) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return allocated_once_[page] ? "was already freed" : "was never allocated";
+  }
   // Validates and frees the distinct pages of `values` (slots or page ids),
   // all or nothing. Messages name slots[i] or pages[i].
   absl::StatusOr<int64_t> FreeDistinct(OwnerId owner,
@@ -269,6 +277,10 @@ class PagePool {
   std::vector<int64_t> parked_ ABSL_GUARDED_BY(mu_);
   // owner_of_[p] for p in 0..num_pages; page 0 stays kNoOwner.
   std::vector<OwnerId> owner_of_ ABSL_GUARDED_BY(mu_);
+  // allocated_once_[p]: page p has been handed out since the pool was
+  // created (Clear keeps it). One bit a page, set as pages are handed out,
+  // so that a refusal can tell a page never allocated from a double free.
+  std::vector<bool> allocated_once_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<OwnerId, OwnerState> owners_ ABSL_GUARDED_BY(mu_);
   PoolStats counters_ ABSL_GUARDED_BY(mu_);  // only the counter fields
 

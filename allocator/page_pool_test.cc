@@ -314,6 +314,43 @@ TEST_F(PagePoolTest, ClearFreesEverything) {
   EXPECT_OK(pool_->CheckInvariants());
 }
 
+// A refused free or extend says whether the free page it names was never
+// handed out (a wrong page id) or was freed already (a double free).
+TEST_F(PagePoolTest, AFreePageWasNeverAllocatedOrAlreadyFreed) {
+  MakePool(8, 4);
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());  // pages 1, 2
+  ASSERT_THAT(pool_->FreePages(kAlice, {1}), IsOkAndHolds(1));
+  EXPECT_THAT(pool_->FreePages(kAlice, {2, 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("pages[1] (1): page 1 was already freed "
+                                 "(double free)")));
+  EXPECT_THAT(pool_->FreeSlots(kAlice, {8, 12}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("slots[1] (12): page 3 was never allocated")));
+  EXPECT_THAT(pool_->FreePages(kAlice, {3}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::Not(HasSubstr("double free"))));
+  EXPECT_THAT(
+      RunOne(Decode(kAlice, 2, 4)),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("last_locs[0] (4): page 1 was already freed")));
+  EXPECT_THAT(RunOne(Decode(kAlice, 2, 12)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("last_locs[0] (12): page 3 was never "
+                                 "allocated")));
+  // Pages a rollback or Clear returned were handed out before.
+  ASSERT_OK(pool_->Checkpoint(kBob));
+  ASSERT_OK(RunOne(Alloc(kBob, 4)).status());  // page 1 again (LIFO)
+  ASSERT_THAT(pool_->Rollback(kBob), IsOkAndHolds(1));
+  ASSERT_OK(pool_->Clear());
+  EXPECT_THAT(pool_->FreePages(kAlice, {2}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("page 2 was already freed")));
+  EXPECT_THAT(pool_->FreePages(kAlice, {4}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("page 4 was never allocated")));
+}
+
 // A request that does not fit is refused alone; the rest of the batch
 // proceeds and later requests may still fit.
 TEST_F(PagePoolTest, OutOfPagesRefusesOnlyThatRequest) {
@@ -378,7 +415,7 @@ TEST_F(PagePoolRefusalTest, EveryRefusalChangesNothing) {
       {"free last_loc",
        [&](PagePoolTest& t) { return one(t, Decode(kAlice, 3, 17)); },
        absl::StatusCode::kFailedPrecondition,
-       "last_locs[0] (17): page 4 is free"},
+       "last_locs[0] (17): page 4 was never allocated"},
       {"seq_len < prefix_len",
        [&](PagePoolTest& t) { return one(t, Extend(kAlice, 6, 5, 9)); },
        absl::StatusCode::kInvalidArgument, "seq_lens[0] (5) < prefix_lens[0]"},
@@ -390,12 +427,12 @@ TEST_F(PagePoolRefusalTest, EveryRefusalChangesNothing) {
        absl::StatusCode::kResourceExhausted, "needs 6 pages, 5 free"},
       {"unknown owner", [&](PagePoolTest& t) { return one(t, Alloc(99, 4)); },
        absl::StatusCode::kNotFound, "unknown owner 99"},
-      {"double free",
+      {"free a page never allocated",
        [](PagePoolTest& t) {
          return t.pool_->FreePages(kAlice, {1, 4}).status();
        },
        absl::StatusCode::kFailedPrecondition,
-       "pages[1] (4): page 4 is already free"},
+       "pages[1] (4): page 4 was never allocated"},
       {"free another's page",
        [](PagePoolTest& t) {
          return t.pool_->FreeSlots(kAlice, {4, 13}).status();

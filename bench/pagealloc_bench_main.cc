@@ -33,6 +33,7 @@
 #include "bench/coordinator.h"
 #include "bench/worker.h"
 #include "bench/workload.h"
+#include "common/command_line.h"
 
 ABSL_FLAG(std::string, target, "",
           "Daemon to drive (e.g. unix:///run/pagealloc/gpu0.sock); empty "
@@ -168,7 +169,18 @@ BenchOptions BenchOptionsFromFlags() {
 }  // namespace pagealloc::bench
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  // --help: the flags of this file (the worker's internal ones left out);
+  // usage errors exit 2 (common/command_line.h).
+  pagealloc::ParseCommandLine(
+      argc, argv,
+      {"pagealloc-bench",
+       "pagealloc-bench: the end-to-end load generator and benchmark "
+       "(bench/README.md).\n"
+       "  pagealloc-bench --backend=cpu --sweep_clients=1,2,4,8 "
+       "--json=/tmp/sweep.json",
+       "bench/pagealloc_bench_main.cc",
+       {},
+       {"worker", "worker_index", "control_file", "worker_out"}});
   // As the daemon does (server/main.cc): Debian's Abseil leaves Mutex
   // deadlock detection on, a global lock in every Lock; a scheduler linking
   // the client library should turn it off the same way.

@@ -1,18 +1,24 @@
 // pagealloc-cli: an operator's view of a pagealloc daemon.
 //
 //   pagealloc-cli [--target=unix:///run/pagealloc/gpu0.sock] stats [--sessions]
-//   pagealloc-cli watch [--interval_ms=1000] [--count=N]
-//   pagealloc-cli alloc --tokens=64 [--hold_s=0] [--token_file=PATH]
-//   pagealloc-cli free --session_id=ID --token_file=PATH --pages=3,4
+//   pagealloc-cli watch [--interval_ms=1000] [--count=N] [--output=json]
+//   pagealloc-cli alloc --tokens=64 [--hold_s=0] [--session_file=PATH]
+//   pagealloc-cli free --session_file=PATH --pages=3,4
 //
 // `alloc` opens its own session, allocates whole pages and prints them; the
-// pages return to the pool when the CLI exits (after --hold_s), or earlier
-// through `free` from another shell using the token file `alloc` wrote.
+// pages return to the pool when the CLI exits (after --hold_s, or at once on
+// Ctrl-C or SIGTERM), or earlier through `free` from another shell, which
+// reads the session file `alloc` wrote. Usage errors exit 2, failures 1.
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -20,38 +26,80 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/admin.h"
 #include "client/client.h"
+#include "common/command_line.h"
 #include "common/grpc_status.h"
+#include "google/protobuf/util/json_util.h"
 #include "proto/pagealloc.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "unix:///run/pagealloc/gpu0.sock",
-          "The daemon's gRPC address.");
+          "The daemon's gRPC address: unix:///path.sock or host:port.");
+ABSL_FLAG(std::string, output, "text",
+          "stats, watch: text (a table for people) or json (GetStatsResponse "
+          "in protobuf's JSON mapping with the proto's field names, one "
+          "object a line; 64-bit counts are strings).");
 ABSL_FLAG(bool, sessions, false, "stats: list sessions too.");
 ABSL_FLAG(int64_t, interval_ms, 1000, "watch: refresh period.");
 ABSL_FLAG(int64_t, count, 0,
           "watch: stop after this many refreshes (0: never).");
-ABSL_FLAG(int64_t, tokens, 0, "alloc: tokens to allocate (whole pages).");
-ABSL_FLAG(int64_t, hold_s, 0, "alloc: keep the pages this long before exit.");
+ABSL_FLAG(int64_t, tokens, 0,
+          "alloc: tokens to allocate (a multiple of the page size).");
+ABSL_FLAG(int64_t, hold_s, 0,
+          "alloc: keep the pages this long before exit (Ctrl-C or SIGTERM "
+          "ends the hold and returns them at once).");
+ABSL_FLAG(std::string, session_file, "",
+          "alloc: write the session's id and token here (mode 0600; removed "
+          "when alloc exits); free: act for that session.");
 ABSL_FLAG(std::string, token_file, "",
-          "alloc: write the session token here (mode 0600); free: read it.");
-ABSL_FLAG(uint64_t, session_id, 0, "free: the session whose pages to free.");
-ABSL_FLAG(std::vector<std::string>, pages, {}, "free: page ids to free.");
+          "alloc: write the raw session token here (mode 0600); free: read "
+          "it, with --session_id.");
+ABSL_FLAG(uint64_t, session_id, 0,
+          "free: the session whose pages to free (with --token_file).");
+ABSL_FLAG(std::vector<std::string>, pages, {},
+          "free: page ids to free, comma-separated.");
 
 namespace pagealloc {
 namespace {
 
-std::unique_ptr<v1::PageAllocator::Stub> Stub() {
-  return v1::PageAllocator::NewStub(grpc::CreateChannel(
-      absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials()));
+const CommandLineSpec kCommandLine = {
+    "pagealloc-cli",
+    "pagealloc-cli: an operator's view of a pagealloc daemon.\n"
+    "  pagealloc-cli [--target=ADDRESS] stats [--sessions] [--output=json]\n"
+    "  pagealloc-cli [--target=ADDRESS] watch [--interval_ms=1000] "
+    "[--output=json]\n"
+    "  pagealloc-cli [--target=ADDRESS] alloc --tokens=N [--hold_s=S] "
+    "[--session_file=F]\n"
+    "  pagealloc-cli free --session_file=F --pages=P1,P2",
+    "client/cli.cc",
+    {
+        {"daemon", {{"target", "gRPC address"}, {"output", "text or json"}}},
+        {"stats and watch",
+         {{"sessions"},
+          {"interval_ms", "milliseconds"},
+          {"count", "refreshes"}}},
+        {"alloc", {{"tokens", "tokens"}, {"hold_s", "seconds"}}},
+        {"free", {{"pages", "page ids"}}},
+        {"session (alloc writes it, free reads it)",
+         {{"session_file", "path"},
+          {"token_file", "path"},
+          {"session_id", "id"}}},
+    },
+    {}};
+
+[[noreturn]] void Usage(absl::string_view message) {
+  ExitUsage(kCommandLine.program, message);
 }
+
+bool JsonOutput() { return absl::GetFlag(FLAGS_output) == "json"; }
 
 absl::StatusOr<v1::GetStatsResponse> FetchStats(bool sessions) {
   AdminOptions options;
@@ -63,6 +111,23 @@ std::string Bar(double fraction, int width) {
   const int filled = static_cast<int>(fraction * width + 0.5);
   return "[" + std::string(filled, '#') + std::string(width - filled, '.') +
          "]";
+}
+
+// One line of JSON: protobuf's mapping of the response, every field shown
+// (zeros included) under the proto's own names.
+std::string Json(const v1::GetStatsResponse& stats) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = false;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  const auto status =
+      google::protobuf::util::MessageToJsonString(stats, &out, options);
+  if (!status.ok()) {
+    return absl::StrFormat("{\"error\": \"%s\"}",
+                           absl::CEscape(status.ToString()));
+  }
+  return out;
 }
 
 void PrintStats(const v1::GetStatsResponse& s) {
@@ -95,17 +160,23 @@ void PrintStats(const v1::GetStatsResponse& s) {
       static_cast<long long>(s.launches_total()),
       static_cast<long long>(s.free_list_sorts_total()));
   if (s.sessions_size() > 0) {
-    std::printf("\n%-20s %-24s %10s %10s %12s %s\n", "SESSION", "CLIENT",
-                "PAGES", "QUOTA", "RING USED", "CHECKPOINT");
+    std::printf("\n%-18s %-20s %8s %8s %-12s %9s %15s %s\n", "SESSION",
+                "CLIENT", "PAGES", "QUOTA", "TRANSPORT", "LEASE AGE",
+                "RING USED", "CHECKPOINT");
     for (const v1::SessionStats& session : s.sessions()) {
-      std::printf("%-20llu %-24s %10lld %10lld %5lld/%-6lld %s\n",
-                  static_cast<unsigned long long>(session.session_id()),
-                  session.client_name().c_str(),
-                  static_cast<long long>(session.pages_owned()),
-                  static_cast<long long>(session.quota_pages()),
-                  static_cast<long long>(session.ring_reserved_slots()),
-                  static_cast<long long>(session.ring_capacity_slots()),
-                  session.checkpoint_active() ? "yes" : "no");
+      std::printf(
+          "%-18llu %-20s %8lld %8s %-12s %9s %7lld/%-7lld %s\n",
+          static_cast<unsigned long long>(session.session_id()),
+          session.client_name().c_str(),
+          static_cast<long long>(session.pages_owned()),
+          session.quota_pages() > 0
+              ? absl::StrCat(session.quota_pages()).c_str()
+              : "-",
+          session.fast_channel() ? "fast channel" : "gRPC",
+          absl::StrFormat("%.1fs", session.lease_age_ms() / 1000.0).c_str(),
+          static_cast<long long>(session.ring_reserved_slots()),
+          static_cast<long long>(session.ring_capacity_slots()),
+          session.checkpoint_active() ? "yes" : "no");
     }
   }
 }
@@ -115,18 +186,35 @@ int Stats() {
       FetchStats(absl::GetFlag(FLAGS_sessions));
   if (!stats.ok()) {
     std::cerr << "stats: " << stats.status() << "\n";
-    return 1;
+    return kExitFailure;
   }
-  PrintStats(*stats);
+  if (JsonOutput()) {
+    std::printf("%s\n", Json(*stats).c_str());
+  } else {
+    PrintStats(*stats);
+  }
   return 0;
 }
 
 int Watch() {
   const int64_t count = absl::GetFlag(FLAGS_count);
+  const bool json = JsonOutput();
   for (int64_t i = 0; count == 0 || i < count; ++i) {
-    if (i > 0)
+    if (i > 0) {
       absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_interval_ms)));
+    }
     absl::StatusOr<v1::GetStatsResponse> stats = FetchStats(true);
+    if (json) {
+      // One object a line; an unreachable daemon is a line on stderr.
+      if (stats.ok()) {
+        std::printf("%s\n", Json(*stats).c_str());
+      } else {
+        std::fprintf(stderr, "daemon unreachable: %s\n",
+                     stats.status().ToString().c_str());
+      }
+      std::fflush(stdout);
+      continue;
+    }
     if (isatty(STDOUT_FILENO)) std::printf("\033[H\033[2J");
     std::printf("pagealloc %s   %s\n\n", absl::GetFlag(FLAGS_target).c_str(),
                 absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone())
@@ -142,16 +230,106 @@ int Watch() {
   return 0;
 }
 
+// Writes `content` to `path` with mode 0600, whatever mode a file already
+// there had.
+absl::Status WriteSecret(const std::string& path, const std::string& content) {
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot write %s: %s", path, std::strerror(errno)));
+  }
+  const bool written =
+      fchmod(fd, 0600) == 0 && write(fd, content.data(), content.size()) ==
+                                   static_cast<ssize_t>(content.size());
+  const int error = errno;
+  close(fd);
+  if (!written) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot write %s: %s", path, std::strerror(error)));
+  }
+  return absl::OkStatus();
+}
+
+// The session file: "key value" lines, the token in hex.
+std::string SessionFileText(const Client& client, const std::string& target) {
+  return absl::StrFormat(
+      "# pagealloc-cli alloc (pid %d): a live session; the token is secret\n"
+      "target %s\nsession_id %d\ntoken %s\n",
+      getpid(), target, client.session_id(),
+      absl::BytesToHexString(client.session_token()));
+}
+
+struct SessionCredentials {
+  std::string target;  // from the session file; "" when not known
+  uint64_t id = 0;
+  std::string token;
+};
+
+absl::StatusOr<SessionCredentials> ReadSessionFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrFormat("cannot read %s: %s (alloc removes it when it exits)",
+                        path, std::strerror(errno)));
+  }
+  SessionCredentials ref;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> words =
+        absl::StrSplit(line, absl::MaxSplits(' ', 1));
+    if (words.size() != 2 || line.front() == '#') continue;
+    if (words[0] == "target") ref.target = words[1];
+    if (words[0] == "session_id" && !absl::SimpleAtoi(words[1], &ref.id)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: session_id \"%s\" is not a number", path, words[1]));
+    }
+    if (words[0] == "token") ref.token = absl::HexStringToBytes(words[1]);
+  }
+  if (ref.id == 0 || ref.token.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is not a session file (no session_id and token lines)", path));
+  }
+  return ref;
+}
+
+// Blocks SIGINT and SIGTERM in this thread and every thread started after
+// (the client library's), so that they wait for Hold's sigtimedwait.
+sigset_t BlockTerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// Waits `hold`, or until SIGINT or SIGTERM; returns the signal, or 0.
+int Hold(const sigset_t& signals, absl::Duration hold) {
+  const absl::Time until = absl::Now() + hold;
+  while (absl::Now() < until) {
+    const timespec wait = absl::ToTimespec(until - absl::Now());
+    const int signal = sigtimedwait(&signals, nullptr, &wait);
+    if (signal > 0) return signal;
+  }
+  return 0;
+}
+
 int Alloc() {
+  const int64_t tokens = absl::GetFlag(FLAGS_tokens);
+  if (tokens < 1)
+    Usage(absl::StrFormat("alloc: --tokens=%d must be >= 1", tokens));
+  const int64_t hold = absl::GetFlag(FLAGS_hold_s);
+  if (hold < 0) Usage(absl::StrFormat("alloc: --hold_s=%d must be >= 0", hold));
+  const sigset_t signals = BlockTerminationSignals();
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
   options.client_name = "pagealloc-cli";
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) {
     std::cerr << "alloc: " << client.status() << "\n";
-    return 1;
+    return kExitFailure;
   }
-  const int64_t tokens = absl::GetFlag(FLAGS_tokens);
   const absl::Time start = absl::Now();
   CallOptions call;
   call.return_inline = true;
@@ -159,11 +337,11 @@ int Alloc() {
   const absl::Duration took = absl::Now() - start;
   if (!allocation.ok()) {
     std::cerr << "alloc: " << allocation.status() << "\n";
-    return 1;
+    return kExitFailure;
   }
   if (!allocation->status().ok()) {
     std::cerr << "alloc: " << allocation->status() << "\n";
-    return 1;
+    return kExitFailure;
   }
   const RequestSlots& r = (*allocation)[0];
   const int64_t page_size = (*client)->pool().page_size();
@@ -176,54 +354,114 @@ int Alloc() {
       static_cast<unsigned long long>((*client)->session_id()),
       static_cast<long long>(r.count), absl::FormatDuration(took).c_str(),
       static_cast<long long>(r.new_pages), absl::StrJoin(pages, ",").c_str());
-  const std::string token_file = absl::GetFlag(FLAGS_token_file);
-  const int64_t hold = absl::GetFlag(FLAGS_hold_s);
-  if (!token_file.empty()) {
-    const int fd = open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const std::string& secret = (*client)->session_token();
-    if (fd < 0 || write(fd, secret.data(), secret.size()) !=
-                      static_cast<ssize_t>(secret.size())) {
-      std::cerr << "alloc: cannot write " << token_file << "\n";
-      return 1;
+  // The files describe a live session: they go when it ends.
+  std::vector<std::string> written;
+  const auto remove_files = [&written] {
+    for (const std::string& path : written) unlink(path.c_str());
+  };
+  if (const std::string path = absl::GetFlag(FLAGS_session_file);
+      !path.empty()) {
+    const absl::Status status =
+        WriteSecret(path, SessionFileText(**client, options.target));
+    if (!status.ok()) {
+      std::cerr << "alloc: " << status.message() << "\n";
+      return kExitFailure;
     }
-    close(fd);
-    std::printf("session token written to %s (mode 0600)\n",
-                token_file.c_str());
+    written.push_back(path);
+    std::printf("session written to %s (mode 0600): free --session_file=%s\n",
+                path.c_str(), path.c_str());
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+    const absl::Status status = WriteSecret(path, (*client)->session_token());
+    if (!status.ok()) {
+      std::cerr << "alloc: " << status.message() << "\n";
+      remove_files();
+      return kExitFailure;
+    }
+    written.push_back(path);
+    std::printf("session token written to %s (mode 0600)\n", path.c_str());
   }
   if (hold > 0) {
     std::printf("holding the pages for %llds (Ctrl-C returns them)\n",
                 static_cast<long long>(hold));
     std::fflush(stdout);
-    absl::SleepFor(absl::Seconds(hold));
+    if (const int signal = Hold(signals, absl::Seconds(hold)); signal != 0) {
+      std::printf("%s: closing the session\n", strsignal(signal));
+    }
   }
+  // Ends the session now: its pages go back to the pool at once rather
+  // than when its lease runs out.
+  const absl::Status closed = (*client)->Close();
+  remove_files();
+  if (!closed.ok()) {
+    std::cerr << "alloc: closing the session: " << closed << "\n";
+    return kExitFailure;
+  }
+  std::printf("session %llu closed: its pages are back in the pool\n",
+              static_cast<unsigned long long>((*client)->session_id()));
   return 0;
 }
 
 int Free() {
-  std::ifstream in(absl::GetFlag(FLAGS_token_file), std::ios::binary);
-  std::stringstream token;
-  token << in.rdbuf();
   std::vector<int64_t> pages;
   for (const std::string& text : absl::GetFlag(FLAGS_pages)) {
     int64_t page;
     if (!absl::SimpleAtoi(text, &page)) {
-      std::cerr << "free: --pages: \"" << text << "\" is not a page id\n";
-      return 2;
+      Usage(absl::StrFormat("free: --pages: \"%s\" is not a page id", text));
     }
     pages.push_back(page);
   }
+  if (pages.empty()) Usage("free needs --pages (page ids, comma-separated)");
+  SessionCredentials session;
+  std::string target = absl::GetFlag(FLAGS_target);
+  if (const std::string path = absl::GetFlag(FLAGS_session_file);
+      !path.empty()) {
+    absl::StatusOr<SessionCredentials> read = ReadSessionFile(path);
+    if (!read.ok()) {
+      std::cerr << "free: " << read.status().message() << "\n";
+      return kExitFailure;
+    }
+    session = *std::move(read);
+    // The session's daemon, unless --target says otherwise.
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag("target");
+    if (!session.target.empty() &&
+        flag->CurrentValue() == flag->DefaultValue()) {
+      target = session.target;
+    }
+  } else if (absl::GetFlag(FLAGS_session_id) != 0 &&
+             !absl::GetFlag(FLAGS_token_file).empty()) {
+    session.id = absl::GetFlag(FLAGS_session_id);
+    std::ifstream in(absl::GetFlag(FLAGS_token_file), std::ios::binary);
+    if (!in) {
+      std::cerr << "free: cannot read " << absl::GetFlag(FLAGS_token_file)
+                << ": " << std::strerror(errno) << "\n";
+      return kExitFailure;
+    }
+    std::stringstream token;
+    token << in.rdbuf();
+    session.token = token.str();
+  } else {
+    Usage(
+        "free needs the session: --session_file (written by alloc), or "
+        "--session_id and --token_file");
+  }
   v1::FreeRequest request;
-  request.mutable_session()->set_session_id(absl::GetFlag(FLAGS_session_id));
-  request.mutable_session()->set_session_token(token.str());
+  request.mutable_session()->set_session_id(session.id);
+  request.mutable_session()->set_session_token(session.token);
   request.mutable_pages()->Add(pages.begin(), pages.end());
   v1::FreeResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  auto stub = v1::PageAllocator::NewStub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   absl::Status status =
-      FromGrpcStatus(Stub()->Free(&context, request, &response));
+      FromGrpcStatus(stub->Free(&context, request, &response));
   if (!status.ok()) {
     std::cerr << "free: " << status << "\n";
-    return 1;
+    if (absl::IsNotFound(status)) {
+      std::cerr << "(the session ends when the alloc that opened it exits)\n";
+    }
+    return kExitFailure;
   }
   std::printf("%lld pages freed\n",
               static_cast<long long>(response.pages_freed()));
@@ -234,18 +472,40 @@ int Free() {
 }  // namespace pagealloc
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "pagealloc-cli [--target=ADDRESS] stats|watch|alloc|free [flags]\n"
-      "  stats [--sessions]          pool and session figures\n"
-      "  watch [--interval_ms=1000]  the same, refreshing\n"
-      "  alloc --tokens=N [--hold_s=S] [--token_file=F]\n"
-      "  free --session_id=ID --token_file=F --pages=P1,P2");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  const std::string command = args.size() > 1 ? args[1] : "";
+  using pagealloc::Usage;
+  std::vector<char*> args =
+      pagealloc::ParseCommandLine(argc, argv, pagealloc::kCommandLine);
+  const std::string target = absl::GetFlag(FLAGS_target);
+  if (const std::string hint = pagealloc::UnixSchemeHint(target);
+      !hint.empty()) {
+    Usage(absl::StrFormat("--target=%s has no scheme: %s", target, hint));
+  }
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (output != "text" && output != "json") {
+    Usage(absl::StrFormat("--output=%s is not text or json", output));
+  }
+  if (const int64_t interval = absl::GetFlag(FLAGS_interval_ms);
+      interval < 10 || interval > 86400000) {
+    Usage(absl::StrFormat(
+        "--interval_ms=%d is out of range (accepted: 10..86400000 "
+        "milliseconds)",
+        interval));
+  }
+  if (absl::GetFlag(FLAGS_count) < 0) {
+    Usage(absl::StrFormat("--count=%d must be >= 0 (0: never stop)",
+                          absl::GetFlag(FLAGS_count)));
+  }
+  if (args.size() != 2) {
+    Usage(args.size() < 2
+              ? "which command? stats, watch, alloc or free"
+              : absl::StrFormat("one command at a time; also got \"%s\"",
+                                args[2]));
+  }
+  const std::string command = args[1];
   if (command == "stats") return pagealloc::Stats();
   if (command == "watch") return pagealloc::Watch();
   if (command == "alloc") return pagealloc::Alloc();
   if (command == "free") return pagealloc::Free();
-  std::cerr << "usage: pagealloc-cli stats|watch|alloc|free (see --help)\n";
-  return 2;
+  Usage(absl::StrFormat("unknown command \"%s\" (stats, watch, alloc, free)",
+                        command));
 }

@@ -12,9 +12,11 @@
 
 namespace pagealloc {
 
-// OK for cudaSuccess. A machine without a GPU or driver (no device,
-// insufficient driver) is FAILED_PRECONDITION "no CUDA GPU: ..."; every other
-// failure is INTERNAL. `what` names the call.
+// OK for cudaSuccess. A machine without a usable GPU is FAILED_PRECONDITION
+// "no CUDA GPU: " and the reason in words: "no NVIDIA driver is installed",
+// a driver older than the runtime (both versions), or no device. Out of
+// device memory is RESOURCE_EXHAUSTED with the GPU's free and total memory.
+// Every other failure is INTERNAL. `what` names the call.
 absl::Status CudaStatus(cudaError_t error, const char* what);
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints a UUID.

@@ -10,7 +10,13 @@ check, we do against the real repository and the real binaries:
   - the runtime stage runs as a fixed non-root uid, its entrypoint is the
     copied server, and every flag it passes is a flag the server has;
   - the runtime stage installs the Debian package of every shared library
-    the built binaries link (ldd + dpkg -S), so the image can start them.
+    the built binaries link (ldd + dpkg -S), so the image can start them;
+  - the `docker run` examples (the header's and docs/operations.md's)
+    create the host directory they bind-mount owned by the image's uid and
+    gid first, since the daemon cannot create its socket in a root-owned
+    one;
+  - with .git outside the build context, the build stage takes the commit
+    as the PAGEALLOC_COMMIT build argument.
 Usage: docker_test.py SERVER_BINARY CLI_BINARY
 """
 
@@ -21,6 +27,7 @@ import subprocess
 import sys
 
 DOCKERFILE = "deploy/docker/Dockerfile"
+OPERATIONS = "docs/operations.md"
 # Packages every debian:12-slim image has (Priority: required).
 BASE_PACKAGES = {"libc6", "libgcc-s1", "libstdc++6", "zlib1g"}
 
@@ -84,6 +91,32 @@ def server_flags(server):
     out = subprocess.run([server, "--helpfull"], capture_output=True,
                          text=True).stdout
     return set(re.findall(r"^\s+--([a-z_]+) \(", out, re.M))
+
+
+def text_header(text):
+    """The Dockerfile's leading comment, without the comment marks."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:])
+    return "\n".join(lines)
+
+
+def check_socket_directory(name, text, uid, gid):
+    """Each `docker run -v HOST:...` in `text` follows an install -d of HOST
+    owned by uid:gid."""
+    joined = text.replace("\\\n", " ")
+    runs = [line for line in joined.splitlines() if "docker run" in line]
+    check(runs, f"{name}: no docker run example")
+    for run in runs:
+        for host in re.findall(r"-v\s+(/[^:\s]+):", run):
+            before = joined[:joined.index(run)]
+            pattern = (r"install -d -o %s -g %s(?: -m \d+)? %s\b"
+                       % (uid, gid, re.escape(host)))
+            check(re.search(pattern, before),
+                  f"{name}: docker run mounts {host}, but nothing creates it "
+                  f"owned by {uid}:{gid} (the image's USER) first")
 
 
 def main():
@@ -180,6 +213,20 @@ def main():
 
     ignore = open(DOCKERFILE + ".dockerignore").read().split()
     check("bazel-*" in ignore, "Bazel's output symlinks would enter the context")
+    if ".git" in ignore and build is not None:
+        check(any(k == "ARG" and a.split("=")[0] == "PAGEALLOC_COMMIT"
+                  for k, a in build["body"]),
+              "no .git in the context and no ARG PAGEALLOC_COMMIT: "
+              "--version would say commit unknown")
+
+    # The docker run examples: the bind-mounted socket directory must be
+    # created for the image's user first.
+    if users:
+        uid, _, gid = users[-1].partition(":")
+        for name, text in (("Dockerfile header", text_header(text)),
+                           (OPERATIONS,
+                            open(os.path.join(repo, OPERATIONS)).read())):
+            check_socket_directory(name, text, uid, gid or uid)
 
     for failure in failures:
         print("FAIL:", failure)

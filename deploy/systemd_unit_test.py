@@ -8,7 +8,11 @@
    exist, so we verify a copy whose ExecStart names the binary Bazel built;
    everything else is the committed text. A copy with a misspelt key must
    draw a warning, which shows the check sees warnings here at all.
-3. The ExecStart line, expanded the way systemd expands it (%i, ${VAR},
+3. The install steps in the unit's header comment run, in order, under a
+   scratch root (every absolute path moved under it; useradd and
+   systemctl, which need a real system, left out), and leave the files
+   where the unit expects them.
+4. The ExecStart line, expanded the way systemd expands it (%i, ${VAR},
    $VAR split at whitespace) with the example environment file, runs the real
    pagealloc-server: it starts, serves /healthz and stops cleanly on SIGTERM.
    Only what cannot work in a test sandbox is overridden (the socket path,
@@ -136,6 +140,39 @@ def verify(unit_text, binary, workdir):
     return result.returncode, result.stdout + result.stderr
 
 
+def run_install_steps(unit_text, server_binary, tmp):
+    """Runs the header's `install` lines under a scratch root."""
+    root = os.path.join(tmp, "root")
+    source = os.path.join(tmp, "source")
+    os.makedirs(source)
+    shutil.copy(server_binary, os.path.join(source, "pagealloc-server"))
+    shutil.copy(UNIT, os.path.join(source, "pagealloc@.service"))
+    shutil.copy(ENV_EXAMPLE, os.path.join(source, "gpu.env.example"))
+    for directory in ("usr/local/bin", "etc/systemd/system"):
+        os.makedirs(os.path.join(root, directory))  # a real system has these
+    steps = []
+    for line in unit_text.splitlines():
+        if not line.startswith("#"):
+            break
+        command = line.lstrip("# ").split("  #")[0].strip()
+        if command.startswith("install "):
+            steps.append(command)
+    check(any("/etc/pagealloc/gpu1.env" in s for s in steps),
+          f"the header installs no environment file: {steps}")
+    for step in steps:
+        words = [root + w if w.startswith("/") else w
+                 for w in shlex.split(step)]
+        result = subprocess.run(words, cwd=source, capture_output=True,
+                                text=True)
+        check(result.returncode == 0,
+              f"header step failed: {step}: {result.stderr.strip()}")
+    for path in ("usr/local/bin/pagealloc-server",
+                 "etc/systemd/system/pagealloc@.service",
+                 "etc/pagealloc/gpu1.env"):
+        check(os.path.isfile(os.path.join(root, path)),
+              f"the header's steps did not install /{path}")
+
+
 def run_expanded(argv, tmp):
     sock_dir = tempfile.mkdtemp(prefix="pagealloc-unit-", dir="/tmp")
     socket_path = os.path.join(sock_dir, "gpu3.sock")
@@ -180,6 +217,8 @@ def main():
     unit_text = open(UNIT).read()
     sections = parse_unit(unit_text)
     check_settings(sections)
+
+    run_install_steps(unit_text, server_binary, tmp)
 
     code, output = verify(unit_text, server_binary,
                           os.path.join(tmp, "verify"))

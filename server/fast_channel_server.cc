@@ -167,6 +167,11 @@ absl::Status FastChannelServer::Open(uint64_t session_id,
   return absl::OkStatus();
 }
 
+bool FastChannelServer::HasChannel(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  return channels_.contains(session_id);
+}
+
 void FastChannelServer::Close(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto it = channels_.find(session_id);

@@ -65,6 +65,8 @@ class FastChannelServer final : public SessionObserver {
   // Opens a channel for a session and describes it in `out`.
   absl::Status Open(uint64_t session_id, const std::string& session_token,
                     v1::FastChannel* out) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `session_id` has a channel (for GetStats).
+  bool HasChannel(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Unlinks a session's channel (calls in flight still complete).
   void Close(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
   // SessionObserver: a session that ends loses its channel.

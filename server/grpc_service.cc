@@ -1,5 +1,6 @@
 #include "server/grpc_service.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -352,6 +353,7 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
   const std::vector<std::shared_ptr<Session>> sessions = core_->Sessions();
   response->set_sessions_active(sessions.size());
   if (request->include_sessions()) {
+    const absl::Time now = absl::Now();
     for (const std::shared_ptr<Session>& session : sessions) {
       v1::SessionStats* out = response->add_sessions();
       out->set_session_id(session->id());
@@ -364,6 +366,12 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
       out->set_quota_pages(session->quota_pages());
       out->set_ring_capacity_slots(session->ring_memory().capacity_slots());
       out->set_ring_reserved_slots(session->ring_reserved());
+      out->set_fast_channel(fast_channels_ != nullptr &&
+                            fast_channels_->HasChannel(session->id()));
+      // Every renewal sets the deadline to renewal time + lease.
+      out->set_lease_age_ms(std::max<int64_t>(
+          0, absl::ToInt64Milliseconds(
+                 now - (session->lease_deadline() - core_->lease()))));
     }
   }
   Finish(reactor, Method::kGetStats, start, absl::OkStatus());

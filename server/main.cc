@@ -3,24 +3,36 @@
 //
 //   pagealloc-server --gpu 0
 //
-// Flags are parsed here and nowhere else; see --help.
+// Flags are parsed and checked here and nowhere else; see --help. A usage
+// error (a flag's value out of its range, a pool too large for this host)
+// exits 2 before anything starts, a failure at run time exits 1.
 
+#include <grp.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/command_line.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "server/server.h"
 
 ABSL_FLAG(int, gpu, 0, "CUDA device ordinal whose KV pool this daemon owns.");
@@ -33,21 +45,24 @@ ABSL_FLAG(int64_t, num_pages, 0,
 ABSL_FLAG(int64_t, pool_tokens, 0,
           "Pool size in tokens (rounded down to whole pages); used when "
           "--num_pages is 0.");
-ABSL_FLAG(int64_t, page_size, 16, "Tokens per page (>= 1).");
+ABSL_FLAG(int64_t, page_size, 16, "Tokens per page.");
 ABSL_FLAG(std::string, free_policy, "lifo",
           "lifo: freed pages are reused first; sorted: freed pages are parked "
           "and merged, sorted, when an allocation does not fit (SGLang's "
           "need_sort).");
 ABSL_FLAG(std::vector<std::string>, listen, {},
           "Comma-separated gRPC addresses: unix:///path.sock and/or "
-          "host:port. Default unix:///run/pagealloc/gpu<gpu>.sock.");
+          "host:port. Default unix:///run/pagealloc/gpu<gpu>.sock, or "
+          "$XDG_RUNTIME_DIR/pagealloc/gpu<gpu>.sock when this user may not "
+          "create sockets in /run/pagealloc.");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM server certificate: TCP addresses then use TLS.");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA bundle: TCP clients must present a certificate it signed.");
 ABSL_FLAG(std::string, socket_mode, "0660",
-          "Octal file mode of Unix socket files.");
+          "Octal file mode of Unix socket files (and of the shared memory of "
+          "fast channels).");
 ABSL_FLAG(std::string, socket_group, "",
           "Group that owns Unix socket files (default: the daemon's).");
 ABSL_FLAG(bool, fast_channel, true,
@@ -89,64 +104,270 @@ ABSL_FLAG(int64_t, lease_ms, 10000,
           "A session that sends nothing for this long (KeepAlive included) "
           "loses its pages.");
 ABSL_FLAG(int64_t, ring_capacity_slots, 1 << 20,
-          "Default output ring size per session, in slots.");
+          "Default output ring size per session (8 bytes a slot, in GPU "
+          "memory on the CUDA backend).");
 ABSL_FLAG(int64_t, max_sessions, 256, "Most sessions at once.");
 ABSL_FLAG(int64_t, max_session_quota_pages, 0,
           "Cap on any session's page quota (0: no cap).");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
 ABSL_FLAG(std::string, log_level, "info",
-          "trace, debug, info, warn, error, critical or off.");
+          "trace, debug, info, warn, error, critical or off (any case).");
 ABSL_FLAG(bool, debug_checks, false,
           "Check every pool invariant after each batch (slow).");
 
 namespace pagealloc {
 namespace {
 
+const CommandLineSpec kCommandLine = {
+    "pagealloc-server",
+    "pagealloc-server: serves one GPU's pool of KV-cache pages to the "
+    "scheduler processes of its host.\n"
+    "  pagealloc-server --gpu=0 [--page_size=16 --num_pages=65536]\n"
+    "docs/operations.md is the operator's reference.",
+    "server/main.cc",
+    {
+        {"pool",
+         {{"gpu", "device ordinal"},
+          {"backend"},
+          {"num_pages", "pages"},
+          {"pool_tokens", "tokens"},
+          {"page_size", "tokens"},
+          {"free_policy"}}},
+        {"memory and sessions",
+         {{"ring_capacity_slots", "slots of 8 bytes"},
+          {"max_sessions", "sessions"},
+          {"max_session_quota_pages", "pages"},
+          {"lease_ms", "milliseconds"}}},
+        {"transport",
+         {{"listen", "addresses"},
+          {"fast_channel"},
+          {"fast_channel_spin_us", "microseconds"},
+          {"fast_channel_pollers", "threads"},
+          {"max_message_bytes", "bytes"}}},
+        {"security",
+         {{"socket_mode", "octal mode"},
+          {"socket_group", "group name"},
+          {"tls_cert_file", "path"},
+          {"tls_key_file", "path"},
+          {"tls_client_ca_file", "path"}}},
+        {"batching",
+         {{"max_batch_requests", "requests"},
+          {"max_batch_tokens", "slots"},
+          {"batch_window_us", "microseconds"},
+          {"batch_min_calls", "calls"},
+          {"batcher_spin_us", "microseconds"}}},
+        {"logging", {{"log_level"}, {"debug_checks"}}},
+        {"metrics",
+         {{"metrics_port", "TCP port"}, {"metrics_host", "address"}}},
+    },
+    {}};
+
+// Host memory the pool's bookkeeping takes per page while it is built: the
+// free ring, the owner table, the free list copy the executor mirrors and
+// the initial list (8 bytes each).
+constexpr int64_t kHostBytesPerPage = 32;
+// Slots are int64; PagePool keeps num_pages * page_size within this.
+constexpr int64_t kMaxSlots = int64_t{1} << 40;
+
+std::string Bytes(double bytes) {
+  if (bytes >= (int64_t{1} << 40)) {
+    return absl::StrFormat("%.1f TiB", bytes / (int64_t{1} << 40));
+  }
+  if (bytes >= (int64_t{1} << 30)) {
+    return absl::StrFormat("%.1f GiB", bytes / (int64_t{1} << 30));
+  }
+  return absl::StrFormat("%.1f MiB", bytes / (1 << 20));
+}
+
+// "--lease_ms=0 is out of range (accepted: 100..86400000 milliseconds)".
+absl::Status OutOfRange(absl::string_view flag, absl::string_view value,
+                        absl::string_view accepted) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "--%s=%s is out of range (accepted: %s)", flag, value, accepted));
+}
+
+// "--backend=gpu is not one of auto, cuda, cpu".
+absl::Status NotOneOf(absl::string_view flag, absl::string_view value,
+                      absl::string_view choices) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--%s=%s is not one of %s", flag, value, choices));
+}
+
+absl::Status CheckRange(absl::string_view flag, int64_t value, int64_t min,
+                        int64_t max, absl::string_view unit = "") {
+  if (value >= min && value <= max) return absl::OkStatus();
+  return OutOfRange(
+      flag, absl::StrCat(value),
+      absl::StrCat(min, "..", max, unit.empty() ? "" : " ", unit));
+}
+
+// Memory the kernel says can be given to a new process without swapping
+// (/proc/meminfo MemAvailable), or -1 when unknown.
+int64_t AvailableHostBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+// The flags as ServerOptions; INVALID_ARGUMENT naming the flag, its value
+// and what is accepted for the first one that is out of range.
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ServerOptions options;
   options.backend = absl::GetFlag(FLAGS_backend);
-  options.gpu = absl::GetFlag(FLAGS_gpu);
-  options.pool.page_size = absl::GetFlag(FLAGS_page_size);
-  if (options.pool.page_size < 1) {
-    return absl::InvalidArgumentError("--page_size must be >= 1");
+  if (options.backend != "auto" && options.backend != "cuda" &&
+      options.backend != "cpu") {
+    return NotOneOf("backend", options.backend, "auto, cuda, cpu");
   }
+  options.gpu = absl::GetFlag(FLAGS_gpu);
+  RETURN_IF_ERROR(CheckRange("gpu", options.gpu, 0,
+                             std::numeric_limits<int>::max(),
+                             "(a CUDA device ordinal)"));
+
+  // Pool geometry, then its size against this host's memory.
+  options.pool.page_size = absl::GetFlag(FLAGS_page_size);
+  RETURN_IF_ERROR(
+      CheckRange("page_size", options.pool.page_size, 1, 1 << 20, "tokens"));
+  const int64_t max_pages = kMaxSlots / options.pool.page_size - 1;
   options.pool.num_pages = absl::GetFlag(FLAGS_num_pages);
-  if (options.pool.num_pages == 0) {
-    const int64_t tokens = absl::GetFlag(FLAGS_pool_tokens);
-    options.pool.num_pages =
-        tokens > 0 ? tokens / options.pool.page_size : 65536;
+  if (options.pool.num_pages != 0) {
+    RETURN_IF_ERROR(CheckRange(
+        "num_pages", options.pool.num_pages, 0, max_pages,
+        absl::StrFormat("pages: 0 takes --pool_tokens; at most 2^40 slots "
+                        "with --page_size=%d",
+                        options.pool.page_size)));
+  } else if (const int64_t tokens = absl::GetFlag(FLAGS_pool_tokens);
+             tokens != 0) {
+    RETURN_IF_ERROR(CheckRange(
+        "pool_tokens", tokens, options.pool.page_size, kMaxSlots - 1,
+        absl::StrFormat("tokens: at least one page of --page_size=%d",
+                        options.pool.page_size)));
+    options.pool.num_pages = tokens / options.pool.page_size;
+  } else {
+    options.pool.num_pages = 65536;
+  }
+  const int64_t available = AvailableHostBytes();
+  const double needed =
+      static_cast<double>(options.pool.num_pages) * kHostBytesPerPage;
+  if (available >= 0 && needed > available) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a pool of %d pages (--num_pages or --pool_tokens) needs %s of host "
+        "memory for its bookkeeping (%d bytes a page); this host has %s "
+        "available. Size the pool to the engine's KV buffers "
+        "(docs/operations.md, \"Sizing the pool\")",
+        options.pool.num_pages, Bytes(needed), kHostBytesPerPage,
+        Bytes(available)));
   }
   absl::StatusOr<FreePolicy> policy =
       ParseFreePolicy(absl::GetFlag(FLAGS_free_policy));
-  if (!policy.ok()) return policy.status();
-  options.pool.free_policy = *policy;
-  options.listen = absl::GetFlag(FLAGS_listen);
-  if (options.listen.empty()) {
-    options.listen.push_back(
-        absl::StrFormat("unix:///run/pagealloc/gpu%d.sock", options.gpu));
+  if (!policy.ok()) {
+    return NotOneOf("free_policy", absl::GetFlag(FLAGS_free_policy),
+                    "lifo, sorted");
   }
-  int mode = 0;
-  for (char c : absl::GetFlag(FLAGS_socket_mode)) {
-    if (c < '0' || c > '7') {
-      return absl::InvalidArgumentError("--socket_mode must be octal");
+  options.pool.free_policy = *policy;
+
+  // Transport.
+  options.listen = absl::GetFlag(FLAGS_listen);
+  for (const std::string& address : options.listen) {
+    const std::string hint = UnixSchemeHint(address);
+    if (!hint.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--listen=%s is not a gRPC address: %s", address, hint));
     }
-    mode = mode * 8 + (c - '0');
+    if (absl::StartsWith(address, "unix:")) continue;
+    const size_t colon = address.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+        port > 65535) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--listen=%s is not a gRPC address (accepted: unix:///path.sock, "
+          "or host:port with a port in 0..65535)",
+          address));
+    }
+  }
+  options.fast_channel = absl::GetFlag(FLAGS_fast_channel);
+  options.fast_channel_pollers = absl::GetFlag(FLAGS_fast_channel_pollers);
+  RETURN_IF_ERROR(CheckRange("fast_channel_pollers",
+                             options.fast_channel_pollers, 1, 64, "threads"));
+  const int spin_us = absl::GetFlag(FLAGS_fast_channel_spin_us);
+  RETURN_IF_ERROR(
+      CheckRange("fast_channel_spin_us", spin_us, 0, 1000000, "microseconds"));
+  options.fast_channel_spin = absl::Microseconds(spin_us);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  RETURN_IF_ERROR(CheckRange("max_message_bytes", options.max_message_bytes,
+                             4096, std::numeric_limits<int>::max(), "bytes"));
+
+  // Security.
+  const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);
+  int mode = 0;
+  for (char c : mode_text) {
+    if (c < '0' || c > '7') {
+      mode = -1;
+      break;
+    }
+    mode = std::min(mode * 8 + (c - '0'), 010000);
+  }
+  if (mode_text.empty() || mode < 0 || mode > 0777) {
+    return OutOfRange("socket_mode", mode_text,
+                      "an octal file mode, 0000..0777");
   }
   options.socket_mode = mode;
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  if (!options.socket_group.empty() &&
+      getgrnam(options.socket_group.c_str()) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--socket_group=%s: no such group on this host", options.socket_group));
+  }
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
-  options.batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
-  options.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  options.batcher.min_batch_calls = absl::GetFlag(FLAGS_batch_min_calls);
-  // -1: the library's default for this machine (ServerOptions.batcher).
-  if (const int64_t spin_us = absl::GetFlag(FLAGS_batcher_spin_us);
-      spin_us >= 0) {
-    options.batcher.spin = absl::Microseconds(spin_us);
+  if (options.tls.cert_file.empty() != options.tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both --tls_cert_file and --tls_key_file");
   }
-  if (const int64_t window_us = absl::GetFlag(FLAGS_batch_window_us);
-      window_us >= 0) {
+  if (!options.tls.client_ca_file.empty() && options.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
+  }
+  for (const auto& [flag, path] :
+       {std::pair<const char*, std::string>{"tls_cert_file",
+                                            options.tls.cert_file},
+        {"tls_key_file", options.tls.key_file},
+        {"tls_client_ca_file", options.tls.client_ca_file}}) {
+    if (!path.empty() && access(path.c_str(), R_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--%s=%s: cannot read it: %s", flag, path, std::strerror(errno)));
+    }
+  }
+
+  // Batching.
+  options.batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
+  RETURN_IF_ERROR(CheckRange("max_batch_requests",
+                             options.batcher.max_batch_requests, 1, 1 << 20,
+                             "requests"));
+  options.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  RETURN_IF_ERROR(CheckRange("max_batch_tokens",
+                             options.batcher.max_batch_tokens, 1,
+                             int64_t{1} << 30, "slots"));
+  options.batcher.min_batch_calls = absl::GetFlag(FLAGS_batch_min_calls);
+  RETURN_IF_ERROR(CheckRange("batch_min_calls", options.batcher.min_batch_calls,
+                             0, 4096, "calls"));
+  // -1: the library's default for this machine (ServerOptions.batcher).
+  const int64_t batcher_spin_us = absl::GetFlag(FLAGS_batcher_spin_us);
+  RETURN_IF_ERROR(CheckRange("batcher_spin_us", batcher_spin_us, -1, 1000000,
+                             "microseconds; -1: by CPU count"));
+  if (batcher_spin_us >= 0) {
+    options.batcher.spin = absl::Microseconds(batcher_spin_us);
+  }
+  const int64_t window_us = absl::GetFlag(FLAGS_batch_window_us);
+  RETURN_IF_ERROR(CheckRange("batch_window_us", window_us, -1, 1000000,
+                             "microseconds; -1: by batcher mode"));
+  if (window_us >= 0) {
     options.batcher.batch_window = absl::Microseconds(window_us);
   } else {
     // Only a spinning batcher thread gathers by default.
@@ -154,33 +375,86 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
                                        ? Batcher::kDefaultBatchWindow
                                        : absl::ZeroDuration();
   }
-  options.sessions.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
+
+  // Sessions and their memory.
+  const int64_t lease_ms = absl::GetFlag(FLAGS_lease_ms);
+  RETURN_IF_ERROR(
+      CheckRange("lease_ms", lease_ms, 100, 86400000, "milliseconds"));
+  options.sessions.lease = absl::Milliseconds(lease_ms);
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  RETURN_IF_ERROR(CheckRange("max_sessions", options.sessions.max_sessions, 1,
+                             65536, "sessions"));
   options.sessions.default_ring_capacity_slots =
       absl::GetFlag(FLAGS_ring_capacity_slots);
+  RETURN_IF_ERROR(CheckRange("ring_capacity_slots",
+                             options.sessions.default_ring_capacity_slots, 1,
+                             int64_t{1} << 30, "slots"));
   options.sessions.max_ring_capacity_slots = std::max<int64_t>(
       options.sessions.default_ring_capacity_slots, int64_t{1} << 26);
   options.sessions.max_quota_pages =
       absl::GetFlag(FLAGS_max_session_quota_pages);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  RETURN_IF_ERROR(
+      CheckRange("max_session_quota_pages", options.sessions.max_quota_pages, 0,
+                 options.pool.num_pages, "pages; 0: no cap beyond the pool"));
+
+  // Logging and metrics.
   options.debug_checks = absl::GetFlag(FLAGS_debug_checks);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  options.fast_channel = absl::GetFlag(FLAGS_fast_channel);
-  options.fast_channel_pollers =
-      std::max(1, absl::GetFlag(FLAGS_fast_channel_pollers));
-  options.fast_channel_spin = absl::Microseconds(
-      std::max(0, absl::GetFlag(FLAGS_fast_channel_spin_us)));
+  if (options.metrics_port < -1 || options.metrics_port > 65535) {
+    return OutOfRange("metrics_port", absl::StrCat(options.metrics_port),
+                      "1..65535, 0 for any free port, -1 for none");
+  }
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  if (options.metrics_host.empty() && options.metrics_port >= 0) {
+    return absl::InvalidArgumentError(
+        "--metrics_host is empty (accepted: an address of this host, e.g. "
+        "0.0.0.0 or 127.0.0.1)");
+  }
   return options;
 }
 
+// spdlog's level for --log_level, in any case; INVALID_ARGUMENT for a name
+// spdlog does not know (whose from_str would turn all logging off).
+absl::StatusOr<spdlog::level::level_enum> LogLevel(const std::string& name) {
+  static constexpr std::pair<const char*, spdlog::level::level_enum> kLevels[] =
+      {{"trace", spdlog::level::trace},       {"debug", spdlog::level::debug},
+       {"info", spdlog::level::info},         {"warn", spdlog::level::warn},
+       {"warning", spdlog::level::warn},      {"error", spdlog::level::err},
+       {"critical", spdlog::level::critical}, {"off", spdlog::level::off}};
+  const std::string lower = absl::AsciiStrToLower(name);
+  for (const auto& [level_name, level] : kLevels) {
+    if (lower == level_name) return level;
+  }
+  return NotOneOf("log_level", name,
+                  "trace, debug, info, warn, error, critical, off (any case)");
+}
+
 int Main() {
-  std::shared_ptr<spdlog::logger> log = Logger("server");
-  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  absl::StatusOr<spdlog::level::level_enum> level =
+      LogLevel(absl::GetFlag(FLAGS_log_level));
+  if (!level.ok()) ExitUsage(kCommandLine.program, level.status().message());
   absl::StatusOr<ServerOptions> options = OptionsFromFlags();
   if (!options.ok()) {
-    log->critical("{}", std::string(options.status().message()));
-    return 2;
+    ExitUsage(kCommandLine.program, options.status().message());
+  }
+  std::shared_ptr<spdlog::logger> log = Logger("server");
+  spdlog::set_level(*level);
+  // Errors that end the daemon show at every level but "off".
+  const auto fail = [&](const absl::Status& status) {
+    log->critical("cannot start: {}", status.ToString());
+    if (*level > spdlog::level::critical) {
+      std::fprintf(stderr, "pagealloc-server: cannot start: %s\n",
+                   status.ToString().c_str());
+    }
+    return kExitFailure;
+  };
+  if (options->listen.empty()) {
+    const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
+    absl::StatusOr<std::string> address =
+        DefaultListenAddress(options->gpu, kDefaultSocketDir,
+                             runtime_dir != nullptr ? runtime_dir : "");
+    if (!address.ok()) return fail(address.status());
+    options->listen.push_back(*address);
   }
   // Signals go to one watcher thread, never to a gRPC or batcher thread.
   sigset_t signals;
@@ -189,16 +463,29 @@ int Main() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(*options);
+  absl::StatusOr<std::unique_ptr<Server>> server;
+  try {
+    server = Server::Create(*options);
+  } catch (const std::bad_alloc&) {
+    // The host check in OptionsFromFlags leaves room; this is the rest.
+    server = absl::ResourceExhaustedError(
+        absl::StrFormat("out of host memory building a pool of %d pages",
+                        options->pool.num_pages));
+  }
   if (!server.ok()) {
-    log->critical("cannot start: {}", server.status().ToString());
-    return 1;
+    if (absl::IsResourceExhausted(server.status())) {
+      // The pool's device memory: its free list, then a ring per session.
+      return fail(absl::ResourceExhaustedError(absl::StrFormat(
+          "%s (the pool of %d pages needs %s for its free list, and each "
+          "session a ring of %s; docs/operations.md, \"Sizing the pool\")",
+          server.status().message(), options->pool.num_pages,
+          Bytes(8.0 * options->pool.num_pages),
+          Bytes(8.0 * options->sessions.default_ring_capacity_slots))));
+    }
+    return fail(server.status());
   }
   absl::Status started = (*server)->Start();
-  if (!started.ok()) {
-    log->critical("cannot start: {}", started.ToString());
-    return 1;
-  }
+  if (!started.ok()) return fail(started);
   std::thread watcher([&signals, &server, log] {
     int signal = 0;
     sigwait(&signals, &signal);
@@ -218,10 +505,14 @@ int Main() {
 }  // namespace pagealloc
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Serves one GPU's pool of KV-cache pages to scheduler processes.\n"
-      "  pagealloc-server --gpu 0 [--page_size 16 --num_pages 65536]");
-  absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args =
+      pagealloc::ParseCommandLine(argc, argv, pagealloc::kCommandLine);
+  if (args.size() > 1) {
+    pagealloc::ExitUsage(
+        pagealloc::kCommandLine.program,
+        absl::StrFormat("unexpected argument \"%s\" (flags are --name=value)",
+                        args[1]));
+  }
   // Debian builds Abseil without NDEBUG, which leaves Mutex deadlock
   // detection on: every Lock then updates a lock graph under one global
   // lock, which showed in profiles of the allocation path. Lock order is

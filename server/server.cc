@@ -1,6 +1,8 @@
 #include "server/server.h"
 
 #include <grp.h>
+#include <netdb.h>
+#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -15,19 +17,85 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/support/server_interceptor.h"
 
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "server/cuda_backend.h"
 #endif
 
 namespace pagealloc {
+
+// Counts the unary RPCs that have arrived and are not yet complete (their
+// answer sent). Streams are not counted: a KeepAlive stream is open for as
+// long as its session lives and carries no work to finish. This class is
+// thread-safe.
+class InFlightRpcs {
+ public:
+  void Add() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ++count_;
+  }
+  void Done() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    --count_;
+  }
+  // Waits until no unary RPC is in flight; false after `timeout`.
+  bool WaitForNone(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](int64_t* count) { return *count == 0; }, &count_),
+        timeout);
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 namespace {
+
+// Holds its RPC in the InFlightRpcs count from creation (the RPC's arrival)
+// to destruction (gRPC destroys it with the finished call).
+class InFlightInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit InFlightInterceptor(std::shared_ptr<InFlightRpcs> rpcs)
+      : rpcs_(std::move(rpcs)) {
+    rpcs_->Add();
+  }
+  ~InFlightInterceptor() override { rpcs_->Done(); }
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    methods->Proceed();
+  }
+
+ private:
+  const std::shared_ptr<InFlightRpcs> rpcs_;
+};
+
+class InFlightInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit InFlightInterceptorFactory(std::shared_ptr<InFlightRpcs> rpcs)
+      : rpcs_(std::move(rpcs)) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    if (info->type() != grpc::experimental::ServerRpcInfo::Type::UNARY) {
+      return nullptr;  // streams: KeepAlive, health Watch, reflection
+    }
+    return new InFlightInterceptor(rpcs_);
+  }
+
+ private:
+  const std::shared_ptr<InFlightRpcs> rpcs_;
+};
 
 // "unix:///run/x.sock" or "unix:/run/x.sock" -> "/run/x.sock"; "" for TCP.
 std::string UnixSocketPath(const std::string& address) {
@@ -36,16 +104,50 @@ std::string UnixSocketPath(const std::string& address) {
   return "";
 }
 
+// Checks that this process may create sockets in `dir`, creating it (not
+// its parents) with `mode` when missing. The error names the directory and
+// errno's text.
+absl::Status CheckSocketDirectory(const std::string& dir, mode_t mode) {
+  if (mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) {
+    const int error = errno;
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot create the socket directory %s: %s", dir,
+                        std::strerror(error)));
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
+    const int error = errno;
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot use %s: %s", dir, std::strerror(error)));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot create sockets in %s: %s", dir, std::strerror(ENOTDIR)));
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    const int error = errno;
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "cannot create sockets in %s: %s (the directory belongs to uid %d, "
+        "mode %04o; this process runs as uid %d)",
+        dir, std::strerror(error), st.st_uid, st.st_mode & 07777, geteuid()));
+  }
+  return absl::OkStatus();
+}
+
 // Makes `path` bindable: creates its directory, refuses a socket another
 // process still serves on, and removes a stale one.
 absl::Status PrepareSocketPath(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
-    const std::string dir = path.substr(0, slash);
-    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "cannot create socket directory %s: %s (choose another --listen)",
-          dir, std::strerror(errno)));
+    const absl::Status usable =
+        CheckSocketDirectory(path.substr(0, slash), 0755);
+    if (!usable.ok()) {
+      return absl::Status(
+          usable.code(),
+          absl::StrFormat("%s; choose a socket in a directory this user may "
+                          "write (--listen=unix:///tmp/pagealloc.sock), or "
+                          "create that directory for this user first",
+                          usable.message()));
     }
   }
   sockaddr_un addr{};
@@ -97,6 +199,64 @@ absl::Status SetSocketPermissions(const std::string& path, int mode,
   return absl::OkStatus();
 }
 
+// Why a bind to `address` (a Unix socket or host:port) fails, in errno's
+// words with a hint: "Address already in use (another process listens
+// there)". "" when a bind now succeeds (the probe's socket is closed and
+// removed again) or the address is not one we can probe.
+std::string WhyCannotBind(const std::string& address) {
+  const std::string path = UnixSocketPath(address);
+  int error = 0;
+  if (!path.empty()) {
+    sockaddr_un addr{};
+    if (path.size() >= sizeof(addr.sun_path)) return "";
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return "";
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      error = errno;
+    } else {
+      unlink(path.c_str());
+    }
+    close(fd);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos) return "";
+    std::string host = address.substr(0, colon);
+    const std::string port = address.substr(colon + 1);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* found = nullptr;
+    const int resolved = getaddrinfo(host.empty() ? nullptr : host.c_str(),
+                                     port.c_str(), &hints, &found);
+    if (resolved != 0) return gai_strerror(resolved);
+    const int fd =
+        socket(found->ai_family, found->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      const int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (bind(fd, found->ai_addr, found->ai_addrlen) != 0) error = errno;
+      close(fd);
+    }
+    freeaddrinfo(found);
+  }
+  if (error == 0) return "";
+  std::string why = std::strerror(error);
+  if (error == EADDRINUSE) {
+    why += " (another process listens there)";
+  } else if (error == EACCES && path.empty()) {
+    why += " (ports below 1024 need root)";
+  } else if (error == EADDRNOTAVAIL) {
+    why += " (no interface of this host has that address)";
+  }
+  return why;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path,
                                      const char* flag) {
   std::ifstream in(path, std::ios::binary);
@@ -138,6 +298,35 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> DefaultListenAddress(
+    int gpu, const std::string& system_dir, const std::string& runtime_dir) {
+  const std::string name = absl::StrFormat("gpu%d.sock", gpu);
+  const absl::Status system = CheckSocketDirectory(system_dir, 0755);
+  if (system.ok()) return absl::StrCat("unix://", system_dir, "/", name);
+  std::string runtime_error = "$XDG_RUNTIME_DIR is not set";
+  if (!runtime_dir.empty()) {
+    const std::string dir = runtime_dir + "/pagealloc";
+    const absl::Status runtime = CheckSocketDirectory(dir, 0700);
+    if (runtime.ok()) {
+      const std::string address = absl::StrCat("unix://", dir, "/", name);
+      Logger("server")->warn(
+          "{}; listening in this user's runtime directory instead: {} "
+          "(clients: --target={})",
+          std::string(system.message()), address, address);
+      return address;
+    }
+    runtime_error = std::string(runtime.message());
+  }
+  const struct passwd* user = getpwuid(geteuid());
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "no directory for the socket: %s; and %s. Run as root (or as the "
+      "pagealloc user of deploy/systemd), let this user create sockets in "
+      "%s (sudo install -d -o %s %s), or name a socket of your own: "
+      "--listen=unix:///tmp/pagealloc-gpu%d.sock",
+      system.message(), runtime_error, system_dir,
+      user != nullptr ? user->pw_name : "$USER", system_dir, gpu));
+}
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
     const ServerOptions& options, const std::string& tag) {
@@ -232,6 +421,14 @@ absl::Status Server::Start() {
   // it only adds a PING exchange (two wake-ups) per message.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.RegisterService(grpc_service_.get());
+  // Shutdown waits for the unary RPCs in flight, and only for those.
+  in_flight_rpcs_ = std::make_shared<InFlightRpcs>();
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      std::make_unique<InFlightInterceptorFactory>(in_flight_rpcs_));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::vector<std::unique_ptr<int>> ports;
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
                    TcpCredentials(options_.tls));
@@ -249,9 +446,25 @@ absl::Status Server::Start() {
   }
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) {
+    // gRPC logs its reason in a line of its own; say it here, per address.
+    std::vector<std::string> reasons;
+    for (const std::string& address : options_.listen) {
+      const std::string why = WhyCannotBind(address);
+      if (!why.empty()) reasons.push_back(address + ": " + why);
+    }
     return absl::UnavailableError(absl::StrFormat(
-        "could not listen on %s", absl::StrJoin(options_.listen, ", ")));
+        "could not listen on %s%s", absl::StrJoin(options_.listen, ", "),
+        reasons.empty()
+            ? " (gRPC's log line above says why)"
+            : absl::StrCat(" (", absl::StrJoin(reasons, "; "), ")")));
   }
+  // A failure from here on must not leave the gRPC server running or the
+  // socket files behind.
+  const auto abandon = [this](const absl::Status& status) {
+    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    for (const std::string& path : socket_paths_) unlink(path.c_str());
+    return status;
+  };
   for (size_t i = 0; i < options_.listen.size(); ++i) {
     const std::string& address = options_.listen[i];
     if (!UnixSocketPath(address).empty()) {
@@ -263,16 +476,28 @@ absl::Status Server::Start() {
     }
   }
   for (const std::string& path : socket_paths_) {
-    RETURN_IF_ERROR(SetSocketPermissions(path, options_.socket_mode,
-                                         options_.socket_group));
+    const absl::Status permissions =
+        SetSocketPermissions(path, options_.socket_mode, options_.socket_group);
+    if (!permissions.ok()) return abandon(permissions);
   }
   grpc_server_->GetHealthCheckService()->SetServingStatus(true);
   if (options_.metrics_port >= 0) {
-    ASSIGN_OR_RETURN(metrics_http_,
-                     MetricsHttpServer::Start(
-                         options_.metrics_host, options_.metrics_port,
-                         [this] { return metrics_->Render(); },
-                         [this] { return !core_->draining(); }));
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+        MetricsHttpServer::Start(
+            options_.metrics_host, options_.metrics_port,
+            [this] { return metrics_->Render(); },
+            [this] { return !core_->draining(); });
+    if (!http.ok()) {
+      const std::string why = WhyCannotBind(absl::StrFormat(
+          "%s:%d", options_.metrics_host, options_.metrics_port));
+      return abandon(absl::UnavailableError(absl::StrFormat(
+          "cannot serve metrics on %s:%d%s%s: give each daemon of a host its "
+          "own --metrics_port (9464 + the GPU index), 0 for any free port, "
+          "or -1 for no metrics",
+          options_.metrics_host, options_.metrics_port, why.empty() ? "" : ": ",
+          why)));
+    }
+    metrics_http_ = *std::move(http);
     log->info("metrics on http://{}:{}/metrics", options_.metrics_host,
               metrics_http_->port());
   }
@@ -324,8 +549,18 @@ void Server::Shutdown() {
   log->info("draining: refusing new calls, finishing queued work");
   core_->StartDraining();
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  // Finishes the queued work: every call taken so far is answered.
   batcher_->Stop();
-  grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  // Then lets gRPC send those answers, and answer UNAVAILABLE to what
+  // arrived meanwhile. What is left after that holds no work: KeepAlive
+  // streams and idle connections, which gRPC's Shutdown would wait for
+  // until its deadline (a client keeps its connection after closing its
+  // session). So the deadline is now: gRPC cuts them at once. The bound
+  // only guards against a handler that never returns.
+  if (!in_flight_rpcs_->WaitForNone(absl::Seconds(5))) {
+    log->warn("unary calls still in flight after 5 s; cancelling them");
+  }
+  grpc_server_->Shutdown(absl::ToChronoTime(absl::Now()));
   // Calls posted until now were answered (UNAVAILABLE while draining).
   if (fast_channels_ != nullptr) fast_channels_->Stop();
   stop_reaper_.Notify();

@@ -73,6 +73,8 @@ struct ServerOptions {
   int fast_channel_pollers = 1;
 };
 
+class InFlightRpcs;  // server.cc: the unary RPCs not yet answered
+
 class Server {
  public:
   // Builds the backend, pool, sessions and batcher. Fails with
@@ -85,8 +87,10 @@ class Server {
   // Unix socket another process is serving on; replaces a stale one.
   absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Drains: new calls get UNAVAILABLE, queued work finishes, the gRPC server
-  // stops and socket files are removed. Idempotent.
+  // Drains: new calls get UNAVAILABLE, queued work finishes and is
+  // answered, then the gRPC server stops at once (KeepAlive streams and idle
+  // connections are cut rather than waited for) and socket files are
+  // removed. Idempotent.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until Shutdown has finished.
@@ -122,6 +126,8 @@ class Server {
   std::unique_ptr<GrpcService> grpc_service_;
   std::unique_ptr<MetricsExporter> metrics_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
+  // Shared with the gRPC server's interceptors, which may outlive Shutdown.
+  std::shared_ptr<InFlightRpcs> in_flight_rpcs_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::vector<std::string> socket_paths_;
   std::thread reaper_;
@@ -133,6 +139,19 @@ class Server {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::string> bound_ ABSL_GUARDED_BY(mu_);
 };
+
+// Where pagealloc-server puts its socket when --listen is not given.
+inline constexpr char kDefaultSocketDir[] = "/run/pagealloc";
+
+// The address pagealloc-server listens on without --listen:
+// unix://<system_dir>/gpu<gpu>.sock when this process may create sockets in
+// `system_dir` (kDefaultSocketDir; created when missing), else
+// unix://<runtime_dir>/pagealloc/gpu<gpu>.sock (runtime_dir:
+// $XDG_RUNTIME_DIR, "" when unset), with a warning in the log that says
+// why and where. PERMISSION_DENIED when neither will do, naming each
+// directory's error (errno's text) and the ways out.
+absl::StatusOr<std::string> DefaultListenAddress(
+    int gpu, const std::string& system_dir, const std::string& runtime_dir);
 
 // Makes the backend options.backend names. "auto" falls back to CPU
 // (logging a warning) when no GPU is usable. `tag` makes shared memory names

@@ -268,7 +268,7 @@ TEST_F(BadInputTest, EveryBadInputIsRefusedClearlyAndChangesNothing) {
        "last_locs[0] (13): page 3 belongs to another session"},
       {"extend: last_loc on a free page",
        [&] { return Extend(alice_, {2}, {4}, {21}).status(); },
-       C::kFailedPrecondition, "last_locs[0] (21): page 5 is free"},
+       C::kFailedPrecondition, "last_locs[0] (21): page 5 was never allocated"},
       {"extend: too many requests",
        [&] { return Extend(alice_, many, many_seq, many_last).status(); },
        kInvalid, "17 requests; at most 16"},
@@ -358,7 +358,8 @@ TEST_F(BadInputTest, EveryBadInputIsRefusedClearlyAndChangesNothing) {
          return Alloc(alice_, {4}, {2, 5}).status();
        },
        C::kFailedPrecondition,
-       "options.free_pages_first: pages[1] (5): page 5 is already free"},
+       "options.free_pages_first: pages[1] (5): page 5 was never "
+       "allocated"},
       {"alloc: free_pages_first has another session's page",
        [&] { return Alloc(alice_, {4}, {3}).status(); }, C::kPermissionDenied,
        "options.free_pages_first: pages[0] (3): page 3 belongs to another "
@@ -385,12 +386,21 @@ TEST_F(BadInputTest, EveryBadInputIsRefusedClearlyAndChangesNothing) {
        "slots[0] (-8) is outside"},
       {"free: page past the pool", [&] { return Free(alice_, {}, {65}); },
        kInvalid, "pages[0] (65) is outside"},
-      {"free: double free",
+      {"free: a page never allocated",
        [&] {
          return Free(alice_, {}, {2, 5});
        },
+       C::kFailedPrecondition, "pages[1] (5): page 5 was never allocated"},
+      // Bob takes page 5 from the front of the (LIFO) free list and gives it
+      // back to the front: the pool is as before, and page 5 has been freed.
+      {"free: double free",
+       [&] {
+         EXPECT_OK(Alloc(bob_, {4}).status());
+         EXPECT_OK(Free(bob_, {}, {5}));
+         return Free(alice_, {}, {2, 5});
+       },
        C::kFailedPrecondition,
-       "pages[1] (5): page 5 is already free (double free)"},
+       "pages[1] (5): page 5 was already freed (double free)"},
       {"free: another session's page", [&] { return Free(alice_, {}, {3}); },
        C::kPermissionDenied, "pages[0] (3): page 3 belongs to another session"},
       {"free: own and another's, all or nothing",

@@ -1,6 +1,7 @@
 // The real pagealloc-server binary on a real Unix socket, driven by the
 // client library and by real client processes.
 
+#include <dlfcn.h>
 #include <grp.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -134,6 +135,14 @@ TEST(ServerProcessTest, CudaBackendWithoutAGpuSaysSo) {
   EXPECT_TRUE(text.find("no CUDA GPU") != std::string::npos ||
               text.find("built without CUDA") != std::string::npos)
       << text;
+  // Without the driver library the reason is that, in those words (not the
+  // CUDA runtime's "driver version is insufficient").
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (driver != nullptr) {
+    dlclose(driver);
+  } else if (text.find("no CUDA GPU") != std::string::npos) {
+    EXPECT_THAT(text, HasSubstr("no CUDA GPU: no NVIDIA driver"));
+  }
 }
 
 TEST(ServerProcessTest, SigtermDrainsAndRemovesTheSocket) {
@@ -162,6 +171,32 @@ TEST(ServerProcessTest, SigtermDrainsAndRemovesTheSocket) {
       absl::Seconds(6));
   EXPECT_THAT(session, StatusIs(absl::StatusCode::kUnavailable,
                                 HasSubstr("session and its slots are gone")));
+}
+
+// Nothing queued, two clients connected: one closed its session and keeps
+// its (idle) connection, the other holds a session and its KeepAlive
+// stream. Neither has work in flight, so the daemon stops at once instead
+// of waiting out gRPC's shutdown deadline (5 s) for them. The lease is long
+// so that no KeepAlive message arrives during the test to end a stream.
+TEST(ServerProcessTest, SigtermDoesNotWaitForIdleConnections) {
+  ASSERT_OK_AND_ASSIGN(Daemon daemon,
+                       StartDaemon("idle", {"--lease_ms=60000"}));
+  auto closed = ConnectTo(daemon.target);
+  auto open = ConnectTo(daemon.target);
+  ASSERT_NE(closed, nullptr);
+  ASSERT_NE(open, nullptr);
+  ASSERT_OK(closed->Alloc({16}).status());
+  ASSERT_OK(open->Alloc({16}).status());
+  ASSERT_OK(closed->Close());
+  const absl::Time signalled = absl::Now();
+  daemon.process.Signal(SIGTERM);
+  ASSERT_OK_AND_ASSIGN(int status, daemon.process.Wait(absl::Seconds(15)));
+  const absl::Duration took = absl::Now() - signalled;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << DescribeWaitStatus(status) << "\n"
+      << ReadLog(daemon.log_path);
+  // Generous for a loaded machine; a wait for the deadline takes 5 s.
+  EXPECT_LT(took, absl::Seconds(4)) << ReadLog(daemon.log_path);
 }
 
 TEST(ServerProcessTest, KilledClientsPagesAreReclaimedAfterTheLease) {

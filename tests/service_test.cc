@@ -177,6 +177,30 @@ TEST_F(ServiceTest, FreeGroupCheckpointRollbackAndStats) {
   EXPECT_GE(stats.launches_total(), 2);
 }
 
+// GetStats lists, per session, its transport and how long ago it last
+// renewed its lease.
+TEST_F(ServiceTest, StatsNameEachSessionsTransportAndLeaseAge) {
+  StartServer(64, 4, absl::Seconds(60));
+  auto fast = Connect("fast");
+  ASSERT_NE(fast, nullptr);
+  ClientOptions grpc_only;
+  grpc_only.client_name = "grpc-only";
+  grpc_only.fast_channel = false;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> slow,
+                       server_->Connect(grpc_only));
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, fast->GetStats(true));
+  ASSERT_EQ(stats.sessions_size(), 2);
+  for (const v1::SessionStats& session : stats.sessions()) {
+    SCOPED_TRACE(session.client_name());
+    EXPECT_EQ(session.fast_channel(), session.client_name() == "fast"
+                                          ? fast->uses_fast_channel()
+                                          : false);
+    EXPECT_GE(session.lease_age_ms(), 0);
+    EXPECT_LE(session.lease_age_ms(), 60000);
+  }
+  EXPECT_TRUE(fast->uses_fast_channel()) << "no fast channel in this test";
+}
+
 TEST_F(ServiceTest, RequestsThatDoNotFitAreRefusedAlone) {
   StartServer(4, 4);
   auto client = Connect();
@@ -297,7 +321,8 @@ TEST_F(ServiceTest, MalformedCallsAreRefusedWhole) {
                        HasSubstr("either slots (1 given) or pages (1 given)")));
   EXPECT_THAT(client->FreePages({1, 3}),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("pages[1] (3): page 3 is already free")));
+                       HasSubstr("pages[1] (3): page 3 was never "
+                                 "allocated")));
   EXPECT_THAT(client->FreeSlots({0}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("page 0 is reserved")));

@@ -8,12 +8,14 @@
 // tokens), finishes a request, admits a request too large for the free pool
 // by evicting running requests and retrying, and finally frees everything.
 // It keeps each request's slots on the host, as an engine keeps its block
-// table. It exits 0 when every step behaved as documented, 1 otherwise.
-// tests/scheduler_example_test runs it against a real daemon.
+// table. It exits 0 when every step behaved as documented, 1 otherwise,
+// against a pool of any size. tests/scheduler_example_test runs it against
+// real daemons, a small pool and a large one.
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,12 +24,17 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "client/client.h"
 
 ABSL_FLAG(std::string, target, "unix:///run/pagealloc/gpu0.sock",
           "The daemon's gRPC address.");
 ABSL_FLAG(int64_t, decode_steps, 20, "Decode steps to run.");
+ABSL_FLAG(int64_t, max_batch_tokens, 1 << 21,
+          "The daemon's --max_batch_tokens (its default here): the most slots "
+          "one call may ask for.");
 
 namespace pagealloc::example {
 namespace {
@@ -39,6 +46,16 @@ struct Sequence {
   std::vector<int64_t> slots;
   int64_t seq_len() const { return static_cast<int64_t>(slots.size()); }
   int64_t last_loc() const { return slots.empty() ? -1 : slots.back(); }
+  // One slot of each of its pages: what a Free needs (any slot of a page
+  // frees the page), a page_size-th of the slots. Token i of a sequence
+  // that started on a fresh page lies in its (i / page_size)-th page.
+  std::vector<int64_t> PageSlots(int64_t page_size) const {
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < slots.size(); i += page_size) {
+      out.push_back(slots[i]);
+    }
+    return out;
+  }
 };
 
 #define EXAMPLE_RETURN_IF_ERROR(expr)  \
@@ -85,7 +102,8 @@ class Scheduler {
 
   // Frees every page of `s` (a finished or evicted request).
   absl::StatusOr<int64_t> Finish(Sequence& s) {
-    absl::StatusOr<int64_t> freed = client_->FreeSlots(s.slots);
+    absl::StatusOr<int64_t> freed =
+        client_->FreeSlots(s.PageSlots(client_->pool().page_size()));
     if (freed.ok()) s.slots.clear();
     return freed;
   }
@@ -198,8 +216,47 @@ absl::Status Run() {
   //    refused alone with RESOURCE_EXHAUSTED, changing nothing. The
   //    scheduler evicts (preempts) running requests, newest first, freeing
   //    their pages, and retries; an evicted request is recomputed later.
-  absl::StatusOr<v1::GetStatsResponse> stats = client.GetStats();
+  //
+  //    A call larger than the daemon takes at once (--max_batch_tokens
+  //    slots) is refused as a whole with INVALID_ARGUMENT before the pool
+  //    is looked at, and one larger than the session's ring has room for
+  //    is refused as "output ring full" (half the ring always has room
+  //    once earlier results are released: a call's slots are contiguous).
+  //    So a request can be short of pages only when the free pool is
+  //    smaller than one call. On a large pool that is when other running
+  //    requests hold the rest: here we admit such requests first
+  //    (prefills of at most one call each), as a busy engine would have
+  //    them.
+  absl::StatusOr<v1::GetStatsResponse> stats = client.GetStats(true);
   if (!stats.ok()) return stats.status();
+  int64_t ring_slots = 0;
+  for (const v1::SessionStats& session : stats->sessions()) {
+    if (session.session_id() == client.session_id()) {
+      ring_slots = session.ring_capacity_slots();
+    }
+  }
+  const int64_t call_pages =
+      std::min(absl::GetFlag(FLAGS_max_batch_tokens), ring_slots / 2) /
+      page_size;
+  EXAMPLE_RETURN_IF_ERROR(Expect(
+      call_pages >= 8, absl::StrFormat("one call carries %d pages, too few "
+                                       "for this example",
+                                       call_pages)));
+  std::deque<Sequence> busy;  // stable addresses for `batch`
+  while (stats->free_pages() > call_pages / 2) {
+    const int64_t pages =
+        std::min(stats->free_pages() - call_pages / 2, call_pages);
+    busy.push_back({absl::StrCat("e", busy.size() + 1), {}});
+    EXAMPLE_RETURN_IF_ERROR(
+        scheduler.Extend({&busy.back()}, {pages * page_size}));
+    batch.push_back(&busy.back());
+    stats = client.GetStats();
+    if (!stats.ok()) return stats.status();
+  }
+  if (!busy.empty()) {
+    std::printf("busy: %zu more requests running, %lld pages free\n",
+                busy.size(), static_cast<long long>(stats->free_pages()));
+  }
   Sequence big{"d", {}};
   const int64_t big_tokens = (stats->free_pages() + 4) * page_size;
   int evictions = 0;
@@ -226,8 +283,8 @@ absl::Status Run() {
   // 7. Shutdown: free what is left in one call per step (a FreeGroup),
   //    then close the session. (Closing alone would free the pages too.)
   Client::FreeGroup group = client.BeginFreeGroup();
-  group.Add(big.slots);
-  for (Sequence* s : batch) group.Add(s->slots);
+  group.Add(big.PageSlots(page_size));
+  for (Sequence* s : batch) group.Add(s->PageSlots(page_size));
   absl::StatusOr<int64_t> last = group.End();
   if (!last.ok()) return last.status();
   absl::StatusOr<int64_t> used = UsedPages(client);
@@ -245,6 +302,11 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // As docs/integration.md says: Debian's Abseil is built with Mutex
+  // deadlock detection on, a global lock in every absl::Mutex::Lock (the
+  // client library's included); a scheduler turns it off before its
+  // threads start.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::Status status = pagealloc::example::Run();
   if (!status.ok()) {
     // A lost session (NOT_FOUND, or UNAVAILABLE once the daemon is gone)

@@ -1,0 +1,242 @@
+// pagealloc-cli against a real daemon: Ctrl-C ends alloc's session at once,
+// free acts through the session file alloc wrote and says whether a page
+// was never allocated or already freed, and stats and watch print
+// GetStatsResponse as JSON and list each session's transport and lease age.
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_process.h"
+#include "tests/daemon_stats.h"
+#include "tests/status_matchers.h"
+#include "tests/subprocess.h"
+#include "tests/wait_for.h"
+
+namespace pagealloc::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// The lease is long: pages that come back during a test came back because
+// the session was closed, not because its lease ran out.
+constexpr char kLongLease[] = "--lease_ms=60000";
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/" + name;
+}
+
+struct Outcome {
+  std::string status;
+  std::string output;
+};
+
+// Runs the CLI with `args` to completion.
+Outcome Cli(const std::vector<std::string>& args) {
+  static int runs = 0;
+  const std::string log = TempPath(absl::StrFormat("cli%d.log", ++runs));
+  std::vector<std::string> argv = {RunfilePath("client/pagealloc-cli")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  absl::StatusOr<Subprocess> cli = Subprocess::Start(argv, log);
+  if (!cli.ok()) return {cli.status().ToString(), ""};
+  absl::StatusOr<int> status = cli->Wait(absl::Seconds(30));
+  if (!status.ok()) return {status.status().ToString(), ReadLog(log)};
+  return {DescribeWaitStatus(*status), ReadLog(log)};
+}
+
+// A running `alloc --hold_s`, with the pages it printed.
+struct Holder {
+  Subprocess process;
+  std::string log;
+  std::vector<int64_t> pages;
+};
+
+absl::StatusOr<Holder> StartHolder(const Daemon& daemon, int64_t tokens,
+                                   const std::vector<std::string>& extra) {
+  Holder holder;
+  holder.log = TempPath(absl::StrFormat("holder%d.log", getpid()));
+  unlink(holder.log.c_str());
+  std::vector<std::string> argv = {
+      RunfilePath("client/pagealloc-cli"), "--target=" + daemon.target, "alloc",
+      absl::StrCat("--tokens=", tokens), "--hold_s=600"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  absl::StatusOr<Subprocess> process = Subprocess::Start(argv, holder.log);
+  if (!process.ok()) return process.status();
+  holder.process = *std::move(process);
+  // "session N: ... (K pages): 1,2,3,4" then "holding the pages".
+  std::string text;
+  WaitFor(
+      [&] {
+        text = ReadLog(holder.log);
+        return absl::StrContains(text, "holding the pages") ||
+               !holder.process.running();
+      },
+      absl::Seconds(20));
+  if (!absl::StrContains(text, "holding the pages")) {
+    return absl::InternalError("alloc did not start holding:\n" + text);
+  }
+  const size_t colon = text.find("pages): ");
+  const std::string list =
+      text.substr(colon + 8, text.find('\n', colon) - colon - 8);
+  for (absl::string_view page : absl::StrSplit(list, ',')) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(page, &id)) {
+      return absl::InternalError("no page list in:\n" + text);
+    }
+    holder.pages.push_back(id);
+  }
+  return holder;
+}
+
+class CliSignalTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CliSignalTest, EndsTheHoldAndReturnsThePagesAtOnce) {
+  const int signal = GetParam();
+  ASSERT_OK_AND_ASSIGN(Daemon daemon,
+                       StartDaemon(absl::StrCat("signal", signal),
+                                   {kLongLease, "--page_size=16"}));
+  const std::string session_file = TempPath(absl::StrCat("s", signal));
+  ASSERT_OK_AND_ASSIGN(
+      Holder holder,
+      StartHolder(daemon, 64, {"--session_file=" + session_file}));
+  EXPECT_EQ(holder.pages.size(), 4u);
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse holding,
+                       DaemonStats(daemon.target));
+  EXPECT_EQ(holding.used_pages(), 4);
+  struct stat st;
+  ASSERT_EQ(stat(session_file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+
+  holder.process.Signal(signal);
+  ASSERT_OK_AND_ASSIGN(int status, holder.process.Wait(absl::Seconds(20)));
+  EXPECT_EQ(DescribeWaitStatus(status), "exited 0") << ReadLog(holder.log);
+  EXPECT_THAT(ReadLog(holder.log), HasSubstr("closing the session"));
+  // Closed by the client: the pages are back, well before the lease.
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse after, DaemonStats(daemon.target));
+  EXPECT_EQ(after.used_pages(), 0);
+  EXPECT_EQ(after.sessions_active(), 0);
+  EXPECT_THAT(ReadLog(daemon.log_path), HasSubstr("closed by client"));
+  EXPECT_THAT(ReadLog(daemon.log_path), Not(HasSubstr("lost its lease")));
+  EXPECT_NE(stat(session_file.c_str(), &st), 0) << "session file left behind";
+}
+
+INSTANTIATE_TEST_SUITE_P(SigintAndSigterm, CliSignalTest,
+                         ::testing::Values(SIGINT, SIGTERM));
+
+TEST(CliTest, FreeActsThroughTheSessionFileAndSaysWhyAPageIsFree) {
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon,
+      StartDaemon("free", {kLongLease, "--page_size=16", "--num_pages=256"}));
+  const std::string session_file = TempPath("free.session");
+  const std::string token_file = TempPath("free.token");
+  ASSERT_OK_AND_ASSIGN(Holder holder,
+                       StartHolder(daemon, 64,
+                                   {"--session_file=" + session_file,
+                                    "--token_file=" + token_file}));
+  ASSERT_EQ(holder.pages.size(), 4u);
+  const std::string first = absl::StrCat(holder.pages[0]);
+
+  // The session file carries the daemon's address: no --target needed.
+  Outcome freed =
+      Cli({"free", "--session_file=" + session_file, "--pages=" + first});
+  EXPECT_EQ(freed.status, "exited 0") << freed.output;
+  EXPECT_THAT(freed.output, HasSubstr("1 pages freed"));
+  Outcome again =
+      Cli({"free", "--session_file=" + session_file, "--pages=" + first});
+  EXPECT_EQ(again.status, "exited 1");
+  EXPECT_THAT(again.output,
+              HasSubstr(absl::StrFormat("page %s was already freed (double "
+                                        "free)",
+                                        first)));
+  Outcome never =
+      Cli({"free", "--session_file=" + session_file, "--pages=200"});
+  EXPECT_EQ(never.status, "exited 1");
+  EXPECT_THAT(never.output, HasSubstr("page 200 was never allocated"));
+  EXPECT_THAT(never.output, Not(HasSubstr("double free")));
+
+  // The session id and raw token file still work.
+  std::ifstream session_text(session_file);
+  std::string line;
+  std::string id;
+  while (std::getline(session_text, line)) {
+    if (absl::StartsWith(line, "session_id ")) id = line.substr(11);
+  }
+  ASSERT_FALSE(id.empty());
+  Outcome by_id = Cli({"--target=" + daemon.target, "free",
+                       "--session_id=" + id, "--token_file=" + token_file,
+                       absl::StrCat("--pages=", holder.pages[1])});
+  EXPECT_EQ(by_id.status, "exited 0") << by_id.output;
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+  EXPECT_EQ(stats.used_pages(), 2);
+  holder.process.Signal(SIGTERM);
+  ASSERT_OK(holder.process.Wait(absl::Seconds(20)).status());
+  Outcome gone =
+      Cli({"free", "--session_file=" + session_file, "--pages=" + first});
+  EXPECT_EQ(gone.status, "exited 1");
+  EXPECT_THAT(gone.output, HasSubstr("alloc removes it when it exits"));
+}
+
+TEST(CliTest, StatsAndWatchPrintJsonAndSessionColumns) {
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon,
+      StartDaemon("json", {kLongLease, "--page_size=16", "--num_pages=512"}));
+  ASSERT_OK_AND_ASSIGN(Holder holder, StartHolder(daemon, 32, {}));
+
+  Outcome json = Cli(
+      {"--target=" + daemon.target, "stats", "--sessions", "--output=json"});
+  ASSERT_EQ(json.status, "exited 0") << json.output;
+  v1::GetStatsResponse parsed;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json.output, &parsed).ok())
+      << json.output;
+  EXPECT_EQ(parsed.pool().num_pages(), 512);
+  EXPECT_EQ(parsed.used_pages(), 2);
+  ASSERT_EQ(parsed.sessions_size(), 1);
+  EXPECT_EQ(parsed.sessions(0).client_name(), "pagealloc-cli");
+  EXPECT_EQ(parsed.sessions(0).pages_owned(), 2);
+  // Field names as in the proto, zeros included.
+  EXPECT_THAT(json.output, HasSubstr("\"parked_pages\""));
+  EXPECT_THAT(json.output, HasSubstr("\"lease_age_ms\""));
+
+  Outcome watch = Cli({"--target=" + daemon.target, "watch", "--count=2",
+                       "--interval_ms=10", "--output=json"});
+  ASSERT_EQ(watch.status, "exited 0") << watch.output;
+  std::vector<std::string> lines =
+      absl::StrSplit(watch.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << watch.output;
+  for (const std::string& object : lines) {
+    v1::GetStatsResponse each;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(object, &each).ok())
+        << object;
+    EXPECT_EQ(each.sessions_size(), 1);
+  }
+
+  Outcome text = Cli({"--target=" + daemon.target, "stats", "--sessions"});
+  ASSERT_EQ(text.status, "exited 0") << text.output;
+  for (const char* column : {"CLIENT", "PAGES", "QUOTA", "TRANSPORT",
+                             "LEASE AGE", "pagealloc-cli"}) {
+    EXPECT_THAT(text.output, HasSubstr(column));
+  }
+  EXPECT_THAT(
+      text.output,
+      HasSubstr(parsed.sessions(0).fast_channel() ? "fast channel" : "gRPC"));
+  holder.process.Signal(SIGINT);
+  ASSERT_OK(holder.process.Wait(absl::Seconds(20)).status());
+}
+
+}  // namespace
+}  // namespace pagealloc::testing
