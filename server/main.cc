@@ -9,6 +9,7 @@
 
 #include <grp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -455,6 +456,17 @@ int Main() {
                              runtime_dir != nullptr ? runtime_dir : "");
     if (!address.ok()) return fail(address.status());
     options->listen.push_back(*address);
+  }
+  // Every session holds a few descriptors (its connection, and memory the
+  // daemon shares with it): run out of them and gRPC stops accepting. Take
+  // the hard limit the operator allows (the unit raises it: LimitNOFILE).
+  if (rlimit files; getrlimit(RLIMIT_NOFILE, &files) == 0 &&
+                    files.rlim_cur < files.rlim_max) {
+    const rlim_t soft = files.rlim_cur;
+    files.rlim_cur = files.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &files) == 0) {
+      log->info("open files limit raised from {} to {}", soft, files.rlim_max);
+    }
   }
   // Signals go to one watcher thread, never to a gRPC or batcher thread.
   sigset_t signals;
