@@ -1,12 +1,22 @@
-// The fast channel (fast_channel/layout.h) against an in-process daemon on
-// the CPU backend: the client library uses it and gets the answers gRPC
-// gives; raw, malformed posts are refused with a message and change
-// nothing; calls posted together share a launch; closing a session removes
-// its channel.
+// The fast channel (fast_channel/layout.h) and the memory socket that hands
+// it over (memory/memory_socket.h) against an in-process daemon on the CPU
+// backend: the client library uses it and gets the answers gRPC gives; raw,
+// malformed posts are refused with a message and change nothing; calls
+// posted together share a launch; closing a session removes its channel;
+// the memory socket hands nothing to a wrong token; a client whose
+// connection closes is reclaimed at once; a session that abuses its
+// doorbell or never reads its answers does not hold up another.
 
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <set>
@@ -14,12 +24,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
-#include "fast_channel/futex.h"
 #include "fast_channel/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/fd_passing.h"
+#include "memory/memory_socket.h"
 #include "memory/shared_region.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/fast_channel_server.h"
@@ -37,6 +49,22 @@ using ::pagealloc::testing::StatusIs;
 using ::pagealloc::testing::WaitFor;
 using ::testing::HasSubstr;
 namespace fc = ::pagealloc::fast_channel;
+namespace ms = ::pagealloc::memory_socket;
+
+// How many descriptors this process holds whose link reads `target`.
+int DescriptorsTo(const std::string& target) {
+  int count = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  while (const dirent* entry = readdir(dir)) {
+    char link[PATH_MAX] = {};
+    const std::string path = std::string("/proc/self/fd/") + entry->d_name;
+    if (readlink(path.c_str(), link, sizeof(link) - 1) > 0 && link == target) {
+      ++count;
+    }
+  }
+  closedir(dir);
+  return count;
+}
 
 class FastChannelTest : public ::testing::Test {
  protected:
@@ -82,11 +110,14 @@ class FastChannelTest : public ::testing::Test {
     return server_->server().fast_channels();
   }
 
-  // A raw session with a fast channel, mapped by hand.
+  // A raw session with a fast channel, its memory received over the memory
+  // socket and mapped by hand.
   struct RawSession {
     v1::RegisterResponse registered;
+    // The memory socket's connection and the doorbell (the channel's memory
+    // went into `region`, the ring's is left unmapped).
+    ms::SessionMemory memory;
     std::unique_ptr<SharedRegion> region;
-    std::unique_ptr<SharedRegion> doorbell;
     fc::ChannelHeader* header = nullptr;
     std::optional<fc::ChannelLayout> layout;
     uint32_t seq = 0;
@@ -101,9 +132,8 @@ class FastChannelTest : public ::testing::Test {
       if (ring) Ring();
     }
     void Ring() {
-      auto* bell = static_cast<fc::Doorbell*>(doorbell->base());
-      bell->seq.fetch_add(1);
-      fc::FutexWakeAll(&bell->seq);
+      const uint64_t one = 1;
+      ASSERT_EQ(write(memory.doorbell.get(), &one, sizeof(one)), 8);
     }
     void Await() {
       WaitFor([&] { return header->response_seq.load() == seq; },
@@ -125,18 +155,32 @@ class FastChannelTest : public ::testing::Test {
     EXPECT_TRUE(stub_->Register(&context, request, &raw.registered).ok());
     const v1::FastChannel& channel = raw.registered.fast_channel();
     raw.layout.emplace(channel.max_requests(), channel.message_bytes());
-    auto region =
-        SharedRegion::Open(channel.shm_name(), raw.layout->total_bytes);
-    auto doorbell =
-        SharedRegion::Open(channel.doorbell_shm_name(), sizeof(fc::Doorbell));
+    absl::StatusOr<ms::SessionMemory> memory = ms::ReceiveSessionMemory(
+        raw.registered.memory_socket(), raw.registered.session_id(),
+        raw.registered.session_token(), absl::Seconds(10));
+    EXPECT_OK(memory.status());
+    if (!memory.ok()) return raw;
+    raw.memory = *std::move(memory);
+    EXPECT_TRUE(raw.memory.doorbell.valid());
+    EXPECT_TRUE(raw.memory.ring.valid());
+    auto region = SharedRegion::FromFd(std::move(raw.memory.channel),
+                                       raw.layout->total_bytes,
+                                       SharedRegion::Access::kReadWrite);
     EXPECT_OK(region.status());
-    EXPECT_OK(doorbell.status());
-    if (region.ok() && doorbell.ok()) {
+    if (region.ok()) {
       raw.region = *std::move(region);
-      raw.doorbell = *std::move(doorbell);
       raw.header = static_cast<fc::ChannelHeader*>(raw.region->base());
     }
     return raw;
+  }
+
+  // Writes an Alloc of `n` requests of one page each into `raw`'s channel.
+  void WriteAlloc(RawSession* raw, int n) {
+    raw->header->kind = static_cast<uint32_t>(fc::CallKind::kAlloc);
+    raw->header->num_requests = n;
+    raw->header->num_free_first = 0;
+    raw->header->options = 0;
+    for (int i = 0; i < n; ++i) raw->array(raw->layout->in1)[i] = 4;
   }
 
   std::unique_ptr<InProcessServer> server_;
@@ -427,10 +471,15 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   ASSERT_TRUE(client->uses_fast_channel());
   ASSERT_OK(client->Alloc({4}).status());
   RawSession raw = OpenRaw();
-  const std::string name = raw.registered.fast_channel().shm_name();
-  EXPECT_OK(SharedRegion::Open(name, 1).status());
+  ASSERT_NE(raw.header, nullptr);
+  const uint64_t id = raw.registered.session_id();
+  const std::string channel_memory =
+      absl::StrFormat("/memfd:pagealloc-channel.%d (deleted)", id);
+  // The daemon's own (the copy it handed over may take a moment to go).
+  EXPECT_TRUE(WaitFor([&] { return DescriptorsTo(channel_memory) == 1; },
+                      absl::Seconds(10)));
   v1::KeepAliveRequest close;
-  close.mutable_session()->set_session_id(raw.registered.session_id());
+  close.mutable_session()->set_session_id(id);
   close.mutable_session()->set_session_token(raw.registered.session_token());
   close.set_close(true);
   grpc::ClientContext context;
@@ -441,10 +490,16 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   while (stream->Read(&ignored)) {
   }
   (void)stream->Finish();
-  EXPECT_THAT(SharedRegion::Open(name, 1).status(),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(name)));
+  // The memory socket says why, then closes; the daemon lets go of the
+  // channel's memory (the raw client's mapping stays valid).
+  EXPECT_THAT(
+      ms::ReadSessionEnd(raw.memory.connection.get()),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("closed by client")));
+  EXPECT_TRUE(WaitFor([&] { return DescriptorsTo(channel_memory) == 0; },
+                      absl::Seconds(10)));
   // The other session is untouched.
   EXPECT_OK(client->Alloc({4}).status());
+  EXPECT_EQ(server_->server().memory_socket()->connected_sessions(), 1);
 }
 
 TEST_F(FastChannelTest, DaemonWithoutFastChannelsServesOverGrpc) {
