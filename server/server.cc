@@ -1,6 +1,8 @@
 #include "server/server.h"
 
+#include <dirent.h>
 #include <grp.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -15,8 +17,10 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -150,6 +154,31 @@ std::string MemorySocketPathFor(const std::vector<std::string>& listen) {
 
 }  // namespace
 
+int RemoveLeftoverSegments(int gpu) {
+  const std::string prefix = absl::StrFormat("pagealloc-gpu%d.", gpu);
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  while (const dirent* entry = readdir(dir)) {
+    // "pagealloc-gpu<gpu>.<pid>.<rest>": the creator's pid follows.
+    absl::string_view name(entry->d_name);
+    if (!absl::ConsumePrefix(&name, prefix)) continue;
+    const size_t dot = name.find('.');
+    int pid = 0;
+    if (dot == absl::string_view::npos ||
+        !absl::SimpleAtoi(name.substr(0, dot), &pid) || pid <= 0 ||
+        pid == getpid()) {
+      continue;
+    }
+    // A pid that runs (or that we may not signal) may be a daemon of an
+    // earlier version still serving: its files stay.
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (unlinkat(dirfd(dir), entry->d_name, 0) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
     const ServerOptions& options) {
   const std::string& name = options.backend;
@@ -234,6 +263,12 @@ absl::Status Server::Start() {
   absl::MutexLock lock(&mu_);
   if (started_) return absl::FailedPreconditionError("already started");
   std::shared_ptr<spdlog::logger> log = Logger("server");
+  if (const int removed = RemoveLeftoverSegments(options_.gpu); removed > 0) {
+    log->info(
+        "removed {} leftover shared-memory segments of dead daemons "
+        "(/dev/shm/pagealloc-gpu{}.<pid>.*)",
+        removed, options_.gpu);
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

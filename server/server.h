@@ -151,6 +151,12 @@ class Server {
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
     const ServerOptions& options);
 
+// Removes the shared-memory files (/dev/shm/pagealloc-gpu<gpu>.<pid>.*) that
+// daemons of earlier versions named their rings, channels and doorbells
+// with and left behind when they were killed: those whose creator pid no
+// longer runs. Returns how many it removed.
+int RemoveLeftoverSegments(int gpu);
+
 }  // namespace pagealloc
 
 #endif  // PAGEALLOC_SERVER_SERVER_H_

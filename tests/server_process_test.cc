@@ -342,5 +342,39 @@ TEST(ServerProcessTest, ClientsSeeADeadDaemon) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("session")));
 }
 
+// Daemons of earlier versions named their memory in /dev/shm
+// ("pagealloc-gpu<N>.<pid>.*") and left it there when killed. A daemon
+// removes those of its GPU whose creator is dead at start, and keeps those
+// of a process that runs.
+TEST(ServerProcessTest, LeftoversOfDeadDaemonsAreRemovedAtStart) {
+  // A pid that ran and is dead: a child that exited and was reaped.
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  constexpr int kGpu = 7;
+  const std::string leftover = absl::StrFormat(
+      "/dev/shm/pagealloc-gpu%d.%d.channel.12.deadbeef", kGpu, dead);
+  const std::string live = absl::StrFormat(
+      "/dev/shm/pagealloc-gpu%d.%d.34.cafecafe", kGpu, getpid());
+  const std::string other_gpu = absl::StrFormat(
+      "/dev/shm/pagealloc-gpu%d.%d.56.0badf00d", kGpu + 1, dead);
+  for (const std::string& path : {leftover, live, other_gpu}) {
+    const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    ASSERT_GE(fd, 0) << path;
+    close(fd);
+  }
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon, StartDaemon("sweep", {absl::StrFormat("--gpu=%d", kGpu)}));
+  struct stat st;
+  EXPECT_NE(stat(leftover.c_str(), &st), 0) << "a dead daemon's file stayed";
+  EXPECT_EQ(stat(live.c_str(), &st), 0) << "a live process's file went";
+  EXPECT_EQ(stat(other_gpu.c_str(), &st), 0) << "another GPU's file went";
+  EXPECT_THAT(ReadLog(daemon.log_path),
+              HasSubstr("removed 1 leftover shared-memory segments"));
+  unlink(live.c_str());
+  unlink(other_gpu.c_str());
+}
+
 }  // namespace
 }  // namespace pagealloc::testing
