@@ -342,6 +342,149 @@ TEST(ServerProcessTest, ClientsSeeADeadDaemon) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("session")));
 }
 
+// A SIGKILLed daemon's memory socket closes with it: a call waiting for its
+// answer on the fast channel fails at once, and so does every later call.
+// The daemon is stopped (SIGSTOP) first, so that the call is in flight when
+// it dies. Timed over 20 daemons, from the kill to the call's return.
+TEST(ServerProcessTest, ACallInFlightFailsAtOnceWhenTheDaemonDies) {
+  constexpr int kKills = 20;
+  std::vector<absl::Duration> failed;
+  for (int i = 0; i < kKills; ++i) {
+    ASSERT_OK_AND_ASSIGN(
+        Daemon daemon,
+        StartDaemon(absl::StrFormat("killed%d", i), {"--lease_ms=60000"}));
+    auto client = ConnectTo(daemon.target);
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->uses_fast_channel());
+    ASSERT_OK(client->Alloc({16}).status());
+    daemon.process.Signal(SIGSTOP);
+    // Stopped for sure (every thread) before the call is made.
+    int stopped = 0;
+    ASSERT_EQ(waitpid(daemon.process.pid(), &stopped, WUNTRACED),
+              daemon.process.pid());
+    ASSERT_TRUE(WIFSTOPPED(stopped)) << DescribeWaitStatus(stopped);
+    absl::Time returned;
+    absl::StatusOr<Allocation> pending;
+    std::thread caller([&] {
+      pending = client->Alloc({16});
+      returned = absl::Now();
+    });
+    // Let the call reach its wait (were it later, it would fail at once
+    // all the same: the session is gone by then).
+    absl::SleepFor(absl::Milliseconds(20));
+    const absl::Time killed = absl::Now();
+    daemon.process.Signal(SIGKILL);
+    caller.join();
+    failed.push_back(std::max(returned - killed, absl::ZeroDuration()));
+    EXPECT_THAT(pending, StatusIs(absl::StatusCode::kUnavailable,
+                                  HasSubstr("the daemon went away")));
+    EXPECT_THAT(client->session_status(),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         HasSubstr("the daemon went away")));
+    EXPECT_THAT(client->Alloc({16}),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         HasSubstr("the daemon went away")));
+    ASSERT_OK(daemon.process.Wait(absl::Seconds(5)).status());
+  }
+  const Percentiles p = Summarize(failed);
+  std::printf(
+      "a call in flight fails after SIGKILL of the daemon, %d kills: p50 %s, "
+      "p99 %s, max %s\n",
+      kKills, absl::FormatDuration(p.p50).c_str(),
+      absl::FormatDuration(p.p99).c_str(), absl::FormatDuration(p.max).c_str());
+  EXPECT_LE(p.max, absl::Seconds(2));
+}
+
+// The names of /dev/shm's files.
+std::vector<std::string> DevShm() {
+  std::vector<std::string> names;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return names;
+  while (const dirent* entry = readdir(dir)) names.push_back(entry->d_name);
+  closedir(dir);
+  return names;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(ServerProcessTest, NothingOfADaemonWithSessionsIsInDevShm) {
+  if (const char* backend = std::getenv("PAGEALLOC_TEST_BACKEND");
+      backend != nullptr && std::string(backend) == "cuda") {
+    GTEST_SKIP() << "the CUDA backend's rings are device memory";
+  }
+  ASSERT_OK_AND_ASSIGN(Daemon daemon, StartDaemon("noshm", {}));
+  auto a = ConnectTo(daemon.target);
+  auto b = ConnectTo(daemon.target);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(a->uses_fast_channel());
+  ASSERT_OK(a->Alloc({16}).status());
+  ASSERT_OK(b->Alloc({16}).status());
+  // No file in /dev/shm is the daemon's (it would name its pid)...
+  const std::string pid = absl::StrFormat(".%d.", daemon.process.pid());
+  for (const std::string& name : DevShm()) {
+    EXPECT_FALSE(name.rfind("pagealloc-", 0) == 0 &&
+                 name.find(pid) != std::string::npos)
+        << name;
+  }
+  // ...and the daemon maps no file there: its sessions' memory is memfds.
+  const std::string maps =
+      ReadFile(absl::StrFormat("/proc/%d/maps", daemon.process.pid()));
+  EXPECT_THAT(maps, ::testing::Not(HasSubstr("/dev/shm/")));
+  EXPECT_THAT(maps, HasSubstr("/memfd:pagealloc-ring."));
+  EXPECT_THAT(maps, HasSubstr("/memfd:pagealloc-channel."));
+  // Nor does this client.
+  EXPECT_THAT(ReadFile("/proc/self/maps"),
+              ::testing::Not(HasSubstr("/dev/shm/pagealloc")));
+}
+
+// A ring whose memory cannot be reserved is refused at Register, and the
+// daemon goes on serving. A file-size limit on the daemon (RLIMIT_FSIZE,
+// inherited, with SIGXFSZ ignored) makes the reservation fail the way a
+// full tmpfs or a memory cgroup at its limit does, without mounting
+// anything: what this shows is that the ring's memory is reserved at
+// Register, and that a refusal there is a clean RESOURCE_EXHAUSTED rather
+// than a SIGBUS once the ring fills.
+TEST(ServerProcessTest, ARingWhoseMemoryCannotBeReservedIsRefusedAtRegister) {
+  if (const char* backend = std::getenv("PAGEALLOC_TEST_BACKEND");
+      backend != nullptr && std::string(backend) == "cuda") {
+    GTEST_SKIP() << "the CUDA backend's rings are device memory";
+  }
+  struct rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  struct sigaction ignore = {}, saved_action;
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGXFSZ, &ignore, &saved_action), 0);
+  struct rlimit limited = saved;
+  limited.rlim_cur = 64 << 20;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  absl::StatusOr<Daemon> started = StartDaemon("smallmem", {});
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  ASSERT_EQ(sigaction(SIGXFSZ, &saved_action, nullptr), 0);
+  ASSERT_OK(started.status());
+  Daemon& daemon = *started;
+
+  ClientOptions big;
+  big.target = daemon.target;
+  big.client_name = "big-ring";
+  big.ring_capacity_slots = int64_t{1} << 24;  // 128 MiB
+  EXPECT_THAT(Client::Connect(big),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("cannot reserve 134217728 bytes")));
+  // The daemon serves on, with no session left behind.
+  auto small = ConnectTo(daemon.target);
+  ASSERT_NE(small, nullptr);
+  ASSERT_OK(small->Alloc({16}).status());
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(daemon.target));
+  EXPECT_EQ(stats.sessions_active(), 1);
+  EXPECT_TRUE(daemon.process.running());
+}
+
 // Daemons of earlier versions named their memory in /dev/shm
 // ("pagealloc-gpu<N>.<pid>.*") and left it there when killed. A daemon
 // removes those of its GPU whose creator is dead at start, and keeps those
