@@ -1,15 +1,22 @@
 #include "client/client.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "client/fast_channel_client.h"
 #include "client/ring_view.h"
 #include "common/status_macros.h"
 #include "fast_channel/layout.h"
+#include "memory/memory_socket.h"
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "client/cuda_ring_view.h"
 #endif
@@ -48,26 +55,111 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         ClientChannelArguments());
   }
   client->stub_ = v1::PageAllocator::NewStub(client->channel_);
-  v1::OutputRing ring;
-  absl::Status registered = client->Register(&ring);
-  if (!registered.ok()) return registered;
+  v1::RegisterResponse registered;
+  absl::Status status = client->Register(&registered);
+  if (!status.ok()) return status;
   // Keep the lease from now on: mapping the ring can take longer than a
   // short lease (a fresh process creates its CUDA context there).
   client->keepalive_ = std::thread([c = client.get()] { c->KeepAliveLoop(); });
+  // The session's memory, as descriptors over the memory socket. Out of
+  // reach (another host or container, a daemon with no Unix socket), the
+  // session still works over gRPC where its backend allows.
+  memory_socket::SessionMemory memory;
+  const std::string path = client->MemorySocketPath(registered);
+  absl::Status received = absl::UnavailableError(
+      "the daemon names no memory socket (it listens on no Unix socket)");
+  if (!path.empty()) {
+    absl::StatusOr<memory_socket::SessionMemory> got =
+        memory_socket::ReceiveSessionMemory(path, client->session_id_,
+                                            client->session_token_,
+                                            options.call_timeout);
+    if (got.ok()) {
+      memory = *std::move(got);
+      received = absl::OkStatus();
+    } else if (got.status().code() != absl::StatusCode::kUnavailable) {
+      // The daemon refused the session its memory: say why.
+      (void)client->Close();
+      return got.status();
+    } else {
+      received = got.status();
+    }
+  }
+  if (client->pool_.backend() == v1::BACKEND_CPU && !memory.ring.valid()) {
+    (void)client->Close();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot map the output ring: %s (a client of a CPU-backend daemon "
+        "must run on its host and reach its memory socket)",
+        received.message()));
+  }
   absl::StatusOr<std::unique_ptr<RingView>> mapped =
-      MapRing(client->pool_, ring);
+      MapRing(client->pool_, registered.ring(), std::move(memory.ring));
   if (!mapped.ok()) {
     (void)client->Close();  // give the session back at once
     return mapped.status();
   }
   client->ring_ = *std::move(mapped);
+  if (registered.has_fast_channel() && memory.channel.valid()) {
+    // Without it calls simply go through gRPC.
+    absl::StatusOr<std::unique_ptr<FastChannelClient>> fast =
+        FastChannelClient::Map(registered.fast_channel(),
+                               std::move(memory.channel),
+                               std::move(memory.doorbell));
+    if (fast.ok()) client->fast_ = *std::move(fast);
+  }
+  if (memory.connection.valid()) {
+    client->stop_watching_.reset(eventfd(0, EFD_CLOEXEC));
+    if (!client->stop_watching_.valid()) {
+      (void)client->Close();
+      return absl::InternalError(
+          absl::StrFormat("eventfd failed: %s", std::strerror(errno)));
+    }
+    client->memory_connection_ = std::move(memory.connection);
+    client->watcher_ = std::thread([c = client.get()] { c->WatchDaemon(); });
+  }
   return client;
+}
+
+std::string Client::MemorySocketPath(
+    const v1::RegisterResponse& registered) const {
+  // The daemon's path is as its own file system sees it; beside our Unix
+  // target is the same socket as ours sees it (a mounted directory).
+  absl::string_view target = options_.target;
+  if (options_.channel == nullptr && (absl::ConsumePrefix(&target, "unix://") ||
+                                      absl::ConsumePrefix(&target, "unix:"))) {
+    return memory_socket::MemorySocketPath(target);
+  }
+  return registered.memory_socket();
+}
+
+void Client::WatchDaemon() {
+  pollfd watched[2] = {{memory_connection_.get(), POLLIN | POLLRDHUP, 0},
+                       {stop_watching_.get(), POLLIN, 0}};
+  while (true) {
+    if (poll(watched, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (watched[1].revents != 0) return;
+    if (watched[0].revents != 0) break;
+  }
+  // The daemon ended the session (and said why) or went away.
+  MarkGone(memory_socket::ReadSessionEnd(memory_connection_.get()));
+  if (fast_ != nullptr) fast_->WakeWaiter();
+  StopKeepAlive();
+}
+
+void Client::StopWatching() {
+  if (!watcher_.joinable()) return;
+  const uint64_t one = 1;
+  (void)!write(stop_watching_.get(), &one, sizeof(one));
+  watcher_.join();
 }
 
 Client::~Client() {
   (void)Close();
   StopKeepAlive();
   if (keepalive_.joinable()) keepalive_.join();
+  StopWatching();
 }
 
 void Client::StopKeepAlive() {
@@ -91,29 +183,21 @@ v1::SessionRef Client::Ref() const {
   return ref;
 }
 
-absl::Status Client::Register(v1::OutputRing* ring) {
+absl::Status Client::Register(v1::RegisterResponse* response) {
   v1::RegisterRequest request;
   request.set_client_name(options_.client_name);
   request.set_ring_capacity_slots(options_.ring_capacity_slots);
   request.set_quota_pages(options_.quota_pages);
   request.set_fast_channel(options_.fast_channel);
-  v1::RegisterResponse response;
   auto context = NewContext();
   absl::Status status =
-      FromGrpcStatus(stub_->Register(context.get(), request, &response));
+      FromGrpcStatus(stub_->Register(context.get(), request, response));
   if (!status.ok()) return status;
-  session_id_ = response.session_id();
-  session_token_ = response.session_token();
-  pool_ = response.pool();
-  lease_ms_ = response.lease_ms();
-  completion_event_ = response.ring().cuda_ipc_event_handle();
-  *ring = response.ring();
-  if (!response.fast_channel().shm_name().empty()) {
-    // Without it (another host, no access) calls simply go through gRPC.
-    absl::StatusOr<std::unique_ptr<FastChannelClient>> fast =
-        FastChannelClient::Map(response.fast_channel());
-    if (fast.ok()) fast_ = *std::move(fast);
-  }
+  session_id_ = response->session_id();
+  session_token_ = response->session_token();
+  pool_ = response->pool();
+  lease_ms_ = response->lease_ms();
+  completion_event_ = response->ring().cuda_ipc_event_handle();
   return absl::OkStatus();
 }
 

@@ -9,15 +9,20 @@
 //   for (size_t i = 0; i < a.size(); ++i) use(a[i].slots, a[i].count);
 //   client->Release(a);  // the ring space may be reused from now on
 //
-// Connect registers a session, maps the session's output ring once (CUDA IPC
-// on a GPU daemon, POSIX shared memory on a CPU one) and keeps the session's
-// lease alive from a background thread. Slots come back as pointers into the
-// mapped ring: device pointers on the CUDA backend, host pointers on the CPU
-// backend. Errors are absl::Status values with the daemon's code and message.
+// Connect registers a session, receives the session's memory over the
+// daemon's memory socket (memory/memory_socket.h: its fast channel and, on
+// a CPU daemon, its output ring, as file descriptors), maps the output ring
+// once (CUDA IPC on a GPU daemon) and keeps the session's lease alive from a
+// background thread. Slots come back as pointers into the mapped ring:
+// device pointers on the CUDA backend, host pointers on the CPU backend.
+// Errors are absl::Status values with the daemon's code and message.
 //
 // When the daemon dies or the session's lease is lost, every call fails and
 // session_status() says why: the slots the session held are void and the
-// scheduler must rebuild its KV state (see docs/operations.md).
+// scheduler must rebuild its KV state (see docs/operations.md). The memory
+// socket's connection stays open for the session's life, so a client on
+// the daemon's host learns of either at once: a call waiting on the fast
+// channel fails then, and so does every later call.
 //
 // This class is thread-safe.
 
@@ -39,6 +44,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "grpcpp/grpcpp.h"
+#include "memory/unique_fd.h"
 #include "proto/pagealloc.grpc.pb.h"
 
 namespace pagealloc {
@@ -67,8 +73,8 @@ struct ClientOptions {
   std::shared_ptr<grpc::Channel> channel;
   // Send allocation calls, Free, Checkpoint and Rollback through the
   // session's fast channel (shared memory, fast_channel/layout.h) when the
-  // daemon offers one and this process can map it; else, and for
-  // return_inline calls, through gRPC.
+  // daemon offers one and this process can reach its memory socket; else,
+  // and for return_inline calls, through gRPC.
   bool fast_channel = true;
   // How long a fast call spins for its answer before it sleeps (a sleeping
   // caller pays one wake-up when the answer comes).
@@ -135,9 +141,12 @@ enum class CallKind : uint32_t;  // fast_channel/layout.h
 
 class Client {
  public:
-  // Connects, registers a session, maps its ring and starts the KeepAlive
-  // thread. Returns the daemon's status (e.g. UNAVAILABLE when nothing
-  // listens at the target).
+  // Connects, registers a session, receives its memory, maps its ring and
+  // starts the KeepAlive thread. Returns the daemon's status (e.g.
+  // UNAVAILABLE when nothing listens at the target, UNAUTHENTICATED when
+  // its memory socket refuses the session), FAILED_PRECONDITION when the
+  // ring of a CPU daemon cannot be had (a client on another host or
+  // container that cannot reach the memory socket).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const ClientOptions& options);
 
@@ -207,9 +216,17 @@ class Client {
 
  private:
   explicit Client(const ClientOptions& options);
-  // Registers the session and fills what is needed to map its ring.
-  absl::Status Register(v1::OutputRing* ring);
+  // Registers the session and keeps what the calls need of `response`.
+  absl::Status Register(v1::RegisterResponse* response);
+  // Where this client reaches the daemon's memory socket: beside its Unix
+  // target, else where Register said ("" when neither).
+  std::string MemorySocketPath(const v1::RegisterResponse& registered) const;
   void KeepAliveLoop();
+  // Waits on the memory socket's connection until the daemon ends the
+  // session or goes away (then marks the session gone and wakes a fast
+  // call waiting for its answer), or until StopWatching.
+  void WatchDaemon();
+  void StopWatching();
   // Fills the common fields, sends, and turns the response into slots.
   template <typename Request, typename Method>
   absl::StatusOr<Allocation> CallAlloc(Request& request,
@@ -276,6 +293,12 @@ class Client {
   grpc::ClientContext* keepalive_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Notification stop_keepalive_;
   std::thread keepalive_;
+
+  // The memory socket's connection (invalid when the daemon's memory
+  // socket was out of reach), and the watcher thread on it.
+  UniqueFd memory_connection_;
+  UniqueFd stop_watching_;  // eventfd: StopWatching rings it
+  std::thread watcher_;
 
   // The fast channel (null when not used). One call at a time.
   std::unique_ptr<FastChannelClient> fast_;

@@ -1,5 +1,7 @@
 #include "client/fast_channel_client.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -13,33 +15,36 @@ using fast_channel::Capacity;
 using fast_channel::ChannelLayout;
 
 absl::StatusOr<std::unique_ptr<FastChannelClient>> FastChannelClient::Map(
-    const v1::FastChannel& description) {
+    const v1::FastChannel& description, UniqueFd channel, UniqueFd doorbell) {
   const Capacity capacity{description.max_requests(),
                           description.message_bytes()};
   if (!fast_channel::ValidateCapacity(capacity).ok()) {
     return absl::InternalError("the daemon described a malformed fast channel");
   }
+  if (!doorbell.valid()) {
+    return absl::FailedPreconditionError(
+        "the daemon handed over no doorbell for the fast channel");
+  }
   const ChannelLayout layout(capacity.max_requests, capacity.message_bytes);
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<SharedRegion> channel,
-      SharedRegion::Open(description.shm_name(), layout.total_bytes));
-  ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> doorbell,
-                   SharedRegion::Open(description.doorbell_shm_name(),
-                                      sizeof(fast_channel::Doorbell)));
+  ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region,
+                   SharedRegion::FromFd(std::move(channel), layout.total_bytes,
+                                        SharedRegion::Access::kReadWrite));
   auto client = std::unique_ptr<FastChannelClient>(
-      new FastChannelClient(std::move(channel), std::move(doorbell), capacity));
+      new FastChannelClient(std::move(region), std::move(doorbell), capacity));
   RETURN_IF_ERROR(client->codec_.CheckHeader());
   return client;
 }
 
 FastChannelClient::FastChannelClient(std::unique_ptr<SharedRegion> channel,
-                                     std::unique_ptr<SharedRegion> doorbell,
+                                     UniqueFd doorbell,
                                      const Capacity& capacity)
     : channel_region_(std::move(channel)),
-      doorbell_region_(std::move(doorbell)),
-      codec_(channel_region_->base(), capacity),
-      doorbell_(
-          static_cast<fast_channel::Doorbell*>(doorbell_region_->base())) {}
+      doorbell_(std::move(doorbell)),
+      codec_(channel_region_->base(), capacity) {}
+
+void FastChannelClient::WakeWaiter() {
+  fast_channel::FutexWakeAll(&codec_.header()->response_seq);
+}
 
 absl::Status FastChannelClient::Call(const fast_channel::CallView& call,
                                      absl::Duration spin, absl::Time deadline,
@@ -47,13 +52,16 @@ absl::Status FastChannelClient::Call(const fast_channel::CallView& call,
   const uint32_t seq = seq_ + 1;
   RETURN_IF_ERROR(codec_.PostCall(call, seq));
   seq_ = seq;
-  doorbell_->seq.fetch_add(1, std::memory_order_seq_cst);
-  if (doorbell_->pollers_sleeping.load(std::memory_order_seq_cst) != 0) {
-    fast_channel::FutexWakeAll(&doorbell_->seq);
+  // PostCall stored request_seq (seq_cst) before this load: either we see
+  // the poller's flag or the poller sees the call (fast_channel/layout.h).
+  if (codec_.PollerSleeping()) {
+    const uint64_t one = 1;
+    // Fails only when the counter is full, which wakes the poller anyway.
+    (void)!write(doorbell_.get(), &one, sizeof(one));
   }
   // Spin (the usual answer comes within tens of microseconds), then sleep
   // on response_seq in short slices, watching the deadline and the session
-  // (the KeepAlive thread notices a dead daemon).
+  // (the memory socket's watcher notices a dead daemon and wakes us).
   fast_channel::ChannelHeader* h = codec_.header();
   const absl::Time start = absl::Now();
   while (!codec_.Answered(seq)) {

@@ -1,17 +1,18 @@
 // The client's end of the fast channel against a daemon's end played by
-// this test through the same codec, over real shared memory.
+// this test through the same codec, over real shared memory and a real
+// eventfd doorbell.
 
 #include "client/fast_channel_client.h"
 
+#include <fcntl.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <optional>
-#include <random>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_format.h"
 #include "fast_channel/codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -31,23 +32,33 @@ constexpr fast_channel::Capacity kCapacity{/*max_requests=*/16,
 class FastChannelClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::random_device random;
-    const std::string prefix =
-        absl::StrFormat("/pagealloc-fcc-test.%d.%08x", getpid(), random());
     const fast_channel::ChannelLayout layout(kCapacity.max_requests,
                                              kCapacity.message_bytes);
     ASSERT_OK_AND_ASSIGN(
-        channel_,
-        SharedRegion::Create(prefix + ".channel", layout.total_bytes, 0600));
-    ASSERT_OK_AND_ASSIGN(
-        doorbell_, SharedRegion::Create(prefix + ".doorbell",
-                                        sizeof(fast_channel::Doorbell), 0600));
+        channel_, SharedRegion::Create("fcc-test-channel", layout.total_bytes));
+    doorbell_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    ASSERT_TRUE(doorbell_.valid());
     daemon_.emplace(channel_->base(), kCapacity);
     daemon_->Initialize();
-    description_.set_shm_name(channel_->name());
-    description_.set_doorbell_shm_name(doorbell_->name());
     description_.set_max_requests(kCapacity.max_requests);
     description_.set_message_bytes(kCapacity.message_bytes);
+  }
+
+  // The client's own descriptors, as the memory socket hands them over.
+  UniqueFd ChannelFd() {
+    return UniqueFd(fcntl(channel_->fd(), F_DUPFD_CLOEXEC, 0));
+  }
+  UniqueFd DoorbellFd() {
+    return UniqueFd(fcntl(doorbell_.get(), F_DUPFD_CLOEXEC, 0));
+  }
+  absl::StatusOr<std::unique_ptr<FastChannelClient>> Map(
+      const v1::FastChannel& description) {
+    return FastChannelClient::Map(description, ChannelFd(), DoorbellFd());
+  }
+  // How often the doorbell was rung since the last look.
+  uint64_t Rings() {
+    uint64_t count = 0;
+    return read(doorbell_.get(), &count, sizeof(count)) == 8 ? count : 0;
   }
 
   // Plays the daemon for one call: waits for it, takes it, answers with
@@ -70,7 +81,7 @@ class FastChannelClientTest : public ::testing::Test {
   }
 
   std::unique_ptr<SharedRegion> channel_;
-  std::unique_ptr<SharedRegion> doorbell_;
+  UniqueFd doorbell_;
   std::optional<fast_channel::ChannelCodec> daemon_;
   uint32_t answered_ = 0;
   v1::FastChannel description_;
@@ -79,30 +90,30 @@ class FastChannelClientTest : public ::testing::Test {
 TEST_F(FastChannelClientTest, MapRefusesMalformedDescriptions) {
   v1::FastChannel bad = description_;
   bad.set_max_requests(0);
-  EXPECT_THAT(FastChannelClient::Map(bad),
+  EXPECT_THAT(Map(bad),
               StatusIs(absl::StatusCode::kInternal, HasSubstr("malformed")));
-  bad = description_;
-  bad.set_shm_name("/pagealloc-fcc-test-missing");
-  EXPECT_THAT(FastChannelClient::Map(bad),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("missing")));
-  // A channel bigger than the one created cannot be mapped.
+  EXPECT_THAT(FastChannelClient::Map(description_, UniqueFd(), DoorbellFd()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no descriptor")));
+  EXPECT_THAT(FastChannelClient::Map(description_, ChannelFd(), UniqueFd()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no doorbell")));
+  // A channel bigger than the memory handed over cannot be mapped.
   bad = description_;
   bad.set_max_requests(kCapacity.max_requests * 4);
-  EXPECT_THAT(FastChannelClient::Map(bad),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("smaller than")));
+  EXPECT_THAT(Map(bad), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 HasSubstr("smaller than")));
 }
 
 TEST_F(FastChannelClientTest, MapRefusesAnotherVersion) {
   daemon_->header()->version = fast_channel::kVersion + 1;
-  EXPECT_THAT(FastChannelClient::Map(description_),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("does not match")));
+  EXPECT_THAT(Map(description_), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                          HasSubstr("does not match")));
 }
 
 TEST_F(FastChannelClientTest, CallPostsRingsAndReadsTheAnswer) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<FastChannelClient> client,
-                       FastChannelClient::Map(description_));
+                       Map(description_));
   EXPECT_EQ(client->max_requests(), kCapacity.max_requests);
   std::thread daemon = AnswerOneCall(
       [](const fast_channel::TakenCall& call, fast_channel::ChannelCodec& c) {
@@ -118,14 +129,12 @@ TEST_F(FastChannelClientTest, CallPostsRingsAndReadsTheAnswer) {
   call.kind = fast_channel::CallKind::kDecode;
   call.in1 = seq_lens;
   call.in2 = last;
-  const uint32_t bell_before =
-      static_cast<fast_channel::Doorbell*>(doorbell_->base())->seq.load();
+  // A new channel's poller may sleep: the call rings its doorbell.
   ASSERT_OK(client->Call(call, absl::ZeroDuration(),
                          absl::Now() + absl::Seconds(30),
                          [] { return absl::OkStatus(); }));
   daemon.join();
-  EXPECT_EQ(static_cast<fast_channel::Doorbell*>(doorbell_->base())->seq.load(),
-            bell_before + 1);
+  EXPECT_EQ(Rings(), 1u);
   EXPECT_OK(client->codec().CallStatus());
   fast_channel::AllocAnswerView answer;
   ASSERT_OK(client->codec().ReadAllocAnswer(2, &answer));
@@ -133,11 +142,23 @@ TEST_F(FastChannelClientTest, CallPostsRingsAndReadsTheAnswer) {
   EXPECT_THAT(answer.ring_offsets, ElementsAre(0, 10));
   EXPECT_EQ(answer.ring_end, 99);
   EXPECT_EQ(answer.launch_id, 5u);
+
+  // A poller that is awake (spinning) is not rung.
+  daemon_->SetPollerSleeping(false);
+  daemon =
+      AnswerOneCall([](const fast_channel::TakenCall&,
+                       fast_channel::ChannelCodec& c) { c.WriteOpValue(0); });
+  call.kind = fast_channel::CallKind::kCheckpoint;
+  ASSERT_OK(client->Call(call, absl::ZeroDuration(),
+                         absl::Now() + absl::Seconds(30),
+                         [] { return absl::OkStatus(); }));
+  daemon.join();
+  EXPECT_EQ(Rings(), 0u);
 }
 
 TEST_F(FastChannelClientTest, AnUnansweredCallEndsAtItsDeadlineOrWhenDead) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<FastChannelClient> client,
-                       FastChannelClient::Map(description_));
+                       Map(description_));
   fast_channel::CallView call;
   call.kind = fast_channel::CallKind::kCheckpoint;
   EXPECT_THAT(client->Call(call, absl::ZeroDuration(), absl::Now(),
@@ -152,7 +173,7 @@ TEST_F(FastChannelClientTest, AnUnansweredCallEndsAtItsDeadlineOrWhenDead) {
 
 TEST_F(FastChannelClientTest, OversizedCallsAreRefusedBeforePosting) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<FastChannelClient> client,
-                       FastChannelClient::Map(description_));
+                       Map(description_));
   const std::vector<int64_t> too_many(kCapacity.max_requests + 1, 1);
   fast_channel::CallView call;
   call.kind = fast_channel::CallKind::kAlloc;

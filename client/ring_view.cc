@@ -14,9 +14,9 @@ namespace pagealloc {
 namespace {
 
 // The CPU backend's ring: shared memory, mapped read-only.
-class ShmRingView final : public RingView {
+class MemfdRingView final : public RingView {
  public:
-  ShmRingView(std::unique_ptr<SharedRegion> region, int64_t capacity)
+  MemfdRingView(std::unique_ptr<SharedRegion> region, int64_t capacity)
       : region_(std::move(region)), capacity_(capacity) {}
 
   const int64_t* slots() const override {
@@ -35,39 +35,32 @@ class ShmRingView final : public RingView {
   const int64_t capacity_;
 };
 
-absl::StatusOr<std::unique_ptr<RingView>> MapShmRing(
-    const v1::OutputRing& ring) {
+absl::StatusOr<std::unique_ptr<RingView>> MapMemfdRing(
+    const v1::OutputRing& ring, UniqueFd ring_fd) {
   if (ring.capacity_slots() < 1 || ring.capacity_slots() > (int64_t{1} << 40)) {
     return absl::InternalError(absl::StrFormat(
         "the daemon described a ring of %d slots", ring.capacity_slots()));
   }
-  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Open(
-      ring.shm_name(), ring.capacity_slots() * sizeof(int64_t),
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::FromFd(
+      std::move(ring_fd), ring.capacity_slots() * sizeof(int64_t),
       SharedRegion::Access::kReadOnly);
   if (!region.ok()) {
-    // Not being able to open it is a deployment problem, not a passing one.
-    const absl::StatusCode code =
-        region.status().code() == absl::StatusCode::kUnavailable
-            ? absl::StatusCode::kFailedPrecondition
-            : region.status().code();
-    return absl::Status(
-        code,
-        absl::StrFormat("cannot map the output ring: %s (the client must run "
-                        "on the daemon's host, in a group that may read its "
-                        "shared memory)",
-                        region.status().message()));
+    return absl::Status(region.status().code(),
+                        absl::StrFormat("cannot map the output ring: %s",
+                                        region.status().message()));
   }
-  return std::make_unique<ShmRingView>(*std::move(region),
-                                       ring.capacity_slots());
+  return std::make_unique<MemfdRingView>(*std::move(region),
+                                         ring.capacity_slots());
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RingView>> MapRing(const v1::PoolInfo& pool,
-                                                  const v1::OutputRing& ring) {
+                                                  const v1::OutputRing& ring,
+                                                  UniqueFd ring_fd) {
   switch (pool.backend()) {
     case v1::BACKEND_CPU:
-      return MapShmRing(ring);
+      return MapMemfdRing(ring, std::move(ring_fd));
     case v1::BACKEND_CUDA:
 #ifdef PAGEALLOC_HAVE_CUDA
       return MapCudaIpcRing(ring, pool.device_uuid());

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "memory/unique_fd.h"
 #include "proto/pagealloc.pb.h"
 
 namespace pagealloc {
@@ -25,9 +26,14 @@ class RingView {
                                   int64_t* dst) const = 0;
 };
 
-// Maps the ring a RegisterResponse describes, on `pool`'s backend.
+// Maps the ring a RegisterResponse describes, on `pool`'s backend: on the
+// CPU backend from `ring_fd`, the ring's memory as the memory socket handed
+// it over (FAILED_PRECONDITION when it is missing or not what `ring`
+// describes); on the CUDA backend from the ring's IPC handle (`ring_fd` is
+// unused).
 absl::StatusOr<std::unique_ptr<RingView>> MapRing(const v1::PoolInfo& pool,
-                                                  const v1::OutputRing& ring);
+                                                  const v1::OutputRing& ring,
+                                                  UniqueFd ring_fd);
 
 }  // namespace pagealloc
 

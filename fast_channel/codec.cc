@@ -63,6 +63,7 @@ void ChannelCodec::Initialize() {
   header_->version = kVersion;
   header_->max_requests = capacity_.max_requests;
   header_->message_bytes = capacity_.message_bytes;
+  header_->poller_sleeping.store(1, std::memory_order_seq_cst);
 }
 
 absl::Status ChannelCodec::TakeCall(TakenCall* call) const {

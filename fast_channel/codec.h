@@ -87,8 +87,14 @@ class ChannelCodec {
   // ---- Daemon side.
 
   // Writes the header fields a new channel starts with (the rest of the
-  // region is zero).
+  // region is zero). poller_sleeping starts at 1: the poller that will
+  // serve the channel may be asleep, so the client's first call rings.
   void Initialize();
+  // Tells the client whether to ring the doorbell after posting (see the
+  // protocol in layout.h). Never read back by the daemon.
+  void SetPollerSleeping(bool sleeping) {
+    header_->poller_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+  }
   // The sequence number of the last call posted (the client's word).
   uint32_t PostedSeq() const {
     return header_->request_seq.load(std::memory_order_acquire);
@@ -125,6 +131,11 @@ class ChannelCodec {
   // Writes `call` and posts it as call `seq`. INVALID_ARGUMENT (nothing
   // posted) when an array does not fit the capacity.
   absl::Status PostCall(const CallView& call, uint32_t seq);
+  // Whether the poller may be asleep: read after PostCall, it says whether
+  // the doorbell must be rung.
+  bool PollerSleeping() const {
+    return header_->poller_sleeping.load(std::memory_order_seq_cst) != 0;
+  }
   bool Answered(uint32_t seq) const {
     return header_->response_seq.load(std::memory_order_acquire) == seq;
   }

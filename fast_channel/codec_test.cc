@@ -53,6 +53,15 @@ TEST_F(CodecTest, ValidateCapacityRefusesTinyChannels) {
   EXPECT_OK(ValidateCapacity({1, 64}));
 }
 
+TEST_F(CodecTest, ANewChannelAsksForItsDoorbellUntilThePollerSaysOtherwise) {
+  // The poller that will serve a new channel may be asleep.
+  EXPECT_TRUE(client_.PollerSleeping());
+  daemon_.SetPollerSleeping(false);
+  EXPECT_FALSE(client_.PollerSleeping());
+  daemon_.SetPollerSleeping(true);
+  EXPECT_TRUE(client_.PollerSleeping());
+}
+
 TEST_F(CodecTest, ClientAcceptsTheHeaderTheDaemonWrote) {
   EXPECT_OK(client_.CheckHeader());
   ChannelCodec other(memory_.get(), {4, 64});

@@ -1,6 +1,5 @@
 // futex(2) on a 32-bit word in memory shared between processes (not
-// FUTEX_PRIVATE): how a fast-channel poller sleeps on the doorbell and a
-// client on its answer.
+// FUTEX_PRIVATE): how a fast-channel client sleeps on its answer.
 
 #ifndef PAGEALLOC_FAST_CHANNEL_FUTEX_H_
 #define PAGEALLOC_FAST_CHANNEL_FUTEX_H_

@@ -9,20 +9,31 @@
 // carries exactly what an AllocExtend / AllocDecode / Alloc call carries,
 // and the daemon runs it through the same call core as the gRPC handlers.
 //
-// Memory. Two shared regions (fast_channel/shared_region.h):
-//   - the doorbell, one per daemon: a counter clients bump after posting a
-//     call, and a count of pollers asleep on it (futex);
-//   - the channel, one per session: a header, the call's arrays and the
-//     answer's arrays, at the offsets ChannelLayout computes.
+// Memory. Each session that asked for a channel gets two things of its own,
+// handed to it as file descriptors over the memory socket
+// (memory/memory_socket.h), never by name:
+//   - the channel: anonymous shared memory (memory/shared_region.h) holding
+//     a header, the call's arrays and the answer's arrays, at the offsets
+//     ChannelLayout computes;
+//   - its doorbell: an eventfd the client writes to wake the daemon's
+//     poller when the poller sleeps.
+// A session can only reach its own channel and its own doorbell: whatever
+// it writes, it can wake, or fail to wake, its own calls' poller and
+// nobody's sleep flag but its own.
 //
 // This header is the wire format; fast_channel/codec.h is the one codec
 // that reads and writes it, on both ends. Everything a client writes is
 // untrusted: the daemon's codec copies a call out once and takes every
-// capacity from its own records, never from the header.
+// capacity from its own records, never from the header; the daemon writes
+// poller_sleeping but never reads it back.
 //
 // Protocol (one call in flight per session):
-//   client: write kind, options and arrays; request_seq += 1 (release);
-//           doorbell.seq += 1; if doorbell.pollers_sleeping: futex_wake.
+//   client: write kind, options and arrays; request_seq += 1 (seq_cst);
+//           if poller_sleeping: write 1 to the doorbell eventfd.
+//   poller: before it sleeps, poller_sleeping = 1 in each of its channels
+//           (seq_cst), then looks at their request_seq once more, then
+//           waits on their doorbells (epoll); awake, poller_sleeping = 0.
+//           Either the client sees the flag or the poller sees the call.
 //   daemon: sees request_seq != the last it answered; copies the call;
 //           answers into the answer fields; response_seq = request_seq
 //           (release); if client_waiting: futex_wake(response_seq).
@@ -43,7 +54,7 @@ namespace fast_channel {
 
 inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
 // Bumped whenever a field's meaning or offset changes; both ends check it.
-inline constexpr uint32_t kVersion = 4;
+inline constexpr uint32_t kVersion = 5;
 
 // What a call is (the gRPC method it stands for).
 enum class CallKind : uint32_t {
@@ -71,12 +82,6 @@ inline constexpr uint32_t kAsyncCompletion = 1u << 0;
 inline constexpr uint32_t kCheckpointFirst = 1u << 1;
 inline constexpr uint32_t kKnownOptions = kAsyncCompletion | kCheckpointFirst;
 
-struct Doorbell {
-  std::atomic<uint32_t> seq;
-  // Pollers asleep on seq (a client wakes them all when it is not 0).
-  std::atomic<uint32_t> pollers_sleeping;
-};
-
 struct alignas(64) ChannelHeader {
   // Written by the daemon at creation; a client checks them against what
   // Register described. The daemon never reads them back.
@@ -84,6 +89,9 @@ struct alignas(64) ChannelHeader {
   uint32_t version;
   int32_t max_requests;   // capacity of every array
   int32_t message_bytes;  // capacity of the message area
+  // 1 while the channel's poller sleeps (or may): the client writes its
+  // doorbell after posting a call. Written by the daemon only.
+  std::atomic<uint32_t> poller_sleeping;
 
   // The call (client writes, then bumps request_seq).
   alignas(64) std::atomic<uint32_t> request_seq;
@@ -119,9 +127,9 @@ struct alignas(64) ChannelHeader {
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
               "the channel's words are shared between processes");
 static_assert(sizeof(std::atomic<uint32_t>) == 4);
-static_assert(sizeof(Doorbell) == 8);
 static_assert(offsetof(ChannelHeader, magic) == 0);
 static_assert(offsetof(ChannelHeader, message_bytes) == 12);
+static_assert(offsetof(ChannelHeader, poller_sleeping) == 16);
 static_assert(offsetof(ChannelHeader, request_seq) == 64);
 static_assert(offsetof(ChannelHeader, kind) == 68);
 static_assert(offsetof(ChannelHeader, num_requests) == 72);

@@ -3,81 +3,114 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 
 namespace pagealloc {
+namespace {
+
+// Errors that mean "no memory for this now", which a caller may see go away
+// (smaller request, fewer sessions), as opposed to a broken system.
+bool OutOfMemory(int error) {
+  return error == ENOSPC || error == ENOMEM || error == EFBIG ||
+         error == EDQUOT || error == EMFILE || error == ENFILE;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
-    const std::string& name, size_t bytes, int mode) {
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, mode);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrFormat("shm_open(%s) failed: %s", name, std::strerror(errno)));
+    absl::string_view name, size_t bytes) {
+  const std::string text(name);
+  if (bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shared memory %s of 0 bytes", text));
   }
-  // shm_open applies the umask; the mode is what the operator asked for.
-  fchmod(fd, mode);
-  if (ftruncate(fd, bytes) != 0) {
+  UniqueFd fd(memfd_create(text.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) {
     const int error = errno;
-    close(fd);
-    shm_unlink(name.c_str());
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("sizing shared memory %s to %d bytes failed: %s", name,
-                        bytes, std::strerror(error)));
+    return absl::Status(OutOfMemory(error)
+                            ? absl::StatusCode::kResourceExhausted
+                            : absl::StatusCode::kInternal,
+                        absl::StrFormat("memfd_create(%s) failed: %s", text,
+                                        std::strerror(error)));
   }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int error = errno;
-  close(fd);
+  // One call sizes the memory and reserves every page of it. Without the
+  // reservation the pages would be taken when first written, and a tmpfs
+  // or cgroup with no room left then answers with SIGBUS in whichever
+  // process touched the page (the daemon, writing a ring).
+  int error;
+  do {
+    error = posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes));
+  } while (error == EINTR);
+  if (error != 0) {
+    return absl::Status(
+        OutOfMemory(error) ? absl::StatusCode::kResourceExhausted
+                           : absl::StatusCode::kInternal,
+        absl::StrFormat("cannot reserve %d bytes of shared memory for %s: %s",
+                        bytes, text, std::strerror(error)));
+  }
+  // Nobody (the client included) may resize it under another's mapping.
+  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+      0) {
+    return absl::InternalError(absl::StrFormat(
+        "sealing shared memory %s failed: %s", text, std::strerror(errno)));
+  }
+  void* base =
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return absl::InternalError(
-        absl::StrFormat("mmap of %s failed: %s", name, std::strerror(error)));
+    const int error = errno;
+    return absl::Status(OutOfMemory(error)
+                            ? absl::StatusCode::kResourceExhausted
+                            : absl::StatusCode::kInternal,
+                        absl::StrFormat("mmap of shared memory %s failed: %s",
+                                        text, std::strerror(error)));
   }
-  // ftruncate zero-fills: every counter starts at 0.
   return std::unique_ptr<SharedRegion>(
-      new SharedRegion(name, base, bytes, /*owner=*/true));
+      new SharedRegion(std::move(fd), base, bytes));
 }
 
-absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(
-    const std::string& name, size_t min_bytes, Access access) {
-  const bool writable = access == Access::kReadWrite;
-  const int fd = shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot open shared memory %s: %s", name, std::strerror(errno)));
+absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::FromFd(
+    UniqueFd fd, size_t min_bytes, Access access) {
+  if (!fd.valid()) {
+    return absl::FailedPreconditionError("no descriptor for shared memory");
+  }
+  // Memory that may shrink could fault under our mapping (SIGBUS): only
+  // take memory whose size is sealed, as Create makes it.
+  const int seals = fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return absl::FailedPreconditionError(
+        "the shared memory handed over is not sealed against shrinking");
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < min_bytes) {
-    close(fd);
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "shared memory %s is smaller than the %d bytes it should hold", name,
-        min_bytes));
+  if (fstat(fd.get(), &st) != 0) {
+    return absl::InternalError(absl::StrFormat(
+        "fstat of shared memory failed: %s", std::strerror(errno)));
   }
   const size_t bytes = st.st_size;
+  if (bytes < min_bytes || bytes == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the shared memory handed over is %d bytes, smaller than the %d "
+        "bytes it should hold",
+        bytes, min_bytes));
+  }
+  const bool writable = access == Access::kReadWrite;
   void* base =
       mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-           MAP_SHARED, fd, 0);
-  const int error = errno;
-  close(fd);
+           MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
-    return absl::InternalError(
-        absl::StrFormat("mmap of %s failed: %s", name, std::strerror(error)));
+    return absl::InternalError(absl::StrFormat(
+        "mmap of shared memory failed: %s", std::strerror(errno)));
   }
+  // The mapping holds the memory; the descriptor is not needed any more.
   return std::unique_ptr<SharedRegion>(
-      new SharedRegion(name, base, bytes, /*owner=*/false));
+      new SharedRegion(UniqueFd(), base, bytes));
 }
 
-SharedRegion::~SharedRegion() {
-  munmap(base_, bytes_);
-  Unlink();
-}
-
-void SharedRegion::Unlink() {
-  if (owner_ && linked_.exchange(false)) shm_unlink(name_.c_str());
-}
+SharedRegion::~SharedRegion() { munmap(base_, bytes_); }
 
 }  // namespace pagealloc

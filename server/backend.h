@@ -2,9 +2,11 @@
 // executor: memory for each session's output ring that the client can map,
 // copies out of it, and launch completion.
 //
-// Two implementations: the CPU backend (CpuExecutor, rings in POSIX shared
-// memory) here, and the CUDA backend (CudaExecutor, rings in device memory
-// exported through CUDA IPC) in cuda_backend.h.
+// Two implementations: the CPU backend (CpuExecutor, rings in anonymous
+// shared memory handed to the client as a file descriptor over the memory
+// socket, memory/memory_socket.h) here, and the CUDA backend (CudaExecutor,
+// rings in device memory exported through CUDA IPC handles, which travel in
+// RegisterResponse) in cuda_backend.h.
 
 #ifndef PAGEALLOC_SERVER_BACKEND_H_
 #define PAGEALLOC_SERVER_BACKEND_H_
@@ -25,7 +27,10 @@ enum class BackendKind { kCpu, kCuda };
 // it into its wire form, e.g. v1::OutputRing).
 struct RingDescription {
   int64_t capacity_slots = 0;
-  std::string shm_name;               // CPU: shared memory to open read-only
+  // CPU: the ring's memory (a memfd the client maps read-only), handed over
+  // the memory socket; owned by the RingMemory (valid while it lives).
+  // -1 on the CUDA backend.
+  int fd = -1;
   std::string cuda_ipc_handle;        // CUDA: a cudaIpcMemHandle_t
   std::string cuda_ipc_event_handle;  // CUDA: a cudaIpcEventHandle_t
 };
@@ -37,7 +42,8 @@ struct DeviceDescription {
   std::string device_uuid;  // "GPU-..." on the CUDA backend
 };
 
-// One session's output ring memory. Destroying it unmaps and unlinks it.
+// One session's output ring memory. Destroying it releases it (the client's
+// mapping, if any, stays valid).
 class RingMemory {
  public:
   virtual ~RingMemory() = default;
@@ -56,7 +62,8 @@ class Backend {
 
   virtual BackendKind kind() const = 0;
   virtual PlanExecutor* executor() = 0;
-  // Creates a ring of `capacity_slots` int64 slots for `session_id`.
+  // Creates a ring of `capacity_slots` int64 slots for `session_id`, its
+  // memory reserved. RESOURCE_EXHAUSTED when the memory cannot be had.
   virtual absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
       uint64_t session_id, int64_t capacity_slots) = 0;
   // Copies `count` slots at `src` (executor address space) to host `dst`.
@@ -71,9 +78,8 @@ class Backend {
   virtual std::string Summary() const = 0;
 };
 
-// The CPU backend. `shm_prefix` starts every ring's shared memory name
-// (e.g. "/pagealloc-gpu0"); names end in the session id and a random tag.
-std::unique_ptr<Backend> MakeCpuBackend(std::string shm_prefix);
+// The CPU backend.
+std::unique_ptr<Backend> MakeCpuBackend();
 
 }  // namespace pagealloc
 

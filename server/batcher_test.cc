@@ -32,8 +32,7 @@ constexpr int64_t kPageSize = 4;
 class BatcherTest : public ::testing::Test {
  protected:
   void Start(Batcher::Options options) {
-    backend_ =
-        MakeCpuBackend(absl::StrFormat("/pagealloc-batcher-test-%d", getpid()));
+    backend_ = MakeCpuBackend();
     ASSERT_OK_AND_ASSIGN(pool_,
                          PagePool::Create({4096, kPageSize, FreePolicy::kLifo},
                                           backend_->executor()));

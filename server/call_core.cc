@@ -55,13 +55,13 @@ absl::StatusOr<std::shared_ptr<Session>> CallCore::Authenticate(
 }
 
 void CallCore::FreeSessionPages(std::shared_ptr<Session> session,
-                                bool lease_lost, std::string reason) {
+                                bool reclaimed, std::string reason) {
   // The session's queued work runs first; the session object (and its ring)
   // lives until the last piece of it is done.
-  auto free_pages = [this, session, lease_lost, reason] {
+  auto free_pages = [this, session, reclaimed, reason] {
     absl::StatusOr<int64_t> freed = pool_->RemoveOwner(session->id());
     const int64_t pages = freed.ok() ? *freed : 0;
-    if (lease_lost) {
+    if (reclaimed) {
       counters_.pages_reclaimed += pages;
       log_->warn("session {} ({}) {}: {} pages reclaimed, ring released",
                  session->id(), session->client_name(), reason, pages);
@@ -71,7 +71,7 @@ void CallCore::FreeSessionPages(std::shared_ptr<Session> session,
     }
   };
   for (SessionObserver* observer : observers_) {
-    observer->SessionClosed(session->id());
+    observer->SessionClosed(session->id(), reason);
   }
   if (!batcher_->SubmitOp(session->id(), free_pages).ok()) free_pages();
   counters_.sessions_closed++;
@@ -80,7 +80,15 @@ void CallCore::FreeSessionPages(std::shared_ptr<Session> session,
 bool CallCore::CloseSession(uint64_t session_id, const std::string& reason) {
   std::shared_ptr<Session> session = sessions_->Remove(session_id);
   if (session == nullptr) return false;
-  FreeSessionPages(std::move(session), /*lease_lost=*/false, reason);
+  FreeSessionPages(std::move(session), /*reclaimed=*/false, reason);
+  return true;
+}
+
+bool CallCore::ReclaimSession(uint64_t session_id, const std::string& reason) {
+  std::shared_ptr<Session> session = sessions_->Remove(session_id);
+  if (session == nullptr) return false;
+  counters_.sessions_reclaimed++;
+  FreeSessionPages(std::move(session), /*reclaimed=*/true, reason);
   return true;
 }
 
@@ -89,7 +97,7 @@ int CallCore::ReclaimExpired(absl::Time now) {
   for (std::shared_ptr<Session>& session : sessions_->TakeExpired(now)) {
     ++reclaimed;
     counters_.sessions_reclaimed++;
-    FreeSessionPages(std::move(session), /*lease_lost=*/true, "lost its lease");
+    FreeSessionPages(std::move(session), /*reclaimed=*/true, "lost its lease");
   }
   return reclaimed;
 }

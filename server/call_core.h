@@ -173,12 +173,13 @@ struct PoolDescription {
 };
 
 // Told when a session ends, so that a transport can drop what it holds
-// for it (the fast channel's shared memory).
+// for it (the fast channel's memory, the memory socket's connection).
 class SessionObserver {
  public:
   virtual ~SessionObserver() = default;
-  // Called once per session, from whichever thread ended it.
-  virtual void SessionClosed(uint64_t session_id) = 0;
+  // Called once per session, from whichever thread ended it; `reason` is
+  // what the log says ("closed by client", "lost its lease", ...).
+  virtual void SessionClosed(uint64_t session_id, absl::string_view reason) = 0;
 };
 
 class CallCore {
@@ -216,6 +217,10 @@ class CallCore {
   // Ends a session: forgets it and frees its pages (in order with its queued
   // work). `reason` goes to the log. Returns false when it was already gone.
   bool CloseSession(uint64_t session_id, const std::string& reason);
+  // Ends a session whose client is gone (its memory socket closed: the
+  // process died) and reclaims its pages, counted and logged as a reclaim
+  // with `reason`. Returns false when it was already gone.
+  bool ReclaimSession(uint64_t session_id, const std::string& reason);
   // Frees the pages of sessions whose lease has run out; returns how many
   // sessions were reclaimed. Called periodically by the server.
   int ReclaimExpired(absl::Time now);
@@ -274,7 +279,9 @@ class CallCore {
   friend class AllocReply;
 
   // Frees a removed session's pages after its queued work; counts and logs.
-  void FreeSessionPages(std::shared_ptr<Session> session, bool lease_lost,
+  // `reclaimed`: the client did not end the session itself (its lease ran
+  // out, or it went away), so its pages count as reclaimed.
+  void FreeSessionPages(std::shared_ptr<Session> session, bool reclaimed,
                         std::string reason);
   // Queues `op` for `session_id` on the batcher, in order with the session's
   // other work; `reply` completes with its status.

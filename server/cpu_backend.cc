@@ -1,8 +1,8 @@
-// The CPU backend: the reference executor, and rings in POSIX shared memory
-// that the client maps read-only.
+// The CPU backend: the reference executor, and rings in anonymous shared
+// memory that the client maps read-only once the memory socket handed it
+// the descriptor.
 
 #include <cstring>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -14,16 +14,18 @@
 namespace pagealloc {
 namespace {
 
-// A ring in shared memory that the client maps read-only.
-class ShmRing final : public RingMemory {
+// A ring in a memfd: reserved at creation (so a ring too large for the
+// host's memory is refused at Register, not a SIGBUS when it fills).
+class MemfdRing final : public RingMemory {
  public:
-  static absl::StatusOr<std::unique_ptr<ShmRing>> Create(
-      const std::string& name, int64_t capacity) {
-    // 0660: the daemon's group (the schedulers') may map the ring.
+  static absl::StatusOr<std::unique_ptr<MemfdRing>> Create(uint64_t session_id,
+                                                           int64_t capacity) {
     ASSIGN_OR_RETURN(
         std::unique_ptr<SharedRegion> region,
-        SharedRegion::Create(name, capacity * sizeof(int64_t), 0660));
-    return std::unique_ptr<ShmRing>(new ShmRing(std::move(region), capacity));
+        SharedRegion::Create(absl::StrFormat("pagealloc-ring.%d", session_id),
+                             capacity * sizeof(int64_t)));
+    return std::unique_ptr<MemfdRing>(
+        new MemfdRing(std::move(region), capacity));
   }
 
   int64_t* slots() override { return static_cast<int64_t*>(region_->base()); }
@@ -31,12 +33,12 @@ class ShmRing final : public RingMemory {
   RingDescription Describe() const override {
     RingDescription ring;
     ring.capacity_slots = capacity_;
-    ring.shm_name = region_->name();
+    ring.fd = region_->fd();
     return ring;
   }
 
  private:
-  ShmRing(std::unique_ptr<SharedRegion> region, int64_t capacity)
+  MemfdRing(std::unique_ptr<SharedRegion> region, int64_t capacity)
       : region_(std::move(region)), capacity_(capacity) {}
 
   const std::unique_ptr<SharedRegion> region_;
@@ -45,20 +47,12 @@ class ShmRing final : public RingMemory {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(std::string shm_prefix)
-      : shm_prefix_(std::move(shm_prefix)) {}
-
   BackendKind kind() const override { return BackendKind::kCpu; }
   PlanExecutor* executor() override { return &executor_; }
 
   absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
       uint64_t session_id, int64_t capacity_slots) override {
-    // A random tag keeps a restarted daemon from colliding with rings a
-    // crashed one left behind.
-    std::random_device random;
-    const std::string name =
-        absl::StrFormat("%s.%d.%08x", shm_prefix_, session_id, random());
-    return ShmRing::Create(name, capacity_slots);
+    return MemfdRing::Create(session_id, capacity_slots);
   }
 
   absl::Status CopyToHost(const int64_t* src, int64_t count,
@@ -74,18 +68,17 @@ class CpuBackend final : public Backend {
   }
 
   std::string Summary() const override {
-    return "cpu (reference executor, rings in POSIX shared memory)";
+    return "cpu (reference executor, rings in memfd shared memory)";
   }
 
  private:
-  const std::string shm_prefix_;
   CpuExecutor executor_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(std::string shm_prefix) {
-  return std::make_unique<CpuBackend>(std::move(shm_prefix));
+std::unique_ptr<Backend> MakeCpuBackend() {
+  return std::make_unique<CpuBackend>();
 }
 
 }  // namespace pagealloc

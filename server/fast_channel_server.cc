@@ -1,17 +1,57 @@
 #include "server/fast_channel_server.h"
 
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/cpu_relax.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "fast_channel/futex.h"
 
 namespace pagealloc {
+namespace {
+
+// epoll data of a poller's own wake-up eventfd; channels' doorbells carry
+// their session id, which is never 0.
+constexpr uint64_t kWakeTag = 0;
+
+void Ring(int eventfd_fd) {
+  const uint64_t one = 1;
+  // Only fails when the counter is full (2^64 - 2 rings not yet read).
+  (void)!write(eventfd_fd, &one, sizeof(one));
+}
+
+void Drain(int eventfd_fd) {
+  uint64_t count;
+  (void)!read(eventfd_fd, &count, sizeof(count));
+}
+
+absl::StatusOr<UniqueFd> NewEventFd() {
+  UniqueFd fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!fd.valid()) {
+    return absl::InternalError(
+        absl::StrFormat("eventfd failed: %s", std::strerror(errno)));
+  }
+  return fd;
+}
+
+absl::StatusOr<UniqueFd> Duplicate(int fd) {
+  UniqueFd copy(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!copy.valid()) {
+    return absl::InternalError(
+        absl::StrFormat("dup failed: %s", std::strerror(errno)));
+  }
+  return copy;
+}
+
+}  // namespace
 
 using fast_channel::CallKind;
 using fast_channel::Capacity;
@@ -20,15 +60,19 @@ using fast_channel::ChannelLayout;
 
 struct FastChannelServer::Channel {
   Channel(uint64_t id, std::string session_token,
-          std::unique_ptr<SharedRegion> shared, const Capacity& capacity)
+          std::unique_ptr<SharedRegion> shared, UniqueFd bell,
+          const Capacity& capacity)
       : session_id(id),
         token(std::move(session_token)),
         region(std::move(shared)),
+        doorbell(std::move(bell)),
         codec(region->base(), capacity) {}
 
   const uint64_t session_id;
   const std::string token;
   const std::unique_ptr<SharedRegion> region;
+  // The eventfd its client writes when the poller sleeps.
+  const UniqueFd doorbell;
   // The capacity is the daemon's own record, never the header's.
   ChannelCodec codec;
   int poller = 0;  // the poller that serves this channel
@@ -107,37 +151,49 @@ absl::StatusOr<std::unique_ptr<FastChannelServer>> FastChannelServer::Create(
     const Options& options, CallCore* core) {
   RETURN_IF_ERROR(fast_channel::ValidateCapacity(
       {options.max_requests, options.message_bytes}));
-  std::random_device random;
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<SharedRegion> doorbell,
-      SharedRegion::Create(
-          absl::StrFormat("%s.doorbell.%08x", options.shm_prefix, random()),
-          sizeof(fast_channel::Doorbell), options.mode));
+  std::vector<std::unique_ptr<Poller>> pollers;
+  for (int i = 0; i < std::max(1, options.pollers); ++i) {
+    auto poller = std::make_unique<Poller>();
+    poller->epoll.reset(epoll_create1(EPOLL_CLOEXEC));
+    if (!poller->epoll.valid()) {
+      return absl::InternalError(
+          absl::StrFormat("epoll_create1 failed: %s", std::strerror(errno)));
+    }
+    ASSIGN_OR_RETURN(poller->wake, NewEventFd());
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = kWakeTag;
+    if (epoll_ctl(poller->epoll.get(), EPOLL_CTL_ADD, poller->wake.get(),
+                  &event) != 0) {
+      return absl::InternalError(
+          absl::StrFormat("epoll_ctl failed: %s", std::strerror(errno)));
+    }
+    pollers.push_back(std::move(poller));
+  }
   auto server = std::unique_ptr<FastChannelServer>(
-      new FastChannelServer(options, core, std::move(doorbell)));
+      new FastChannelServer(options, core, std::move(pollers)));
   core->AddSessionObserver(server.get());
   return server;
 }
 
-FastChannelServer::FastChannelServer(const Options& options, CallCore* core,
-                                     std::unique_ptr<SharedRegion> doorbell)
-    : options_(options),
-      core_(core),
-      doorbell_region_(std::move(doorbell)),
-      doorbell_(
-          static_cast<fast_channel::Doorbell*>(doorbell_region_->base())) {
-  for (int i = 0; i < std::max(1, options_.pollers); ++i) {
-    pollers_.emplace_back([this, i] { Poll(i); });
+FastChannelServer::FastChannelServer(
+    const Options& options, CallCore* core,
+    std::vector<std::unique_ptr<Poller>> pollers)
+    : options_(options), core_(core), pollers_(std::move(pollers)) {
+  for (size_t i = 0; i < pollers_.size(); ++i) {
+    pollers_[i]->thread = std::thread([this, i] { Poll(i); });
   }
 }
 
 FastChannelServer::~FastChannelServer() { Stop(); }
 
+void FastChannelServer::Wake(int index) { Ring(pollers_[index]->wake.get()); }
+
 void FastChannelServer::Stop() {
   stop_.store(true);
-  fast_channel::FutexWakeAll(&doorbell_->seq);
-  for (std::thread& poller : pollers_) {
-    if (poller.joinable()) poller.join();
+  for (size_t i = 0; i < pollers_.size(); ++i) Wake(i);
+  for (const std::unique_ptr<Poller>& poller : pollers_) {
+    if (poller->thread.joinable()) poller->thread.join();
   }
 }
 
@@ -146,22 +202,31 @@ absl::Status FastChannelServer::Open(uint64_t session_id,
                                      v1::FastChannel* out) {
   const Capacity capacity{options_.max_requests, options_.message_bytes};
   const ChannelLayout layout(capacity.max_requests, capacity.message_bytes);
-  std::random_device random;
-  ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region,
-                   SharedRegion::Create(absl::StrFormat("%s.channel.%d.%08x",
-                                                        options_.shm_prefix,
-                                                        session_id, random()),
-                                        layout.total_bytes, options_.mode));
-  out->set_shm_name(region->name());
-  out->set_doorbell_shm_name(doorbell_region_->name());
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<SharedRegion> region,
+      SharedRegion::Create(absl::StrFormat("pagealloc-channel.%d", session_id),
+                           layout.total_bytes));
+  ASSIGN_OR_RETURN(UniqueFd doorbell, NewEventFd());
   out->set_max_requests(capacity.max_requests);
   out->set_message_bytes(capacity.message_bytes);
-  auto channel = std::make_shared<Channel>(session_id, session_token,
-                                           std::move(region), capacity);
+  auto channel =
+      std::make_shared<Channel>(session_id, session_token, std::move(region),
+                                std::move(doorbell), capacity);
   channel->codec.Initialize();
   channel->reply = std::make_unique<ChannelReply>(channel.get());
   absl::MutexLock lock(&mu_);
-  channel->poller = next_poller_++ % std::max(1, options_.pollers);
+  channel->poller = next_poller_++ % static_cast<int>(pollers_.size());
+  // The poller may be asleep: its epoll set takes the doorbell now, and the
+  // channel starts with poller_sleeping set (codec), so the client's first
+  // call rings and the poller wakes to find the channel.
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = session_id;
+  if (epoll_ctl(pollers_[channel->poller]->epoll.get(), EPOLL_CTL_ADD,
+                channel->doorbell.get(), &event) != 0) {
+    return absl::InternalError(
+        absl::StrFormat("epoll_ctl failed: %s", std::strerror(errno)));
+  }
   channels_[session_id] = std::move(channel);
   generation_.fetch_add(1);
   return absl::OkStatus();
@@ -172,15 +237,34 @@ bool FastChannelServer::HasChannel(uint64_t session_id) {
   return channels_.contains(session_id);
 }
 
+absl::StatusOr<FastChannelServer::ChannelFds> FastChannelServer::ExportFds(
+    uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = channels_.find(session_id);
+  if (it == channels_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("session %d has no fast channel", session_id));
+  }
+  const Channel& channel = *it->second;
+  ChannelFds fds;
+  ASSIGN_OR_RETURN(fds.memory, Duplicate(channel.region->fd()));
+  fds.bytes = channel.region->bytes();
+  ASSIGN_OR_RETURN(fds.doorbell, Duplicate(channel.doorbell.get()));
+  return fds;
+}
+
 void FastChannelServer::Close(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto it = channels_.find(session_id);
   if (it == channels_.end()) return;
-  // The name goes now; the memory when the poller and any call in flight
-  // let go of the channel.
-  it->second->region->Unlink();
+  const int poller = it->second->poller;
+  epoll_ctl(pollers_[poller]->epoll.get(), EPOLL_CTL_DEL,
+            it->second->doorbell.get(), nullptr);
+  // The memory goes when the poller and any call in flight let go of the
+  // channel (and the client unmaps it): wake the poller to let go now.
   channels_.erase(it);
   generation_.fetch_add(1);
+  Wake(poller);
 }
 
 void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
@@ -250,7 +334,9 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
 }
 
 void FastChannelServer::Poll(int index) {
+  Poller& me = *pollers_[index];
   std::vector<std::shared_ptr<Channel>> channels;
+  absl::flat_hash_map<uint64_t, Channel*> by_session;
   uint64_t seen_generation = ~uint64_t{0};
   std::vector<AllocCall> prepared;
   absl::Time last_call = absl::Now();
@@ -258,13 +344,20 @@ void FastChannelServer::Poll(int index) {
     return !c.in_flight.load(std::memory_order_acquire) &&
            c.codec.PostedSeq() != c.taken_seq;
   };
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
   while (!stop_.load(std::memory_order_relaxed)) {
     const uint64_t generation = generation_.load();
     if (generation != seen_generation) {
       channels.clear();
+      by_session.clear();
       absl::MutexLock lock(&mu_);
       for (const auto& [id, channel] : channels_) {
-        if (channel->poller == index) channels.push_back(channel);
+        if (channel->poller != index) continue;
+        channels.push_back(channel);
+        by_session[id] = channel.get();
+        // Awake: its client need not ring.
+        channel->codec.SetPollerSleeping(false);
       }
       seen_generation = generation;
     }
@@ -285,22 +378,36 @@ void FastChannelServer::Poll(int index) {
       CpuRelax();
       continue;
     }
-    // Sleep on the doorbell. A client bumps request_seq, then the doorbell,
-    // then reads pollers_sleeping; a poller counts itself in, then looks at
-    // its channels once more: one of the two sees the other.
-    const uint32_t bell = doorbell_->seq.load(std::memory_order_seq_cst);
-    doorbell_->pollers_sleeping.fetch_add(1, std::memory_order_seq_cst);
+    // Sleep on the doorbells. A client bumps request_seq, then reads
+    // poller_sleeping; the poller sets poller_sleeping, then looks at the
+    // channels once more: one of the two sees the other (layout.h).
+    for (const std::shared_ptr<Channel>& channel : channels) {
+      channel->codec.SetPollerSleeping(true);
+    }
     bool pending = generation_.load() != seen_generation;
     for (const std::shared_ptr<Channel>& channel : channels) {
       pending = pending || posted(*channel);
     }
     if (!pending && !stop_.load()) {
       sleeps_.fetch_add(1, std::memory_order_relaxed);
-      // The timeout bounds how late a Close'd channel list is refreshed.
-      fast_channel::FutexWait(&doorbell_->seq, bell, absl::Milliseconds(100));
+      const int n = epoll_wait(me.epoll.get(), events, kMaxEvents, -1);
+      for (int i = 0; i < n; ++i) {
+        const uint64_t tag = events[i].data.u64;
+        if (tag == kWakeTag) {
+          Drain(me.wake.get());
+          continue;
+        }
+        // A channel opened since the list was made stays readable until
+        // the next round has it in the list.
+        auto it = by_session.find(tag);
+        if (it != by_session.end()) Drain(it->second->doorbell.get());
+      }
     }
-    doorbell_->pollers_sleeping.fetch_sub(1, std::memory_order_seq_cst);
-    last_call = absl::Now();
+    for (const std::shared_ptr<Channel>& channel : channels) {
+      channel->codec.SetPollerSleeping(false);
+    }
+    // last_call stays: a wake-up that finds no call (a doorbell rung for
+    // nothing) goes back to sleep without spinning.
   }
 }
 

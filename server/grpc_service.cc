@@ -25,9 +25,10 @@ void FillPoolInfo(const PoolDescription& pool, v1::PoolInfo* out) {
   out->set_device_uuid(pool.device.device_uuid);
 }
 
+// The CPU backend's ring goes over the memory socket as a descriptor; only
+// the CUDA backend's IPC handles travel here.
 void FillRing(const RingDescription& ring, v1::OutputRing* out) {
   out->set_capacity_slots(ring.capacity_slots);
-  out->set_shm_name(ring.shm_name);
   out->set_cuda_ipc_handle(ring.cuda_ipc_handle);
   out->set_cuda_ipc_event_handle(ring.cuda_ipc_event_handle);
 }
@@ -196,7 +197,9 @@ grpc::ServerUnaryReactor* GrpcService::Register(
   FillRing((*session)->ring_memory().Describe(), response->mutable_ring());
   response->set_lease_ms(absl::ToInt64Milliseconds(core_->lease()));
   response->set_quota_pages((*session)->quota_pages());
-  if (request->fast_channel() && fast_channels_ != nullptr) {
+  response->set_memory_socket(memory_socket_);
+  if (request->fast_channel() && fast_channels_ != nullptr &&
+      !memory_socket_.empty()) {
     const absl::Status opened =
         fast_channels_->Open((*session)->id(), (*session)->token(),
                              response->mutable_fast_channel());

@@ -16,6 +16,9 @@
 #ifndef PAGEALLOC_SERVER_GRPC_SERVICE_H_
 #define PAGEALLOC_SERVER_GRPC_SERVICE_H_
 
+#include <string>
+#include <utility>
+
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/call_core.h"
 #include "server/fast_channel_server.h"
@@ -30,9 +33,14 @@ using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
 class GrpcService final : public PageAllocatorBase {
  public:
   // `core` must outlive the service; so must `fast_channels`, where Register
-  // opens fast channels (null: none offered).
-  GrpcService(CallCore* core, FastChannelServer* fast_channels)
-      : core_(core), fast_channels_(fast_channels) {}
+  // opens fast channels (null: none offered). `memory_socket` is the path
+  // of the daemon's memory socket, which Register names ("" when the daemon
+  // has none: no Unix socket).
+  GrpcService(CallCore* core, FastChannelServer* fast_channels,
+              std::string memory_socket = "")
+      : core_(core),
+        fast_channels_(fast_channels),
+        memory_socket_(std::move(memory_socket)) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
@@ -75,6 +83,7 @@ class GrpcService final : public PageAllocatorBase {
 
   CallCore* const core_;
   FastChannelServer* const fast_channels_;
+  const std::string memory_socket_;
 };
 
 }  // namespace pagealloc

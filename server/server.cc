@@ -1,8 +1,10 @@
 #include "server/server.h"
 
+#include <dirent.h>
 #include <grp.h>
 #include <netdb.h>
 #include <pwd.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -18,13 +20,17 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "memory/memory_socket.h"
+#include "memory/unique_fd.h"
 
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "server/cuda_backend.h"
@@ -297,6 +303,15 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// The memory socket's path: beside the first Unix socket; "" without one.
+std::string MemorySocketPathFor(const std::vector<std::string>& listen) {
+  for (const std::string& address : listen) {
+    const std::string path = UnixSocketPath(address);
+    if (!path.empty()) return memory_socket::MemorySocketPath(path);
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> DefaultListenAddress(
@@ -328,11 +343,35 @@ absl::StatusOr<std::string> DefaultListenAddress(
       user != nullptr ? user->pw_name : "$USER", system_dir, gpu));
 }
 
+int RemoveLeftoverSegments(int gpu) {
+  const std::string prefix = absl::StrFormat("pagealloc-gpu%d.", gpu);
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  while (const dirent* entry = readdir(dir)) {
+    // "pagealloc-gpu<gpu>.<pid>.<rest>": the creator's pid follows.
+    absl::string_view name(entry->d_name);
+    if (!absl::ConsumePrefix(&name, prefix)) continue;
+    const size_t dot = name.find('.');
+    int pid = 0;
+    if (dot == absl::string_view::npos ||
+        !absl::SimpleAtoi(name.substr(0, dot), &pid) || pid <= 0 ||
+        pid == getpid()) {
+      continue;
+    }
+    // A pid that runs (or that we may not signal) may be a daemon of an
+    // earlier version still serving: its files stay.
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (unlinkat(dirfd(dir), entry->d_name, 0) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
-    const ServerOptions& options, const std::string& tag) {
+    const ServerOptions& options) {
   const std::string& name = options.backend;
-  const std::string shm_prefix = absl::StrFormat("/pagealloc-%s", tag);
-  if (name == "cpu") return MakeCpuBackend(shm_prefix);
+  if (name == "cpu") return MakeCpuBackend();
   if (name != "cuda" && name != "auto") {
     return absl::InvalidArgumentError(
         absl::StrFormat("--backend=%s is not one of auto, cuda, cpu", name));
@@ -358,15 +397,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
       "built without CUDA; using the CPU backend, whose slots live in host "
       "shared memory");
 #endif
-  return MakeCpuBackend(shm_prefix);
+  return MakeCpuBackend();
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     const ServerOptions& options) {
   std::unique_ptr<Server> server(new Server(options));
-  ASSIGN_OR_RETURN(
-      server->backend_,
-      MakeBackend(options, absl::StrFormat("gpu%d.%d", options.gpu, getpid())));
+  ASSIGN_OR_RETURN(server->backend_, MakeBackend(options));
   ASSIGN_OR_RETURN(
       server->pool_,
       PagePool::Create(options.pool, server->backend_->executor()));
@@ -386,17 +423,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
       server->sessions_.get(), server->batcher_.get());
   if (options.fast_channel) {
     FastChannelServer::Options fast;
-    fast.shm_prefix =
-        absl::StrFormat("/pagealloc-gpu%d.%d", options.gpu, getpid());
-    fast.mode = options.socket_mode & 0666;
     fast.max_requests = options.batcher.max_batch_requests;
     fast.spin = options.fast_channel_spin;
     fast.pollers = options.fast_channel_pollers;
     ASSIGN_OR_RETURN(server->fast_channels_,
                      FastChannelServer::Create(fast, server->core_.get()));
   }
+  server->memory_socket_path_ = MemorySocketPathFor(options.listen);
+  if (!server->memory_socket_path_.empty()) {
+    server->memory_socket_ = std::make_unique<MemorySocketServer>(
+        server->core_.get(), server->fast_channels_.get());
+  }
   server->grpc_service_ = std::make_unique<GrpcService>(
-      server->core_.get(), server->fast_channels_.get());
+      server->core_.get(), server->fast_channels_.get(),
+      server->memory_socket_path_);
   server->metrics_ = std::make_unique<MetricsExporter>(
       server->pool_.get(), server->sessions_.get(), server->core_.get(),
       server->batcher_.get(), server->backend_.get());
@@ -412,6 +452,12 @@ absl::Status Server::Start() {
   absl::MutexLock lock(&mu_);
   if (started_) return absl::FailedPreconditionError("already started");
   std::shared_ptr<spdlog::logger> log = Logger("server");
+  if (const int removed = RemoveLeftoverSegments(options_.gpu); removed > 0) {
+    log->info(
+        "removed {} leftover shared-memory segments of dead daemons "
+        "(/dev/shm/pagealloc-gpu{}.<pid>.*)",
+        removed, options_.gpu);
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -444,6 +490,8 @@ absl::Status Server::Start() {
         path.empty() ? tcp_credentials : grpc::InsecureServerCredentials(),
         ports.back().get());
   }
+  // Before gRPC: a client that registers finds its memory socket serving.
+  RETURN_IF_ERROR(StartMemorySocket());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) {
     // gRPC logs its reason in a line of its own; say it here, per address.
@@ -525,6 +573,40 @@ absl::Status Server::Start() {
   return absl::OkStatus();
 }
 
+absl::Status Server::StartMemorySocket() {
+  std::shared_ptr<spdlog::logger> log = Logger("server");
+  if (memory_socket_ == nullptr) {
+    log->warn(
+        "no Unix socket to --listen on: no memory socket, so sessions get no "
+        "fast channel and no CPU-backend ring (only return_inline calls)");
+    return absl::OkStatus();
+  }
+  const std::string& path = memory_socket_path_;
+  RETURN_IF_ERROR(PrepareSocketPath(path));
+  UniqueFd listener(
+      socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  if (!listener.valid() ||
+      bind(listener.get(), reinterpret_cast<sockaddr*>(&address),
+           sizeof(address)) != 0 ||
+      listen(listener.get(), SOMAXCONN) != 0) {
+    return absl::UnavailableError(
+        absl::StrFormat("could not listen on the memory socket %s: %s", path,
+                        std::strerror(errno)));
+  }
+  if (absl::Status permitted = SetSocketPermissions(path, options_.socket_mode,
+                                                    options_.socket_group);
+      !permitted.ok()) {
+    unlink(path.c_str());
+    return permitted;
+  }
+  RETURN_IF_ERROR(memory_socket_->Start(std::move(listener), path));
+  log->info("memory socket on {}", path);
+  return absl::OkStatus();
+}
+
 void Server::ReapLeases() {
   const absl::Duration period = std::clamp(
       options_.sessions.lease / 4, absl::Milliseconds(5), absl::Seconds(1));
@@ -563,6 +645,7 @@ void Server::Shutdown() {
   grpc_server_->Shutdown(absl::ToChronoTime(absl::Now()));
   // Calls posted until now were answered (UNAVAILABLE while draining).
   if (fast_channels_ != nullptr) fast_channels_->Stop();
+  if (memory_socket_ != nullptr) memory_socket_->Stop();
   stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
   for (const std::string& path : socket_paths_) unlink(path.c_str());

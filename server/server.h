@@ -30,6 +30,7 @@
 #include "server/call_core.h"
 #include "server/fast_channel_server.h"
 #include "server/grpc_service.h"
+#include "server/memory_socket_server.h"
 #include "server/metrics.h"
 #include "server/session.h"
 
@@ -104,6 +105,11 @@ class Server {
   CallCore& core() { return *core_; }
   // Null when ServerOptions.fast_channel is off.
   FastChannelServer* fast_channels() { return fast_channels_.get(); }
+  // The memory socket (memory/memory_socket.h), beside the first Unix
+  // socket of `listen`; null when there is none.
+  MemorySocketServer* memory_socket() { return memory_socket_.get(); }
+  // Its path ("" when there is none).
+  const std::string& memory_socket_path() const { return memory_socket_path_; }
   const ServerOptions& options() const { return options_; }
   // Addresses actually bound ("127.0.0.1:0" resolves to a real port).
   std::vector<std::string> bound_addresses() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -114,6 +120,9 @@ class Server {
  private:
   explicit Server(const ServerOptions& options) : options_(options) {}
   void ReapLeases();
+  // Binds the memory socket beside the first Unix socket (same mode and
+  // group) and starts serving it; nothing when there is no Unix socket.
+  absl::Status StartMemorySocket();
 
   const ServerOptions options_;
   std::unique_ptr<Backend> backend_;
@@ -123,6 +132,9 @@ class Server {
   std::unique_ptr<CallCore> core_;
   // After core_, which they call: destroyed first.
   std::unique_ptr<FastChannelServer> fast_channels_;
+  // After fast_channels_, which it exports: destroyed first.
+  std::string memory_socket_path_;
+  std::unique_ptr<MemorySocketServer> memory_socket_;
   std::unique_ptr<GrpcService> grpc_service_;
   std::unique_ptr<MetricsExporter> metrics_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
@@ -154,10 +166,15 @@ absl::StatusOr<std::string> DefaultListenAddress(
     int gpu, const std::string& system_dir, const std::string& runtime_dir);
 
 // Makes the backend options.backend names. "auto" falls back to CPU
-// (logging a warning) when no GPU is usable. `tag` makes shared memory names
-// unique to this daemon.
+// (logging a warning) when no GPU is usable.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
-    const ServerOptions& options, const std::string& tag);
+    const ServerOptions& options);
+
+// Removes the shared-memory files (/dev/shm/pagealloc-gpu<gpu>.<pid>.*) that
+// daemons of earlier versions named their rings, channels and doorbells
+// with and left behind when they were killed: those whose creator pid no
+// longer runs. Returns how many it removed.
+int RemoveLeftoverSegments(int gpu);
 
 }  // namespace pagealloc
 

@@ -1,16 +1,17 @@
-// SessionRegistry and Session on the real CPU backend (rings in POSIX shared
-// memory). Leases are checked at times the test chooses: TakeExpired takes
-// `now`, and where the registry reads the clock itself (Open and
+// SessionRegistry and Session on the real CPU backend (rings in anonymous
+// shared memory). Leases are checked at times the test chooses: TakeExpired
+// takes `now`, and where the registry reads the clock itself (Open and
 // Authenticate renew at absl::Now()) the test uses an infinite lease or a
 // deadline in 1970, which no clock reading can make ambiguous.
 
 #include "server/session.h"
 
+#include <dirent.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +25,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/shared_region.h"
 #include "server/backend.h"
 #include "tests/status_matchers.h"
 
@@ -42,18 +44,26 @@ std::vector<uint64_t> Ids(const std::vector<std::shared_ptr<Session>>& list) {
   return ids;
 }
 
-bool ShmExists(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-  if (fd < 0) return false;
-  close(fd);
-  return true;
+// How many descriptors this process holds to session `id`'s ring memory.
+int RingDescriptors(uint64_t id) {
+  const std::string target =
+      absl::StrFormat("/memfd:pagealloc-ring.%d (deleted)", id);
+  int count = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  while (const dirent* entry = readdir(dir)) {
+    char link[PATH_MAX] = {};
+    const std::string path = std::string("/proc/self/fd/") + entry->d_name;
+    if (readlink(path.c_str(), link, sizeof(link) - 1) > 0 && link == target) {
+      ++count;
+    }
+  }
+  closedir(dir);
+  return count;
 }
 
 class SessionRegistryTest : public ::testing::Test {
  protected:
-  SessionRegistryTest()
-      : backend_(MakeCpuBackend(
-            absl::StrFormat("/pagealloc-session-test-%d", getpid()))) {
+  SessionRegistryTest() : backend_(MakeCpuBackend()) {
     options_.lease = absl::Seconds(10);
     options_.max_sessions = 4;
     options_.default_ring_capacity_slots = 32;
@@ -92,12 +102,18 @@ TEST_F(SessionRegistryTest, RingCapacityZeroTakesTheDefault) {
   ASSERT_OK_AND_ASSIGN(auto c, registry.Open("c", 256, 0));  // the maximum
   EXPECT_EQ(c->ring_memory().capacity_slots(), 256);
 
-  // The ring is real memory a client can map by the name Describe gives.
+  // The ring is real memory a client can map from the descriptor Describe
+  // gives (the memory socket hands a copy of it to the client).
   const RingDescription ring = c->ring_memory().Describe();
   EXPECT_EQ(ring.capacity_slots, 256);
-  EXPECT_TRUE(ShmExists(ring.shm_name)) << ring.shm_name;
+  ASSERT_GE(ring.fd, 0);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<SharedRegion> mapped,
+      SharedRegion::FromFd(UniqueFd(fcntl(ring.fd, F_DUPFD_CLOEXEC, 0)),
+                           256 * sizeof(int64_t),
+                           SharedRegion::Access::kReadOnly));
   c->ring_memory().slots()[255] = 1234;
-  EXPECT_EQ(c->ring_memory().slots()[255], 1234);
+  EXPECT_EQ(static_cast<const int64_t*>(mapped->base())[255], 1234);
 }
 
 TEST_F(SessionRegistryTest, OpenRefusesBadRingSizesQuotasAndNames) {
@@ -370,17 +386,17 @@ TEST_F(SessionRegistryTest, RemoveReturnsTheSessionOnce) {
 }
 
 // The ring lives as long as anyone holds its session: a call in flight keeps
-// it mapped after the session is removed; the last holder unlinks it.
+// it mapped after the session is removed; the last holder releases it.
 TEST_F(SessionRegistryTest, TheLastHolderOfARemovedSessionFreesItsRing) {
   SessionRegistry registry(options_, backend_.get());
   ASSERT_OK_AND_ASSIGN(auto session, registry.Open("a", 0, 0));
-  const RingDescription ring = session->ring_memory().Describe();
-  ASSERT_TRUE(ShmExists(ring.shm_name));
-  std::shared_ptr<Session> removed = registry.Remove(session->id());
-  EXPECT_TRUE(ShmExists(ring.shm_name));
+  const uint64_t id = session->id();
+  ASSERT_EQ(RingDescriptors(id), 1);
+  std::shared_ptr<Session> removed = registry.Remove(id);
+  EXPECT_EQ(RingDescriptors(id), 1);
   removed.reset();
   session.reset();
-  EXPECT_FALSE(ShmExists(ring.shm_name));
+  EXPECT_EQ(RingDescriptors(id), 0);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,12 +1,22 @@
-// The fast channel (fast_channel/layout.h) against an in-process daemon on
-// the CPU backend: the client library uses it and gets the answers gRPC
-// gives; raw, malformed posts are refused with a message and change
-// nothing; calls posted together share a launch; closing a session removes
-// its channel.
+// The fast channel (fast_channel/layout.h) and the memory socket that hands
+// it over (memory/memory_socket.h) against an in-process daemon on the CPU
+// backend: the client library uses it and gets the answers gRPC gives; raw,
+// malformed posts are refused with a message and change nothing; calls
+// posted together share a launch; closing a session removes its channel;
+// the memory socket hands nothing to a wrong token; a client whose
+// connection closes is reclaimed at once; a session that abuses its
+// doorbell or never reads its answers does not hold up another.
 
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <set>
@@ -14,12 +24,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
-#include "fast_channel/futex.h"
 #include "fast_channel/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/fd_passing.h"
+#include "memory/memory_socket.h"
 #include "memory/shared_region.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/fast_channel_server.h"
@@ -37,6 +49,22 @@ using ::pagealloc::testing::StatusIs;
 using ::pagealloc::testing::WaitFor;
 using ::testing::HasSubstr;
 namespace fc = ::pagealloc::fast_channel;
+namespace ms = ::pagealloc::memory_socket;
+
+// How many descriptors this process holds whose link reads `target`.
+int DescriptorsTo(const std::string& target) {
+  int count = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  while (const dirent* entry = readdir(dir)) {
+    char link[PATH_MAX] = {};
+    const std::string path = std::string("/proc/self/fd/") + entry->d_name;
+    if (readlink(path.c_str(), link, sizeof(link) - 1) > 0 && link == target) {
+      ++count;
+    }
+  }
+  closedir(dir);
+  return count;
+}
 
 class FastChannelTest : public ::testing::Test {
  protected:
@@ -82,11 +110,14 @@ class FastChannelTest : public ::testing::Test {
     return server_->server().fast_channels();
   }
 
-  // A raw session with a fast channel, mapped by hand.
+  // A raw session with a fast channel, its memory received over the memory
+  // socket and mapped by hand.
   struct RawSession {
     v1::RegisterResponse registered;
+    // The memory socket's connection and the doorbell (the channel's memory
+    // went into `region`, the ring's is left unmapped).
+    ms::SessionMemory memory;
     std::unique_ptr<SharedRegion> region;
-    std::unique_ptr<SharedRegion> doorbell;
     fc::ChannelHeader* header = nullptr;
     std::optional<fc::ChannelLayout> layout;
     uint32_t seq = 0;
@@ -101,9 +132,8 @@ class FastChannelTest : public ::testing::Test {
       if (ring) Ring();
     }
     void Ring() {
-      auto* bell = static_cast<fc::Doorbell*>(doorbell->base());
-      bell->seq.fetch_add(1);
-      fc::FutexWakeAll(&bell->seq);
+      const uint64_t one = 1;
+      ASSERT_EQ(write(memory.doorbell.get(), &one, sizeof(one)), 8);
     }
     void Await() {
       WaitFor([&] { return header->response_seq.load() == seq; },
@@ -125,18 +155,32 @@ class FastChannelTest : public ::testing::Test {
     EXPECT_TRUE(stub_->Register(&context, request, &raw.registered).ok());
     const v1::FastChannel& channel = raw.registered.fast_channel();
     raw.layout.emplace(channel.max_requests(), channel.message_bytes());
-    auto region =
-        SharedRegion::Open(channel.shm_name(), raw.layout->total_bytes);
-    auto doorbell =
-        SharedRegion::Open(channel.doorbell_shm_name(), sizeof(fc::Doorbell));
+    absl::StatusOr<ms::SessionMemory> memory = ms::ReceiveSessionMemory(
+        raw.registered.memory_socket(), raw.registered.session_id(),
+        raw.registered.session_token(), absl::Seconds(10));
+    EXPECT_OK(memory.status());
+    if (!memory.ok()) return raw;
+    raw.memory = *std::move(memory);
+    EXPECT_TRUE(raw.memory.doorbell.valid());
+    EXPECT_TRUE(raw.memory.ring.valid());
+    auto region = SharedRegion::FromFd(std::move(raw.memory.channel),
+                                       raw.layout->total_bytes,
+                                       SharedRegion::Access::kReadWrite);
     EXPECT_OK(region.status());
-    EXPECT_OK(doorbell.status());
-    if (region.ok() && doorbell.ok()) {
+    if (region.ok()) {
       raw.region = *std::move(region);
-      raw.doorbell = *std::move(doorbell);
       raw.header = static_cast<fc::ChannelHeader*>(raw.region->base());
     }
     return raw;
+  }
+
+  // Writes an Alloc of `n` requests of one page each into `raw`'s channel.
+  void WriteAlloc(RawSession* raw, int n) {
+    raw->header->kind = static_cast<uint32_t>(fc::CallKind::kAlloc);
+    raw->header->num_requests = n;
+    raw->header->num_free_first = 0;
+    raw->header->options = 0;
+    for (int i = 0; i < n; ++i) raw->array(raw->layout->in1)[i] = 4;
   }
 
   std::unique_ptr<InProcessServer> server_;
@@ -427,10 +471,15 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   ASSERT_TRUE(client->uses_fast_channel());
   ASSERT_OK(client->Alloc({4}).status());
   RawSession raw = OpenRaw();
-  const std::string name = raw.registered.fast_channel().shm_name();
-  EXPECT_OK(SharedRegion::Open(name, 1).status());
+  ASSERT_NE(raw.header, nullptr);
+  const uint64_t id = raw.registered.session_id();
+  const std::string channel_memory =
+      absl::StrFormat("/memfd:pagealloc-channel.%d (deleted)", id);
+  // The daemon's own (the copy it handed over may take a moment to go).
+  EXPECT_TRUE(WaitFor([&] { return DescriptorsTo(channel_memory) == 1; },
+                      absl::Seconds(10)));
   v1::KeepAliveRequest close;
-  close.mutable_session()->set_session_id(raw.registered.session_id());
+  close.mutable_session()->set_session_id(id);
   close.mutable_session()->set_session_token(raw.registered.session_token());
   close.set_close(true);
   grpc::ClientContext context;
@@ -441,10 +490,16 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   while (stream->Read(&ignored)) {
   }
   (void)stream->Finish();
-  EXPECT_THAT(SharedRegion::Open(name, 1).status(),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(name)));
+  // The memory socket says why, then closes; the daemon lets go of the
+  // channel's memory (the raw client's mapping stays valid).
+  EXPECT_THAT(
+      ms::ReadSessionEnd(raw.memory.connection.get()),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("closed by client")));
+  EXPECT_TRUE(WaitFor([&] { return DescriptorsTo(channel_memory) == 0; },
+                      absl::Seconds(10)));
   // The other session is untouched.
   EXPECT_OK(client->Alloc({4}).status());
+  EXPECT_EQ(server_->server().memory_socket()->connected_sessions(), 1);
 }
 
 TEST_F(FastChannelTest, DaemonWithoutFastChannelsServesOverGrpc) {
@@ -458,6 +513,237 @@ TEST_F(FastChannelTest, DaemonWithoutFastChannelsServesOverGrpc) {
   EXPECT_FALSE(client->uses_fast_channel());
   EXPECT_EQ(fast_channels(), nullptr);
   EXPECT_OK(client->Alloc({4}).status());
+}
+
+// One raw attempt on the memory socket: what came back, and whether the
+// daemon closed the connection after it.
+struct Attempt {
+  absl::Status status;  // the daemon's refusal, or OK for a handoff
+  size_t fds = 0;
+  bool closed = false;
+};
+
+Attempt TryHello(const std::string& path, absl::Span<const char> hello) {
+  Attempt attempt;
+  UniqueFd connection(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  EXPECT_EQ(connect(connection.get(), reinterpret_cast<sockaddr*>(&address),
+                    sizeof(address)),
+            0);
+  EXPECT_OK(SendWithFds(connection.get(), hello, {}));
+  ms::DaemonMessage message;
+  std::vector<UniqueFd> fds;
+  absl::StatusOr<size_t> received = ReceiveWithFds(
+      connection.get(),
+      absl::MakeSpan(reinterpret_cast<char*>(&message), sizeof(message)),
+      ms::kMaxEntries, &fds);
+  EXPECT_OK(received.status());
+  attempt.fds = fds.size();
+  absl::StatusOr<ms::DaemonMessage> parsed = ms::ParseDaemonMessage(
+      absl::MakeConstSpan(reinterpret_cast<const char*>(&message),
+                          received.value_or(0)),
+      fds.size());
+  EXPECT_OK(parsed.status());
+  if (parsed.ok() &&
+      parsed->kind != static_cast<uint32_t>(ms::MessageKind::kHandoff)) {
+    attempt.status = ms::StatusOf(*parsed);
+  }
+  char byte;
+  std::vector<UniqueFd> more;
+  attempt.closed =
+      ReceiveWithFds(connection.get(), absl::MakeSpan(&byte, 1), 0, &more)
+          .value_or(1) == 0;
+  return attempt;
+}
+
+absl::Span<const char> BytesOf(const ms::Hello& hello) {
+  return absl::MakeConstSpan(reinterpret_cast<const char*>(&hello),
+                             sizeof(hello));
+}
+
+TEST_F(FastChannelTest, TheMemorySocketHandsNothingToAWrongToken) {
+  StartServer();
+  RawSession victim = OpenRaw();
+  ASSERT_NE(victim.header, nullptr);
+  WriteAlloc(&victim, 2);
+  victim.Post();
+  victim.Await();
+  ASSERT_EQ(victim.header->call_code, 0);
+  const std::vector<int64_t> free_before = server_->pool().FreeList();
+  const std::string& path = victim.registered.memory_socket();
+  const uint64_t id = victim.registered.session_id();
+  const std::string& token = victim.registered.session_token();
+
+  // Another process knows the victim's id but not its token: it gets a
+  // refusal, no descriptor, and a closed connection.
+  ASSERT_OK_AND_ASSIGN(ms::Hello guess,
+                       ms::MakeHello(id, std::string(32, 'x')));
+  Attempt wrong = TryHello(path, BytesOf(guess));
+  EXPECT_THAT(wrong.status, StatusIs(absl::StatusCode::kUnauthenticated,
+                                     HasSubstr("wrong session_token")));
+  EXPECT_EQ(wrong.fds, 0u);
+  EXPECT_TRUE(wrong.closed);
+  // Nor with an id nobody has, nor with bytes that are no Hello.
+  ASSERT_OK_AND_ASSIGN(ms::Hello unknown, ms::MakeHello(id + 12345, token));
+  Attempt nobody = TryHello(path, BytesOf(unknown));
+  EXPECT_THAT(nobody.status,
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown")));
+  EXPECT_EQ(nobody.fds, 0u);
+  EXPECT_TRUE(nobody.closed);
+  Attempt garbage = TryHello(path, absl::MakeConstSpan("not a hello", 11));
+  EXPECT_THAT(garbage.status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("11 bytes")));
+  EXPECT_EQ(garbage.fds, 0u);
+  EXPECT_TRUE(garbage.closed);
+  // Even the right token gets the memory once: the session has its
+  // connection already.
+  ASSERT_OK_AND_ASSIGN(ms::Hello again, ms::MakeHello(id, token));
+  Attempt twice = TryHello(path, BytesOf(again));
+  EXPECT_THAT(twice.status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     HasSubstr("already has")));
+  EXPECT_EQ(twice.fds, 0u);
+  EXPECT_EQ(server_->server().memory_socket()->refusals(), 4);
+
+  // The victim is untouched: its pages are its own and its channel works.
+  EXPECT_EQ(server_->pool().FreeList(), free_before);
+  EXPECT_EQ(server_->pool().Stats().used_pages, 2);
+  WriteAlloc(&victim, 1);
+  victim.Post();
+  victim.Await();
+  EXPECT_EQ(victim.header->call_code, 0);
+  EXPECT_EQ(server_->pool().Stats().used_pages, 3);
+}
+
+// A client that dies has its sockets closed by the kernel: its session is
+// reclaimed then, long before its lease (an hour here) could run out.
+TEST_F(FastChannelTest, ASessionWhoseConnectionClosesIsReclaimedAtOnce) {
+  ServerOptions options;
+  options.backend = "cpu";
+  options.pool = {64, 4, FreePolicy::kLifo};
+  options.sessions.lease = absl::Hours(1);
+  options.sessions.default_ring_capacity_slots = 1024;
+  StartServer(options);
+  auto survivor = Connect(true);
+  ASSERT_NE(survivor, nullptr);
+  ASSERT_OK(survivor->Alloc({4}).status());
+  RawSession raw = OpenRaw();
+  ASSERT_NE(raw.header, nullptr);
+  WriteAlloc(&raw, 3);
+  raw.Post();
+  raw.Await();
+  ASSERT_EQ(server_->pool().Stats().used_pages, 4);
+
+  raw.memory.connection.reset();
+  const SessionCounters& counters = server_->server().core().counters();
+  EXPECT_TRUE(WaitFor([&] { return server_->pool().Stats().used_pages == 1; },
+                      absl::Seconds(30)));
+  EXPECT_EQ(counters.sessions_reclaimed.load(), 1);
+  EXPECT_EQ(counters.pages_reclaimed.load(), 3);
+  EXPECT_EQ(server_->server().core().Sessions().size(), 1u);
+  EXPECT_OK(survivor->session_status());
+  EXPECT_OK(survivor->Alloc({4}).status());
+  EXPECT_OK(server_->pool().CheckInvariants());
+}
+
+// A session the daemon ends is told so on its memory socket: the client
+// library knows at once, without waiting for its next KeepAlive.
+TEST_F(FastChannelTest, TheClientLearnsAtOnceThatTheDaemonEndedItsSession) {
+  ServerOptions options;
+  options.backend = "cpu";
+  options.pool = {64, 4, FreePolicy::kLifo};
+  options.sessions.lease = absl::Hours(1);
+  StartServer(options);
+  auto client = Connect(true);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->Alloc({4}).status());
+  ASSERT_TRUE(server_->server().core().CloseSession(client->session_id(),
+                                                    "closed by the operator"));
+  absl::Status status;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        status = client->session_status();
+        return !status.ok();
+      },
+      absl::Seconds(30)));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kNotFound,
+                               HasSubstr("closed by the operator")));
+  EXPECT_THAT(client->Alloc({4}), StatusIs(absl::StatusCode::kNotFound,
+                                           HasSubstr("register again")));
+}
+
+// One session rings its doorbell without pause, keeps clearing its own
+// poller_sleeping flag, and posts call after call without reading a single
+// answer, on the same poller as a victim: every one of the victim's calls
+// is still answered, within the victim's deadline, on the fast channel.
+TEST_F(FastChannelTest, ASessionAbusingItsChannelDoesNotHoldUpAnother) {
+  StartServer(absl::Microseconds(200), /*pollers=*/1);
+  RawSession spammer = OpenRaw();
+  ASSERT_NE(spammer.header, nullptr);
+  ClientOptions victim_options;
+  victim_options.client_name = "victim";
+  // A call not answered in time fails the test (DEADLINE_EXCEEDED).
+  victim_options.call_timeout = absl::Seconds(5);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> victim,
+                       server_->Connect(victim_options));
+  ASSERT_TRUE(victim->uses_fast_channel());
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> rings{0};
+  std::thread abuse([&] {
+    const uint64_t one = 1;
+    for (int64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+      // Alternately a call the daemon refuses (unknown kind) and a
+      // Checkpoint; never a look at the answers.
+      spammer.header->kind =
+          i % 2 == 0 ? 99u : static_cast<uint32_t>(fc::CallKind::kCheckpoint);
+      spammer.header->request_seq.store(++spammer.seq);
+      spammer.header->poller_sleeping.store(0);
+      if (write(spammer.memory.doorbell.get(), &one, sizeof(one)) == 8) {
+        rings.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  });
+  constexpr int kCalls = 200;
+  absl::Duration slowest;
+  int64_t rings_seen = 0;
+  uint32_t answered = spammer.header->response_seq.load();
+  uint32_t answers_seen = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    // Between any two of the victim's calls the abuser rings at least ten
+    // times and has at least one more post answered (counts, not timing:
+    // on 2 busy cores either thread may stall for a while).
+    const int64_t rings_before = rings.load();
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          return rings.load() >= rings_before + 10 &&
+                 spammer.header->response_seq.load() != answered;
+        },
+        absl::Seconds(30), absl::Microseconds(50)));
+    rings_seen += rings.load() - rings_before;
+    const uint32_t now_answered = spammer.header->response_seq.load();
+    answers_seen += now_answered - answered;
+    answered = now_answered;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<Allocation> a = victim->Alloc({4});
+    ASSERT_OK(a.status()) << "call " << i;
+    ASSERT_OK((*a)[0].status);
+    std::vector<int64_t> slot(1);
+    ASSERT_OK(victim->CopyToHost((*a)[0].slots, 1, slot.data()));
+    victim->Release(*a);
+    ASSERT_THAT(victim->FreeSlots(slot), IsOkAndHolds(1)) << "call " << i;
+    slowest = std::max(slowest, absl::Now() - start);
+  }
+  stop = true;
+  abuse.join();
+  EXPECT_TRUE(victim->uses_fast_channel());
+  EXPECT_OK(server_->pool().CheckInvariants());
+  std::printf(
+      "victim: %d Alloc+Free pairs, slowest pair %s, while the abuser rang "
+      "%lld times and its answered posts advanced %u\n",
+      kCalls, absl::FormatDuration(slowest).c_str(),
+      static_cast<long long>(rings_seen), answers_seen);
 }
 
 }  // namespace

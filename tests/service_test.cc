@@ -98,7 +98,7 @@ TEST_F(ServiceTest, RegisterDescribesThePoolAndTheRing) {
   EXPECT_EQ(response.pool().backend(), v1::BACKEND_CPU);
   EXPECT_EQ(response.pool().free_policy(), "lifo");
   EXPECT_EQ(response.ring().capacity_slots(), 128);
-  EXPECT_FALSE(response.ring().shm_name().empty());
+  EXPECT_FALSE(response.memory_socket().empty());
   EXPECT_EQ(response.lease_ms(), 10000);
   EXPECT_EQ(response.quota_pages(), 7);
 }
