@@ -47,8 +47,8 @@ spec:
       # CUDA IPC: the daemon exports its output rings with cudaIpcGetMemHandle
       # and an interprocess event; schedulers in other pods open them. The
       # legacy CUDA IPC handles need the exporter and importer in one IPC
-      # namespace and one PID namespace, and the CPU backend's rings are
-      # POSIX shared memory in /dev/shm, which hostIPC shares with the host.
+      # namespace and one PID namespace. (The CPU backend needs neither: its
+      # memory reaches sessions as file descriptors over the memory socket.)
       hostIPC: true
       hostPID: true
       # The NVIDIA runtime injects the driver; NVIDIA_VISIBLE_DEVICES=all
