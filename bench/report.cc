@@ -1,12 +1,18 @@
 #include "bench/report.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/rpc_stats.h"
+#include "common/build_info.h"
+#include "common/version.h"
 
 namespace pagealloc::bench {
 namespace {
@@ -184,8 +190,22 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
   for (const PhaseResult& p : phases) {
     phase_json.push_back(PhaseJson(p, floors, w.async_completion));
   }
+  // What produced these numbers: the machine and the build.
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+#ifdef NDEBUG
+  constexpr char kBuildMode[] = "opt";
+#else
+  constexpr char kBuildMode[] = "fastbuild";
+#endif
+  const std::string run = absl::StrFormat(
+      "\"run\": {\"host\": \"%s\", \"cpus\": %d, \"version\": \"%s\", "
+      "\"commit\": \"%s\", \"build_mode\": \"%s\", \"cuda_built\": %s},\n",
+      absl::CEscape(host), std::thread::hardware_concurrency(),
+      kPageallocVersion, BuildCommit(), kBuildMode,
+      BuiltWithCuda() ? "true" : "false");
   const std::string text = absl::StrFormat(
-      "{\n\"config\": {\"backend\": \"%s\", \"target\": \"%s\", "
+      "{\n%s\"config\": {\"backend\": \"%s\", \"target\": \"%s\", "
       "\"batch\": %d, \"duration_s\": %g, \"decode_weight\": %d, "
       "\"prefill_weight\": %d, \"spec_weight\": %d, \"prefill_chunk\": %d, "
       "\"prefill_requests\": %d, \"draft_tokens\": %d, \"max_seq_len\": %d, "
@@ -195,7 +215,7 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
       "\"floors\": {\"health_check\": {%s},\n"
       "  \"in_process_decode\": {\"executor\": \"%s\", %s}},\n"
       "\"phases\": [\n%s\n]\n}\n",
-      config.backend, config.target, w.batch, config.duration_s,
+      run, config.backend, config.target, w.batch, config.duration_s,
       w.decode_weight, w.prefill_weight, w.spec_weight, w.prefill_chunk,
       w.prefill_requests, w.draft_tokens, w.max_seq_len,
       w.async_completion ? "true" : "false",
