@@ -42,6 +42,9 @@ class ServiceTest : public ::testing::Test {
     options.batcher.max_batch_requests = 64;
     options.batcher.max_batch_tokens = 4096;
     options.batcher.batch_window = window;
+    // A window here is waited out whole: a test that gives one expects
+    // every call made meanwhile in the launch, however few sessions called.
+    options.batcher.min_batch_calls = 0;
     options.debug_checks = true;
     StartServer(options);
   }
@@ -506,8 +509,9 @@ TEST_F(ServiceTest, PackedResultsCarryTheSameAnswers) {
 }
 
 TEST_F(ServiceTest, ConcurrentSessionsShareOneLaunch) {
-  // A long batch window makes the batcher wait for both calls.
-  StartServer(64, 4, absl::Seconds(10), absl::Milliseconds(300));
+  // A long batch window, waited out whole, makes the batcher wait for both
+  // calls (min_batch_calls would stop it at the first: one active session).
+  StartServer(64, 4, absl::Seconds(10), absl::Seconds(1));
   auto alice = Connect("alice");
   auto bob = Connect("bob");
   absl::StatusOr<Allocation> a, b;
