@@ -3,17 +3,39 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace pagealloc::testing {
 namespace {
+
+// The selector of a Grafana variable query "label_values(SELECTOR, label)"
+// (the selector may hold commas: the label follows the last one).
+absl::StatusOr<std::string> LabelValuesSelector(absl::string_view text) {
+  if (!absl::ConsumePrefix(&text, "label_values(") ||
+      !absl::ConsumeSuffix(&text, ")")) {
+    return absl::InvalidArgumentError("not label_values(...)");
+  }
+  const size_t comma = text.rfind(',');
+  if (comma == absl::string_view::npos || comma == 0) {
+    return absl::InvalidArgumentError("no selector");
+  }
+  const absl::string_view label =
+      absl::StripLeadingAsciiWhitespace(text.substr(comma + 1));
+  if (label.empty() || !std::all_of(label.begin(), label.end(), [](char c) {
+        return absl::ascii_isalnum(c) || c == '_';
+      })) {
+    return absl::InvalidArgumentError("no label");
+  }
+  return std::string(text.substr(0, comma));
+}
 
 using google::protobuf::ListValue;
 using google::protobuf::Struct;
@@ -65,7 +87,6 @@ absl::StatusOr<Dashboard> LoadDashboard(const std::string& path) {
   RETURN_IF_ERROR(
       AddPanels(Field(dashboard.json, "panels").list_value(), &dashboard));
 
-  const std::regex label_values(R"(^label_values\((.+),\s*\w+\)$)");
   for (const Value& variable_value :
        Field(Field(dashboard.json, "templating").struct_value(), "list")
            .list_value()
@@ -81,13 +102,13 @@ absl::StatusOr<Dashboard> LoadDashboard(const std::string& path) {
         query.has_struct_value()
             ? Field(query.struct_value(), "query").string_value()
             : query.string_value();
-    std::smatch match;
-    if (!std::regex_match(text, match, label_values)) {
+    absl::StatusOr<std::string> selector = LabelValuesSelector(text);
+    if (!selector.ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "variable %s: query '%s' is not label_values(selector, label)", name,
           text));
     }
-    dashboard.queries.push_back({"variable " + name, "", match[1]});
+    dashboard.queries.push_back({"variable " + name, "", *selector});
   }
   return dashboard;
 }
