@@ -80,7 +80,7 @@ TEST(MemorySocketFormatTest, MalformedDaemonMessagesAreRefused) {
       ParseDaemonMessage(BytesOf(&bad, sizeof(bad)), 1),
       StatusIs(absl::StatusCode::kInternal, HasSubstr("unknown kind 9")));
   // Between the CPU kinds and the CUDA kinds nothing is known either.
-  for (uint32_t kind : {0u, 4u, 9u, 12u}) {
+  for (uint32_t kind : {0u, 5u, 9u, 12u}) {
     bad = handoff;
     bad.entries[0].kind = kind;
     EXPECT_THAT(ParseDaemonMessage(BytesOf(&bad, sizeof(bad)), 1),
