@@ -14,13 +14,10 @@
 #include "absl/strings/strip.h"
 #include "client/fast_channel_client.h"
 #include "client/ring_view.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "fast_channel/layout.h"
 #include "memory/memory_socket.h"
-#ifdef PAGEALLOC_HAVE_CUDA
-#include "client/cuda_ring_view.h"
-#endif
-#include "common/grpc_status.h"
 
 namespace pagealloc {
 
@@ -84,20 +81,36 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
       received = got.status();
     }
   }
-  if (client->pool_.backend() == v1::BACKEND_CPU && !memory.ring.valid()) {
+  const bool cuda = client->pool_.backend() == v1::BACKEND_CUDA;
+  UniqueFd& ring_fd = cuda ? memory.cuda_ring : memory.ring;
+  const uint64_t ring_bytes = cuda ? memory.cuda_ring_bytes : memory.ring_bytes;
+  if (!ring_fd.valid() || (cuda && !memory.completion_counter.valid())) {
     (void)client->Close();
     return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot map the output ring: %s (a client of a CPU-backend daemon "
-        "must run on its host and reach its memory socket)",
-        received.message()));
+        "cannot map the output ring: %s (a client must run on the daemon's "
+        "host and reach its memory socket; in a container, mount the "
+        "daemon's socket directory)",
+        received.ok() ? "the daemon's memory socket sent no ring"
+                      : received.message()));
   }
   absl::StatusOr<std::unique_ptr<RingView>> mapped =
-      MapRing(client->pool_, registered.ring(), std::move(memory.ring));
+      MapRing(client->pool_, registered.ring(), std::move(ring_fd), ring_bytes);
   if (!mapped.ok()) {
     (void)client->Close();  // give the session back at once
     return mapped.status();
   }
   client->ring_ = *std::move(mapped);
+  if (cuda) {
+    absl::StatusOr<std::unique_ptr<CompletionCounter>> counter =
+        MapCompletionCounter(client->pool_,
+                             std::move(memory.completion_counter),
+                             memory.completion_counter_bytes);
+    if (!counter.ok()) {
+      (void)client->Close();
+      return counter.status();
+    }
+    client->completion_counter_ = *std::move(counter);
+  }
   if (registered.has_fast_channel() && memory.channel.valid()) {
     // Without it calls simply go through gRPC.
     absl::StatusOr<std::unique_ptr<FastChannelClient>> fast =
@@ -197,7 +210,6 @@ absl::Status Client::Register(v1::RegisterResponse* response) {
   session_token_ = response->session_token();
   pool_ = response->pool();
   lease_ms_ = response->lease_ms();
-  completion_event_ = response->ring().cuda_ipc_event_handle();
   return absl::OkStatus();
 }
 
@@ -306,6 +318,7 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   answer.ring_end = response.ring_end();
   answer.pages_freed_first = response.pages_freed_first();
   answer.batch_requests = response.batch_requests();
+  answer.completion_value = response.completion_value();
   return ToAllocation(answer, options);
 }
 
@@ -315,7 +328,15 @@ absl::StatusOr<Allocation> Client::ToAllocation(
   allocation.ring_end_ = answer.ring_end;
   allocation.pages_freed_first_ = answer.pages_freed_first;
   allocation.batch_requests_ = answer.batch_requests;
+  allocation.completion_value_ = answer.completion_value;
   allocation.on_device_ = !options.return_inline && ring_->on_device();
+  // The counter only grows: keep the largest value for
+  // OrderAfterCompletion.
+  uint64_t seen = last_completion_value_.load(std::memory_order_relaxed);
+  while (seen < answer.completion_value &&
+         !last_completion_value_.compare_exchange_weak(
+             seen, answer.completion_value, std::memory_order_relaxed)) {
+  }
   // The answer is untrusted input: every array must have one entry per
   // request, messages one per refusal, slots exactly the accepted counts,
   // and every ring range must lie inside the ring.
@@ -496,6 +517,7 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   answer.ring_end = view.ring_end;
   answer.pages_freed_first = view.pages_freed_first;
   answer.batch_requests = view.batch_requests;
+  answer.completion_value = view.completion_value;
   return ToAllocation(answer, options);
 }
 
@@ -612,14 +634,19 @@ absl::Status Client::Close() {
   return FromGrpcStatus(stream->Finish());
 }
 
+absl::Status Client::OrderAfter(const Allocation& allocation,
+                                void* cuda_stream) const {
+  if (completion_counter_ == nullptr || !allocation.on_device()) {
+    return absl::OkStatus();
+  }
+  return completion_counter_->OrderAfter(allocation.completion_value(),
+                                         cuda_stream);
+}
+
 absl::Status Client::OrderAfterCompletion(void* cuda_stream) const {
-  if (pool_.backend() != v1::BACKEND_CUDA) return absl::OkStatus();
-#ifdef PAGEALLOC_HAVE_CUDA
-  return WaitForDaemonEvent(completion_event_, cuda_stream);
-#else
-  return absl::FailedPreconditionError(
-      "this client library was built without CUDA");
-#endif
+  if (completion_counter_ == nullptr) return absl::OkStatus();
+  return completion_counter_->OrderAfter(
+      last_completion_value_.load(std::memory_order_relaxed), cuda_stream);
 }
 
 absl::Status Client::CopyToHost(const int64_t* slots, int64_t count,

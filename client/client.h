@@ -10,12 +10,16 @@
 //   client->Release(a);  // the ring space may be reused from now on
 //
 // Connect registers a session, receives the session's memory over the
-// daemon's memory socket (memory/memory_socket.h: its fast channel and, on
-// a CPU daemon, its output ring, as file descriptors), maps the output ring
-// once (CUDA IPC on a GPU daemon) and keeps the session's lease alive from a
+// daemon's memory socket (memory/memory_socket.h: its fast channel, its
+// output ring and, on a GPU daemon, the pool's completion counter, as file
+// descriptors), maps the output ring once (a CUDA virtual-memory import on a
+// GPU daemon, mmap on a CPU one) and keeps the session's lease alive from a
 // background thread. Slots come back as pointers into the mapped ring:
 // device pointers on the CUDA backend, host pointers on the CPU backend.
-// Errors are absl::Status values with the daemon's code and message.
+// The client must reach the daemon's memory socket (same host; in a
+// container, the daemon's socket directory mounted): nothing else is
+// shared, no host IPC or PID namespace. Errors are absl::Status values with
+// the daemon's code and message.
 //
 // When the daemon dies or the session's lease is lost, every call fails and
 // session_status() says why: the slots the session held are void and the
@@ -29,6 +33,7 @@
 #ifndef PAGEALLOC_CLIENT_CLIENT_H_
 #define PAGEALLOC_CLIENT_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -85,7 +90,9 @@ struct ClientOptions {
 struct CallOptions {
   // Slots in the response (host memory) instead of the ring.
   bool return_inline = false;
-  // Answer right after the launch (CUDA backend; same as sync on CPU).
+  // Answer as soon as the launch is queued (CUDA backend; same as sync on
+  // CPU): before a kernel reads the slots, its stream must be ordered after
+  // the launch with Client::OrderAfter (or OrderAfterCompletion).
   bool async_completion = false;
   // Operations applied first, in this order, as part of the same call (one
   // round trip for a whole scheduler step): free these pages (as
@@ -122,6 +129,10 @@ class Allocation {
   bool on_device() const { return on_device_; }
   // Pages freed by CallOptions.free_pages_first.
   int64_t pages_freed_first() const { return pages_freed_first_; }
+  // The value the pool's completion counter reaches once this call's slots
+  // are written (AllocResponse.completion_value); Client::OrderAfter waits
+  // for it.
+  uint64_t completion_value() const { return completion_value_; }
 
  private:
   friend class Client;
@@ -129,11 +140,13 @@ class Allocation {
   std::vector<int64_t> inline_slots_;
   int64_t ring_end_ = 0;
   int64_t pages_freed_first_ = 0;
+  uint64_t completion_value_ = 0;
   int32_t batch_requests_ = 0;
   bool on_device_ = false;
 };
 
 class RingView;           // the mapped output ring (client/ring_view.h)
+class CompletionCounter;  // the mapped completion counter (ditto)
 class FastChannelClient;  // client/fast_channel_client.h
 namespace fast_channel {
 enum class CallKind : uint32_t;  // fast_channel/layout.h
@@ -145,8 +158,9 @@ class Client {
   // starts the KeepAlive thread. Returns the daemon's status (e.g.
   // UNAVAILABLE when nothing listens at the target, UNAUTHENTICATED when
   // its memory socket refuses the session), FAILED_PRECONDITION when the
-  // ring of a CPU daemon cannot be had (a client on another host or
-  // container that cannot reach the memory socket).
+  // ring cannot be had (a client on another host, or in a container without
+  // the daemon's socket directory, cannot reach the memory socket; a GPU
+  // daemon's GPU is not visible to this process).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const ClientOptions& options);
 
@@ -205,8 +219,16 @@ class Client {
   const v1::PoolInfo& pool() const { return pool_; }
   int64_t lease_ms() const { return lease_ms_; }
   // For calls made with async_completion on the CUDA backend: makes
-  // `cuda_stream` (a cudaStream_t) wait until the daemon's launches so far
-  // have written their slots. A no-op on the CPU backend.
+  // `cuda_stream` (a cudaStream_t; null is the legacy default stream) wait,
+  // on the GPU, until the launch that wrote `allocation`'s slots is done:
+  // cuStreamWaitValue64(stream, counter, allocation.completion_value(),
+  // GEQ) on the pool's completion counter. The host does not wait. Work
+  // queued on the stream afterwards may read the slots. A no-op on the CPU
+  // backend and for inline results. INTERNAL when CUDA refuses the wait.
+  absl::Status OrderAfter(const Allocation& allocation,
+                          void* cuda_stream) const;
+  // The same for every allocation call this client has had answered so
+  // far: waits for the largest completion value seen.
   absl::Status OrderAfterCompletion(void* cuda_stream) const;
   // Whether allocation calls go through the fast channel.
   bool uses_fast_channel() const { return fast_ != nullptr; }
@@ -261,6 +283,7 @@ class Client {
     int64_t ring_end = 0;
     int64_t pages_freed_first = 0;
     int32_t batch_requests = 0;
+    uint64_t completion_value = 0;
   };
   absl::StatusOr<Allocation> ToAllocation(const AnswerArrays& answer,
                                           const CallOptions& options) const;
@@ -283,7 +306,10 @@ class Client {
   v1::PoolInfo pool_;
   int64_t lease_ms_ = 0;
   std::unique_ptr<RingView> ring_;
-  std::string completion_event_;  // cudaIpcEventHandle_t bytes (CUDA)
+  // The pool's completion counter (CUDA backend; null on the CPU backend).
+  std::unique_ptr<CompletionCounter> completion_counter_;
+  // The largest completion value answered so far (OrderAfterCompletion).
+  mutable std::atomic<uint64_t> last_completion_value_{0};
 
   mutable absl::Mutex mu_;
   absl::Status session_status_ ABSL_GUARDED_BY(mu_);

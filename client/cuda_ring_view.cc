@@ -2,112 +2,98 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstring>
+#include <utility>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "client/cuda_vmm_import.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 
 namespace pagealloc {
 namespace {
 
-absl::StatusOr<int> FindDevice(const std::string& uuid) {
-  int count = 0;
-  RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
-  for (int device = 0; device < count; ++device) {
-    cudaDeviceProp properties;
-    RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&properties, device),
-                               "cudaGetDeviceProperties"));
-    if (FormatCudaUuid(properties.uuid) == uuid) return device;
-  }
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "the daemon's GPU %s is not visible to this process (%d GPUs visible; "
-      "check CUDA_VISIBLE_DEVICES)",
-      uuid, count));
-}
-
-class CudaIpcRingView final : public RingView {
+class CudaRingView final : public RingView {
  public:
-  CudaIpcRingView(int device, const int64_t* slots, int64_t capacity)
-      : device_(device), slots_(slots), capacity_(capacity) {}
-  ~CudaIpcRingView() override {
-    cudaSetDevice(device_);
-    cudaIpcCloseMemHandle(const_cast<int64_t*>(slots_));
-  }
+  CudaRingView(std::unique_ptr<DeviceMapping> mapping, int64_t capacity)
+      : mapping_(std::move(mapping)), capacity_(capacity) {}
 
-  const int64_t* slots() const override { return slots_; }
+  const int64_t* slots() const override {
+    return static_cast<const int64_t*>(mapping_->base());
+  }
   int64_t capacity_slots() const override { return capacity_; }
   bool on_device() const override { return true; }
   absl::Status CopyToHost(const int64_t* src, int64_t count,
                           int64_t* dst) const override {
-    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaSetDevice(mapping_->device()), "cudaSetDevice"));
     return CudaStatus(
         cudaMemcpy(dst, src, count * sizeof(int64_t), cudaMemcpyDeviceToHost),
         "cudaMemcpy(ring to host)");
   }
 
  private:
-  const int device_;
-  const int64_t* const slots_;
+  const std::unique_ptr<DeviceMapping> mapping_;
   const int64_t capacity_;
 };
 
-// IPC events can be opened once per process; keep them by handle.
-class EventCache {
+class CudaCompletionCounter final : public CompletionCounter {
  public:
-  absl::StatusOr<cudaEvent_t> Open(const std::string& handle) {
-    absl::MutexLock lock(&mu_);
-    auto it = events_.find(handle);
-    if (it != events_.end()) return it->second;
-    if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("cuda_ipc_event_handle is %d bytes; expected %d",
-                          handle.size(), sizeof(cudaIpcEventHandle_t)));
+  explicit CudaCompletionCounter(std::unique_ptr<DeviceMapping> mapping)
+      : mapping_(std::move(mapping)) {}
+
+  absl::Status OrderAfter(uint64_t value, void* stream) const override {
+    if (stream == nullptr) {
+      RETURN_IF_ERROR(
+          CudaStatus(cudaSetDevice(mapping_->device()), "cudaSetDevice"));
     }
-    cudaIpcEventHandle_t ipc;
-    std::memcpy(&ipc, handle.data(), sizeof(ipc));
-    cudaEvent_t event;
-    RETURN_IF_ERROR(CudaStatus(cudaIpcOpenEventHandle(&event, ipc),
-                               "cudaIpcOpenEventHandle"));
-    events_[handle] = event;
-    return event;
+    return StreamWaitValueAtLeast(stream, mapping_->base(), value);
   }
 
  private:
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, cudaEvent_t> events_ ABSL_GUARDED_BY(mu_);
+  const std::unique_ptr<DeviceMapping> mapping_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RingView>> MapCudaIpcRing(
-    const v1::OutputRing& ring, const std::string& device_uuid) {
-  ASSIGN_OR_RETURN(int device, FindDevice(device_uuid));
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
-  if (ring.cuda_ipc_handle().size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cuda_ipc_handle is %d bytes; expected %d",
-        ring.cuda_ipc_handle().size(), sizeof(cudaIpcMemHandle_t)));
+absl::StatusOr<std::unique_ptr<RingView>> MapCudaRing(
+    const v1::OutputRing& ring, const std::string& device_uuid, UniqueFd fd,
+    uint64_t bytes) {
+  if (bytes < static_cast<uint64_t>(ring.capacity_slots()) * sizeof(int64_t)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the daemon's memory socket sent a ring of %d bytes for %d slots",
+        bytes, ring.capacity_slots()));
   }
-  cudaIpcMemHandle_t handle;
-  std::memcpy(&handle, ring.cuda_ipc_handle().data(), sizeof(handle));
-  void* slots = nullptr;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaIpcOpenMemHandle(&slots, handle, cudaIpcMemLazyEnablePeerAccess),
-      "cudaIpcOpenMemHandle"));
-  return std::make_unique<CudaIpcRingView>(
-      device, static_cast<const int64_t*>(slots), ring.capacity_slots());
+  ASSIGN_OR_RETURN(const int device, FindCudaDevice(device_uuid));
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> mapping =
+      DeviceMapping::Import(device, std::move(fd), bytes);
+  if (!mapping.ok()) {
+    return absl::Status(
+        mapping.status().code(),
+        absl::StrFormat("cannot map the output ring (%d bytes on GPU %s): %s",
+                        bytes, device_uuid, mapping.status().message()));
+  }
+  return std::make_unique<CudaRingView>(*std::move(mapping),
+                                        ring.capacity_slots());
 }
 
-absl::Status WaitForDaemonEvent(const std::string& event_handle, void* stream) {
-  static EventCache* const events = new EventCache();
-  ASSIGN_OR_RETURN(cudaEvent_t event, events->Open(event_handle));
-  return CudaStatus(
-      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event, 0),
-      "cudaStreamWaitEvent");
+absl::StatusOr<std::unique_ptr<CompletionCounter>> MapCudaCompletionCounter(
+    const std::string& device_uuid, UniqueFd fd, uint64_t bytes) {
+  if (!fd.valid()) {
+    return absl::FailedPreconditionError(
+        "no completion counter: the daemon's memory socket did not hand one "
+        "over");
+  }
+  ASSIGN_OR_RETURN(const int device, FindCudaDevice(device_uuid));
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> mapping =
+      DeviceMapping::Import(device, std::move(fd), bytes);
+  if (!mapping.ok()) {
+    return absl::Status(
+        mapping.status().code(),
+        absl::StrFormat(
+            "cannot map the completion counter (%d bytes on GPU %s): %s", bytes,
+            device_uuid, mapping.status().message()));
+  }
+  return std::make_unique<CudaCompletionCounter>(*std::move(mapping));
 }
 
 }  // namespace pagealloc

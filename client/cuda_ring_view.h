@@ -1,28 +1,36 @@
-// The CUDA backend's ring as a client maps it: device memory opened from
-// the daemon's CUDA IPC handle, on the GPU with the daemon's device UUID.
+// The CUDA backend's ring and completion counter as a client maps them:
+// CUDA virtual-memory allocations the daemon exported as POSIX file
+// descriptors (handed over the memory socket), imported and mapped on the
+// GPU with the daemon's device UUID (client/cuda_vmm_import.h).
 
 #ifndef PAGEALLOC_CLIENT_CUDA_RING_VIEW_H_
 #define PAGEALLOC_CLIENT_CUDA_RING_VIEW_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "client/ring_view.h"
+#include "memory/unique_fd.h"
 #include "proto/pagealloc.pb.h"
 
 namespace pagealloc {
 
 // Finds the local ordinal of the GPU with `device_uuid` (processes may
-// number GPUs differently, e.g. under CUDA_VISIBLE_DEVICES) and opens the
-// ring there. FAILED_PRECONDITION when this process cannot see that GPU.
-absl::StatusOr<std::unique_ptr<RingView>> MapCudaIpcRing(
-    const v1::OutputRing& ring, const std::string& device_uuid);
+// number GPUs differently, e.g. under CUDA_VISIBLE_DEVICES) and maps the
+// ring `fd` holds there (`bytes`: the allocation's size, at least the
+// ring's capacity). FAILED_PRECONDITION when this process cannot see that
+// GPU or `bytes` cannot hold the ring; INTERNAL when CUDA refuses.
+absl::StatusOr<std::unique_ptr<RingView>> MapCudaRing(
+    const v1::OutputRing& ring, const std::string& device_uuid, UniqueFd fd,
+    uint64_t bytes);
 
-// Makes `stream` (a cudaStream_t) wait for the daemon's latest completion
-// event, for calls made with async_completion. `event_handle` is
-// OutputRing.cuda_ipc_event_handle; the event is opened once per process.
-absl::Status WaitForDaemonEvent(const std::string& event_handle, void* stream);
+// Maps the pool's completion counter likewise. Its OrderAfter with a null
+// stream makes the counter's GPU the calling thread's current device (the
+// legacy default stream is the current device's).
+absl::StatusOr<std::unique_ptr<CompletionCounter>> MapCudaCompletionCounter(
+    const std::string& device_uuid, UniqueFd fd, uint64_t bytes);
 
 }  // namespace pagealloc
 

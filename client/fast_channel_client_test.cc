@@ -122,7 +122,7 @@ TEST_F(FastChannelClientTest, CallPostsRingsAndReadsTheAnswer) {
           c.Accepted(i, /*ring_offset=*/i * 10, /*count=*/call.in1[i],
                      /*new_pages=*/1);
         }
-        c.FinishResults(call.num_requests, 99, 0, call.num_requests, 5);
+        c.FinishResults(call.num_requests, 99, 0, call.num_requests, 5, 0);
       });
   const std::vector<int64_t> seq_lens = {3, 4}, last = {1, 2};
   fast_channel::CallView call;

@@ -36,10 +36,11 @@ class MemfdRingView final : public RingView {
 };
 
 absl::StatusOr<std::unique_ptr<RingView>> MapMemfdRing(
-    const v1::OutputRing& ring, UniqueFd ring_fd) {
-  if (ring.capacity_slots() < 1 || ring.capacity_slots() > (int64_t{1} << 40)) {
-    return absl::InternalError(absl::StrFormat(
-        "the daemon described a ring of %d slots", ring.capacity_slots()));
+    const v1::OutputRing& ring, UniqueFd ring_fd, uint64_t ring_bytes) {
+  if (ring_bytes < static_cast<uint64_t>(ring.capacity_slots()) * 8) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the daemon's memory socket sent a ring of %d bytes for %d slots",
+        ring_bytes, ring.capacity_slots()));
   }
   absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::FromFd(
       std::move(ring_fd), ring.capacity_slots() * sizeof(int64_t),
@@ -57,13 +58,23 @@ absl::StatusOr<std::unique_ptr<RingView>> MapMemfdRing(
 
 absl::StatusOr<std::unique_ptr<RingView>> MapRing(const v1::PoolInfo& pool,
                                                   const v1::OutputRing& ring,
-                                                  UniqueFd ring_fd) {
+                                                  UniqueFd ring_fd,
+                                                  uint64_t ring_bytes) {
+  if (ring.capacity_slots() < 1 || ring.capacity_slots() > (int64_t{1} << 40)) {
+    return absl::InternalError(absl::StrFormat(
+        "the daemon described a ring of %d slots", ring.capacity_slots()));
+  }
+  if (!ring_fd.valid()) {
+    return absl::FailedPreconditionError(
+        "no output ring: the daemon's memory socket did not hand one over");
+  }
   switch (pool.backend()) {
     case v1::BACKEND_CPU:
-      return MapMemfdRing(ring, std::move(ring_fd));
+      return MapMemfdRing(ring, std::move(ring_fd), ring_bytes);
     case v1::BACKEND_CUDA:
 #ifdef PAGEALLOC_HAVE_CUDA
-      return MapCudaIpcRing(ring, pool.device_uuid());
+      return MapCudaRing(ring, pool.device_uuid(), std::move(ring_fd),
+                         ring_bytes);
 #else
       return absl::FailedPreconditionError(
           "the daemon serves a CUDA pool but this client library was built "
@@ -73,6 +84,23 @@ absl::StatusOr<std::unique_ptr<RingView>> MapRing(const v1::PoolInfo& pool,
       return absl::InvalidArgumentError(absl::StrFormat(
           "unknown backend %d", static_cast<int>(pool.backend())));
   }
+}
+
+absl::StatusOr<std::unique_ptr<CompletionCounter>> MapCompletionCounter(
+    const v1::PoolInfo& pool, UniqueFd fd, uint64_t bytes) {
+  if (pool.backend() != v1::BACKEND_CUDA) {
+    return absl::FailedPreconditionError(
+        "only a CUDA pool has a completion counter");
+  }
+#ifdef PAGEALLOC_HAVE_CUDA
+  return MapCudaCompletionCounter(pool.device_uuid(), std::move(fd), bytes);
+#else
+  (void)fd;
+  (void)bytes;
+  return absl::FailedPreconditionError(
+      "the daemon serves a CUDA pool but this client library was built "
+      "without CUDA");
+#endif
 }
 
 }  // namespace pagealloc

@@ -154,7 +154,8 @@ void ChannelCodec::Refused(int32_t index, const absl::Status& status) {
 
 void ChannelCodec::FinishResults(int32_t num_results, int64_t ring_end,
                                  int64_t pages_freed_first,
-                                 int32_t batch_requests, uint64_t launch_id) {
+                                 int32_t batch_requests, uint64_t launch_id,
+                                 uint64_t completion_value) {
   header_->call_code = 0;
   header_->num_results = num_results;
   header_->messages_used = messages_used_;
@@ -162,6 +163,7 @@ void ChannelCodec::FinishResults(int32_t num_results, int64_t ring_end,
   header_->pages_freed_first = pages_freed_first;
   header_->batch_requests = batch_requests;
   header_->launch_id = launch_id;
+  header_->completion_value = completion_value;
   header_->op_value = 0;
 }
 
@@ -270,6 +272,7 @@ absl::Status ChannelCodec::ReadAllocAnswer(int32_t num_requests,
   answer->pages_freed_first = header_->pages_freed_first;
   answer->batch_requests = header_->batch_requests;
   answer->launch_id = header_->launch_id;
+  answer->completion_value = header_->completion_value;
   return absl::OkStatus();
 }
 

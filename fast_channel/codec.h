@@ -70,6 +70,7 @@ struct AllocAnswerView {
   int64_t pages_freed_first = 0;
   int32_t batch_requests = 0;
   uint64_t launch_id = 0;
+  uint64_t completion_value = 0;
 };
 
 // Reads and writes one mapped channel. Copyable and cheap: it holds the
@@ -119,7 +120,7 @@ class ChannelCodec {
   void Refused(int32_t index, const absl::Status& status);
   void FinishResults(int32_t num_results, int64_t ring_end,
                      int64_t pages_freed_first, int32_t batch_requests,
-                     uint64_t launch_id);
+                     uint64_t launch_id, uint64_t completion_value);
   void WriteOpValue(int64_t op_value);
   // Publishes the answer to call `seq` and wakes a sleeping client.
   void Publish(uint32_t seq);

@@ -185,7 +185,8 @@ TEST_F(CodecTest, PerRequestAnswerRoundTrips) {
   daemon_.Refused(1, absl::ResourceExhaustedError("out of pages"));
   daemon_.Accepted(2, 19, 1, 0);
   daemon_.FinishResults(3, /*ring_end=*/20, /*pages_freed_first=*/2,
-                        /*batch_requests=*/40, /*launch_id=*/7);
+                        /*batch_requests=*/40, /*launch_id=*/7,
+                        /*completion_value=*/0x123456789abcdef0);
   daemon_.Publish(5);
   EXPECT_TRUE(client_.Answered(5));
   EXPECT_OK(client_.CallStatus());
@@ -203,6 +204,7 @@ TEST_F(CodecTest, PerRequestAnswerRoundTrips) {
   EXPECT_EQ(answer.pages_freed_first, 2);
   EXPECT_EQ(answer.batch_requests, 40);
   EXPECT_EQ(answer.launch_id, 7u);
+  EXPECT_EQ(answer.completion_value, 0x123456789abcdef0u);
   EXPECT_THAT(client_.ReadAllocAnswer(4, &answer),
               StatusIs(absl::StatusCode::kInternal, HasSubstr("3 results")));
 }
@@ -215,7 +217,7 @@ TEST_F(CodecTest, MessagesStayInsideTheMessageAreaWhateverTheHeaderSays) {
   for (int i = 0; i < kCapacity.max_requests; ++i) {
     daemon_.Refused(i, absl::InvalidArgumentError(long_message));
   }
-  daemon_.FinishResults(kCapacity.max_requests, 0, 0, 0, 0);
+  daemon_.FinishResults(kCapacity.max_requests, 0, 0, 0, 0, 0);
   EXPECT_LE(daemon_.header()->messages_used, kCapacity.message_bytes);
   // Past the message area the memory is untouched (zero).
   const ChannelLayout layout(kCapacity.max_requests, kCapacity.message_bytes);

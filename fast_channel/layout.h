@@ -54,7 +54,7 @@ namespace fast_channel {
 
 inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
 // Bumped whenever a field's meaning or offset changes; both ends check it.
-inline constexpr uint32_t kVersion = 5;
+inline constexpr uint32_t kVersion = 6;
 
 // What a call is (the gRPC method it stands for).
 enum class CallKind : uint32_t {
@@ -121,6 +121,10 @@ struct alignas(64) ChannelHeader {
   int64_t op_value;
   // Allocation calls: pages freed by free_first.
   int64_t pages_freed_first;
+  // Allocation calls: AllocResponse.completion_value (the pool's completion
+  // counter once the call's slots are written). In the header's last eight
+  // bytes, which its alignment left spare, so its size is unchanged.
+  uint64_t completion_value;
 };
 
 // The layout is shared between separately built processes: pin it.
@@ -146,6 +150,7 @@ static_assert(offsetof(ChannelHeader, ring_end) == 152);
 static_assert(offsetof(ChannelHeader, launch_id) == 160);
 static_assert(offsetof(ChannelHeader, op_value) == 168);
 static_assert(offsetof(ChannelHeader, pages_freed_first) == 176);
+static_assert(offsetof(ChannelHeader, completion_value) == 184);
 static_assert(sizeof(ChannelHeader) == 192);
 
 // Byte offsets of a channel's parts, from its capacity. Each part starts on

@@ -20,8 +20,15 @@ namespace memory_socket {
 namespace {
 
 bool KnownMemoryKind(uint32_t kind) {
-  return kind >= static_cast<uint32_t>(MemoryKind::kChannel) &&
-         kind <= static_cast<uint32_t>(MemoryKind::kRing);
+  switch (static_cast<MemoryKind>(kind)) {
+    case MemoryKind::kChannel:
+    case MemoryKind::kDoorbell:
+    case MemoryKind::kRing:
+    case MemoryKind::kCudaRing:
+    case MemoryKind::kCompletionCounter:
+      return true;
+  }
+  return false;
 }
 
 absl::Span<const char> BytesOf(const void* data, size_t size) {
@@ -234,6 +241,14 @@ absl::StatusOr<SessionMemory> ReceiveSessionMemory(const std::string& path,
       case MemoryKind::kRing:
         slot = &memory.ring;
         memory.ring_bytes = entry.bytes;
+        break;
+      case MemoryKind::kCudaRing:
+        slot = &memory.cuda_ring;
+        memory.cuda_ring_bytes = entry.bytes;
+        break;
+      case MemoryKind::kCompletionCounter:
+        slot = &memory.completion_counter;
+        memory.completion_counter_bytes = entry.bytes;
         break;
     }
     if (slot->valid()) {

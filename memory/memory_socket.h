@@ -2,8 +2,11 @@
 // and how each side learns at once that the other has died.
 //
 // Why. The daemon shares memory with each client: the session's fast
-// channel (fast_channel/layout.h), the channel's doorbell (an eventfd) and,
-// on the CPU backend, the session's output ring. Handed over as file
+// channel (fast_channel/layout.h), the channel's doorbell (an eventfd), the
+// session's output ring (a memfd on the CPU backend, a CUDA virtual-memory
+// allocation exported as a POSIX fd on the CUDA backend) and, on the CUDA
+// backend, the pool's completion counter (another such allocation). Handed
+// over as file
 // descriptors (SCM_RIGHTS, memory/fd_passing.h) to the session that proved
 // its token, instead of named in /dev/shm, no other process can open them,
 // nothing is left behind when either process dies, and a container needs
@@ -52,7 +55,7 @@ namespace memory_socket {
 
 inline constexpr uint32_t kMagic = 0x4d534150;  // "PASM" in memory order
 // Bumped whenever a field's meaning or offset changes; both ends check it.
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 inline constexpr size_t kMaxTokenBytes = 64;
 inline constexpr int kMaxEntries = 4;
 inline constexpr size_t kMaxMessageBytes = 256;
@@ -72,6 +75,15 @@ enum class MemoryKind : uint32_t {
   kChannel = 1,   // the fast channel (memfd, read-write)
   kDoorbell = 2,  // the fast channel's doorbell (eventfd; bytes = 0)
   kRing = 3,      // the CPU backend's output ring (memfd, read-only use)
+  // The CUDA backend's output ring: a cuMemCreate allocation of `bytes`
+  // (the device's granularity) exported as a POSIX fd, for
+  // cuMemImportFromShareableHandle.
+  kCudaRing = 10,
+  // The CUDA backend's completion counter: a uint64 at offset 0 of a
+  // cuMemCreate allocation of `bytes`, exported likewise; the daemon's
+  // stream writes it after each asynchronous launch, and a client's stream
+  // waits on it (AllocResponse.completion_value).
+  kCompletionCounter = 11,
 };
 
 struct MemoryEntry {
@@ -141,8 +153,8 @@ absl::Status StatusOf(const DaemonMessage& message);
 // ---- The client's end.
 
 // A session's memory as the client received it. Descriptors the daemon did
-// not send stay invalid (no fast channel; the CUDA backend's rings go by
-// CUDA IPC instead).
+// not send stay invalid (no fast channel; a CPU ring on the CUDA backend and
+// the reverse; no completion counter on the CPU backend).
 struct SessionMemory {
   // The connection: keep it open for the session's life (closing it ends
   // the session); it becomes readable when the daemon ends the session or
@@ -153,6 +165,10 @@ struct SessionMemory {
   UniqueFd doorbell;
   UniqueFd ring;
   uint64_t ring_bytes = 0;
+  UniqueFd cuda_ring;
+  uint64_t cuda_ring_bytes = 0;
+  UniqueFd completion_counter;
+  uint64_t completion_counter_bytes = 0;
 };
 
 // Connects to the memory socket at `path`, authenticates as the session and

@@ -79,6 +79,14 @@ TEST(MemorySocketFormatTest, MalformedDaemonMessagesAreRefused) {
   EXPECT_THAT(
       ParseDaemonMessage(BytesOf(&bad, sizeof(bad)), 1),
       StatusIs(absl::StatusCode::kInternal, HasSubstr("unknown kind 9")));
+  // Between the CPU kinds and the CUDA kinds nothing is known either.
+  for (uint32_t kind : {0u, 5u, 9u, 12u}) {
+    bad = handoff;
+    bad.entries[0].kind = kind;
+    EXPECT_THAT(ParseDaemonMessage(BytesOf(&bad, sizeof(bad)), 1),
+                StatusIs(absl::StatusCode::kInternal,
+                         HasSubstr(absl::StrFormat("unknown kind %d", kind))));
+  }
   bad = handoff;
   bad.kind = 7;
   EXPECT_THAT(
@@ -195,6 +203,45 @@ TEST_F(MemorySocketTest, TheSessionReceivesItsMemoryThenLearnsWhyItEnded) {
   EXPECT_THAT(
       ReadSessionEnd(memory.connection.get()),
       StatusIs(absl::StatusCode::kNotFound, "session 7 lost its lease"));
+}
+
+// The CUDA backend's ring and completion counter arrive in their own
+// fields, each with its size (the descriptors here are memfds: the socket
+// only carries them; mapping them is the CUDA client's part).
+TEST_F(MemorySocketTest, CudaRingAndCompletionCounterArriveByKind) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> ring,
+                       SharedRegion::Create("cuda-ring", 4096));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> counter,
+                       SharedRegion::Create("counter", 4096));
+  static_cast<int64_t*>(ring->base())[0] = 10;
+  static_cast<int64_t*>(counter->base())[0] = 11;
+  UniqueFd kept;
+  PlayDaemon([&](UniqueFd connection, const Hello&) {
+    const MemoryEntry entries[] = {
+        {static_cast<uint32_t>(MemoryKind::kCompletionCounter), 0, 2 << 20},
+        {static_cast<uint32_t>(MemoryKind::kCudaRing), 0, 8 << 20}};
+    const DaemonMessage message = MakeHandoff(entries);
+    ASSERT_OK(SendWithFds(connection.get(), BytesOf(&message, sizeof(message)),
+                          {counter->fd(), ring->fd()}));
+    kept = std::move(connection);
+  });
+  ASSERT_OK_AND_ASSIGN(SessionMemory memory,
+                       ReceiveSessionMemory(path_, 1, "t", absl::Seconds(30)));
+  daemon_.join();
+  EXPECT_FALSE(memory.ring.valid());
+  EXPECT_EQ(memory.cuda_ring_bytes, uint64_t{8} << 20);
+  EXPECT_EQ(memory.completion_counter_bytes, uint64_t{2} << 20);
+  ASSERT_TRUE(memory.cuda_ring.valid());
+  ASSERT_TRUE(memory.completion_counter.valid());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> mapped_ring,
+                       SharedRegion::FromFd(std::move(memory.cuda_ring), 4096,
+                                            SharedRegion::Access::kReadOnly));
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<SharedRegion> mapped_counter,
+      SharedRegion::FromFd(std::move(memory.completion_counter), 4096,
+                           SharedRegion::Access::kReadOnly));
+  EXPECT_EQ(static_cast<const int64_t*>(mapped_ring->base())[0], 10);
+  EXPECT_EQ(static_cast<const int64_t*>(mapped_counter->base())[0], 11);
 }
 
 TEST_F(MemorySocketTest, AConnectionClosedWithoutAWordMeansTheDaemonIsGone) {

@@ -3,10 +3,12 @@
 // copies out of it, and launch completion.
 //
 // Two implementations: the CPU backend (CpuExecutor, rings in anonymous
-// shared memory handed to the client as a file descriptor over the memory
-// socket, memory/memory_socket.h) here, and the CUDA backend (CudaExecutor,
-// rings in device memory exported through CUDA IPC handles, which travel in
-// RegisterResponse) in cuda_backend.h.
+// shared memory) here, and the CUDA backend (CudaExecutor, rings in CUDA
+// virtual-memory allocations, and a completion counter in device memory
+// that the daemon's stream writes after each asynchronous launch) in
+// cuda_backend.h. Either way the client gets its memory as file
+// descriptors over the memory socket (memory/memory_socket.h), so a
+// container needs only the daemon's socket.
 
 #ifndef PAGEALLOC_SERVER_BACKEND_H_
 #define PAGEALLOC_SERVER_BACKEND_H_
@@ -23,16 +25,27 @@ namespace pagealloc {
 
 enum class BackendKind { kCpu, kCuda };
 
-// What a client needs to map a session's output ring (the transport turns
-// it into its wire form, e.g. v1::OutputRing).
+// What a client needs to map a session's output ring (the memory socket
+// hands its descriptors over; RegisterResponse carries the capacity).
 struct RingDescription {
+  // How the client maps `fd`.
+  enum class Memory {
+    kMemfd,    // CPU: a memfd, mapped read-only with mmap
+    kCudaVmm,  // CUDA: a cuMemCreate allocation exported as a POSIX fd
+  };
   int64_t capacity_slots = 0;
-  // CPU: the ring's memory (a memfd the client maps read-only), handed over
-  // the memory socket; owned by the RingMemory (valid while it lives).
-  // -1 on the CUDA backend.
+  Memory memory = Memory::kMemfd;
+  // The ring's memory, owned by the RingMemory (valid while it lives), and
+  // its size in bytes: capacity_slots * 8 for a memfd, that rounded up to
+  // the device's allocation granularity for a CUDA allocation (the size a
+  // client must map).
   int fd = -1;
-  std::string cuda_ipc_handle;        // CUDA: a cudaIpcMemHandle_t
-  std::string cuda_ipc_event_handle;  // CUDA: a cudaIpcEventHandle_t
+  uint64_t bytes = 0;
+  // CUDA: the pool's completion counter (a uint64 at offset 0 of a
+  // cuMemCreate allocation of completion_bytes, exported as a POSIX fd;
+  // owned by the backend). -1 on the CPU backend.
+  int completion_fd = -1;
+  uint64_t completion_bytes = 0;
 };
 
 // The device a pool lives on.
@@ -69,9 +82,17 @@ class Backend {
   // Copies `count` slots at `src` (executor address space) to host `dst`.
   virtual absl::Status CopyToHost(const int64_t* src, int64_t count,
                                   int64_t* dst) = 0;
-  // Ends a launch: waits for it (sync) or records the completion event that
-  // clients wait on (async). Called after every Allocate that launched.
-  virtual absl::Status CompleteLaunch(bool async) = 0;
+  // Ends a launch. Sync: waits for it. Async: queues, behind it on the
+  // executor's stream, the write of the next value of the pool's
+  // completion counter, and returns at once. Returns the counter value a
+  // client's stream waits for (>=) to run after the launch: the value just
+  // queued (async) or the last one queued, which a finished stream has
+  // written (sync). Called after every Allocate that launched, by the
+  // thread driving the pool.
+  virtual absl::StatusOr<uint64_t> CompleteLaunch(bool async) = 0;
+  // The last value CompleteLaunch returned (0 before the first): what a
+  // call whose launch wrote nothing carries.
+  virtual uint64_t completion_value() const = 0;
   // The device the pool lives on.
   virtual DeviceDescription DescribeDevice() const = 0;
   // A line for the start-up log.

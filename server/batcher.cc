@@ -363,7 +363,14 @@ void Batcher::Launch(std::vector<Work>* pending) {
   }
   absl::Status completion = absl::OkStatus();
   const absl::Time complete_start = absl::Now();
-  if (launched) completion = backend_->CompleteLaunch(!any_sync);
+  if (launched) {
+    absl::StatusOr<uint64_t> completed = backend_->CompleteLaunch(!any_sync);
+    completion = completed.status();
+    if (completed.ok()) launch.completion_value = *completed;
+  }
+  if (!launched || !completion.ok()) {
+    launch.completion_value = backend_->completion_value();
+  }
   const absl::Time end = absl::Now();
   launch.execute_time = end - start;
   if (launched) {

@@ -50,6 +50,10 @@ namespace pagealloc {
 // What one launch was, for responses and metrics.
 struct LaunchInfo {
   uint64_t launch_id = 0;
+  // The pool's completion counter once the launch's slots are written
+  // (Backend::CompleteLaunch); a launch that wrote nothing carries the
+  // value of the last one that did.
+  uint64_t completion_value = 0;
   int32_t batch_requests = 0;  // requests in the launch, all calls together
   int64_t batch_slots = 0;
   absl::Duration queue_wait;    // this call's wait before the launch began
@@ -65,7 +69,8 @@ struct BatcherMetrics {
   // Per launch: planning, the executor's launch and, in sync mode, its wait.
   AtomicHistogram execute_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
   // Per launch, the part of execute spent completing it: the host's wait
-  // for the GPU in sync mode, recording the completion event in async mode.
+  // for the GPU in sync mode, queuing the completion counter's write in
+  // async mode.
   AtomicHistogram complete_seconds{AtomicHistogram::Exponential(1e-6, 2, 22)};
 };
 

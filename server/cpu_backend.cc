@@ -2,6 +2,7 @@
 // memory that the client maps read-only once the memory socket handed it
 // the descriptor.
 
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -33,7 +34,9 @@ class MemfdRing final : public RingMemory {
   RingDescription Describe() const override {
     RingDescription ring;
     ring.capacity_slots = capacity_;
+    ring.memory = RingDescription::Memory::kMemfd;
     ring.fd = region_->fd();
+    ring.bytes = static_cast<uint64_t>(capacity_) * sizeof(int64_t);
     return ring;
   }
 
@@ -61,7 +64,15 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status CompleteLaunch(bool) override { return absl::OkStatus(); }
+  // The executor has finished when Execute returns: the counter only
+  // numbers the launches, so that the answers carry a value on every
+  // backend.
+  absl::StatusOr<uint64_t> CompleteLaunch(bool) override {
+    return completion_.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+  uint64_t completion_value() const override {
+    return completion_.load(std::memory_order_relaxed);
+  }
 
   DeviceDescription DescribeDevice() const override {
     return {BackendKind::kCpu, -1, ""};
@@ -73,6 +84,7 @@ class CpuBackend final : public Backend {
 
  private:
   CpuExecutor executor_;
+  std::atomic<uint64_t> completion_{0};
 };
 
 }  // namespace

@@ -2,47 +2,58 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "client/cuda_vmm_import.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_executor.h"
+#include "server/cuda_vmm_export.h"
 
 namespace pagealloc {
 namespace {
 
 class CudaRing final : public RingMemory {
  public:
-  CudaRing(int device, int64_t* slots, int64_t capacity, std::string ipc_handle,
-           std::string event_handle)
-      : device_(device),
-        slots_(slots),
+  // `completion` is the backend's counter and `stream` its executor's,
+  // which outlive every ring.
+  CudaRing(std::unique_ptr<ExportedDeviceMemory> memory, int64_t capacity,
+           const ExportedDeviceMemory* completion, int device,
+           cudaStream_t stream)
+      : memory_(std::move(memory)),
         capacity_(capacity),
-        ipc_handle_(std::move(ipc_handle)),
-        event_handle_(std::move(event_handle)) {}
+        completion_(completion),
+        device_(device),
+        stream_(stream) {}
   ~CudaRing() override {
-    cudaSetDevice(device_);
-    cudaFree(slots_);
+    // A launch queued for the session may still be writing its slots (an
+    // async call whose client died): unmap only once the stream is past
+    // it. Errors here have nowhere to go.
+    if (cudaSetDevice(device_) == cudaSuccess) cudaStreamSynchronize(stream_);
   }
 
-  int64_t* slots() override { return slots_; }
+  int64_t* slots() override { return static_cast<int64_t*>(memory_->base()); }
   int64_t capacity_slots() const override { return capacity_; }
   RingDescription Describe() const override {
     RingDescription ring;
     ring.capacity_slots = capacity_;
-    ring.cuda_ipc_handle = ipc_handle_;
-    ring.cuda_ipc_event_handle = event_handle_;
+    ring.memory = RingDescription::Memory::kCudaVmm;
+    ring.fd = memory_->fd();
+    ring.bytes = memory_->bytes();
+    ring.completion_fd = completion_->fd();
+    ring.completion_bytes = completion_->bytes();
     return ring;
   }
 
  private:
-  const int device_;
-  int64_t* const slots_;
+  const std::unique_ptr<ExportedDeviceMemory> memory_;
   const int64_t capacity_;
-  const std::string ipc_handle_;
-  const std::string event_handle_;
+  const ExportedDeviceMemory* const completion_;
+  const int device_;
+  const cudaStream_t stream_;
 };
 
 class CudaBackend final : public Backend {
@@ -55,33 +66,30 @@ class CudaBackend final : public Backend {
     executor_options.max_slots_per_batch = options.max_batch_tokens;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> executor,
                      CudaExecutor::Create(executor_options));
-    std::unique_ptr<CudaBackend> backend(
-        new CudaBackend(options.gpu, std::move(executor)));
+    RETURN_IF_ERROR(CheckCudaSharing(options.gpu));
+    // One counter for the pool: the stream is in order, so a client that
+    // waits for the value written after its launch waits for that launch
+    // (and perhaps later ones), whoever's they are.
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<ExportedDeviceMemory> completion,
+        ExportedDeviceMemory::Create(options.gpu, sizeof(uint64_t)));
+    // Fresh memory holds anything; a client waiting for value >= 1 must
+    // not pass before the first launch.
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options.gpu), "cudaSetDevice"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaMemset(completion->base(), 0, completion->bytes()),
+                   "cudaMemset(completion counter)"));
+    RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(),
+                               "cudaDeviceSynchronize(completion counter)"));
+    std::unique_ptr<CudaBackend> backend(new CudaBackend(
+        options.gpu, std::move(executor), std::move(completion)));
     cudaDeviceProp properties;
     RETURN_IF_ERROR(
         CudaStatus(cudaGetDeviceProperties(&properties, options.gpu),
                    "cudaGetDeviceProperties"));
     backend->device_name_ = properties.name;
     backend->uuid_ = FormatCudaUuid(properties.uuid);
-    // One interprocess event for the whole daemon: a client that waits on it
-    // after its answer waits for its launch or a later one (stream order).
-    RETURN_IF_ERROR(
-        CudaStatus(cudaEventCreateWithFlags(
-                       &backend->completion_,
-                       cudaEventDisableTiming | cudaEventInterprocess),
-                   "cudaEventCreateWithFlags(interprocess)"));
-    cudaIpcEventHandle_t handle;
-    RETURN_IF_ERROR(
-        CudaStatus(cudaIpcGetEventHandle(&handle, backend->completion_),
-                   "cudaIpcGetEventHandle"));
-    backend->event_handle_.assign(reinterpret_cast<const char*>(&handle),
-                                  sizeof(handle));
     return backend;
-  }
-
-  ~CudaBackend() override {
-    cudaSetDevice(gpu_);
-    if (completion_ != nullptr) cudaEventDestroy(completion_);
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
@@ -89,26 +97,22 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
       uint64_t session_id, int64_t capacity_slots) override {
-    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(gpu_), "cudaSetDevice"));
-    void* slots = nullptr;
-    const absl::Status allocated = CudaStatus(
-        cudaMalloc(&slots, capacity_slots * sizeof(int64_t)), "cudaMalloc");
-    if (!allocated.ok()) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("cannot allocate a %d-slot output ring on GPU %d: %s",
-                          capacity_slots, gpu_, allocated.message()));
+    absl::StatusOr<std::unique_ptr<ExportedDeviceMemory>> memory =
+        ExportedDeviceMemory::Create(
+            gpu_, static_cast<uint64_t>(capacity_slots) * sizeof(int64_t));
+    if (!memory.ok()) {
+      return absl::Status(
+          absl::IsResourceExhausted(memory.status())
+              ? absl::StatusCode::kResourceExhausted
+              : memory.status().code(),
+          absl::StrFormat(
+              "cannot allocate a %d-slot output ring for session %d on GPU "
+              "%d: %s",
+              capacity_slots, session_id, gpu_, memory.status().message()));
     }
-    cudaIpcMemHandle_t handle;
-    const absl::Status exported =
-        CudaStatus(cudaIpcGetMemHandle(&handle, slots), "cudaIpcGetMemHandle");
-    if (!exported.ok()) {
-      cudaFree(slots);
-      return exported;
-    }
-    return std::make_unique<CudaRing>(
-        gpu_, static_cast<int64_t*>(slots), capacity_slots,
-        std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)),
-        event_handle_);
+    return std::make_unique<CudaRing>(*std::move(memory), capacity_slots,
+                                      completion_.get(), gpu_,
+                                      executor_->stream());
   }
 
   absl::Status CopyToHost(const int64_t* src, int64_t count,
@@ -119,11 +123,23 @@ class CudaBackend final : public Backend {
         "cudaMemcpy(ring to host)");
   }
 
-  absl::Status CompleteLaunch(bool async) override {
-    if (!async) return executor_->Synchronize();
+  absl::StatusOr<uint64_t> CompleteLaunch(bool async) override {
+    if (!async) {
+      // The stream has written every value queued so far once it is idle.
+      RETURN_IF_ERROR(executor_->Synchronize());
+      return completion_value_.load(std::memory_order_relaxed);
+    }
+    const uint64_t value =
+        completion_value_.load(std::memory_order_relaxed) + 1;
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(gpu_), "cudaSetDevice"));
-    return CudaStatus(cudaEventRecord(completion_, executor_->stream()),
-                      "cudaEventRecord(completion)");
+    RETURN_IF_ERROR(
+        StreamWriteValue(executor_->stream(), completion_->base(), value));
+    completion_value_.store(value, std::memory_order_relaxed);
+    return value;
+  }
+
+  uint64_t completion_value() const override {
+    return completion_value_.load(std::memory_order_relaxed);
   }
 
   DeviceDescription DescribeDevice() const override {
@@ -131,20 +147,29 @@ class CudaBackend final : public Backend {
   }
 
   std::string Summary() const override {
-    return absl::StrFormat("cuda (GPU %d: %s, %s; rings shared by CUDA IPC)",
-                           gpu_, device_name_, uuid_);
+    return absl::StrFormat(
+        "cuda (GPU %d: %s, %s; rings and completion counter shared as CUDA "
+        "virtual-memory file descriptors)",
+        gpu_, device_name_, uuid_);
   }
 
  private:
-  CudaBackend(int gpu, std::unique_ptr<CudaExecutor> executor)
-      : gpu_(gpu), executor_(std::move(executor)) {}
+  CudaBackend(int gpu, std::unique_ptr<CudaExecutor> executor,
+              std::unique_ptr<ExportedDeviceMemory> completion)
+      : gpu_(gpu),
+        completion_(std::move(completion)),
+        executor_(std::move(executor)) {}
 
   const int gpu_;
+  // Before the executor: destroyed after it, once its destructor has
+  // waited for the stream's last write to the counter.
+  const std::unique_ptr<ExportedDeviceMemory> completion_;
   const std::unique_ptr<CudaExecutor> executor_;
+  // The last value queued on the stream; only the thread driving the pool
+  // writes it (one at a time, handed over under the batcher's lock).
+  std::atomic<uint64_t> completion_value_{0};
   std::string device_name_;
   std::string uuid_;
-  cudaEvent_t completion_ = nullptr;
-  std::string event_handle_;
 };
 
 }  // namespace

@@ -1,6 +1,11 @@
-// The CUDA backend: the CudaExecutor on one GPU, session rings in device
-// memory exported through CUDA IPC memory handles, and an interprocess event
-// recorded after each asynchronous launch.
+// The CUDA backend: the CudaExecutor on one GPU; each session's output ring
+// a CUDA virtual-memory allocation exported as a POSIX file descriptor; and
+// one completion counter for the pool, a uint64 in such an allocation, that
+// the executor's stream sets after each asynchronous launch and that a
+// client's stream waits on (server/cuda_vmm_export.h,
+// client/cuda_vmm_import.h). The memory socket hands both descriptors to
+// each session: a client needs the daemon's socket and the GPU, nothing
+// else (no CUDA IPC, no shared IPC or PID namespace).
 
 #ifndef PAGEALLOC_SERVER_CUDA_BACKEND_H_
 #define PAGEALLOC_SERVER_CUDA_BACKEND_H_
@@ -18,7 +23,9 @@ struct CudaBackendOptions {
   int64_t max_batch_tokens = int64_t{1} << 21;
 };
 
-// Returns FAILED_PRECONDITION "no CUDA GPU: ..." where no usable GPU is.
+// Returns FAILED_PRECONDITION "no CUDA GPU: ..." where no usable GPU is,
+// and FAILED_PRECONDITION naming the feature for a GPU or driver that
+// cannot share memory by file descriptor.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     const CudaBackendOptions& options);
 

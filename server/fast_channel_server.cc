@@ -120,8 +120,8 @@ class FastChannelServer::ChannelReply final : public AllocReply {
       }
     }
     codec.FinishResults(n, answer.ring_end, answer.pages_freed_first,
-                        answer.launch->batch_requests,
-                        answer.launch->launch_id);
+                        answer.launch->batch_requests, answer.launch->launch_id,
+                        answer.launch->completion_value);
     delivered_ = true;
   }
 

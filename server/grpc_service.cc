@@ -25,12 +25,10 @@ void FillPoolInfo(const PoolDescription& pool, v1::PoolInfo* out) {
   out->set_device_uuid(pool.device.device_uuid);
 }
 
-// The CPU backend's ring goes over the memory socket as a descriptor; only
-// the CUDA backend's IPC handles travel here.
+// The ring's memory (and the CUDA backend's completion counter) goes over
+// the memory socket as descriptors; only its capacity travels here.
 void FillRing(const RingDescription& ring, v1::OutputRing* out) {
   out->set_capacity_slots(ring.capacity_slots);
-  out->set_cuda_ipc_handle(ring.cuda_ipc_handle);
-  out->set_cuda_ipc_event_handle(ring.cuda_ipc_event_handle);
 }
 
 // Holds one client's KeepAlive stream: every message renews the lease.
@@ -162,6 +160,7 @@ class ResponseReply final : public AllocReply {
     response_->set_pages_freed_first(answer.pages_freed_first);
     response_->set_batch_requests(answer.launch->batch_requests);
     response_->set_launch_id(answer.launch->launch_id);
+    response_->set_completion_value(answer.launch->completion_value);
   }
   void Complete(const absl::Status& status) override {
     pending_.Complete(status);

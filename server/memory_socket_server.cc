@@ -235,10 +235,18 @@ void MemorySocketServer::Serve() {
     }
     const RingDescription ring = (*session)->ring_memory().Describe();
     if (ring.fd >= 0) {
-      entries.push_back(
-          {static_cast<uint32_t>(ms::MemoryKind::kRing), 0,
-           static_cast<uint64_t>(ring.capacity_slots) * sizeof(int64_t)});
+      const ms::MemoryKind kind =
+          ring.memory == RingDescription::Memory::kCudaVmm
+              ? ms::MemoryKind::kCudaRing
+              : ms::MemoryKind::kRing;
+      entries.push_back({static_cast<uint32_t>(kind), 0, ring.bytes});
       fds.push_back(ring.fd);
+    }
+    if (ring.completion_fd >= 0) {
+      entries.push_back(
+          {static_cast<uint32_t>(ms::MemoryKind::kCompletionCounter), 0,
+           ring.completion_bytes});
+      fds.push_back(ring.completion_fd);
     }
     const absl::Status sent = SendWithFds(
         connection.fd.get(), BytesOf(ms::MakeHandoff(entries)), fds);

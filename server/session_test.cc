@@ -206,8 +206,11 @@ class PausingBackend final : public Backend {
                           int64_t* dst) override {
     return real_->CopyToHost(src, count, dst);
   }
-  absl::Status CompleteLaunch(bool async) override {
+  absl::StatusOr<uint64_t> CompleteLaunch(bool async) override {
     return real_->CompleteLaunch(async);
+  }
+  uint64_t completion_value() const override {
+    return real_->completion_value();
   }
   DeviceDescription DescribeDevice() const override {
     return real_->DescribeDevice();

@@ -37,8 +37,8 @@ ABSL_FLAG(uint64_t, seed, 0, "Random seed (0: random).");
 ABSL_FLAG(int64_t, max_sequences, 24, "Most live sequences.");
 ABSL_FLAG(bool, report_ready, false, "Print READY after the first allocation.");
 ABSL_FLAG(bool, async_completion, false,
-          "Ask for async completion and order reads after the daemon's "
-          "completion event (CUDA backend).");
+          "Ask for async completion and order each read after its call's "
+          "launch through the pool's completion counter (CUDA backend).");
 
 namespace pagealloc {
 namespace {
@@ -137,16 +137,18 @@ class LoadClient {
     for (int64_t page : pages) claims_[page].store(0);
   }
 
-  // Checks request `k`'s answer to `call` against the semantics, records it
-  // in sequence `i` and claims the pages it opened. DATA_LOSS on a
-  // violation.
+  // Checks request `k`'s answer in `allocation` to `call` against the
+  // semantics, records it in sequence `i` and claims the pages it opened.
+  // DATA_LOSS on a violation.
   absl::Status Check(size_t i, const CallArrays& call, size_t k,
-                     const RequestSlots& result) {
+                     const Allocation& allocation) {
+    const RequestSlots& result = allocation[k];
     std::vector<int64_t> slots(result.count);
     if (call_options_.async_completion) {
-      // The answer came right after the launch: order our read (on the
-      // default stream) after the daemon's completion event.
-      absl::Status ordered = client_->OrderAfterCompletion(nullptr);
+      // The answer came right after the launch was queued: order our read
+      // (on the default stream) after it, through the pool's completion
+      // counter.
+      absl::Status ordered = client_->OrderAfter(allocation, nullptr);
       if (!ordered.ok()) return ordered;
     }
     absl::Status copied =
@@ -194,7 +196,7 @@ class LoadClient {
         if (absl::Status s = Tolerate((*a)[k].status); !s.ok()) return s;
         continue;
       }
-      if (absl::Status s = Check(live_.Add(), call, k, (*a)[k]); !s.ok()) {
+      if (absl::Status s = Check(live_.Add(), call, k, *a); !s.ok()) {
         return s;
       }
       ready_ = true;
@@ -221,7 +223,7 @@ class LoadClient {
         exhausted = true;
         continue;
       }
-      if (absl::Status s = Check(i, call, i, (*a)[i]); !s.ok()) return s;
+      if (absl::Status s = Check(i, call, i, *a); !s.ok()) return s;
     }
     client_->Release(*a);
     return exhausted && make_room ? FreeSome(2) : absl::OkStatus();
@@ -236,7 +238,7 @@ class LoadClient {
     ++calls_;
     if (!a.ok()) return a.status();
     if (!(*a)[0].status.ok()) return Tolerate((*a)[0].status);
-    absl::Status checked = Check(i, call, 0, (*a)[0]);
+    absl::Status checked = Check(i, call, 0, *a);
     client_->Release(*a);
     return checked;
   }
@@ -250,7 +252,7 @@ class LoadClient {
     // A page alloc has the shape of a prefill of whole pages.
     CallArrays call;
     call.Add(Prefill(tokens));
-    if (absl::Status s = Check(live_.Add(), call, 0, (*a)[0]); !s.ok()) {
+    if (absl::Status s = Check(live_.Add(), call, 0, *a); !s.ok()) {
       return s;
     }
     client_->Release(*a);

@@ -1,7 +1,10 @@
 // Several real client processes allocate and free concurrently against one
 // real daemon: no page is ever held by two clients at once (a shared claim
 // table checks it), every result follows the semantics (each client checks
-// its own), and when they finish every page is free again.
+// its own), and when they finish every page is free again. Every other
+// client asks for async completion: with PAGEALLOC_TEST_BACKEND=cuda it
+// reads its slots (through its mapped ring) ordered only by the pool's
+// completion counter; on the CPU backend that is the same as sync.
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -54,6 +57,8 @@ TEST_P(MultiClientTest, ClientsNeverShareAPageAndEverythingComesBack) {
         Subprocess::Start(
             {RunfilePath("tests/load_client"), "--target=" + daemon.target,
              "--claims_shm=" + claims, absl::StrFormat("--client_index=%d", i),
+             absl::StrFormat("--async_completion=%s",
+                             i % 2 == 0 ? "true" : "false"),
              "--duration_ms=3000"},
             daemon.log_path + ".clients"));
     clients.push_back(std::move(client));

@@ -523,6 +523,50 @@ TEST_F(ServiceTest, ConcurrentSessionsShareOneLaunch) {
   ASSERT_OK(b.status());
   EXPECT_EQ(a->batch_requests(), 3);
   EXPECT_EQ(b->batch_requests(), 3);
+  // One launch, one completion value for both.
+  EXPECT_EQ(a->completion_value(), b->completion_value());
+  EXPECT_NE(a->completion_value(), 0u);
+}
+
+// Every answer carries the pool's completion counter after its launch,
+// through gRPC and through the fast channel alike: each launch that wrote
+// slots takes the next value, and a call that launched nothing carries the
+// last one. (On the CPU backend nothing waits on it; OrderAfter is a
+// no-op. The CUDA backend's counter is checked on the GPU by
+// //tests/gpu:completion_counter_test.)
+TEST_F(ServiceTest, AnswersCarryTheCompletionValueOfTheirLaunch) {
+  StartServer(64, 4);
+  for (const bool fast : {false, true}) {
+    SCOPED_TRACE(fast ? "fast channel" : "gRPC");
+    ClientOptions options;
+    options.client_name = "counter";
+    options.ring_capacity_slots = 1024;
+    options.fast_channel = fast;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client,
+                         server_->Connect(options));
+    ASSERT_EQ(client->uses_fast_channel(), fast);
+    ASSERT_OK_AND_ASSIGN(Allocation first, client->Alloc({4}));
+    ASSERT_OK(first.status());
+    const uint64_t base = first.completion_value();
+    EXPECT_GE(base, 1u);
+    CallOptions async;
+    async.async_completion = true;
+    ASSERT_OK_AND_ASSIGN(Allocation second, client->Alloc({8}, async));
+    ASSERT_OK(second.status());
+    EXPECT_EQ(second.completion_value(), base + 1);
+    ASSERT_OK_AND_ASSIGN(Allocation decode,
+                         client->AllocDecode({5}, {first[0].slots[3]}));
+    ASSERT_OK(decode.status());
+    EXPECT_EQ(decode.completion_value(), base + 2);
+    // Refused (62 pages; 4 of the 64 are taken): nothing launched.
+    ASSERT_OK_AND_ASSIGN(Allocation refused, client->Alloc({4 * 62}));
+    EXPECT_THAT(refused.status(), StatusIs(absl::StatusCode::kResourceExhausted,
+                                           HasSubstr("out of pages")));
+    EXPECT_EQ(refused.completion_value(), base + 2);
+    EXPECT_OK(client->OrderAfter(second, nullptr));
+    EXPECT_OK(client->OrderAfterCompletion(nullptr));
+    ASSERT_OK(client->Close());
+  }
 }
 
 TEST_F(ServiceTest, DrainingRefusesNewCalls) {

@@ -44,13 +44,9 @@ spec:
         app.kubernetes.io/name: pagealloc
         pagealloc.io/gpu: "{gpu}"
     spec:
-      # CUDA IPC: the daemon exports its output rings with cudaIpcGetMemHandle
-      # and an interprocess event; schedulers in other pods open them. The
-      # legacy CUDA IPC handles need the exporter and importer in one IPC
-      # namespace and one PID namespace. (The CPU backend needs neither: its
-      # memory reaches sessions as file descriptors over the memory socket.)
-      hostIPC: true
-      hostPID: true
+      # No hostIPC or hostPID: a session's ring and the pool's completion
+      # counter (CUDA virtual memory) reach schedulers in other pods as file
+      # descriptors over the memory socket in the shared socket directory.
       # The NVIDIA runtime injects the driver; NVIDIA_VISIBLE_DEVICES=all
       # (below) shows every GPU with the host's indices, so --gpu={gpu} is
       # the host's GPU {gpu}. We do not request nvidia.com/gpu: that would

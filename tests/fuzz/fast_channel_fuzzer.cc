@@ -75,7 +75,7 @@ void Answer(const fast_channel::TakenCall& call,
       ++refused;
     }
   }
-  daemon.FinishResults(call.num_requests, 0, 0, call.num_requests, 1);
+  daemon.FinishResults(call.num_requests, 0, 0, call.num_requests, 1, 1);
   daemon.Publish(1);
   fast_channel::AllocAnswerView answer;
   const absl::Status read = client.ReadAllocAnswer(call.num_requests, &answer);

@@ -45,6 +45,7 @@ fi
 # Bazel labels, and where each binary lands under bazel-bin and bin/.
 targets=(
   //tests/gpu:cuda_executor_test
+  //tests/gpu:completion_counter_test
   //bench:kernel_benchmark
   //bench:pagealloc-bench
   //server:pagealloc-server

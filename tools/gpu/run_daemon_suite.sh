@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The daemon's process-level tests on a GPU host with the CUDA backend and
-# real CUDA IPC, from a package made by package.sh:
-#   1. multi_client_test, server_process_test and stress_test (20 s of
-#      SIGKILLed and replaced clients; PAGEALLOC_STRESS_SECONDS and
-#      PAGEALLOC_STRESS_CLIENTS change it), with PAGEALLOC_TEST_BACKEND=cuda
-#   2. a soak: 8 load_client processes (4 sync, 4 async completion) for 10 s
+# The daemon's process-level tests on a GPU host with the CUDA backend, its
+# rings and completion counter shared as CUDA virtual-memory file
+# descriptors over the memory socket, from a package made by package.sh:
+#   1. completion_counter_test: clients of a CUDA daemon read their slots
+#      with kernels on their own streams, ordered only by the completion
+#      counter (sync and async, fast channel and gRPC)
+#   2. multi_client_test (half its clients async), server_process_test and
+#      stress_test (20 s of SIGKILLed and replaced clients;
+#      PAGEALLOC_STRESS_SECONDS and PAGEALLOC_STRESS_CLIENTS change it),
+#      with PAGEALLOC_TEST_BACKEND=cuda
+#   3. a soak: 8 load_client processes (4 sync, 4 async completion) for 10 s
 #      against one CUDA daemon with --debug_checks, sharing a claim table
 #      that catches a slot handed to two clients; then every page must be
 #      back in the pool and the daemon must drain and exit 0
@@ -16,13 +21,25 @@ STEP_KIND=daemon
 source "$(dirname "$0")/gpu_common.sh"
 gpu_setup "$@"
 need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
-  tests/multi_client_test tests/server_process_test tests/stress_test
+  tests/multi_client_test tests/server_process_test tests/stress_test \
+  tests/gpu/completion_counter_test
 
 # The tests find server/pagealloc-server and tests/load_client relative to
 # the working directory when Bazel's TEST_SRCDIR is not set.
 cd "$BIN" || die "cannot enter $BIN"
 export PAGEALLOC_TEST_BACKEND=cuda
 export PAGEALLOC_STRESS_SECONDS=${PAGEALLOC_STRESS_SECONDS:-20}
+
+# Skipping is failing here: this host has a GPU.
+run_step completion_counter_test 240 "$OUT/completion_counter_test.log" \
+  tests/gpu/completion_counter_test
+add_detail "$(gtest_counts "$OUT/completion_counter_test.log")"
+grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |slots read on the GPU|Failure|kernel read" \
+  "$OUT/completion_counter_test.log" | tail -n 20
+if grep -q "SKIPPED" "$OUT/completion_counter_test.log"; then
+  note_step "completion_counter_test (no skips)" "FAILED" \
+    "a GPU test skipped on a GPU host: completion_counter_test.log"
+fi
 
 for t in multi_client_test server_process_test stress_test; do
   run_step "$t" 240 "$OUT/$t.log" "tests/$t"
