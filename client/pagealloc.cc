@@ -143,6 +143,18 @@ absl::Status ReadVersioned(const T* in, const char* name, T* out) {
   return absl::OkStatus();
 }
 
+// Writes `value` into a caller's structure of `struct_size` bytes: the
+// fields that fit, and zeros past ours (fields of a later header that this
+// library does not know, left at their zero defaults).
+template <typename T>
+void WriteVersioned(const T& value, size_t struct_size, T* out) {
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(out);
+  std::memcpy(bytes, &value, std::min(struct_size, sizeof(T)));
+  if (struct_size > sizeof(T)) {
+    std::memset(bytes + sizeof(T), 0, struct_size - sizeof(T));
+  }
+}
+
 absl::Status CheckArray(const int64_t* data, size_t size, const char* name) {
   if (data == nullptr && size != 0) {
     return absl::InvalidArgumentError(
@@ -208,6 +220,29 @@ std::unique_ptr<pagealloc_allocation> MakeHandle(Allocation allocation) {
   view.pages_freed_first = a.pages_freed_first();
   view.batch_requests = a.batch_requests();
   view.on_device = a.on_device() ? 1 : 0;
+  // The accepted requests' slots as one run when each (non-empty) one
+  // starts where the one before ended.
+  const int64_t* run_start = nullptr;
+  const int64_t* run_end = nullptr;
+  bool one_run = true;
+  for (size_t i = 0; i < n; ++i) {
+    if (handle->codes[i] != 0) {
+      ++view.num_refused;
+      continue;
+    }
+    if (handle->counts[i] == 0) continue;
+    const int64_t* slots = handle->slots[i];
+    if (run_start == nullptr) {
+      run_start = slots;
+    } else if (slots != run_end) {
+      one_run = false;
+    }
+    run_end = slots + handle->counts[i];
+  }
+  view.all_slots = one_run ? run_start : nullptr;
+  view.num_slots = !one_run               ? -1
+                   : run_start == nullptr ? 0
+                                          : run_end - run_start;
   return handle;
 }
 
@@ -224,7 +259,7 @@ int32_t AllocCall(pagealloc_client* client,
     *allocation = nullptr;
     RETURN_IF_ERROR(CheckClient(client));
     pagealloc_call_options read;
-    pagealloc_call_options_init(&read);
+    pagealloc_call_options_init(&read, sizeof(read));
     if (options != nullptr) {
       RETURN_IF_ERROR(ReadVersioned(options, "pagealloc_call_options", &read));
     }
@@ -262,19 +297,25 @@ const char* pagealloc_status_code_name(int32_t code) {
   return pagealloc::kCodeNames[code];
 }
 
-void pagealloc_client_options_init(pagealloc_client_options* options) {
+void pagealloc_client_options_init(pagealloc_client_options* options,
+                                   size_t struct_size) {
   if (options == nullptr) return;
-  std::memset(options, 0, sizeof(*options));
-  options->struct_size = sizeof(*options);
-  options->call_timeout_ms = 30000;
-  options->fast_channel = 1;
-  options->fast_channel_spin_us = 500;
+  pagealloc_client_options defaults;
+  std::memset(&defaults, 0, sizeof(defaults));
+  defaults.struct_size = struct_size;
+  defaults.call_timeout_ms = 30000;
+  defaults.fast_channel = 1;
+  defaults.fast_channel_spin_us = 500;
+  pagealloc::WriteVersioned(defaults, struct_size, options);
 }
 
-void pagealloc_call_options_init(pagealloc_call_options* options) {
+void pagealloc_call_options_init(pagealloc_call_options* options,
+                                 size_t struct_size) {
   if (options == nullptr) return;
-  std::memset(options, 0, sizeof(*options));
-  options->struct_size = sizeof(*options);
+  pagealloc_call_options defaults;
+  std::memset(&defaults, 0, sizeof(defaults));
+  defaults.struct_size = struct_size;
+  pagealloc::WriteVersioned(defaults, struct_size, options);
 }
 
 int32_t pagealloc_connect(const pagealloc_client_options* options,
@@ -286,7 +327,7 @@ int32_t pagealloc_connect(const pagealloc_client_options* options,
       return absl::InvalidArgumentError("options is NULL");
     }
     pagealloc_client_options read;
-    pagealloc_client_options_init(&read);
+    pagealloc_client_options_init(&read, sizeof(read));
     RETURN_IF_ERROR(
         pagealloc::ReadVersioned(options, "pagealloc_client_options", &read));
     if (read.call_timeout_ms <= 0 || read.keepalive_interval_ms < 0 ||

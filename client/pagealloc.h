@@ -13,7 +13,7 @@
  *   pagealloc_allocation* allocation;
  *   const pagealloc_allocation_view* view;
  *   pagealloc_error error;
- *   pagealloc_client_options_init(&options);
+ *   pagealloc_client_options_init(&options, sizeof(options));
  *   options.target = "unix:///run/pagealloc/gpu0.sock";
  *   options.client_name = "scheduler-tp0";
  *   if (pagealloc_connect(&options, &client, &error) != PAGEALLOC_OK) {
@@ -45,10 +45,12 @@
  * Structures. Those the caller fills (options) start with `struct_size`,
  * set by their _init function: the library reads only the fields that fit
  * in it, so a program built against this header keeps working with a later
- * library that appends fields. Those the library fills in the caller's
- * memory (pagealloc_stats) take the same `struct_size`; the library writes
- * at most that many bytes. Those the library owns (the allocation view) are
- * read through a pointer and only ever grow at the end.
+ * library that appends fields (and a later program with this library, as
+ * long as it leaves the fields this library does not know zero). Those the
+ * library fills in the caller's memory (pagealloc_stats) take the same
+ * `struct_size`; the library writes at most that many bytes. Those the library
+ * owns (the allocation view) are read through a pointer and only ever grow at
+ * the end.
  *
  * Threads. A pagealloc_client may be used from several threads at once (as
  * pagealloc::Client). An allocation handle is immutable: read it from any
@@ -59,8 +61,9 @@
  * pagealloc_release; after that the daemon may write new slots there.
  * Destroying an allocation handle does not release its ring space, and
  * releasing does not destroy the handle. Inline results (return_inline)
- * live in the handle and stay valid until it is destroyed. Every handle of
- * a client must be destroyed before the client.
+ * live in the handle and stay valid until it is destroyed. Destroying a
+ * client unmaps its ring: its allocations' ring slots go with it (their
+ * handles may still be destroyed afterwards).
  */
 
 #ifndef PAGEALLOC_CLIENT_PAGEALLOC_H_
@@ -156,8 +159,11 @@ typedef struct pagealloc_client_options {
   int64_t fast_channel_spin_us;
 } pagealloc_client_options;
 
-/* Fills `options` with the defaults and sets its struct_size. */
-void pagealloc_client_options_init(pagealloc_client_options* options);
+/* Fills the first `struct_size` bytes of `options` with the defaults and
+ * sets options->struct_size; pass sizeof(*options), so that a program built
+ * against an older header is never written past its structure. */
+void pagealloc_client_options_init(pagealloc_client_options* options,
+                                   size_t struct_size);
 
 /* Connects to the daemon at options->target, registers a session, maps its
  * output ring and starts keeping its lease (pagealloc::Client::Connect).
@@ -174,8 +180,8 @@ int32_t pagealloc_connect(const pagealloc_client_options* options,
  * allocations stay valid until destroyed. Closing twice is OK. */
 int32_t pagealloc_close(pagealloc_client* client, pagealloc_error* error);
 
-/* Closes the session (unless closed or lost) and frees the handle. NULL is
- * ignored. REQUIRES: every allocation of `client` has been destroyed. */
+/* Closes the session (unless closed or lost), unmaps its ring and frees
+ * the handle. NULL is ignored. */
 void pagealloc_client_destroy(pagealloc_client* client);
 
 /* OK while the session lives; else why it is gone (closed: FAILED_
@@ -251,8 +257,9 @@ typedef struct pagealloc_call_options {
   int32_t reserved0; /* zero */
 } pagealloc_call_options;
 
-/* Fills `options` with the defaults and sets its struct_size. */
-void pagealloc_call_options_init(pagealloc_call_options* options);
+/* As pagealloc_client_options_init: pass sizeof(*options). */
+void pagealloc_call_options_init(pagealloc_call_options* options,
+                                 size_t struct_size);
 
 /* One allocation call's results, owned by its handle (struct-of-arrays:
  * each array has num_requests entries). */
@@ -280,6 +287,15 @@ typedef struct pagealloc_allocation_view {
   int32_t batch_requests;
   /* Nonzero when the slots are device pointers (CUDA ring). */
   int32_t on_device;
+  /* Requests refused (codes[i] != 0). */
+  int64_t num_refused;
+  /* The accepted requests' slots as one run of `num_slots` slots, when they
+   * lie one after another in memory: always when no request was refused,
+   * and for inline results. Else num_slots is -1 and all_slots NULL (a
+   * refused request keeps its place in the ring). NULL too when the run
+   * is empty. */
+  const int64_t* all_slots;
+  int64_t num_slots;
 } pagealloc_allocation_view;
 
 /* The allocation calls. Each parallel array comes with its own length; the

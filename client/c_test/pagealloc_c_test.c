@@ -40,7 +40,7 @@ static void TestOptionDefaults(void) {
   pagealloc_client_options options;
   pagealloc_call_options call;
   memset(&options, 0xff, sizeof(options));
-  pagealloc_client_options_init(&options);
+  pagealloc_client_options_init(&options, sizeof(options));
   EXPECT(options.struct_size == sizeof(options));
   EXPECT(options.target == NULL);
   EXPECT(options.call_timeout_ms == 30000);
@@ -48,7 +48,7 @@ static void TestOptionDefaults(void) {
   EXPECT(options.fast_channel_spin_us == 500);
   EXPECT(options.ring_capacity_slots == 0);
   memset(&call, 0xff, sizeof(call));
-  pagealloc_call_options_init(&call);
+  pagealloc_call_options_init(&call, sizeof(call));
   EXPECT(call.struct_size == sizeof(call));
   EXPECT(call.return_inline == 0 && call.async_completion == 0);
   EXPECT(call.free_pages_first == NULL && call.num_free_pages_first == 0);
@@ -60,7 +60,7 @@ static void TestConnectRefusals(void) {
   pagealloc_error error;
   int32_t code;
 
-  pagealloc_client_options_init(&options);
+  pagealloc_client_options_init(&options, sizeof(options));
   code = pagealloc_connect(&options, &client, &error);
   EXPECT(code == PAGEALLOC_INVALID_ARGUMENT);
   EXPECT(error.code == PAGEALLOC_INVALID_ARGUMENT);

@@ -1,0 +1,14 @@
+#!/bin/bash
+# Runs a pytest file of python/tests with Debian's interpreter against the
+# library and daemon Bazel built: python_test.sh TEST_FILE [PYTEST_ARGS...]
+set -euo pipefail
+runfiles="${TEST_SRCDIR}/${TEST_WORKSPACE}"
+export PAGEALLOC_LIBRARY="$runfiles/client/libpagealloc_client.so"
+export PAGEALLOC_SERVER="$runfiles/server/pagealloc-server"
+export PYTHONPATH="$runfiles/python:$runfiles/python/tests"
+export PYTHONDONTWRITEBYTECODE=1
+test_file="$1"
+shift
+# -rs lists every skipped test with its reason (the GPU-only ones here).
+exec /usr/bin/python3 -m pytest -p no:cacheprovider -rs -v \
+  --rootdir="$runfiles/python" "$runfiles/python/$test_file" "$@"
