@@ -35,5 +35,9 @@ PROGRAM
 # shellcheck disable=SC2046  # pkg-config's output is a list of flags
 gcc -std=c99 -Wall -Werror -o "$TEST_TMPDIR/program" "$TEST_TMPDIR/program.c" \
   $(pkg-config --cflags --libs pagealloc_client)
-LD_LIBRARY_PATH="$prefix/lib" "$TEST_TMPDIR/program"
+# A --config=asan library needs its sanitizer runtimes first in a program
+# not built with them.
+preload="$(ldd "$prefix/lib/libpagealloc_client.so" |
+  awk '/lib(asan|ubsan)\.so/ {print $3}' | paste -sd: -)"
+LD_PRELOAD="$preload" LD_LIBRARY_PATH="$prefix/lib" "$TEST_TMPDIR/program"
 echo "install_test: OK"

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Writes the pagealloc wheel (PEP 427) with the standard library only.
 
-    build_wheel.py --out OUT.whl --version V --library libpagealloc_client.so
-                   --readme docs/python.md pagealloc/__init__.py ...
+    build_wheel.py --out OUT.whl --version V --version_header common/version.h
+                   --library libpagealloc_client.so --readme docs/python.md
+                   pagealloc/__init__.py ...
 
 The wheel carries the package's modules and libpagealloc_client.so beside
 them. Its tag is py3-none-linux_x86_64: the modules run on every CPython 3
@@ -14,9 +15,9 @@ give the same bytes.
 
 import argparse
 import base64
-import ctypes
 import hashlib
 import os
+import re
 import sys
 import zipfile
 
@@ -32,28 +33,33 @@ def record_hash(data):
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def library_version(path):
-    """The release the library reports (pagealloc_version())."""
-    library = ctypes.CDLL(os.path.abspath(path))
-    library.pagealloc_version.restype = ctypes.c_char_p
-    return library.pagealloc_version().decode()
+def release_version(path):
+    """The release common/version.h names (what pagealloc_version()
+    reports). Read from the header rather than asked of the library: a
+    sanitizer build's library cannot be loaded into this interpreter."""
+    with open(path) as f:
+        match = re.search(r'kPageallocVersion\[\]\s*=\s*"([^"]+)"', f.read())
+    if not match:
+        sys.exit("build_wheel: no kPageallocVersion in %s" % path)
+    return match.group(1)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--version", required=True)
+    parser.add_argument("--version_header", required=True)
     parser.add_argument("--library", required=True)
     parser.add_argument("--readme", required=True)
     parser.add_argument("modules", nargs="+")
     args = parser.parse_args()
 
     # The wheel's file name is fixed in BUILD; it must be the release's.
-    release = library_version(args.library)
+    release = release_version(args.version_header)
     if args.version != release:
-        sys.exit("build_wheel: --version %s differs from the library's %s "
-                 "(common/version.h): update python/BUILD.bazel" %
-                 (args.version, release))
+        sys.exit("build_wheel: --version %s differs from %s's %s: update "
+                 "python/BUILD.bazel" % (args.version, args.version_header,
+                                         release))
     name = "pagealloc"
     dist_info = "%s-%s.dist-info" % (name, args.version)
 

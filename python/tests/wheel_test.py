@@ -68,6 +68,15 @@ def check_record(path):
         assert "pagealloc/libpagealloc_client.so" in names
 
 
+def sanitizer_preload(library):
+    """The sanitizer runtimes `library` needs (a --config=asan build), which
+    must be preloaded into an interpreter not built with them."""
+    listed = subprocess.run(["ldd", library], capture_output=True, text=True,
+                            check=True).stdout
+    return ":".join(line.split()[2] for line in listed.splitlines()
+                    if "libasan.so" in line or "libubsan.so" in line)
+
+
 def main():
     wheel, server = sys.argv[1], sys.argv[2]
     check_record(wheel)
@@ -88,6 +97,12 @@ def main():
          "--metrics_port=0"], stdout=log, stderr=subprocess.STDOUT)
     try:
         env["PYTHONPATH"] = site
+        preload = sanitizer_preload(
+            os.path.join(site, "pagealloc", "libpagealloc_client.so"))
+        if preload:
+            env["LD_PRELOAD"] = preload
+            env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + \
+                ":detect_leaks=0"
         smoke = subprocess.run(["/usr/bin/python3", "-c", SMOKE, site,
                                 target], env=env, cwd=scratch)
     finally:
