@@ -622,6 +622,9 @@ absl::Status Client::Close() {
     closed_ = true;
     if (!session_status_.ok()) return absl::OkStatus();  // already gone
   }
+  // A Connect that failed before Register succeeded has nothing to close
+  // (and, without a target, no stub to close it with).
+  if (session_token_.empty()) return absl::OkStatus();
   StopKeepAlive();
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -648,6 +651,12 @@ absl::Status Client::OrderAfterCompletion(void* cuda_stream) const {
   return completion_counter_->OrderAfter(
       last_completion_value_.load(std::memory_order_relaxed), cuda_stream);
 }
+
+const int64_t* Client::ring_slots() const { return ring_->slots(); }
+
+int64_t Client::ring_capacity_slots() const { return ring_->capacity_slots(); }
+
+bool Client::ring_on_device() const { return ring_->on_device(); }
 
 absl::Status Client::CopyToHost(const int64_t* slots, int64_t count,
                                 int64_t* out) const {

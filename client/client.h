@@ -232,6 +232,12 @@ class Client {
   absl::Status OrderAfterCompletion(void* cuda_stream) const;
   // Whether allocation calls go through the fast channel.
   bool uses_fast_channel() const { return fast_ != nullptr; }
+  // The mapped output ring: ring_capacity_slots() slots from ring_slots()
+  // (a device pointer when ring_on_device()). Every ring result of an
+  // allocation lies inside it; bindings use it to check their views.
+  const int64_t* ring_slots() const;
+  int64_t ring_capacity_slots() const;
+  bool ring_on_device() const;
   // Copies `count` slots at `slots` (from a RequestSlots) into host memory.
   absl::Status CopyToHost(const int64_t* slots, int64_t count,
                           int64_t* out) const;

@@ -1,0 +1,120 @@
+/* The C ABI from C99: the header compiles as C (also as C89, see
+ * c89_header.c), the shared library links into a C program, and the calls
+ * that need no daemon behave as pagealloc.h says. The calls against a live
+ * daemon are tests/pagealloc_c_api_test.cc's. */
+#include <stdio.h>
+#include <string.h>
+
+#include "client/pagealloc.h"
+
+size_t pagealloc_c89_header_sizes(void);
+
+static int failures = 0;
+
+#define EXPECT(condition)                                                      \
+  do {                                                                         \
+    if (!(condition)) {                                                        \
+      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #condition); \
+      ++failures;                                                              \
+    }                                                                          \
+  } while (0)
+
+static void TestVersions(void) {
+  EXPECT(pagealloc_abi_version() == PAGEALLOC_ABI_VERSION);
+  EXPECT((pagealloc_abi_version() >> 16) == PAGEALLOC_ABI_VERSION_MAJOR);
+  EXPECT(strcmp(pagealloc_version(), "") != 0);
+  EXPECT(pagealloc_c89_header_sizes() > 0);
+}
+
+static void TestCodeNames(void) {
+  EXPECT(strcmp(pagealloc_status_code_name(PAGEALLOC_OK), "OK") == 0);
+  EXPECT(strcmp(pagealloc_status_code_name(PAGEALLOC_RESOURCE_EXHAUSTED),
+                "RESOURCE_EXHAUSTED") == 0);
+  EXPECT(strcmp(pagealloc_status_code_name(PAGEALLOC_UNAUTHENTICATED),
+                "UNAUTHENTICATED") == 0);
+  EXPECT(strcmp(pagealloc_status_code_name(17), "UNKNOWN_CODE") == 0);
+  EXPECT(strcmp(pagealloc_status_code_name(-1), "UNKNOWN_CODE") == 0);
+}
+
+static void TestOptionDefaults(void) {
+  pagealloc_client_options options;
+  pagealloc_call_options call;
+  memset(&options, 0xff, sizeof(options));
+  pagealloc_client_options_init(&options, sizeof(options));
+  EXPECT(options.struct_size == sizeof(options));
+  EXPECT(options.target == NULL);
+  EXPECT(options.call_timeout_ms == 30000);
+  EXPECT(options.fast_channel == 1);
+  EXPECT(options.fast_channel_spin_us == 500);
+  EXPECT(options.ring_capacity_slots == 0);
+  memset(&call, 0xff, sizeof(call));
+  pagealloc_call_options_init(&call, sizeof(call));
+  EXPECT(call.struct_size == sizeof(call));
+  EXPECT(call.return_inline == 0 && call.async_completion == 0);
+  EXPECT(call.free_pages_first == NULL && call.num_free_pages_first == 0);
+}
+
+static void TestConnectRefusals(void) {
+  pagealloc_client_options options;
+  pagealloc_client* client = (pagealloc_client*)&options; /* overwritten */
+  pagealloc_error error;
+  int32_t code;
+
+  pagealloc_client_options_init(&options, sizeof(options));
+  code = pagealloc_connect(&options, &client, &error);
+  EXPECT(code == PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(error.code == PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(strstr(error.message, "target") != NULL);
+  EXPECT(client == NULL);
+
+  /* Nothing listens there: the daemon's absence, as gRPC reports it. */
+  options.target = "unix:///nonexistent/pagealloc-c-test.sock";
+  options.call_timeout_ms = 5000;
+  code = pagealloc_connect(&options, &client, &error);
+  EXPECT(code == PAGEALLOC_UNAVAILABLE);
+  EXPECT(error.code == PAGEALLOC_UNAVAILABLE);
+  EXPECT(strlen(error.message) > 0);
+  EXPECT(client == NULL);
+
+  options.call_timeout_ms = 0;
+  code = pagealloc_connect(&options, &client, &error);
+  EXPECT(code == PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(strstr(error.message, "call_timeout_ms (0)") != NULL);
+
+  /* A structure not filled by its _init function. */
+  memset(&options, 0, sizeof(options));
+  code = pagealloc_connect(&options, &client, &error);
+  EXPECT(code == PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(strstr(error.message, "struct_size") != NULL);
+
+  /* NULL error pointers are allowed: the code still says what happened. */
+  EXPECT(pagealloc_connect(NULL, &client, NULL) == PAGEALLOC_INVALID_ARGUMENT);
+}
+
+static void TestNullHandles(void) {
+  pagealloc_error error;
+  pagealloc_allocation* allocation;
+  int64_t slot = 1;
+  EXPECT(pagealloc_close(NULL, &error) == PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(pagealloc_session_status(NULL, &error) == PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(pagealloc_alloc(NULL, &slot, 1, NULL, &allocation, &error) ==
+         PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(allocation == NULL);
+  EXPECT(pagealloc_allocation_get_view(NULL) == NULL);
+  pagealloc_client_destroy(NULL);
+  pagealloc_allocation_destroy(NULL);
+}
+
+int main(void) {
+  TestVersions();
+  TestCodeNames();
+  TestOptionDefaults();
+  TestConnectRefusals();
+  TestNullHandles();
+  if (failures != 0) {
+    fprintf(stderr, "%d expectation(s) failed\n", failures);
+    return 1;
+  }
+  printf("pagealloc C ABI (C99): all checks passed\n");
+  return 0;
+}

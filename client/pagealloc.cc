@@ -1,0 +1,623 @@
+// The C ABI over pagealloc::Client (client/pagealloc.h).
+//
+// Every entry point catches C++ exceptions (std::bad_alloc from a vector,
+// say): unwinding into a C caller, ctypes or cgo is undefined behaviour, so
+// an exception becomes an error code like any other failure.
+
+#include "client/pagealloc.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "common/status_macros.h"
+#include "common/version.h"
+
+struct pagealloc_client {
+  std::unique_ptr<pagealloc::Client> client;
+};
+
+struct pagealloc_allocation {
+  pagealloc::Allocation allocation;
+  // The view's arrays; `view` points into them.
+  std::vector<int32_t> codes;
+  std::vector<const int64_t*> slots;
+  std::vector<int64_t> counts;
+  std::vector<int64_t> new_pages;
+  std::vector<std::string> message_storage;
+  std::vector<const char*> messages;
+  pagealloc_allocation_view view{};
+};
+
+namespace pagealloc {
+namespace {
+
+static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) ==
+                  PAGEALLOC_UNAUTHENTICATED,
+              "pagealloc_status_code numbers are absl::StatusCode's");
+static_assert(static_cast<int>(absl::StatusCode::kResourceExhausted) ==
+                  PAGEALLOC_RESOURCE_EXHAUSTED,
+              "pagealloc_status_code numbers are absl::StatusCode's");
+static_assert(static_cast<int>(v1::BACKEND_CPU) == PAGEALLOC_BACKEND_CPU &&
+                  static_cast<int>(v1::BACKEND_CUDA) == PAGEALLOC_BACKEND_CUDA,
+              "pagealloc_backend numbers are v1::Backend's");
+
+constexpr const char* kCodeNames[] = {
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
+// Copies `text` into `out` (`size` bytes), NUL-terminated, cut with "..."
+// when it does not fit.
+void CopyString(absl::string_view text, char* out, size_t size) {
+  if (size == 0) return;
+  if (text.size() < size) {
+    std::memcpy(out, text.data(), text.size());
+    out[text.size()] = '\0';
+    return;
+  }
+  const size_t kept = size - 1;
+  std::memcpy(out, text.data(), kept);
+  out[kept] = '\0';
+  if (kept >= 3) std::memcpy(out + kept - 3, "...", 3);
+}
+
+// Reports `status` through `error` and returns its code.
+int32_t Report(const absl::Status& status, pagealloc_error* error) {
+  const int32_t code = static_cast<int32_t>(status.code());
+  if (code != PAGEALLOC_OK && error != nullptr) {
+    error->code = code;
+    CopyString(status.message(), error->message, sizeof(error->message));
+  }
+  return code;
+}
+
+// Runs `body` (returning absl::Status) with exceptions turned into codes.
+template <typename Body>
+int32_t Guarded(pagealloc_error* error, Body body) {
+  try {
+    return Report(body(), error);
+  } catch (const std::bad_alloc&) {
+    return Report(absl::ResourceExhaustedError("out of memory in the client"),
+                  error);
+  } catch (const std::exception& e) {
+    return Report(absl::InternalError(absl::StrFormat(
+                      "the client library threw: %s", e.what())),
+                  error);
+  } catch (...) {
+    return Report(absl::InternalError("the client library threw"), error);
+  }
+}
+
+// Copies a caller's versioned structure into `*out` (already holding the
+// defaults). A caller built against an older header passes a smaller
+// struct_size (the fields it lacks keep their defaults); a newer one a
+// larger struct, accepted only when the fields this library does not know
+// are zero, so that nothing the caller set is silently ignored.
+template <typename T>
+absl::Status ReadVersioned(const T* in, const char* name, T* out) {
+  const size_t size = in->struct_size;
+  if (size < sizeof(size_t)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s.struct_size (%d) is too small: fill the structure with %s_init",
+        name, size, name));
+  }
+  if (size > sizeof(T)) {
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(in);
+    for (size_t i = sizeof(T); i < size; ++i) {
+      if (bytes[i] != 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s sets fields this library (ABI %d.%d) does not know "
+            "(struct_size %d > %d)",
+            name, PAGEALLOC_ABI_VERSION_MAJOR, PAGEALLOC_ABI_VERSION_MINOR,
+            size, sizeof(T)));
+      }
+    }
+  }
+  std::memcpy(out, in, std::min(size, sizeof(T)));
+  out->struct_size = sizeof(T);
+  return absl::OkStatus();
+}
+
+// Writes `value` into a caller's structure of `struct_size` bytes: the
+// fields that fit, and zeros past ours (fields of a later header that this
+// library does not know, left at their zero defaults).
+template <typename T>
+void WriteVersioned(const T& value, size_t struct_size, T* out) {
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(out);
+  std::memcpy(bytes, &value, std::min(struct_size, sizeof(T)));
+  if (struct_size > sizeof(T)) {
+    std::memset(bytes + sizeof(T), 0, struct_size - sizeof(T));
+  }
+}
+
+absl::Status CheckArray(const int64_t* data, size_t size, const char* name) {
+  if (data == nullptr && size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s is NULL with %d entries", name, size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Span<const int64_t> Span(const int64_t* data, size_t size) {
+  return size == 0 ? absl::Span<const int64_t>()
+                   : absl::Span<const int64_t>(data, size);
+}
+
+absl::Status CheckClient(const pagealloc_client* client) {
+  if (client == nullptr || client->client == nullptr) {
+    return absl::InvalidArgumentError("client is NULL");
+  }
+  return absl::OkStatus();
+}
+
+void FillPool(const v1::PoolInfo& pool, pagealloc_pool_info* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->page_size = pool.page_size();
+  out->num_pages = pool.num_pages();
+  out->backend = static_cast<int32_t>(pool.backend());
+  out->gpu = pool.gpu();
+  CopyString(pool.device_uuid(), out->device_uuid, sizeof(out->device_uuid));
+  CopyString(pool.free_policy(), out->free_policy, sizeof(out->free_policy));
+}
+
+// Builds the handle of a successful call: the allocation and its view.
+std::unique_ptr<pagealloc_allocation> MakeHandle(Allocation allocation) {
+  auto handle = std::make_unique<pagealloc_allocation>();
+  handle->allocation = std::move(allocation);
+  const Allocation& a = handle->allocation;
+  const size_t n = a.size();
+  handle->codes.resize(n);
+  handle->slots.resize(n);
+  handle->counts.resize(n);
+  handle->new_pages.resize(n);
+  handle->message_storage.resize(n);
+  handle->messages.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const RequestSlots& request = a[i];
+    handle->codes[i] = static_cast<int32_t>(request.status.code());
+    handle->slots[i] = request.status.ok() ? request.slots : nullptr;
+    handle->counts[i] = request.status.ok() ? request.count : 0;
+    handle->new_pages[i] = request.new_pages;
+    handle->message_storage[i] = std::string(request.status.message());
+  }
+  // Pointers into the strings only once none of them moves any more.
+  for (size_t i = 0; i < n; ++i) {
+    handle->messages[i] = handle->message_storage[i].c_str();
+  }
+  pagealloc_allocation_view& view = handle->view;
+  view.num_requests = static_cast<int64_t>(n);
+  view.codes = handle->codes.data();
+  view.slots = handle->slots.data();
+  view.counts = handle->counts.data();
+  view.new_pages = handle->new_pages.data();
+  view.messages = handle->messages.data();
+  view.ring_end = a.ring_end();
+  view.pages_freed_first = a.pages_freed_first();
+  view.batch_requests = a.batch_requests();
+  view.on_device = a.on_device() ? 1 : 0;
+  // The accepted requests' slots as one run when each (non-empty) one
+  // starts where the one before ended.
+  const int64_t* run_start = nullptr;
+  const int64_t* run_end = nullptr;
+  bool one_run = true;
+  for (size_t i = 0; i < n; ++i) {
+    if (handle->codes[i] != 0) {
+      ++view.num_refused;
+      continue;
+    }
+    if (handle->counts[i] == 0) continue;
+    const int64_t* slots = handle->slots[i];
+    if (run_start == nullptr) {
+      run_start = slots;
+    } else if (slots != run_end) {
+      one_run = false;
+    }
+    run_end = slots + handle->counts[i];
+  }
+  view.all_slots = one_run ? run_start : nullptr;
+  view.num_slots = !one_run               ? -1
+                   : run_start == nullptr ? 0
+                                          : run_end - run_start;
+  return handle;
+}
+
+// The common tail of the three allocation calls.
+template <typename Call>
+int32_t AllocCall(pagealloc_client* client,
+                  const pagealloc_call_options* options,
+                  pagealloc_allocation** allocation, pagealloc_error* error,
+                  Call call) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (allocation == nullptr) {
+      return absl::InvalidArgumentError("allocation is NULL");
+    }
+    *allocation = nullptr;
+    RETURN_IF_ERROR(CheckClient(client));
+    pagealloc_call_options read;
+    pagealloc_call_options_init(&read, sizeof(read));
+    if (options != nullptr) {
+      RETURN_IF_ERROR(ReadVersioned(options, "pagealloc_call_options", &read));
+    }
+    RETURN_IF_ERROR(CheckArray(read.free_pages_first, read.num_free_pages_first,
+                               "options.free_pages_first"));
+    CallOptions call_options;
+    call_options.return_inline = read.return_inline != 0;
+    call_options.async_completion = read.async_completion != 0;
+    call_options.free_pages_first =
+        Span(read.free_pages_first, read.num_free_pages_first);
+    call_options.checkpoint_first = read.checkpoint_first != 0;
+    absl::StatusOr<Allocation> result = call(*client->client, call_options);
+    if (!result.ok()) return result.status();
+    *allocation = MakeHandle(*std::move(result)).release();
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+}  // namespace pagealloc
+
+using pagealloc::CheckArray;
+using pagealloc::CheckClient;
+using pagealloc::Guarded;
+using pagealloc::Span;
+
+extern "C" {
+
+uint32_t pagealloc_abi_version(void) { return PAGEALLOC_ABI_VERSION; }
+
+const char* pagealloc_version(void) { return pagealloc::kPageallocVersion; }
+
+const char* pagealloc_status_code_name(int32_t code) {
+  if (code < 0 || code > PAGEALLOC_UNAUTHENTICATED) return "UNKNOWN_CODE";
+  return pagealloc::kCodeNames[code];
+}
+
+void pagealloc_client_options_init(pagealloc_client_options* options,
+                                   size_t struct_size) {
+  if (options == nullptr) return;
+  pagealloc_client_options defaults;
+  std::memset(&defaults, 0, sizeof(defaults));
+  defaults.struct_size = struct_size;
+  defaults.call_timeout_ms = 30000;
+  defaults.fast_channel = 1;
+  defaults.fast_channel_spin_us = 500;
+  pagealloc::WriteVersioned(defaults, struct_size, options);
+}
+
+void pagealloc_call_options_init(pagealloc_call_options* options,
+                                 size_t struct_size) {
+  if (options == nullptr) return;
+  pagealloc_call_options defaults;
+  std::memset(&defaults, 0, sizeof(defaults));
+  defaults.struct_size = struct_size;
+  pagealloc::WriteVersioned(defaults, struct_size, options);
+}
+
+int32_t pagealloc_connect(const pagealloc_client_options* options,
+                          pagealloc_client** client, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    *client = nullptr;
+    if (options == nullptr) {
+      return absl::InvalidArgumentError("options is NULL");
+    }
+    pagealloc_client_options read;
+    pagealloc_client_options_init(&read, sizeof(read));
+    RETURN_IF_ERROR(
+        pagealloc::ReadVersioned(options, "pagealloc_client_options", &read));
+    if (read.call_timeout_ms <= 0 || read.keepalive_interval_ms < 0 ||
+        read.fast_channel_spin_us < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "options: call_timeout_ms (%d) must be positive, "
+          "keepalive_interval_ms (%d) and fast_channel_spin_us (%d) not "
+          "negative",
+          read.call_timeout_ms, read.keepalive_interval_ms,
+          read.fast_channel_spin_us));
+    }
+    pagealloc::ClientOptions client_options;
+    client_options.target = read.target != nullptr ? read.target : "";
+    client_options.client_name =
+        read.client_name != nullptr ? read.client_name : "";
+    client_options.ring_capacity_slots = read.ring_capacity_slots;
+    client_options.quota_pages = read.quota_pages;
+    client_options.keepalive_interval =
+        absl::Milliseconds(read.keepalive_interval_ms);
+    client_options.call_timeout = absl::Milliseconds(read.call_timeout_ms);
+    client_options.fast_channel = read.fast_channel != 0;
+    client_options.fast_channel_spin =
+        absl::Microseconds(read.fast_channel_spin_us);
+    absl::StatusOr<std::unique_ptr<pagealloc::Client>> connected =
+        pagealloc::Client::Connect(client_options);
+    if (!connected.ok()) return connected.status();
+    auto handle = std::make_unique<pagealloc_client>();
+    handle->client = *std::move(connected);
+    *client = handle.release();
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_close(pagealloc_client* client, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    return client->client->Close();
+  });
+}
+
+void pagealloc_client_destroy(pagealloc_client* client) {
+  try {
+    delete client;
+  } catch (...) {
+    // A destructor that throws has nowhere to report to; the handle is gone.
+  }
+}
+
+int32_t pagealloc_session_status(const pagealloc_client* client,
+                                 pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    return client->client->session_status();
+  });
+}
+
+uint64_t pagealloc_session_id(const pagealloc_client* client) {
+  return client != nullptr ? client->client->session_id() : 0;
+}
+
+const char* pagealloc_session_token(const pagealloc_client* client,
+                                    size_t* length) {
+  if (client == nullptr) {
+    if (length != nullptr) *length = 0;
+    return "";
+  }
+  const std::string& token = client->client->session_token();
+  if (length != nullptr) *length = token.size();
+  return token.data();
+}
+
+int64_t pagealloc_lease_ms(const pagealloc_client* client) {
+  return client != nullptr ? client->client->lease_ms() : 0;
+}
+
+int32_t pagealloc_uses_fast_channel(const pagealloc_client* client) {
+  return client != nullptr && client->client->uses_fast_channel() ? 1 : 0;
+}
+
+void pagealloc_pool(const pagealloc_client* client, pagealloc_pool_info* pool) {
+  if (pool == nullptr) return;
+  if (client == nullptr) {
+    std::memset(pool, 0, sizeof(*pool));
+    return;
+  }
+  pagealloc::FillPool(client->client->pool(), pool);
+}
+
+const int64_t* pagealloc_ring(const pagealloc_client* client,
+                              int64_t* capacity_slots, int32_t* on_device) {
+  if (capacity_slots != nullptr) *capacity_slots = 0;
+  if (on_device != nullptr) *on_device = 0;
+  if (client == nullptr) return nullptr;
+  if (capacity_slots != nullptr) {
+    *capacity_slots = client->client->ring_capacity_slots();
+  }
+  if (on_device != nullptr) {
+    *on_device = client->client->ring_on_device() ? 1 : 0;
+  }
+  return client->client->ring_slots();
+}
+
+int32_t pagealloc_alloc_extend(pagealloc_client* client,
+                               const int64_t* prefix_lens,
+                               size_t num_prefix_lens, const int64_t* seq_lens,
+                               size_t num_seq_lens, const int64_t* last_locs,
+                               size_t num_last_locs,
+                               const pagealloc_call_options* options,
+                               pagealloc_allocation** allocation,
+                               pagealloc_error* error) {
+  return pagealloc::AllocCall(
+      client, options, allocation, error,
+      [&](pagealloc::Client& c, const pagealloc::CallOptions& call_options)
+          -> absl::StatusOr<pagealloc::Allocation> {
+        RETURN_IF_ERROR(
+            CheckArray(prefix_lens, num_prefix_lens, "prefix_lens"));
+        RETURN_IF_ERROR(CheckArray(seq_lens, num_seq_lens, "seq_lens"));
+        RETURN_IF_ERROR(CheckArray(last_locs, num_last_locs, "last_locs"));
+        return c.AllocExtend(Span(prefix_lens, num_prefix_lens),
+                             Span(seq_lens, num_seq_lens),
+                             Span(last_locs, num_last_locs), call_options);
+      });
+}
+
+int32_t pagealloc_alloc_decode(pagealloc_client* client,
+                               const int64_t* seq_lens, size_t num_seq_lens,
+                               const int64_t* last_locs, size_t num_last_locs,
+                               const pagealloc_call_options* options,
+                               pagealloc_allocation** allocation,
+                               pagealloc_error* error) {
+  return pagealloc::AllocCall(
+      client, options, allocation, error,
+      [&](pagealloc::Client& c, const pagealloc::CallOptions& call_options)
+          -> absl::StatusOr<pagealloc::Allocation> {
+        RETURN_IF_ERROR(CheckArray(seq_lens, num_seq_lens, "seq_lens"));
+        RETURN_IF_ERROR(CheckArray(last_locs, num_last_locs, "last_locs"));
+        return c.AllocDecode(Span(seq_lens, num_seq_lens),
+                             Span(last_locs, num_last_locs), call_options);
+      });
+}
+
+int32_t pagealloc_alloc(pagealloc_client* client, const int64_t* num_tokens,
+                        size_t num_requests,
+                        const pagealloc_call_options* options,
+                        pagealloc_allocation** allocation,
+                        pagealloc_error* error) {
+  return pagealloc::AllocCall(
+      client, options, allocation, error,
+      [&](pagealloc::Client& c, const pagealloc::CallOptions& call_options)
+          -> absl::StatusOr<pagealloc::Allocation> {
+        RETURN_IF_ERROR(CheckArray(num_tokens, num_requests, "num_tokens"));
+        return c.Alloc(Span(num_tokens, num_requests), call_options);
+      });
+}
+
+const pagealloc_allocation_view* pagealloc_allocation_get_view(
+    const pagealloc_allocation* allocation) {
+  return allocation != nullptr ? &allocation->view : nullptr;
+}
+
+int32_t pagealloc_allocation_status(const pagealloc_allocation* allocation,
+                                    pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (allocation == nullptr) {
+      return absl::InvalidArgumentError("allocation is NULL");
+    }
+    return allocation->allocation.status();
+  });
+}
+
+void pagealloc_allocation_destroy(pagealloc_allocation* allocation) {
+  delete allocation;
+}
+
+void pagealloc_release(pagealloc_client* client,
+                       const pagealloc_allocation* allocation) {
+  if (client == nullptr || allocation == nullptr) return;
+  client->client->Release(allocation->allocation);
+}
+
+int32_t pagealloc_flush_release(pagealloc_client* client,
+                                pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    return client->client->FlushRelease();
+  });
+}
+
+int32_t pagealloc_order_after_completion(const pagealloc_client* client,
+                                         void* cuda_stream,
+                                         pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    return client->client->OrderAfterCompletion(cuda_stream);
+  });
+}
+
+int32_t pagealloc_copy_to_host(const pagealloc_client* client,
+                               const int64_t* slots, int64_t count,
+                               int64_t* out, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    if (count < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("count (%d) is negative", count));
+    }
+    if (count == 0) return absl::OkStatus();
+    if (slots == nullptr || out == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("slots or out is NULL with a count of %d", count));
+    }
+    return client->client->CopyToHost(slots, count, out);
+  });
+}
+
+int32_t pagealloc_free_slots(pagealloc_client* client, const int64_t* slots,
+                             size_t num_slots, int64_t* pages_freed,
+                             pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    RETURN_IF_ERROR(CheckArray(slots, num_slots, "slots"));
+    ASSIGN_OR_RETURN(const int64_t freed,
+                     client->client->FreeSlots(Span(slots, num_slots)));
+    if (pages_freed != nullptr) *pages_freed = freed;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_free_pages(pagealloc_client* client, const int64_t* pages,
+                             size_t num_pages, int64_t* pages_freed,
+                             pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    RETURN_IF_ERROR(CheckArray(pages, num_pages, "pages"));
+    ASSIGN_OR_RETURN(const int64_t freed,
+                     client->client->FreePages(Span(pages, num_pages)));
+    if (pages_freed != nullptr) *pages_freed = freed;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_checkpoint(pagealloc_client* client, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    return client->client->Checkpoint();
+  });
+}
+
+int32_t pagealloc_rollback(pagealloc_client* client, int64_t* pages_returned,
+                           pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    ASSIGN_OR_RETURN(const int64_t returned, client->client->Rollback());
+    if (pages_returned != nullptr) *pages_returned = returned;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_get_stats(pagealloc_client* client, pagealloc_stats* stats,
+                            pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    if (stats == nullptr) return absl::InvalidArgumentError("stats is NULL");
+    const size_t size = stats->struct_size;
+    if (size < sizeof(size_t)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("stats->struct_size (%d) is too small: set it to "
+                          "sizeof(pagealloc_stats)",
+                          size));
+    }
+    ASSIGN_OR_RETURN(const pagealloc::v1::GetStatsResponse response,
+                     client->client->GetStats(/*include_sessions=*/false));
+    pagealloc_stats out;
+    std::memset(&out, 0, sizeof(out));
+    pagealloc::FillPool(response.pool(), &out.pool);
+    out.free_pages = response.free_pages();
+    out.parked_pages = response.parked_pages();
+    out.used_pages = response.used_pages();
+    out.slots_allocated_total = response.slots_allocated_total();
+    out.pages_allocated_total = response.pages_allocated_total();
+    out.pages_freed_total = response.pages_freed_total();
+    out.out_of_pages_total = response.out_of_pages_total();
+    out.free_list_sorts_total = response.free_list_sorts_total();
+    out.launches_total = response.launches_total();
+    out.sessions_active = response.sessions_active();
+    // An older caller's smaller structure gets the fields it knows.
+    out.struct_size = std::min(size, sizeof(out));
+    std::memcpy(stats, &out, out.struct_size);
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"

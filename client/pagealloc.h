@@ -1,0 +1,429 @@
+/*
+ * pagealloc.h: the C ABI of the pagealloc client library,
+ * libpagealloc_client.so.
+ *
+ * What Python (ctypes), Rust, Go and C++ programs outside Bazel bind to. It
+ * wraps pagealloc::Client (client/client.h) one call for one call: the same
+ * sessions, leases, fast channel, rings and errors. The header is C89 and
+ * C99 (and C++) and names no C++ type; the library exports only the
+ * `pagealloc_*` symbols below.
+ *
+ *   pagealloc_client_options options;
+ *   pagealloc_client* client;
+ *   pagealloc_allocation* allocation;
+ *   const pagealloc_allocation_view* view;
+ *   pagealloc_error error;
+ *   pagealloc_client_options_init(&options, sizeof(options));
+ *   options.target = "unix:///run/pagealloc/gpu0.sock";
+ *   options.client_name = "scheduler-tp0";
+ *   if (pagealloc_connect(&options, &client, &error) != PAGEALLOC_OK) {
+ *     fprintf(stderr, "%s: %s\n", pagealloc_status_code_name(error.code),
+ *             error.message);
+ *   }
+ *   pagealloc_alloc_decode(client, seq_lens, n, last_locs, n, NULL,
+ *                          &allocation, &error);
+ *   view = pagealloc_allocation_get_view(allocation);
+ *   ... view->slots[i]: view->counts[i] slots of request i ...
+ *   pagealloc_release(client, allocation);  (the ring space may be reused)
+ *   pagealloc_allocation_destroy(allocation);
+ *   pagealloc_client_destroy(client);       (closes the session)
+ *
+ * Errors. Every call that can fail returns a pagealloc_status_code:
+ * PAGEALLOC_OK (0) or the canonical code (absl::StatusCode and
+ * grpc::StatusCode share these numbers). When it fails and `error` is not
+ * NULL, `*error` receives the code and the message (the daemon's own for
+ * its refusals), NUL-terminated and cut at PAGEALLOC_ERROR_MESSAGE_BYTES - 1
+ * bytes. The error is an explicit out-parameter rather than a thread-local
+ * "last error" so that a binding that hops threads between two calls (Go's
+ * goroutines, Python's GIL released around a call) still reads the error of
+ * its own call. A call that succeeds leaves `*error` untouched.
+ * Per-request refusals inside an allocation call (e.g. RESOURCE_EXHAUSTED
+ * for a request the pool cannot serve) are not call failures: the call
+ * returns PAGEALLOC_OK and the view's codes/messages say which requests were
+ * refused and why.
+ *
+ * Structures. Those the caller fills (options) start with `struct_size`,
+ * set by their _init function: the library reads only the fields that fit
+ * in it, so a program built against this header keeps working with a later
+ * library that appends fields (and a later program with this library, as
+ * long as it leaves the fields this library does not know zero). Those the
+ * library fills in the caller's memory (pagealloc_stats) take the same
+ * `struct_size`; the library writes at most that many bytes. Those the library
+ * owns (the allocation view) are read through a pointer and only ever grow at
+ * the end.
+ *
+ * Threads. A pagealloc_client may be used from several threads at once (as
+ * pagealloc::Client). An allocation handle is immutable: read it from any
+ * thread; destroy it once.
+ *
+ * Lifetimes. An allocation's ring slots stay valid (the daemon does not
+ * write there) until the allocation, or any later one, is released with
+ * pagealloc_release; after that the daemon may write new slots there.
+ * Destroying an allocation handle does not release its ring space, and
+ * releasing does not destroy the handle. Inline results (return_inline)
+ * live in the handle and stay valid until it is destroyed. Destroying a
+ * client unmaps its ring: its allocations' ring slots go with it (their
+ * handles may still be destroyed afterwards).
+ */
+
+#ifndef PAGEALLOC_CLIENT_PAGEALLOC_H_
+#define PAGEALLOC_CLIENT_PAGEALLOC_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ABI this header describes. The major number changes when a function,
+ * a structure's existing field or a meaning changes incompatibly; the minor
+ * number when something is added. A binding checks the major number of
+ * pagealloc_abi_version() against the one it was written for. */
+#define PAGEALLOC_ABI_VERSION_MAJOR 1
+#define PAGEALLOC_ABI_VERSION_MINOR 0
+#define PAGEALLOC_ABI_VERSION \
+  ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
+
+/* The library's ABI version, PAGEALLOC_ABI_VERSION as it was built. */
+uint32_t pagealloc_abi_version(void);
+
+/* The library's release version ("0.1.0"), a static string. */
+const char* pagealloc_version(void);
+
+/* ------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------ */
+
+/* The canonical status codes, numbered as absl::StatusCode and gRPC's. */
+typedef enum pagealloc_status_code {
+  PAGEALLOC_OK = 0,
+  PAGEALLOC_CANCELLED = 1,
+  PAGEALLOC_UNKNOWN = 2,
+  PAGEALLOC_INVALID_ARGUMENT = 3,
+  PAGEALLOC_DEADLINE_EXCEEDED = 4,
+  PAGEALLOC_NOT_FOUND = 5,
+  PAGEALLOC_ALREADY_EXISTS = 6,
+  PAGEALLOC_PERMISSION_DENIED = 7,
+  PAGEALLOC_RESOURCE_EXHAUSTED = 8,
+  PAGEALLOC_FAILED_PRECONDITION = 9,
+  PAGEALLOC_ABORTED = 10,
+  PAGEALLOC_OUT_OF_RANGE = 11,
+  PAGEALLOC_UNIMPLEMENTED = 12,
+  PAGEALLOC_INTERNAL = 13,
+  PAGEALLOC_UNAVAILABLE = 14,
+  PAGEALLOC_DATA_LOSS = 15,
+  PAGEALLOC_UNAUTHENTICATED = 16
+} pagealloc_status_code;
+
+/* The code's name as gRPC spells it ("RESOURCE_EXHAUSTED"), a static
+ * string; "UNKNOWN_CODE" for a number outside 0..16. */
+const char* pagealloc_status_code_name(int32_t code);
+
+#define PAGEALLOC_ERROR_MESSAGE_BYTES 1024
+
+/* Why a call failed. */
+typedef struct pagealloc_error {
+  int32_t code; /* a pagealloc_status_code, never PAGEALLOC_OK */
+  /* NUL-terminated; cut (ending in "...") when longer than the buffer. */
+  char message[PAGEALLOC_ERROR_MESSAGE_BYTES];
+} pagealloc_error;
+
+/* ------------------------------------------------------------------------
+ * Sessions
+ * ------------------------------------------------------------------------ */
+
+typedef struct pagealloc_client pagealloc_client;
+
+/* pagealloc::ClientOptions. Strings are copied by pagealloc_connect. */
+typedef struct pagealloc_client_options {
+  size_t struct_size; /* sizeof(pagealloc_client_options) */
+  /* gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port". */
+  const char* target;
+  /* Shown in the daemon's logs and metrics (NULL: ""). */
+  const char* client_name;
+  /* Output ring size in slots (0: the daemon's default). */
+  int64_t ring_capacity_slots;
+  /* Most pages this session may own (0: the daemon's cap, if any). */
+  int64_t quota_pages;
+  /* How often to renew the lease, in ms (0: a third of the lease). */
+  int64_t keepalive_interval_ms;
+  /* Deadline of each call, in ms (default 30000). */
+  int64_t call_timeout_ms;
+  /* Nonzero (default): use the session's fast channel when the daemon
+   * offers one and its memory socket is in reach. */
+  int32_t fast_channel;
+  int32_t reserved0; /* zero */
+  /* How long a fast call spins for its answer before it sleeps, in
+   * microseconds (default 500). */
+  int64_t fast_channel_spin_us;
+} pagealloc_client_options;
+
+/* Fills the first `struct_size` bytes of `options` with the defaults and
+ * sets options->struct_size; pass sizeof(*options), so that a program built
+ * against an older header is never written past its structure. */
+void pagealloc_client_options_init(pagealloc_client_options* options,
+                                   size_t struct_size);
+
+/* Connects to the daemon at options->target, registers a session, maps its
+ * output ring and starts keeping its lease (pagealloc::Client::Connect).
+ * On success `*client` is the new session's handle. Fails with the daemon's
+ * status: UNAVAILABLE when nothing listens at the target, UNAUTHENTICATED
+ * when its memory socket refuses the session, FAILED_PRECONDITION when a
+ * CPU daemon's ring cannot be mapped (a client on another host),
+ * INVALID_ARGUMENT for missing or malformed options. */
+int32_t pagealloc_connect(const pagealloc_client_options* options,
+                          pagealloc_client** client, pagealloc_error* error);
+
+/* Ends the session now (its pages are freed by the daemon). Later calls
+ * fail with FAILED_PRECONDITION. The handle, its mapped ring and its
+ * allocations stay valid until destroyed. Closing twice is OK. */
+int32_t pagealloc_close(pagealloc_client* client, pagealloc_error* error);
+
+/* Closes the session (unless closed or lost), unmaps its ring and frees
+ * the handle. NULL is ignored. */
+void pagealloc_client_destroy(pagealloc_client* client);
+
+/* OK while the session lives; else why it is gone (closed: FAILED_
+ * PRECONDITION; lease lost or daemon gone: NOT_FOUND, UNAVAILABLE ...):
+ * the slots and pages it held are void. */
+int32_t pagealloc_session_status(const pagealloc_client* client,
+                                 pagealloc_error* error);
+
+uint64_t pagealloc_session_id(const pagealloc_client* client);
+
+/* The session's secret, `*length` bytes (not NUL-terminated in general),
+ * valid while the handle lives. Hand it only to tools acting for this
+ * session (pagealloc-cli free --session_file). */
+const char* pagealloc_session_token(const pagealloc_client* client,
+                                    size_t* length);
+
+/* The lease the daemon granted, in ms. */
+int64_t pagealloc_lease_ms(const pagealloc_client* client);
+
+/* Nonzero when allocation calls go through the fast channel. */
+int32_t pagealloc_uses_fast_channel(const pagealloc_client* client);
+
+typedef enum pagealloc_backend {
+  PAGEALLOC_BACKEND_UNSPECIFIED = 0,
+  PAGEALLOC_BACKEND_CPU = 1,
+  PAGEALLOC_BACKEND_CUDA = 2
+} pagealloc_backend;
+
+/* The pool as Register described it (v1::PoolInfo). */
+typedef struct pagealloc_pool_info {
+  int64_t page_size;
+  int64_t num_pages;    /* usable pages, ids 1..num_pages */
+  int32_t backend;      /* a pagealloc_backend */
+  int32_t gpu;          /* CUDA device ordinal (CUDA backend) */
+  char device_uuid[64]; /* NUL-terminated; "" on the CPU backend */
+  char free_policy[16]; /* "lifo" or "sorted" */
+} pagealloc_pool_info;
+
+/* Copies the session's pool description into `*pool`. */
+void pagealloc_pool(const pagealloc_client* client, pagealloc_pool_info* pool);
+
+/* The session's mapped output ring: `*capacity_slots` int64 slots from the
+ * returned address, a device pointer when `*on_device` is nonzero (CUDA
+ * backend), else a read-only host mapping. Every ring result of an
+ * allocation lies inside it. Any out-pointer may be NULL. */
+const int64_t* pagealloc_ring(const pagealloc_client* client,
+                              int64_t* capacity_slots, int32_t* on_device);
+
+/* ------------------------------------------------------------------------
+ * Allocation
+ * ------------------------------------------------------------------------ */
+
+typedef struct pagealloc_allocation pagealloc_allocation;
+
+/* pagealloc::CallOptions. NULL options mean the defaults. */
+typedef struct pagealloc_call_options {
+  size_t struct_size; /* sizeof(pagealloc_call_options) */
+  /* Nonzero: slots in host memory owned by the allocation handle instead
+   * of the ring (always through gRPC). */
+  int32_t return_inline;
+  /* Nonzero: the daemon answers right after its launch (CUDA backend); the
+   * slots are written when the daemon's completion event fires: order a
+   * stream after it with pagealloc_order_after_completion before reading
+   * them. Same as a synchronous call on the CPU backend. */
+  int32_t async_completion;
+  /* Pages freed first, as part of the same call (as pagealloc_free_pages);
+   * when that free is refused the call fails as a whole and nothing
+   * changes. Read during the call only. */
+  const int64_t* free_pages_first;
+  size_t num_free_pages_first;
+  /* Nonzero: take a checkpoint after the free and before allocating. */
+  int32_t checkpoint_first;
+  int32_t reserved0; /* zero */
+} pagealloc_call_options;
+
+/* As pagealloc_client_options_init: pass sizeof(*options). */
+void pagealloc_call_options_init(pagealloc_call_options* options,
+                                 size_t struct_size);
+
+/* One allocation call's results, owned by its handle (struct-of-arrays:
+ * each array has num_requests entries). */
+typedef struct pagealloc_allocation_view {
+  int64_t num_requests;
+  /* 0 when request i got its slots, else the code it was refused with
+   * (e.g. RESOURCE_EXHAUSTED: the pool or the session's quota is short);
+   * a refused request changed nothing. */
+  const int32_t* codes;
+  /* Request i's slots: counts[i] int64 slot indices, into the mapped ring
+   * (a device pointer when on_device) or into the handle's host storage
+   * (inline results); NULL when refused. One call's accepted requests lie
+   * one after another in request order. */
+  const int64_t* const* slots;
+  const int64_t* counts;
+  const int64_t* new_pages; /* pages request i was given */
+  /* NUL-terminated; "" for an accepted request. */
+  const char* const* messages;
+  /* Ring position after this call's region (0 for inline results): what
+   * pagealloc_release releases up to. */
+  int64_t ring_end;
+  /* Pages freed by free_pages_first. */
+  int64_t pages_freed_first;
+  /* Requests in the daemon's launch that carried this call. */
+  int32_t batch_requests;
+  /* Nonzero when the slots are device pointers (CUDA ring). */
+  int32_t on_device;
+  /* Requests refused (codes[i] != 0). */
+  int64_t num_refused;
+  /* The accepted requests' slots as one run of `num_slots` slots, when they
+   * lie one after another in memory: always when no request was refused,
+   * and for inline results. Else num_slots is -1 and all_slots NULL (a
+   * refused request keeps its place in the ring). NULL too when the run
+   * is empty. */
+  const int64_t* all_slots;
+  int64_t num_slots;
+} pagealloc_allocation_view;
+
+/* The allocation calls. Each parallel array comes with its own length; the
+ * daemon refuses lengths that differ (INVALID_ARGUMENT, naming them). A
+ * call fails as a whole (no handle) for a bad argument, an unknown or
+ * closed session, a full ring or a transport error; per-request refusals
+ * are in the view. On success `*allocation` is a new handle.
+ * Extend: per request (prefix_len, seq_len, last_loc) (docs/design.md
+ * section 2). */
+int32_t pagealloc_alloc_extend(pagealloc_client* client,
+                               const int64_t* prefix_lens,
+                               size_t num_prefix_lens, const int64_t* seq_lens,
+                               size_t num_seq_lens, const int64_t* last_locs,
+                               size_t num_last_locs,
+                               const pagealloc_call_options* options,
+                               pagealloc_allocation** allocation,
+                               pagealloc_error* error);
+
+/* Decode: one token per request (prefix_len = seq_len - 1). */
+int32_t pagealloc_alloc_decode(pagealloc_client* client,
+                               const int64_t* seq_lens, size_t num_seq_lens,
+                               const int64_t* last_locs, size_t num_last_locs,
+                               const pagealloc_call_options* options,
+                               pagealloc_allocation** allocation,
+                               pagealloc_error* error);
+
+/* Whole pages: num_tokens[i] a multiple of the page size. */
+int32_t pagealloc_alloc(pagealloc_client* client, const int64_t* num_tokens,
+                        size_t num_requests,
+                        const pagealloc_call_options* options,
+                        pagealloc_allocation** allocation,
+                        pagealloc_error* error);
+
+/* The handle's results; valid until the handle is destroyed. */
+const pagealloc_allocation_view* pagealloc_allocation_get_view(
+    const pagealloc_allocation* allocation);
+
+/* OK when every request was served; else the first refusal's code and
+ * message. */
+int32_t pagealloc_allocation_status(const pagealloc_allocation* allocation,
+                                    pagealloc_error* error);
+
+/* Frees the handle (and inline results); the ring space stays reserved
+ * until released. NULL is ignored. */
+void pagealloc_allocation_destroy(pagealloc_allocation* allocation);
+
+/* Lets the daemon reuse the ring space of `allocation` and of every
+ * allocation before it. Sent with the next allocation call, or now by
+ * pagealloc_flush_release. */
+void pagealloc_release(pagealloc_client* client,
+                       const pagealloc_allocation* allocation);
+int32_t pagealloc_flush_release(pagealloc_client* client,
+                                pagealloc_error* error);
+
+/* Makes `cuda_stream` (a cudaStream_t; NULL is the legacy default stream)
+ * wait, without a host synchronisation, until the daemon's launches so far
+ * have written their slots: what a consumer of async_completion results
+ * calls before using them. A no-op on the CPU backend; FAILED_PRECONDITION
+ * when the library was built without CUDA and the pool is on a GPU. */
+int32_t pagealloc_order_after_completion(const pagealloc_client* client,
+                                         void* cuda_stream,
+                                         pagealloc_error* error);
+
+/* Copies `count` slots at `slots` (from a view: ring or inline) into host
+ * memory at `out`. */
+int32_t pagealloc_copy_to_host(const pagealloc_client* client,
+                               const int64_t* slots, int64_t count,
+                               int64_t* out, pagealloc_error* error);
+
+/* ------------------------------------------------------------------------
+ * Free, checkpoints
+ * ------------------------------------------------------------------------ */
+
+/* Frees the distinct pages of `slots` / the `pages` (all or nothing; a
+ * double free is FAILED_PRECONDITION, another session's page
+ * PERMISSION_DENIED, page 0 or out of range INVALID_ARGUMENT). A free group
+ * (SGLang's free_group_begin/end) is one call of this with the group's
+ * slots collected. `*pages_freed` (may be NULL) receives the pages freed. */
+int32_t pagealloc_free_slots(pagealloc_client* client, const int64_t* slots,
+                             size_t num_slots, int64_t* pages_freed,
+                             pagealloc_error* error);
+int32_t pagealloc_free_pages(pagealloc_client* client, const int64_t* pages,
+                             size_t num_pages, int64_t* pages_freed,
+                             pagealloc_error* error);
+
+/* Records the pages the session is given from now on (docs/design.md
+ * section 3). */
+int32_t pagealloc_checkpoint(pagealloc_client* client, pagealloc_error* error);
+/* Returns the pages given since the checkpoint that the session still owns
+ * to the front of the free list; `*pages_returned` (may be NULL) receives
+ * how many. FAILED_PRECONDITION without a checkpoint. */
+int32_t pagealloc_rollback(pagealloc_client* client, int64_t* pages_returned,
+                           pagealloc_error* error);
+
+/* ------------------------------------------------------------------------
+ * Stats
+ * ------------------------------------------------------------------------ */
+
+/* The daemon's pool figures (v1::GetStatsResponse without sessions). */
+typedef struct pagealloc_stats {
+  size_t struct_size; /* sizeof(pagealloc_stats), set by the caller */
+  pagealloc_pool_info pool;
+  int64_t free_pages;   /* in the free list */
+  int64_t parked_pages; /* freed under the sorted policy, not yet merged */
+  int64_t used_pages;   /* owned by sessions */
+  int64_t slots_allocated_total;
+  int64_t pages_allocated_total;
+  int64_t pages_freed_total;
+  int64_t out_of_pages_total; /* requests refused for want of pages */
+  int64_t free_list_sorts_total;
+  int64_t launches_total;
+  int64_t sessions_active;
+} pagealloc_stats;
+
+/* Asks the daemon for its pool figures; stats->struct_size must be set. */
+int32_t pagealloc_get_stats(pagealloc_client* client, pagealloc_stats* stats,
+                            pagealloc_error* error);
+
+/* ------------------------------------------------------------------------
+ * KV buffers
+ *
+ * Reserved for the daemon's KV slab view (per-layer K/V buffers: name,
+ * pointer, shape, dtype, stride per slot) once pagealloc::Client exposes
+ * it; the functions will be added here under a new minor ABI version.
+ * ------------------------------------------------------------------------ */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PAGEALLOC_CLIENT_PAGEALLOC_H_ */

@@ -1,0 +1,41 @@
+"""pagealloc: KV-cache slots from a pagealloc daemon, for Python schedulers.
+
+    import pagealloc
+    with pagealloc.Client.connect("unix:///run/pagealloc/gpu0.sock",
+                                  name="scheduler-tp0") as client:
+        a = client.alloc_extend(prefix_lens, seq_lens, last_locs).check()
+        slots = a.slots      # NumPy (CPU backend) or CudaSlots (CUDA), no copy
+        ...
+        client.release(a)    # the ring space may be reused from now on
+
+The package binds libpagealloc_client.so (client/pagealloc.h) with ctypes;
+docs/python.md is the guide.
+"""
+
+from pagealloc import _native
+from pagealloc.client import (Allocation, Client, CudaSlots, FreeGroup,
+                              PoolInfo, RequestResult, RingInfo, Stats)
+from pagealloc.errors import (AbortedError, AlreadyExistsError,
+                              CancelledError, DataLossError,
+                              DeadlineExceededError, FailedPreconditionError,
+                              InternalError, InvalidArgumentError,
+                              NotFoundError, OutOfRangeError, PageallocError,
+                              PermissionDeniedError, ResourceExhaustedError,
+                              StatusCode, UnauthenticatedError,
+                              UnavailableError, UnimplementedError,
+                              UnknownError, error_for)
+
+__version__ = _native.lib.pagealloc_version().decode()
+ABI_VERSION = _native.lib.pagealloc_abi_version()
+LIBRARY_PATH = _native.path
+
+__all__ = [
+    "ABI_VERSION", "LIBRARY_PATH", "Allocation", "Client", "CudaSlots",
+    "FreeGroup", "PoolInfo", "RequestResult", "RingInfo", "Stats",
+    "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",
+    "DeadlineExceededError", "FailedPreconditionError", "InternalError",
+    "InvalidArgumentError", "NotFoundError", "OutOfRangeError",
+    "PageallocError", "PermissionDeniedError", "ResourceExhaustedError",
+    "StatusCode", "UnauthenticatedError", "UnavailableError",
+    "UnimplementedError", "UnknownError", "error_for",
+]

@@ -1,0 +1,187 @@
+"""ctypes declarations of libpagealloc_client.so (client/pagealloc.h).
+
+The library is found, in this order: the file named by the
+PAGEALLOC_LIBRARY environment variable; libpagealloc_client.so beside this
+package (where the wheel puts it); the system's library path (an install by
+//client:install). One build of the library serves every CPython 3.x: ctypes
+needs no compiled extension.
+"""
+
+import ctypes
+import os
+
+ABI_VERSION_MAJOR = 1  # the pagealloc.h this module mirrors
+ERROR_MESSAGE_BYTES = 1024
+
+_LIBRARY_NAME = "libpagealloc_client.so"
+
+
+class Error(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_int32),
+        ("message", ctypes.c_char * ERROR_MESSAGE_BYTES),
+    ]
+
+
+class ClientOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("target", ctypes.c_char_p),
+        ("client_name", ctypes.c_char_p),
+        ("ring_capacity_slots", ctypes.c_int64),
+        ("quota_pages", ctypes.c_int64),
+        ("keepalive_interval_ms", ctypes.c_int64),
+        ("call_timeout_ms", ctypes.c_int64),
+        ("fast_channel", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+        ("fast_channel_spin_us", ctypes.c_int64),
+    ]
+
+
+class CallOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("return_inline", ctypes.c_int32),
+        ("async_completion", ctypes.c_int32),
+        ("free_pages_first", ctypes.c_void_p),
+        ("num_free_pages_first", ctypes.c_size_t),
+        ("checkpoint_first", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+class AllocationView(ctypes.Structure):
+    _fields_ = [
+        ("num_requests", ctypes.c_int64),
+        ("codes", ctypes.c_void_p),
+        ("slots", ctypes.c_void_p),
+        ("counts", ctypes.c_void_p),
+        ("new_pages", ctypes.c_void_p),
+        ("messages", ctypes.POINTER(ctypes.c_char_p)),
+        ("ring_end", ctypes.c_int64),
+        ("pages_freed_first", ctypes.c_int64),
+        ("batch_requests", ctypes.c_int32),
+        ("on_device", ctypes.c_int32),
+        ("num_refused", ctypes.c_int64),
+        ("all_slots", ctypes.c_void_p),
+        ("num_slots", ctypes.c_int64),
+    ]
+
+
+class PoolInfo(ctypes.Structure):
+    _fields_ = [
+        ("page_size", ctypes.c_int64),
+        ("num_pages", ctypes.c_int64),
+        ("backend", ctypes.c_int32),
+        ("gpu", ctypes.c_int32),
+        ("device_uuid", ctypes.c_char * 64),
+        ("free_policy", ctypes.c_char * 16),
+    ]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("pool", PoolInfo),
+        ("free_pages", ctypes.c_int64),
+        ("parked_pages", ctypes.c_int64),
+        ("used_pages", ctypes.c_int64),
+        ("slots_allocated_total", ctypes.c_int64),
+        ("pages_allocated_total", ctypes.c_int64),
+        ("pages_freed_total", ctypes.c_int64),
+        ("out_of_pages_total", ctypes.c_int64),
+        ("free_list_sorts_total", ctypes.c_int64),
+        ("launches_total", ctypes.c_int64),
+        ("sessions_active", ctypes.c_int64),
+    ]
+
+
+def library_path():
+    """Where the library is taken from (see the module's docstring)."""
+    explicit = os.environ.get("PAGEALLOC_LIBRARY")
+    if explicit:
+        return explicit
+    beside = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          _LIBRARY_NAME)
+    if os.path.exists(beside):
+        return beside
+    return _LIBRARY_NAME  # the dynamic loader's search path
+
+
+def _declare(lib):
+    c_client = ctypes.c_void_p
+    c_alloc = ctypes.c_void_p
+    p_error = ctypes.POINTER(Error)
+    i32, i64, size = ctypes.c_int32, ctypes.c_int64, ctypes.c_size_t
+    ptr = ctypes.c_void_p
+    p_i64 = ctypes.POINTER(ctypes.c_int64)
+    p_i32 = ctypes.POINTER(ctypes.c_int32)
+    p_alloc = ctypes.POINTER(ctypes.c_void_p)
+    p_call = ctypes.POINTER(CallOptions)
+    signatures = {
+        "pagealloc_abi_version": (ctypes.c_uint32, []),
+        "pagealloc_version": (ctypes.c_char_p, []),
+        "pagealloc_status_code_name": (ctypes.c_char_p, [i32]),
+        "pagealloc_client_options_init":
+            (None, [ctypes.POINTER(ClientOptions), size]),
+        "pagealloc_call_options_init": (None, [p_call, size]),
+        "pagealloc_connect": (i32, [ctypes.POINTER(ClientOptions),
+                                    ctypes.POINTER(ctypes.c_void_p), p_error]),
+        "pagealloc_close": (i32, [c_client, p_error]),
+        "pagealloc_client_destroy": (None, [c_client]),
+        "pagealloc_session_status": (i32, [c_client, p_error]),
+        "pagealloc_session_id": (ctypes.c_uint64, [c_client]),
+        "pagealloc_session_token":
+            (ctypes.c_void_p, [c_client, ctypes.POINTER(size)]),
+        "pagealloc_lease_ms": (i64, [c_client]),
+        "pagealloc_uses_fast_channel": (i32, [c_client]),
+        "pagealloc_pool": (None, [c_client, ctypes.POINTER(PoolInfo)]),
+        "pagealloc_ring": (ptr, [c_client, p_i64, p_i32]),
+        "pagealloc_alloc_extend": (i32, [c_client, ptr, size, ptr, size, ptr,
+                                         size, p_call, p_alloc, p_error]),
+        "pagealloc_alloc_decode": (i32, [c_client, ptr, size, ptr, size,
+                                         p_call, p_alloc, p_error]),
+        "pagealloc_alloc": (i32, [c_client, ptr, size, p_call, p_alloc,
+                                  p_error]),
+        "pagealloc_allocation_get_view":
+            (ctypes.POINTER(AllocationView), [c_alloc]),
+        "pagealloc_allocation_status": (i32, [c_alloc, p_error]),
+        "pagealloc_allocation_destroy": (None, [c_alloc]),
+        "pagealloc_release": (None, [c_client, c_alloc]),
+        "pagealloc_flush_release": (i32, [c_client, p_error]),
+        "pagealloc_order_after_completion": (i32, [c_client, ptr, p_error]),
+        "pagealloc_copy_to_host": (i32, [c_client, ptr, i64, ptr, p_error]),
+        "pagealloc_free_slots": (i32, [c_client, ptr, size, p_i64, p_error]),
+        "pagealloc_free_pages": (i32, [c_client, ptr, size, p_i64, p_error]),
+        "pagealloc_checkpoint": (i32, [c_client, p_error]),
+        "pagealloc_rollback": (i32, [c_client, p_i64, p_error]),
+        "pagealloc_get_stats": (i32, [c_client, ctypes.POINTER(Stats),
+                                      p_error]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+
+
+def load():
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(
+            "pagealloc: cannot load %s (%s). Set PAGEALLOC_LIBRARY to the "
+            "library's path, or install the wheel that carries it; the "
+            "library needs Debian 12's gRPC, protobuf and Abseil shared "
+            "libraries (docs/python.md)." % (path, e)) from e
+    lib.pagealloc_abi_version.restype = ctypes.c_uint32
+    version = lib.pagealloc_abi_version()
+    if version >> 16 != ABI_VERSION_MAJOR:
+        raise ImportError(
+            "pagealloc: %s has ABI %d.%d; this package needs ABI %d.x" %
+            (path, version >> 16, version & 0xFFFF, ABI_VERSION_MAJOR))
+    _declare(lib)
+    return lib, path
+
+
+lib, path = load()

@@ -1,0 +1,24 @@
+#!/bin/bash
+# Runs a pytest file of python/tests with Debian's interpreter against the
+# library and daemon Bazel built: python_test.sh TEST_FILE [PYTEST_ARGS...]
+set -euo pipefail
+runfiles="${TEST_SRCDIR}/${TEST_WORKSPACE}"
+export PAGEALLOC_LIBRARY="$runfiles/client/libpagealloc_client.so"
+export PAGEALLOC_SERVER="$runfiles/server/pagealloc-server"
+export PYTHONPATH="$runfiles/python:$runfiles/python/tests"
+export PYTHONDONTWRITEBYTECODE=1
+# Under --config=asan the library is built with AddressSanitizer and UBSan,
+# whose runtimes must come first in a process not built with them (this
+# interpreter): preload the ones the library needs.
+preload="$(ldd "$PAGEALLOC_LIBRARY" |
+  awk '/lib(asan|ubsan)\.so/ {print $3}' | paste -sd: -)"
+if [[ -n "$preload" ]]; then
+  export LD_PRELOAD="$preload${LD_PRELOAD:+:$LD_PRELOAD}"
+  # The interpreter keeps objects to its end on purpose: no leak report.
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+fi
+test_file="$1"
+shift
+# -rs lists every skipped test with its reason (the GPU-only ones here).
+exec /usr/bin/python3 -m pytest -p no:cacheprovider -rs -v \
+  --rootdir="$runfiles/python" "$runfiles/python/$test_file" "$@"

@@ -1,0 +1,586 @@
+"""The pagealloc Python package end to end against a real daemon.
+
+Every call, every error class, leases and close, and the zero-copy views:
+their aliasing of the ring and what release means for them. Page ids and
+slots are exact: each test starts its own daemon, so the free list starts
+as 1..num_pages (docs/design.md section 1).
+"""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import pagealloc
+from pagealloc import StatusCode
+from conftest import BACKEND, wait_until
+
+ON_GPU = BACKEND == "cuda"
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def host(slots):
+    """Slots as a host array whatever the backend (a copy on the GPU)."""
+    if isinstance(slots, pagealloc.CudaSlots):
+        return slots.copy_to_host()
+    return np.asarray(slots)
+
+
+def address_of(slots):
+    if isinstance(slots, pagealloc.CudaSlots):
+        return slots.ptr
+    return np.asarray(slots).__array_interface__["data"][0]
+
+
+# ---------------------------------------------------------------- metadata
+
+def test_package_reports_versions_and_library():
+    assert pagealloc.__version__ == "0.1.0"
+    assert pagealloc.ABI_VERSION >> 16 == 1
+    assert os.path.exists(pagealloc.LIBRARY_PATH)
+
+
+def test_status_codes_are_grpc_numbers():
+    assert StatusCode.RESOURCE_EXHAUSTED == 8
+    assert StatusCode.UNAUTHENTICATED == 16
+    error = pagealloc.error_for(9, "double free")
+    assert isinstance(error, pagealloc.FailedPreconditionError)
+    assert error.code is StatusCode.FAILED_PRECONDITION
+    assert error.message == "double free"
+    assert str(error) == "FAILED_PRECONDITION: double free"
+    assert isinstance(pagealloc.error_for(3, "x"), ValueError)
+    assert isinstance(pagealloc.error_for(4, "x"), TimeoutError)
+    assert isinstance(pagealloc.error_for(7, "x"), PermissionError)
+    assert isinstance(pagealloc.error_for(99, "x"), pagealloc.UnknownError)
+
+
+# ----------------------------------------------------------------- connect
+
+def test_connect_to_nothing_is_unavailable(tmp_path):
+    with pytest.raises(pagealloc.UnavailableError) as caught:
+        pagealloc.Client.connect("unix://%s/none.sock" % tmp_path,
+                                 call_timeout=5.0)
+    assert caught.value.code is StatusCode.UNAVAILABLE
+    assert caught.value.message
+
+
+def test_connect_refuses_bad_options():
+    with pytest.raises(pagealloc.InvalidArgumentError, match="target"):
+        pagealloc.Client.connect("")
+    with pytest.raises(pagealloc.InvalidArgumentError, match="call_timeout"):
+        pagealloc.Client.connect("unix:///x.sock", call_timeout=-1)
+
+
+def test_session_describes_itself(daemon):
+    with daemon.connect(name="describe") as client:
+        assert client.session_id > 0
+        assert client.lease_ms == 10000
+        assert client.pool == pagealloc.PoolInfo(
+            page_size=4, num_pages=16, backend=BACKEND,
+            gpu=client.pool.gpu, device_uuid=client.pool.device_uuid,
+            free_policy="lifo")
+        assert client.uses_fast_channel
+        assert client.session_token
+        assert client.alive and client.session_status() is None
+        assert client.ring.address != 0
+        assert client.ring.capacity_slots == 1 << 20
+        assert client.slots_on_device == ON_GPU
+
+
+# -------------------------------------------------------------- allocation
+
+def test_alloc_extend_decode_golden(daemon):
+    with daemon.connect() as client:
+        first = client.alloc([4]).check()           # page 1
+        assert host(first.slots).tolist() == [4, 5, 6, 7]
+        # Prefix of 2 tokens in slots 4, 5; extend to 11 tokens: the rest of
+        # page 1, then pages 2 and 3.
+        extended = client.alloc_extend([2], [11], [5]).check()
+        assert host(extended.slots).tolist() == list(range(6, 15))
+        assert extended.new_pages.tolist() == [2]
+        decoded = client.alloc_decode([12, 13], [14, 15])
+        # Request 0 stays in page 3 (slot 15); request 1 starts page 4.
+        assert host(decoded.slots).tolist() == [15, 16]
+        assert decoded.new_pages.tolist() == [0, 1]
+        assert client.stats().used_pages == 4
+
+
+def test_allocation_exposes_requests(daemon):
+    with daemon.connect() as client:
+        a = client.alloc_extend([0, 0, 0], [3, 0, 5], [-1, -1, -1])
+        assert len(a) == 3 and a.ok and a.num_refused == 0
+        assert a.codes.dtype == np.int32 and a.codes.tolist() == [0, 0, 0]
+        assert a.counts.tolist() == [3, 0, 5]
+        assert a.new_pages.tolist() == [1, 0, 2]
+        assert a.num_slots == 8
+        results = list(a)
+        assert [r.index for r in results] == [0, 1, 2]
+        assert all(r.ok and r.error is None and r.message == ""
+                   for r in results)
+        joined = np.concatenate([host(r.slots) for r in results])
+        assert joined.tolist() == host(a.slots).tolist()
+        assert a[-1].count == 5 and a[-1].new_pages == 2
+        with pytest.raises(IndexError):
+            a[3]
+        assert a.ring_end > 0 and not a.inline
+        assert a.batch_requests >= 3
+        assert "requests=3" in repr(a)
+
+
+def test_inputs_accept_lists_arrays_and_convert(daemon):
+    with daemon.connect() as client:
+        as_list = client.alloc([4, 8]).check()
+        as_int32 = client.alloc(np.array([4], dtype=np.int32)).check()
+        strided = np.array([4, 999, 8], dtype=np.int64)[::2]
+        as_strided = client.alloc(strided).check()
+        as_tuple = client.alloc((4,)).check()
+        assert [len(host(a.slots)) for a in (as_list, as_int32, as_strided,
+                                              as_tuple)] == [12, 4, 12, 4]
+        empty = client.alloc([])
+        assert len(empty) == 0 and empty.num_slots == 0
+        assert len(host(empty.slots)) == 0
+
+
+def test_inline_results_live_in_the_allocation(daemon):
+    with daemon.connect() as client:
+        a = client.alloc([8], return_inline=True).check()
+        assert a.inline and not a.on_device and a.ring_end == 0
+        slots = a.slots
+        assert isinstance(slots, np.ndarray)
+        assert slots.tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+        # A later ring allocation, released, does not touch inline slots.
+        b = client.alloc([4]).check()
+        client.release(b)
+        client.flush_release()
+        assert slots.tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+        assert not a.released
+
+
+def test_async_completion_on_cpu_is_synchronous(daemon):
+    with daemon.connect() as client:
+        a = client.alloc([4], async_completion=True).check()
+        client.order_after_completion()
+        assert host(a.slots).tolist() == [4, 5, 6, 7]
+
+
+def test_free_first_and_checkpoint_first_options(daemon):
+    with daemon.connect() as client:
+        a = client.alloc([8]).check()                       # pages 1, 2
+        b = client.alloc([4], free_pages_first=[1, 2],
+                         checkpoint_first=True).check()
+        assert b.pages_freed_first == 2
+        assert host(b.slots).tolist() == [4, 5, 6, 7]       # lifo: page 1
+        assert client.rollback() == 1
+        assert client.stats().used_pages == 0
+        del a
+
+
+# ------------------------------------------------------------------ errors
+
+def test_bad_arguments_are_invalid_argument_and_change_nothing(daemon):
+    with daemon.connect() as client:
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match=r"seq_lens\[0\] \(1\)") as caught:
+            client.alloc_extend([4], [1], [-1])
+        assert caught.value.code is StatusCode.INVALID_ARGUMENT
+        assert isinstance(caught.value, ValueError)
+        with pytest.raises(pagealloc.InvalidArgumentError):
+            client.alloc_extend([0, 0], [4], [-1, -1])      # lengths differ
+        with pytest.raises(pagealloc.InvalidArgumentError):
+            client.alloc([3])                               # not whole pages
+        with pytest.raises(pagealloc.InvalidArgumentError):
+            client.alloc_decode([5], [1])                   # slot of page 0
+        # Refused in Python before the call, with the same class.
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match="one-dimensional"):
+            client.alloc(np.zeros((2, 2), dtype=np.int64))
+        with pytest.raises(pagealloc.InvalidArgumentError, match="dtype"):
+            client.alloc([4.0])
+        with pytest.raises(pagealloc.InvalidArgumentError, match="dtype"):
+            client.alloc(np.array([True]))
+        stats = client.stats()
+        assert stats.used_pages == 0 and stats.free_pages == 16
+
+
+def test_shortage_refuses_one_request_and_serves_the_others(daemon):
+    with daemon.connect() as client:
+        a = client.alloc([32, 64, 8])     # 8 pages, 16 pages, 2 pages of 16
+        assert a.codes.tolist() == [0, int(StatusCode.RESOURCE_EXHAUSTED), 0]
+        assert not a.ok and a.num_refused == 1
+        refused = a[1]
+        assert refused.code is StatusCode.RESOURCE_EXHAUSTED
+        assert isinstance(refused.error, pagealloc.ResourceExhaustedError)
+        assert refused.slots is None and refused.count == 0
+        assert "needs 16 pages" in refused.message
+        with pytest.raises(pagealloc.ResourceExhaustedError,
+                           match="needs 16 pages"):
+            a.check()
+        # The refused request keeps its place in the ring: no single run.
+        assert a.num_slots == -1
+        with pytest.raises(ValueError, match="not one run"):
+            a.slots
+        assert host(a[0].slots).tolist() == list(range(4, 36))
+        assert host(a[2].slots).tolist() == list(range(36, 44))
+        stats = client.stats()
+        assert stats.used_pages == 10 and stats.out_of_pages_total >= 1
+
+
+def test_quota_refuses_per_request(daemon):
+    with daemon.connect(quota_pages=2) as client:
+        a = client.alloc([8, 4])
+        assert a.codes.tolist() == [0, int(StatusCode.RESOURCE_EXHAUSTED)]
+        assert "quota" in a[1].message
+
+
+def test_free_and_its_refusals(daemon):
+    with daemon.connect(name="a") as a, daemon.connect(name="b") as b:
+        mine = a.alloc([8]).check()                   # pages 1, 2
+        theirs = b.alloc([4]).check()                 # page 3
+        assert a.free(host(mine.slots)[:5]) == 2      # slots of pages 1, 2
+        with pytest.raises(pagealloc.FailedPreconditionError,
+                           match="double free") as caught:
+            a.free_pages([1])
+        assert caught.value.code is StatusCode.FAILED_PRECONDITION
+        with pytest.raises(pagealloc.PermissionDeniedError):
+            a.free(host(theirs.slots))
+        with pytest.raises(pagealloc.InvalidArgumentError):
+            a.free_pages([0])
+        with pytest.raises(pagealloc.InvalidArgumentError):
+            a.free_pages([17])
+        assert b.free_pages(np.array([3])) == 1
+        assert a.free([]) == 0
+        assert a.stats().used_pages == 0
+
+
+def test_free_group_sends_one_call(daemon):
+    with daemon.connect() as client:
+        a = client.alloc([4, 4, 4]).check()           # pages 1, 2, 3
+        with client.free_group() as group:
+            group.add(a[0].slots)
+            group.add(host(a[2].slots))
+        assert group.pages_freed == 2
+        assert client.stats().used_pages == 1
+        # A block that raises sends nothing.
+        with pytest.raises(RuntimeError):
+            with client.free_group() as group:
+                group.add(a[1].slots)
+                raise RuntimeError("scheduler step failed")
+        assert group.pages_freed is None
+        assert client.stats().used_pages == 1
+        assert client.free_group().end() == 0
+
+
+def test_checkpoint_and_rollback(daemon):
+    with daemon.connect() as client:
+        with pytest.raises(pagealloc.FailedPreconditionError):
+            client.rollback()
+        kept = client.alloc([4]).check()              # page 1
+        client.checkpoint()
+        client.alloc([8]).check()                     # pages 2, 3
+        assert client.rollback() == 2
+        # Rollback returns pages to the front: the next allocation gets them.
+        again = client.alloc([8]).check()
+        assert host(again.slots).tolist() == list(range(8, 16))
+        assert client.stats().used_pages == 3
+        del kept
+
+
+# -------------------------------------------------------------- zero copy
+
+def test_views_alias_the_ring(daemon):
+    with daemon.connect() as client:
+        ring = client.ring
+        a = client.alloc([8]).check()
+        b = client.alloc([12]).check()
+        for allocation, n in ((a, 8), (b, 12)):
+            start = address_of(allocation.slots)
+            assert ring.address <= start
+            assert start + 8 * n <= ring.address + 8 * ring.capacity_slots
+        # Two allocations' regions do not overlap.
+        a_start, b_start = address_of(a.slots), address_of(b.slots)
+        assert a_start + 8 * 8 <= b_start or b_start + 8 * 12 <= a_start
+        if not ON_GPU:
+            view = a.slots
+            assert view.base is not None and not view.flags.writeable
+            again = np.asarray(view)
+            assert np.shares_memory(again, view)
+            assert not np.shares_memory(np.asarray(a.slots),
+                                        np.asarray(b.slots))
+            # Per-request views and the whole view share the memory too.
+            assert np.shares_memory(a[0].slots, a.slots)
+
+
+def test_views_keep_their_allocation_alive(daemon):
+    client = daemon.connect()
+    a = client.alloc([8]).check()
+    slots = a.slots
+    counts = a.counts
+    alive = weakref.ref(a)
+    del a
+    gc.collect()
+    assert alive() is not None            # the views hold it
+    assert host(slots).tolist() == list(range(4, 12))
+    assert counts.tolist() == [8]
+    del slots, counts
+    gc.collect()
+    assert alive() is None
+    client.close()
+
+
+def test_release_lets_the_ring_region_be_reused(make_daemon):
+    daemon = make_daemon("--num_pages=64", "--page_size=4")
+    with daemon.connect(ring_capacity_slots=64) as client:
+        assert client.ring.capacity_slots == 64
+        a = client.alloc([32]).check()        # ring slots [0, 32)
+        b = client.alloc([32]).check()        # ring slots [32, 64)
+        a_view = a.slots
+        a_values = host(a_view).copy()
+        assert not a.released and not b.released
+        # Nothing released: the ring is full and the call fails as a whole.
+        with pytest.raises(pagealloc.ResourceExhaustedError, match="ring"):
+            client.alloc([4])
+        client.release(b)                     # releases a as well
+        assert a.released and b.released
+        c = client.alloc([32]).check()        # reuses [0, 32)
+        assert address_of(c.slots) == address_of(a_view)
+        assert address_of(c.slots) == client.ring.address
+        # a's view now shows c's slots: that is what release allows.
+        assert host(a_view).tolist() == host(c.slots).tolist()
+        assert host(a_view).tolist() != a_values.tolist()
+        with c:
+            pass                              # leaving the block releases c
+        assert c.released
+        client.flush_release()
+        d = client.alloc([4]).check()
+        assert address_of(d.slots) == client.ring.address + 8 * 32
+
+
+def test_release_refuses_another_clients_allocation(daemon):
+    with daemon.connect() as a, daemon.connect() as b:
+        allocation = a.alloc([4]).check()
+        with pytest.raises(pagealloc.InvalidArgumentError):
+            b.release(allocation)
+
+
+# ----------------------------------------------------------- stats, close
+
+def test_stats(daemon):
+    with daemon.connect() as client, daemon.connect():
+        client.alloc([8, 4]).check()
+        stats = client.stats()
+        assert stats.pool == client.pool
+        assert stats.used_pages == 3 and stats.free_pages == 13
+        assert stats.parked_pages == 0
+        assert stats.sessions_active == 2
+        assert stats.slots_allocated_total >= 12
+        assert stats.pages_allocated_total >= 3
+        assert stats.launches_total >= 1
+
+
+def test_sorted_policy_parks_freed_pages(make_daemon):
+    daemon = make_daemon("--num_pages=16", "--page_size=4",
+                         "--free_policy=sorted")
+    with daemon.connect() as client:
+        assert client.pool.free_policy == "sorted"
+        client.alloc([8]).check()
+        client.free_pages([2, 1])
+        stats = client.stats()
+        assert stats.parked_pages == 2 and stats.free_pages == 14
+
+
+def test_close_ends_the_session(daemon):
+    observer = daemon.connect(name="observer")
+    client = daemon.connect()
+    allocation = client.alloc([8]).check()
+    slots = allocation.slots
+    assert observer.stats().used_pages == 2
+    client.close()
+    client.close()                                  # twice is fine
+    status = client.session_status()
+    assert isinstance(status, pagealloc.FailedPreconditionError)
+    assert not client.alive
+    with pytest.raises(pagealloc.FailedPreconditionError, match="closed"):
+        client.alloc([4])
+    with pytest.raises(pagealloc.FailedPreconditionError):
+        client.free_pages([1])
+    with pytest.raises(pagealloc.FailedPreconditionError):
+        client.checkpoint()
+    assert observer.stats().used_pages == 0
+    assert observer.stats().sessions_active == 1
+    # The views stay mapped after close (no crash reading them).
+    assert len(host(slots)) == 8
+    with daemon.connect() as scoped:
+        scoped.alloc([4]).check()
+    assert observer.stats().used_pages == 0
+    observer.close()
+
+
+_FROZEN_CLIENT = r"""
+import sys
+import pagealloc
+client = pagealloc.Client.connect(sys.argv[1], name="frozen")
+client.alloc([8]).check()
+print("ready", flush=True)
+sys.stdin.readline()
+status = client.session_status()
+print("status", status.code.name if status else "OK", flush=True)
+try:
+    client.alloc([4])
+    print("alloc OK", flush=True)
+except pagealloc.PageallocError as e:
+    print("alloc", e.code.name, flush=True)
+"""
+
+
+def test_lost_lease_ends_the_session(make_daemon):
+    daemon = make_daemon("--num_pages=16", "--page_size=4", "--lease_ms=300")
+    child = subprocess.Popen([sys.executable, "-c", _FROZEN_CLIENT,
+                              daemon.target], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with daemon.connect(name="observer") as observer:
+            assert observer.stats().used_pages == 2
+            child.send_signal(signal.SIGSTOP)   # no more keepalives
+            wait_until(lambda: observer.stats().used_pages == 0,
+                       what="the daemon to reclaim the frozen session")
+        child.send_signal(signal.SIGCONT)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        status = child.stdout.readline().split()
+        alloc = child.stdout.readline().split()
+        assert status[0] == "status" and status[1] != "OK"
+        assert alloc[0] == "alloc" and alloc[1] != "OK"
+        assert alloc[1] in ("NOT_FOUND", "UNAVAILABLE", "UNAUTHENTICATED")
+        assert child.wait(timeout=20) == 0
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+            child.wait()
+
+
+def test_daemon_death_ends_the_session(daemon):
+    client = daemon.connect()
+    client.alloc([4]).check()
+    daemon.kill()
+    wait_until(lambda: client.session_status() is not None,
+               what="the client to see the daemon go")
+    assert isinstance(client.session_status(), pagealloc.PageallocError)
+    with pytest.raises(pagealloc.PageallocError):
+        client.alloc([4])
+    client.close()
+
+
+# --------------------------------------------------------------- threads
+
+def test_one_client_from_several_threads(daemon):
+    with daemon.connect() as client:
+        errors = []
+        got = []
+
+        def work():
+            try:
+                for _ in range(20):
+                    a = client.alloc([4]).check()
+                    got.append(int(host(a.slots)[0]))
+                    client.free(host(a.slots))
+                    client.release(a)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(got) == 80
+        assert client.stats().used_pages == 0
+
+
+# ------------------------------------------------------ streams and torch
+
+def test_order_after_completion_accepts_stream_forms(daemon):
+    class TorchLike:
+        cuda_stream = 0
+
+    with daemon.connect() as client:
+        client.order_after_completion()
+        client.order_after_completion(0)
+        client.order_after_completion(TorchLike())
+        with pytest.raises(pagealloc.InvalidArgumentError, match="stream"):
+            client.order_after_completion("stream")
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed here: "
+                    "tensor inputs and torch views are checked where it is")
+def test_torch_cpu_tensors_in_and_views_out(daemon):
+    with daemon.connect() as client:
+        a = client.alloc_extend(torch.tensor([0]), torch.tensor([8]),
+                                torch.tensor([-1])).check()
+        assert host(a.slots).tolist() == list(range(4, 12))
+        if ON_GPU:
+            return
+        with pytest.warns(UserWarning):       # the ring is read-only
+            tensor = torch.as_tensor(a.slots)
+        assert tensor.data_ptr() == address_of(a.slots)
+        if torch.cuda.is_available():
+            with pytest.raises(pagealloc.InvalidArgumentError, match="cuda"):
+                client.alloc(torch.tensor([4], device="cuda"))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA backend only "
+                    "(PAGEALLOC_TEST_BACKEND=cuda on a GPU host)")
+def test_cuda_slots_are_zero_copy_for_torch(daemon):
+    assert torch is not None, "the GPU check needs torch"
+    with daemon.connect() as client:
+        a = client.alloc([8, 4]).check()
+        slots = a.slots
+        assert isinstance(slots, pagealloc.CudaSlots)
+        interface = slots.__cuda_array_interface__
+        assert interface["version"] == 3 and interface["stream"] is None
+        tensor = torch.as_tensor(slots, device="cuda")
+        assert tensor.data_ptr() == slots.ptr
+        assert tensor.dtype == torch.int64
+        assert tensor.cpu().tolist() == list(range(4, 16))
+        per_request = torch.as_tensor(a[1].slots, device="cuda")
+        assert per_request.data_ptr() == slots.ptr + 8 * 8
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA backend only "
+                    "(PAGEALLOC_TEST_BACKEND=cuda on a GPU host)")
+def test_stream_waits_for_async_completion_without_host_sync(daemon):
+    assert torch is not None, "the GPU check needs torch"
+    with daemon.connect() as client:
+        stream = torch.cuda.Stream()
+        for i in range(50):
+            a = client.alloc([4, 8], async_completion=True).check()
+            client.order_after_completion(stream)
+            with torch.cuda.stream(stream):
+                t = torch.as_tensor(a.slots, device="cuda")
+                total = (t + 0).sum()
+            stream.synchronize()
+            assert int(total) == int(host(a.slots).sum())
+            client.free(host(a.slots))
+            client.release(a)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA backend only "
+                    "(PAGEALLOC_TEST_BACKEND=cuda on a GPU host)")
+def test_cuda_slots_are_zero_copy_for_cupy(daemon):
+    cupy = pytest.importorskip("cupy")
+    with daemon.connect() as client:
+        a = client.alloc([8]).check()
+        array = cupy.asarray(a.slots)
+        assert array.data.ptr == a.slots.ptr
+        assert array.get().tolist() == list(range(4, 12))
