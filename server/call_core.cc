@@ -191,7 +191,7 @@ absl::Status AllocReply::Before() {
     }
     pages_freed_first_ = *freed;
   }
-  if (checkpoint_first_) return core_->pool_->Checkpoint(owner);
+  if (checkpoint_first_) return core_->pool_->Checkpoint(owner).status();
   return absl::OkStatus();
 }
 
@@ -283,7 +283,7 @@ void CallCore::SubmitCheckpoint(uint64_t session_id, absl::string_view token,
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kCheckpoint, transport, start, owner,
-           [this, owner] { return pool_->Checkpoint(owner); });
+           [this, owner] { return pool_->Checkpoint(owner).status(); });
 }
 
 void CallCore::SubmitRollback(uint64_t session_id, absl::string_view token,
