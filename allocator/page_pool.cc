@@ -21,9 +21,21 @@ absl::string_view FreePolicyName(FreePolicy policy) {
   return policy == FreePolicy::kLifo ? "lifo" : "sorted";
 }
 
+absl::StatusOr<Semantics> ParseSemantics(absl::string_view name) {
+  if (name == "pagealloc") return Semantics::kPagealloc;
+  if (name == "sglang") return Semantics::kSglang;
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "semantics \"%s\" is not one of \"pagealloc\", \"sglang\"", name));
+}
+
+absl::string_view SemanticsName(Semantics semantics) {
+  return semantics == Semantics::kPagealloc ? "pagealloc" : "sglang";
+}
+
 PagePool::PagePool(const PoolOptions& options, PlanExecutor* executor)
     : geometry_{options.page_size, options.num_pages},
       policy_(options.free_policy),
+      semantics_(options.semantics),
       capacity_(options.num_pages),
       executor_(executor) {}
 
@@ -49,6 +61,7 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
   std::unique_ptr<PagePool> pool(new PagePool(options, executor));
   absl::MutexLock lock(&pool->mu_);
   pool->allocated_once_.assign(options.num_pages + 1, false);
+  pool->log_index_.assign(options.num_pages + 1, 0);
   RETURN_IF_ERROR(executor->InitFreeRing(pool->capacity_));
   RETURN_IF_ERROR(pool->InitFreeList());
   return pool;
@@ -86,16 +99,23 @@ absl::Status PagePool::PushFront(absl::Span<const int64_t> pages) {
   return WriteRing(head_, pages);
 }
 
-absl::Status PagePool::MergeParkedAndSort() {
+absl::Status PagePool::PushBack(absl::Span<const int64_t> pages) {
+  // free_count_ + pages.size() <= capacity_ holds: these pages were owned.
+  const int64_t position = (head_ + free_count_) % capacity_;
+  free_count_ += pages.size();
+  return WriteRing(position, pages);
+}
+
+absl::Status PagePool::MergeParkedAndSort(int64_t keep) {
   std::vector<int64_t> merged;
-  merged.reserve(free_count_ + parked_.size());
-  for (int64_t i = 0; i < free_count_; ++i) merged.push_back(RingAt(i));
+  merged.reserve(free_count_ - keep + parked_.size());
+  for (int64_t i = keep; i < free_count_; ++i) merged.push_back(RingAt(i));
   merged.insert(merged.end(), parked_.begin(), parked_.end());
   std::sort(merged.begin(), merged.end());
   parked_.clear();
-  free_count_ = merged.size();
+  free_count_ = keep + merged.size();
   ++counters_.free_list_sorts;
-  return WriteRing(head_, merged);
+  return WriteRing(head_ + keep, merged);
 }
 
 absl::Status PagePool::AddOwner(OwnerId owner, int64_t quota_pages) {
@@ -107,8 +127,9 @@ absl::Status PagePool::AddOwner(OwnerId owner, int64_t quota_pages) {
         absl::StrFormat("quota_pages (%d) is negative", quota_pages));
   }
   absl::MutexLock lock(&mu_);
-  if (!owners_.try_emplace(owner, OwnerState{0, quota_pages, std::nullopt})
-           .second) {
+  OwnerState state;
+  state.quota_pages = quota_pages;
+  if (!owners_.try_emplace(owner, std::move(state)).second) {
     return absl::AlreadyExistsError(
         absl::StrFormat("owner %d is already registered", owner));
   }
@@ -121,33 +142,60 @@ absl::StatusOr<int64_t> PagePool::RemoveOwner(OwnerId owner) {
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
   }
-  std::vector<int64_t> pages;
-  pages.reserve(it->second.pages_owned);
-  if (it->second.pages_owned > 0) {
-    // Reclaim is rare (a session closing or losing its lease): a scan of the
-    // owner table keeps the hot path free of per-owner page sets.
-    for (int64_t p = 1; p <= geometry_.num_pages; ++p) {
-      if (owner_of_[p] == owner) pages.push_back(p);
-    }
-  }
+  const std::vector<int64_t> pages = PagesOf(owner, it->second.pages_owned);
   RETURN_IF_ERROR(ReleasePages(it->second, pages));
   owners_.erase(it);
   return static_cast<int64_t>(pages.size());
 }
 
+std::vector<int64_t> PagePool::PagesOf(OwnerId owner, int64_t count) const {
+  std::vector<int64_t> pages;
+  pages.reserve(count);
+  if (count > 0) {
+    // Reclaim and clear are rare (a session closing, losing its lease or
+    // clearing): a scan of the owner table keeps the hot path free of
+    // per-owner page sets.
+    for (int64_t p = 1; p <= geometry_.num_pages; ++p) {
+      if (owner_of_[p] == owner) pages.push_back(p);
+    }
+  }
+  return pages;
+}
+
 std::vector<AllocResult> PagePool::Allocate(
-    absl::Span<const AllocRequest> requests) {
+    absl::Span<const AllocRequest> requests, absl::Span<const CallSpan> calls) {
   std::vector<AllocResult> results;
-  Allocate(requests, &results);
+  Allocate(requests, calls, &results);
   return results;
 }
 
 void PagePool::Allocate(absl::Span<const AllocRequest> requests,
+                        absl::Span<const CallSpan> calls,
                         std::vector<AllocResult>* results_out) {
   std::vector<AllocResult>& results = *results_out;
   results.clear();
   results.resize(requests.size());
   const absl::Span<AllocResult> result_span = absl::MakeSpan(results);
+
+  const CallSpan whole_batch{static_cast<int64_t>(requests.size()), false};
+  if (calls.empty()) {
+    calls = absl::MakeConstSpan(&whole_batch, 1);
+  } else {
+    int64_t total = 0;
+    for (const CallSpan& call : calls) {
+      total += call.num_requests < 0 ? static_cast<int64_t>(requests.size()) + 1
+                                     : call.num_requests;
+    }
+    if (total != static_cast<int64_t>(requests.size())) {
+      // A caller's bug: refuse rather than guess where its calls begin.
+      for (AllocResult& result : results) {
+        result.status = absl::InternalError(absl::StrFormat(
+            "the batch's calls cover %d requests, the batch has %d", total,
+            requests.size()));
+      }
+      return;
+    }
+  }
 
   absl::MutexLock lock(&mu_);
   const int64_t batch_pages = ValidateRequests(requests, result_span);
@@ -158,7 +206,7 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
     }
     return;
   }
-  if (!AdmitAndPlan(requests, result_span)) return;
+  if (!AdmitAndPlan(requests, calls, result_span)) return;
   if (!ExecutePlan(result_span)) return;
   CommitPlan(requests);
 }
@@ -186,6 +234,18 @@ int64_t PagePool::ValidateRequests(absl::Span<const AllocRequest> requests,
       continue;
     }
     known_owner = request.owner;
+    if (request.seq_len > geometry_.usable_slots()) {
+      // Per request, as SGLang answers None: such a request can never fit.
+      ++counters_.out_of_pages_refusals;
+      result.status = absl::ResourceExhaustedError(absl::StrFormat(
+          "%s request %d: %s[%d] (%d) exceeds the pool's %d usable slots "
+          "(%d pages of %d): it can never fit",
+          RequestKindName(request.kind), request.index,
+          request.kind == RequestKind::kAlloc ? "num_tokens" : "seq_lens",
+          request.index, request.seq_len, geometry_.usable_slots(),
+          geometry_.num_pages, geometry_.page_size));
+      continue;
+    }
     shapes[i] = ToExtendShape(request);
     if (shapes[i].num_slots() > 0 && request.destination == nullptr) {
       result.status = absl::InvalidArgumentError(absl::StrFormat(
@@ -207,16 +267,71 @@ int64_t PagePool::ValidateRequests(absl::Span<const AllocRequest> requests,
 }
 
 absl::Status PagePool::MakeRoomForBatch(int64_t batch_pages) {
-  // SGLang sorts before a batch that does not fit; doing it once, up front,
-  // gives the same slots as SGLang whenever SGLang's batch would succeed.
-  if (policy_ == FreePolicy::kSorted && batch_pages > free_count_ &&
-      !parked_.empty()) {
-    return MergeParkedAndSort();
+  // Once per launch, and only when the launch cannot fit otherwise: a merge
+  // costs a sort of the free list. (Semantics::kSglang decides per call, in
+  // AdmitAndPlan.)
+  if (semantics_ == Semantics::kPagealloc && policy_ == FreePolicy::kSorted &&
+      batch_pages > free_count_ && !parked_.empty()) {
+    return MergeParkedAndSort(/*keep=*/0);
   }
   return absl::OkStatus();
 }
 
+absl::Status PagePool::MakeRoomForCall(
+    absl::Span<const AllocRequest> requests) {
+  if (semantics_ != Semantics::kSglang || policy_ != FreePolicy::kSorted ||
+      parked_.empty() || requests.empty()) {
+    return absl::OkStatus();
+  }
+  const int64_t ps = geometry_.page_size;
+  const int64_t available = free_count_ - scratch_.plan.num_new_pages;
+  // SGLang's figures count every request of its batch. Lengths are clamped
+  // to the pool's slot range, which keeps the sums from overflowing and
+  // leaves every comparison below as it was: a clamped request alone
+  // exceeds the free pages.
+  int64_t num_requests = requests.size();
+  int64_t slots = 0;
+  int64_t pages = 0;
+  for (const AllocRequest& r : requests) {
+    if (!IsValidShape(r, geometry_)) continue;
+    ExtendShape shape = ToExtendShape(r);
+    shape.seq_len = std::min(shape.seq_len, geometry_.slot_limit());
+    shape.prefix_len = std::min(shape.prefix_len, shape.seq_len);
+    slots += shape.num_slots();
+    pages += NewPagesNeeded(shape, ps);
+  }
+  int64_t estimate = pages;  // alloc, and the token allocator (page_size 1)
+  if (ps > 1 && requests.front().kind == RequestKind::kExtend) {
+    estimate = slots / ps + num_requests + 1;
+  } else if (ps > 1 && requests.front().kind == RequestKind::kDecode) {
+    estimate = num_requests;
+  }
+  if (estimate <= available) return absl::OkStatus();
+  return MergeParkedAndSort(/*keep=*/scratch_.plan.num_new_pages);
+}
+
+void PagePool::RefuseRestOfCall(absl::Span<const AllocRequest> requests,
+                                absl::Span<AllocResult> results, size_t begin,
+                                size_t end, size_t decider) {
+  const absl::Status& why = results[decider].status;
+  const absl::StatusCode code =
+      why.code() == absl::StatusCode::kResourceExhausted
+          ? absl::StatusCode::kResourceExhausted
+          : absl::StatusCode::kAborted;
+  for (size_t i = begin; i < end; ++i) {
+    if (i == decider || !results[i].status.ok()) continue;
+    results[i] = AllocResult{
+        absl::Status(
+            code, absl::StrFormat(
+                      "%s request %d: refused with its all-or-nothing call: %s",
+                      RequestKindName(requests[i].kind), requests[i].index,
+                      why.message())),
+        0, 0};
+  }
+}
+
 bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
+                            absl::Span<const CallSpan> calls,
                             absl::Span<AllocResult> results) {
   const std::vector<ExtendShape>& shapes = scratch_.shapes;
   const std::vector<int64_t>& pages_needed = scratch_.pages_needed;
@@ -238,19 +353,39 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
   OwnerId run_owner = kNoOwner;
   const OwnerState* owner_state = nullptr;
   int64_t* owner_batch_pages_ptr = nullptr;
+  size_t call_end = 0;
+  size_t call_begin = 0;
+  bool all_or_nothing = false;
+  size_t next_call = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
+    while (i == call_end) {
+      // The next call begins (an empty call begins and ends here).
+      call_begin = i;
+      call_end = i + calls[next_call].num_requests;
+      all_or_nothing = calls[next_call].all_or_nothing;
+      ++next_call;
+      const absl::Status room =
+          MakeRoomForCall(requests.subspan(call_begin, call_end - call_begin));
+      if (!room.ok()) {
+        // The free list's mirror is broken: launch nothing.
+        for (AllocResult& result : results) {
+          if (result.status.ok()) result = AllocResult{room, 0, 0};
+        }
+        return false;
+      }
+      if (all_or_nothing) {
+        // A request refused by validation decides for the whole call.
+        for (size_t k = call_begin; k < call_end; ++k) {
+          if (results[k].status.ok()) continue;
+          RefuseRestOfCall(requests, results, call_begin, call_end, k);
+          break;
+        }
+      }
+    }
     AllocResult& result = results[i];
     if (!result.status.ok()) continue;
     const AllocRequest& request = requests[i];
     const int64_t available = free_count_ - plan.num_new_pages;
-    if (pages_needed[i] > available) {
-      ++counters_.out_of_pages_refusals;
-      result.status = absl::ResourceExhaustedError(absl::StrFormat(
-          "%s request %d: out of pages: needs %d pages, %d free",
-          RequestKindName(request.kind), request.index, pages_needed[i],
-          available));
-      continue;
-    }
     if (request.owner != run_owner) {
       run_owner = request.owner;
       owner_state = &owners_.at(request.owner);
@@ -258,9 +393,15 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
     }
     const OwnerState& owner = *owner_state;
     int64_t& owner_batch_pages = *owner_batch_pages_ptr;
-    if (owner.quota_pages > 0 &&
-        owner.pages_owned + owner_batch_pages + pages_needed[i] >
-            owner.quota_pages) {
+    if (pages_needed[i] > available) {
+      ++counters_.out_of_pages_refusals;
+      result.status = absl::ResourceExhaustedError(absl::StrFormat(
+          "%s request %d: out of pages: needs %d pages, %d free",
+          RequestKindName(request.kind), request.index, pages_needed[i],
+          available));
+    } else if (owner.quota_pages > 0 &&
+               owner.pages_owned + owner_batch_pages + pages_needed[i] >
+                   owner.quota_pages) {
       ++counters_.quota_refusals;
       result.status = absl::ResourceExhaustedError(absl::StrFormat(
           "%s request %d: over quota: needs %d pages, owner %d holds %d of "
@@ -268,6 +409,26 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
           RequestKindName(request.kind), request.index, pages_needed[i],
           request.owner, owner.pages_owned + owner_batch_pages,
           owner.quota_pages));
+    }
+    if (!result.status.ok()) {
+      if (all_or_nothing) {
+        // Take back what the call's earlier requests were planned to get
+        // (they are the plan's last entries), then refuse them all.
+        while (!admitted.empty() && admitted.back() >= call_begin) {
+          const size_t k = admitted.back();
+          admitted.pop_back();
+          plan.requests.pop_back();
+          plan.num_new_pages -= pages_needed[k];
+          plan.num_slots -= results[k].num_slots;
+          batch_pages_by_owner[requests[k].owner] -= pages_needed[k];
+          results[k].num_slots = 0;
+          results[k].num_new_pages = 0;
+        }
+        RefuseRestOfCall(requests, results, call_begin, call_end, i);
+        i = call_end - 1;  // the loop's ++i starts the next call
+        // The owner's running count may have changed: look it up again.
+        run_owner = kNoOwner;
+      }
       continue;
     }
     owner_batch_pages += pages_needed[i];
@@ -315,11 +476,10 @@ void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
       const int64_t page = RingAt(next++);
       owner_of_[page] = requests[i].owner;
       allocated_once_[page] = true;
-      if (owner.given_since_checkpoint.has_value()) {
-        owner.given_since_checkpoint->push_back(page);
-      }
+      LogGiven(owner, page);
     }
     owner.pages_owned += pages_needed[i];
+    if (!owner.checkpoints.empty()) MaybeCompactLog(commit_owner, owner);
   }
   head_ = (head_ + plan.num_new_pages) % capacity_;
   free_count_ -= plan.num_new_pages;
@@ -345,20 +505,23 @@ absl::Status PagePool::CheckLastLocOwned(const AllocRequest& request,
 }
 
 absl::StatusOr<int64_t> PagePool::FreeSlots(OwnerId owner,
-                                            absl::Span<const int64_t> slots) {
+                                            absl::Span<const int64_t> slots,
+                                            FreeOrder order) {
   absl::MutexLock lock(&mu_);
-  return FreeDistinct(owner, slots, /*values_are_slots=*/true);
+  return FreeDistinct(owner, slots, /*values_are_slots=*/true, order);
 }
 
 absl::StatusOr<int64_t> PagePool::FreePages(OwnerId owner,
-                                            absl::Span<const int64_t> pages) {
+                                            absl::Span<const int64_t> pages,
+                                            FreeOrder order) {
   absl::MutexLock lock(&mu_);
-  return FreeDistinct(owner, pages, /*values_are_slots=*/false);
+  return FreeDistinct(owner, pages, /*values_are_slots=*/false, order);
 }
 
 absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
                                                absl::Span<const int64_t> values,
-                                               bool values_are_slots) {
+                                               bool values_are_slots,
+                                               FreeOrder order) {
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
@@ -397,6 +560,9 @@ absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
     }
     pages.push_back(page);
   }
+  if (ResolveOrder(order, values_are_slots) == FreeOrder::kAscending) {
+    std::sort(pages.begin(), pages.end());
+  }
   RETURN_IF_ERROR(ReleasePages(it->second, pages));
   return static_cast<int64_t>(pages.size());
 }
@@ -410,42 +576,95 @@ absl::Status PagePool::ReleasePages(OwnerState& state,
     parked_.insert(parked_.end(), pages.begin(), pages.end());
     return absl::OkStatus();
   }
-  return PushFront(pages);
+  return FreesToBack() ? PushBack(pages) : PushFront(pages);
 }
 
-absl::Status PagePool::Checkpoint(OwnerId owner) {
-  absl::MutexLock lock(&mu_);
-  auto it = owners_.find(owner);
-  if (it == owners_.end()) {
-    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
-  }
-  it->second.given_since_checkpoint.emplace();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<int64_t> PagePool::Rollback(OwnerId owner) {
+absl::StatusOr<uint64_t> PagePool::Checkpoint(OwnerId owner) {
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
   }
   OwnerState& state = it->second;
-  if (!state.given_since_checkpoint.has_value()) {
+  if (state.checkpoints.size() >= static_cast<size_t>(kMaxCheckpoints)) {
+    // The oldest ends; its log entries go at the next compaction.
+    state.checkpoints.erase(state.checkpoints.begin());
+  }
+  const uint64_t id = state.next_checkpoint_id++;
+  state.checkpoints.push_back(CheckpointMark{id, state.given_log.size()});
+  return id;
+}
+
+void PagePool::MaybeCompactLog(OwnerId owner, OwnerState& state) {
+  std::vector<int64_t>& log = state.given_log;
+  const size_t bound = 2 * static_cast<size_t>(state.pages_owned) +
+                       4 * static_cast<size_t>(kMaxCheckpoints);
+  if (log.size() <= bound) return;
+  // Keep the live entries from the oldest checkpoint on, in order, and move
+  // each checkpoint to the count of kept entries before its position.
+  std::vector<int64_t> kept;
+  kept.reserve(state.pages_owned);
+  size_t mark = 0;
+  for (size_t k = state.checkpoints.front().log_position; k <= log.size();
+       ++k) {
+    while (mark < state.checkpoints.size() &&
+           state.checkpoints[mark].log_position == k) {
+      state.checkpoints[mark++].log_position = kept.size();
+    }
+    if (k == log.size()) break;
+    const int64_t page = log[k];
+    if (owner_of_[page] == owner && log_index_[page] == k) {
+      log_index_[page] = kept.size();
+      kept.push_back(page);
+    }
+  }
+  log = std::move(kept);
+}
+
+absl::StatusOr<int64_t> PagePool::Rollback(OwnerId owner,
+                                           uint64_t checkpoint_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  OwnerState& state = it->second;
+  if (state.checkpoints.empty()) {
     return absl::FailedPreconditionError(
         absl::StrFormat("owner %d has no checkpoint to roll back to", owner));
   }
-  std::vector<int64_t> given = std::move(*state.given_since_checkpoint);
-  state.given_since_checkpoint.reset();
+  size_t target = state.checkpoints.size() - 1;
+  if (checkpoint_id != 0) {
+    while (target > 0 && state.checkpoints[target].id > checkpoint_id) {
+      --target;
+    }
+    if (state.checkpoints[target].id != checkpoint_id) {
+      if (checkpoint_id >= state.next_checkpoint_id) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "owner %d never took checkpoint %d (its latest is %d)", owner,
+            checkpoint_id, state.next_checkpoint_id - 1));
+      }
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint %d of owner %d has ended (rolled back past, ended by a "
+          "rollback to the latest, by a clear, or the oldest beyond %d "
+          "active checkpoints); its active checkpoints are %d..%d",
+          checkpoint_id, owner, kMaxCheckpoints, state.checkpoints.front().id,
+          state.checkpoints.back().id));
+    }
+  }
+  const size_t position = state.checkpoints[target].log_position;
   // A page freed after the checkpoint stays freed (it may belong to someone
-  // else by now); one given twice is returned once.
+  // else by now); a page given twice is returned once, for its live give.
   std::vector<int64_t> pages;
-  pages.reserve(given.size());
-  absl::flat_hash_set<int64_t> seen;
-  for (int64_t page : given) {
-    if (owner_of_[page] == owner && seen.insert(page).second) {
+  for (size_t k = position; k < state.given_log.size(); ++k) {
+    const int64_t page = state.given_log[k];
+    if (owner_of_[page] == owner && log_index_[page] == k) {
       pages.push_back(page);
     }
   }
+  state.given_log.resize(position);
+  state.checkpoints.resize(checkpoint_id == 0 ? target : target + 1);
+  if (state.checkpoints.empty()) state.given_log.clear();
   for (int64_t page : pages) owner_of_[page] = kNoOwner;
   state.pages_owned -= pages.size();
   counters_.pages_freed += pages.size();
@@ -455,14 +674,51 @@ absl::StatusOr<int64_t> PagePool::Rollback(OwnerId owner) {
   return static_cast<int64_t>(pages.size());
 }
 
-absl::Status PagePool::Clear() {
+absl::StatusOr<int64_t> PagePool::ClearOwner(OwnerId owner) {
   absl::MutexLock lock(&mu_);
-  for (auto& [id, state] : owners_) {
-    counters_.pages_freed += state.pages_owned;
-    state.pages_owned = 0;
-    state.given_since_checkpoint.reset();
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
   }
-  return InitFreeList();
+  OwnerState& state = it->second;
+  EndCheckpoints(state);
+  const std::vector<int64_t> pages = PagesOf(owner, state.pages_owned);
+  RETURN_IF_ERROR(ReleasePages(state, pages));
+  if (free_count_ + static_cast<int64_t>(parked_.size()) == capacity_) {
+    // Nobody holds a page: back to the pool's first state, as SGLang's
+    // clear. Only the free list's order changes.
+    RETURN_IF_ERROR(InitFreeList());
+  }
+  return static_cast<int64_t>(pages.size());
+}
+
+absl::StatusOr<int64_t> PagePool::ClearPool(bool force) {
+  absl::MutexLock lock(&mu_);
+  int64_t owned = 0;
+  std::vector<std::pair<OwnerId, int64_t>> holders;
+  for (const auto& [id, state] : owners_) {
+    owned += state.pages_owned;
+    if (state.pages_owned > 0) holders.emplace_back(id, state.pages_owned);
+  }
+  if (owned > 0 && !force) {
+    std::sort(holders.begin(), holders.end());
+    std::string who;
+    for (const auto& [id, pages] : holders) {
+      absl::StrAppendFormat(&who, "%s%d (%d pages)", who.empty() ? "" : ", ",
+                            id, pages);
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%d pages are owned, by owners %s; a clear of the whole pool would "
+        "void their slots (force it, or clear each owner)",
+        owned, who));
+  }
+  for (auto& [id, state] : owners_) {
+    state.pages_owned = 0;
+    EndCheckpoints(state);
+  }
+  counters_.pages_freed += owned;
+  RETURN_IF_ERROR(InitFreeList());
+  return owned;
 }
 
 PoolStats PagePool::Stats() const {
@@ -474,8 +730,9 @@ PoolStats PagePool::Stats() const {
   stats.parked_pages = parked_.size();
   stats.used_pages = geometry_.num_pages - free_count_ - parked_.size();
   for (const auto& [id, state] : owners_) {
-    stats.owners[id] = OwnerStats{state.pages_owned, state.quota_pages,
-                                  state.given_since_checkpoint.has_value()};
+    stats.owners[id] = OwnerStats{
+        state.pages_owned, state.quota_pages, !state.checkpoints.empty(),
+        static_cast<int64_t>(state.checkpoints.size())};
   }
   return stats;
 }
@@ -490,6 +747,20 @@ std::vector<int64_t> PagePool::FreeList() const {
 std::vector<int64_t> PagePool::ParkedPages() const {
   absl::MutexLock lock(&mu_);
   return parked_;
+}
+
+FreeListsView PagePool::FreeLists(int64_t max_pages) const {
+  absl::MutexLock lock(&mu_);
+  FreeListsView view;
+  view.free_count = free_count_;
+  view.parked_count = parked_.size();
+  const int64_t free_n = std::min(free_count_, std::max<int64_t>(max_pages, 0));
+  view.free_pages.resize(free_n);
+  for (int64_t i = 0; i < free_n; ++i) view.free_pages[i] = RingAt(i);
+  const int64_t parked_n =
+      std::min<int64_t>(parked_.size(), std::max<int64_t>(max_pages, 0));
+  view.parked_pages.assign(parked_.begin(), parked_.begin() + parked_n);
+  return view;
 }
 
 OwnerId PagePool::OwnerOf(int64_t page) const {

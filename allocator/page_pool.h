@@ -52,10 +52,52 @@ enum class FreePolicy : uint8_t {
 absl::StatusOr<FreePolicy> ParseFreePolicy(absl::string_view name);
 absl::string_view FreePolicyName(FreePolicy policy);
 
+// What the pool is exact to where SGLang's single-process allocator and the
+// daemon's own contract differ (docs/design.md, "SGLang compatibility").
+// Ownership checks, refusing double frees and rollbacks that leave later
+// frees alone hold under both.
+enum class Semantics : uint8_t {
+  // The daemon's own contract: slot frees put their pages back in order of
+  // first appearance; under kSorted, parked pages are merged when a launch
+  // as a whole does not fit.
+  kPagealloc,
+  // SGLang's allocators: slot frees put the distinct pages back ascending
+  // (its free's torch.unique), with page_size 1 in the order given and at
+  // the back of the free list (its token allocator); under kSorted, parked
+  // pages are merged when SGLang's over-estimate for the call says so.
+  kSglang,
+};
+
+// Parses "pagealloc" or "sglang".
+absl::StatusOr<Semantics> ParseSemantics(absl::string_view name);
+absl::string_view SemanticsName(Semantics semantics);
+
+// The order in which a free puts a call's distinct pages back.
+enum class FreeOrder : uint8_t {
+  // The pool's default: kAscending for slot frees under Semantics::kSglang
+  // with page_size > 1, kFirstAppearance otherwise.
+  kDefault,
+  // Ascending page ids (SGLang's free: torch.unique of slot // page_size).
+  kAscending,
+  // In order of first appearance (SGLang's free_segment path, one slot per
+  // page in the sequence's order, and its token allocator).
+  kFirstAppearance,
+};
+
 struct PoolOptions {
   int64_t num_pages = 0;  // usable pages, >= 1
   int64_t page_size = 1;  // tokens per page, >= 1
   FreePolicy free_policy = FreePolicy::kLifo;
+  Semantics semantics = Semantics::kPagealloc;
+};
+
+// One allocation call's requests within a batch: the next `num_requests`
+// requests (calls follow each other in order). SGLang's merge trigger and
+// all-or-nothing admission work per call.
+struct CallSpan {
+  int64_t num_requests = 0;
+  // Admit every request of the call or none (AllocOptions.all_or_nothing).
+  bool all_or_nothing = false;
 };
 
 // The outcome of one request of a batch.
@@ -70,6 +112,16 @@ struct OwnerStats {
   int64_t pages_owned = 0;
   int64_t quota_pages = 0;  // 0: no quota beyond the pool itself
   bool checkpoint_active = false;
+  int64_t checkpoints = 0;  // active checkpoints (the stack's depth)
+};
+
+// The free list and the parked pages, read together under the pool's lock
+// (a debug view). Each list holds at most the `max_pages` asked for.
+struct FreeListsView {
+  std::vector<int64_t> free_pages;    // the front of the free list, in order
+  std::vector<int64_t> parked_pages;  // in the order they were parked
+  int64_t free_count = 0;             // the whole list's length
+  int64_t parked_count = 0;
 };
 
 // A snapshot of the pool, taken under its lock.
@@ -101,8 +153,13 @@ class PagePool {
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
 
+  // Most active checkpoints per owner: a Checkpoint beyond them ends the
+  // owner's oldest one.
+  static constexpr int kMaxCheckpoints = 64;
+
   const PoolGeometry& geometry() const { return geometry_; }
   FreePolicy free_policy() const { return policy_; }
+  Semantics semantics() const { return semantics_; }
   PlanExecutor* executor() const { return executor_; }
 
   // Registers an owner. quota_pages 0 means no quota. Returns
@@ -115,49 +172,101 @@ class PagePool {
   // and forgets the owner. Returns the number of pages freed, or NOT_FOUND.
   absl::StatusOr<int64_t> RemoveOwner(OwnerId owner) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Plans and executes a batch in one executor launch. Requests are admitted
-  // in order, each all-or-nothing: a request that fails validation, would
-  // take a page the pool does not have (RESOURCE_EXHAUSTED with pages needed
-  // and pages free) or exceed its owner's quota is refused and changes
-  // nothing; the rest of the batch proceeds. Under kSorted, parked pages are
-  // merged and the free list sorted first when the batch as a whole would
-  // not fit. Returns one result per request, in order.
-  std::vector<AllocResult> Allocate(absl::Span<const AllocRequest> requests)
+  // Plans and executes a batch in one executor launch. `calls` divides the
+  // batch into allocation calls (their num_requests add up to
+  // requests.size(); empty: the whole batch is one call). Requests are
+  // admitted in order, each all-or-nothing: a request that fails
+  // validation, would take a page the pool does not have
+  // (RESOURCE_EXHAUSTED with pages needed and pages free), is longer than
+  // the pool's num_pages * page_size slots (RESOURCE_EXHAUSTED: it can never
+  // fit) or would exceed its owner's quota is refused and changes nothing;
+  // the rest of the batch proceeds. A call with all_or_nothing set is
+  // admitted whole or not at all: when one of its requests is refused, every
+  // other request of the call is refused too, with RESOURCE_EXHAUSTED when
+  // the refusal was RESOURCE_EXHAUSTED (it does not fit) and ABORTED
+  // otherwise, each message naming the request that decided.
+  //
+  // Under kSorted, parked pages are merged into the free list and the list
+  // sorted ascending: under Semantics::kPagealloc once, before admission,
+  // when the batch as a whole needs more pages than are free; under
+  // Semantics::kSglang before each call whose SGLang over-estimate exceeds
+  // the free pages left (extend: slots // page_size + requests + 1; decode:
+  // requests; alloc, and every call with page_size 1: the pages it needs),
+  // whether or not the call then fits. A merge is a free-list change only
+  // and stays when the call is refused. Returns one result per request, in
+  // order; with a `calls` that does not add up, every result is INTERNAL.
+  std::vector<AllocResult> Allocate(absl::Span<const AllocRequest> requests,
+                                    absl::Span<const CallSpan> calls = {})
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same, into `results` (resized to one per request). A caller that
   // allocates batch after batch keeps one vector and so reuses its storage.
   void Allocate(absl::Span<const AllocRequest> requests,
+                std::vector<AllocResult>* results) ABSL_LOCKS_EXCLUDED(mu_) {
+    Allocate(requests, {}, results);
+  }
+  void Allocate(absl::Span<const AllocRequest> requests,
+                absl::Span<const CallSpan> calls,
                 std::vector<AllocResult>* results) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Frees the distinct pages of `slots` (slot / page_size, first occurrence
-  // order), all or nothing. Returns the number of pages freed, or
-  // INVALID_ARGUMENT (a slot outside the usable range), FAILED_PRECONDITION
-  // (a free page: "was never allocated", or "was already freed" for a double
-  // free), PERMISSION_DENIED (a page of another owner) or NOT_FOUND (unknown
-  // owner), naming slots[i].
+  // Frees the distinct pages of `slots` (slot / page_size), all or nothing,
+  // and puts them back in `order` (FreeOrder::kDefault: the pool's) under
+  // the pool's policy: kSorted parks them; kLifo puts them at the front of
+  // the free list, or, under Semantics::kSglang with page_size 1, at its
+  // back (SGLang's token allocator reuses freed slots last). Returns the
+  // number of pages freed, or INVALID_ARGUMENT (a slot outside the usable
+  // range), FAILED_PRECONDITION (a free page: "was never allocated", or
+  // "was already freed" for a double free), PERMISSION_DENIED (a page of
+  // another owner) or NOT_FOUND (unknown owner), naming slots[i].
   absl::StatusOr<int64_t> FreeSlots(OwnerId owner,
-                                    absl::Span<const int64_t> slots)
+                                    absl::Span<const int64_t> slots,
+                                    FreeOrder order = FreeOrder::kDefault)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // As FreeSlots, for page ids (messages name pages[i]).
+  // As FreeSlots, for page ids (messages name pages[i]). The default order
+  // is first appearance under both semantics: a list of page ids is
+  // SGLang's free_segment (one slot per page, in the sequence's order).
   absl::StatusOr<int64_t> FreePages(OwnerId owner,
-                                    absl::Span<const int64_t> pages)
+                                    absl::Span<const int64_t> pages,
+                                    FreeOrder order = FreeOrder::kDefault)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Starts recording the pages `owner` is given, replacing any earlier
-  // checkpoint of that owner. Returns NOT_FOUND for an unknown owner.
-  absl::Status Checkpoint(OwnerId owner) ABSL_LOCKS_EXCLUDED(mu_);
+  // Pushes a checkpoint on `owner`'s stack and returns its id (per owner,
+  // from 1, never reused). From then on the pool records the pages the
+  // owner is given. At kMaxCheckpoints active checkpoints the oldest ends.
+  // Returns NOT_FOUND for an unknown owner.
+  absl::StatusOr<uint64_t> Checkpoint(OwnerId owner) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Returns every page `owner` was given since its checkpoint and still owns
-  // to the front of the free list, in the order they were given, under
-  // either policy; with one owner and no frees since the checkpoint this
-  // restores the free list exactly. Ends the checkpoint. Returns the pages
-  // returned, FAILED_PRECONDITION without a checkpoint, or NOT_FOUND.
-  absl::StatusOr<int64_t> Rollback(OwnerId owner) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns every page `owner` was given since checkpoint `checkpoint_id`
+  // and still owns to the front of the free list, in the order they were
+  // given, under either policy and semantics; with one owner and no frees
+  // since the checkpoint this restores the free list exactly (SGLang's
+  // restore_state). Pages freed since stay freed. The checkpoints taken
+  // after it end; the checkpoint itself stays active, so it can be rolled
+  // back to again (restore_state of the same state twice).
+  // checkpoint_id 0 means the latest, and ends it too. Returns the pages
+  // returned, FAILED_PRECONDITION when the owner has no active checkpoint
+  // or none with that id (never taken, or ended: rolled back past, by a
+  // rollback with id 0, by ClearOwner or Clear, or as the oldest beyond
+  // kMaxCheckpoints), or NOT_FOUND.
+  absl::StatusOr<int64_t> Rollback(OwnerId owner, uint64_t checkpoint_id = 0)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Frees every page `owner` holds (ascending, as RemoveOwner does) and
+  // ends its checkpoints; the owner stays registered. When no page of the
+  // pool is owned afterwards, the free list is reset to 1..num_pages and
+  // nothing stays parked (SGLang's clear). Returns the pages freed, or
+  // NOT_FOUND.
+  absl::StatusOr<int64_t> ClearOwner(OwnerId owner) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees every page and resets the free list to 1..num_pages. Owners stay
-  // registered; checkpoints end.
-  absl::Status Clear() ABSL_LOCKS_EXCLUDED(mu_);
+  // registered; checkpoints end. Without `force`, refuses with
+  // FAILED_PRECONDITION, naming the owners and their pages, when any owner
+  // holds a page, and changes nothing. Returns the pages freed.
+  absl::StatusOr<int64_t> ClearPool(bool force) ABSL_LOCKS_EXCLUDED(mu_);
+  // ClearPool(/*force=*/true).
+  absl::Status Clear() ABSL_LOCKS_EXCLUDED(mu_) {
+    return ClearPool(/*force=*/true).status();
+  }
 
   PoolStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -165,6 +274,8 @@ class PagePool {
   // pages in the order they were freed.
   std::vector<int64_t> FreeList() const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<int64_t> ParkedPages() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Both, read together, at most `max_pages` of each (>= 0).
+  FreeListsView FreeLists(int64_t max_pages) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The owner of `page`, kNoOwner when free. REQUIRES: 0 <= page <= num_pages.
   OwnerId OwnerOf(int64_t page) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -175,11 +286,22 @@ class PagePool {
   absl::Status CheckInvariants() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // An active checkpoint: its id and where the owner's log stood.
+  struct CheckpointMark {
+    uint64_t id = 0;
+    size_t log_position = 0;
+  };
   struct OwnerState {
     int64_t pages_owned = 0;
     int64_t quota_pages = 0;
-    // Pages given since the checkpoint, in order; engaged while active.
-    std::optional<std::vector<int64_t>> given_since_checkpoint;
+    // Active checkpoints, oldest first.
+    std::vector<CheckpointMark> checkpoints;
+    // While a checkpoint is active: the pages given since the log was last
+    // empty, in order. Entry k is live (the page is still the owner's from
+    // that give) when owner_of_[page] is the owner and log_index_[page] ==
+    // k; frees leave dead entries, which CompactLog drops.
+    std::vector<int64_t> given_log;
+    uint64_t next_checkpoint_id = 1;
   };
 
   PagePool(const PoolOptions& options, PlanExecutor* executor);
@@ -195,8 +317,47 @@ class PagePool {
   // Pushes `pages` to the front of the free list, first page first.
   absl::Status PushFront(absl::Span<const int64_t> pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Merges parked pages into the free list and sorts it ascending.
-  absl::Status MergeParkedAndSort() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends `pages` to the back of the free list, first page first.
+  absl::Status PushBack(absl::Span<const int64_t> pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Merges parked pages into the free list past its first `keep` entries
+  // (pages a batch being planned takes) and sorts that part ascending.
+  // REQUIRES: 0 <= keep <= free_count_.
+  absl::Status MergeParkedAndSort(int64_t keep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether kLifo frees go to the back of the free list (SGLang's token
+  // allocator: page_size 1 under Semantics::kSglang).
+  bool FreesToBack() const {
+    return semantics_ == Semantics::kSglang && geometry_.page_size == 1;
+  }
+  // Resolves FreeOrder::kDefault for a slot (or page-id) free.
+  FreeOrder ResolveOrder(FreeOrder order, bool values_are_slots) const {
+    if (order != FreeOrder::kDefault) return order;
+    return values_are_slots && semantics_ == Semantics::kSglang &&
+                   geometry_.page_size > 1
+               ? FreeOrder::kAscending
+               : FreeOrder::kFirstAppearance;
+  }
+  // The pages `owner` holds, ascending (a scan of the owner table).
+  std::vector<int64_t> PagesOf(OwnerId owner, int64_t count) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records `page` as given to `state`'s owner when a checkpoint is active.
+  void LogGiven(OwnerState& state, int64_t page)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (state.checkpoints.empty()) return;
+    log_index_[page] = state.given_log.size();
+    state.given_log.push_back(page);
+  }
+  // Drops the log entries no checkpoint needs (dead ones, and those before
+  // the oldest checkpoint) once the log has grown well past the pages the
+  // owner holds, so that it stays O(pages owned + kMaxCheckpoints).
+  void MaybeCompactLog(OwnerId owner, OwnerState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends every checkpoint of `state`.
+  static void EndCheckpoints(OwnerState& state) {
+    state.checkpoints.clear();
+    state.given_log.clear();
+  }
   // Checks that `request`'s owner owns last_loc's page (the request writes
   // into it). Messages name last_locs[index]; they are only built on refusal.
   // A free page is FAILED_PRECONDITION, worded by FreePageState.
@@ -210,10 +371,10 @@ class PagePool {
     return allocated_once_[page] ? "was already freed" : "was never allocated";
   }
   // Validates and frees the distinct pages of `values` (slots or page ids),
-  // all or nothing. Messages name slots[i] or pages[i].
+  // all or nothing, in `order`. Messages name slots[i] or pages[i].
   absl::StatusOr<int64_t> FreeDistinct(OwnerId owner,
                                        absl::Span<const int64_t> values,
-                                       bool values_are_slots)
+                                       bool values_are_slots, FreeOrder order)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `pages` free and returns them under the pool's policy.
   absl::Status ReleasePages(OwnerState& state, absl::Span<const int64_t> pages)
@@ -224,31 +385,48 @@ class PagePool {
   // CommitPlan change the pool.
   //
   // Checks everything about each request that does not depend on admission
-  // order: its shape, its owner, its destination, and that last_loc's page
-  // is the owner's when the request writes into it. Sets results[i].status
-  // for each request it refuses and leaves the others OK; fills
-  // scratch_.shapes and scratch_.pages_needed (0 for a refused request).
-  // Returns the pages the requests it accepts need, together.
+  // order: its shape, its owner, its length against the pool, its
+  // destination, and that last_loc's page is the owner's when the request
+  // writes into it. Sets results[i].status for each request it refuses and
+  // leaves the others OK; fills scratch_.shapes and scratch_.pages_needed
+  // (0 for a refused request). Returns the pages the requests it accepts
+  // need, together.
   // REQUIRES: results.size() == requests.size(), every status OK.
   int64_t ValidateRequests(absl::Span<const AllocRequest> requests,
                            absl::Span<AllocResult> results)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Under kSorted, merges the parked pages into the free list and sorts it
-  // when `batch_pages` exceed the free pages and some pages are parked;
-  // otherwise changes nothing. Returns the executor's error when the
-  // mirror write fails.
+  // Under kSorted and Semantics::kPagealloc, merges the parked pages into
+  // the free list and sorts it when `batch_pages` exceed the free pages and
+  // some pages are parked; otherwise changes nothing. Returns the
+  // executor's error when the mirror write fails.
   absl::Status MakeRoomForBatch(int64_t batch_pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under kSorted and Semantics::kSglang, merges the parked pages into the
+  // free list past the pages planned so far when SGLang's over-estimate for
+  // the call `requests` exceeds the free pages left (see Allocate).
+  absl::Status MakeRoomForCall(absl::Span<const AllocRequest> requests)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Admits the requests ValidateRequests accepted, in order, against the
   // free pages and their owners' quotas, and builds scratch_.plan (reading
   // from the current head of the free list) and scratch_.admitted (the
   // admitted requests' indices). Sets a refused request's status to
   // RESOURCE_EXHAUSTED and counts the refusal; fills an admitted request's
-  // num_slots and num_new_pages. Changes no page, owner or free-list
-  // state. Returns false when no request was admitted (nothing to launch).
-  // REQUIRES: ValidateRequests (and MakeRoomForBatch) ran on `requests`.
+  // num_slots and num_new_pages. Refuses an all-or-nothing call whole (see
+  // Allocate). Changes no page or owner state; the free list only by
+  // MakeRoomForCall's merges. Returns false when no request was admitted
+  // (nothing to launch), or with every admitted result set to the error
+  // when a merge's mirror write failed.
+  // REQUIRES: ValidateRequests (and MakeRoomForBatch) ran on `requests`;
+  // `calls` adds up to requests.size().
   bool AdmitAndPlan(absl::Span<const AllocRequest> requests,
+                    absl::Span<const CallSpan> calls,
                     absl::Span<AllocResult> results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refuses every request of the call [begin, end) that is still OK after
+  // request `decider` was refused (all_or_nothing).
+  void RefuseRestOfCall(absl::Span<const AllocRequest> requests,
+                        absl::Span<AllocResult> results, size_t begin,
+                        size_t end, size_t decider)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Launches scratch_.plan on the executor. Returns true when the launch
   // succeeded. On failure nothing has been committed, so the batch rolls
@@ -265,6 +443,7 @@ class PagePool {
 
   const PoolGeometry geometry_;
   const FreePolicy policy_;
+  const Semantics semantics_;
   const int64_t capacity_;  // ring capacity: num_pages
   PlanExecutor* const executor_;
 
@@ -281,6 +460,9 @@ class PagePool {
   // created (Clear keeps it). One bit a page, set as pages are handed out,
   // so that a refusal can tell a page never allocated from a double free.
   std::vector<bool> allocated_once_ ABSL_GUARDED_BY(mu_);
+  // log_index_[p]: where page p's latest give sits in its owner's
+  // given_log (meaningful only while that entry is live; see OwnerState).
+  std::vector<size_t> log_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<OwnerId, OwnerState> owners_ ABSL_GUARDED_BY(mu_);
   PoolStats counters_ ABSL_GUARDED_BY(mu_);  // only the counter fields
 

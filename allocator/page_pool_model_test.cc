@@ -33,6 +33,7 @@ class RandomChoices : public ChoiceSource {
 struct Params {
   int64_t page_size;
   FreePolicy policy;
+  Semantics semantics = Semantics::kPagealloc;
 };
 
 class PagePoolModelTest : public ::testing::TestWithParam<Params> {};
@@ -45,12 +46,15 @@ TEST_P(PagePoolModelTest, RandomOperationSequencesMatchTheModel) {
   constexpr int kStepsPerSequence = 60;
   std::map<std::pair<RequestKind, absl::StatusCode>, int64_t> outcomes;
   int64_t rolled_back = 0;
+  int64_t refused_whole = 0;
+  int64_t rollbacks_to_an_id = 0;
   for (int sequence = 0; sequence < kSequences; ++sequence) {
     // Small pools, so that out-of-pages, sorting and reuse happen often.
     const int64_t num_pages = choices.Uniform(24, 63);
     ASSERT_OK_AND_ASSIGN(
         auto checker, PoolModelChecker::Create(num_pages, GetParam().page_size,
-                                               GetParam().policy, &choices));
+                                               GetParam().policy, &choices,
+                                               GetParam().semantics));
     for (int step = 0; step < kStepsPerSequence; ++step) {
       SCOPED_TRACE(absl::StrFormat("sequence %d step %d", sequence, step));
       ASSERT_OK(checker->Step());
@@ -58,6 +62,8 @@ TEST_P(PagePoolModelTest, RandomOperationSequencesMatchTheModel) {
     }
     for (const auto& [key, count] : checker->outcomes()) outcomes[key] += count;
     rolled_back += checker->pages_rolled_back();
+    refused_whole += checker->calls_refused_whole();
+    rollbacks_to_an_id += checker->rollbacks_to_an_id();
   }
   using Code = absl::StatusCode;
   EXPECT_GT((outcomes[{RequestKind::kExtend, Code::kOk}]), 1000);
@@ -69,20 +75,29 @@ TEST_P(PagePoolModelTest, RandomOperationSequencesMatchTheModel) {
   if (GetParam().page_size > 1) {  // with page_size 1 no prefix ends in a page
     EXPECT_GT((outcomes[{RequestKind::kExtend, Code::kPermissionDenied}]), 10);
   }
+  EXPECT_GT((outcomes[{RequestKind::kExtend, Code::kAborted}]), 10);
   EXPECT_GT(rolled_back, 100);
+  EXPECT_GT(refused_whole, 100);
+  EXPECT_GT(rollbacks_to_an_id, 100);
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    PageSizesAndPolicies, PagePoolModelTest,
-    ::testing::Values(
-        Params{1, FreePolicy::kLifo}, Params{2, FreePolicy::kLifo},
-        Params{16, FreePolicy::kLifo}, Params{64, FreePolicy::kLifo},
-        Params{1, FreePolicy::kSorted}, Params{2, FreePolicy::kSorted},
-        Params{16, FreePolicy::kSorted}, Params{64, FreePolicy::kSorted}),
+    PageSizesPoliciesAndSemantics, PagePoolModelTest, ::testing::ValuesIn([] {
+      std::vector<Params> params;
+      for (Semantics semantics : {Semantics::kPagealloc, Semantics::kSglang}) {
+        for (FreePolicy policy : {FreePolicy::kLifo, FreePolicy::kSorted}) {
+          for (int64_t page_size : {1, 2, 16, 64}) {
+            params.push_back({page_size, policy, semantics});
+          }
+        }
+      }
+      return params;
+    }()),
     [](const ::testing::TestParamInfo<Params>& info) {
       return absl::StrFormat(
-          "PageSize%d%s", info.param.page_size,
-          info.param.policy == FreePolicy::kLifo ? "Lifo" : "Sorted");
+          "PageSize%d%s%s", info.param.page_size,
+          info.param.policy == FreePolicy::kLifo ? "Lifo" : "Sorted",
+          info.param.semantics == Semantics::kPagealloc ? "" : "Sglang");
     });
 
 }  // namespace

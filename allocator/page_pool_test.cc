@@ -42,9 +42,11 @@ struct Snapshot {
 class PagePoolTest : public ::testing::Test {
  public:
   void MakePool(int64_t num_pages, int64_t page_size,
-                FreePolicy policy = FreePolicy::kLifo) {
+                FreePolicy policy = FreePolicy::kLifo,
+                Semantics semantics = Semantics::kPagealloc) {
     pool_.reset();
-    auto pool = PagePool::Create({num_pages, page_size, policy}, &executor_);
+    auto pool =
+        PagePool::Create({num_pages, page_size, policy, semantics}, &executor_);
     ASSERT_OK(pool.status());
     pool_ = std::move(*pool);
     ASSERT_OK(pool_->AddOwner(kAlice, 0));
@@ -54,7 +56,8 @@ class PagePoolTest : public ::testing::Test {
   // Runs `batch`, giving each request a poisoned buffer of its size; returns
   // each request's result and fills `slots`.
   std::vector<AllocResult> Run(std::vector<AllocRequest> batch,
-                               std::vector<std::vector<int64_t>>* slots) {
+                               std::vector<std::vector<int64_t>>* slots,
+                               std::vector<CallSpan> calls = {}) {
     slots->assign(batch.size(), {});
     for (size_t i = 0; i < batch.size(); ++i) {
       ExtendShape shape = ToExtendShape(batch[i]);
@@ -62,7 +65,7 @@ class PagePoolTest : public ::testing::Test {
       batch[i].destination = (*slots)[i].data();
       batch[i].index = i;
     }
-    std::vector<AllocResult> results = pool_->Allocate(batch);
+    std::vector<AllocResult> results = pool_->Allocate(batch, calls);
     for (size_t i = 0; i < batch.size(); ++i) {
       if (!results[i].status.ok()) (*slots)[i].clear();
     }
@@ -464,8 +467,27 @@ TEST_F(PagePoolRefusalTest, EveryRefusalChangesNothing) {
        [](PagePoolTest& t) { return t.pool_->Rollback(kBob).status(); },
        absl::StatusCode::kFailedPrecondition, "no checkpoint"},
       {"checkpoint for unknown owner",
-       [](PagePoolTest& t) { return t.pool_->Checkpoint(5); },
+       [](PagePoolTest& t) { return t.pool_->Checkpoint(5).status(); },
        absl::StatusCode::kNotFound, "unknown owner 5"},
+      {"longer than the pool",
+       [&](PagePoolTest& t) { return one(t, Extend(kAlice, 6, 33, 9)); },
+       absl::StatusCode::kResourceExhausted,
+       "seq_lens[0] (33) exceeds the pool's 32 usable slots (8 pages of 4)"},
+      {"alloc longer than the pool",
+       [&](PagePoolTest& t) { return one(t, Alloc(kBob, 36)); },
+       absl::StatusCode::kResourceExhausted,
+       "num_tokens[0] (36) exceeds the pool's 32 usable slots"},
+      {"rollback to a checkpoint never taken",
+       [](PagePoolTest& t) {
+         EXPECT_OK(t.pool_->Checkpoint(kBob).status());
+         EXPECT_OK(t.pool_->Rollback(kBob).status());
+         return t.pool_->Rollback(kBob, 7).status();
+       },
+       absl::StatusCode::kFailedPrecondition, "no checkpoint"},
+      {"clear a pool whose pages are owned",
+       [](PagePoolTest& t) { return t.pool_->ClearPool(false).status(); },
+       absl::StatusCode::kFailedPrecondition,
+       "3 pages are owned, by owners 1 (2 pages), 2 (1 pages)"},
   };
   for (const RefusalCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -531,6 +553,360 @@ TEST_F(PagePoolTest, BatchWithNothingAdmittedLaunchesNothing) {
   // One admitted request makes one launch for the whole batch.
   results = Run({Alloc(kAlice, 5), Alloc(kAlice, 4), Alloc(kBob, 4)}, &slots);
   EXPECT_EQ(executor_.launches(), launches + 1);
+}
+
+// SGLang's free puts the distinct pages back ascending (torch.unique); the
+// daemon's own contract in order of first appearance. Freeing a free group
+// of two requests, [8..11] then [4..7], decides which pages come next.
+TEST_F(PagePoolTest, SlotFreeOrderFollowsTheSemanticsOrTheCall) {
+  for (Semantics semantics : {Semantics::kPagealloc, Semantics::kSglang}) {
+    SCOPED_TRACE(SemanticsName(semantics));
+    MakePool(8, 4, FreePolicy::kLifo, semantics);
+    ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());  // pages 1, 2
+    ASSERT_THAT(pool_->FreeSlots(kAlice, {8, 9, 10, 11, 4, 5, 6, 7}),
+                IsOkAndHolds(2));
+    if (semantics == Semantics::kSglang) {
+      EXPECT_THAT(RunOne(Alloc(kBob, 4)),
+                  IsOkAndHolds(ElementsAre(4, 5, 6, 7)));
+    } else {
+      EXPECT_THAT(RunOne(Alloc(kBob, 4)),
+                  IsOkAndHolds(ElementsAre(8, 9, 10, 11)));
+    }
+    // The call chooses: each order under either semantics.
+    MakePool(8, 4, FreePolicy::kLifo, semantics);
+    ASSERT_OK(RunOne(Alloc(kAlice, 12)).status());  // pages 1, 2, 3
+    ASSERT_THAT(
+        pool_->FreeSlots(kAlice, {12, 4, 8}, FreeOrder::kFirstAppearance),
+        IsOkAndHolds(3));
+    EXPECT_THAT(pool_->FreeList(), ElementsAre(3, 1, 2, 4, 5, 6, 7, 8));
+    ASSERT_OK(RunOne(Alloc(kAlice, 12)).status());
+    ASSERT_THAT(pool_->FreePages(kAlice, {3, 1, 2}, FreeOrder::kAscending),
+                IsOkAndHolds(3));
+    EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 3, 4, 5, 6, 7, 8));
+    // Page ids keep their order by default (SGLang's free_segment).
+    ASSERT_OK(RunOne(Alloc(kAlice, 12)).status());
+    ASSERT_THAT(pool_->FreePages(kAlice, {3, 1, 2}), IsOkAndHolds(3));
+    EXPECT_THAT(pool_->FreeList(), ElementsAre(3, 1, 2, 4, 5, 6, 7, 8));
+  }
+}
+
+// With page_size 1 SGLang uses its token allocator, whose free appends: a
+// freed slot is reused after every other free one (FIFO), in the order
+// given.
+TEST_F(PagePoolTest, SglangPageSizeOneFreesToTheBackInOrderGiven) {
+  MakePool(6, 1, FreePolicy::kLifo, Semantics::kSglang);
+  ASSERT_THAT(RunOne(Alloc(kAlice, 4)), IsOkAndHolds(ElementsAre(1, 2, 3, 4)));
+  ASSERT_THAT(pool_->FreeSlots(kAlice, {3, 1, 3}), IsOkAndHolds(2));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(5, 6, 3, 1));
+  EXPECT_THAT(RunOne(Alloc(kBob, 3)), IsOkAndHolds(ElementsAre(5, 6, 3)));
+  // A reclaim goes to the back too, ascending; a rollback to the front.
+  ASSERT_OK(pool_->Checkpoint(kBob).status());
+  ASSERT_THAT(RunOne(Alloc(kBob, 1)), IsOkAndHolds(ElementsAre(1)));
+  EXPECT_THAT(pool_->RemoveOwner(kAlice), IsOkAndHolds(2));  // pages 2, 4
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(2, 4));
+  EXPECT_THAT(pool_->Rollback(kBob), IsOkAndHolds(1));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 4));
+  // The daemon's own semantics stay LIFO.
+  MakePool(6, 1);
+  ASSERT_OK(RunOne(Alloc(kAlice, 4)).status());
+  ASSERT_THAT(pool_->FreeSlots(kAlice, {3, 1}), IsOkAndHolds(2));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(3, 1, 5, 6));
+}
+
+// Under the sorted policy SGLang merges when its over-estimate exceeds the
+// free list (extend: slots // page_size + requests + 1; decode: requests),
+// also when the call would fit; the daemon's own semantics only when the
+// launch does not fit.
+TEST_F(PagePoolTest, SglangMergesOnItsOverEstimate) {
+  for (Semantics semantics : {Semantics::kPagealloc, Semantics::kSglang}) {
+    SCOPED_TRACE(SemanticsName(semantics));
+    const bool sglang = semantics == Semantics::kSglang;
+    // Alice holds pages 1..6; 2 and 4 are parked; 7 and 8 are free.
+    auto setup = [&] {
+      MakePool(8, 4, FreePolicy::kSorted, semantics);
+      ASSERT_OK(RunOne(Alloc(kAlice, 24)).status());
+      ASSERT_THAT(pool_->FreePages(kAlice, {4, 2}), IsOkAndHolds(2));
+      ASSERT_THAT(pool_->FreeList(), ElementsAre(7, 8));
+    };
+    // Extend of 4 slots: needs 1 page, SGLang estimates 4 / 4 + 1 + 1 = 3.
+    setup();
+    EXPECT_THAT(RunOne(Extend(kAlice, 0, 4, -1)),
+                IsOkAndHolds(ElementsAreArray(
+                    sglang ? std::vector<int64_t>{8, 9, 10, 11}
+                           : std::vector<int64_t>{28, 29, 30, 31})));
+    EXPECT_EQ(pool_->Stats().free_list_sorts, sglang ? 1 : 0);
+    if (sglang) {
+      EXPECT_THAT(pool_->ParkedPages(), IsEmpty());
+    } else {
+      EXPECT_THAT(pool_->ParkedPages(), ElementsAre(4, 2));
+    }
+    // Three decodes, one of which starts a page: 3 requests > 2 free.
+    setup();
+    std::vector<std::vector<int64_t>> slots;
+    auto results =
+        Run({Decode(kAlice, 2, 4), Decode(kAlice, 2, 12), Decode(kBob, 1, -1)},
+            &slots);
+    for (const AllocResult& result : results) ASSERT_OK(result.status);
+    EXPECT_THAT(slots[2], ElementsAre(sglang ? 8 : 28));
+    // An alloc merges only when it does not fit, under both.
+    setup();
+    EXPECT_THAT(RunOne(Alloc(kBob, 8)),
+                IsOkAndHolds(ElementsAre(28, 29, 30, 31, 32, 33, 34, 35)));
+    EXPECT_EQ(pool_->Stats().free_list_sorts, 0);
+  }
+}
+
+// Under SGLang's semantics each call of a launch decides its own merge,
+// from the pages left after the calls before it; a merge keeps the pages
+// those calls were planned to take where they are.
+TEST_F(PagePoolTest, SglangMergeIsPerCallWithinALaunch) {
+  MakePool(8, 4, FreePolicy::kSorted, Semantics::kSglang);
+  ASSERT_OK(RunOne(Alloc(kAlice, 24)).status());  // pages 1..6
+  ASSERT_THAT(pool_->FreePages(kAlice, {4, 2}), IsOkAndHolds(2));
+  // Call 1 (alloc 1 page) fits without a merge and takes page 7; call 2
+  // (decode, 1 request, 1 free page left) does not merge either; call 3
+  // (extend of 1 slot: 0 + 1 + 1 = 2 > 0 left) merges {2, 4}.
+  std::vector<std::vector<int64_t>> slots;
+  auto results =
+      Run({Alloc(kBob, 4), Decode(kBob, 1, -1), Extend(kBob, 0, 1, -1)}, &slots,
+          {{1, false}, {1, false}, {1, false}});
+  for (const AllocResult& result : results) ASSERT_OK(result.status);
+  EXPECT_THAT(slots[0], ElementsAre(28, 29, 30, 31));
+  EXPECT_THAT(slots[1], ElementsAre(32));
+  EXPECT_THAT(slots[2], ElementsAre(8));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(4));
+  EXPECT_EQ(pool_->Stats().free_list_sorts, 1);
+}
+
+// An all-or-nothing call is admitted whole or not at all; the other calls
+// of the launch are not affected.
+TEST_F(PagePoolTest, AllOrNothingCallIsRefusedWhole) {
+  MakePool(4, 4);
+  const Snapshot before = Take();
+  std::vector<std::vector<int64_t>> slots;
+  auto results =
+      Run({Alloc(kAlice, 8), Alloc(kAlice, 12), Alloc(kBob, 4), Alloc(kBob, 8)},
+          &slots, {{2, true}, {2, false}});
+  EXPECT_THAT(results[0].status,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("alloc request 0: refused with its "
+                                 "all-or-nothing call: alloc request 1: out "
+                                 "of pages: needs 3 pages, 2 free")));
+  EXPECT_THAT(results[1].status,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("alloc request 1: out of pages")));
+  EXPECT_EQ(results[0].num_slots, 0);
+  EXPECT_EQ(results[0].num_new_pages, 0);
+  // Bob's call starts from the pages Alice's did not take.
+  EXPECT_THAT(slots[2], ElementsAre(4, 5, 6, 7));
+  EXPECT_THAT(slots[3], ElementsAre(8, 9, 10, 11, 12, 13, 14, 15));
+  EXPECT_EQ(pool_->Stats().owners[kAlice].pages_owned, 0);
+  ASSERT_OK(pool_->FreePages(kBob, {1, 2, 3}).status());
+  ASSERT_OK(pool_->ClearPool(false).status());
+  EXPECT_TRUE(before == Take());
+  // A request refused for another reason refuses the rest as ABORTED; an
+  // over-long one counts as not fitting.
+  results = Run({Alloc(kAlice, 4), Decode(kAlice, 2, 16)}, &slots, {{2, true}});
+  EXPECT_THAT(results[0].status,
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("request 1: last_locs[1] (16): page 4 was "
+                                 "never allocated")));
+  EXPECT_THAT(results[1].status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                          HasSubstr("page 4")));
+  results = Run({Alloc(kAlice, 4), Alloc(kAlice, 20)}, &slots, {{2, true}});
+  EXPECT_THAT(results[0].status,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("exceeds the pool's 16 usable slots")));
+  // Over quota decides like a shortage.
+  constexpr OwnerId kCarol = 3;
+  ASSERT_OK(pool_->AddOwner(kCarol, 1));
+  results = Run({Alloc(kCarol, 4), Alloc(kCarol, 4)}, &slots, {{2, true}});
+  EXPECT_THAT(results[0].status, StatusIs(absl::StatusCode::kResourceExhausted,
+                                          HasSubstr("over quota")));
+  EXPECT_TRUE(before == Take());
+  // The same call fits once there is room, whole.
+  results = Run({Alloc(kAlice, 8), Alloc(kAlice, 8)}, &slots, {{2, true}});
+  EXPECT_OK(results[0].status);
+  EXPECT_OK(results[1].status);
+  // Calls that do not cover the batch are a caller's bug.
+  results = Run({Alloc(kBob, 4)}, &slots, {{2, true}});
+  EXPECT_THAT(results[0].status, StatusIs(absl::StatusCode::kInternal,
+                                          HasSubstr("cover 2 requests")));
+}
+
+// One bound for every kind: num_pages * page_size slots (page 0 never
+// counts). A longer request is refused alone.
+TEST_F(PagePoolTest, RequestsLongerThanThePoolAreRefusedAlone) {
+  MakePool(8, 4);
+  std::vector<std::vector<int64_t>> slots;
+  auto results = Run({Extend(kAlice, 0, 33, -1), Alloc(kBob, 36),
+                      Decode(kBob, 33, -1), Extend(kAlice, 0, 5, -1)},
+                     &slots);
+  EXPECT_THAT(results[0].status,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("extend request 0: seq_lens[0] (33) exceeds "
+                                 "the pool's 32 usable slots (8 pages of 4): "
+                                 "it can never fit")));
+  EXPECT_THAT(results[1].status,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("num_tokens[1] (36) exceeds the pool's 32")));
+  EXPECT_THAT(results[2].status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("last_locs[2] (-1)")));
+  EXPECT_OK(results[3].status);
+  // Exactly the pool fits.
+  ASSERT_OK(pool_->FreePages(kAlice, {1, 2}).status());
+  EXPECT_OK(RunOne(Extend(kBob, 0, 32, -1)).status());
+}
+
+// Checkpoints are values on a stack: nested ones roll back in any order,
+// the same one twice, and what cannot be honoured is refused clearly.
+TEST_F(PagePoolTest, CheckpointsNestAndRollBackToAnId) {
+  MakePool(8, 4);
+  ASSERT_OK(RunOne(Alloc(kAlice, 4)).status());  // page 1, before any
+  const Snapshot at_outer = Take();
+  ASSERT_OK_AND_ASSIGN(const uint64_t outer, pool_->Checkpoint(kAlice));
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());  // pages 2, 3
+  const Snapshot at_inner = Take();
+  ASSERT_OK_AND_ASSIGN(const uint64_t inner, pool_->Checkpoint(kAlice));
+  EXPECT_EQ(inner, outer + 1);
+  EXPECT_EQ(pool_->Stats().owners[kAlice].checkpoints, 2);
+  ASSERT_OK(RunOne(Alloc(kAlice, 4)).status());  // page 4
+  EXPECT_THAT(pool_->Rollback(kAlice, inner), IsOkAndHolds(1));
+  EXPECT_TRUE(at_inner == Take());
+  // The same state again (SGLang's restore_state of one saved value).
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());
+  EXPECT_THAT(pool_->Rollback(kAlice, inner), IsOkAndHolds(2));
+  EXPECT_TRUE(at_inner == Take());
+  // The outer one, past the inner one, which ends.
+  ASSERT_OK(RunOne(Alloc(kAlice, 4)).status());
+  EXPECT_THAT(pool_->Rollback(kAlice, outer), IsOkAndHolds(3));
+  EXPECT_TRUE(at_outer == Take());
+  EXPECT_THAT(pool_->Rollback(kAlice, inner),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("checkpoint 2 of owner 1 has ended")));
+  EXPECT_THAT(pool_->Rollback(kAlice, 9),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("owner 1 never took checkpoint 9")));
+  // Without an id: the latest, which ends.
+  EXPECT_THAT(pool_->Rollback(kAlice), IsOkAndHolds(0));
+  EXPECT_THAT(pool_->Rollback(kAlice, outer),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no checkpoint")));
+  EXPECT_EQ(pool_->Stats().owners[kAlice].checkpoints, 0);
+}
+
+// Frees between a checkpoint and its rollback stay frees, and a page freed
+// and given again comes back once, for the give that still holds.
+TEST_F(PagePoolTest, RollbackKeepsFreesAndReturnsARegivenPageOnce) {
+  MakePool(8, 4);
+  ASSERT_OK_AND_ASSIGN(const uint64_t id, pool_->Checkpoint(kAlice));
+  ASSERT_THAT(RunOne(Alloc(kAlice, 8)),
+              IsOkAndHolds(ElementsAre(4, 5, 6, 7, 8, 9, 10, 11)));
+  ASSERT_THAT(pool_->FreePages(kAlice, {1}), IsOkAndHolds(1));
+  ASSERT_THAT(RunOne(Alloc(kAlice, 4)), IsOkAndHolds(ElementsAre(4, 5, 6, 7)));
+  ASSERT_THAT(pool_->FreePages(kAlice, {2}), IsOkAndHolds(1));
+  EXPECT_THAT(pool_->Rollback(kAlice, id), IsOkAndHolds(1));  // page 1
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 3, 4, 5, 6, 7, 8));
+}
+
+// The oldest checkpoint ends beyond kMaxCheckpoints, and the log of given
+// pages stays bounded however long a checkpoint lives.
+TEST_F(PagePoolTest, CheckpointStackAndLogStayBounded) {
+  MakePool(8, 4);
+  ASSERT_OK_AND_ASSIGN(const uint64_t first, pool_->Checkpoint(kAlice));
+  for (int i = 1; i < PagePool::kMaxCheckpoints; ++i) {
+    ASSERT_OK(pool_->Checkpoint(kAlice).status());
+  }
+  ASSERT_OK_AND_ASSIGN(const uint64_t last, pool_->Checkpoint(kAlice));
+  EXPECT_EQ(pool_->Stats().owners[kAlice].checkpoints,
+            PagePool::kMaxCheckpoints);
+  EXPECT_THAT(
+      pool_->Rollback(kAlice, first),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has ended")));
+  EXPECT_OK(pool_->Rollback(kAlice, first + 1).status());
+  // Thousands of gives and frees under a live checkpoint: compaction keeps
+  // the pages still held since it, in order.
+  ASSERT_OK_AND_ASSIGN(const uint64_t held, pool_->Checkpoint(kAlice));
+  EXPECT_GT(held, last);
+  ASSERT_THAT(RunOne(Alloc(kAlice, 4)), IsOkAndHolds(ElementsAre(4, 5, 6, 7)));
+  for (int i = 0; i < 5000; ++i) {
+    ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());
+    ASSERT_OK(pool_->FreeSlots(kAlice, {8, 12}).status());
+  }
+  ASSERT_THAT(RunOne(Alloc(kAlice, 4)),
+              IsOkAndHolds(ElementsAre(8, 9, 10, 11)));
+  const Snapshot now = Take();
+  EXPECT_THAT(pool_->Rollback(kAlice, held), IsOkAndHolds(2));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 3, 4, 5, 6, 7, 8));
+  (void)now;
+}
+
+TEST_F(PagePoolTest, ClearOwnerFreesItsPagesAndResetsAnIdlePool) {
+  MakePool(6, 4, FreePolicy::kSorted);
+  ASSERT_OK(RunOne(Alloc(kAlice, 12)).status());  // pages 1, 2, 3
+  ASSERT_OK(RunOne(Alloc(kBob, 4)).status());     // page 4
+  ASSERT_OK(pool_->Checkpoint(kAlice).status());
+  ASSERT_OK(pool_->FreePages(kAlice, {2}).status());  // parked
+  EXPECT_THAT(pool_->ClearOwner(kAlice), IsOkAndHolds(2));
+  EXPECT_THAT(pool_->ParkedPages(), ElementsAre(2, 1, 3));  // Bob holds 4
+  PoolStats stats = pool_->Stats();
+  EXPECT_EQ(stats.owners[kAlice].pages_owned, 0);
+  EXPECT_EQ(stats.owners[kAlice].checkpoints, 0);
+  // The owner stays registered and can allocate.
+  EXPECT_THAT(RunOne(Alloc(kAlice, 4)),
+              IsOkAndHolds(ElementsAre(20, 21, 22, 23)));
+  ASSERT_OK(pool_->ClearOwner(kAlice).status());
+  // The last holder clears: back to 1..num_pages, nothing parked.
+  EXPECT_THAT(pool_->ClearOwner(kBob), IsOkAndHolds(1));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(pool_->ParkedPages(), IsEmpty());
+  EXPECT_THAT(pool_->ClearOwner(9),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("owner 9")));
+}
+
+TEST_F(PagePoolTest, ClearPoolRefusesWhilePagesAreOwnedUnlessForced) {
+  MakePool(4, 4);
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());
+  ASSERT_OK(pool_->FreePages(kAlice, {1}).status());
+  const Snapshot before = Take();
+  EXPECT_THAT(pool_->ClearPool(false),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("1 pages are owned, by owners 1 (1 pages)")));
+  EXPECT_TRUE(before == Take());
+  EXPECT_THAT(pool_->ClearPool(true), IsOkAndHolds(1));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 3, 4));
+  // An idle pool clears without force (its order resets).
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());
+  ASSERT_OK(pool_->FreePages(kAlice, {1, 2}).status());
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 3, 4));
+  ASSERT_OK(RunOne(Alloc(kAlice, 4)).status());
+  ASSERT_OK(pool_->FreePages(kAlice, {1}).status());
+  EXPECT_THAT(pool_->ClearPool(false), IsOkAndHolds(0));
+  EXPECT_THAT(pool_->FreeList(), ElementsAre(1, 2, 3, 4));
+}
+
+TEST_F(PagePoolTest, FreeListsReadsBothListsBounded) {
+  MakePool(6, 2, FreePolicy::kSorted);
+  ASSERT_OK(RunOne(Alloc(kAlice, 8)).status());  // pages 1..4
+  ASSERT_OK(pool_->FreePages(kAlice, {3, 1, 2}).status());
+  FreeListsView view = pool_->FreeLists(2);
+  EXPECT_THAT(view.free_pages, ElementsAre(5, 6));
+  EXPECT_THAT(view.parked_pages, ElementsAre(3, 1));
+  EXPECT_EQ(view.free_count, 2);
+  EXPECT_EQ(view.parked_count, 3);
+  view = pool_->FreeLists(0);
+  EXPECT_THAT(view.free_pages, IsEmpty());
+  EXPECT_THAT(view.parked_pages, IsEmpty());
+  EXPECT_EQ(view.parked_count, 3);
+}
+
+TEST(SemanticsTest, ParsesNames) {
+  EXPECT_THAT(ParseSemantics("pagealloc"), IsOkAndHolds(Semantics::kPagealloc));
+  EXPECT_THAT(ParseSemantics("sglang"), IsOkAndHolds(Semantics::kSglang));
+  EXPECT_EQ(SemanticsName(Semantics::kSglang), "sglang");
+  EXPECT_THAT(
+      ParseSemantics("vllm"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"vllm\"")));
 }
 
 TEST(FreePolicyTest, ParsesNames) {

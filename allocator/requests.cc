@@ -35,11 +35,6 @@ absl::Status ValidateAlloc(const AllocRequest& r, const PoolGeometry& g) {
                                    "page_size (%d)",
                                    i, r.seq_len, g.page_size));
   }
-  if (r.seq_len > g.num_pages * g.page_size) {
-    return Invalid(
-        r, absl::StrFormat("num_tokens[%d] (%d) exceeds the pool's %d slots", i,
-                           r.seq_len, g.num_pages * g.page_size));
-  }
   return absl::OkStatus();
 }
 
@@ -62,11 +57,6 @@ absl::Status CheckShapeInDetail(const AllocRequest& r, const PoolGeometry& g) {
     return Invalid(r, absl::StrFormat("seq_lens[%d] (%d) < prefix_lens[%d] "
                                       "(%d)",
                                       i, r.seq_len, i, r.prefix_len));
-  }
-  if (r.seq_len > g.slot_limit()) {
-    return Invalid(
-        r, absl::StrFormat("seq_lens[%d] (%d) exceeds the pool's %d slots", i,
-                           r.seq_len, g.slot_limit()));
   }
   const ExtendShape shape = ToExtendShape(r);
   if (shape.prefix_len == 0) {

@@ -66,6 +66,10 @@ struct PoolGeometry {
 
   // One past the largest slot of the pool: (num_pages + 1) * page_size.
   int64_t slot_limit() const { return (num_pages + 1) * page_size; }
+  // The longest sequence the pool can ever hold: num_pages * page_size
+  // (page 0 is never handed out). A longer request is refused alone, by
+  // the pool, as one that does not fit.
+  int64_t usable_slots() const { return num_pages * page_size; }
 };
 
 // a / b and a % b for a >= 0, b >= 1. A power-of-two b (every page size in
@@ -121,14 +125,12 @@ inline ExtendShape ToExtendShape(const AllocRequest& request) {
 inline bool IsValidShape(const AllocRequest& r, const PoolGeometry& g) {
   const int64_t ps = g.page_size;
   if (r.kind == RequestKind::kAlloc) {
-    return r.seq_len >= 0 && ModNonNegative(r.seq_len, ps) == 0 &&
-           r.seq_len <= g.num_pages * ps;
+    return r.seq_len >= 0 && ModNonNegative(r.seq_len, ps) == 0;
   }
   const bool decode = r.kind == RequestKind::kDecode;
   if (decode ? r.seq_len < 1 : (r.prefix_len < 0 || r.seq_len < r.prefix_len)) {
     return false;
   }
-  if (r.seq_len > g.slot_limit()) return false;
   const int64_t prefix_len = decode ? r.seq_len - 1 : r.prefix_len;
   if (prefix_len == 0) return r.last_loc == -1;
   return r.last_loc >= ps && r.last_loc < g.slot_limit() &&
@@ -136,7 +138,9 @@ inline bool IsValidShape(const AllocRequest& r, const PoolGeometry& g) {
 }
 
 // Checks everything about a request that does not depend on the pool's
-// current state: lengths, alignment, slot ranges. Returns INVALID_ARGUMENT
+// current state: lengths, alignment, slot ranges. A length beyond the pool
+// is not a malformed request (the pool refuses it alone, as one that does
+// not fit: PoolGeometry::usable_slots). Returns INVALID_ARGUMENT
 // naming the wire field and the request index, e.g.
 // "seq_lens[3] (12) < prefix_lens[3] (40)".
 // When the prefix ends inside a page, the caller must still check that

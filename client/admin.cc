@@ -4,26 +4,69 @@
 #include "proto/pagealloc.grpc.pb.h"
 
 namespace pagealloc {
+namespace {
+
+// The channel `options` names: its own, or one dialed to its target.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> AdminChannel(
+    const AdminOptions& options) {
+  if (options.channel != nullptr) return options.channel;
+  if (options.target.empty()) {
+    return absl::InvalidArgumentError("AdminOptions.target is empty");
+  }
+  return grpc::CreateChannel(options.target,
+                             options.credentials != nullptr
+                                 ? options.credentials
+                                 : grpc::InsecureChannelCredentials());
+}
+
+}  // namespace
 
 absl::StatusOr<v1::GetStatsResponse> GetDaemonStats(const AdminOptions& options,
                                                     bool include_sessions) {
-  std::shared_ptr<grpc::Channel> channel = options.channel;
-  if (channel == nullptr) {
-    if (options.target.empty()) {
-      return absl::InvalidArgumentError("AdminOptions.target is empty");
-    }
-    channel = grpc::CreateChannel(options.target,
-                                  options.credentials != nullptr
-                                      ? options.credentials
-                                      : grpc::InsecureChannelCredentials());
-  }
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      AdminChannel(options);
+  if (!channel.ok()) return channel.status();
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
   v1::GetStatsRequest request;
   request.set_include_sessions(include_sessions);
   v1::GetStatsResponse response;
   const absl::Status status =
-      FromGrpcStatus(v1::PageAllocator::NewStub(channel)->GetStats(
+      FromGrpcStatus(v1::PageAllocator::NewStub(*channel)->GetStats(
+          &context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<int64_t> ClearDaemonPool(const AdminOptions& options,
+                                        bool force) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      AdminChannel(options);
+  if (!channel.ok()) return channel.status();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+  v1::ClearPoolRequest request;
+  request.set_force(force);
+  v1::ClearPoolResponse response;
+  const absl::Status status =
+      FromGrpcStatus(v1::PageAllocator::NewStub(*channel)->ClearPool(
+          &context, request, &response));
+  if (!status.ok()) return status;
+  return response.pages_freed();
+}
+
+absl::StatusOr<v1::GetFreeListsResponse> GetDaemonFreeLists(
+    const AdminOptions& options, int64_t max_pages) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      AdminChannel(options);
+  if (!channel.ok()) return channel.status();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+  v1::GetFreeListsRequest request;
+  request.set_max_pages(max_pages);
+  v1::GetFreeListsResponse response;
+  const absl::Status status =
+      FromGrpcStatus(v1::PageAllocator::NewStub(*channel)->GetFreeLists(
           &context, request, &response));
   if (!status.ok()) return status;
   return response;

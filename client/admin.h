@@ -32,6 +32,20 @@ struct AdminOptions {
 absl::StatusOr<v1::GetStatsResponse> GetDaemonStats(
     const AdminOptions& options, bool include_sessions = false);
 
+// The daemon's ClearPool: resets the whole pool to its first state and
+// returns the pages freed. Refused (FAILED_PRECONDITION, naming the
+// sessions' pages) while any session holds pages unless `force`, which the
+// daemon refuses (PERMISSION_DENIED) unless it runs with
+// --allow_forced_clear. Like GetDaemonStats it needs no session: whoever
+// may connect to the daemon's socket may call it.
+absl::StatusOr<int64_t> ClearDaemonPool(const AdminOptions& options,
+                                        bool force = false);
+
+// The daemon's GetFreeLists: the front of its free list and its parked
+// pages, at most `max_pages` of each (0: the daemon's default, 4096).
+absl::StatusOr<v1::GetFreeListsResponse> GetDaemonFreeLists(
+    const AdminOptions& options, int64_t max_pages = 0);
+
 }  // namespace pagealloc
 
 #endif  // PAGEALLOC_CLIENT_ADMIN_H_

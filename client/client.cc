@@ -298,6 +298,7 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   wire->mutable_free_pages_first()->Add(options.free_pages_first.begin(),
                                         options.free_pages_first.end());
   wire->set_checkpoint_first(options.checkpoint_first);
+  wire->set_all_or_nothing(options.all_or_nothing);
   {
     absl::MutexLock lock(&mu_);
     wire->set_release_ring_up_to(release_up_to_);
@@ -461,15 +462,16 @@ absl::Status Client::PostFastCall(uint32_t kind, uint32_t option_bits,
 }
 
 std::optional<absl::StatusOr<int64_t>> Client::FastOp(
-    fast_channel::CallKind kind, absl::Span<const int64_t> values) {
+    fast_channel::CallKind kind, absl::Span<const int64_t> values,
+    uint32_t option_bits) {
   if (fast_ == nullptr ||
       values.size() > static_cast<size_t>(fast_->max_requests())) {
     return std::nullopt;
   }
   absl::MutexLock fast_lock(&fast_mu_);
   if (fast_abandoned_) return std::nullopt;
-  if (absl::Status posted =
-          PostFastCall(static_cast<uint32_t>(kind), 0, {}, values, {}, {});
+  if (absl::Status posted = PostFastCall(static_cast<uint32_t>(kind),
+                                         option_bits, {}, values, {}, {});
       !posted.ok()) {
     return posted;
   }
@@ -496,7 +498,8 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   if (fast_abandoned_) return std::nullopt;
   const uint32_t option_bits =
       (options.async_completion ? fast_channel::kAsyncCompletion : 0) |
-      (options.checkpoint_first ? fast_channel::kCheckpointFirst : 0);
+      (options.checkpoint_first ? fast_channel::kCheckpointFirst : 0) |
+      (options.all_or_nothing ? fast_channel::kAllOrNothing : 0);
   if (absl::Status posted =
           PostFastCall(static_cast<uint32_t>(kind), option_bits, in0, in1, in2,
                        options.free_pages_first);
@@ -532,21 +535,50 @@ absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {
   return response.pages_freed();
 }
 
+namespace {
+
+uint32_t FreeOrderBits(v1::FreeOrder order) {
+  switch (order) {
+    case v1::FREE_ORDER_ASCENDING:
+      return fast_channel::kFreeAscending;
+    case v1::FREE_ORDER_FIRST_APPEARANCE:
+      return fast_channel::kFreeFirstAppearance;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots) {
-  if (auto fast = FastOp(fast_channel::CallKind::kFreeSlots, slots)) {
+  return FreeSlots(slots, v1::FREE_ORDER_DEFAULT);
+}
+
+absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages) {
+  return FreePages(pages, v1::FREE_ORDER_DEFAULT);
+}
+
+absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots,
+                                          v1::FreeOrder order) {
+  if (auto fast = FastOp(fast_channel::CallKind::kFreeSlots, slots,
+                         FreeOrderBits(order))) {
     return *std::move(fast);
   }
   v1::FreeRequest request;
   request.mutable_slots()->Add(slots.begin(), slots.end());
+  request.set_order(order);
   return SendFree(request);
 }
 
-absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages) {
-  if (auto fast = FastOp(fast_channel::CallKind::kFreePages, pages)) {
+absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages,
+                                          v1::FreeOrder order) {
+  if (auto fast = FastOp(fast_channel::CallKind::kFreePages, pages,
+                         FreeOrderBits(order))) {
     return *std::move(fast);
   }
   v1::FreeRequest request;
   request.mutable_pages()->Add(pages.begin(), pages.end());
+  request.set_order(order);
   return SendFree(request);
 }
 
@@ -557,32 +589,55 @@ absl::StatusOr<int64_t> Client::FreeGroup::End() {
   return freed;
 }
 
-absl::Status Client::Checkpoint() {
+absl::Status Client::Checkpoint() { return CheckpointId().status(); }
+
+absl::StatusOr<uint64_t> Client::CheckpointId() {
   if (auto fast = FastOp(fast_channel::CallKind::kCheckpoint, {})) {
-    return fast->status();
+    if (!fast->ok()) return fast->status();
+    return static_cast<uint64_t>(**fast);
   }
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
   v1::CheckpointRequest request;
   *request.mutable_session() = Ref();
   v1::CheckpointResponse response;
   auto context = NewContext();
-  return Observe(
+  absl::Status status = Observe(
       FromGrpcStatus(stub_->Checkpoint(context.get(), request, &response)));
+  if (!status.ok()) return status;
+  return response.checkpoint_id();
 }
 
-absl::StatusOr<int64_t> Client::Rollback() {
-  if (auto fast = FastOp(fast_channel::CallKind::kRollback, {})) {
+absl::StatusOr<int64_t> Client::Rollback() { return Rollback(uint64_t{0}); }
+
+absl::StatusOr<int64_t> Client::Rollback(uint64_t checkpoint_id) {
+  const int64_t id = static_cast<int64_t>(checkpoint_id);
+  if (auto fast = FastOp(fast_channel::CallKind::kRollback,
+                         checkpoint_id == 0 ? absl::Span<const int64_t>()
+                                            : absl::MakeConstSpan(&id, 1))) {
     return *std::move(fast);
   }
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
   v1::RollbackRequest request;
   *request.mutable_session() = Ref();
+  request.set_checkpoint_id(checkpoint_id);
   v1::RollbackResponse response;
   auto context = NewContext();
   absl::Status status = Observe(
       FromGrpcStatus(stub_->Rollback(context.get(), request, &response)));
   if (!status.ok()) return status;
   return response.pages_returned();
+}
+
+absl::StatusOr<int64_t> Client::ClearSession() {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  v1::ClearSessionRequest request;
+  *request.mutable_session() = Ref();
+  v1::ClearSessionResponse response;
+  auto context = NewContext();
+  absl::Status status = Observe(
+      FromGrpcStatus(stub_->ClearSession(context.get(), request, &response)));
+  if (!status.ok()) return status;
+  return response.pages_freed();
 }
 
 void Client::Release(const Allocation& allocation) {

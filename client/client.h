@@ -101,6 +101,11 @@ struct CallOptions {
   // stay valid during the call.
   absl::Span<const int64_t> free_pages_first;
   bool checkpoint_first = false;
+  // Admit every request of the call or none (AllocOptions.all_or_nothing):
+  // when one does not fit, each request is refused (RESOURCE_EXHAUSTED)
+  // and nothing changes, as SGLang's alloc_extend / alloc_decode return
+  // None.
+  bool all_or_nothing = false;
 };
 
 // One request's result.
@@ -180,6 +185,12 @@ class Client {
   // Frees the distinct pages of `slots` / the `pages`; returns pages freed.
   absl::StatusOr<int64_t> FreeSlots(absl::Span<const int64_t> slots);
   absl::StatusOr<int64_t> FreePages(absl::Span<const int64_t> pages);
+  // The same, putting the pages back in `order` (FreeRequest.order:
+  // ascending is SGLang's free, first appearance its free_segment).
+  absl::StatusOr<int64_t> FreeSlots(absl::Span<const int64_t> slots,
+                                    v1::FreeOrder order);
+  absl::StatusOr<int64_t> FreePages(absl::Span<const int64_t> pages,
+                                    v1::FreeOrder order);
 
   // Collects the frees of one scheduler step into one call.
   class FreeGroup {
@@ -197,8 +208,22 @@ class Client {
   };
   FreeGroup BeginFreeGroup() { return FreeGroup(this); }
 
+  // Pushes a checkpoint on the session's stack (at most 64; a 65th ends
+  // the oldest).
   absl::Status Checkpoint();
+  // The same, returning the checkpoint's id for Rollback(id).
+  absl::StatusOr<uint64_t> CheckpointId();
+  // Rolls back to the latest checkpoint, which ends; returns the pages
+  // returned to the free list.
   absl::StatusOr<int64_t> Rollback();
+  // Rolls back to checkpoint `checkpoint_id`: later checkpoints end, this
+  // one stays (it can be rolled back to again, as SGLang's restore_state
+  // of one saved state). FAILED_PRECONDITION when it is not active.
+  absl::StatusOr<int64_t> Rollback(uint64_t checkpoint_id);
+
+  // Frees every page of the session and ends its checkpoints; the session
+  // stays. Returns the pages freed (see ClearSessionRequest).
+  absl::StatusOr<int64_t> ClearSession();
 
   // Lets the daemon reuse the ring space of `allocation` and of every
   // allocation before it. Sent with the next allocation call, or now by
@@ -269,8 +294,8 @@ class Client {
   // Free / Checkpoint / Rollback through the fast channel: the operation's
   // count (pages freed or returned); nullopt when it cannot carry it.
   std::optional<absl::StatusOr<int64_t>> FastOp(
-      fast_channel::CallKind kind, absl::Span<const int64_t> values)
-      ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+      fast_channel::CallKind kind, absl::Span<const int64_t> values,
+      uint32_t option_bits = 0) ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
   // Posts a call on the fast channel and waits for its answer; then its
   // whole-call status (observed for session loss). A transport error
   // (deadline, session gone) abandons the channel.

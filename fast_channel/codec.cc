@@ -25,9 +25,9 @@ KindArrays ArraysOf(CallKind kind) {
       return {false, true, false, true};
     case CallKind::kFreeSlots:
     case CallKind::kFreePages:
+    case CallKind::kRollback:  // at most one checkpoint id (the core checks)
       return {false, true, false, false};
     case CallKind::kCheckpoint:
-    case CallKind::kRollback:
       return {};
   }
   return {};

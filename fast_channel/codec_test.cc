@@ -123,6 +123,28 @@ TEST_F(CodecTest, OperationsCarryOnlyTheirArrays) {
   EXPECT_THAT(call.in1, IsEmpty());
 }
 
+// A rollback carries nothing (the latest checkpoint) or a checkpoint id; a
+// free carries its order in the option bits.
+TEST_F(CodecTest, RollbackCarriesACheckpointIdAndFreeItsOrder) {
+  const std::vector<int64_t> id = {3};
+  ASSERT_OK(client_.PostCall({CallKind::kRollback, 0, 0, {}, id, {}, {}}, 1));
+  TakenCall call;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_THAT(call.in1, ElementsAre(3));
+  ASSERT_OK(client_.PostCall({CallKind::kRollback, 0, 0, {}, {}, {}, {}}, 2));
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_THAT(call.in1, IsEmpty());
+  const std::vector<int64_t> slots = {8, 4};
+  ASSERT_OK(client_.PostCall(
+      {CallKind::kFreeSlots, kFreeAscending, 0, {}, slots, {}, {}}, 3));
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_EQ(call.options, kFreeAscending);
+  ASSERT_OK(client_.PostCall(
+      {CallKind::kAlloc, kAllOrNothing, 0, {}, slots, {}, {}}, 4));
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_EQ(call.options, kAllOrNothing);
+}
+
 TEST_F(CodecTest, ClientCannotPostMoreThanTheCapacity) {
   const std::vector<int64_t> nine(9, 1);
   EXPECT_THAT(

@@ -65,8 +65,10 @@ enum class CallKind : uint32_t {
   kAlloc = 3,       // in1 = num_tokens
   kFreeSlots = 4,   // in1 = slots; answer: op_value = pages freed
   kFreePages = 5,   // in1 = pages; answer: op_value = pages freed
-  kCheckpoint = 6,  // no arrays
-  kRollback = 7,    // no arrays; answer: op_value = pages returned
+  kCheckpoint = 6,  // no arrays; answer: op_value = the checkpoint's id
+  // in1 = nothing (the latest checkpoint, which ends) or one checkpoint id
+  // (RollbackRequest.checkpoint_id); answer: op_value = pages returned.
+  kRollback = 7,
 };
 
 inline bool IsKnownKind(uint32_t kind) {
@@ -80,7 +82,15 @@ inline bool IsOperation(CallKind kind) { return kind >= CallKind::kFreeSlots; }
 // AllocOptions, as bits of ChannelHeader::options.
 inline constexpr uint32_t kAsyncCompletion = 1u << 0;
 inline constexpr uint32_t kCheckpointFirst = 1u << 1;
-inline constexpr uint32_t kKnownOptions = kAsyncCompletion | kCheckpointFirst;
+// AllocOptions.all_or_nothing.
+inline constexpr uint32_t kAllOrNothing = 1u << 2;
+// FreeRequest.order for kFreeSlots / kFreePages: neither bit is
+// FREE_ORDER_DEFAULT; both together are refused.
+inline constexpr uint32_t kFreeAscending = 1u << 3;
+inline constexpr uint32_t kFreeFirstAppearance = 1u << 4;
+inline constexpr uint32_t kKnownOptions = kAsyncCompletion | kCheckpointFirst |
+                                          kAllOrNothing | kFreeAscending |
+                                          kFreeFirstAppearance;
 
 struct alignas(64) ChannelHeader {
   // Written by the daemon at creation; a client checks them against what

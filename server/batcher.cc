@@ -331,9 +331,15 @@ void Batcher::Launch(std::vector<Work>* pending) {
   const absl::Time start = absl::Now();
   std::vector<AllocRequest>& requests = launch_requests_;
   requests.clear();
+  // Each call's requests, so that the pool admits an all-or-nothing call
+  // whole and (under SGLang's semantics) decides its merge per call.
+  std::vector<CallSpan>& calls = launch_calls_;
+  calls.clear();
   int64_t scratch_used = 0;
   for (Work& work : *pending) {
     AllocCall& call = *work.alloc;
+    calls.push_back(
+        {static_cast<int64_t>(call.requests.size()), call.all_or_nothing});
     if (call.return_inline) {
       for (AllocRequest& request : call.requests) {
         request.destination = scratch_->slots() + scratch_used;
@@ -343,7 +349,7 @@ void Batcher::Launch(std::vector<Work>* pending) {
     requests.insert(requests.end(), call.requests.begin(), call.requests.end());
   }
   std::vector<AllocResult>& results = launch_results_;
-  pool_->Allocate(requests, &results);
+  pool_->Allocate(requests, calls, &results);
 
   LaunchInfo launch;
   launch.batch_requests = requests.size();

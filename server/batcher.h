@@ -105,6 +105,8 @@ struct AllocCall {
   int64_t num_slots = 0;
   bool return_inline = false;
   bool async_completion = false;
+  // Admit every request of the call or none (PagePool's CallSpan).
+  bool all_or_nothing = false;
   // Whether completion->Before must run first.
   bool has_before = false;
   // Must live until Cancel or Done has returned.
@@ -256,6 +258,7 @@ class Batcher {
   uint64_t launches_ ABSL_GUARDED_BY(mu_) = 0;
   // Launch's buffers, kept between launches (the driver only).
   std::vector<AllocRequest> launch_requests_;
+  std::vector<CallSpan> launch_calls_;
   std::vector<AllocResult> launch_results_;
   std::vector<int64_t> inline_slots_;
   std::thread thread_;

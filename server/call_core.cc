@@ -173,6 +173,7 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
   call->num_slots = num_slots;
   call->return_inline = input.return_inline;
   call->async_completion = input.async_completion;
+  call->all_or_nothing = input.all_or_nothing;
   call->has_before = !input.free_pages_first.empty() || input.checkpoint_first;
   call->completion = reply;
   return true;
@@ -191,7 +192,7 @@ absl::Status AllocReply::Before() {
     }
     pages_freed_first_ = *freed;
   }
-  if (checkpoint_first_) return core_->pool_->Checkpoint(owner);
+  if (checkpoint_first_) return core_->pool_->Checkpoint(owner).status();
   return absl::OkStatus();
 }
 
@@ -251,7 +252,7 @@ void CallCore::Answer(Reply* reply, Method method, Transport transport,
 
 void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
                           FreeUnit unit, absl::Span<const int64_t> values,
-                          Transport transport, Reply* reply) {
+                          Transport transport, Reply* reply, FreeOrder order) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
@@ -261,11 +262,11 @@ void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kFree, transport, start, owner,
-           [this, owner, unit, values, reply]() -> absl::Status {
+           [this, owner, unit, values, reply, order]() -> absl::Status {
              ASSIGN_OR_RETURN(const int64_t freed,
                               unit == FreeUnit::kSlots
-                                  ? pool_->FreeSlots(owner, values)
-                                  : pool_->FreePages(owner, values));
+                                  ? pool_->FreeSlots(owner, values, order)
+                                  : pool_->FreePages(owner, values, order));
              reply->set_value(freed);
              return absl::OkStatus();
            });
@@ -283,11 +284,16 @@ void CallCore::SubmitCheckpoint(uint64_t session_id, absl::string_view token,
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kCheckpoint, transport, start, owner,
-           [this, owner] { return pool_->Checkpoint(owner); });
+           [this, owner, reply]() -> absl::Status {
+             ASSIGN_OR_RETURN(const uint64_t id, pool_->Checkpoint(owner));
+             reply->set_value(static_cast<int64_t>(id));
+             return absl::OkStatus();
+           });
 }
 
 void CallCore::SubmitRollback(uint64_t session_id, absl::string_view token,
-                              Transport transport, Reply* reply) {
+                              Transport transport, Reply* reply,
+                              uint64_t checkpoint_id) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
@@ -297,11 +303,74 @@ void CallCore::SubmitRollback(uint64_t session_id, absl::string_view token,
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kRollback, transport, start, owner,
-           [this, owner, reply]() -> absl::Status {
-             ASSIGN_OR_RETURN(const int64_t returned, pool_->Rollback(owner));
+           [this, owner, reply, checkpoint_id]() -> absl::Status {
+             ASSIGN_OR_RETURN(const int64_t returned,
+                              pool_->Rollback(owner, checkpoint_id));
              reply->set_value(returned);
              return absl::OkStatus();
            });
+}
+
+void CallCore::SubmitClearSession(uint64_t session_id, absl::string_view token,
+                                  Transport transport, Reply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(session_id, token);
+  if (!session.ok()) {
+    return Answer(reply, Method::kClearSession, transport, start,
+                  session.status());
+  }
+  const uint64_t owner = (*session)->id();
+  reply->set_value(0);
+  SubmitOp(reply, Method::kClearSession, transport, start, owner,
+           [this, owner, reply]() -> absl::Status {
+             ASSIGN_OR_RETURN(const int64_t freed, pool_->ClearOwner(owner));
+             reply->set_value(freed);
+             return absl::OkStatus();
+           });
+}
+
+void CallCore::SubmitClearPool(bool force, Transport transport, Reply* reply) {
+  const absl::Time start = absl::Now();
+  reply->set_value(0);
+  if (draining_) {
+    return Answer(reply, Method::kClearPool, transport, start, DrainingError());
+  }
+  if (force && !options_.allow_forced_clear) {
+    return Answer(
+        reply, Method::kClearPool, transport, start,
+        absl::PermissionDeniedError(
+            "a forced clear voids every session's slots; this daemon does "
+            "not allow it (start it with --allow_forced_clear)"));
+  }
+  // Session 0 is nobody's: the clear runs in order with the work queued
+  // before it, and waits for no session's launch.
+  SubmitOp(reply, Method::kClearPool, transport, start, /*session_id=*/0,
+           [this, reply, force]() -> absl::Status {
+             ASSIGN_OR_RETURN(const int64_t freed, pool_->ClearPool(force));
+             reply->set_value(freed);
+             log_->warn("pool cleared{}: {} pages freed",
+                        force ? " (forced)" : "", freed);
+             return absl::OkStatus();
+           });
+}
+
+absl::StatusOr<FreeListsView> CallCore::FreeLists(int64_t max_pages,
+                                                  Transport transport) {
+  const absl::Time start = absl::Now();
+  absl::Status status = absl::OkStatus();
+  if (max_pages < 0 || max_pages > kMaxFreeListPages) {
+    status = absl::InvalidArgumentError(absl::StrFormat(
+        "max_pages (%d) is outside [0, %d]", max_pages, kMaxFreeListPages));
+  }
+  FreeListsView view;
+  if (status.ok()) {
+    view = pool_->FreeLists(max_pages == 0 ? kDefaultFreeListPages : max_pages);
+  }
+  rpc_metrics_.Record(Method::kGetFreeLists, transport, status.code(),
+                      absl::Now() - start);
+  if (!status.ok()) return status;
+  return view;
 }
 
 absl::StatusOr<int64_t> CallCore::ReleaseRing(uint64_t session_id,
@@ -330,6 +399,7 @@ PoolDescription CallCore::DescribePool() const {
   pool.page_size = pool_->geometry().page_size;
   pool.num_pages = pool_->geometry().num_pages;
   pool.free_policy = pool_->free_policy();
+  pool.semantics = pool_->semantics();
   pool.device = backend_->DescribeDevice();
   return pool;
 }

@@ -59,8 +59,9 @@ class Reply {
   // The call is over; `status` is its status. Called once per call.
   virtual void Complete(const absl::Status& status) = 0;
 
-  // Free: pages freed; Rollback: pages returned; other calls: 0. Set before
-  // Complete(OK).
+  // Free: pages freed; Checkpoint: the checkpoint's id; Rollback: pages
+  // returned; ClearSession, ClearPool: pages freed; other calls: 0. Set
+  // before Complete(OK).
   int64_t value() const { return value_; }
   void set_value(int64_t value) { value_ = value; }
 
@@ -152,6 +153,8 @@ struct AllocCallInput {
   // valid until the reply completes.
   absl::Span<const int64_t> free_pages_first;
   bool checkpoint_first = false;
+  // AllocOptions.all_or_nothing: admit every request of the call or none.
+  bool all_or_nothing = false;
 };
 
 // What Free frees: slots (their pages) or pages.
@@ -169,6 +172,7 @@ struct PoolDescription {
   int64_t page_size = 0;
   int64_t num_pages = 0;
   FreePolicy free_policy = FreePolicy::kLifo;
+  Semantics semantics = Semantics::kPagealloc;
   DeviceDescription device;
 };
 
@@ -188,7 +192,15 @@ class CallCore {
     // Most requests and slots in one call (a call must fit one launch).
     int64_t max_call_requests = 8192;
     int64_t max_call_tokens = 1 << 21;
+    // Whether ClearPool may be forced while sessions hold pages (it voids
+    // their slots): an operator's choice, off by default.
+    bool allow_forced_clear = false;
   };
+
+  // GetFreeLists: pages of each list returned when the caller names no
+  // bound, and the most it may ask for.
+  static constexpr int64_t kDefaultFreeListPages = 4096;
+  static constexpr int64_t kMaxFreeListPages = int64_t{1} << 20;
 
   // Every pointer must outlive the core.
   CallCore(const Options& options, PagePool* pool, Backend* backend,
@@ -242,16 +254,34 @@ class CallCore {
   // with the session's other work (or was refused). The spans must stay
   // valid until then. `transport` is what carried the call, for metrics.
 
-  // Frees `values` (slots or pages) of the session; the reply's value is
-  // the pages freed.
+  // Frees `values` (slots or pages) of the session, putting the pages back
+  // in `order` (PagePool::FreeSlots); the reply's value is the pages freed.
   void SubmitFree(uint64_t session_id, absl::string_view token, FreeUnit unit,
                   absl::Span<const int64_t> values, Transport transport,
-                  Reply* reply);
+                  Reply* reply, FreeOrder order = FreeOrder::kDefault);
+  // Pushes a checkpoint; the reply's value is its id.
   void SubmitCheckpoint(uint64_t session_id, absl::string_view token,
                         Transport transport, Reply* reply);
-  // The reply's value is the pages returned.
+  // Rolls back to checkpoint `checkpoint_id` (0: the latest, which ends:
+  // PagePool::Rollback); the reply's value is the pages returned.
   void SubmitRollback(uint64_t session_id, absl::string_view token,
-                      Transport transport, Reply* reply);
+                      Transport transport, Reply* reply,
+                      uint64_t checkpoint_id = 0);
+  // Frees every page of the session and ends its checkpoints
+  // (PagePool::ClearOwner); the reply's value is the pages freed.
+  void SubmitClearSession(uint64_t session_id, absl::string_view token,
+                          Transport transport, Reply* reply);
+  // Clears the whole pool (PagePool::ClearPool), in order with the work
+  // queued before it. An operator's call: it needs no session.
+  // PERMISSION_DENIED for `force` unless Options.allow_forced_clear; the
+  // pool's FAILED_PRECONDITION without `force` while pages are owned. The
+  // reply's value is the pages freed.
+  void SubmitClearPool(bool force, Transport transport, Reply* reply);
+  // The free list's front and the parked pages, at most `max_pages` of each
+  // (0: kDefaultFreeListPages). INVALID_ARGUMENT for a negative bound or one
+  // over kMaxFreeListPages. A debug read: it needs no session.
+  absl::StatusOr<FreeListsView> FreeLists(int64_t max_pages,
+                                          Transport transport);
   // Releases the session's ring up to `up_to`; returns the slots still
   // reserved.
   absl::StatusOr<int64_t> ReleaseRing(uint64_t session_id,

@@ -295,6 +295,7 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
     input.checkpoint_first =
         (call.options & fast_channel::kCheckpointFirst) != 0;
     input.free_pages_first = call.free_first;
+    input.all_or_nothing = (call.options & fast_channel::kAllOrNothing) != 0;
     AllocCall prepared_call;
     if (core_->PrepareAlloc(input, &reply, &prepared_call)) {
       prepared->push_back(prepared_call);
@@ -314,21 +315,44 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
               {RequestKind::kAlloc, n, nullptr, call.in1.data(), nullptr});
       return;
     case CallKind::kFreeSlots:
-    case CallKind::kFreePages:
+    case CallKind::kFreePages: {
+      const uint32_t order_bits =
+          call.options &
+          (fast_channel::kFreeAscending | fast_channel::kFreeFirstAppearance);
+      if (order_bits ==
+          (fast_channel::kFreeAscending | fast_channel::kFreeFirstAppearance)) {
+        reply.Complete(absl::InvalidArgumentError(
+            "fast channel: a free asks for both orders"));
+        return;
+      }
+      const FreeOrder order = order_bits == fast_channel::kFreeAscending
+                                  ? FreeOrder::kAscending
+                              : order_bits == fast_channel::kFreeFirstAppearance
+                                  ? FreeOrder::kFirstAppearance
+                                  : FreeOrder::kDefault;
       // Runs as soon as the batcher takes it (possibly right here); the
       // values live in the channel's TakenCall until it completes.
       core_->SubmitFree(c.session_id, c.token,
                         call.kind == CallKind::kFreeSlots ? FreeUnit::kSlots
                                                           : FreeUnit::kPages,
-                        call.in1, Transport::kFastChannel, &reply);
+                        call.in1, Transport::kFastChannel, &reply, order);
       return;
+    }
     case CallKind::kCheckpoint:
       core_->SubmitCheckpoint(c.session_id, c.token, Transport::kFastChannel,
                               &reply);
       return;
     case CallKind::kRollback:
-      core_->SubmitRollback(c.session_id, c.token, Transport::kFastChannel,
-                            &reply);
+      if (call.in1.size() > 1) {
+        reply.Complete(absl::InvalidArgumentError(absl::StrFormat(
+            "fast channel: a rollback carries at most one checkpoint id, "
+            "not %d",
+            call.in1.size())));
+        return;
+      }
+      core_->SubmitRollback(
+          c.session_id, c.token, Transport::kFastChannel, &reply,
+          call.in1.empty() ? 0 : static_cast<uint64_t>(call.in1[0]));
       return;
   }
 }

@@ -16,10 +16,22 @@ v1::Backend ToWire(BackendKind kind) {
   return kind == BackendKind::kCuda ? v1::BACKEND_CUDA : v1::BACKEND_CPU;
 }
 
+FreeOrder FromWire(v1::FreeOrder order) {
+  switch (order) {
+    case v1::FREE_ORDER_ASCENDING:
+      return FreeOrder::kAscending;
+    case v1::FREE_ORDER_FIRST_APPEARANCE:
+      return FreeOrder::kFirstAppearance;
+    default:
+      return FreeOrder::kDefault;
+  }
+}
+
 void FillPoolInfo(const PoolDescription& pool, v1::PoolInfo* out) {
   out->set_page_size(pool.page_size);
   out->set_num_pages(pool.num_pages);
   out->set_free_policy(std::string(FreePolicyName(pool.free_policy)));
+  out->set_semantics(std::string(SemanticsName(pool.semantics)));
   out->set_backend(ToWire(pool.device.kind));
   out->set_gpu(pool.device.gpu);
   out->set_device_uuid(pool.device.device_uuid);
@@ -252,6 +264,7 @@ grpc::Status GrpcService::HandleAlloc(const Request& request,
   input.async_completion = options.async_completion();
   input.free_pages_first = options.free_pages_first();
   input.checkpoint_first = options.checkpoint_first();
+  input.all_or_nothing = options.all_or_nothing();
   std::vector<AllocCall> calls(1);
   if (core_->PrepareAlloc(input, &reply, &calls[0])) {
     core_->SubmitPrepared(std::move(calls));
@@ -298,7 +311,7 @@ grpc::Status GrpcService::Free(grpc::ServerContext*,
                     slots ? FreeUnit::kSlots : FreeUnit::kPages,
                     slots ? absl::MakeConstSpan(request->slots())
                           : absl::MakeConstSpan(request->pages()),
-                    Transport::kGrpc, &reply);
+                    Transport::kGrpc, &reply, FromWire(request->order()));
   const absl::Status status = reply.Wait();
   if (status.ok()) response->set_pages_freed(reply.value());
   return ToGrpcStatus(status);
@@ -306,12 +319,14 @@ grpc::Status GrpcService::Free(grpc::ServerContext*,
 
 grpc::Status GrpcService::Checkpoint(grpc::ServerContext*,
                                      const v1::CheckpointRequest* request,
-                                     v1::CheckpointResponse*) {
+                                     v1::CheckpointResponse* response) {
   PendingReply reply;
   core_->SubmitCheckpoint(request->session().session_id(),
                           request->session().session_token(), Transport::kGrpc,
                           &reply);
-  return ToGrpcStatus(reply.Wait());
+  const absl::Status status = reply.Wait();
+  if (status.ok()) response->set_checkpoint_id(reply.value());
+  return ToGrpcStatus(status);
 }
 
 grpc::Status GrpcService::Rollback(grpc::ServerContext*,
@@ -320,7 +335,7 @@ grpc::Status GrpcService::Rollback(grpc::ServerContext*,
   PendingReply reply;
   core_->SubmitRollback(request->session().session_id(),
                         request->session().session_token(), Transport::kGrpc,
-                        &reply);
+                        &reply, request->checkpoint_id());
   const absl::Status status = reply.Wait();
   if (status.ok()) response->set_pages_returned(reply.value());
   return ToGrpcStatus(status);
@@ -364,6 +379,7 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
       if (it != stats.owners.end()) {
         out->set_pages_owned(it->second.pages_owned);
         out->set_checkpoint_active(it->second.checkpoint_active);
+        out->set_checkpoints(it->second.checkpoints);
       }
       out->set_quota_pages(session->quota_pages());
       out->set_ring_capacity_slots(session->ring_memory().capacity_slots());
@@ -378,6 +394,44 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
   }
   Finish(reactor, Method::kGetStats, start, absl::OkStatus());
   return reactor;
+}
+
+grpc::Status GrpcService::ClearSession(grpc::ServerContext*,
+                                       const v1::ClearSessionRequest* request,
+                                       v1::ClearSessionResponse* response) {
+  PendingReply reply;
+  core_->SubmitClearSession(request->session().session_id(),
+                            request->session().session_token(),
+                            Transport::kGrpc, &reply);
+  const absl::Status status = reply.Wait();
+  if (status.ok()) response->set_pages_freed(reply.value());
+  return ToGrpcStatus(status);
+}
+
+grpc::Status GrpcService::ClearPool(grpc::ServerContext*,
+                                    const v1::ClearPoolRequest* request,
+                                    v1::ClearPoolResponse* response) {
+  PendingReply reply;
+  core_->SubmitClearPool(request->force(), Transport::kGrpc, &reply);
+  const absl::Status status = reply.Wait();
+  if (status.ok()) response->set_pages_freed(reply.value());
+  return ToGrpcStatus(status);
+}
+
+grpc::Status GrpcService::GetFreeLists(grpc::ServerContext*,
+                                       const v1::GetFreeListsRequest* request,
+                                       v1::GetFreeListsResponse* response) {
+  absl::StatusOr<FreeListsView> view =
+      core_->FreeLists(request->max_pages(), Transport::kGrpc);
+  if (!view.ok()) return ToGrpcStatus(view.status());
+  response->mutable_free_pages()->Add(view->free_pages.begin(),
+                                      view->free_pages.end());
+  response->mutable_parked_pages()->Add(view->parked_pages.begin(),
+                                        view->parked_pages.end());
+  response->set_free_count(view->free_count);
+  response->set_parked_count(view->parked_count);
+  FillPoolInfo(core_->DescribePool(), response->mutable_pool());
+  return grpc::Status::OK;
 }
 
 }  // namespace pagealloc

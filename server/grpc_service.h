@@ -71,6 +71,15 @@ class GrpcService final : public PageAllocatorBase {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
+  grpc::Status ClearSession(grpc::ServerContext* context,
+                            const v1::ClearSessionRequest* request,
+                            v1::ClearSessionResponse* response) override;
+  grpc::Status ClearPool(grpc::ServerContext* context,
+                         const v1::ClearPoolRequest* request,
+                         v1::ClearPoolResponse* response) override;
+  grpc::Status GetFreeLists(grpc::ServerContext* context,
+                            const v1::GetFreeListsRequest* request,
+                            v1::GetFreeListsResponse* response) override;
 
  private:
   // The shared body of AllocExtend, AllocDecode and Alloc.

@@ -51,6 +51,15 @@ ABSL_FLAG(std::string, free_policy, "lifo",
           "lifo: freed pages are reused first; sorted: freed pages are parked "
           "and merged, sorted, when an allocation does not fit (SGLang's "
           "need_sort).");
+ABSL_FLAG(std::string, semantics, "pagealloc",
+          "pagealloc: the daemon's own contract; sglang: SGLang's allocators "
+          "where they differ (slot frees put pages back ascending; with "
+          "page size 1 at the back of the free list; the sorted policy "
+          "merges on SGLang's over-estimate). docs/design.md, \"SGLang "
+          "compatibility\".");
+ABSL_FLAG(bool, allow_forced_clear, false,
+          "Let ClearPool with force clear the pool while sessions hold pages "
+          "(their slots become void). Off: a forced clear is refused.");
 ABSL_FLAG(std::vector<std::string>, listen, {},
           "Comma-separated gRPC addresses: unix:///path.sock and/or "
           "host:port. Default unix:///run/pagealloc/gpu<gpu>.sock, or "
@@ -133,7 +142,9 @@ const CommandLineSpec kCommandLine = {
           {"num_pages", "pages"},
           {"pool_tokens", "tokens"},
           {"page_size", "tokens"},
-          {"free_policy"}}},
+          {"free_policy"},
+          {"semantics"},
+          {"allow_forced_clear"}}},
         {"memory and sessions",
          {{"ring_capacity_slots", "slots of 8 bytes"},
           {"max_sessions", "sessions"},
@@ -164,9 +175,9 @@ const CommandLineSpec kCommandLine = {
     {}};
 
 // Host memory the pool's bookkeeping takes per page while it is built: the
-// free ring, the owner table, the free list copy the executor mirrors and
-// the initial list (8 bytes each).
-constexpr int64_t kHostBytesPerPage = 32;
+// free ring, the owner table, the free list copy the executor mirrors, the
+// initial list and the checkpoint log's index (8 bytes each).
+constexpr int64_t kHostBytesPerPage = 40;
 // Slots are int64; PagePool keeps num_pages * page_size within this.
 constexpr int64_t kMaxSlots = int64_t{1} << 40;
 
@@ -270,6 +281,14 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
                     "lifo, sorted");
   }
   options.pool.free_policy = *policy;
+  absl::StatusOr<Semantics> semantics =
+      ParseSemantics(absl::GetFlag(FLAGS_semantics));
+  if (!semantics.ok()) {
+    return NotOneOf("semantics", absl::GetFlag(FLAGS_semantics),
+                    "pagealloc, sglang");
+  }
+  options.pool.semantics = *semantics;
+  options.allow_forced_clear = absl::GetFlag(FLAGS_allow_forced_clear);
 
   // Transport.
   options.listen = absl::GetFlag(FLAGS_listen);

@@ -1,6 +1,7 @@
 #include "server/request_decoding.h"
 
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -70,13 +71,19 @@ absl::Status DecodeCall(const CallArrays& arrays, OwnerId owner,
         break;
     }
     if (!IsValidShape(r, geometry)) return ValidateShape(r, geometry);
-    num_slots += ToExtendShape(r).num_slots();
+    // A request longer than the pool is well formed (the pool refuses it
+    // alone), so its length is bounded only by int64: the sum saturates.
+    const int64_t slots = ToExtendShape(r).num_slots();
+    num_slots = slots > std::numeric_limits<int64_t>::max() - num_slots
+                    ? std::numeric_limits<int64_t>::max()
+                    : num_slots + slots;
   }
   if (num_slots > limits.max_slots) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("the call asks for %d slots; at most %d per call "
-                        "(--max_batch_tokens)",
-                        num_slots, limits.max_slots));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the call asks for %s%d slots; at most %d per call "
+        "(--max_batch_tokens)",
+        num_slots == std::numeric_limits<int64_t>::max() ? "at least " : "",
+        num_slots, limits.max_slots));
   }
   out->num_slots = num_slots;
   return absl::OkStatus();

@@ -4,8 +4,9 @@ namespace pagealloc {
 
 const char* MethodName(Method method) {
   static constexpr const char* kNames[kNumMethods] = {
-      "Register", "KeepAlive",  "AllocExtend", "AllocDecode", "Alloc",
-      "Free",     "Checkpoint", "Rollback",    "ReleaseRing", "GetStats"};
+      "Register",     "KeepAlive",  "AllocExtend", "AllocDecode", "Alloc",
+      "Free",         "Checkpoint", "Rollback",    "ReleaseRing", "GetStats",
+      "ClearSession", "ClearPool",  "GetFreeLists"};
   return kNames[static_cast<int>(method)];
 }
 

@@ -30,8 +30,11 @@ enum class Method : int {
   kRollback,
   kReleaseRing,
   kGetStats,
+  kClearSession,
+  kClearPool,
+  kGetFreeLists,
 };
-inline constexpr int kNumMethods = 10;
+inline constexpr int kNumMethods = 13;
 inline constexpr int kNumStatusCodes = 17;  // google.rpc.Code 0..16
 
 // The method name as in the .proto ("AllocExtend").

@@ -418,6 +418,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   CallCore::Options core_options;
   core_options.max_call_requests = options.batcher.max_batch_requests;
   core_options.max_call_tokens = options.batcher.max_batch_tokens;
+  core_options.allow_forced_clear = options.allow_forced_clear;
   server->core_ = std::make_unique<CallCore>(
       core_options, server->pool_.get(), server->backend_.get(),
       server->sessions_.get(), server->batcher_.get());
@@ -552,7 +553,8 @@ absl::Status Server::Start() {
   reaper_ = std::thread([this] { ReapLeases(); });
   started_ = true;
   log->info(
-      "serving on {}{}: backend {}, {} pages of {} tokens ({} policy), lease "
+      "serving on {}{}: backend {}, {} pages of {} tokens ({} policy, {} "
+      "semantics), lease "
       "{} ms, batcher {}",
       absl::StrJoin(bound_, ", "),
       options_.tls.cert_file.empty()
@@ -562,6 +564,7 @@ absl::Status Server::Start() {
                  : " (TCP with TLS, client certificates required)"),
       backend_->Summary(), options_.pool.num_pages, options_.pool.page_size,
       std::string(FreePolicyName(options_.pool.free_policy)),
+      std::string(SemanticsName(options_.pool.semantics)),
       absl::ToInt64Milliseconds(options_.sessions.lease),
       options_.batcher.spin > absl::ZeroDuration()
           ? absl::StrFormat(

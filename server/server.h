@@ -62,6 +62,8 @@ struct ServerOptions {
   int max_message_bytes = 64 << 20;
   // Run PagePool::CheckInvariants after every change (slow; tests).
   bool debug_checks = false;
+  // Let ClearPool be forced while sessions hold pages (CallCore::Options).
+  bool allow_forced_clear = false;
   // HTTP /metrics and /healthz: host and port (0: any free port; -1: off;
   // pagealloc-server's flag defaults to 9464). Every address by default, so
   // that Prometheus on another host can scrape.

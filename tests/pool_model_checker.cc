@@ -21,25 +21,29 @@ std::string Join(const std::vector<int64_t>& values) {
 
 absl::StatusOr<std::unique_ptr<PoolModelChecker>> PoolModelChecker::Create(
     int64_t num_pages, int64_t page_size, FreePolicy policy,
-    ChoiceSource* choices) {
+    ChoiceSource* choices, Semantics semantics) {
   std::unique_ptr<PoolModelChecker> checker(
-      new PoolModelChecker(num_pages, page_size, policy, choices));
+      new PoolModelChecker(num_pages, page_size, policy, choices, semantics));
   RETURN_IF_ERROR(checker->Init());
   return checker;
 }
 
 PoolModelChecker::PoolModelChecker(int64_t num_pages, int64_t page_size,
-                                   FreePolicy policy, ChoiceSource* choices)
+                                   FreePolicy policy, ChoiceSource* choices,
+                                   Semantics semantics)
     : num_pages_(num_pages),
       page_size_(page_size),
       policy_(policy),
+      semantics_(semantics),
       choices_(choices),
-      model_(num_pages, page_size, policy == FreePolicy::kSorted),
+      model_(num_pages, page_size, policy == FreePolicy::kSorted,
+             semantics == Semantics::kSglang),
       live_(page_size) {}
 
 absl::Status PoolModelChecker::Init() {
   ASSIGN_OR_RETURN(
-      pool_, PagePool::Create({num_pages_, page_size_, policy_}, &executor_));
+      pool_, PagePool::Create({num_pages_, page_size_, policy_, semantics_},
+                              &executor_));
   for (OwnerId o = 1; o <= kOwners; ++o) {
     RETURN_IF_ERROR(pool_->AddOwner(o, Quota(o)));
     model_.AddOwner(o, Quota(o));
@@ -48,10 +52,11 @@ absl::Status PoolModelChecker::Init() {
 }
 
 absl::Status PoolModelChecker::Step() {
-  const int op = choices_->Uniform(0, 19);
-  if (op < 11) return StepAllocate();
-  if (op < 16) return StepFree();
-  if (op < 19) return StepCheckpointOrRollback();
+  const int op = choices_->Uniform(0, 39);
+  if (op < 22) return StepAllocate();
+  if (op < 32) return StepFree();
+  if (op < 37) return StepCheckpointOrRollback();
+  if (op < 38) return StepClear();
   return StepReclaim();
 }
 
@@ -92,7 +97,7 @@ absl::Status PoolModelChecker::StepAllocate() {
     } else {
       r.kind = RequestKind::kExtend;
       r.owner = RandomOwner();
-      switch (choices_->Uniform(0, 4)) {
+      switch (choices_->Uniform(0, 5)) {
         case 0: {  // a stranger continues someone's sequence
           const LiveSequence& s = live_[choices_->Uniform(0, live_.size() - 1)];
           r.owner = s.owner % kOwners + 1;
@@ -114,6 +119,13 @@ absl::Status PoolModelChecker::StepAllocate() {
           r.prefix_len = 5;
           r.seq_len = 4;
           break;
+        case 4:  // longer than the pool, by a little
+          r.seq_len = num_pages_ * page_size_ + choices_->Uniform(1, 2);
+          if (choices_->Uniform(0, 1) == 0) {
+            r.kind = RequestKind::kAlloc;
+            r.seq_len = (num_pages_ + 1) * page_size_;
+          }
+          break;
         default:
           r.owner = 77;  // unknown
           r.seq_len = 1;
@@ -131,9 +143,30 @@ absl::Status PoolModelChecker::StepAllocate() {
                   -7);
     requests[i].destination = out[i].data();
   }
-  const std::vector<AllocResult> results = pool_->Allocate(requests);
+  // Split the batch into one to three calls, some all-or-nothing.
+  std::vector<CallSpan> calls;
+  std::vector<ReferenceModel::Call> model_calls;
+  for (int64_t left = requests.size(); left > 0;) {
+    const int64_t n = calls.size() == 2
+                          ? left
+                          : choices_->Uniform(1, std::min<int64_t>(left, 4));
+    const bool all_or_nothing = choices_->Uniform(0, 2) == 0;
+    calls.push_back({n, all_or_nothing});
+    model_calls.push_back({n, all_or_nothing});
+    left -= n;
+  }
+  const std::vector<AllocResult> results = pool_->Allocate(requests, calls);
   const std::vector<ReferenceModel::Outcome> expected =
-      model_.Allocate(model_requests);
+      model_.Allocate(model_requests, model_calls);
+  size_t call_begin = 0;
+  for (const CallSpan& call : calls) {
+    bool any_ok = false;
+    for (int64_t k = 0; k < call.num_requests; ++k) {
+      any_ok = any_ok || results[call_begin + k].status.ok();
+    }
+    calls_refused_whole_ += call.all_or_nothing && !any_ok;
+    call_begin += call.num_requests;
+  }
   for (size_t i = 0; i < results.size(); ++i) {
     ++outcomes_[{requests[i].kind, results[i].status.code()}];
     if (results[i].status.code() != expected[i].code) {
@@ -173,23 +206,39 @@ absl::Status PoolModelChecker::StepFree() {
   }
   if (choices_->Uniform(0, 7) == 0) caller = caller % kOwners + 1;
   if (choices_->Uniform(0, 15) == 0) values.push_back(0);
+  // Sometimes the pages of two sequences together (a free group), in the
+  // order given.
+  if (live_.size() > 1 && choices_->Uniform(0, 3) == 0) {
+    const size_t other = (k + 1) % live_.size();
+    if (live_[other].owner == live_[k].owner) {
+      std::vector<int64_t> more = live_.SlotsOf(other);
+      if (!as_slots) {
+        for (int64_t& v : more) v /= page_size_;
+      }
+      values.insert(values.begin(), more.begin(), more.end());
+    }
+  }
+  const int order_choice = choices_->Uniform(0, 2);
+  const FreeOrder order = static_cast<FreeOrder>(order_choice);
+  const auto model_order = static_cast<ReferenceModel::Order>(order_choice);
   auto free = [&]() {
-    return as_slots ? pool_->FreeSlots(caller, values)
-                    : pool_->FreePages(caller, values);
+    return as_slots ? pool_->FreeSlots(caller, values, order)
+                    : pool_->FreePages(caller, values, order);
   };
   const absl::StatusOr<int64_t> freed = free();
-  const absl::StatusCode expected = model_.Free(caller, values, as_slots);
+  const absl::StatusCode expected =
+      model_.Free(caller, values, as_slots, model_order);
   if (freed.status().code() != expected) {
     return Disagree(absl::StrFormat("free: pool says %s, model code %d",
                                     freed.status().ToString(),
                                     static_cast<int>(expected)));
   }
   if (!freed.ok()) return absl::OkStatus();
-  live_.Remove(k);
+  ForgetDeadSequences();
   if (choices_->Uniform(0, 5) == 0 && !values.empty()) {
     const absl::StatusOr<int64_t> again = free();
     if (again.status().code() != absl::StatusCode::kFailedPrecondition ||
-        model_.Free(caller, values, as_slots) !=
+        model_.Free(caller, values, as_slots, model_order) !=
             absl::StatusCode::kFailedPrecondition) {
       return Disagree("a double free was not FAILED_PRECONDITION: " +
                       again.status().ToString());
@@ -201,12 +250,22 @@ absl::Status PoolModelChecker::StepFree() {
 absl::Status PoolModelChecker::StepCheckpointOrRollback() {
   const OwnerId o = RandomOwner();
   if (choices_->Uniform(0, 1) == 0) {
-    RETURN_IF_ERROR(pool_->Checkpoint(o));
-    model_.Checkpoint(o);
+    ASSIGN_OR_RETURN(const uint64_t id, pool_->Checkpoint(o));
+    const uint64_t expected = model_.Checkpoint(o);
+    if (id != expected) {
+      return Disagree(
+          absl::StrFormat("checkpoint id %d, model %d", id, expected));
+    }
     return absl::OkStatus();
   }
-  const absl::StatusOr<int64_t> returned = pool_->Rollback(o);
-  const absl::StatusCode expected = model_.Rollback(o);
+  // The latest (which ends), or an id: active, ended, or never taken.
+  uint64_t id = 0;
+  if (choices_->Uniform(0, 1) == 0) {
+    id = choices_->Uniform(1, model_.last_checkpoint_id(o) + 2);
+    ++rollbacks_to_an_id_;
+  }
+  const absl::StatusOr<int64_t> returned = pool_->Rollback(o, id);
+  const absl::StatusCode expected = model_.Rollback(o, id);
   if (returned.status().code() != expected) {
     return Disagree(absl::StrFormat("rollback: pool says %s, model code %d",
                                     returned.status().ToString(),
@@ -223,6 +282,25 @@ absl::Status PoolModelChecker::StepReclaim() {
   model_.RemoveOwner(o);
   RETURN_IF_ERROR(pool_->AddOwner(o, Quota(o)));
   model_.AddOwner(o, Quota(o));
+  ForgetDeadSequences();
+  return absl::OkStatus();
+}
+
+absl::Status PoolModelChecker::StepClear() {
+  if (choices_->Uniform(0, 3) > 0) {
+    const OwnerId o = RandomOwner();
+    RETURN_IF_ERROR(pool_->ClearOwner(o).status());
+    model_.ClearOwner(o);
+  } else {
+    const bool force = choices_->Uniform(0, 1) == 0;
+    const absl::StatusCode got = pool_->ClearPool(force).status().code();
+    const absl::StatusCode expected = model_.ClearPool(force);
+    if (got != expected) {
+      return Disagree(absl::StrFormat("clear pool: pool code %d, model %d",
+                                      static_cast<int>(got),
+                                      static_cast<int>(expected)));
+    }
+  }
   ForgetDeadSequences();
   return absl::OkStatus();
 }
@@ -265,6 +343,11 @@ absl::Status PoolModelChecker::CheckSameState() {
                                       model_.pages_owned(id)));
     }
     owned += owner.pages_owned;
+    if (owner.checkpoints != model_.checkpoints(id)) {
+      return Disagree(absl::StrFormat("owner %d has %d checkpoints, model %d",
+                                      id, owner.checkpoints,
+                                      model_.checkpoints(id)));
+    }
   }
   if (owned != stats.used_pages) return Disagree("owners' pages != used");
   return pool_->CheckInvariants();

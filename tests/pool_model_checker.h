@@ -6,11 +6,15 @@
 //
 // Operations: batches mixing new and continued extends, decodes, page allocs
 // and deliberately bad requests (a stranger's last_loc, misaligned ones,
-// unaligned allocs, seq < prefix, unknown owners); frees of a sequence by
-// slots or pages (sometimes by a stranger, with page 0, or twice);
-// checkpoint / rollback; reclaiming an owner. After each: same slots, same
-// codes, same free list and parked pages, same owner for every page, stats
-// that add up, and PagePool::CheckInvariants (executor mirror included).
+// unaligned allocs, seq < prefix, requests longer than the pool, unknown
+// owners), split into calls of which some are all-or-nothing; frees of a
+// sequence by slots or pages in each order (sometimes by a stranger, with
+// page 0, or twice); nested checkpoints and rollbacks to the latest or to
+// an id (active, ended or never taken); clearing an owner or the pool;
+// reclaiming an owner. After each: same slots, same codes, same free list
+// and parked pages, same owner for every page, same checkpoint depths,
+// stats that add up, and PagePool::CheckInvariants (executor mirror
+// included). The model follows the pool's semantics profile.
 //
 // This class is not thread-safe.
 
@@ -47,7 +51,7 @@ class PoolModelChecker {
   // of them) and the model beside it.
   static absl::StatusOr<std::unique_ptr<PoolModelChecker>> Create(
       int64_t num_pages, int64_t page_size, FreePolicy policy,
-      ChoiceSource* choices);
+      ChoiceSource* choices, Semantics semantics = Semantics::kPagealloc);
 
   // Does one operation chosen by the source. Returns INTERNAL describing the
   // first disagreement with the model.
@@ -63,11 +67,14 @@ class PoolModelChecker {
     return outcomes_;
   }
   int64_t pages_rolled_back() const { return pages_rolled_back_; }
+  // All-or-nothing calls refused whole, and rollbacks to an id.
+  int64_t calls_refused_whole() const { return calls_refused_whole_; }
+  int64_t rollbacks_to_an_id() const { return rollbacks_to_an_id_; }
   int64_t page_size() const { return page_size_; }
 
  private:
   PoolModelChecker(int64_t num_pages, int64_t page_size, FreePolicy policy,
-                   ChoiceSource* choices);
+                   ChoiceSource* choices, Semantics semantics);
   absl::Status Init();
   int64_t Quota(OwnerId owner) const {
     return owner == kOwners ? num_pages_ / 3 : 0;
@@ -77,12 +84,14 @@ class PoolModelChecker {
   absl::Status StepFree();
   absl::Status StepCheckpointOrRollback();
   absl::Status StepReclaim();
+  absl::Status StepClear();
   // Drops sequences that lost a page (rolled back or reclaimed).
   void ForgetDeadSequences();
 
   const int64_t num_pages_;
   const int64_t page_size_;
   const FreePolicy policy_;
+  const Semantics semantics_;
   ChoiceSource* const choices_;
   CpuExecutor executor_;
   std::unique_ptr<PagePool> pool_;
@@ -92,6 +101,8 @@ class PoolModelChecker {
   SequenceSet live_;
   std::map<std::pair<RequestKind, absl::StatusCode>, int64_t> outcomes_;
   int64_t pages_rolled_back_ = 0;
+  int64_t calls_refused_whole_ = 0;
+  int64_t rollbacks_to_an_id_ = 0;
 };
 
 }  // namespace pagealloc::testing

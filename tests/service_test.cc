@@ -309,9 +309,12 @@ TEST_F(ServiceTest, MalformedCallsAreRefusedWhole) {
   EXPECT_THAT(extend(many, lens, lasts, ref),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("65 requests; at most 64")));
+  // Longer than the pool is refused per request; more slots than one
+  // launch takes, for the whole call.
   EXPECT_THAT(extend({0}, {5000}, {-1}, ref),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("seq_lens[0] (5000) exceeds")));
+                       HasSubstr("the call asks for 5000 slots; at most "
+                                 "4096")));
 
   v1::FreeRequest both;
   *both.mutable_session() = ref;

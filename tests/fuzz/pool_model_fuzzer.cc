@@ -1,8 +1,8 @@
 // Fuzz target: operation sequences on the pool against the reference model.
 // The fuzzer's bytes make every choice PoolModelChecker makes (which
-// operation, which owner, which lengths); the first byte picks the page size
-// and the policy. Any disagreement with the model, or a broken invariant,
-// aborts.
+// operation, which owner, which lengths); the first byte picks the page size,
+// the policy and the semantics. Any disagreement with the model, or a broken
+// invariant, aborts.
 
 #include <cstdint>
 #include <cstdio>
@@ -45,10 +45,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t page_size = kPageSizes[data[0] % 4];
   const FreePolicy policy =
       (data[0] / 4) % 2 == 0 ? FreePolicy::kLifo : FreePolicy::kSorted;
+  const pagealloc::Semantics semantics = (data[0] / 8) % 2 == 0
+                                             ? pagealloc::Semantics::kPagealloc
+                                             : pagealloc::Semantics::kSglang;
   const int64_t num_pages = 8 + data[1] % 40;
   ByteChoices choices(data + 2, size - 2);
-  auto checker =
-      PoolModelChecker::Create(num_pages, page_size, policy, &choices);
+  auto checker = PoolModelChecker::Create(num_pages, page_size, policy,
+                                          &choices, semantics);
   if (!checker.ok()) std::abort();
   // Each step compares slots and codes with the model; the whole state (free
   // list, owners, invariants) is compared every few steps and at the end,
