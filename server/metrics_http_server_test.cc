@@ -28,7 +28,7 @@ std::unique_ptr<MetricsHttpServer> StartOn(int port) {
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
       MetricsHttpServer::Start(
           "127.0.0.1", port, [] { return std::string("pagealloc_up 1\n"); },
-          [] { return true; });
+          [] { return absl::OkStatus(); });
   EXPECT_OK(server.status());
   return server.ok() ? *std::move(server) : nullptr;
 }
@@ -38,7 +38,7 @@ TEST(MetricsHttpServerTest, ASecondServerOnTheSamePortFailsNamingIt) {
   ASSERT_NE(first, nullptr);
   EXPECT_THAT(MetricsHttpServer::Start(
                   "127.0.0.1", first->port(), [] { return std::string(); },
-                  [] { return true; }),
+                  [] { return absl::OkStatus(); }),
               StatusIs(absl::StatusCode::kUnavailable,
                        HasSubstr(absl::StrCat("127.0.0.1:", first->port()))));
 }
