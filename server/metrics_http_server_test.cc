@@ -43,6 +43,23 @@ TEST(MetricsHttpServerTest, ASecondServerOnTheSamePortFailsNamingIt) {
                        HasSubstr(absl::StrCat("127.0.0.1:", first->port()))));
 }
 
+TEST(MetricsHttpServerTest, HealthzSaysWhyItIsUnhealthy) {
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(
+          "127.0.0.1", 0, [] { return std::string(); },
+          [] {
+            return absl::UnavailableError(
+                "not accepting gRPC connections (for 5 ms): /x.sock: why");
+          });
+  ASSERT_OK(server.status());
+  httplib::Client client("127.0.0.1", (*server)->port());
+  httplib::Result health = client.Get("/healthz");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(health->body,
+            "not accepting gRPC connections (for 5 ms): /x.sock: why\n");
+}
+
 // Opens a TCP connection to `port` and sends the start of a request that
 // never ends.
 int DripOneLine(int port) {
