@@ -5,8 +5,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "google/protobuf/descriptor.h"
 #include "server/request_decoding.h"
 
 namespace pagealloc {
@@ -44,13 +46,14 @@ void FillRing(const RingDescription& ring, v1::OutputRing* out) {
 }
 
 // Holds one client's KeepAlive stream: every message renews the lease.
+// The stream is raw (ByteBuffers) so that a message that does not parse is
+// told apart from the stream's end.
 class KeepAliveReactor final
-    : public grpc::ServerBidiReactor<v1::KeepAliveRequest,
-                                     v1::KeepAliveResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit KeepAliveReactor(CallCore* core)
       : core_(core), opened_(absl::Now()) {
-    StartRead(&request_);
+    StartRead(&incoming_);
   }
 
   void OnReadDone(bool ok) override {
@@ -60,19 +63,36 @@ class KeepAliveReactor final
       End(absl::OkStatus());
       return;
     }
+    v1::KeepAliveRequest request;
+    if (!grpc::SerializationTraits<v1::KeepAliveRequest>::Deserialize(
+             &incoming_, &request)
+             .ok()) {
+      End(absl::InvalidArgumentError(
+          "a KeepAlive message is not a valid pagealloc.v1.KeepAliveRequest "
+          "message"));
+      return;
+    }
     absl::StatusOr<std::shared_ptr<Session>> session = core_->Authenticate(
-        request_.session().session_id(), request_.session().session_token());
+        request.session().session_id(), request.session().session_token());
     if (!session.ok()) {
       End(session.status());
       return;
     }
-    if (request_.close()) {
+    if (request.close()) {
       core_->CloseSession((*session)->id(), "closed by client");
       End(absl::OkStatus());
       return;
     }
-    response_.set_lease_remaining_ms(absl::ToInt64Milliseconds(core_->lease()));
-    StartWrite(&response_);
+    v1::KeepAliveResponse response;
+    response.set_lease_remaining_ms(absl::ToInt64Milliseconds(core_->lease()));
+    bool own_buffer = false;
+    if (!grpc::SerializationTraits<v1::KeepAliveResponse>::Serialize(
+             response, &outgoing_, &own_buffer)
+             .ok()) {
+      End(absl::InternalError("cannot serialize a KeepAliveResponse"));
+      return;
+    }
+    StartWrite(&outgoing_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -80,7 +100,7 @@ class KeepAliveReactor final
       End(absl::OkStatus());
       return;
     }
-    StartRead(&request_);
+    StartRead(&incoming_);
   }
 
   void OnDone() override { delete this; }
@@ -94,8 +114,87 @@ class KeepAliveReactor final
 
   CallCore* const core_;
   const absl::Time opened_;
-  v1::KeepAliveRequest request_;
-  v1::KeepAliveResponse response_;
+  grpc::ByteBuffer incoming_;
+  grpc::ByteBuffer outgoing_;
+};
+
+// See GrpcService::MalformedRequestInterceptors. gRPC hands a server
+// interceptor a null message at POST_RECV_MESSAGE when the request did not
+// parse (or never came), and lets it rewrite the status before it is sent.
+class MalformedRequestInterceptor final
+    : public grpc::experimental::Interceptor {
+ public:
+  MalformedRequestInterceptor(CallCore* core, Method method,
+                              const std::string* request_type)
+      : core_(core), method_(method), request_type_(request_type) {}
+
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    using Hook = grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(Hook::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      malformed_ = true;
+    }
+    if (malformed_ &&
+        methods->QueryInterceptionHookPoint(Hook::PRE_SEND_STATUS)) {
+      methods->ModifySendStatus(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       absl::StrFormat("the request is not a valid %s message",
+                                       *request_type_)));
+      core_->Record(method_, Transport::kGrpc,
+                    absl::StatusCode::kInvalidArgument, absl::ZeroDuration());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  CallCore* const core_;
+  const Method method_;
+  const std::string* const request_type_;
+  bool malformed_ = false;
+};
+
+class MalformedRequestInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit MalformedRequestInterceptorFactory(CallCore* core) : core_(core) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+            v1::PageAllocator::service_full_name());
+    if (service == nullptr) return;  // not linked in: no interceptor
+    for (int m = 0; m < kNumMethods; ++m) {
+      const Method method = static_cast<Method>(m);
+      const google::protobuf::MethodDescriptor* descriptor =
+          service->FindMethodByName(MethodName(method));
+      if (descriptor == nullptr) continue;
+      methods_.push_back(
+          {absl::StrFormat("/%s/%s", service->full_name(), descriptor->name()),
+           method, &descriptor->input_type()->full_name()});
+    }
+  }
+
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    if (info->type() != grpc::experimental::ServerRpcInfo::Type::UNARY) {
+      return nullptr;
+    }
+    for (const Entry& entry : methods_) {
+      if (entry.path == info->method()) {
+        return new MalformedRequestInterceptor(core_, entry.method,
+                                               entry.request_type);
+      }
+    }
+    return nullptr;  // another service's method (health, reflection)
+  }
+
+ private:
+  struct Entry {
+    std::string path;  // "/pagealloc.v1.PageAllocator/Free"
+    Method method;
+    const std::string* request_type;  // "pagealloc.v1.FreeRequest"
+  };
+  CallCore* const core_;
+  std::vector<Entry> methods_;
 };
 
 // One RequestResult per request (the default answer form).
@@ -225,9 +324,14 @@ grpc::ServerUnaryReactor* GrpcService::Register(
   return reactor;
 }
 
-grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 GrpcService::KeepAlive(grpc::CallbackServerContext*) {
   return new KeepAliveReactor(core_);
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+GrpcService::MalformedRequestInterceptors(CallCore* core) {
+  return std::make_unique<MalformedRequestInterceptorFactory>(core);
 }
 
 void GrpcService::Finish(grpc::ServerUnaryReactor* reactor, Method method,

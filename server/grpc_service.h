@@ -3,6 +3,13 @@
 // plain input, lets the core run the call, and writes the answer back;
 // absl::Status becomes grpc::Status in ToGrpcStatus only.
 //
+// Malformed messages. Bytes that do not parse as the method's request are
+// INVALID_ARGUMENT on every method: the unary methods through
+// MalformedRequestInterceptors (gRPC would answer INTERNAL from a sync
+// handler and UNIMPLEMENTED from a callback one), KeepAlive by parsing its
+// messages itself (a raw stream: a message that does not parse ends it
+// with INVALID_ARGUMENT, where gRPC would report it as the stream's end).
+//
 // Threading. Session calls (allocations, Free, Checkpoint, Rollback,
 // ReleaseRing) are synchronous handlers: gRPC's sync server runs a call on
 // the thread that read it, and that thread usually drives the batcher
@@ -16,9 +23,11 @@
 #ifndef PAGEALLOC_SERVER_GRPC_SERVICE_H_
 #define PAGEALLOC_SERVER_GRPC_SERVICE_H_
 
+#include <memory>
 #include <string>
 #include <utility>
 
+#include "grpcpp/support/server_interceptor.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/call_core.h"
 #include "server/fast_channel_server.h"
@@ -26,7 +35,7 @@
 namespace pagealloc {
 
 using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
-    v1::PageAllocator::WithCallbackMethod_KeepAlive<
+    v1::PageAllocator::WithRawCallbackMethod_KeepAlive<
         v1::PageAllocator::WithCallbackMethod_GetStats<
             v1::PageAllocator::Service>>>;
 
@@ -45,8 +54,8 @@ class GrpcService final : public PageAllocatorBase {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override;
-  grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>*
-  KeepAlive(grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KeepAlive(
+      grpc::CallbackServerContext* context) override;
   grpc::Status AllocExtend(grpc::ServerContext* context,
                            const v1::AllocExtendRequest* request,
                            v1::AllocResponse* response) override;
@@ -80,6 +89,14 @@ class GrpcService final : public PageAllocatorBase {
   grpc::Status GetFreeLists(grpc::ServerContext* context,
                             const v1::GetFreeListsRequest* request,
                             v1::GetFreeListsResponse* response) override;
+
+  // Interceptors for the server (ServerBuilder::experimental()) that turn
+  // the answer to a unary call of this service whose request did not parse
+  // into INVALID_ARGUMENT ("the request is not a valid
+  // pagealloc.v1.FreeRequest message"), and count it in `core`'s metrics.
+  // `core` must outlive the server.
+  static std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+  MalformedRequestInterceptors(CallCore* core);
 
  private:
   // The shared body of AllocExtend, AllocDecode and Alloc.

@@ -20,6 +20,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -85,6 +86,26 @@ ABSL_FLAG(int, fast_channel_spin_us, 200,
 ABSL_FLAG(int, fast_channel_pollers, 1,
           "Threads serving fast channels (each spins while its channels are "
           "busy).");
+ABSL_FLAG(int, max_connections, pagealloc::ServerOptions().max_connections,
+          "Most gRPC connections held at once on the Unix sockets; more are "
+          "closed as they arrive.");
+ABSL_FLAG(
+    int64_t, max_connection_idle_ms,
+    absl::ToInt64Milliseconds(pagealloc::ServerOptions().max_connection_idle),
+    "A gRPC connection with no call open for this long is closed (a "
+    "session's KeepAlive stream is a call open for its life).");
+ABSL_FLAG(int64_t, keepalive_time_ms,
+          absl::ToInt64Milliseconds(pagealloc::ServerOptions().keepalive_time),
+          "A gRPC connection with a call open and nothing received for this "
+          "long is pinged.");
+ABSL_FLAG(
+    int64_t, keepalive_timeout_ms,
+    absl::ToInt64Milliseconds(pagealloc::ServerOptions().keepalive_timeout),
+    "A ping not answered within this closes the connection (a hung or "
+    "vanished peer).");
+ABSL_FLAG(bool, allow_insecure_tcp, false,
+          "Allow --listen on a TCP address other than loopback without TLS "
+          "(refused otherwise).");
 ABSL_FLAG(int, metrics_port, 9464,
           "HTTP port for /metrics (Prometheus) and /healthz; 0 picks a free "
           "port, -1 turns metrics off.");
@@ -156,12 +177,18 @@ const CommandLineSpec kCommandLine = {
           {"fast_channel_spin_us", "microseconds"},
           {"fast_channel_pollers", "threads"},
           {"max_message_bytes", "bytes"}}},
+        {"connections",
+         {{"max_connections", "connections"},
+          {"max_connection_idle_ms", "milliseconds"},
+          {"keepalive_time_ms", "milliseconds"},
+          {"keepalive_timeout_ms", "milliseconds"}}},
         {"security",
          {{"socket_mode", "octal mode"},
           {"socket_group", "group name"},
           {"tls_cert_file", "path"},
           {"tls_key_file", "path"},
-          {"tls_client_ca_file", "path"}}},
+          {"tls_client_ca_file", "path"},
+          {"allow_insecure_tcp"}}},
         {"batching",
          {{"max_batch_requests", "requests"},
           {"max_batch_tokens", "slots"},
@@ -322,6 +349,24 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   RETURN_IF_ERROR(CheckRange("max_message_bytes", options.max_message_bytes,
                              4096, std::numeric_limits<int>::max(), "bytes"));
 
+  // Connections.
+  options.max_connections = absl::GetFlag(FLAGS_max_connections);
+  RETURN_IF_ERROR(CheckRange("max_connections", options.max_connections, 1,
+                             1 << 20, "connections"));
+  for (const auto& [flag, value, field] :
+       {std::tuple<const char*, int64_t, absl::Duration*>{
+            "max_connection_idle_ms",
+            absl::GetFlag(FLAGS_max_connection_idle_ms),
+            &options.max_connection_idle},
+        {"keepalive_time_ms", absl::GetFlag(FLAGS_keepalive_time_ms),
+         &options.keepalive_time},
+        {"keepalive_timeout_ms", absl::GetFlag(FLAGS_keepalive_timeout_ms),
+         &options.keepalive_timeout}}) {
+    RETURN_IF_ERROR(CheckRange(
+        flag, value, 100, std::numeric_limits<int>::max(), "milliseconds"));
+    *field = absl::Milliseconds(value);
+  }
+
   // Security.
   const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);
   int mode = 0;
@@ -346,6 +391,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.allow_insecure_tcp = absl::GetFlag(FLAGS_allow_insecure_tcp);
   if (options.tls.cert_file.empty() != options.tls.key_file.empty()) {
     return absl::InvalidArgumentError(
         "TLS needs both --tls_cert_file and --tls_key_file");

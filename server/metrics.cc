@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/version.h"
 #include "httplib.h"
@@ -307,7 +308,7 @@ struct MetricsHttpServer::Impl {
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& host, int port, std::function<std::string()> render,
-    std::function<bool()> serving) {
+    std::function<absl::Status()> health) {
   auto impl = std::make_unique<Impl>();
   // SO_REUSEADDR (a restarted daemon can bind while old connections linger
   // in TIME_WAIT) but not httplib's default SO_REUSEPORT, with which a
@@ -333,11 +334,13 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
                                       httplib::Response& response) {
     response.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  impl->http.Get("/healthz", [serving](const httplib::Request&,
-                                       httplib::Response& response) {
-    const bool up = serving();
-    response.status = up ? 200 : 503;
-    response.set_content(up ? "serving\n" : "draining\n", "text/plain");
+  impl->http.Get("/healthz", [health](const httplib::Request&,
+                                      httplib::Response& response) {
+    const absl::Status status = health();
+    response.status = status.ok() ? 200 : 503;
+    response.set_content(status.ok() ? std::string("serving\n")
+                                     : absl::StrCat(status.message(), "\n"),
+                         "text/plain");
   });
   int bound = port;
   if (port == 0) {

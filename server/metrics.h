@@ -54,11 +54,12 @@ class MetricsExporter {
 class MetricsHttpServer {
  public:
   // Binds `host`:`port` (port 0 picks a free one) and serves from a thread
-  // of its own. `render` produces /metrics; /healthz answers 200 while
-  // `serving()` is true and 503 after.
+  // of its own. `render` produces /metrics; /healthz answers 200
+  // "serving" while `health()` is OK, and 503 with its message otherwise
+  // ("draining", or why the daemon cannot accept connections).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& host, int port, std::function<std::string()> render,
-      std::function<bool()> serving);
+      std::function<absl::Status()> health);
   ~MetricsHttpServer();
 
   int port() const { return port_; }

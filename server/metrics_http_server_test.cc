@@ -28,7 +28,7 @@ std::unique_ptr<MetricsHttpServer> StartOn(int port) {
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
       MetricsHttpServer::Start(
           "127.0.0.1", port, [] { return std::string("pagealloc_up 1\n"); },
-          [] { return true; });
+          [] { return absl::OkStatus(); });
   EXPECT_OK(server.status());
   return server.ok() ? *std::move(server) : nullptr;
 }
@@ -38,9 +38,26 @@ TEST(MetricsHttpServerTest, ASecondServerOnTheSamePortFailsNamingIt) {
   ASSERT_NE(first, nullptr);
   EXPECT_THAT(MetricsHttpServer::Start(
                   "127.0.0.1", first->port(), [] { return std::string(); },
-                  [] { return true; }),
+                  [] { return absl::OkStatus(); }),
               StatusIs(absl::StatusCode::kUnavailable,
                        HasSubstr(absl::StrCat("127.0.0.1:", first->port()))));
+}
+
+TEST(MetricsHttpServerTest, HealthzSaysWhyItIsUnhealthy) {
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(
+          "127.0.0.1", 0, [] { return std::string(); },
+          [] {
+            return absl::UnavailableError(
+                "not accepting gRPC connections (for 5 ms): /x.sock: why");
+          });
+  ASSERT_OK(server.status());
+  httplib::Client client("127.0.0.1", (*server)->port());
+  httplib::Result health = client.Get("/healthz");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(health->body,
+            "not accepting gRPC connections (for 5 ms): /x.sock: why\n");
 }
 
 // Opens a TCP connection to `port` and sends the start of a request that

@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <grp.h>
 #include <netdb.h>
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -28,6 +30,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_posix.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "memory/memory_socket.h"
 #include "memory/unique_fd.h"
@@ -67,6 +70,10 @@ class InFlightRpcs {
 };
 
 namespace {
+
+// The longest a TCP connection may take to finish its TLS handshake and
+// send its HTTP/2 settings (capped by --max_connection_idle_ms).
+constexpr absl::Duration kTcpHandshakeTimeout = absl::Seconds(20);
 
 // Holds its RPC in the InFlightRpcs count from creation (the RPC's arrival)
 // to destruction (gRPC destroys it with the finished call).
@@ -203,6 +210,47 @@ absl::Status SetSocketPermissions(const std::string& path, int mode,
         "chown :%s %s failed: %s", group, path, std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+// Binds a Unix socket of `type` at `path` (prepared by PrepareSocketPath),
+// gives it `mode` and `group` before it listens (so no client ever finds
+// it with another mode), and listens. The socket file is removed again on
+// failure.
+absl::StatusOr<UniqueFd> ListenOnUnixSocket(const std::string& path, int type,
+                                            int mode,
+                                            const std::string& group) {
+  UniqueFd listener(socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  if (!listener.valid() ||
+      bind(listener.get(), reinterpret_cast<sockaddr*>(&address),
+           sizeof(address)) != 0) {
+    return absl::UnavailableError(absl::StrFormat("could not listen on %s: %s",
+                                                  path, std::strerror(errno)));
+  }
+  if (absl::Status permitted = SetSocketPermissions(path, mode, group);
+      !permitted.ok()) {
+    unlink(path.c_str());
+    return permitted;
+  }
+  if (listen(listener.get(), SOMAXCONN) != 0) {
+    const int error = errno;
+    unlink(path.c_str());
+    return absl::UnavailableError(absl::StrFormat("could not listen on %s: %s",
+                                                  path, std::strerror(error)));
+  }
+  return listener;
+}
+
+// "ipv4:127.0.0.1:80" -> "127.0.0.1"; "[::1]:80" -> "::1"; "" for no host.
+std::string TcpHost(const std::string& address) {
+  absl::string_view host(address);
+  absl::ConsumePrefix(&host, "ipv4:") || absl::ConsumePrefix(&host, "ipv6:");
+  const size_t colon = host.rfind(':');
+  if (colon != absl::string_view::npos) host = host.substr(0, colon);
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  return std::string(host);
 }
 
 // Why a bind to `address` (a Unix socket or host:port) fails, in errno's
@@ -368,6 +416,21 @@ int RemoveLeftoverSegments(int gpu) {
   return removed;
 }
 
+bool IsLoopbackAddress(const std::string& address) {
+  const std::string host = TcpHost(address);
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6;
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
     const ServerOptions& options) {
   const std::string& name = options.backend;
@@ -459,6 +522,7 @@ absl::Status Server::Start() {
         "(/dev/shm/pagealloc-gpu{}.<pid>.*)",
         removed, options_.gpu);
   }
+  RETURN_IF_ERROR(CheckTcpAddresses());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -467,6 +531,27 @@ absl::Status Server::Start() {
   // No HTTP/2 BDP probing: the daemon's peers are on the same host, where
   // it only adds a PING exchange (two wake-ups) per message.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Dead and silent peers (ServerOptions): keepalive pings on connections
+  // with a call open, with no limit on pings between data frames (gRPC's
+  // default of 2 would stop probing a quiet stream after two), and idle
+  // connections closed.
+  const auto millis = [](absl::Duration d) {
+    return static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(d), 1, std::numeric_limits<int>::max()));
+  };
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             millis(options_.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             millis(options_.keepalive_timeout));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             millis(options_.max_connection_idle));
+  // TCP connections (accepted by gRPC) must finish their TLS handshake and
+  // send HTTP/2 settings within this; Unix-socket connections are bounded
+  // by the idle timeout from their first byte.
+  builder.AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      millis(std::min(options_.max_connection_idle, kTcpHandshakeTimeout)));
   builder.RegisterService(grpc_service_.get());
   // Shutdown waits for the unary RPCs in flight, and only for those.
   in_flight_rpcs_ = std::make_shared<InFlightRpcs>();
@@ -475,26 +560,52 @@ absl::Status Server::Start() {
       interceptors;
   interceptors.push_back(
       std::make_unique<InFlightInterceptorFactory>(in_flight_rpcs_));
+  // Malformed requests are INVALID_ARGUMENT, whatever the method.
+  interceptors.push_back(
+      GrpcService::MalformedRequestInterceptors(core_.get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::vector<std::unique_ptr<int>> ports;
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
                    TcpCredentials(options_.tls));
+  // Unix sockets: the daemon listens and accepts (ConnectionAcceptor);
+  // TCP: gRPC does (it owns the TLS handshake).
+  ConnectionAcceptor::Options accepting;
+  accepting.max_connections = options_.max_connections;
+  acceptor_ = std::make_unique<ConnectionAcceptor>(accepting, [this](int fd) {
+    grpc::AddInsecureChannelFromFd(grpc_server_.get(), fd);
+  });
+  // A failure from here on must not leave a socket file behind.
+  const auto close_sockets = [this] {
+    acceptor_->Stop();
+    for (const std::string& path : socket_paths_) unlink(path.c_str());
+  };
+  const auto unlink_sockets = [&close_sockets](const absl::Status& status) {
+    close_sockets();
+    return status;
+  };
   for (const std::string& address : options_.listen) {
     const std::string path = UnixSocketPath(address);
-    if (!path.empty()) {
-      RETURN_IF_ERROR(PrepareSocketPath(path));
-      socket_paths_.push_back(path);
-    }
     ports.push_back(std::make_unique<int>(0));
-    builder.AddListeningPort(
-        address,
-        path.empty() ? tcp_credentials : grpc::InsecureServerCredentials(),
-        ports.back().get());
+    if (path.empty()) {
+      builder.AddListeningPort(address, tcp_credentials, ports.back().get());
+      continue;
+    }
+    if (absl::Status prepared = PrepareSocketPath(path); !prepared.ok()) {
+      return unlink_sockets(prepared);
+    }
+    absl::StatusOr<UniqueFd> listener = ListenOnUnixSocket(
+        path, SOCK_STREAM, options_.socket_mode, options_.socket_group);
+    if (!listener.ok()) return unlink_sockets(listener.status());
+    socket_paths_.push_back(path);
+    acceptor_->AddListener(*std::move(listener), path);
   }
   // Before gRPC: a client that registers finds its memory socket serving.
-  RETURN_IF_ERROR(StartMemorySocket());
+  if (absl::Status memory = StartMemorySocket(); !memory.ok()) {
+    return unlink_sockets(memory);
+  }
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) {
+    close_sockets();
     // gRPC logs its reason in a line of its own; say it here, per address.
     std::vector<std::string> reasons;
     for (const std::string& address : options_.listen) {
@@ -509,11 +620,14 @@ absl::Status Server::Start() {
   }
   // A failure from here on must not leave the gRPC server running or the
   // socket files behind.
-  const auto abandon = [this](const absl::Status& status) {
+  const auto abandon = [this, &close_sockets](const absl::Status& status) {
+    close_sockets();
     grpc_server_->Shutdown(absl::ToChronoTime(absl::Now()));
-    for (const std::string& path : socket_paths_) unlink(path.c_str());
     return status;
   };
+  if (absl::Status accepting = acceptor_->Start(); !accepting.ok()) {
+    return abandon(accepting);
+  }
   for (size_t i = 0; i < options_.listen.size(); ++i) {
     const std::string& address = options_.listen[i];
     if (!UnixSocketPath(address).empty()) {
@@ -524,18 +638,12 @@ absl::Status Server::Start() {
           absl::StrFormat("%s:%d", address.substr(0, colon), *ports[i]));
     }
   }
-  for (const std::string& path : socket_paths_) {
-    const absl::Status permissions =
-        SetSocketPermissions(path, options_.socket_mode, options_.socket_group);
-    if (!permissions.ok()) return abandon(permissions);
-  }
   grpc_server_->GetHealthCheckService()->SetServingStatus(true);
   if (options_.metrics_port >= 0) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
         MetricsHttpServer::Start(
             options_.metrics_host, options_.metrics_port,
-            [this] { return metrics_->Render(); },
-            [this] { return !core_->draining(); });
+            [this] { return metrics_->Render(); }, [this] { return Health(); });
     if (!http.ok()) {
       const std::string why = WhyCannotBind(absl::StrFormat(
           "%s:%d", options_.metrics_host, options_.metrics_port));
@@ -586,27 +694,45 @@ absl::Status Server::StartMemorySocket() {
   }
   const std::string& path = memory_socket_path_;
   RETURN_IF_ERROR(PrepareSocketPath(path));
-  UniqueFd listener(
-      socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-  if (!listener.valid() ||
-      bind(listener.get(), reinterpret_cast<sockaddr*>(&address),
-           sizeof(address)) != 0 ||
-      listen(listener.get(), SOMAXCONN) != 0) {
-    return absl::UnavailableError(
-        absl::StrFormat("could not listen on the memory socket %s: %s", path,
-                        std::strerror(errno)));
+  absl::StatusOr<UniqueFd> listener = ListenOnUnixSocket(
+      path, SOCK_SEQPACKET, options_.socket_mode, options_.socket_group);
+  if (!listener.ok()) {
+    return absl::Status(
+        listener.status().code(),
+        absl::StrCat("memory socket: ", listener.status().message()));
   }
-  if (absl::Status permitted = SetSocketPermissions(path, options_.socket_mode,
-                                                    options_.socket_group);
-      !permitted.ok()) {
-    unlink(path.c_str());
-    return permitted;
-  }
-  RETURN_IF_ERROR(memory_socket_->Start(std::move(listener), path));
+  RETURN_IF_ERROR(memory_socket_->Start(*std::move(listener), path));
   log->info("memory socket on {}", path);
+  return absl::OkStatus();
+}
+
+absl::Status Server::CheckTcpAddresses() const {
+  if (!options_.tls.cert_file.empty()) return absl::OkStatus();
+  for (const std::string& address : options_.listen) {
+    if (!UnixSocketPath(address).empty() || IsLoopbackAddress(address)) {
+      continue;
+    }
+    if (!options_.allow_insecure_tcp) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "refusing to listen on %s without TLS: anyone who can reach that "
+          "address could take and free this GPU's pages. Give "
+          "--tls_cert_file and --tls_key_file (and --tls_client_ca_file to "
+          "require client certificates), listen on a Unix socket or on "
+          "127.0.0.1, or pass --allow_insecure_tcp if the network is "
+          "trusted",
+          address));
+    }
+    Logger("server")->warn(
+        "listening on {} without TLS (--allow_insecure_tcp): anyone who can "
+        "reach it can take and free this GPU's pages",
+        address);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Server::Health() const {
+  if (core_->draining()) return absl::UnavailableError("draining");
+  if (acceptor_ != nullptr) return acceptor_->health();
   return absl::OkStatus();
 }
 
@@ -645,6 +771,8 @@ void Server::Shutdown() {
   if (!in_flight_rpcs_->WaitForNone(absl::Seconds(5))) {
     log->warn("unary calls still in flight after 5 s; cancelling them");
   }
+  // No connection may join the server once it shuts down.
+  acceptor_->Stop();
   grpc_server_->Shutdown(absl::ToChronoTime(absl::Now()));
   // Calls posted until now were answered (UNAVAILABLE while draining).
   if (fast_channels_ != nullptr) fast_channels_->Stop();

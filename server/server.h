@@ -28,6 +28,7 @@
 #include "server/backend.h"
 #include "server/batcher.h"
 #include "server/call_core.h"
+#include "server/connection_acceptor.h"
 #include "server/fast_channel_server.h"
 #include "server/grpc_service.h"
 #include "server/memory_socket_server.h"
@@ -74,6 +75,23 @@ struct ServerOptions {
   bool fast_channel = true;
   absl::Duration fast_channel_spin = absl::Microseconds(200);
   int fast_channel_pollers = 1;
+  // Connections (docs/operations.md, "Connections"). The daemon accepts on
+  // its Unix sockets itself (server/connection_acceptor.h) and holds at
+  // most this many connections there; more are closed as they arrive.
+  int max_connections = 4096;
+  // gRPC keepalive from the daemon's side: a connection with a call open
+  // (a session's KeepAlive stream) and silent for keepalive_time is
+  // pinged, and closed when the ping is not answered within
+  // keepalive_timeout (a hung or vanished peer).
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // A connection with no call open for this long is closed (GOAWAY; a gRPC
+  // client reconnects on its next call). A session's KeepAlive stream is a
+  // call open for the session's life, so sessions are never idle.
+  absl::Duration max_connection_idle = absl::Minutes(5);
+  // Plain TCP (no TLS) on an address other than loopback: Start refuses it
+  // unless this is set, and then logs a warning.
+  bool allow_insecure_tcp = false;
 };
 
 class InFlightRpcs;  // server.cc: the unary RPCs not yet answered
@@ -88,7 +106,14 @@ class Server {
 
   // Binds the listen addresses and starts serving. Refuses to start over a
   // Unix socket another process is serving on; replaces a stale one.
+  // FAILED_PRECONDITION for a plain TCP address that is not loopback,
+  // unless options.allow_insecure_tcp (or TLS is configured).
   absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What /healthz reports: OK while serving; UNAVAILABLE "draining" once
+  // Shutdown began, or naming the Unix socket and the reason while the
+  // daemon cannot accept connections there (descriptors exhausted).
+  absl::Status Health() const;
 
   // Drains: new calls get UNAVAILABLE, queued work finishes and is
   // answered, then the gRPC server stops at once (KeepAlive streams and idle
@@ -125,6 +150,9 @@ class Server {
   // Binds the memory socket beside the first Unix socket (same mode and
   // group) and starts serving it; nothing when there is no Unix socket.
   absl::Status StartMemorySocket();
+  // Checks the TCP addresses of options_.listen against
+  // allow_insecure_tcp and TLS.
+  absl::Status CheckTcpAddresses() const;
 
   const ServerOptions options_;
   std::unique_ptr<Backend> backend_;
@@ -143,6 +171,9 @@ class Server {
   // Shared with the gRPC server's interceptors, which may outlive Shutdown.
   std::shared_ptr<InFlightRpcs> in_flight_rpcs_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  // Accepts on the Unix sockets of `listen` and hands connections to
+  // grpc_server_; stopped before it.
+  std::unique_ptr<ConnectionAcceptor> acceptor_;
   std::vector<std::string> socket_paths_;
   std::thread reaper_;
   absl::Notification stop_reaper_;
@@ -166,6 +197,11 @@ inline constexpr char kDefaultSocketDir[] = "/run/pagealloc";
 // directory's error (errno's text) and the ways out.
 absl::StatusOr<std::string> DefaultListenAddress(
     int gpu, const std::string& system_dir, const std::string& runtime_dir);
+
+// Whether a TCP listen address ("host:port", optionally "ipv4:" or
+// "ipv6:" first) names only this host's loopback interface: 127.0.0.0/8,
+// [::1] or localhost. A wildcard or any other host is not.
+bool IsLoopbackAddress(const std::string& address);
 
 // Makes the backend options.backend names. "auto" falls back to CPU
 // (logging a warning) when no GPU is usable.

@@ -84,6 +84,51 @@ SessionRegistry::SessionRegistry(const Options& options, Backend* backend)
   next_id_ = (static_cast<uint64_t>(random()) << 20) + 1;
 }
 
+absl::Status CheckClientName(absl::string_view name) {
+  // The name goes into log lines and metric labels: it must be text, and
+  // one line of it.
+  size_t i = 0;
+  while (i < name.size()) {
+    const unsigned char lead = name[i];
+    int length = 0;
+    uint32_t code = 0;
+    if (lead < 0x80) {
+      length = 1;
+      code = lead;
+    } else if ((lead & 0xE0) == 0xC0) {
+      length = 2;
+      code = lead & 0x1F;
+    } else if ((lead & 0xF0) == 0xE0) {
+      length = 3;
+      code = lead & 0x0F;
+    } else if ((lead & 0xF8) == 0xF0) {
+      length = 4;
+      code = lead & 0x07;
+    }
+    bool valid = length > 0 && i + length <= name.size();
+    for (int k = 1; valid && k < length; ++k) {
+      const unsigned char next = name[i + k];
+      valid = (next & 0xC0) == 0x80;
+      code = (code << 6) | (next & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not
+    // UTF-8 either.
+    static constexpr uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    valid = valid && code >= kSmallest[length] && code <= 0x10FFFF &&
+            !(code >= 0xD800 && code <= 0xDFFF);
+    if (!valid) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "client_name is not valid UTF-8 (byte %d of %d)", i, name.size()));
+    }
+    if (code < 0x20 || code == 0x7F) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "client_name has a control character (U+%04X at byte %d)", code, i));
+    }
+    i += length;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     std::string client_name, int64_t ring_capacity_slots, int64_t quota_pages) {
   if (ring_capacity_slots < 0 ||
@@ -100,6 +145,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     return absl::InvalidArgumentError(absl::StrFormat(
         "client_name is %d bytes long; at most 128", client_name.size()));
   }
+  RETURN_IF_ERROR(CheckClientName(client_name));
   if (ring_capacity_slots == 0) {
     ring_capacity_slots = options_.default_ring_capacity_slots;
   }

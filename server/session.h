@@ -57,6 +57,11 @@ class Session {
   absl::Time lease_deadline_ ABSL_GUARDED_BY(mu_);
 };
 
+// OK when `name` is valid UTF-8 without control characters (U+0000 to
+// U+001F, U+007F): it goes into log lines and metric labels. Otherwise
+// INVALID_ARGUMENT naming the byte.
+absl::Status CheckClientName(absl::string_view name);
+
 // The live sessions. This class is thread-safe.
 class SessionRegistry {
  public:
@@ -72,7 +77,8 @@ class SessionRegistry {
 
   // Opens a session with a fresh id and a random 32-byte token, and creates
   // its ring. Returns RESOURCE_EXHAUSTED at --max_sessions,
-  // INVALID_ARGUMENT for a bad ring size or quota.
+  // INVALID_ARGUMENT for a bad ring size or quota, or a client name that
+  // is longer than 128 bytes or fails CheckClientName.
   absl::StatusOr<std::shared_ptr<Session>> Open(std::string client_name,
                                                 int64_t ring_capacity_slots,
                                                 int64_t quota_pages)

@@ -133,6 +133,18 @@ TEST_F(SessionRegistryTest, OpenRefusesBadRingSizesQuotasAndNames) {
       {"negative quota", "x", 0, -2, "quota_pages (-2) is negative"},
       {"name too long", std::string(129, 'n'), 0, 0,
        "client_name is 129 bytes long; at most 128"},
+      {"name not UTF-8", "sched\xff", 0, 0,
+       "client_name is not valid UTF-8 (byte 5 of 6)"},
+      {"name cut in a character", "caf\xc3", 0, 0,
+       "client_name is not valid UTF-8 (byte 3 of 4)"},
+      {"overlong slash", "a\xc0\xaf", 0, 0,
+       "client_name is not valid UTF-8 (byte 1 of 3)"},
+      {"surrogate", "\xed\xa0\x80", 0, 0,
+       "client_name is not valid UTF-8 (byte 0 of 3)"},
+      {"newline", "tp0\n[error] forged", 0, 0,
+       "client_name has a control character (U+000A at byte 3)"},
+      {"escape", "\x1b[31mred", 0, 0,
+       "client_name has a control character (U+001B at byte 0)"},
   };
   for (const Case& c : cases) {
     EXPECT_THAT(
@@ -141,8 +153,10 @@ TEST_F(SessionRegistryTest, OpenRefusesBadRingSizesQuotasAndNames) {
         << c.name;
   }
   EXPECT_EQ(registry.size(), 0);
-  // The longest name and an empty one are fine.
+  // The longest name and an empty one are fine, and so is any text.
   EXPECT_OK(registry.Open(std::string(128, 'n'), 0, 0));
+  EXPECT_OK(registry.Open(
+      "ordonnanceur-tp0 \xc3\xa9 \xe8\xb0\x83 \xf0\x9f\x9a\x80", 0, 0));
   EXPECT_OK(registry.Open("", 0, 0));
 }
 

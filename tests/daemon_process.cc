@@ -21,7 +21,8 @@ std::string ReadLog(const std::string& path) {
 }
 
 absl::StatusOr<Daemon> StartDaemon(const std::string& name,
-                                   const std::vector<std::string>& flags) {
+                                   const std::vector<std::string>& flags,
+                                   const std::vector<std::string>& wrapper) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = tmp != nullptr ? tmp : "/tmp";
   // Unix socket paths are limited to 107 bytes; Bazel's TEST_TMPDIR is
@@ -42,6 +43,7 @@ absl::StatusOr<Daemon> StartDaemon(const std::string& name,
       "--listen=" + daemon.target, "--metrics_host=127.0.0.1",
       "--metrics_port=0"};
   argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.begin(), wrapper.begin(), wrapper.end());
   absl::StatusOr<Subprocess> process = Subprocess::Start(argv, daemon.log_path);
   if (!process.ok()) return process.status();
   daemon.process = *std::move(process);

@@ -21,8 +21,11 @@ struct Daemon {
 // Starts pagealloc-server on a fresh Unix socket with `flags` added, and
 // waits (up to 20 s) until it answers GetStats. The backend is CPU unless
 // the environment sets PAGEALLOC_TEST_BACKEND (e.g. "cuda" on a GPU host).
-absl::StatusOr<Daemon> StartDaemon(const std::string& name,
-                                   const std::vector<std::string>& flags);
+// `wrapper` runs the server ({"/usr/bin/prlimit", "--nofile=64:64",
+// "--"}); none by default.
+absl::StatusOr<Daemon> StartDaemon(
+    const std::string& name, const std::vector<std::string>& flags,
+    const std::vector<std::string>& wrapper = {});
 
 // The daemon's log so far (for failure messages).
 std::string ReadLog(const std::string& path);
