@@ -24,6 +24,7 @@ absl::string_view FreePolicyName(FreePolicy policy) {
 PagePool::PagePool(const PoolOptions& options, PlanExecutor* executor)
     : geometry_{options.page_size, options.num_pages},
       policy_(options.free_policy),
+      scrub_(options.scrub),
       capacity_(options.num_pages),
       executor_(executor) {}
 
@@ -49,6 +50,7 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
   std::unique_ptr<PagePool> pool(new PagePool(options, executor));
   absl::MutexLock lock(&pool->mu_);
   pool->allocated_once_.assign(options.num_pages + 1, false);
+  if (options.scrub) pool->last_owner_.assign(options.num_pages + 1, kNoOwner);
   RETURN_IF_ERROR(executor->InitFreeRing(pool->capacity_));
   RETURN_IF_ERROR(pool->InitFreeList());
   return pool;
@@ -227,6 +229,7 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
   plan.num_new_pages = 0;
   plan.num_slots = 0;
   plan.requests.clear();
+  plan.scrub_pages.clear();
   plan.requests.reserve(requests.size());
   std::vector<size_t>& admitted = scratch_.admitted;
   admitted.clear();
@@ -280,6 +283,16 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
     planned.first_new_page = plan.num_new_pages;
     planned.output_offset = plan.num_slots;
     planned.destination = request.destination;
+    if (scrub_) {
+      // The request's pages are the next ones at the free list's front.
+      for (int64_t k = 0; k < pages_needed[i]; ++k) {
+        const int64_t page = RingAt(plan.num_new_pages + k);
+        const OwnerId last = last_owner_[page];
+        if (last != kNoOwner && last != request.owner) {
+          plan.scrub_pages.push_back(page);
+        }
+      }
+    }
     plan.num_new_pages += pages_needed[i];
     plan.num_slots += shapes[i].num_slots();
     result.num_slots = shapes[i].num_slots();
@@ -315,6 +328,7 @@ void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
       const int64_t page = RingAt(next++);
       owner_of_[page] = requests[i].owner;
       allocated_once_[page] = true;
+      if (scrub_) last_owner_[page] = requests[i].owner;
       if (owner.given_since_checkpoint.has_value()) {
         owner.given_since_checkpoint->push_back(page);
       }
@@ -325,6 +339,7 @@ void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
   free_count_ -= plan.num_new_pages;
   counters_.pages_allocated += plan.num_new_pages;
   counters_.slots_allocated += plan.num_slots;
+  counters_.pages_scrubbed += plan.scrub_pages.size();
   ++counters_.batches_executed;
 }
 
@@ -495,6 +510,11 @@ std::vector<int64_t> PagePool::ParkedPages() const {
 OwnerId PagePool::OwnerOf(int64_t page) const {
   absl::MutexLock lock(&mu_);
   return owner_of_[page];
+}
+
+OwnerId PagePool::LastOwnerOf(int64_t page) const {
+  absl::MutexLock lock(&mu_);
+  return scrub_ ? last_owner_[page] : kNoOwner;
 }
 
 absl::Status PagePool::CheckInvariants() {
