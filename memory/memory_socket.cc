@@ -21,7 +21,7 @@ namespace {
 
 bool KnownMemoryKind(uint32_t kind) {
   return kind >= static_cast<uint32_t>(MemoryKind::kChannel) &&
-         kind <= static_cast<uint32_t>(MemoryKind::kRing);
+         kind <= static_cast<uint32_t>(MemoryKind::kKvSlab);
 }
 
 absl::Span<const char> BytesOf(const void* data, size_t size) {
@@ -234,6 +234,10 @@ absl::StatusOr<SessionMemory> ReceiveSessionMemory(const std::string& path,
       case MemoryKind::kRing:
         slot = &memory.ring;
         memory.ring_bytes = entry.bytes;
+        break;
+      case MemoryKind::kKvSlab:
+        slot = &memory.kv_slab;
+        memory.kv_slab_bytes = entry.bytes;
         break;
     }
     if (slot->valid()) {

@@ -52,9 +52,11 @@ namespace memory_socket {
 
 inline constexpr uint32_t kMagic = 0x4d534150;  // "PASM" in memory order
 // Bumped whenever a field's meaning or offset changes; both ends check it.
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 inline constexpr size_t kMaxTokenBytes = 64;
-inline constexpr int kMaxEntries = 4;
+// Room for every kind of memory a session may be handed at once, and for
+// kinds to come (output rings and a completion counter as CUDA VMM fds).
+inline constexpr int kMaxEntries = 8;
 inline constexpr size_t kMaxMessageBytes = 256;
 
 // The client's one message.
@@ -72,6 +74,10 @@ enum class MemoryKind : uint32_t {
   kChannel = 1,   // the fast channel (memfd, read-write)
   kDoorbell = 2,  // the fast channel's doorbell (eventfd; bytes = 0)
   kRing = 3,      // the CPU backend's output ring (memfd, read-only use)
+  // The pool's KV slab (PoolInfo.kv_slab), the same memory for every
+  // session: a memfd on the CPU backend, a CUDA VMM allocation's POSIX fd
+  // (cuMemImportFromShareableHandle) on the CUDA backend. Read-write.
+  kKvSlab = 4,
 };
 
 struct MemoryEntry {
@@ -106,8 +112,8 @@ static_assert(sizeof(Hello) == 88);
 static_assert(sizeof(MemoryEntry) == 16);
 static_assert(offsetof(DaemonMessage, num_entries) == 16);
 static_assert(offsetof(DaemonMessage, entries) == 24);
-static_assert(offsetof(DaemonMessage, message) == 88);
-static_assert(sizeof(DaemonMessage) == 344);
+static_assert(offsetof(DaemonMessage, message) == 152);
+static_assert(sizeof(DaemonMessage) == 408);
 
 // "<grpc_socket_path>.fd".
 std::string MemorySocketPath(absl::string_view grpc_socket_path);
@@ -142,7 +148,7 @@ absl::Status StatusOf(const DaemonMessage& message);
 
 // A session's memory as the client received it. Descriptors the daemon did
 // not send stay invalid (no fast channel; the CUDA backend's rings go by
-// CUDA IPC instead).
+// CUDA IPC instead; no KV slab when the daemon owns no KV memory).
 struct SessionMemory {
   // The connection: keep it open for the session's life (closing it ends
   // the session); it becomes readable when the daemon ends the session or
@@ -153,6 +159,8 @@ struct SessionMemory {
   UniqueFd doorbell;
   UniqueFd ring;
   uint64_t ring_bytes = 0;
+  UniqueFd kv_slab;
+  uint64_t kv_slab_bytes = 0;
 };
 
 // Connects to the memory socket at `path`, authenticates as the session and
