@@ -2,11 +2,12 @@
 // executor: memory for each session's output ring that the client can map,
 // copies out of it, and launch completion.
 //
-// Two implementations: the CPU backend (CpuExecutor, rings in anonymous
-// shared memory handed to the client as a file descriptor over the memory
-// socket, memory/memory_socket.h) here, and the CUDA backend (CudaExecutor,
-// rings in device memory exported through CUDA IPC handles, which travel in
-// RegisterResponse) in cuda_backend.h.
+// Two implementations: the CPU backend (CpuExecutor, rings and the KV slab
+// in anonymous shared memory handed to the client as file descriptors over
+// the memory socket, memory/memory_socket.h) here, and the CUDA backend
+// (CudaExecutor, rings in device memory exported through CUDA IPC handles,
+// which travel in RegisterResponse; the KV slab a CUDA VMM allocation
+// exported as a file descriptor) in cuda_backend.h.
 
 #ifndef PAGEALLOC_SERVER_BACKEND_H_
 #define PAGEALLOC_SERVER_BACKEND_H_
@@ -18,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/executor.h"
+#include "memory/kv_layout.h"
 
 namespace pagealloc {
 
@@ -40,6 +42,22 @@ struct DeviceDescription {
   BackendKind kind = BackendKind::kCpu;
   int gpu = -1;             // CUDA device ordinal; -1 on the CPU backend
   std::string device_uuid;  // "GPU-..." on the CUDA backend
+};
+
+// The pool's KV memory (--kv_layout): one slab holding every buffer, made
+// by the backend and handed to every session as one file descriptor over
+// the memory socket. Immutable once made; it lives as long as the backend.
+struct KvSlab {
+  KvLayout layout;
+  KvSlabGeometry geometry;
+  // Pages are zeroed before they go to a session other than their last
+  // owner (the executor does it, from the plan's scrub_pages).
+  bool scrub = false;
+  // The memory, owned by the backend: a memfd (CPU) or a CUDA VMM
+  // allocation exported as a POSIX fd (CUDA). Another holder of a
+  // duplicate keeps the memory alive (a later step may keep the slab
+  // across a daemon restart this way).
+  int fd = -1;
 };
 
 // One session's output ring memory. Destroying it releases it (the client's
@@ -74,6 +92,24 @@ class Backend {
   virtual absl::Status CompleteLaunch(bool async) = 0;
   // The device the pool lives on.
   virtual DeviceDescription DescribeDevice() const = 0;
+
+  // ---- The KV slab (the daemon owning the KV memory).
+
+  // Bytes each buffer of a slab is aligned to: the allocation granularity
+  // (the host page; the device's VMM granularity).
+  virtual absl::StatusOr<int64_t> KvAlignment() = 0;
+  // Memory a slab may take now: the host's available memory (CPU), the
+  // device's free memory (CUDA).
+  virtual absl::StatusOr<int64_t> KvAvailableBytes() = 0;
+  // Makes the slab `geometry` places (zeroed), and with `scrub` hands the
+  // executor its buffers to zero pages in. RESOURCE_EXHAUSTED when the
+  // memory cannot be had; FAILED_PRECONDITION when a slab exists.
+  // REQUIRES: called before the pool runs a batch.
+  virtual absl::Status CreateKvSlab(const KvLayout& layout,
+                                    const KvSlabGeometry& geometry,
+                                    bool scrub) = 0;
+  // The slab, or null when the daemon owns no KV memory.
+  virtual const KvSlab* kv_slab() const = 0;
   // A line for the start-up log.
   virtual std::string Summary() const = 0;
 };

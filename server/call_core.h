@@ -162,6 +162,9 @@ struct SessionRequest {
   std::string client_name;
   int64_t ring_capacity_slots = 0;  // 0: the daemon's default
   int64_t quota_pages = 0;          // 0: no quota
+  // RegisterRequest.register_secret (checked against
+  // CallCore::Options.register_secret).
+  std::string register_secret;
 };
 
 // The pool as every session sees it.
@@ -170,6 +173,8 @@ struct PoolDescription {
   int64_t num_pages = 0;
   FreePolicy free_policy = FreePolicy::kLifo;
   DeviceDescription device;
+  // The KV memory the daemon owns; null when it hands out indices only.
+  const KvSlab* kv_slab = nullptr;
 };
 
 // Told when a session ends, so that a transport can drop what it holds
@@ -188,6 +193,9 @@ class CallCore {
     // Most requests and slots in one call (a call must fit one launch).
     int64_t max_call_requests = 8192;
     int64_t max_call_tokens = 1 << 21;
+    // When not empty, Register must carry this secret
+    // (--register_secret_file): UNAUTHENTICATED otherwise.
+    std::string register_secret;
   };
 
   // Every pointer must outlive the core.
@@ -207,7 +215,9 @@ class CallCore {
   // ---- Sessions.
 
   // Opens a session and makes it an owner in the pool. `peer` goes to the
-  // log. Errors: SessionRegistry::Open's, UNAVAILABLE while draining.
+  // log. Errors: UNAUTHENTICATED when the pool requires a Register secret
+  // and the request's differs (compared in constant time),
+  // SessionRegistry::Open's, UNAVAILABLE while draining.
   absl::StatusOr<std::shared_ptr<Session>> OpenSession(
       const SessionRequest& request, absl::string_view peer);
   // Authenticates a session (UNAVAILABLE while draining, NOT_FOUND or

@@ -240,6 +240,12 @@ void MemorySocketServer::Serve() {
            static_cast<uint64_t>(ring.capacity_slots) * sizeof(int64_t)});
       fds.push_back(ring.fd);
     }
+    // The pool's KV slab: the same memory for every session.
+    if (const KvSlab* slab = core_->DescribePool().kv_slab; slab != nullptr) {
+      entries.push_back({static_cast<uint32_t>(ms::MemoryKind::kKvSlab), 0,
+                         static_cast<uint64_t>(slab->geometry.total_bytes)});
+      fds.push_back(slab->fd);
+    }
     const absl::Status sent = SendWithFds(
         connection.fd.get(), BytesOf(ms::MakeHandoff(entries)), fds);
     if (!sent.ok()) {
