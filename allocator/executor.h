@@ -44,6 +44,23 @@ struct BatchPlan {
   int64_t num_new_pages = 0;  // pages the batch takes from the free list
   int64_t num_slots = 0;      // slots the batch writes, all requests together
   std::vector<PlannedRequest> requests;
+  // Pages of this batch whose KV slots the executor zeroes, in every KV
+  // buffer, before the batch's slots are handed out: those going to a
+  // session other than their last owner (PoolOptions.scrub). Empty unless
+  // the pool scrubs.
+  std::vector<int64_t> scrub_pages;
+};
+
+// The KV memory an executor scrubs (BatchPlan.scrub_pages): buffers in the
+// executor's address space, page p covering slots [p * page_size,
+// (p + 1) * page_size) of each.
+struct KvScrubTarget {
+  struct Buffer {
+    char* base = nullptr;      // slot 0 of the buffer
+    int64_t stride_bytes = 0;  // bytes per slot
+  };
+  int64_t page_size = 0;
+  std::vector<Buffer> buffers;
 };
 
 // Runs plans. Calls come from one thread at a time (the pool holds its lock

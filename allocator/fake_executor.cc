@@ -75,6 +75,8 @@ absl::Status FakeExecutor::Execute(const BatchPlan& plan) {
   for (const PlannedRequest& request : plan.requests) {
     WriteSlots(request, plan, ring_);
   }
+  scrubbed_.insert(scrubbed_.end(), plan.scrub_pages.begin(),
+                   plan.scrub_pages.end());
   return absl::OkStatus();
 }
 

@@ -49,9 +49,13 @@ class FakeExecutor final : public PlanExecutor {
   int64_t launches() const { return launches_; }
   // Calls to Execute still to fail.
   int64_t failures_pending() const { return failures_pending_; }
+  // The pages successful launches were told to scrub (BatchPlan.
+  // scrub_pages), in order; the fake has no KV memory to zero.
+  const std::vector<int64_t>& scrubbed_pages() const { return scrubbed_; }
 
  private:
   std::vector<int64_t> ring_;
+  std::vector<int64_t> scrubbed_;
   int64_t launches_ = 0;
   int64_t failures_pending_ = 0;
   absl::Status failure_;

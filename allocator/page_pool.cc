@@ -36,6 +36,7 @@ PagePool::PagePool(const PoolOptions& options, PlanExecutor* executor)
     : geometry_{options.page_size, options.num_pages},
       policy_(options.free_policy),
       semantics_(options.semantics),
+      scrub_(options.scrub),
       capacity_(options.num_pages),
       executor_(executor) {}
 
@@ -62,6 +63,7 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
   absl::MutexLock lock(&pool->mu_);
   pool->allocated_once_.assign(options.num_pages + 1, false);
   pool->log_index_.assign(options.num_pages + 1, 0);
+  if (options.scrub) pool->last_owner_.assign(options.num_pages + 1, kNoOwner);
   RETURN_IF_ERROR(executor->InitFreeRing(pool->capacity_));
   RETURN_IF_ERROR(pool->InitFreeList());
   return pool;
@@ -342,6 +344,7 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
   plan.num_new_pages = 0;
   plan.num_slots = 0;
   plan.requests.clear();
+  plan.scrub_pages.clear();
   plan.requests.reserve(requests.size());
   std::vector<size_t>& admitted = scratch_.admitted;
   admitted.clear();
@@ -356,6 +359,8 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
   size_t call_end = 0;
   size_t call_begin = 0;
   bool all_or_nothing = false;
+  // Where the current call's pages to scrub begin in plan.scrub_pages.
+  size_t call_scrub_begin = 0;
   size_t next_call = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     while (i == call_end) {
@@ -363,6 +368,7 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
       call_begin = i;
       call_end = i + calls[next_call].num_requests;
       all_or_nothing = calls[next_call].all_or_nothing;
+      call_scrub_begin = plan.scrub_pages.size();
       ++next_call;
       const absl::Status room =
           MakeRoomForCall(requests.subspan(call_begin, call_end - call_begin));
@@ -424,6 +430,7 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
           results[k].num_slots = 0;
           results[k].num_new_pages = 0;
         }
+        plan.scrub_pages.resize(call_scrub_begin);
         RefuseRestOfCall(requests, results, call_begin, call_end, i);
         i = call_end - 1;  // the loop's ++i starts the next call
         // The owner's running count may have changed: look it up again.
@@ -441,6 +448,16 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
     planned.first_new_page = plan.num_new_pages;
     planned.output_offset = plan.num_slots;
     planned.destination = request.destination;
+    if (scrub_) {
+      // The request's pages are the next ones at the free list's front.
+      for (int64_t k = 0; k < pages_needed[i]; ++k) {
+        const int64_t page = RingAt(plan.num_new_pages + k);
+        const OwnerId last = last_owner_[page];
+        if (last != kNoOwner && last != request.owner) {
+          plan.scrub_pages.push_back(page);
+        }
+      }
+    }
     plan.num_new_pages += pages_needed[i];
     plan.num_slots += shapes[i].num_slots();
     result.num_slots = shapes[i].num_slots();
@@ -477,6 +494,7 @@ void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
       owner_of_[page] = requests[i].owner;
       allocated_once_[page] = true;
       LogGiven(owner, page);
+      if (scrub_) last_owner_[page] = requests[i].owner;
     }
     owner.pages_owned += pages_needed[i];
     if (!owner.checkpoints.empty()) MaybeCompactLog(commit_owner, owner);
@@ -485,6 +503,7 @@ void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
   free_count_ -= plan.num_new_pages;
   counters_.pages_allocated += plan.num_new_pages;
   counters_.slots_allocated += plan.num_slots;
+  counters_.pages_scrubbed += plan.scrub_pages.size();
   ++counters_.batches_executed;
 }
 
@@ -766,6 +785,11 @@ FreeListsView PagePool::FreeLists(int64_t max_pages) const {
 OwnerId PagePool::OwnerOf(int64_t page) const {
   absl::MutexLock lock(&mu_);
   return owner_of_[page];
+}
+
+OwnerId PagePool::LastOwnerOf(int64_t page) const {
+  absl::MutexLock lock(&mu_);
+  return scrub_ ? last_owner_[page] : kNoOwner;
 }
 
 absl::Status PagePool::CheckInvariants() {

@@ -89,6 +89,11 @@ struct PoolOptions {
   int64_t page_size = 1;  // tokens per page, >= 1
   FreePolicy free_policy = FreePolicy::kLifo;
   Semantics semantics = Semantics::kPagealloc;
+  // Remember each page's last owner and list, in each batch's plan
+  // (BatchPlan.scrub_pages), the pages handed to an owner other than their
+  // last one, for the executor to zero (--kv_scrub). A page never owned is
+  // not listed (the slab starts zeroed).
+  bool scrub = false;
 };
 
 // One allocation call's requests within a batch: the next `num_requests`
@@ -139,6 +144,7 @@ struct PoolStats {
   int64_t quota_refusals = 0;
   int64_t free_list_sorts = 0;
   int64_t batches_executed = 0;
+  int64_t pages_scrubbed = 0;  // listed for scrubbing (PoolOptions.scrub)
   absl::flat_hash_map<OwnerId, OwnerStats> owners;
 };
 
@@ -279,6 +285,10 @@ class PagePool {
 
   // The owner of `page`, kNoOwner when free. REQUIRES: 0 <= page <= num_pages.
   OwnerId OwnerOf(int64_t page) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The last owner `page` was handed to (kept after it is freed), kNoOwner
+  // when it never was; always kNoOwner unless PoolOptions.scrub.
+  // REQUIRES: 0 <= page <= num_pages.
+  OwnerId LastOwnerOf(int64_t page) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Verifies the class invariants, the executor mirror included (which
   // synchronizes the executor). Returns INTERNAL describing the first
@@ -444,6 +454,7 @@ class PagePool {
   const PoolGeometry geometry_;
   const FreePolicy policy_;
   const Semantics semantics_;
+  const bool scrub_;
   const int64_t capacity_;  // ring capacity: num_pages
   PlanExecutor* const executor_;
 
@@ -463,6 +474,9 @@ class PagePool {
   // log_index_[p]: where page p's latest give sits in its owner's
   // given_log (meaningful only while that entry is live; see OwnerState).
   std::vector<size_t> log_index_ ABSL_GUARDED_BY(mu_);
+  // last_owner_[p]: the owner page p was last handed to (PoolOptions.scrub;
+  // empty otherwise). Freeing keeps it; so does Clear.
+  std::vector<OwnerId> last_owner_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<OwnerId, OwnerState> owners_ ABSL_GUARDED_BY(mu_);
   PoolStats counters_ ABSL_GUARDED_BY(mu_);  // only the counter fields
 

@@ -917,5 +917,94 @@ TEST(FreePolicyTest, ParsesNames) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"fifo\"")));
 }
 
+// --kv_scrub: a page is listed for zeroing exactly when it goes to an owner
+// other than its last one; fresh pages, and pages coming back to their last
+// owner, are not.
+TEST_F(PagePoolTest, ScrubListsPagesChangingOwner) {
+  FakeExecutor executor;
+  PoolOptions options{4, 2, FreePolicy::kLifo};
+  options.scrub = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
+                       PagePool::Create(options, &executor));
+  ASSERT_OK(pool->AddOwner(kAlice, 0));
+  ASSERT_OK(pool->AddOwner(kBob, 0));
+  std::vector<int64_t> out(8);
+  auto alloc = [&](OwnerId owner, int64_t tokens) {
+    AllocRequest request = Alloc(owner, tokens);
+    request.destination = out.data();
+    return pool->Allocate({request})[0].status;
+  };
+  // Fresh pages 1, 2 to Alice, 3 to Bob: nothing to scrub.
+  ASSERT_OK(alloc(kAlice, 4));
+  ASSERT_OK(alloc(kBob, 2));
+  EXPECT_THAT(executor.scrubbed_pages(), IsEmpty());
+  EXPECT_EQ(pool->LastOwnerOf(1), kAlice);
+  EXPECT_EQ(pool->LastOwnerOf(3), kBob);
+  EXPECT_EQ(pool->LastOwnerOf(4), kNoOwner);
+  // Alice frees 1 and 2 (lifo: the list is 2, 1, 4); freeing keeps the
+  // last owner.
+  ASSERT_THAT(pool->FreePages(kAlice, {1, 2}), IsOkAndHolds(2));
+  EXPECT_EQ(pool->OwnerOf(1), kNoOwner);
+  EXPECT_EQ(pool->LastOwnerOf(1), kAlice);
+  // Bob takes 1 and 2 (Alice's: scrubbed) and 4 (fresh: not).
+  ASSERT_OK(alloc(kBob, 6));
+  EXPECT_THAT(executor.scrubbed_pages(), ElementsAre(1, 2));
+  EXPECT_EQ(pool->Stats().pages_scrubbed, 2);
+  // Bob frees 3 and takes it back: his own, not scrubbed.
+  ASSERT_THAT(pool->FreePages(kBob, {3}), IsOkAndHolds(1));
+  ASSERT_OK(alloc(kBob, 2));
+  EXPECT_THAT(executor.scrubbed_pages(), ElementsAre(1, 2));
+  // Alice gets Bob's page 2 back: scrubbed again.
+  ASSERT_THAT(pool->FreePages(kBob, {2}), IsOkAndHolds(1));
+  ASSERT_OK(alloc(kAlice, 2));
+  EXPECT_THAT(executor.scrubbed_pages(), ElementsAre(1, 2, 2));
+  // A removed owner's pages are scrubbed for the next one.
+  ASSERT_THAT(pool->RemoveOwner(kBob), IsOkAndHolds(3));
+  ASSERT_OK(alloc(kAlice, 2));
+  EXPECT_EQ(executor.scrubbed_pages().size(), 4u);
+  EXPECT_EQ(pool->Stats().pages_scrubbed, 4);
+  EXPECT_OK(pool->CheckInvariants());
+}
+
+// A failed launch lists nothing as scrubbed and commits no last owner.
+TEST_F(PagePoolTest, ScrubOfAFailedLaunchCommitsNothing) {
+  FakeExecutor executor;
+  PoolOptions options{2, 1, FreePolicy::kLifo};
+  options.scrub = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
+                       PagePool::Create(options, &executor));
+  ASSERT_OK(pool->AddOwner(kAlice, 0));
+  ASSERT_OK(pool->AddOwner(kBob, 0));
+  int64_t slot = 0;
+  AllocRequest request = Alloc(kAlice, 1);
+  request.destination = &slot;
+  ASSERT_OK(pool->Allocate({request})[0].status);
+  ASSERT_THAT(pool->FreePages(kAlice, {1}), IsOkAndHolds(1));
+  executor.FailNextLaunches(1, absl::InternalError("device lost"));
+  request.owner = kBob;
+  EXPECT_THAT(pool->Allocate({request})[0].status,
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("device lost")));
+  EXPECT_THAT(executor.scrubbed_pages(), IsEmpty());
+  EXPECT_EQ(pool->LastOwnerOf(1), kAlice);
+  EXPECT_EQ(pool->Stats().pages_scrubbed, 0);
+  ASSERT_OK(pool->Allocate({request})[0].status);
+  EXPECT_THAT(executor.scrubbed_pages(), ElementsAre(1));
+  EXPECT_EQ(pool->LastOwnerOf(1), kBob);
+}
+
+// Without PoolOptions.scrub nothing is tracked or listed.
+TEST_F(PagePoolTest, NoScrubWithoutTheOption) {
+  MakePool(2, 1);
+  int64_t slot = 0;
+  AllocRequest request = Alloc(kAlice, 1);
+  request.destination = &slot;
+  ASSERT_OK(pool_->Allocate({request})[0].status);
+  ASSERT_THAT(pool_->FreePages(kAlice, {1}), IsOkAndHolds(1));
+  request.owner = kBob;
+  ASSERT_OK(pool_->Allocate({request})[0].status);
+  EXPECT_THAT(executor_.scrubbed_pages(), IsEmpty());
+  EXPECT_EQ(pool_->LastOwnerOf(1), kNoOwner);
+}
+
 }  // namespace
 }  // namespace pagealloc

@@ -111,6 +111,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     }
     client->completion_counter_ = *std::move(counter);
   }
+  if (options.map_kv_slab && client->pool_.has_kv_slab()) {
+    if (!memory.kv_slab.valid()) {
+      (void)client->Close();
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cannot map the pool's KV slab: %s (the daemon owns the KV memory; "
+          "a client must run on its host and reach its memory socket)",
+          received.ok() ? "the daemon handed over none" : received.message()));
+    }
+    absl::StatusOr<std::unique_ptr<KvSlabView>> slab = KvSlabView::Map(
+        client->pool_, std::move(memory.kv_slab), memory.kv_slab_bytes);
+    if (!slab.ok()) {
+      (void)client->Close();
+      return slab.status();
+    }
+    client->kv_slab_ = *std::move(slab);
+  }
   if (registered.has_fast_channel() && memory.channel.valid()) {
     // Without it calls simply go through gRPC.
     absl::StatusOr<std::unique_ptr<FastChannelClient>> fast =
@@ -142,6 +158,11 @@ std::string Client::MemorySocketPath(
     return memory_socket::MemorySocketPath(target);
   }
   return registered.memory_socket();
+}
+
+const std::vector<KvBuffer>& Client::kv_buffers() const {
+  static const std::vector<KvBuffer>* const kNone = new std::vector<KvBuffer>();
+  return kv_slab_ != nullptr ? kv_slab_->buffers() : *kNone;
 }
 
 void Client::WatchDaemon() {
@@ -202,6 +223,7 @@ absl::Status Client::Register(v1::RegisterResponse* response) {
   request.set_ring_capacity_slots(options_.ring_capacity_slots);
   request.set_quota_pages(options_.quota_pages);
   request.set_fast_channel(options_.fast_channel);
+  request.set_register_secret(options_.register_secret);
   auto context = NewContext();
   absl::Status status =
       FromGrpcStatus(stub_->Register(context.get(), request, response));

@@ -11,15 +11,16 @@
 //
 // Connect registers a session, receives the session's memory over the
 // daemon's memory socket (memory/memory_socket.h: its fast channel, its
-// output ring and, on a GPU daemon, the pool's completion counter, as file
-// descriptors), maps the output ring once (a CUDA virtual-memory import on a
-// GPU daemon, mmap on a CPU one) and keeps the session's lease alive from a
-// background thread. Slots come back as pointers into the mapped ring:
-// device pointers on the CUDA backend, host pointers on the CPU backend.
-// The client must reach the daemon's memory socket (same host; in a
-// container, the daemon's socket directory mounted): nothing else is
-// shared, no host IPC or PID namespace. Errors are absl::Status values with
-// the daemon's code and message.
+// output ring, on a GPU daemon the pool's completion counter, and the
+// pool's KV slab when the daemon owns the KV memory, as file descriptors),
+// maps the output ring once (a CUDA virtual-memory import on a GPU daemon,
+// mmap on a CPU one) and the KV slab once (kv_buffers()), and keeps the
+// session's lease alive from a background thread. Slots come back as
+// pointers into the mapped ring: device pointers on the CUDA backend, host
+// pointers on the CPU backend. The client must reach the daemon's memory
+// socket (same host; in a container, the daemon's socket directory
+// mounted): nothing else is shared, no host IPC or PID namespace. Errors
+// are absl::Status values with the daemon's code and message.
 //
 // When the daemon dies or the session's lease is lost, every call fails and
 // session_status() says why: the slots the session held are void and the
@@ -48,6 +49,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/kv_buffers.h"
 #include "grpcpp/grpcpp.h"
 #include "memory/unique_fd.h"
 #include "proto/pagealloc.grpc.pb.h"
@@ -84,6 +86,12 @@ struct ClientOptions {
   // How long a fast call spins for its answer before it sleeps (a sleeping
   // caller pays one wake-up when the answer comes).
   absl::Duration fast_channel_spin = absl::Microseconds(500);
+  // The pool's Register secret, when its daemon runs with
+  // --register_secret_file (RegisterRequest.register_secret).
+  std::string register_secret;
+  // Map the pool's KV slab when the daemon owns the KV memory (kv_buffers()).
+  // Connect fails when it cannot; a tool that only allocates may say false.
+  bool map_kv_slab = true;
 };
 
 // Per-call options.
@@ -263,6 +271,11 @@ class Client {
   const int64_t* ring_slots() const;
   int64_t ring_capacity_slots() const;
   bool ring_on_device() const;
+  // The pool's KV buffers, mapped at Connect (client/kv_buffers.h): empty
+  // when the daemon hands out slot indices only (or map_kv_slab was off).
+  const std::vector<KvBuffer>& kv_buffers() const;
+  // The mapped slab itself, or null.
+  const KvSlabView* kv_slab() const { return kv_slab_.get(); }
   // Copies `count` slots at `slots` (from a RequestSlots) into host memory.
   absl::Status CopyToHost(const int64_t* slots, int64_t count,
                           int64_t* out) const;
@@ -341,6 +354,7 @@ class Client {
   std::unique_ptr<CompletionCounter> completion_counter_;
   // The largest completion value answered so far (OrderAfterCompletion).
   mutable std::atomic<uint64_t> last_completion_value_{0};
+  std::unique_ptr<KvSlabView> kv_slab_;  // null without a KV slab
 
   mutable absl::Mutex mu_;
   absl::Status session_status_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,7 @@
 #include "kernels/cpu_executor.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "allocator/requests.h"
@@ -27,6 +28,13 @@ void ExpandRequest(const PlannedRequest& request, int64_t page_size,
     const int64_t n = std::min(page_size, num_slots - t);
     for (int64_t k = 0; k < n; ++k) out[t + k] = base + k;
     if (++position == ring_capacity) position = 0;
+  }
+}
+
+void ScrubPage(const KvScrubTarget& target, int64_t page) {
+  for (const KvScrubTarget::Buffer& buffer : target.buffers) {
+    const int64_t page_bytes = target.page_size * buffer.stride_bytes;
+    std::memset(buffer.base + page * page_bytes, 0, page_bytes);
   }
 }
 
@@ -57,6 +65,15 @@ absl::Status CpuExecutor::Execute(const BatchPlan& plan) {
         absl::StrFormat("plan ring capacity %d differs from the executor's %d",
                         plan.free_ring_capacity, ring_.size()));
   }
+  if (!plan.scrub_pages.empty() && scrub_target_.page_size != plan.page_size) {
+    return absl::InternalError(absl::StrFormat(
+        "the plan scrubs %d pages of %d slots; the executor's KV memory has "
+        "pages of %d slots",
+        plan.scrub_pages.size(), plan.page_size, scrub_target_.page_size));
+  }
+  // Zeroed before the slots are written: the batch's answer, which hands
+  // them out, follows this launch.
+  for (int64_t page : plan.scrub_pages) ScrubPage(scrub_target_, page);
   for (const PlannedRequest& request : plan.requests) {
     ExpandRequest(request, plan.page_size, ring_.data(), ring_.size(),
                   plan.free_ring_head, request.destination);

@@ -11,6 +11,7 @@
 #define PAGEALLOC_KERNELS_CPU_EXECUTOR_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "allocator/executor.h"
@@ -29,9 +30,21 @@ class CpuExecutor final : public PlanExecutor {
   absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override;
   const char* name() const override { return "cpu"; }
 
+  // Sets the KV memory that plans' scrub_pages are zeroed in (host
+  // pointers: the daemon's mapping of the slab). Until it is set, a plan
+  // that lists pages to scrub is refused (INTERNAL) and changes nothing.
+  // REQUIRES: no launch in progress.
+  void SetKvScrubTarget(KvScrubTarget target) {
+    scrub_target_ = std::move(target);
+  }
+
  private:
   std::vector<int64_t> ring_;
+  KvScrubTarget scrub_target_;
 };
+
+// Zeroes page `page`'s slots in every buffer of `target`.
+void ScrubPage(const KvScrubTarget& target, int64_t page);
 
 // Expands one planned request into `out` (seq_len - prefix_len slots),
 // taking its new pages from `ring` starting at ring position

@@ -102,5 +102,48 @@ TEST(CpuExecutorTest, FakeExecutorWritesTheSameSlots) {
   EXPECT_GT(slots_compared, 100000);
 }
 
+// Scrubbing zeroes exactly the listed pages' slots, in every buffer, and
+// nothing else; a plan that lists pages without a KV target is refused.
+TEST(CpuExecutorTest, ScrubZeroesTheListedPagesInEveryBuffer) {
+  constexpr int64_t kPageSize = 3;
+  constexpr int64_t kPages = 5;  // 0..4
+  const int64_t strides[] = {2, 7};
+  std::vector<std::vector<char>> memory;
+  KvScrubTarget target;
+  target.page_size = kPageSize;
+  for (int64_t stride : strides) {
+    memory.emplace_back(kPages * kPageSize * stride, '\x5a');
+    target.buffers.push_back({memory.back().data(), stride});
+  }
+  CpuExecutor executor;
+  ASSERT_OK(executor.InitFreeRing(4));
+  ASSERT_OK(executor.WriteFreeRing(0, {1, 2, 3, 4}));
+  BatchPlan plan;
+  plan.page_size = kPageSize;
+  plan.free_ring_capacity = 4;
+  plan.num_new_pages = 2;
+  plan.scrub_pages = {3, 1};
+  EXPECT_THAT(executor.Execute(plan),
+              pagealloc::testing::StatusIs(
+                  absl::StatusCode::kInternal,
+                  ::testing::HasSubstr("the plan scrubs 2 pages of 3 slots")));
+  for (const auto& buffer : memory) {
+    EXPECT_TRUE(std::all_of(buffer.begin(), buffer.end(),
+                            [](char c) { return c == '\x5a'; }));
+  }
+  executor.SetKvScrubTarget(target);
+  ASSERT_OK(executor.Execute(plan));
+  for (size_t b = 0; b < memory.size(); ++b) {
+    for (int64_t slot = 0; slot < kPages * kPageSize; ++slot) {
+      const int64_t page = slot / kPageSize;
+      const char expected = page == 1 || page == 3 ? 0 : '\x5a';
+      for (int64_t byte = 0; byte < strides[b]; ++byte) {
+        ASSERT_EQ(memory[b][slot * strides[b] + byte], expected)
+            << "buffer " << b << " slot " << slot << " byte " << byte;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagealloc

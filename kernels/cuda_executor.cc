@@ -11,6 +11,7 @@
 #include "kernels/alloc_kernels.h"
 #include "kernels/expand_plan.h"
 #include "kernels/plan_packing.h"
+#include "kernels/scrub_kernels.h"
 
 namespace pagealloc {
 namespace {
@@ -139,6 +140,10 @@ CudaExecutor::~CudaExecutor() {
   }
   if (device_plan_ != nullptr) cudaFree(device_plan_);
   if (device_ring_ != nullptr) cudaFree(device_ring_);
+  if (scrub_buffers_ != nullptr) cudaFree(scrub_buffers_);
+  if (scrub_pages_device_ != nullptr) cudaFree(scrub_pages_device_);
+  if (scrub_pages_host_ != nullptr) cudaFreeHost(scrub_pages_host_);
+  if (scrub_copied_ != nullptr) cudaEventDestroy(scrub_copied_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -233,6 +238,8 @@ absl::Status CudaExecutor::Execute(const BatchPlan& plan) {
   }
   if (plan.num_slots == 0) return absl::OkStatus();
   RETURN_IF_ERROR(SelectDevice());
+  // Pages changing owner are zeroed first, on the same stream.
+  RETURN_IF_ERROR(Scrub(plan));
   if (options_.inline_plans) {
     // Small plans travel in the launch itself: no staging buffer to wait
     // for, no copy, and the kernel reads them through the constant cache.
@@ -262,6 +269,74 @@ absl::Status CudaExecutor::Execute(const BatchPlan& plan) {
   RETURN_IF_ERROR(
       CudaStatus(LaunchExpandPlan(params, stream_), "LaunchExpandPlan"));
   return MaybeDebugSync("expand kernel (debug sync)");
+}
+
+absl::Status CudaExecutor::SetKvScrubTarget(const KvScrubTarget& target) {
+  if (scrub_buffers_ != nullptr) {
+    return absl::FailedPreconditionError("the KV scrub target is set already");
+  }
+  if (target.buffers.empty() || target.page_size < 1 ||
+      target.buffers.size() > (size_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a KV scrub target of %d buffers, pages of %d slots",
+                        target.buffers.size(), target.page_size));
+  }
+  RETURN_IF_ERROR(SelectDevice());
+  std::vector<ScrubBuffer> table;
+  for (const KvScrubTarget::Buffer& buffer : target.buffers) {
+    table.push_back({buffer.base, buffer.stride_bytes * target.page_size});
+  }
+  const size_t table_bytes = table.size() * sizeof(ScrubBuffer);
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scrub_buffers_, table_bytes),
+                             "cudaMalloc (scrub buffers)"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(scrub_buffers_, table.data(),
+                                        table_bytes, cudaMemcpyHostToDevice),
+                             "cudaMemcpy (scrub buffers)"));
+  // A launch takes at most one new page per slot it writes.
+  const size_t pages_bytes = options_.max_slots_per_batch * sizeof(int64_t);
+  RETURN_IF_ERROR(
+      CudaStatus(cudaHostAlloc(reinterpret_cast<void**>(&scrub_pages_host_),
+                               pages_bytes, cudaHostAllocDefault),
+                 "cudaHostAlloc (scrub pages)"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMalloc(reinterpret_cast<void**>(&scrub_pages_device_), pages_bytes),
+      "cudaMalloc (scrub pages)"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaEventCreateWithFlags(&scrub_copied_, cudaEventDisableTiming),
+      "cudaEventCreateWithFlags (scrub)"));
+  scrub_num_buffers_ = static_cast<int32_t>(table.size());
+  scrub_page_size_ = target.page_size;
+  return absl::OkStatus();
+}
+
+absl::Status CudaExecutor::Scrub(const BatchPlan& plan) {
+  if (plan.scrub_pages.empty()) return absl::OkStatus();
+  const int64_t n = plan.scrub_pages.size();
+  if (scrub_buffers_ == nullptr || scrub_page_size_ != plan.page_size ||
+      n > options_.max_slots_per_batch) {
+    return absl::InternalError(absl::StrFormat(
+        "the plan scrubs %d pages of %d slots; the executor's KV scrub "
+        "target has pages of %d slots (and takes %d pages a launch)",
+        n, plan.page_size, scrub_page_size_, options_.max_slots_per_batch));
+  }
+  // The staging is reused once the last upload out of it has completed.
+  RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(scrub_copied_),
+                             "cudaEventSynchronize (scrub)"));
+  std::memcpy(scrub_pages_host_, plan.scrub_pages.data(), n * sizeof(int64_t));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(scrub_pages_device_, scrub_pages_host_,
+                      n * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
+      "cudaMemcpyAsync (scrub pages)"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(scrub_copied_, stream_),
+                             "cudaEventRecord (scrub)"));
+  ScrubParams params;
+  params.buffers = static_cast<const ScrubBuffer*>(scrub_buffers_);
+  params.num_buffers = scrub_num_buffers_;
+  params.pages = scrub_pages_device_;
+  params.num_pages = n;
+  RETURN_IF_ERROR(
+      CudaStatus(LaunchScrubPages(params, stream_), "LaunchScrubPages"));
+  return MaybeDebugSync("scrub kernel (debug sync)");
 }
 
 absl::Status CudaExecutor::Synchronize() {

@@ -107,6 +107,17 @@ class CudaExecutor final : public PlanExecutor {
   // events after Execute.
   cudaStream_t stream() const { return stream_; }
 
+  // Sets the KV memory that plans' scrub_pages are zeroed in (device
+  // pointers: the daemon's mapping of the slab) and allocates what the
+  // scrub needs (the buffer table, the page list's staging and device
+  // copy, up to max_slots_per_batch pages a launch). The scrub is its own
+  // kernel, queued on the stream right before the plan's expand kernel, so
+  // the pages are zero before any client can see their slots. Until it is
+  // set, a plan that lists pages to scrub is refused (INTERNAL).
+  // INVALID_ARGUMENT for a target without buffers, FAILED_PRECONDITION
+  // when one is set already, INTERNAL on CUDA failure.
+  absl::Status SetKvScrubTarget(const KvScrubTarget& target);
+
  private:
   // A pinned host buffer and the event recorded after the last copy out of
   // it.
@@ -125,6 +136,9 @@ class CudaExecutor final : public PlanExecutor {
   absl::Status ReleaseStaging(Staging& staging);
   absl::Status SelectDevice() const;
   absl::Status MaybeDebugSync(const char* what);
+  // Queues the zeroing of plan.scrub_pages (nothing when empty). INTERNAL
+  // when the plan lists pages and no matching target is set.
+  absl::Status Scrub(const BatchPlan& plan);
 
   const CudaExecutorOptions options_;
   cudaStream_t stream_ = nullptr;
@@ -141,6 +155,15 @@ class CudaExecutor final : public PlanExecutor {
   std::unique_ptr<MaxInlineExpandParams> inline_plan_;
   int64_t* device_ring_ = nullptr;
   int64_t ring_capacity_ = 0;
+  // Scrubbing (SetKvScrubTarget): the buffer table on the device, the
+  // page list's pinned staging and device copy, the event recorded after
+  // the last upload out of the staging.
+  void* scrub_buffers_ = nullptr;
+  int32_t scrub_num_buffers_ = 0;
+  int64_t scrub_page_size_ = 0;
+  int64_t* scrub_pages_host_ = nullptr;
+  int64_t* scrub_pages_device_ = nullptr;
+  cudaEvent_t scrub_copied_ = nullptr;
 };
 
 }  // namespace pagealloc

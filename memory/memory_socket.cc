@@ -24,6 +24,7 @@ bool KnownMemoryKind(uint32_t kind) {
     case MemoryKind::kChannel:
     case MemoryKind::kDoorbell:
     case MemoryKind::kRing:
+    case MemoryKind::kKvSlab:
     case MemoryKind::kCudaRing:
     case MemoryKind::kCompletionCounter:
       return true;
@@ -249,6 +250,10 @@ absl::StatusOr<SessionMemory> ReceiveSessionMemory(const std::string& path,
       case MemoryKind::kCompletionCounter:
         slot = &memory.completion_counter;
         memory.completion_counter_bytes = entry.bytes;
+        break;
+      case MemoryKind::kKvSlab:
+        slot = &memory.kv_slab;
+        memory.kv_slab_bytes = entry.bytes;
         break;
     }
     if (slot->valid()) {

@@ -57,7 +57,9 @@ inline constexpr uint32_t kMagic = 0x4d534150;  // "PASM" in memory order
 // Bumped whenever a field's meaning or offset changes; both ends check it.
 inline constexpr uint32_t kVersion = 2;
 inline constexpr size_t kMaxTokenBytes = 64;
-inline constexpr int kMaxEntries = 4;
+// Room for every kind of memory a session may be handed at once, and for
+// kinds to come (output rings and a completion counter as CUDA VMM fds).
+inline constexpr int kMaxEntries = 8;
 inline constexpr size_t kMaxMessageBytes = 256;
 
 // The client's one message.
@@ -84,6 +86,10 @@ enum class MemoryKind : uint32_t {
   // stream writes it after each asynchronous launch, and a client's stream
   // waits on it (AllocResponse.completion_value).
   kCompletionCounter = 11,
+  // The pool's KV slab (PoolInfo.kv_slab), the same memory for every
+  // session: a memfd on the CPU backend, a CUDA VMM allocation's POSIX fd
+  // (cuMemImportFromShareableHandle) on the CUDA backend. Read-write.
+  kKvSlab = 4,
 };
 
 struct MemoryEntry {
@@ -118,8 +124,8 @@ static_assert(sizeof(Hello) == 88);
 static_assert(sizeof(MemoryEntry) == 16);
 static_assert(offsetof(DaemonMessage, num_entries) == 16);
 static_assert(offsetof(DaemonMessage, entries) == 24);
-static_assert(offsetof(DaemonMessage, message) == 88);
-static_assert(sizeof(DaemonMessage) == 344);
+static_assert(offsetof(DaemonMessage, message) == 152);
+static_assert(sizeof(DaemonMessage) == 408);
 
 // "<grpc_socket_path>.fd".
 std::string MemorySocketPath(absl::string_view grpc_socket_path);
@@ -154,7 +160,8 @@ absl::Status StatusOf(const DaemonMessage& message);
 
 // A session's memory as the client received it. Descriptors the daemon did
 // not send stay invalid (no fast channel; a CPU ring on the CUDA backend and
-// the reverse; no completion counter on the CPU backend).
+// the reverse; no completion counter on the CPU backend; no KV slab when the
+// daemon owns no KV memory).
 struct SessionMemory {
   // The connection: keep it open for the session's life (closing it ends
   // the session); it becomes readable when the daemon ends the session or
@@ -169,6 +176,8 @@ struct SessionMemory {
   uint64_t cuda_ring_bytes = 0;
   UniqueFd completion_counter;
   uint64_t completion_counter_bytes = 0;
+  UniqueFd kv_slab;
+  uint64_t kv_slab_bytes = 0;
 };
 
 // Connects to the memory socket at `path`, authenticates as the session and

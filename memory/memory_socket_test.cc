@@ -163,6 +163,8 @@ TEST_F(MemorySocketTest, TheSessionReceivesItsMemoryThenLearnsWhyItEnded) {
                        SharedRegion::Create("channel", 4096));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> ring,
                        SharedRegion::Create("ring", 8192));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> slab,
+                       SharedRegion::Create("kv-slab", 16384));
   UniqueFd doorbell(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   UniqueFd kept;  // the daemon's end, kept open until the test ends it
   PlayDaemon([&](UniqueFd connection, const Hello& hello) {
@@ -171,10 +173,12 @@ TEST_F(MemorySocketTest, TheSessionReceivesItsMemoryThenLearnsWhyItEnded) {
     const MemoryEntry entries[] = {
         {static_cast<uint32_t>(MemoryKind::kChannel), 0, 4096},
         {static_cast<uint32_t>(MemoryKind::kDoorbell), 0, 0},
-        {static_cast<uint32_t>(MemoryKind::kRing), 0, 8192}};
+        {static_cast<uint32_t>(MemoryKind::kRing), 0, 8192},
+        {static_cast<uint32_t>(MemoryKind::kKvSlab), 0, 16384}};
     const DaemonMessage message = MakeHandoff(entries);
-    ASSERT_OK(SendWithFds(connection.get(), BytesOf(&message, sizeof(message)),
-                          {channel->fd(), doorbell.get(), ring->fd()}));
+    ASSERT_OK(
+        SendWithFds(connection.get(), BytesOf(&message, sizeof(message)),
+                    {channel->fd(), doorbell.get(), ring->fd(), slab->fd()}));
     kept = std::move(connection);
   });
   ASSERT_OK_AND_ASSIGN(
@@ -189,6 +193,13 @@ TEST_F(MemorySocketTest, TheSessionReceivesItsMemoryThenLearnsWhyItEnded) {
                                             SharedRegion::Access::kReadOnly));
   static_cast<int64_t*>(ring->base())[1023] = 77;
   EXPECT_EQ(static_cast<const int64_t*>(mapped->base())[1023], 77);
+  // The KV slab is the same memory, writable from both ends.
+  EXPECT_EQ(memory.kv_slab_bytes, 16384u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> kv,
+                       SharedRegion::FromFd(std::move(memory.kv_slab), 16384,
+                                            SharedRegion::Access::kReadWrite));
+  static_cast<char*>(kv->base())[16383] = 9;
+  EXPECT_EQ(static_cast<const char*>(slab->base())[16383], 9);
   const uint64_t one = 1;
   ASSERT_EQ(write(memory.doorbell.get(), &one, sizeof(one)), 8);
   uint64_t rung = 0;

@@ -2,13 +2,13 @@
 // executor: memory for each session's output ring that the client can map,
 // copies out of it, and launch completion.
 //
-// Two implementations: the CPU backend (CpuExecutor, rings in anonymous
-// shared memory) here, and the CUDA backend (CudaExecutor, rings in CUDA
-// virtual-memory allocations, and a completion counter in device memory
-// that the daemon's stream writes after each asynchronous launch) in
-// cuda_backend.h. Either way the client gets its memory as file
-// descriptors over the memory socket (memory/memory_socket.h), so a
-// container needs only the daemon's socket.
+// Two implementations: the CPU backend (CpuExecutor, rings and the KV slab
+// in anonymous shared memory) here, and the CUDA backend (CudaExecutor,
+// rings and the KV slab in CUDA virtual-memory allocations, and a
+// completion counter in device memory that the daemon's stream writes after
+// each asynchronous launch) in cuda_backend.h. Either way the client gets
+// its memory as file descriptors over the memory socket
+// (memory/memory_socket.h), so a container needs only the daemon's socket.
 
 #ifndef PAGEALLOC_SERVER_BACKEND_H_
 #define PAGEALLOC_SERVER_BACKEND_H_
@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/executor.h"
+#include "memory/kv_layout.h"
 
 namespace pagealloc {
 
@@ -53,6 +54,22 @@ struct DeviceDescription {
   BackendKind kind = BackendKind::kCpu;
   int gpu = -1;             // CUDA device ordinal; -1 on the CPU backend
   std::string device_uuid;  // "GPU-..." on the CUDA backend
+};
+
+// The pool's KV memory (--kv_layout): one slab holding every buffer, made
+// by the backend and handed to every session as one file descriptor over
+// the memory socket. Immutable once made; it lives as long as the backend.
+struct KvSlab {
+  KvLayout layout;
+  KvSlabGeometry geometry;
+  // Pages are zeroed before they go to a session other than their last
+  // owner (the executor does it, from the plan's scrub_pages).
+  bool scrub = false;
+  // The memory, owned by the backend: a memfd (CPU) or a CUDA VMM
+  // allocation exported as a POSIX fd (CUDA). Another holder of a
+  // duplicate keeps the memory alive (a later step may keep the slab
+  // across a daemon restart this way).
+  int fd = -1;
 };
 
 // One session's output ring memory. Destroying it releases it (the client's
@@ -95,6 +112,24 @@ class Backend {
   virtual uint64_t completion_value() const = 0;
   // The device the pool lives on.
   virtual DeviceDescription DescribeDevice() const = 0;
+
+  // ---- The KV slab (the daemon owning the KV memory).
+
+  // Bytes each buffer of a slab is aligned to: the allocation granularity
+  // (the host page; the device's VMM granularity).
+  virtual absl::StatusOr<int64_t> KvAlignment() = 0;
+  // Memory a slab may take now: the host's available memory (CPU), the
+  // device's free memory (CUDA).
+  virtual absl::StatusOr<int64_t> KvAvailableBytes() = 0;
+  // Makes the slab `geometry` places (zeroed), and with `scrub` hands the
+  // executor its buffers to zero pages in. RESOURCE_EXHAUSTED when the
+  // memory cannot be had; FAILED_PRECONDITION when a slab exists.
+  // REQUIRES: called before the pool runs a batch.
+  virtual absl::Status CreateKvSlab(const KvLayout& layout,
+                                    const KvSlabGeometry& geometry,
+                                    bool scrub) = 0;
+  // The slab, or null when the daemon owns no KV memory.
+  virtual const KvSlab* kv_slab() const = 0;
   // A line for the start-up log.
   virtual std::string Summary() const = 0;
 };

@@ -31,6 +31,14 @@ CallCore::CallCore(const Options& options, PagePool* pool, Backend* backend,
 absl::StatusOr<std::shared_ptr<Session>> CallCore::OpenSession(
     const SessionRequest& request, absl::string_view peer) {
   if (draining_) return DrainingError();
+  if (!options_.register_secret.empty() &&
+      !ConstantTimeEquals(options_.register_secret, request.register_secret)) {
+    log_->warn("Register from {} refused: wrong or missing register_secret",
+               std::string(peer));
+    return absl::UnauthenticatedError(
+        "Register: wrong or missing register_secret (this pool runs with "
+        "--register_secret_file; its sessions share one KV slab)");
+  }
   ASSIGN_OR_RETURN(
       std::shared_ptr<Session> session,
       sessions_->Open(request.client_name, request.ring_capacity_slots,
@@ -401,6 +409,7 @@ PoolDescription CallCore::DescribePool() const {
   pool.free_policy = pool_->free_policy();
   pool.semantics = pool_->semantics();
   pool.device = backend_->DescribeDevice();
+  pool.kv_slab = backend_->kv_slab();
   return pool;
 }
 

@@ -165,6 +165,9 @@ struct SessionRequest {
   std::string client_name;
   int64_t ring_capacity_slots = 0;  // 0: the daemon's default
   int64_t quota_pages = 0;          // 0: no quota
+  // RegisterRequest.register_secret (checked against
+  // CallCore::Options.register_secret).
+  std::string register_secret;
 };
 
 // The pool as every session sees it.
@@ -174,6 +177,8 @@ struct PoolDescription {
   FreePolicy free_policy = FreePolicy::kLifo;
   Semantics semantics = Semantics::kPagealloc;
   DeviceDescription device;
+  // The KV memory the daemon owns; null when it hands out indices only.
+  const KvSlab* kv_slab = nullptr;
 };
 
 // Told when a session ends, so that a transport can drop what it holds
@@ -195,6 +200,9 @@ class CallCore {
     // Whether ClearPool may be forced while sessions hold pages (it voids
     // their slots): an operator's choice, off by default.
     bool allow_forced_clear = false;
+    // When not empty, Register must carry this secret
+    // (--register_secret_file): UNAUTHENTICATED otherwise.
+    std::string register_secret;
   };
 
   // GetFreeLists: pages of each list returned when the caller names no
@@ -219,7 +227,9 @@ class CallCore {
   // ---- Sessions.
 
   // Opens a session and makes it an owner in the pool. `peer` goes to the
-  // log. Errors: SessionRegistry::Open's, UNAVAILABLE while draining.
+  // log. Errors: UNAUTHENTICATED when the pool requires a Register secret
+  // and the request's differs (compared in constant time),
+  // SessionRegistry::Open's, UNAVAILABLE while draining.
   absl::StatusOr<std::shared_ptr<Session>> OpenSession(
       const SessionRequest& request, absl::string_view peer);
   // Authenticates a session (UNAVAILABLE while draining, NOT_FOUND or

@@ -1,9 +1,13 @@
 // The CPU backend: the reference executor, and rings in anonymous shared
 // memory that the client maps read-only once the memory socket handed it
-// the descriptor.
+// the descriptor; the KV slab in one memfd every session maps read-write.
+
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -78,13 +82,71 @@ class CpuBackend final : public Backend {
     return {BackendKind::kCpu, -1, ""};
   }
 
+  absl::StatusOr<int64_t> KvAlignment() override {
+    return static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  }
+
+  // MemAvailable: what the kernel can give without swapping. A memfd is
+  // charged to the daemon's memory cgroup too; posix_fallocate in
+  // SharedRegion::Create refuses the slab at start when that is smaller.
+  absl::StatusOr<int64_t> KvAvailableBytes() override {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key, unit;
+    int64_t kib = 0;
+    while (meminfo >> key >> kib) {
+      std::getline(meminfo, unit);
+      if (key == "MemAvailable:") return kib * 1024;
+    }
+    return absl::InternalError("/proc/meminfo has no MemAvailable");
+  }
+
+  absl::Status CreateKvSlab(const KvLayout& layout,
+                            const KvSlabGeometry& geometry,
+                            bool scrub) override {
+    if (slab_region_ != nullptr) {
+      return absl::FailedPreconditionError("the KV slab exists already");
+    }
+    // Reserved whole (fallocate): a slab the host cannot hold is refused
+    // here, at start, never a SIGBUS in whichever process writes a slot.
+    ASSIGN_OR_RETURN(slab_region_, SharedRegion::Create("pagealloc-kv-slab",
+                                                        geometry.total_bytes));
+    slab_.layout = layout;
+    slab_.geometry = geometry;
+    slab_.scrub = scrub;
+    slab_.fd = slab_region_->fd();
+    if (scrub) {
+      KvScrubTarget target;
+      target.page_size = geometry.page_size;
+      for (const KvBufferPlacement& placement : geometry.placements) {
+        target.buffers.push_back(
+            {static_cast<char*>(slab_region_->base()) + placement.offset,
+             placement.stride_bytes});
+      }
+      executor_.SetKvScrubTarget(std::move(target));
+    }
+    return absl::OkStatus();
+  }
+
+  const KvSlab* kv_slab() const override {
+    return slab_region_ != nullptr ? &slab_ : nullptr;
+  }
+
   std::string Summary() const override {
+    if (slab_region_ != nullptr) {
+      return absl::StrFormat(
+          "cpu (reference executor, rings and a %s KV slab in memfd shared "
+          "memory)",
+          FormatBytes(slab_.geometry.total_bytes));
+    }
     return "cpu (reference executor, rings in memfd shared memory)";
   }
 
  private:
   CpuExecutor executor_;
   std::atomic<uint64_t> completion_{0};
+  // The KV slab: mapped here too, for scrubbing.
+  std::unique_ptr<SharedRegion> slab_region_;
+  KvSlab slab_;
 };
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_executor.h"
+#include "memory/cuda_vmm.h"
+#include "memory/unique_fd.h"
 #include "server/cuda_vmm_export.h"
 
 namespace pagealloc {
@@ -92,6 +94,12 @@ class CudaBackend final : public Backend {
     return backend;
   }
 
+  ~CudaBackend() override {
+    // A scrub queued on the stream may still write through the slab's
+    // mapping, which goes before the executor.
+    (void)executor_->Synchronize();
+  }
+
   BackendKind kind() const override { return BackendKind::kCuda; }
   PlanExecutor* executor() override { return executor_.get(); }
 
@@ -146,11 +154,76 @@ class CudaBackend final : public Backend {
     return {BackendKind::kCuda, gpu_, uuid_};
   }
 
+  absl::StatusOr<int64_t> KvAlignment() override {
+    return cuda_vmm::Granularity(gpu_);
+  }
+
+  absl::StatusOr<int64_t> KvAvailableBytes() override {
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(gpu_), "cudaSetDevice"));
+    size_t free = 0, total = 0;
+    RETURN_IF_ERROR(
+        CudaStatus(cudaMemGetInfo(&free, &total), "cudaMemGetInfo"));
+    return static_cast<int64_t>(free);
+  }
+
+  // One cuMemCreate allocation for the whole slab, exported once as a POSIX
+  // fd that every session receives a duplicate of: one import and one map
+  // per client. The daemon maps it only to scrub.
+  absl::Status CreateKvSlab(const KvLayout& layout,
+                            const KvSlabGeometry& geometry,
+                            bool scrub) override {
+    if (slab_memory_ != nullptr) {
+      return absl::FailedPreconditionError("the KV slab exists already");
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<cuda_vmm::Allocation> memory,
+                     cuda_vmm::Allocation::Create(gpu_, geometry.total_bytes));
+    if (memory->bytes() != geometry.total_bytes) {
+      return absl::InternalError(absl::StrFormat(
+          "the KV slab of %d bytes became %d bytes: not a multiple of GPU "
+          "%d's granularity",
+          geometry.total_bytes, memory->bytes(), gpu_));
+    }
+    ASSIGN_OR_RETURN(UniqueFd fd, memory->Export());
+    if (scrub) {
+      // Fresh device memory holds whatever it held: zero it once, so that
+      // a page never owned needs no scrub; later pages are zeroed as they
+      // change owner, by the executor, on its stream.
+      ASSIGN_OR_RETURN(slab_mapping_, cuda_vmm::Mapping::Map(*memory));
+      RETURN_IF_ERROR(CudaStatus(cudaSetDevice(gpu_), "cudaSetDevice"));
+      RETURN_IF_ERROR(
+          CudaStatus(cudaMemset(slab_mapping_->data(), 0, geometry.total_bytes),
+                     "cudaMemset (KV slab)"));
+      KvScrubTarget target;
+      target.page_size = geometry.page_size;
+      for (const KvBufferPlacement& placement : geometry.placements) {
+        target.buffers.push_back(
+            {static_cast<char*>(slab_mapping_->data()) + placement.offset,
+             placement.stride_bytes});
+      }
+      RETURN_IF_ERROR(executor_->SetKvScrubTarget(target));
+    }
+    slab_memory_ = std::move(memory);
+    slab_fd_ = std::move(fd);
+    slab_.layout = layout;
+    slab_.geometry = geometry;
+    slab_.scrub = scrub;
+    slab_.fd = slab_fd_.get();
+    return absl::OkStatus();
+  }
+
+  const KvSlab* kv_slab() const override {
+    return slab_memory_ != nullptr ? &slab_ : nullptr;
+  }
+
   std::string Summary() const override {
     return absl::StrFormat(
         "cuda (GPU %d: %s, %s; rings and completion counter shared as CUDA "
-        "virtual-memory file descriptors)",
-        gpu_, device_name_, uuid_);
+        "virtual-memory file descriptors%s)",
+        gpu_, device_name_, uuid_,
+        slab_memory_ != nullptr
+            ? absl::StrFormat("; a %s KV slab as a VMM fd",
+                              FormatBytes(slab_.geometry.total_bytes))
+            : std::string());
   }
 
  private:
@@ -170,6 +243,13 @@ class CudaBackend final : public Backend {
   std::atomic<uint64_t> completion_value_{0};
   std::string device_name_;
   std::string uuid_;
+  // The KV slab: the allocation, its exported fd (what sessions receive),
+  // and the daemon's own mapping (only with --kv_scrub). The mapping goes
+  // before the allocation.
+  std::unique_ptr<cuda_vmm::Allocation> slab_memory_;
+  UniqueFd slab_fd_;
+  std::unique_ptr<cuda_vmm::Mapping> slab_mapping_;
+  KvSlab slab_;
 };
 
 }  // namespace

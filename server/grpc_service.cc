@@ -37,6 +37,28 @@ void FillPoolInfo(const PoolDescription& pool, v1::PoolInfo* out) {
   out->set_backend(ToWire(pool.device.kind));
   out->set_gpu(pool.device.gpu);
   out->set_device_uuid(pool.device.device_uuid);
+  if (pool.kv_slab != nullptr) {
+    const KvSlab& slab = *pool.kv_slab;
+    v1::KvSlab* kv = out->mutable_kv_slab();
+    kv->set_layout(slab.layout.text);
+    kv->set_num_slots(slab.geometry.num_slots);
+    kv->set_bytes(slab.geometry.total_bytes);
+    kv->set_alignment(slab.geometry.alignment);
+    kv->set_bytes_per_page(slab.geometry.bytes_per_page);
+    kv->set_scrub(slab.scrub);
+    for (size_t b = 0; b < slab.layout.buffers.size(); ++b) {
+      const KvBufferSpec& spec = slab.layout.buffers[b];
+      const KvBufferPlacement& placement = slab.geometry.placements[b];
+      v1::KvBuffer* buffer = kv->add_buffers();
+      buffer->set_name(spec.name);
+      buffer->set_dtype(std::string(KvDtypeName(spec.dtype)));
+      buffer->mutable_element_shape()->Add(spec.element_shape.begin(),
+                                           spec.element_shape.end());
+      buffer->set_offset(placement.offset);
+      buffer->set_stride_bytes(placement.stride_bytes);
+      buffer->set_bytes(placement.bytes);
+    }
+  }
 }
 
 // The ring's memory (and the CUDA backend's completion counter) goes over
@@ -295,6 +317,7 @@ grpc::ServerUnaryReactor* GrpcService::Register(
   wanted.client_name = request->client_name();
   wanted.ring_capacity_slots = request->ring_capacity_slots();
   wanted.quota_pages = request->quota_pages();
+  wanted.register_secret = request->register_secret();
   absl::StatusOr<std::shared_ptr<Session>> session =
       core_->OpenSession(wanted, context->peer());
   if (!session.ok()) {
@@ -471,6 +494,7 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
   response->set_out_of_pages_total(stats.out_of_pages_refusals);
   response->set_free_list_sorts_total(stats.free_list_sorts);
   response->set_launches_total(core_->launches());
+  response->set_kv_pages_scrubbed_total(stats.pages_scrubbed);
   const std::vector<std::shared_ptr<Session>> sessions = core_->Sessions();
   response->set_sessions_active(sessions.size());
   if (request->include_sessions()) {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <new>
 #include <string>
@@ -35,6 +36,7 @@
 #include "common/command_line.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "memory/kv_layout.h"
 #include "server/server.h"
 
 ABSL_FLAG(int, gpu, 0, "CUDA device ordinal whose KV pool this daemon owns.");
@@ -48,6 +50,24 @@ ABSL_FLAG(int64_t, pool_tokens, 0,
           "Pool size in tokens (rounded down to whole pages); used when "
           "--num_pages is 0.");
 ABSL_FLAG(int64_t, page_size, 16, "Tokens per page.");
+ABSL_FLAG(std::string, kv_layout, "",
+          "The KV memory the daemon owns and exports to every session: "
+          "mha:layers=32,kv_heads=8,head_dim=128,dtype=bf16 (a K and a V "
+          "buffer per layer), mla:layers=61,kv_lora_rank=512,rope_dim=64,"
+          "dtype=bf16, or custom:[layers=N,]NAME=DTYPE:D0xD1,... Empty: slot "
+          "indices only (docs/operations.md, \"KV memory\").");
+ABSL_FLAG(std::string, kv_memory, "",
+          "The KV slab's budget with --kv_layout: a size (80GiB, 512MiB) or "
+          "a fraction of the free GPU memory (of the available host memory "
+          "on the CPU backend), e.g. 0.9. The pool gets the most pages it "
+          "holds (unless --num_pages is given, which must then fit).");
+ABSL_FLAG(bool, kv_scrub, false,
+          "Zero a page's slots in every KV buffer before handing it to a "
+          "session other than its last owner (needs --kv_layout).");
+ABSL_FLAG(std::string, register_secret_file, "",
+          "A file holding a secret that Register must carry "
+          "(RegisterRequest.register_secret): sessions that map one KV slab "
+          "share one trust domain. Trailing newlines are ignored.");
 ABSL_FLAG(std::string, free_policy, "lifo",
           "lifo: freed pages are reused first; sorted: freed pages are parked "
           "and merged, sorted, when an allocation does not fit (SGLang's "
@@ -166,6 +186,10 @@ const CommandLineSpec kCommandLine = {
           {"free_policy"},
           {"semantics"},
           {"allow_forced_clear"}}},
+        {"KV memory",
+         {{"kv_layout", "layout"},
+          {"kv_memory", "bytes or fraction"},
+          {"kv_scrub"}}},
         {"memory and sessions",
          {{"ring_capacity_slots", "slots of 8 bytes"},
           {"max_sessions", "sessions"},
@@ -185,6 +209,7 @@ const CommandLineSpec kCommandLine = {
         {"security",
          {{"socket_mode", "octal mode"},
           {"socket_group", "group name"},
+          {"register_secret_file", "path"},
           {"tls_cert_file", "path"},
           {"tls_key_file", "path"},
           {"tls_client_ca_file", "path"},
@@ -289,6 +314,30 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   } else {
     options.pool.num_pages = 65536;
   }
+  // The KV memory: with a layout and a budget, the slab sizes the pool
+  // (Server::Create, once the backend knows its free memory).
+  const std::string kv_layout = absl::GetFlag(FLAGS_kv_layout);
+  const std::string kv_memory = absl::GetFlag(FLAGS_kv_memory);
+  options.kv.scrub = absl::GetFlag(FLAGS_kv_scrub);
+  if (!kv_layout.empty()) {
+    ASSIGN_OR_RETURN(options.kv.layout, ParseKvLayout(kv_layout));
+    if (!kv_memory.empty()) {
+      ASSIGN_OR_RETURN(options.kv.budget, ParseKvMemory(kv_memory));
+      if (absl::GetFlag(FLAGS_num_pages) == 0 &&
+          absl::GetFlag(FLAGS_pool_tokens) == 0) {
+        options.pool.num_pages = 0;  // from the budget
+      }
+    } else if (absl::GetFlag(FLAGS_num_pages) == 0 &&
+               absl::GetFlag(FLAGS_pool_tokens) == 0) {
+      return absl::InvalidArgumentError(
+          "--kv_layout needs --kv_memory (or --num_pages / --pool_tokens) to "
+          "size the KV slab");
+    }
+  } else if (!kv_memory.empty() || options.kv.scrub) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s needs --kv_layout",
+                        kv_memory.empty() ? "--kv_scrub" : "--kv_memory"));
+  }
   const int64_t available = AvailableHostBytes();
   const double needed =
       static_cast<double>(options.pool.num_pages) * kHostBytesPerPage;
@@ -388,6 +437,27 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--socket_group=%s: no such group on this host", options.socket_group));
   }
+  if (const std::string path = absl::GetFlag(FLAGS_register_secret_file);
+      !path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--register_secret_file=%s: cannot read it: %s", path,
+                          std::strerror(errno)));
+    }
+    std::string secret((std::istreambuf_iterator<char>(in)),
+                       std::istreambuf_iterator<char>());
+    while (!secret.empty() &&
+           (secret.back() == '\n' || secret.back() == '\r')) {
+      secret.pop_back();
+    }
+    if (secret.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--register_secret_file=%s is empty: a Register secret must not be",
+          path));
+    }
+    options.register_secret = std::move(secret);
+  }
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
@@ -459,9 +529,12 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
       options.sessions.default_ring_capacity_slots, int64_t{1} << 26);
   options.sessions.max_quota_pages =
       absl::GetFlag(FLAGS_max_session_quota_pages);
-  RETURN_IF_ERROR(
-      CheckRange("max_session_quota_pages", options.sessions.max_quota_pages, 0,
-                 options.pool.num_pages, "pages; 0: no cap beyond the pool"));
+  // A pool sized by its KV budget (num_pages 0 here) is checked against
+  // the largest pool instead.
+  RETURN_IF_ERROR(CheckRange(
+      "max_session_quota_pages", options.sessions.max_quota_pages, 0,
+      options.pool.num_pages > 0 ? options.pool.num_pages : max_pages,
+      "pages; 0: no cap beyond the pool"));
 
   // Logging and metrics.
   options.debug_checks = absl::GetFlag(FLAGS_debug_checks);
@@ -550,6 +623,12 @@ int Main() {
                         options->pool.num_pages));
   }
   if (!server.ok()) {
+    // The KV slab's sizing refusals (a budget larger than the memory
+    // there is, one that leaves no page, --num_pages that does not fit)
+    // are usage errors, found once the backend knows its memory.
+    if (absl::IsInvalidArgument(server.status())) {
+      ExitUsage(kCommandLine.program, server.status().message());
+    }
     if (absl::IsResourceExhausted(server.status())) {
       // The pool's device memory: its free list, then a ring per session.
       return fail(absl::ResourceExhaustedError(absl::StrFormat(

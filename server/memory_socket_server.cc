@@ -248,6 +248,12 @@ void MemorySocketServer::Serve() {
            ring.completion_bytes});
       fds.push_back(ring.completion_fd);
     }
+    // The pool's KV slab: the same memory for every session.
+    if (const KvSlab* slab = core_->DescribePool().kv_slab; slab != nullptr) {
+      entries.push_back({static_cast<uint32_t>(ms::MemoryKind::kKvSlab), 0,
+                         static_cast<uint64_t>(slab->geometry.total_bytes)});
+      fds.push_back(slab->fd);
+    }
     const absl::Status sent = SendWithFds(
         connection.fd.get(), BytesOf(ms::MakeHandoff(entries)), fds);
     if (!sent.ok()) {

@@ -2,12 +2,12 @@
 // (memory/memory_socket.h). One thread serves every connection: it accepts
 // them, authenticates each client's Hello through the call core, hands the
 // session its memory as file descriptors (its fast channel's memory and
-// doorbell, its ring, the CUDA backend's completion counter), and then
-// watches the connection for the
-// session's life. When the client's end closes (its process died: the
-// kernel closes the sockets of a dead process) the session is reclaimed at
-// once, its pages freed, without waiting for its lease; the lease remains
-// for clients that hang rather than die. A session that ends otherwise
+// doorbell, its ring, the CUDA backend's completion counter, the pool's KV
+// slab), and then watches the connection for the session's life. When the
+// client's end closes (its process died: the kernel closes the sockets of a
+// dead process) the session is reclaimed at once, its pages freed, without
+// waiting for its lease; the lease remains for clients that hang rather
+// than die. A session that ends otherwise
 // (closed, lease lost, daemon shutting down) is told why, then its
 // connection is closed, which is how its client learns at once.
 //

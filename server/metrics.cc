@@ -118,6 +118,27 @@ std::string MetricsExporter::Render() const {
                 : 0));
   families.push_back(
       Gauge("pagealloc_page_size_tokens", "Tokens per page.", stats.page_size));
+  // The KV slab (0 when the daemon owns no KV memory).
+  const KvSlab* slab = backend_->kv_slab();
+  families.push_back(Gauge(
+      "pagealloc_kv_slab_bytes",
+      "Bytes of the KV slab the daemon owns (0: it hands out indices only).",
+      slab != nullptr ? slab->geometry.total_bytes : 0));
+  families.push_back(Gauge("pagealloc_kv_slab_buffers",
+                           "KV buffers in the slab.",
+                           slab != nullptr ? slab->layout.buffers.size() : 0));
+  families.push_back(
+      Gauge("pagealloc_kv_slab_page_bytes",
+            "Bytes one page takes across every KV buffer.",
+            slab != nullptr ? slab->geometry.bytes_per_page : 0));
+  families.push_back(Gauge("pagealloc_kv_slab_pages",
+                           "Usable pages the KV slab holds.",
+                           slab != nullptr ? slab->geometry.num_pages : 0));
+  families.push_back(
+      Counter("pagealloc_kv_pages_scrubbed_total",
+              "Pages zeroed in every KV buffer before going to a session "
+              "other than their last owner (--kv_scrub).",
+              stats.pages_scrubbed));
   const DeviceDescription device = backend_->DescribeDevice();
   const bool cuda = device.kind == BackendKind::kCuda;
   MetricFamily build =

@@ -463,13 +463,75 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
   return MakeCpuBackend();
 }
 
+absl::StatusOr<KvSlabGeometry> SizeKvSlab(const ServerOptions& options,
+                                          Backend& backend) {
+  const KvLayout& layout = *options.kv.layout;
+  const int64_t page_size = options.pool.page_size;
+  ASSIGN_OR_RETURN(const int64_t alignment, backend.KvAlignment());
+  ASSIGN_OR_RETURN(const int64_t available, backend.KvAvailableBytes());
+  const char* where =
+      backend.kind() == BackendKind::kCuda ? "free on the GPU" : "available";
+  std::optional<int64_t> budget;
+  if (options.kv.budget.has_value()) {
+    budget = options.kv.budget->Resolve(available);
+    if (*budget > available) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--kv_memory asks for %s (%d bytes); only %s (%d bytes) is %s",
+          FormatBytes(*budget), *budget, FormatBytes(available), available,
+          where));
+    }
+  }
+  if (options.pool.num_pages == 0) {
+    if (!budget.has_value()) {
+      return absl::InvalidArgumentError(
+          "--kv_layout needs --kv_memory (or --num_pages) to size the slab");
+    }
+    return FitKvSlab(layout, page_size, *budget, alignment);
+  }
+  ASSIGN_OR_RETURN(
+      KvSlabGeometry slab,
+      PlaceKvSlab(layout, page_size, options.pool.num_pages, alignment));
+  const int64_t limit = budget.value_or(available);
+  if (slab.total_bytes > limit) {
+    absl::StatusOr<KvSlabGeometry> fits =
+        FitKvSlab(layout, page_size, limit, alignment);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--num_pages=%d with --kv_layout needs a KV slab of %s (%d bytes, %s "
+        "a page); %s %s (%d bytes)%s",
+        options.pool.num_pages, FormatBytes(slab.total_bytes), slab.total_bytes,
+        FormatBytes(slab.bytes_per_page),
+        budget.has_value() ? "--kv_memory is" : "only", FormatBytes(limit),
+        limit,
+        fits.ok() ? absl::StrFormat(", which holds %d pages", fits->num_pages)
+                  : std::string(budget.has_value() ? "" : " is available")));
+  }
+  return slab;
+}
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     const ServerOptions& options) {
   std::unique_ptr<Server> server(new Server(options));
   ASSIGN_OR_RETURN(server->backend_, MakeBackend(options));
+  PoolOptions pool_options = options.pool;
+  if (options.kv.layout.has_value()) {
+    ASSIGN_OR_RETURN(KvSlabGeometry slab,
+                     SizeKvSlab(options, *server->backend_));
+    RETURN_IF_ERROR(server->backend_->CreateKvSlab(*options.kv.layout, slab,
+                                                   options.kv.scrub));
+    pool_options.num_pages = slab.num_pages;
+    pool_options.scrub = options.kv.scrub;
+    Logger("server")->info(
+        "KV slab: {} ({} buffers, {} a page, {} pages of {} slots){}",
+        FormatBytes(slab.total_bytes), options.kv.layout->buffers.size(),
+        FormatBytes(slab.bytes_per_page), slab.num_pages, slab.page_size,
+        options.kv.scrub ? ", scrubbed between owners" : "");
+  } else if (options.kv.scrub) {
+    return absl::InvalidArgumentError("--kv_scrub needs --kv_layout");
+  }
+  server->options_.pool = pool_options;
   ASSIGN_OR_RETURN(
       server->pool_,
-      PagePool::Create(options.pool, server->backend_->executor()));
+      PagePool::Create(pool_options, server->backend_->executor()));
   server->sessions_ = std::make_unique<SessionRegistry>(options.sessions,
                                                         server->backend_.get());
   Batcher::Options batcher_options = options.batcher;
@@ -482,6 +544,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   core_options.max_call_requests = options.batcher.max_batch_requests;
   core_options.max_call_tokens = options.batcher.max_batch_tokens;
   core_options.allow_forced_clear = options.allow_forced_clear;
+  core_options.register_secret = options.register_secret;
   server->core_ = std::make_unique<CallCore>(
       core_options, server->pool_.get(), server->backend_.get(),
       server->sessions_.get(), server->batcher_.get());

@@ -13,6 +13,7 @@
 #define PAGEALLOC_SERVER_SERVER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "absl/time/time.h"
 #include "allocator/page_pool.h"
 #include "grpcpp/grpcpp.h"
+#include "memory/kv_layout.h"
 #include "server/backend.h"
 #include "server/batcher.h"
 #include "server/call_core.h"
@@ -70,6 +72,22 @@ struct ServerOptions {
   // that Prometheus on another host can scrape.
   std::string metrics_host = "0.0.0.0";
   int metrics_port = -1;
+  // The KV memory the daemon owns (docs/design.md, section 11). Without a
+  // layout the daemon hands out slot indices only.
+  struct Kv {
+    std::optional<KvLayout> layout;
+    // The slab's budget; without one the slab is sized for pool.num_pages
+    // (which must then be set). With one and pool.num_pages == 0, the pool
+    // takes the most pages the budget holds; with pool.num_pages set too,
+    // those pages must fit the budget.
+    std::optional<KvMemoryBudget> budget;
+    // Zero a page in every buffer before it goes to a session other than
+    // its last owner.
+    bool scrub = false;
+  } kv;
+  // When not empty, Register must carry it (RegisterRequest.
+  // register_secret; --register_secret_file).
+  std::string register_secret;
   // Offer fast channels (fast_channel/layout.h) to sessions that ask, and
   // how long the poller spins after a call before it sleeps.
   bool fast_channel = true;
@@ -98,8 +116,11 @@ class InFlightRpcs;  // server.cc: the unary RPCs not yet answered
 
 class Server {
  public:
-  // Builds the backend, pool, sessions and batcher. Fails with
-  // FAILED_PRECONDITION when --backend=cuda finds no usable GPU.
+  // Builds the backend, the KV slab (options.kv), pool, sessions and
+  // batcher. Fails with FAILED_PRECONDITION when --backend=cuda finds no
+  // usable GPU, INVALID_ARGUMENT naming the numbers when the KV budget is
+  // larger than the memory available, leaves no page, or cannot hold
+  // pool.num_pages; RESOURCE_EXHAUSTED when the slab cannot be had.
   static absl::StatusOr<std::unique_ptr<Server>> Create(
       const ServerOptions& options);
   ~Server();
@@ -154,7 +175,8 @@ class Server {
   // allow_insecure_tcp and TLS.
   absl::Status CheckTcpAddresses() const;
 
-  const ServerOptions options_;
+  // As given, but pool.num_pages as the KV slab sized it (Create).
+  ServerOptions options_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SessionRegistry> sessions_;
@@ -207,6 +229,12 @@ bool IsLoopbackAddress(const std::string& address);
 // (logging a warning) when no GPU is usable.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
     const ServerOptions& options);
+
+// Sizes the KV slab of options.kv (REQUIRES: a layout) on `backend`: its
+// geometry, given the backend's alignment and available memory. Errors as
+// Server::Create's.
+absl::StatusOr<KvSlabGeometry> SizeKvSlab(const ServerOptions& options,
+                                          Backend& backend);
 
 // Removes the shared-memory files (/dev/shm/pagealloc-gpu<gpu>.<pid>.*) that
 // daemons of earlier versions named their rings, channels and doorbells

@@ -229,6 +229,18 @@ class PausingBackend final : public Backend {
   DeviceDescription DescribeDevice() const override {
     return real_->DescribeDevice();
   }
+  absl::StatusOr<int64_t> KvAlignment() override {
+    return real_->KvAlignment();
+  }
+  absl::StatusOr<int64_t> KvAvailableBytes() override {
+    return real_->KvAvailableBytes();
+  }
+  absl::Status CreateKvSlab(const KvLayout& layout,
+                            const KvSlabGeometry& geometry,
+                            bool scrub) override {
+    return real_->CreateKvSlab(layout, geometry, scrub);
+  }
+  const KvSlab* kv_slab() const override { return real_->kv_slab(); }
   std::string Summary() const override { return real_->Summary(); }
 
   absl::Notification entered_;

@@ -161,6 +161,41 @@ TEST(CommandLineTest, BadFlagsAreRefusedWithTheFlagTheValueAndTheRange) {
        {"--socket_mode="},
        u,
        {"--socket_mode= is out of range"}},
+      // The KV memory.
+      {"kv layout",
+       kServer,
+       {"--kv_layout=gqa:layers=1"},
+       u,
+       {"--kv_layout=gqa:layers=1: kind \"gqa\" is not mha, mla or custom"}},
+      {"kv memory",
+       kServer,
+       {"--kv_layout=mla:layers=2,kv_lora_rank=512,rope_dim=64,dtype=bf16",
+        "--kv_memory=lots"},
+       u,
+       {"--kv_memory=lots is neither a size"}},
+      {"kv layout unsized",
+       kServer,
+       {"--kv_layout=mla:layers=2,kv_lora_rank=512,rope_dim=64,dtype=bf16"},
+       u,
+       {"--kv_layout needs --kv_memory"}},
+      {"kv budget leaves no page",
+       kServer,
+       {"--backend=cpu", "--listen=unix:///tmp/pagealloc-kv-refused.sock",
+        "--kv_layout=mha:layers=32,kv_heads=8,head_dim=128,dtype=bf16",
+        "--kv_memory=1MiB", "--page_size=16"},
+       u,
+       {"a KV budget of 1.0 MiB (1048576 bytes) leaves no usable page",
+        "64 buffers"}},
+      {"kv scrub alone",
+       kServer,
+       {"--kv_scrub"},
+       u,
+       {"--kv_scrub needs --kv_layout"}},
+      {"register secret unreadable",
+       kServer,
+       {"--register_secret_file=/nonexistent/secret"},
+       u,
+       {"--register_secret_file=/nonexistent/secret: cannot read it"}},
       // Choices and names.
       {"backend",
        kServer,
@@ -342,8 +377,9 @@ TEST(CommandLineTest, ServerHelpListsItsOwnFlagsByGroupWithDefaults) {
   const Outcome run = RunBinary(kServer, {"--help"});
   EXPECT_EQ(run.status, "exited 0") << run.output;
   for (const char* group :
-       {"\npool:\n", "\nmemory and sessions:\n", "\ntransport:\n",
-        "\nsecurity:\n", "\nbatching:\n", "\nlogging:\n", "\nmetrics:\n"}) {
+       {"\npool:\n", "\nKV memory:\n", "\nmemory and sessions:\n",
+        "\ntransport:\n", "\nsecurity:\n", "\nbatching:\n", "\nlogging:\n",
+        "\nmetrics:\n"}) {
     EXPECT_THAT(run.output, HasSubstr(group));
   }
   EXPECT_THAT(run.output, HasSubstr("  --lease_ms=10000  (milliseconds)\n"));

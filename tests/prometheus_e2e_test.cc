@@ -25,6 +25,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "memory/kv_layout.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
 #include "tests/daemon_process.h"
@@ -236,6 +237,11 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   options.metrics_port = 0;
   // Clients renew every third of it; the abandoned session below loses it.
   options.sessions.lease = absl::Seconds(5);
+  // A KV slab, scrubbed between owners, for the KV memory panels: the pages
+  // the fast session takes and frees below go to the others, zeroed.
+  options.kv.layout =
+      *ParseKvLayout("mha:layers=2,kv_heads=2,head_dim=8,dtype=bf16");
+  options.kv.scrub = true;
   ASSERT_OK_AND_ASSIGN(auto server, testing::InProcessServer::Start(options));
   ASSERT_OK_AND_ASSIGN(Prometheus prometheus,
                        StartPrometheus(server->server().metrics_port()));

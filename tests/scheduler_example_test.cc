@@ -29,15 +29,15 @@ struct ExampleRun {
 // Runs the example against a fresh daemon started with `flags` and waits
 // until the daemon's pool is empty again.
 void RunExample(const std::string& name, const std::vector<std::string>& flags,
-                ExampleRun* run) {
+                ExampleRun* run,
+                const std::string& binary = "client/scheduler_example") {
   ASSERT_OK_AND_ASSIGN(Daemon daemon, StartDaemon(name, flags));
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string log_path =
       absl::StrFormat("%s/%s.example.log", tmp != nullptr ? tmp : "/tmp", name);
   ASSERT_OK_AND_ASSIGN(
       Subprocess example,
-      Subprocess::Start({RunfilePath("client/scheduler_example"),
-                         "--target=" + daemon.target},
+      Subprocess::Start({RunfilePath(binary), "--target=" + daemon.target},
                         log_path));
   ASSERT_OK_AND_ASSIGN(int status, example.Wait(absl::Seconds(120)));
   run->output = ReadLog(log_path);
@@ -90,6 +90,27 @@ TEST(SchedulerExampleTest, WorksAgainstALargePool) {
   EXPECT_THAT(output, HasSubstr("pool empty"));
   EXPECT_EQ(run.after.used_pages(), 0);
   EXPECT_GT(run.after.out_of_pages_total(), 0) << "step 6 was never refused";
+}
+
+// docs/integration.md's KV example: it writes every token's K and V for
+// every layer at its slots through the daemon's slab and reads them back.
+TEST(SchedulerExampleTest, KvExampleWritesAndReadsKvThroughTheSlab) {
+  ExampleRun run;
+  ASSERT_NO_FATAL_FAILURE(
+      RunExample("kv-example",
+                 {"--kv_layout=mha:layers=4,kv_heads=2,head_dim=64,dtype=bf16",
+                  "--kv_memory=16MiB", "--page_size=16"},
+                 &run, "client/kv_example"));
+  const std::string& output = run.output;
+  EXPECT_THAT(output,
+              HasSubstr("layout mha:layers=4,kv_heads=2,head_dim=64,dtype="
+                        "bf16, 8 buffers of"));
+  EXPECT_THAT(output, HasSubstr("buffer k.0: bf16 [")) << output;
+  EXPECT_THAT(output, HasSubstr("wrote 45 tokens x 8 buffers"));
+  EXPECT_THAT(output, HasSubstr("read back 45 tokens x 8 buffers: 0 "
+                                "mismatches"));
+  EXPECT_THAT(output, HasSubstr("freed 3 pages"));
+  EXPECT_EQ(run.after.used_pages(), 0);
 }
 
 }  // namespace
