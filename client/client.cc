@@ -267,6 +267,16 @@ void Client::MarkGone(const absl::Status& why) {
   if (session_status_.ok()) session_status_ = why;
 }
 
+absl::Status Client::Fence() {
+  if (fast_ == nullptr) return absl::OkStatus();
+  // Loaded after the answer was read: clear, the answer was read while the
+  // session still owned its pages (the daemon sets the flag before it
+  // frees any).
+  absl::Status live = fast_->SessionLive(session_id_);
+  if (!live.ok()) MarkGone(live);
+  return live;
+}
+
 absl::Status Client::session_status() const {
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::FailedPreconditionError("the session was closed");
@@ -294,7 +304,7 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   auto context = NewContext();
   absl::Status status = Observe(FromGrpcStatus(
       (stub_.get()->*method)(context.get(), request, &response)));
-  if (!status.ok()) return status;
+  if (!status.ok()) return Fenced<Allocation>(status);
   const v1::PackedResults& packed = response.packed();
   AnswerArrays answer;
   answer.codes = packed.codes();
@@ -306,7 +316,7 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   answer.ring_end = response.ring_end();
   answer.pages_freed_first = response.pages_freed_first();
   answer.batch_requests = response.batch_requests();
-  return ToAllocation(answer, options);
+  return Fenced(ToAllocation(answer, options));
 }
 
 absl::StatusOr<Allocation> Client::ToAllocation(
@@ -418,6 +428,8 @@ absl::Status Client::PostFastCall(uint32_t kind, uint32_t option_bits,
                                   absl::Span<const int64_t> in2,
                                   absl::Span<const int64_t> free_first) {
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  // A channel whose session ended is answered no more: fail at once.
+  RETURN_IF_ERROR(Fence());
   fast_channel::CallView call;
   call.kind = static_cast<fast_channel::CallKind>(kind);
   call.options = option_bits;
@@ -450,9 +462,9 @@ std::optional<absl::StatusOr<int64_t>> Client::FastOp(
   if (absl::Status posted =
           PostFastCall(static_cast<uint32_t>(kind), 0, {}, values, {}, {});
       !posted.ok()) {
-    return posted;
+    return Fenced<int64_t>(posted);
   }
-  return fast_->codec().OpValue();
+  return Fenced<int64_t>(fast_->codec().OpValue());
 }
 
 std::optional<absl::StatusOr<Allocation>> Client::FastCall(
@@ -480,12 +492,12 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
           PostFastCall(static_cast<uint32_t>(kind), option_bits, in0, in1, in2,
                        options.free_pages_first);
       !posted.ok()) {
-    return posted;
+    return Fenced<Allocation>(posted);
   }
   fast_channel::AllocAnswerView view;
   if (absl::Status read = fast_->codec().ReadAllocAnswer(n, &view);
       !read.ok()) {
-    return read;
+    return Fenced<Allocation>(read);
   }
   AnswerArrays answer;
   answer.codes = view.codes;
@@ -496,7 +508,7 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   answer.ring_end = view.ring_end;
   answer.pages_freed_first = view.pages_freed_first;
   answer.batch_requests = view.batch_requests;
-  return ToAllocation(answer, options);
+  return Fenced(ToAllocation(answer, options));
 }
 
 absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {
@@ -506,8 +518,8 @@ absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {
   auto context = NewContext();
   absl::Status status =
       Observe(FromGrpcStatus(stub_->Free(context.get(), request, &response)));
-  if (!status.ok()) return status;
-  return response.pages_freed();
+  if (!status.ok()) return Fenced<int64_t>(status);
+  return Fenced<int64_t>(response.pages_freed());
 }
 
 absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots) {
@@ -544,8 +556,10 @@ absl::Status Client::Checkpoint() {
   *request.mutable_session() = Ref();
   v1::CheckpointResponse response;
   auto context = NewContext();
-  return Observe(
+  const absl::Status status = Observe(
       FromGrpcStatus(stub_->Checkpoint(context.get(), request, &response)));
+  if (absl::Status live = Fence(); !live.ok()) return live;
+  return status;
 }
 
 absl::StatusOr<int64_t> Client::Rollback() {
@@ -559,8 +573,8 @@ absl::StatusOr<int64_t> Client::Rollback() {
   auto context = NewContext();
   absl::Status status = Observe(
       FromGrpcStatus(stub_->Rollback(context.get(), request, &response)));
-  if (!status.ok()) return status;
-  return response.pages_returned();
+  if (!status.ok()) return Fenced<int64_t>(status);
+  return Fenced<int64_t>(response.pages_returned());
 }
 
 void Client::Release(const Allocation& allocation) {

@@ -72,6 +72,12 @@ struct ServerOptions {
   bool fast_channel = true;
   absl::Duration fast_channel_spin = absl::Microseconds(200);
   int fast_channel_pollers = 1;
+  // A fast channel's abuse (FastChannelServer::Options): strikes that
+  // throttle its session and that drop it (0: never), and how long a
+  // throttle lasts after the last strike.
+  int64_t fast_channel_throttle_strikes = 100;
+  int64_t fast_channel_drop_strikes = 1000;
+  absl::Duration fast_channel_throttle_time = absl::Seconds(1);
 };
 
 class InFlightRpcs;  // server.cc: the unary RPCs not yet answered
