@@ -304,7 +304,7 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   auto context = NewContext();
   absl::Status status = Observe(FromGrpcStatus(
       (stub_.get()->*method)(context.get(), request, &response)));
-  if (!status.ok()) return Fenced<Allocation>(status);
+  if (!status.ok()) return status;
   const v1::PackedResults& packed = response.packed();
   AnswerArrays answer;
   answer.codes = packed.codes();
@@ -462,7 +462,7 @@ std::optional<absl::StatusOr<int64_t>> Client::FastOp(
   if (absl::Status posted =
           PostFastCall(static_cast<uint32_t>(kind), 0, {}, values, {}, {});
       !posted.ok()) {
-    return Fenced<int64_t>(posted);
+    return posted;
   }
   return Fenced<int64_t>(fast_->codec().OpValue());
 }
@@ -492,12 +492,12 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
           PostFastCall(static_cast<uint32_t>(kind), option_bits, in0, in1, in2,
                        options.free_pages_first);
       !posted.ok()) {
-    return Fenced<Allocation>(posted);
+    return posted;
   }
   fast_channel::AllocAnswerView view;
   if (absl::Status read = fast_->codec().ReadAllocAnswer(n, &view);
       !read.ok()) {
-    return Fenced<Allocation>(read);
+    return read;
   }
   AnswerArrays answer;
   answer.codes = view.codes;
@@ -518,7 +518,7 @@ absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {
   auto context = NewContext();
   absl::Status status =
       Observe(FromGrpcStatus(stub_->Free(context.get(), request, &response)));
-  if (!status.ok()) return Fenced<int64_t>(status);
+  if (!status.ok()) return status;
   return Fenced<int64_t>(response.pages_freed());
 }
 
@@ -558,8 +558,8 @@ absl::Status Client::Checkpoint() {
   auto context = NewContext();
   const absl::Status status = Observe(
       FromGrpcStatus(stub_->Checkpoint(context.get(), request, &response)));
-  if (absl::Status live = Fence(); !live.ok()) return live;
-  return status;
+  if (!status.ok()) return status;
+  return Fence();
 }
 
 absl::StatusOr<int64_t> Client::Rollback() {
@@ -573,7 +573,7 @@ absl::StatusOr<int64_t> Client::Rollback() {
   auto context = NewContext();
   absl::Status status = Observe(
       FromGrpcStatus(stub_->Rollback(context.get(), request, &response)));
-  if (!status.ok()) return Fenced<int64_t>(status);
+  if (!status.ok()) return status;
   return Fenced<int64_t>(response.pages_returned());
 }
 
