@@ -27,14 +27,14 @@
 // strike each time it sees otherwise: a doorbell drained with more rings
 // than the calls taken can explain, a call whose sequence number skipped
 // some (posted more than once since the last call taken), or an answer
-// published after its client had already posted again. At Options::throttle_strikes the
-// session is throttled: its doorbell no longer wakes the poller and its
-// calls are taken at most once per Options::throttled_interval, until
-// Options::throttle_time passes without a strike (its strikes are then
-// forgiven). At Options::drop_strikes it is dropped: the call core
-// reclaims it (its client is told why over the memory socket, and by its
-// channel's session_ended word). Each is counted, by reason, and logged
-// (throttles at most once a second).
+// published after its client had already posted again. At
+// Options::throttle_strikes the session is throttled: its doorbell no longer
+// wakes the poller and its calls are taken at most once per
+// Options::throttled_interval, until Options::throttle_time passes without a
+// strike (its strikes are then forgiven). At Options::drop_strikes it is
+// dropped: the call core reclaims it (its client is told why over the memory
+// socket, and by its channel's session_ended word). Each is counted, by reason,
+// and logged (throttles at most once a second).
 //
 // Ending. When a session ends, for whatever reason, its channel's
 // session_ended word is set before its pages are freed (the stale-answer
