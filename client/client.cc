@@ -301,6 +301,16 @@ void Client::MarkGone(const absl::Status& why) {
   if (session_status_.ok()) session_status_ = why;
 }
 
+absl::Status Client::Fence() {
+  if (fast_ == nullptr) return absl::OkStatus();
+  // Loaded after the answer was read: clear, the answer was read while the
+  // session still owned its pages (the daemon sets the flag before it
+  // frees any).
+  absl::Status live = fast_->SessionLive(session_id_);
+  if (!live.ok()) MarkGone(live);
+  return live;
+}
+
 absl::Status Client::session_status() const {
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::FailedPreconditionError("the session was closed");
@@ -342,7 +352,7 @@ absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
   answer.pages_freed_first = response.pages_freed_first();
   answer.batch_requests = response.batch_requests();
   answer.completion_value = response.completion_value();
-  return ToAllocation(answer, options);
+  return Fenced(ToAllocation(answer, options));
 }
 
 absl::StatusOr<Allocation> Client::ToAllocation(
@@ -462,6 +472,8 @@ absl::Status Client::PostFastCall(uint32_t kind, uint32_t option_bits,
                                   absl::Span<const int64_t> in2,
                                   absl::Span<const int64_t> free_first) {
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  // A channel whose session ended is answered no more: fail at once.
+  RETURN_IF_ERROR(Fence());
   fast_channel::CallView call;
   call.kind = static_cast<fast_channel::CallKind>(kind);
   call.options = option_bits;
@@ -497,7 +509,7 @@ std::optional<absl::StatusOr<int64_t>> Client::FastOp(
       !posted.ok()) {
     return posted;
   }
-  return fast_->codec().OpValue();
+  return Fenced<int64_t>(fast_->codec().OpValue());
 }
 
 std::optional<absl::StatusOr<Allocation>> Client::FastCall(
@@ -543,7 +555,7 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   answer.pages_freed_first = view.pages_freed_first;
   answer.batch_requests = view.batch_requests;
   answer.completion_value = view.completion_value;
-  return ToAllocation(answer, options);
+  return Fenced(ToAllocation(answer, options));
 }
 
 absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {
@@ -554,7 +566,7 @@ absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {
   absl::Status status =
       Observe(FromGrpcStatus(stub_->Free(context.get(), request, &response)));
   if (!status.ok()) return status;
-  return response.pages_freed();
+  return Fenced<int64_t>(response.pages_freed());
 }
 
 namespace {
@@ -623,9 +635,10 @@ absl::StatusOr<uint64_t> Client::CheckpointId() {
   *request.mutable_session() = Ref();
   v1::CheckpointResponse response;
   auto context = NewContext();
-  absl::Status status = Observe(
+  const absl::Status status = Observe(
       FromGrpcStatus(stub_->Checkpoint(context.get(), request, &response)));
   if (!status.ok()) return status;
+  RETURN_IF_ERROR(Fence());
   return response.checkpoint_id();
 }
 
@@ -647,7 +660,7 @@ absl::StatusOr<int64_t> Client::Rollback(uint64_t checkpoint_id) {
   absl::Status status = Observe(
       FromGrpcStatus(stub_->Rollback(context.get(), request, &response)));
   if (!status.ok()) return status;
-  return response.pages_returned();
+  return Fenced<int64_t>(response.pages_returned());
 }
 
 absl::StatusOr<int64_t> Client::ClearSession() {

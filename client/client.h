@@ -340,6 +340,19 @@ class Client {
   void StopKeepAlive() ABSL_LOCKS_EXCLUDED(mu_);
   // Records why the session ended (the first reason wins).
   void MarkGone(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // The stale-answer fence (fast_channel/layout.h), after a successful
+  // answer is read on either transport: NOT_FOUND once the daemon has ended
+  // the session (recorded as its end), so that an answer that waited while
+  // this process was paused past its lease is never taken for a success.
+  // OK without a fast channel (nothing to check).
+  absl::Status Fence() ABSL_LOCKS_EXCLUDED(mu_);
+  // `answer`, unless it is a success the fence refuses.
+  template <typename T>
+  absl::StatusOr<T> Fenced(absl::StatusOr<T> answer) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (!answer.ok()) return answer;
+    if (absl::Status live = Fence(); !live.ok()) return live;
+    return answer;
+  }
   v1::SessionRef Ref() const;
 
   const ClientOptions options_;

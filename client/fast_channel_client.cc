@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_format.h"
 #include "common/cpu_relax.h"
 #include "common/status_macros.h"
 #include "fast_channel/futex.h"
@@ -44,6 +45,14 @@ FastChannelClient::FastChannelClient(std::unique_ptr<SharedRegion> channel,
 
 void FastChannelClient::WakeWaiter() {
   fast_channel::FutexWakeAll(&codec_.header()->response_seq);
+}
+
+absl::Status FastChannelClient::SessionLive(uint64_t session_id) const {
+  if (!codec_.SessionEnded()) return absl::OkStatus();
+  // The same words as the memory socket's message for the same end.
+  return absl::NotFoundError(absl::StrFormat(
+      "session %d ended (%s): its pages and slots are gone; register again",
+      session_id, codec_.EndReason()));
 }
 
 absl::Status FastChannelClient::Call(const fast_channel::CallView& call,

@@ -4,7 +4,7 @@
 // when its poller sleeps, and waits for the answer.
 //
 // This class is not thread-safe (Client serializes its calls), except
-// WakeWaiter, which any thread may call.
+// WakeWaiter and SessionLive, which any thread may call.
 
 #ifndef PAGEALLOC_CLIENT_FAST_CHANNEL_CLIENT_H_
 #define PAGEALLOC_CLIENT_FAST_CHANNEL_CLIENT_H_
@@ -51,6 +51,14 @@ class FastChannelClient {
   // Wakes a Call sleeping on its answer, so that it looks at `alive` again
   // at once (the daemon went away). Thread-safe.
   void WakeWaiter();
+
+  // The stale-answer fence (fast_channel/layout.h): OK while the daemon
+  // has not ended session `session_id`; once it has, NOT_FOUND naming the
+  // session and why ("session 7 ended (lost its lease): ..."). Call it
+  // after reading an answer, on either transport: an answer read before it
+  // returned OK was read while the session still owned its pages.
+  // Thread-safe.
+  absl::Status SessionLive(uint64_t session_id) const;
 
   const fast_channel::ChannelCodec& codec() const { return codec_; }
 

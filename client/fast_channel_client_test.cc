@@ -186,5 +186,29 @@ TEST_F(FastChannelClientTest, OversizedCallsAreRefusedBeforePosting) {
   EXPECT_EQ(daemon_->PostedSeq(), 0u);
 }
 
+// The stale-answer fence as the client library sees it: OK while the
+// daemon has not ended the session, NOT_FOUND naming it and why after,
+// whatever the answer waiting in the channel says.
+TEST_F(FastChannelClientTest, SessionLiveTurnsNotFoundOnceTheDaemonEndsIt) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FastChannelClient> client,
+                       Map(description_));
+  std::thread daemon =
+      AnswerOneCall([](const fast_channel::TakenCall&,
+                       fast_channel::ChannelCodec& c) { c.WriteOpValue(2); });
+  fast_channel::CallView call;
+  call.kind = fast_channel::CallKind::kRollback;
+  ASSERT_OK(client->Call(call, absl::Microseconds(10),
+                         absl::Now() + absl::Seconds(30),
+                         [] { return absl::OkStatus(); }));
+  daemon.join();
+  EXPECT_OK(client->SessionLive(7));
+  daemon_->EndSession("lost its lease");
+  EXPECT_OK(client->codec().CallStatus());
+  EXPECT_EQ(client->codec().OpValue(), 2);
+  EXPECT_THAT(client->SessionLive(7),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("session 7 ended (lost its lease)")));
+}
+
 }  // namespace
 }  // namespace pagealloc

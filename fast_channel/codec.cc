@@ -182,6 +182,15 @@ void ChannelCodec::Publish(uint32_t seq) {
   }
 }
 
+void ChannelCodec::EndSession(absl::string_view reason) {
+  const int32_t n = std::min<size_t>(reason.size(), kEndReasonBytes);
+  std::memcpy(header_->end_reason, reason.data(), n);
+  header_->end_reason_bytes = n;
+  header_->session_ended.store(1, std::memory_order_seq_cst);
+  // A client asleep on its answer looks again (and at the flag) at once.
+  FutexWakeAll(&header_->response_seq);
+}
+
 absl::Status ChannelCodec::CheckHeader() const {
   if (header_->magic != kMagic || header_->version != kVersion ||
       header_->max_requests != capacity_.max_requests ||
@@ -233,6 +242,13 @@ absl::Status ChannelCodec::CallStatus() const {
       std::clamp<int32_t>(header_->messages_used, 0, capacity_.message_bytes);
   return absl::Status(static_cast<absl::StatusCode>(code),
                       absl::string_view(At<char>(layout_.messages), used));
+}
+
+std::string ChannelCodec::EndReason() const {
+  if (!SessionEnded()) return "";
+  const int32_t n =
+      std::clamp<int32_t>(header_->end_reason_bytes, 0, kEndReasonBytes);
+  return std::string(header_->end_reason, n);
 }
 
 absl::Status ChannelCodec::ReadAllocAnswer(int32_t num_requests,

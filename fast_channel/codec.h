@@ -124,6 +124,11 @@ class ChannelCodec {
   void WriteOpValue(int64_t op_value);
   // Publishes the answer to call `seq` and wakes a sleeping client.
   void Publish(uint32_t seq);
+  // The stale-answer fence (layout.h): records that the session ended and
+  // why (truncated to kEndReasonBytes), then sets session_ended and wakes
+  // a sleeping client. Call before any of the session's pages is freed,
+  // and at most once per channel.
+  void EndSession(absl::string_view reason);
 
   // ---- Client side.
 
@@ -148,6 +153,14 @@ class ChannelCodec {
                                AllocAnswerView* answer) const;
   // An answered Free's or Rollback's count.
   int64_t OpValue() const { return header_->op_value; }
+  // The stale-answer fence (layout.h): whether the daemon has ended the
+  // session. Load it after reading an answer; when true, the answer must
+  // not be believed.
+  bool SessionEnded() const {
+    return header_->session_ended.load(std::memory_order_seq_cst) != 0;
+  }
+  // Why the daemon ended the session ("" while it lives).
+  std::string EndReason() const;
 
  private:
   template <typename T>

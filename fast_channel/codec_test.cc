@@ -274,6 +274,35 @@ TEST_F(CodecTest, ClientClampsAHostileMessageLength) {
             static_cast<size_t>(kCapacity.message_bytes));
 }
 
+// The stale-answer fence: clear while the session lives; once the daemon
+// ends it, set with the reason (cut to the room there is), whatever the
+// answer in the channel says.
+TEST_F(CodecTest, EndingTheSessionIsSeenAfterAnyAnswer) {
+  daemon_.WriteOpValue(3);
+  daemon_.Publish(1);
+  EXPECT_FALSE(client_.SessionEnded());
+  EXPECT_EQ(client_.EndReason(), "");
+  daemon_.EndSession("lost its lease");
+  EXPECT_OK(client_.CallStatus());  // the answer itself still says OK
+  EXPECT_TRUE(client_.SessionEnded());
+  EXPECT_EQ(client_.EndReason(), "lost its lease");
+
+  // A reason longer than the room is cut (a fresh channel: written once).
+  std::memset(memory_.get(), 0, bytes_);
+  daemon_.Initialize();
+  daemon_.EndSession(std::string(500, 'r'));
+  EXPECT_EQ(client_.EndReason(), std::string(kEndReasonBytes, 'r'));
+}
+
+TEST_F(CodecTest, ClientClampsAHostileEndReasonLength) {
+  daemon_.EndSession("closed by client");
+  for (const int32_t bytes :
+       {-1, kEndReasonBytes + 1, std::numeric_limits<int32_t>::max()}) {
+    daemon_.header()->end_reason_bytes = bytes;
+    EXPECT_LE(client_.EndReason().size(), static_cast<size_t>(kEndReasonBytes));
+  }
+}
+
 }  // namespace
 }  // namespace fast_channel
 }  // namespace pagealloc

@@ -25,7 +25,7 @@
 // that reads and writes it, on both ends. Everything a client writes is
 // untrusted: the daemon's codec copies a call out once and takes every
 // capacity from its own records, never from the header; the daemon writes
-// poller_sleeping but never reads it back.
+// poller_sleeping and session_ended but never reads them back.
 //
 // Protocol (one call in flight per session):
 //   client: write kind, options and arrays; request_seq += 1 (seq_cst);
@@ -41,6 +41,23 @@
 //           reads the answer.
 // A client that gives up waiting (its deadline) must not reuse the
 // channel: the daemon may still answer into it.
+//
+// The stale-answer fence. An answer can wait in the channel while its
+// client is paused (stopped, swapped out, descheduled) past its lease; by
+// the time the client reads it, the daemon may have reclaimed the session's
+// pages and handed them to another session. So:
+//   daemon: when it ends the session (closed, lease lost, client gone,
+//           dropped, shutting down), before it frees a single page of it:
+//           writes end_reason, then session_ended = 1 (seq_cst); written
+//           once, never read back.
+//   client: after it has read an answer (whatever it says), loads
+//           session_ended (seq_cst); when set, the call fails with
+//           NOT_FOUND naming the session and end_reason, and the session
+//           is gone for good.
+// The flag is stored before the pages are freed, and loaded after the
+// answer is read: a client that finds it clear read the answer while the
+// session still owned its pages. (What a client does with slots after its
+// lease ran out is beyond any fence: keeping the lease is its part.)
 
 #ifndef PAGEALLOC_FAST_CHANNEL_LAYOUT_H_
 #define PAGEALLOC_FAST_CHANNEL_LAYOUT_H_
@@ -54,7 +71,7 @@ namespace fast_channel {
 
 inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
 // Bumped whenever a field's meaning or offset changes; both ends check it.
-inline constexpr uint32_t kVersion = 6;
+inline constexpr uint32_t kVersion = 7;
 
 // What a call is (the gRPC method it stands for).
 enum class CallKind : uint32_t {
@@ -92,6 +109,9 @@ inline constexpr uint32_t kKnownOptions = kAsyncCompletion | kCheckpointFirst |
                                           kAllOrNothing | kFreeAscending |
                                           kFreeFirstAppearance;
 
+// Room for the reason a session ended (ChannelHeader::end_reason).
+inline constexpr int32_t kEndReasonBytes = 120;
+
 struct alignas(64) ChannelHeader {
   // Written by the daemon at creation; a client checks them against what
   // Register described. The daemon never reads them back.
@@ -102,6 +122,9 @@ struct alignas(64) ChannelHeader {
   // 1 while the channel's poller sleeps (or may): the client writes its
   // doorbell after posting a call. Written by the daemon only.
   std::atomic<uint32_t> poller_sleeping;
+  // 1 once the daemon has ended the session (the stale-answer fence, see
+  // above); end_reason says why. Written by the daemon only, once.
+  std::atomic<uint32_t> session_ended;
 
   // The call (client writes, then bumps request_seq).
   alignas(64) std::atomic<uint32_t> request_seq;
@@ -132,9 +155,13 @@ struct alignas(64) ChannelHeader {
   // Allocation calls: pages freed by free_first.
   int64_t pages_freed_first;
   // Allocation calls: AllocResponse.completion_value (the pool's completion
-  // counter once the call's slots are written). In the header's last eight
-  // bytes, which its alignment left spare, so its size is unchanged.
+  // counter once the call's slots are written).
   uint64_t completion_value;
+
+  // Why the session ended ("lost its lease", "closed by client", ...):
+  // end_reason_bytes bytes of end_reason, written before session_ended.
+  alignas(64) int32_t end_reason_bytes;
+  char end_reason[kEndReasonBytes];
 };
 
 // The layout is shared between separately built processes: pin it.
@@ -144,6 +171,7 @@ static_assert(sizeof(std::atomic<uint32_t>) == 4);
 static_assert(offsetof(ChannelHeader, magic) == 0);
 static_assert(offsetof(ChannelHeader, message_bytes) == 12);
 static_assert(offsetof(ChannelHeader, poller_sleeping) == 16);
+static_assert(offsetof(ChannelHeader, session_ended) == 20);
 static_assert(offsetof(ChannelHeader, request_seq) == 64);
 static_assert(offsetof(ChannelHeader, kind) == 68);
 static_assert(offsetof(ChannelHeader, num_requests) == 72);
@@ -161,7 +189,9 @@ static_assert(offsetof(ChannelHeader, launch_id) == 160);
 static_assert(offsetof(ChannelHeader, op_value) == 168);
 static_assert(offsetof(ChannelHeader, pages_freed_first) == 176);
 static_assert(offsetof(ChannelHeader, completion_value) == 184);
-static_assert(sizeof(ChannelHeader) == 192);
+static_assert(offsetof(ChannelHeader, end_reason_bytes) == 192);
+static_assert(offsetof(ChannelHeader, end_reason) == 196);
+static_assert(sizeof(ChannelHeader) == 320);
 
 // Byte offsets of a channel's parts, from its capacity. Each part starts on
 // its own cache line.
@@ -195,9 +225,9 @@ struct ChannelLayout {
   }
 };
 
-static_assert(ChannelLayout(1, 64).in0 == 192);
+static_assert(ChannelLayout(1, 64).in0 == 320);
 static_assert(ChannelLayout(8192, 65536).total_bytes ==
-              192 + 7 * 8192 * 8 + 8192 * 4 + 65536);
+              320 + 7 * 8192 * 8 + 8192 * 4 + 65536);
 
 }  // namespace fast_channel
 }  // namespace pagealloc

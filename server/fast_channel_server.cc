@@ -28,10 +28,15 @@ void Ring(int eventfd_fd) {
   (void)!write(eventfd_fd, &one, sizeof(one));
 }
 
-void Drain(int eventfd_fd) {
-  uint64_t count;
-  (void)!read(eventfd_fd, &count, sizeof(count));
+// Reads and resets an eventfd's counter: how many times it was written
+// since the last read (0 when never).
+uint64_t Drain(int eventfd_fd) {
+  uint64_t count = 0;
+  if (read(eventfd_fd, &count, sizeof(count)) != sizeof(count)) return 0;
+  return count;
 }
+
+constexpr absl::string_view kShuttingDown = "the daemon is shutting down";
 
 absl::StatusOr<UniqueFd> NewEventFd() {
   UniqueFd fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -84,6 +89,36 @@ struct FastChannelServer::Channel {
   // (a client that posts again before its answer is not believed).
   std::atomic<bool> in_flight{false};
   std::unique_ptr<ChannelReply> reply;
+  // Its session_ended word is set (Close or Stop; under mu_).
+  bool ended = false;
+
+  // Abuse (poller only, but early_posts, which replies count). The ring
+  // balance is the rings drained minus the calls taken since the last ring
+  // strike. An honest client rings at most once per call and posts a call
+  // only after the previous one was taken and answered, so its rings never
+  // outnumber its calls taken by more than one (a ring may be drained
+  // before its call is taken). No floor: the doorbell's counter is drained
+  // lazily (only when the poller sleeps), so rings of many calls may come
+  // in one read, long after the calls were taken.
+  int64_t ring_balance = 0;
+  int64_t ring_strikes = 0;
+  // Calls taken whose sequence number skipped one or more: the client
+  // posted more than once since its last call was taken, so at least once
+  // before that call's answer.
+  int64_t skipped_posts = 0;
+  // Answers published after the client had already posted its next call.
+  std::atomic<int64_t> early_posts{0};
+  int64_t forgiven = 0;      // strikes forgiven when a throttle was lifted
+  int64_t seen_strikes = 0;  // strikes at the last Police
+  absl::Time last_strike = absl::InfinitePast();
+  bool throttled = false;
+  absl::Time next_service = absl::InfinitePast();  // while throttled
+  bool dropped = false;
+
+  int64_t flood_strikes() const {
+    return skipped_posts + early_posts.load(std::memory_order_relaxed);
+  }
+  int64_t strikes() const { return ring_strikes + flood_strikes() - forgiven; }
 };
 
 // Answers one call into its channel through the codec: an allocation
@@ -136,6 +171,11 @@ class FastChannelServer::ChannelReply final : public AllocReply {
     } else if (!delivered_) {
       codec.WriteOpValue(value());
     }
+    // Before the answer is out an honest client cannot have posted again:
+    // it waits for response_seq == seq.
+    if (codec.PostedSeq() != seq) {
+      channel_->early_posts.fetch_add(1, std::memory_order_relaxed);
+    }
     channel_->in_flight.store(false, std::memory_order_release);
     codec.Publish(seq);
   }
@@ -187,9 +227,32 @@ FastChannelServer::FastChannelServer(
 
 FastChannelServer::~FastChannelServer() { Stop(); }
 
+const char* FastChannelServer::AbuseName(Abuse abuse) {
+  switch (abuse) {
+    case Abuse::kDoorbell:
+      return "doorbell";
+    case Abuse::kFlood:
+      return "flood";
+  }
+  return "unknown";
+}
+
 void FastChannelServer::Wake(int index) { Ring(pollers_[index]->wake.get()); }
 
 void FastChannelServer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopped_) {
+      stopped_ = true;
+      // The daemon goes away with every session: no answer in a channel
+      // holds after this.
+      for (const auto& [id, channel] : channels_) {
+        if (channel->ended) continue;
+        channel->ended = true;
+        channel->codec.EndSession(kShuttingDown);
+      }
+    }
+  }
   stop_.store(true);
   for (size_t i = 0; i < pollers_.size(); ++i) Wake(i);
   for (const std::unique_ptr<Poller>& poller : pollers_) {
@@ -253,10 +316,17 @@ absl::StatusOr<FastChannelServer::ChannelFds> FastChannelServer::ExportFds(
   return fds;
 }
 
-void FastChannelServer::Close(uint64_t session_id) {
+void FastChannelServer::Close(uint64_t session_id, absl::string_view reason) {
   absl::MutexLock lock(&mu_);
   auto it = channels_.find(session_id);
   if (it == channels_.end()) return;
+  // The fence first: the core frees the session's pages only after this
+  // returns, so a client that reads an answer and then finds the word clear
+  // read it while the session still owned them.
+  if (!it->second->ended) {
+    it->second->ended = true;
+    it->second->codec.EndSession(reason);
+  }
   const int poller = it->second->poller;
   epoll_ctl(pollers_[poller]->epoll.get(), EPOLL_CTL_DEL,
             it->second->doorbell.get(), nullptr);
@@ -273,6 +343,7 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
   ChannelReply& reply = *c.reply;
   fast_channel::TakenCall& call = c.taken;
   c.taken_seq = seq;
+  --c.ring_balance;
   c.in_flight.store(true, std::memory_order_relaxed);
   const absl::Status taken = c.codec.TakeCall(&call);
   reply.Begin(channel, seq);
@@ -357,6 +428,101 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
   }
 }
 
+void FastChannelServer::CountRings(Channel& c) {
+  const uint64_t rings = Drain(c.doorbell.get());
+  if (rings == 0) return;
+  c.ring_balance += static_cast<int64_t>(std::min<uint64_t>(rings, 1 << 30));
+  if (c.ring_balance > 1) {
+    ++c.ring_strikes;
+    c.ring_balance = 0;
+  }
+}
+
+void FastChannelServer::LogThrottle(const Channel& c, Abuse abuse,
+                                    int64_t strikes) {
+  int64_t unlogged = 0;
+  {
+    absl::MutexLock lock(&log_mu_);
+    const absl::Time now = absl::Now();
+    if (now - last_throttle_log_ < absl::Seconds(1)) {
+      ++unlogged_throttles_;
+      return;
+    }
+    last_throttle_log_ = now;
+    unlogged = unlogged_throttles_;
+    unlogged_throttles_ = 0;
+  }
+  Logger("session")->warn(
+      "session {} throttled on its fast channel ({}: {} strikes; {} more "
+      "throttles in the last second not logged)",
+      c.session_id,
+      abuse == Abuse::kDoorbell ? "doorbell rung without calls"
+                                : "calls posted before their answers",
+      strikes, unlogged);
+}
+
+void FastChannelServer::SetThrottled(Channel& c, bool throttled) {
+  if (c.throttled == throttled) return;
+  c.throttled = throttled;
+  const int delta = throttled ? 1 : -1;
+  pollers_[c.poller]->throttled += delta;
+  throttled_now_.fetch_add(delta, std::memory_order_relaxed);
+}
+
+void FastChannelServer::Police(Channel& c, absl::Time now) {
+  const int64_t strikes = c.strikes();
+  if (strikes == c.seen_strikes) {
+    if (c.throttled && now - c.last_strike >= options_.throttle_time) {
+      // Behaved for throttle_time: forgiven, and its doorbell heard again
+      // (unless the channel was closed meanwhile).
+      SetThrottled(c, false);
+      c.forgiven += strikes;
+      c.seen_strikes = 0;
+      absl::MutexLock lock(&mu_);
+      auto it = channels_.find(c.session_id);
+      if (it != channels_.end() && it->second.get() == &c) {
+        epoll_event event{};
+        event.events = EPOLLIN;
+        event.data.u64 = c.session_id;
+        epoll_ctl(pollers_[c.poller]->epoll.get(), EPOLL_CTL_ADD,
+                  c.doorbell.get(), &event);
+      }
+    }
+    return;
+  }
+  c.seen_strikes = strikes;
+  c.last_strike = now;
+  const Abuse abuse =
+      c.ring_strikes >= c.flood_strikes() ? Abuse::kDoorbell : Abuse::kFlood;
+  if (options_.drop_strikes > 0 && strikes >= options_.drop_strikes) {
+    c.dropped = true;
+    SetThrottled(c, false);
+    // The core ends the session like any other (Close sets the fence, the
+    // memory socket tells the client why, the pages are reclaimed) and
+    // logs it once.
+    const std::string reason = absl::StrFormat(
+        "dropped: %s on its fast channel (%d strikes)",
+        abuse == Abuse::kDoorbell ? "rang its doorbell without calls"
+                                  : "posted calls before their answers",
+        strikes);
+    if (core_->ReclaimSession(c.session_id, reason)) {
+      dropped_[static_cast<int>(abuse)].fetch_add(1, std::memory_order_relaxed);
+    }
+    return;
+  }
+  if (options_.throttle_strikes > 0 && strikes >= options_.throttle_strikes &&
+      !c.throttled) {
+    SetThrottled(c, true);
+    c.next_service = now + options_.throttled_interval;
+    throttled_[static_cast<int>(abuse)].fetch_add(1, std::memory_order_relaxed);
+    // Its rings wake nobody now; they are read (and counted) when its turn
+    // comes.
+    epoll_ctl(pollers_[c.poller]->epoll.get(), EPOLL_CTL_DEL, c.doorbell.get(),
+              nullptr);
+    LogThrottle(c, abuse, strikes);
+  }
+}
+
 void FastChannelServer::Poll(int index) {
   Poller& me = *pollers_[index];
   std::vector<std::shared_ptr<Channel>> channels;
@@ -364,6 +530,7 @@ void FastChannelServer::Poll(int index) {
   uint64_t seen_generation = ~uint64_t{0};
   std::vector<AllocCall> prepared;
   absl::Time last_call = absl::Now();
+  size_t first = 0;  // where this round starts: one further each round
   auto posted = [](const Channel& c) {
     return !c.in_flight.load(std::memory_order_acquire) &&
            c.codec.PostedSeq() != c.taken_seq;
@@ -373,9 +540,15 @@ void FastChannelServer::Poll(int index) {
   while (!stop_.load(std::memory_order_relaxed)) {
     const uint64_t generation = generation_.load();
     if (generation != seen_generation) {
+      absl::MutexLock lock(&mu_);
+      // A throttled channel that was closed is throttled no more.
+      for (const std::shared_ptr<Channel>& channel : channels) {
+        if (!channels_.contains(channel->session_id)) {
+          SetThrottled(*channel, false);
+        }
+      }
       channels.clear();
       by_session.clear();
-      absl::MutexLock lock(&mu_);
       for (const auto& [id, channel] : channels_) {
         if (channel->poller != index) continue;
         channels.push_back(channel);
@@ -385,12 +558,39 @@ void FastChannelServer::Poll(int index) {
       }
       seen_generation = generation;
     }
+    // Throttled channels are looked at once per throttled_interval; with
+    // none (the usual case) a round reads no clock.
+    const absl::Time now =
+        me.throttled > 0 ? absl::Now() : absl::InfinitePast();
     bool took = false;
-    for (const std::shared_ptr<Channel>& channel : channels) {
-      if (!posted(*channel)) continue;
+    const size_t n = channels.size();
+    for (size_t k = 0; k < n; ++k) {
+      const std::shared_ptr<Channel>& channel = channels[(first + k) % n];
+      Channel& c = *channel;
+      if (c.dropped) continue;
+      if (c.throttled) {
+        if (now < c.next_service) continue;
+        c.next_service = now + options_.throttled_interval;
+        CountRings(c);
+        Police(c, now);
+        if (c.dropped) continue;
+      }
+      if (!posted(c)) continue;
+      // An honest client posts once per answer: call seq follows the last
+      // one taken. (Unsigned: wraps like the client's counter.)
+      const uint32_t seq = c.codec.PostedSeq();
+      if (seq - c.taken_seq > 1) ++c.skipped_posts;
+      // Its previous answer may also have gone out after it posted this
+      // call. Policed before the call is taken: a session dropped here has
+      // nothing of it left to submit.
+      if (c.strikes() != c.seen_strikes) {
+        Police(c, absl::Now());
+        if (c.dropped) continue;
+      }
       took = true;
-      Take(channel, channel->codec.PostedSeq(), &prepared);
+      Take(channel, seq, &prepared);
     }
+    if (n > 0) first = (first + 1) % n;
     if (took) {
       // Every call posted by now shares one launch (unless one is running).
       core_->SubmitPrepared(std::move(prepared));
@@ -410,12 +610,21 @@ void FastChannelServer::Poll(int index) {
     }
     bool pending = generation_.load() != seen_generation;
     for (const std::shared_ptr<Channel>& channel : channels) {
-      pending = pending || posted(*channel);
+      // A throttled channel's call waits for its turn (the timeout below).
+      pending = pending ||
+                (!channel->dropped && !channel->throttled && posted(*channel));
     }
     if (!pending && !stop_.load()) {
       sleeps_.fetch_add(1, std::memory_order_relaxed);
-      const int n = epoll_wait(me.epoll.get(), events, kMaxEvents, -1);
-      for (int i = 0; i < n; ++i) {
+      // Throttled channels are not in the epoll set: wake for their turn.
+      const int timeout_ms =
+          me.throttled > 0
+              ? std::max<int>(
+                    1, absl::ToInt64Milliseconds(options_.throttled_interval))
+              : -1;
+      const int woken =
+          epoll_wait(me.epoll.get(), events, kMaxEvents, timeout_ms);
+      for (int i = 0; i < woken; ++i) {
         const uint64_t tag = events[i].data.u64;
         if (tag == kWakeTag) {
           Drain(me.wake.get());
@@ -424,7 +633,9 @@ void FastChannelServer::Poll(int index) {
         // A channel opened since the list was made stays readable until
         // the next round has it in the list.
         auto it = by_session.find(tag);
-        if (it != by_session.end()) Drain(it->second->doorbell.get());
+        if (it == by_session.end() || it->second->dropped) continue;
+        CountRings(*it->second);
+        Police(*it->second, absl::Now());
       }
     }
     for (const std::shared_ptr<Channel>& channel : channels) {

@@ -16,6 +16,30 @@
 // queues: the driver takes those calls into its next launch
 // (server/batcher.h).
 //
+// Fairness. Each round a poller looks at its channels in turn, starting one
+// further each round, and takes at most one call from each (a channel
+// whose call is being answered is not read again until the answer is out),
+// so another session's call waits at most for one call of each session
+// on its poller: one batch.
+//
+// Abuse. An honest client rings its doorbell at most once per call and
+// posts a call only once the previous one is answered; the poller counts a
+// strike each time it sees otherwise: a doorbell drained with more rings
+// than the calls taken can explain, a call whose sequence number skipped
+// some (posted more than once since the last call taken), or an answer
+// published after its client had already posted again. At
+// Options::throttle_strikes the session is throttled: its doorbell no longer
+// wakes the poller and its calls are taken at most once per
+// Options::throttled_interval, until Options::throttle_time passes without a
+// strike (its strikes are then forgiven). At Options::drop_strikes it is
+// dropped: the call core reclaims it (its client is told why over the memory
+// socket, and by its channel's session_ended word). Each is counted, by reason,
+// and logged (throttles at most once a second).
+//
+// Ending. When a session ends, for whatever reason, its channel's
+// session_ended word is set before its pages are freed (the stale-answer
+// fence, fast_channel/layout.h); Stop sets it in every channel.
+//
 // This class is thread-safe.
 
 #ifndef PAGEALLOC_SERVER_FAST_CHANNEL_SERVER_H_
@@ -55,7 +79,24 @@ class FastChannelServer final : public SessionObserver {
     // lets taking and checking calls (per-request work) run in parallel
     // with the launch another poller drives.
     int pollers = 1;
+    // Strikes (see Abuse above) that throttle a session, and that drop it;
+    // 0: never.
+    int64_t throttle_strikes = 100;
+    int64_t drop_strikes = 1000;
+    // A throttled session's calls are taken at most once per
+    // throttled_interval (it also bounds how often its strikes are
+    // counted); it stays throttled until throttle_time passes without a
+    // strike.
+    absl::Duration throttled_interval = absl::Milliseconds(10);
+    absl::Duration throttle_time = absl::Seconds(1);
   };
+
+  // Why a session was throttled or dropped: most of its strikes were
+  // doorbell rings no call explains, or calls posted before their answers.
+  enum class Abuse { kDoorbell = 0, kFlood = 1 };
+  static constexpr int kNumAbuses = 2;
+  // "doorbell", "flood": the metrics' reason label.
+  static const char* AbuseName(Abuse abuse);
 
   // Starts the pollers. `core` must outlive this.
   static absl::StatusOr<std::unique_ptr<FastChannelServer>> Create(
@@ -85,19 +126,36 @@ class FastChannelServer final : public SessionObserver {
   absl::StatusOr<ChannelFds> ExportFds(uint64_t session_id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Drops a session's channel (calls in flight still complete).
-  void Close(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // SessionObserver: a session that ends loses its channel.
-  void SessionClosed(uint64_t session_id, absl::string_view) override {
-    Close(session_id);
+  // Drops a session's channel (calls in flight still complete), after
+  // setting its session_ended word with `reason`.
+  void Close(uint64_t session_id, absl::string_view reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // SessionObserver: a session that ends loses its channel. The core calls
+  // this before it frees the session's pages.
+  void SessionClosed(uint64_t session_id, absl::string_view reason) override {
+    Close(session_id, reason);
   }
-  // Stops the poller: calls posted afterwards are never answered (the
-  // daemon is going away; clients see their deadline, then gRPC's error).
-  void Stop();
+  // Sets every channel's session_ended word ("the daemon is shutting
+  // down") and stops the pollers: calls posted afterwards are never
+  // answered (clients see the memory socket close, or their deadline).
+  // Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Calls taken from channels since start, and poller sleeps.
   int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
   int64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+  // Sessions throttled (each time a throttle began) and dropped since
+  // start, by reason.
+  int64_t throttled(Abuse abuse) const {
+    return throttled_[static_cast<int>(abuse)].load(std::memory_order_relaxed);
+  }
+  int64_t dropped(Abuse abuse) const {
+    return dropped_[static_cast<int>(abuse)].load(std::memory_order_relaxed);
+  }
+  // Sessions throttled now.
+  int64_t throttled_now() const {
+    return throttled_now_.load(std::memory_order_relaxed);
+  }
 
  private:
   struct Channel;
@@ -108,6 +166,8 @@ class FastChannelServer final : public SessionObserver {
     UniqueFd epoll;
     UniqueFd wake;
     std::thread thread;
+    // Its channels throttled now (its thread only).
+    int throttled = 0;
   };
 
   FastChannelServer(const Options& options, CallCore* core,
@@ -122,6 +182,16 @@ class FastChannelServer final : public SessionObserver {
   // at once.
   void Take(const std::shared_ptr<Channel>& channel, uint32_t seq,
             std::vector<AllocCall>* prepared);
+  // Reads the rings waiting on `channel`'s doorbell and counts a strike
+  // when no call explains them (poller only).
+  void CountRings(Channel& channel);
+  // Throttles, lifts the throttle of, or drops `channel` by its strikes
+  // (poller only; takes mu_ and may call into the core).
+  void Police(Channel& channel, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks `channel` throttled or not, keeping the counts (poller only).
+  void SetThrottled(Channel& channel, bool throttled);
+  // Logs a throttle, at most once a second (the rest are counted).
+  void LogThrottle(const Channel& channel, Abuse abuse, int64_t strikes);
 
   const Options options_;
   CallCore* const core_;
@@ -134,6 +204,13 @@ class FastChannelServer final : public SessionObserver {
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> sleeps_{0};
+  std::atomic<int64_t> throttled_[kNumAbuses] = {};
+  std::atomic<int64_t> dropped_[kNumAbuses] = {};
+  std::atomic<int64_t> throttled_now_{0};
+  absl::Mutex log_mu_;
+  absl::Time last_throttle_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
+  int64_t unlogged_throttles_ ABSL_GUARDED_BY(log_mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   int next_poller_ ABSL_GUARDED_BY(mu_) = 0;
   // Fixed at construction; each thread is started by the constructor.
   std::vector<std::unique_ptr<Poller>> pollers_;

@@ -126,6 +126,17 @@ ABSL_FLAG(
 ABSL_FLAG(bool, allow_insecure_tcp, false,
           "Allow --listen on a TCP address other than loopback without TLS "
           "(refused otherwise).");
+ABSL_FLAG(int64_t, fast_channel_throttle_strikes, 100,
+          "Strikes that throttle a session's fast channel: doorbell rings no "
+          "call explains, or calls posted before their answers. A throttled "
+          "session's doorbell wakes nobody and its calls are taken at most "
+          "every 10 ms. 0: never throttle.");
+ABSL_FLAG(int64_t, fast_channel_drop_strikes, 1000,
+          "Strikes that drop a session: it ends, its pages are reclaimed and "
+          "its client is told why. 0: never drop.");
+ABSL_FLAG(int64_t, fast_channel_throttle_ms, 1000,
+          "A throttled session is heard again, its strikes forgiven, after "
+          "this long without a strike.");
 ABSL_FLAG(int, metrics_port, 9464,
           "HTTP port for /metrics (Prometheus) and /healthz; 0 picks a free "
           "port, -1 turns metrics off.");
@@ -200,6 +211,9 @@ const CommandLineSpec kCommandLine = {
           {"fast_channel"},
           {"fast_channel_spin_us", "microseconds"},
           {"fast_channel_pollers", "threads"},
+          {"fast_channel_throttle_strikes", "strikes"},
+          {"fast_channel_drop_strikes", "strikes"},
+          {"fast_channel_throttle_ms", "milliseconds"},
           {"max_message_bytes", "bytes"}}},
         {"connections",
          {{"max_connections", "connections"},
@@ -394,6 +408,20 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   RETURN_IF_ERROR(
       CheckRange("fast_channel_spin_us", spin_us, 0, 1000000, "microseconds"));
   options.fast_channel_spin = absl::Microseconds(spin_us);
+  options.fast_channel_throttle_strikes =
+      absl::GetFlag(FLAGS_fast_channel_throttle_strikes);
+  RETURN_IF_ERROR(CheckRange("fast_channel_throttle_strikes",
+                             options.fast_channel_throttle_strikes, 0,
+                             int64_t{1} << 40, "strikes"));
+  options.fast_channel_drop_strikes =
+      absl::GetFlag(FLAGS_fast_channel_drop_strikes);
+  RETURN_IF_ERROR(CheckRange("fast_channel_drop_strikes",
+                             options.fast_channel_drop_strikes, 0,
+                             int64_t{1} << 40, "strikes"));
+  const int64_t throttle_ms = absl::GetFlag(FLAGS_fast_channel_throttle_ms);
+  RETURN_IF_ERROR(CheckRange("fast_channel_throttle_ms", throttle_ms, 1,
+                             86400000, "milliseconds"));
+  options.fast_channel_throttle_time = absl::Milliseconds(throttle_ms);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   RETURN_IF_ERROR(CheckRange("max_message_bytes", options.max_message_bytes,
                              4096, std::numeric_limits<int>::max(), "bytes"));

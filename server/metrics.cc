@@ -90,12 +90,14 @@ MetricFamily Histogram(std::string name, std::string help,
 
 MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
                                  CallCore* core, Batcher* batcher,
-                                 Backend* backend)
+                                 Backend* backend,
+                                 const FastChannelServer* fast_channels)
     : pool_(pool),
       sessions_(sessions),
       core_(core),
       batcher_(batcher),
-      backend_(backend) {}
+      backend_(backend),
+      fast_channels_(fast_channels) {}
 
 std::string MetricsExporter::Render() const {
   const PoolStats stats = pool_->Stats();
@@ -216,6 +218,28 @@ std::string MetricsExporter::Render() const {
       Counter("pagealloc_pages_reclaimed_total",
               "Pages freed because their session's lease ran out.",
               counters.pages_reclaimed));
+  // Fast-channel abuse, by reason; both reasons from the start.
+  MetricFamily throttled =
+      Family("pagealloc_sessions_throttled_total",
+             "Throttles of sessions abusing their fast channel, by reason.",
+             MetricType::Counter);
+  MetricFamily dropped =
+      Family("pagealloc_sessions_dropped_total",
+             "Sessions dropped for abusing their fast channel, by reason.",
+             MetricType::Counter);
+  for (int a = 0; a < FastChannelServer::kNumAbuses; ++a) {
+    const auto abuse = static_cast<FastChannelServer::Abuse>(a);
+    const std::vector<ClientMetric::Label> reason = {
+        {"reason", FastChannelServer::AbuseName(abuse)}};
+    AddCounter(throttled,
+               fast_channels_ != nullptr ? fast_channels_->throttled(abuse) : 0,
+               reason);
+    AddCounter(dropped,
+               fast_channels_ != nullptr ? fast_channels_->dropped(abuse) : 0,
+               reason);
+  }
+  families.push_back(std::move(throttled));
+  families.push_back(std::move(dropped));
 
   // Calls by method, transport and code, and their latency. A method's
   // series exist from the start (OK at 0, an empty histogram) for each

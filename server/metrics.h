@@ -22,6 +22,7 @@
 #include "server/backend.h"
 #include "server/batcher.h"
 #include "server/call_core.h"
+#include "server/fast_channel_server.h"
 #include "server/session.h"
 
 namespace pagealloc {
@@ -34,9 +35,11 @@ class MetricsExporter {
   // up the series count.
   static constexpr int kMaxClientLabels = 64;
 
-  // Every pointer must outlive the exporter.
+  // Every pointer must outlive the exporter; `fast_channels` is null when
+  // the daemon offers none (its counters are exported as 0).
   MetricsExporter(PagePool* pool, SessionRegistry* sessions, CallCore* core,
-                  Batcher* batcher, Backend* backend);
+                  Batcher* batcher, Backend* backend,
+                  const FastChannelServer* fast_channels = nullptr);
 
   // The exposition, text format 0.0.4.
   std::string Render() const;
@@ -47,6 +50,7 @@ class MetricsExporter {
   CallCore* const core_;
   Batcher* const batcher_;
   Backend* const backend_;
+  const FastChannelServer* const fast_channels_;
 };
 
 // A small HTTP server (cpp-httplib) for GET /metrics and GET /healthz.

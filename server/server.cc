@@ -553,6 +553,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     fast.max_requests = options.batcher.max_batch_requests;
     fast.spin = options.fast_channel_spin;
     fast.pollers = options.fast_channel_pollers;
+    fast.throttle_strikes = options.fast_channel_throttle_strikes;
+    fast.drop_strikes = options.fast_channel_drop_strikes;
+    fast.throttle_time = options.fast_channel_throttle_time;
     ASSIGN_OR_RETURN(server->fast_channels_,
                      FastChannelServer::Create(fast, server->core_.get()));
   }
@@ -566,7 +569,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
       server->memory_socket_path_);
   server->metrics_ = std::make_unique<MetricsExporter>(
       server->pool_.get(), server->sessions_.get(), server->core_.get(),
-      server->batcher_.get(), server->backend_.get());
+      server->batcher_.get(), server->backend_.get(),
+      server->fast_channels_.get());
   return server;
 }
 

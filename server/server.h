@@ -110,6 +110,12 @@ struct ServerOptions {
   // Plain TCP (no TLS) on an address other than loopback: Start refuses it
   // unless this is set, and then logs a warning.
   bool allow_insecure_tcp = false;
+  // A fast channel's abuse (FastChannelServer::Options): strikes that
+  // throttle its session and that drop it (0: never), and how long a
+  // throttle lasts after the last strike.
+  int64_t fast_channel_throttle_strikes = 100;
+  int64_t fast_channel_drop_strikes = 1000;
+  absl::Duration fast_channel_throttle_time = absl::Seconds(1);
 };
 
 class InFlightRpcs;  // server.cc: the unary RPCs not yet answered

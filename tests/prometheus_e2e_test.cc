@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "memory/kv_layout.h"
+#include "memory/memory_socket.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
 #include "tests/daemon_process.h"
@@ -226,8 +227,9 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
 // Every query of the dashboard, against a real Prometheus scraping a
 // daemon that served load through both transports, refused requests for
 // lack of pages and by quota, failed a call, sorted its free list, ended
-// KeepAlive streams and reclaimed a session whose lease ran out: each
-// returns at least one finite, non-zero value.
+// KeepAlive streams, throttled and dropped a session that spammed its
+// doorbell, and reclaimed a session whose lease ran out: each returns at
+// least one finite, non-zero value.
 TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   ServerOptions options;
   options.backend = "cpu";
@@ -242,6 +244,10 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   options.kv.layout =
       *ParseKvLayout("mha:layers=2,kv_heads=2,head_dim=8,dtype=bf16");
   options.kv.scrub = true;
+  // One strike throttles a session abusing its fast channel, two drop it
+  // (honest clients never earn one).
+  options.fast_channel_throttle_strikes = 1;
+  options.fast_channel_drop_strikes = 2;
   ASSERT_OK_AND_ASSIGN(auto server, testing::InProcessServer::Start(options));
   ASSERT_OK_AND_ASSIGN(Prometheus prometheus,
                        StartPrometheus(server->server().metrics_port()));
@@ -355,6 +361,34 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
     short_options.client_name = "e2e-short";
     ASSERT_OK_AND_ASSIGN(auto short_lived, server->Connect(short_options));
     ASSERT_OK(short_lived->Close());
+  }
+  // A session that rings its fast channel's doorbell without calls until
+  // it is throttled, then dropped.
+  {
+    std::unique_ptr<v1::PageAllocator::Stub> stub = server->NewStub();
+    grpc::ClientContext register_context;
+    v1::RegisterRequest register_request;
+    register_request.set_client_name("e2e-spammer");
+    register_request.set_fast_channel(true);
+    v1::RegisterResponse registered;
+    ASSERT_TRUE(
+        stub->Register(&register_context, register_request, &registered).ok());
+    ASSERT_OK_AND_ASSIGN(
+        memory_socket::SessionMemory memory,
+        memory_socket::ReceiveSessionMemory(
+            registered.memory_socket(), registered.session_id(),
+            registered.session_token(), absl::Seconds(30)));
+    const FastChannelServer& channels = *server->server().fast_channels();
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          const uint64_t one = 1;
+          for (int i = 0; i < 100; ++i) {
+            (void)!write(memory.doorbell.get(), &one, sizeof(one));
+          }
+          return channels.dropped(FastChannelServer::Abuse::kDoorbell) > 0;
+        },
+        absl::Seconds(60), absl::Milliseconds(1)));
+    ASSERT_EQ(channels.throttled(FastChannelServer::Abuse::kDoorbell), 1);
   }
   // A session that never renews its lease, holding pages: registered and
   // served through a bare stub, then abandoned.

@@ -145,6 +145,9 @@ TEST_F(HostileNetworkMalformedTest, EveryUnaryMethodAnswersInvalidArgument) {
       {Method::kRollback, "RollbackRequest"},
       {Method::kReleaseRing, "ReleaseRingRequest"},
       {Method::kGetStats, "GetStatsRequest"},
+      {Method::kClearSession, "ClearSessionRequest"},
+      {Method::kClearPool, "ClearPoolRequest"},
+      {Method::kGetFreeLists, "GetFreeListsRequest"},
   };
   for (const auto& [method, request_type] : kUnary) {
     const std::string path =
