@@ -252,7 +252,7 @@ TEST(CommandLineTest, BadFlagsAreRefusedWithTheFlagTheValueAndTheRange) {
        kServer,
        {"--page_size=1", "--num_pages=1099511627775"},
        u,
-       {"a pool of 1099511627775 pages", "needs 32.0 TiB of host memory",
+       {"a pool of 1099511627775 pages", "needs 40.0 TiB of host memory",
         "available", "Sizing the pool"}},
       // The CLI.
       {"cli: no command", kCli, {}, u, {"which command?"}},
