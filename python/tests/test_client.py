@@ -431,13 +431,16 @@ client = pagealloc.Client.connect(sys.argv[1], name="frozen")
 client.alloc([8]).check()
 print("ready", flush=True)
 sys.stdin.readline()
-status = client.session_status()
-print("status", status.code.name if status else "OK", flush=True)
+# The call first: it fails whether or not the client has yet read the
+# daemon's word on its memory socket, and after it the session is gone.
 try:
     client.alloc([4])
-    print("alloc OK", flush=True)
+    alloc = "alloc OK"
 except pagealloc.PageallocError as e:
-    print("alloc", e.code.name, flush=True)
+    alloc = "alloc " + e.code.name
+status = client.session_status()
+print("status", status.code.name if status else "OK", flush=True)
+print(alloc, flush=True)
 """
 
 

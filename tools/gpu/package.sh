@@ -8,6 +8,7 @@
 #   DEST/lib/      the shared libraries they link (from ldd), except the C
 #                  and C++ runtimes every Linux host has (glibc, libstdc++,
 #                  libgcc_s) and the NVIDIA driver's own
+#   DEST/python/   the Python package and its tests (python/)
 #   DEST/anchor/   with --anchor DIR: the seed's triton_anchor.py and
 #                  seed_triton_kernels.py, for run_kernels.sh
 #   DEST/run_kernels.sh, run_daemon_suite.sh, run_e2e.sh and their helpers,
@@ -46,6 +47,11 @@ fi
 targets=(
   //tests/gpu:cuda_executor_test
   //tests/gpu:completion_counter_test
+  //tests/gpu:kv_slab_gpu_test
+  //tests:kv_slab_test
+  //tests:kv_writer
+  //client:kv_example
+  //client:libpagealloc_client.so
   //bench:kernel_benchmark
   //bench:pagealloc-bench
   //server:pagealloc-server
@@ -114,6 +120,9 @@ done
 cp tools/gpu/gpu_common.sh tools/gpu/run_kernels.sh \
   tools/gpu/run_daemon_suite.sh tools/gpu/run_e2e.sh tools/gpu/e2e_summary.py \
   tools/gpu/README.md bench/compare.py bench/plot.sh "$stage/"
+# The Python package and its tests, run on the GPU host against
+# bin/client/libpagealloc_client.so (PAGEALLOC_LIBRARY).
+tar -C "$root" --exclude=__pycache__ -cf - python | tar -C "$stage" -xf -
 if [[ -n $anchor ]]; then
   mkdir -p "$stage/anchor"
   cp "$anchor/triton_anchor.py" "$anchor/seed_triton_kernels.py" "$stage/anchor/"

@@ -22,7 +22,8 @@ source "$(dirname "$0")/gpu_common.sh"
 gpu_setup "$@"
 need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
   tests/multi_client_test tests/server_process_test tests/stress_test \
-  tests/gpu/completion_counter_test
+  tests/gpu/completion_counter_test tests/gpu/kv_slab_gpu_test tests/kv_slab_test \
+  tests/kv_writer client/kv_example
 
 # The tests find server/pagealloc-server and tests/load_client relative to
 # the working directory when Bazel's TEST_SRCDIR is not set.
@@ -32,7 +33,8 @@ export PAGEALLOC_STRESS_SECONDS=${PAGEALLOC_STRESS_SECONDS:-20}
 
 # Skipping is failing here: this host has a GPU.
 run_step completion_counter_test 240 "$OUT/completion_counter_test.log" \
-  tests/gpu/completion_counter_test
+  tests/gpu/completion_counter_test tests/gpu/kv_slab_gpu_test tests/kv_slab_test \
+  tests/kv_writer client/kv_example
 add_detail "$(gtest_counts "$OUT/completion_counter_test.log")"
 grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |slots read on the GPU|Failure|kernel read" \
   "$OUT/completion_counter_test.log" | tail -n 20
@@ -41,7 +43,45 @@ if grep -q "SKIPPED" "$OUT/completion_counter_test.log"; then
     "a GPU test skipped on a GPU host: completion_counter_test.log"
 fi
 
-for t in multi_client_test server_process_test stress_test; do
+# The KV slab as one CUDA VMM allocation: export/import aliasing, import+map
+# times for 1, 10 and 100 GiB, the scrub kernel against the CPU reference;
+# then the multi-process slab test against a CUDA daemon.
+run_step kv_slab_gpu_test 240 "$OUT/kv_slab_gpu_test.log" \
+  tests/gpu/kv_slab_gpu_test
+add_detail "$(gtest_counts "$OUT/kv_slab_gpu_test.log")"
+grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |GiB|Failure" \
+  "$OUT/kv_slab_gpu_test.log" | tail -n 20
+if grep -q "SKIPPED" "$OUT/kv_slab_gpu_test.log"; then
+  note_step "kv_slab_gpu_test (no skips)" "FAILED" \
+    "a GPU test skipped on a GPU host: kv_slab_gpu_test.log"
+fi
+
+# Register + map of the KV slab by its size: a CUDA daemon per size with a
+# Llama-3-8B-shaped layout, then kv_example (connects, which maps the slab,
+# writes and reads one request's K and V through it).
+for size in 1GiB 10GiB 100GiB; do
+  kvwork=$(mktemp -d /tmp/pagealloc-gpu-kv.XXXXXX)
+  server/pagealloc-server --backend=cuda --gpu=0 \
+    --listen="unix://$kvwork/daemon.sock" --page_size=16 --metrics_port=0 \
+    --kv_layout=mha:layers=32,kv_heads=8,head_dim=128,dtype=bf16 \
+    --kv_memory="$size" >"$OUT/kv_map_$size.server.log" 2>&1 &
+  kvserver=$!
+  for _ in $(seq 300); do
+    [[ -S $kvwork/daemon.sock ]] && break
+    kill -0 "$kvserver" 2>/dev/null || break
+    sleep 0.1
+  done
+  run_step "kv_map_$size" 120 "$OUT/kv_map_$size.log" \
+    client/kv_example --target="unix://$kvwork/daemon.sock"
+  add_detail "$(grep -Eo "connected and mapped in [^:]*" "$OUT/kv_map_$size.log" \
+    | head -n 1)"
+  grep -E "connected and mapped|mismatches" "$OUT/kv_map_$size.log"
+  kill -TERM "$kvserver" 2>/dev/null
+  wait "$kvserver" 2>/dev/null
+  rm -rf "$kvwork"
+done
+
+for t in kv_slab_test multi_client_test server_process_test stress_test; do
   run_step "$t" 240 "$OUT/$t.log" "tests/$t"
   add_detail "$(gtest_counts "$OUT/$t.log")"
   grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |killed and replaced" \
