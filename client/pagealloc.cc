@@ -18,12 +18,16 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
+#include "client/admin.h"
 #include "client/client.h"
 #include "common/status_macros.h"
 #include "common/version.h"
 
 struct pagealloc_client {
   std::unique_ptr<pagealloc::Client> client;
+  // The target it was connected to, for the calls that need no session
+  // (pagealloc_get_free_lists).
+  std::string target;
 };
 
 struct pagealloc_allocation {
@@ -47,6 +51,13 @@ static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) ==
 static_assert(static_cast<int>(absl::StatusCode::kResourceExhausted) ==
                   PAGEALLOC_RESOURCE_EXHAUSTED,
               "pagealloc_status_code numbers are absl::StatusCode's");
+static_assert(static_cast<int>(v1::FREE_ORDER_DEFAULT) ==
+                      PAGEALLOC_FREE_ORDER_DEFAULT &&
+                  static_cast<int>(v1::FREE_ORDER_ASCENDING) ==
+                      PAGEALLOC_FREE_ORDER_ASCENDING &&
+                  static_cast<int>(v1::FREE_ORDER_FIRST_APPEARANCE) ==
+                      PAGEALLOC_FREE_ORDER_FIRST_APPEARANCE,
+              "pagealloc_free_order numbers are v1::FreeOrder's");
 static_assert(static_cast<int>(v1::BACKEND_CPU) == PAGEALLOC_BACKEND_CPU &&
                   static_cast<int>(v1::BACKEND_CUDA) == PAGEALLOC_BACKEND_CUDA,
               "pagealloc_backend numbers are v1::Backend's");
@@ -220,6 +231,7 @@ std::unique_ptr<pagealloc_allocation> MakeHandle(Allocation allocation) {
   view.pages_freed_first = a.pages_freed_first();
   view.batch_requests = a.batch_requests();
   view.on_device = a.on_device() ? 1 : 0;
+  view.completion_value = a.completion_value();
   // The accepted requests' slots as one run when each (non-empty) one
   // starts where the one before ended.
   const int64_t* run_start = nullptr;
@@ -271,11 +283,120 @@ int32_t AllocCall(pagealloc_client* client,
     call_options.free_pages_first =
         Span(read.free_pages_first, read.num_free_pages_first);
     call_options.checkpoint_first = read.checkpoint_first != 0;
+    call_options.all_or_nothing = read.all_or_nothing != 0;
     absl::StatusOr<Allocation> result = call(*client->client, call_options);
     if (!result.ok()) return result.status();
     *allocation = MakeHandle(*std::move(result)).release();
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<v1::FreeOrder> ReadFreeOrder(int32_t order) {
+  if (order != PAGEALLOC_FREE_ORDER_DEFAULT &&
+      order != PAGEALLOC_FREE_ORDER_ASCENDING &&
+      order != PAGEALLOC_FREE_ORDER_FIRST_APPEARANCE) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "order (%d) is not a pagealloc_free_order (0, 1 or 2)", order));
+  }
+  return static_cast<v1::FreeOrder>(order);
+}
+
+// The most entries of each list one GetFreeLists may return.
+constexpr int64_t kMaxFreeListPages = int64_t{1} << 20;
+
+// Asks the daemon at `options` for its free lists and writes them into the
+// caller's `lists`.
+absl::Status GetFreeLists(const AdminOptions& options,
+                          pagealloc_free_lists* lists) {
+  if (lists == nullptr) return absl::InvalidArgumentError("lists is NULL");
+  if (lists->struct_size < sizeof(pagealloc_free_lists)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "lists->struct_size (%d) is too small: fill the structure with "
+        "pagealloc_free_lists_init",
+        lists->struct_size));
+  }
+  pagealloc_free_lists read;
+  pagealloc_free_lists_init(&read, sizeof(read));
+  RETURN_IF_ERROR(ReadVersioned(lists, "pagealloc_free_lists", &read));
+  if (read.free_capacity < 0 || read.parked_capacity < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "free_capacity (%d) and parked_capacity (%d) must not be negative",
+        read.free_capacity, read.parked_capacity));
+  }
+  if ((read.free_pages == nullptr && read.free_capacity > 0) ||
+      (read.parked_pages == nullptr && read.parked_capacity > 0)) {
+    return absl::InvalidArgumentError(
+        "free_pages or parked_pages is NULL with a capacity");
+  }
+  // At least one entry: 0 would ask for the daemon's default.
+  const int64_t wanted = std::min(
+      kMaxFreeListPages,
+      std::max<int64_t>({1, read.free_capacity, read.parked_capacity}));
+  ASSIGN_OR_RETURN(const v1::GetFreeListsResponse response,
+                   GetDaemonFreeLists(options, wanted));
+  read.num_free =
+      std::min<int64_t>(read.free_capacity, response.free_pages_size());
+  read.num_parked =
+      std::min<int64_t>(read.parked_capacity, response.parked_pages_size());
+  if (read.num_free > 0) {
+    std::copy_n(response.free_pages().begin(), read.num_free, read.free_pages);
+  }
+  if (read.num_parked > 0) {
+    std::copy_n(response.parked_pages().begin(), read.num_parked,
+                read.parked_pages);
+  }
+  read.free_count = response.free_count();
+  read.parked_count = response.parked_count();
+  WriteVersioned(read, lists->struct_size, lists);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AdminOptions> ReadAdminOptions(
+    const pagealloc_admin_options* options) {
+  if (options == nullptr) return absl::InvalidArgumentError("options is NULL");
+  pagealloc_admin_options read;
+  pagealloc_admin_options_init(&read, sizeof(read));
+  RETURN_IF_ERROR(ReadVersioned(options, "pagealloc_admin_options", &read));
+  if (read.target == nullptr || read.target[0] == '\0') {
+    return absl::InvalidArgumentError("options.target is empty");
+  }
+  if (read.timeout_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "options.timeout_ms (%d) must be positive", read.timeout_ms));
+  }
+  AdminOptions admin;
+  admin.target = read.target;
+  admin.timeout = absl::Milliseconds(read.timeout_ms);
+  return admin;
+}
+
+// The client's KV buffers (empty without a slab).
+const std::vector<KvBuffer>& KvBuffers(const pagealloc_client* client) {
+  static const std::vector<KvBuffer>* const kNone = new std::vector<KvBuffer>;
+  if (client == nullptr || client->client == nullptr) return *kNone;
+  return client->client->kv_buffers();
+}
+
+// The checks of the slab copies: a client with a slab, a sane size.
+absl::StatusOr<const KvSlabView*> SlabFor(const pagealloc_client* client,
+                                          const void* dst, const void* src,
+                                          int64_t bytes) {
+  RETURN_IF_ERROR(CheckClient(client));
+  const KvSlabView* slab = client->client->kv_slab();
+  if (slab == nullptr) {
+    return absl::FailedPreconditionError(
+        "this session has no KV slab (the daemon runs without --kv_layout, "
+        "or map_kv_slab was off)");
+  }
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("bytes (%d) is negative", bytes));
+  }
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("dst or src is NULL with %d bytes", bytes));
+  }
+  return slab;
 }
 
 }  // namespace
@@ -306,6 +427,7 @@ void pagealloc_client_options_init(pagealloc_client_options* options,
   defaults.call_timeout_ms = 30000;
   defaults.fast_channel = 1;
   defaults.fast_channel_spin_us = 500;
+  defaults.map_kv_slab = 1;
   pagealloc::WriteVersioned(defaults, struct_size, options);
 }
 
@@ -351,11 +473,22 @@ int32_t pagealloc_connect(const pagealloc_client_options* options,
     client_options.fast_channel = read.fast_channel != 0;
     client_options.fast_channel_spin =
         absl::Microseconds(read.fast_channel_spin_us);
+    if (read.register_secret == nullptr && read.register_secret_length != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("options.register_secret is NULL with a length of %d",
+                          read.register_secret_length));
+    }
+    if (read.register_secret != nullptr) {
+      client_options.register_secret.assign(read.register_secret,
+                                            read.register_secret_length);
+    }
+    client_options.map_kv_slab = read.map_kv_slab != 0;
     absl::StatusOr<std::unique_ptr<pagealloc::Client>> connected =
         pagealloc::Client::Connect(client_options);
     if (!connected.ok()) return connected.status();
     auto handle = std::make_unique<pagealloc_client>();
     handle->client = *std::move(connected);
+    handle->target = client_options.target;
     *client = handle.release();
     return absl::OkStatus();
   });
@@ -414,6 +547,11 @@ void pagealloc_pool(const pagealloc_client* client, pagealloc_pool_info* pool) {
     return;
   }
   pagealloc::FillPool(client->client->pool(), pool);
+}
+
+const char* pagealloc_pool_semantics(const pagealloc_client* client) {
+  if (client == nullptr) return "";
+  return client->client->pool().semantics().c_str();
 }
 
 const int64_t* pagealloc_ring(const pagealloc_client* client,
@@ -525,6 +663,18 @@ int32_t pagealloc_order_after_completion(const pagealloc_client* client,
   });
 }
 
+int32_t pagealloc_order_after(const pagealloc_client* client,
+                              const pagealloc_allocation* allocation,
+                              void* cuda_stream, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    if (allocation == nullptr) {
+      return absl::InvalidArgumentError("allocation is NULL");
+    }
+    return client->client->OrderAfter(allocation->allocation, cuda_stream);
+  });
+}
+
 int32_t pagealloc_copy_to_host(const pagealloc_client* client,
                                const int64_t* slots, int64_t count,
                                int64_t* out, pagealloc_error* error) {
@@ -564,6 +714,72 @@ int32_t pagealloc_free_pages(pagealloc_client* client, const int64_t* pages,
     RETURN_IF_ERROR(CheckArray(pages, num_pages, "pages"));
     ASSIGN_OR_RETURN(const int64_t freed,
                      client->client->FreePages(Span(pages, num_pages)));
+    if (pages_freed != nullptr) *pages_freed = freed;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_free_slots_in_order(pagealloc_client* client,
+                                      const int64_t* slots, size_t num_slots,
+                                      int32_t order, int64_t* pages_freed,
+                                      pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    RETURN_IF_ERROR(CheckArray(slots, num_slots, "slots"));
+    ASSIGN_OR_RETURN(const pagealloc::v1::FreeOrder free_order,
+                     pagealloc::ReadFreeOrder(order));
+    ASSIGN_OR_RETURN(
+        const int64_t freed,
+        client->client->FreeSlots(Span(slots, num_slots), free_order));
+    if (pages_freed != nullptr) *pages_freed = freed;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_free_pages_in_order(pagealloc_client* client,
+                                      const int64_t* pages, size_t num_pages,
+                                      int32_t order, int64_t* pages_freed,
+                                      pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    RETURN_IF_ERROR(CheckArray(pages, num_pages, "pages"));
+    ASSIGN_OR_RETURN(const pagealloc::v1::FreeOrder free_order,
+                     pagealloc::ReadFreeOrder(order));
+    ASSIGN_OR_RETURN(
+        const int64_t freed,
+        client->client->FreePages(Span(pages, num_pages), free_order));
+    if (pages_freed != nullptr) *pages_freed = freed;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_checkpoint_id(pagealloc_client* client,
+                                uint64_t* checkpoint_id,
+                                pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    ASSIGN_OR_RETURN(const uint64_t id, client->client->CheckpointId());
+    if (checkpoint_id != nullptr) *checkpoint_id = id;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_rollback_to(pagealloc_client* client, uint64_t checkpoint_id,
+                              int64_t* pages_returned, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    ASSIGN_OR_RETURN(const int64_t returned,
+                     client->client->Rollback(checkpoint_id));
+    if (pages_returned != nullptr) *pages_returned = returned;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_clear_session(pagealloc_client* client, int64_t* pages_freed,
+                                pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    ASSIGN_OR_RETURN(const int64_t freed, client->client->ClearSession());
     if (pages_freed != nullptr) *pages_freed = freed;
     return absl::OkStatus();
   });
@@ -613,10 +829,153 @@ int32_t pagealloc_get_stats(pagealloc_client* client, pagealloc_stats* stats,
     out.free_list_sorts_total = response.free_list_sorts_total();
     out.launches_total = response.launches_total();
     out.sessions_active = response.sessions_active();
+    pagealloc::CopyString(response.pool().semantics(), out.semantics,
+                          sizeof(out.semantics));
     // An older caller's smaller structure gets the fields it knows.
     out.struct_size = std::min(size, sizeof(out));
     std::memcpy(stats, &out, out.struct_size);
     return absl::OkStatus();
+  });
+}
+
+void pagealloc_free_lists_init(pagealloc_free_lists* lists,
+                               size_t struct_size) {
+  if (lists == nullptr) return;
+  pagealloc_free_lists defaults;
+  std::memset(&defaults, 0, sizeof(defaults));
+  defaults.struct_size = struct_size;
+  pagealloc::WriteVersioned(defaults, struct_size, lists);
+}
+
+void pagealloc_admin_options_init(pagealloc_admin_options* options,
+                                  size_t struct_size) {
+  if (options == nullptr) return;
+  pagealloc_admin_options defaults;
+  std::memset(&defaults, 0, sizeof(defaults));
+  defaults.struct_size = struct_size;
+  defaults.timeout_ms = 5000;
+  pagealloc::WriteVersioned(defaults, struct_size, options);
+}
+
+int32_t pagealloc_get_free_lists(const pagealloc_client* client,
+                                 pagealloc_free_lists* lists,
+                                 pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    pagealloc::AdminOptions options;
+    options.target = client->target;
+    return pagealloc::GetFreeLists(options, lists);
+  });
+}
+
+int32_t pagealloc_admin_get_free_lists(const pagealloc_admin_options* options,
+                                       pagealloc_free_lists* lists,
+                                       pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const pagealloc::AdminOptions admin,
+                     pagealloc::ReadAdminOptions(options));
+    return pagealloc::GetFreeLists(admin, lists);
+  });
+}
+
+int32_t pagealloc_admin_clear_pool(const pagealloc_admin_options* options,
+                                   int32_t force, int64_t* pages_freed,
+                                   pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const pagealloc::AdminOptions admin,
+                     pagealloc::ReadAdminOptions(options));
+    ASSIGN_OR_RETURN(const int64_t freed,
+                     pagealloc::ClearDaemonPool(admin, force != 0));
+    if (pages_freed != nullptr) *pages_freed = freed;
+    return absl::OkStatus();
+  });
+}
+
+int64_t pagealloc_kv_buffer_count(const pagealloc_client* client) {
+  return static_cast<int64_t>(pagealloc::KvBuffers(client).size());
+}
+
+int32_t pagealloc_kv_buffer_get(const pagealloc_client* client, int64_t index,
+                                pagealloc_kv_buffer* buffer,
+                                pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    if (buffer == nullptr) return absl::InvalidArgumentError("buffer is NULL");
+    const size_t size = buffer->struct_size;
+    if (size < sizeof(size_t)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("buffer->struct_size (%d) is too small: set it to "
+                          "sizeof(pagealloc_kv_buffer)",
+                          size));
+    }
+    const std::vector<pagealloc::KvBuffer>& buffers =
+        pagealloc::KvBuffers(client);
+    if (index < 0 || index >= static_cast<int64_t>(buffers.size())) {
+      return absl::OutOfRangeError(absl::StrFormat(
+          "KV buffer index %d is outside [0, %d)", index, buffers.size()));
+    }
+    const pagealloc::KvBuffer& b = buffers[index];
+    pagealloc_kv_buffer out;
+    std::memset(&out, 0, sizeof(out));
+    out.name = b.name.c_str();
+    // KvDtypeName returns a view of a string literal: NUL-terminated.
+    out.dtype = pagealloc::KvDtypeName(b.dtype).data();
+    out.dtype_bytes = pagealloc::KvDtypeBytes(b.dtype);
+    out.num_slots = b.num_slots;
+    out.stride_bytes = b.stride_bytes;
+    out.data = b.data;
+    out.on_device = b.on_device ? 1 : 0;
+    out.device = b.device;
+    out.element_shape = b.element_shape.data();
+    out.rank = static_cast<int64_t>(b.element_shape.size());
+    out.struct_size = std::min(size, sizeof(out));
+    pagealloc::WriteVersioned(out, size, buffer);
+    return absl::OkStatus();
+  });
+}
+
+int64_t pagealloc_kv_buffer_find(const pagealloc_client* client,
+                                 const char* name) {
+  if (name == nullptr) return -1;
+  const std::vector<pagealloc::KvBuffer>& buffers =
+      pagealloc::KvBuffers(client);
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].name == name) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+void* pagealloc_kv_slab(const pagealloc_client* client, int64_t* bytes,
+                        int32_t* on_device) {
+  if (bytes != nullptr) *bytes = 0;
+  if (on_device != nullptr) *on_device = 0;
+  if (client == nullptr || client->client == nullptr) return nullptr;
+  const pagealloc::KvSlabView* slab = client->client->kv_slab();
+  if (slab == nullptr) return nullptr;
+  if (bytes != nullptr) *bytes = slab->bytes();
+  if (on_device != nullptr) *on_device = slab->on_device() ? 1 : 0;
+  return slab->data();
+}
+
+int32_t pagealloc_kv_copy_to_slab(const pagealloc_client* client, void* dst,
+                                  const void* src, int64_t bytes,
+                                  pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const pagealloc::KvSlabView* slab,
+                     pagealloc::SlabFor(client, dst, src, bytes));
+    if (bytes == 0) return absl::OkStatus();
+    return slab->CopyToSlab(dst, src, bytes);
+  });
+}
+
+int32_t pagealloc_kv_copy_from_slab(const pagealloc_client* client, void* dst,
+                                    const void* src, int64_t bytes,
+                                    pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const pagealloc::KvSlabView* slab,
+                     pagealloc::SlabFor(client, dst, src, bytes));
+    if (bytes == 0) return absl::OkStatus();
+    return slab->CopyFromSlab(dst, src, bytes);
   });
 }
 

@@ -79,9 +79,13 @@ extern "C" {
 /* The ABI this header describes. The major number changes when a function,
  * a structure's existing field or a meaning changes incompatibly; the minor
  * number when something is added. A binding checks the major number of
- * pagealloc_abi_version() against the one it was written for. */
+ * pagealloc_abi_version() against the one it was written for, and the
+ * minor number against the one that added what it calls (marked "ABI 1.1"
+ * below: the SGLang-exactness calls, the admin calls, the KV buffers and
+ * the completion value). A program built against ABI 1.0 runs unchanged
+ * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 0
+#define PAGEALLOC_ABI_VERSION_MINOR 1
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -157,6 +161,15 @@ typedef struct pagealloc_client_options {
   /* How long a fast call spins for its answer before it sleeps, in
    * microseconds (default 500). */
   int64_t fast_channel_spin_us;
+  /* ABI 1.1. The pool's Register secret, when its daemon runs with
+   * --register_secret_file: `register_secret_length` bytes (NULL: none). */
+  const char* register_secret;
+  size_t register_secret_length;
+  /* ABI 1.1. Nonzero (default): map the pool's KV slab when the daemon owns
+   * the KV memory (pagealloc_kv_buffer_count); connecting fails when it
+   * cannot. Zero: a tool that only allocates does without. */
+  int32_t map_kv_slab;
+  int32_t reserved1; /* zero */
 } pagealloc_client_options;
 
 /* Fills the first `struct_size` bytes of `options` with the defaults and
@@ -223,6 +236,12 @@ typedef struct pagealloc_pool_info {
 /* Copies the session's pool description into `*pool`. */
 void pagealloc_pool(const pagealloc_client* client, pagealloc_pool_info* pool);
 
+/* ABI 1.1. The pool's semantics profile (the daemon's --semantics):
+ * "pagealloc" (its own contract) or "sglang" (SGLang's allocators where
+ * they differ: docs/design.md section 10). Valid while the handle lives;
+ * "" for a NULL client. */
+const char* pagealloc_pool_semantics(const pagealloc_client* client);
+
 /* The session's mapped output ring: `*capacity_slots` int64 slots from the
  * returned address, a device pointer when `*on_device` is nonzero (CUDA
  * backend), else a read-only host mapping. Every ring result of an
@@ -255,6 +274,12 @@ typedef struct pagealloc_call_options {
   /* Nonzero: take a checkpoint after the free and before allocating. */
   int32_t checkpoint_first;
   int32_t reserved0; /* zero */
+  /* ABI 1.1. Nonzero: admit every request of the call or none. When one
+   * does not fit, each request is refused with RESOURCE_EXHAUSTED and the
+   * pool is left as it was (SGLang's alloc_extend / alloc_decode returning
+   * None); the call itself still succeeds. */
+  int32_t all_or_nothing;
+  int32_t reserved1; /* zero */
 } pagealloc_call_options;
 
 /* As pagealloc_client_options_init: pass sizeof(*options). */
@@ -296,6 +321,11 @@ typedef struct pagealloc_allocation_view {
    * is empty. */
   const int64_t* all_slots;
   int64_t num_slots;
+  /* ABI 1.1. The value the pool's completion counter reaches once this
+   * call's slots are written (pagealloc_order_after waits for it on the
+   * CUDA backend). The counter only grows; on the CPU backend it numbers
+   * the launches and nothing waits on it. */
+  uint64_t completion_value;
 } pagealloc_allocation_view;
 
 /* The allocation calls. Each parallel array comes with its own length; the
@@ -359,6 +389,15 @@ int32_t pagealloc_order_after_completion(const pagealloc_client* client,
                                          void* cuda_stream,
                                          pagealloc_error* error);
 
+/* ABI 1.1. Makes `cuda_stream` wait, on the GPU and without a host
+ * synchronisation, until the launch that wrote `allocation`'s slots is done
+ * (the pool's completion counter reaching the view's completion_value):
+ * work queued on the stream afterwards may read them. A no-op on the CPU
+ * backend and for inline results; INTERNAL when CUDA refuses the wait. */
+int32_t pagealloc_order_after(const pagealloc_client* client,
+                              const pagealloc_allocation* allocation,
+                              void* cuda_stream, pagealloc_error* error);
+
 /* Copies `count` slots at `slots` (from a view: ring or inline) into host
  * memory at `out`. */
 int32_t pagealloc_copy_to_host(const pagealloc_client* client,
@@ -381,14 +420,58 @@ int32_t pagealloc_free_pages(pagealloc_client* client, const int64_t* pages,
                              size_t num_pages, int64_t* pages_freed,
                              pagealloc_error* error);
 
-/* Records the pages the session is given from now on (docs/design.md
- * section 3). */
+/* ABI 1.1. Where freed pages go back in the free list (v1::FreeOrder). */
+typedef enum pagealloc_free_order {
+  /* The pool's: ascending for slots under --semantics=sglang with a page
+   * size above 1 (SGLang's free), first appearance otherwise. */
+  PAGEALLOC_FREE_ORDER_DEFAULT = 0,
+  /* Ascending page ids (SGLang's free: torch.unique(slots // page_size)). */
+  PAGEALLOC_FREE_ORDER_ASCENDING = 1,
+  /* In order of first appearance (SGLang's free_segment). */
+  PAGEALLOC_FREE_ORDER_FIRST_APPEARANCE = 2
+} pagealloc_free_order;
+
+/* ABI 1.1. pagealloc_free_slots / pagealloc_free_pages putting the pages
+ * back in `order` (a pagealloc_free_order; INVALID_ARGUMENT for another
+ * number). */
+int32_t pagealloc_free_slots_in_order(pagealloc_client* client,
+                                      const int64_t* slots, size_t num_slots,
+                                      int32_t order, int64_t* pages_freed,
+                                      pagealloc_error* error);
+int32_t pagealloc_free_pages_in_order(pagealloc_client* client,
+                                      const int64_t* pages, size_t num_pages,
+                                      int32_t order, int64_t* pages_freed,
+                                      pagealloc_error* error);
+
+/* Pushes a checkpoint on the session's stack (docs/design.md sections 3
+ * and 10: at most 64; a 65th ends the oldest): the pages the session is
+ * given from now on are recorded. */
 int32_t pagealloc_checkpoint(pagealloc_client* client, pagealloc_error* error);
-/* Returns the pages given since the checkpoint that the session still owns
- * to the front of the free list; `*pages_returned` (may be NULL) receives
- * how many. FAILED_PRECONDITION without a checkpoint. */
+/* ABI 1.1. The same, with the new checkpoint's id (never 0) in
+ * `*checkpoint_id` (may be NULL), for pagealloc_rollback_to. */
+int32_t pagealloc_checkpoint_id(pagealloc_client* client,
+                                uint64_t* checkpoint_id,
+                                pagealloc_error* error);
+/* Rolls back to the latest checkpoint, which ends: returns the pages given
+ * since it that the session still owns to the front of the free list;
+ * `*pages_returned` (may be NULL) receives how many. FAILED_PRECONDITION
+ * without a checkpoint. */
 int32_t pagealloc_rollback(pagealloc_client* client, int64_t* pages_returned,
                            pagealloc_error* error);
+/* ABI 1.1. Rolls back to checkpoint `checkpoint_id` (0: the latest, as
+ * pagealloc_rollback): the checkpoints after it end, it stays active and
+ * may be rolled back to again (SGLang's restore_state of one saved state).
+ * FAILED_PRECONDITION when it is not active (ended by a rollback to an
+ * earlier one, a clear, or pushed out of the stack). */
+int32_t pagealloc_rollback_to(pagealloc_client* client, uint64_t checkpoint_id,
+                              int64_t* pages_returned, pagealloc_error* error);
+
+/* ABI 1.1. Frees every page of the session and ends its checkpoints; the
+ * session stays. When no page of the pool is owned afterwards the free list
+ * is reset to 1..num_pages and nothing stays parked (SGLang's clear).
+ * `*pages_freed` (may be NULL) receives the pages freed. */
+int32_t pagealloc_clear_session(pagealloc_client* client, int64_t* pages_freed,
+                                pagealloc_error* error);
 
 /* ------------------------------------------------------------------------
  * Stats
@@ -408,6 +491,8 @@ typedef struct pagealloc_stats {
   int64_t free_list_sorts_total;
   int64_t launches_total;
   int64_t sessions_active;
+  /* ABI 1.1. The pool's semantics profile, as pagealloc_pool_semantics. */
+  char semantics[16];
 } pagealloc_stats;
 
 /* Asks the daemon for its pool figures; stats->struct_size must be set. */
@@ -415,12 +500,136 @@ int32_t pagealloc_get_stats(pagealloc_client* client, pagealloc_stats* stats,
                             pagealloc_error* error);
 
 /* ------------------------------------------------------------------------
- * KV buffers
- *
- * Reserved for the daemon's KV slab view (per-layer K/V buffers: name,
- * pointer, shape, dtype, stride per slot) once pagealloc::Client exposes
- * it; the functions will be added here under a new minor ABI version.
+ * Free lists and the pool (ABI 1.1)
  * ------------------------------------------------------------------------ */
+
+/* A debug read of the daemon's free list and parked pages (GetFreeLists).
+ * The caller fills the buffers and capacities (pagealloc_free_lists_init
+ * first); the library writes the rest. */
+typedef struct pagealloc_free_lists {
+  size_t struct_size; /* sizeof(pagealloc_free_lists) */
+  /* In: where to write the front of the free list, in the order it hands
+   * pages out, and how many entries fit there (0: none wanted). */
+  int64_t* free_pages;
+  int64_t free_capacity;
+  /* In: where to write the parked pages (freed under the sorted policy,
+   * not yet merged), in the order they were freed. */
+  int64_t* parked_pages;
+  int64_t parked_capacity;
+  /* Out: the entries written to each buffer. */
+  int64_t num_free;
+  int64_t num_parked;
+  /* Out: each list's whole length (more than written when cut). */
+  int64_t free_count;
+  int64_t parked_count;
+} pagealloc_free_lists;
+
+/* As pagealloc_client_options_init: pass sizeof(*lists). */
+void pagealloc_free_lists_init(pagealloc_free_lists* lists, size_t struct_size);
+
+/* Reads the free lists of the session's pool (a call of its own to the
+ * daemon at the session's target; it needs no session, so it works after
+ * close too). At most 1048576 entries of each list are read. */
+int32_t pagealloc_get_free_lists(const pagealloc_client* client,
+                                 pagealloc_free_lists* lists,
+                                 pagealloc_error* error);
+
+/* Calls that need no session (client/admin.h): what operators, tools and
+ * tests ask a daemon directly. */
+typedef struct pagealloc_admin_options {
+  size_t struct_size; /* sizeof(pagealloc_admin_options) */
+  /* gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port". */
+  const char* target;
+  /* Deadline of the call, in ms (default 5000). */
+  int64_t timeout_ms;
+} pagealloc_admin_options;
+
+/* As pagealloc_client_options_init: pass sizeof(*options). */
+void pagealloc_admin_options_init(pagealloc_admin_options* options,
+                                  size_t struct_size);
+
+/* pagealloc_get_free_lists of the daemon at options->target. */
+int32_t pagealloc_admin_get_free_lists(const pagealloc_admin_options* options,
+                                       pagealloc_free_lists* lists,
+                                       pagealloc_error* error);
+
+/* Resets the daemon's whole pool to its first state (ClearPool);
+ * `*pages_freed` (may be NULL) receives the pages freed. Refused with
+ * FAILED_PRECONDITION, naming the sessions' pages, while any session holds
+ * pages, unless `force` is nonzero, which the daemon refuses
+ * (PERMISSION_DENIED) unless it runs with --allow_forced_clear; a forced
+ * clear voids every session's slots without telling them. */
+int32_t pagealloc_admin_clear_pool(const pagealloc_admin_options* options,
+                                   int32_t force, int64_t* pages_freed,
+                                   pagealloc_error* error);
+
+/* ------------------------------------------------------------------------
+ * KV buffers (ABI 1.1)
+ *
+ * When the daemon owns the KV memory (--kv_layout, docs/design.md section
+ * 11) every session maps the pool's one KV slab at connect: the same bytes
+ * in every process. Each buffer is a [num_slots, element_shape...] array of
+ * one dtype, slot-major: slot s's element starts at data + s *
+ * stride_bytes. Attention kernels read and write it in place at the slots
+ * the session was given. The mapping lives as long as the client handle
+ * (destroying it unmaps the slab here; the memory lives on in the daemon
+ * and the other sessions).
+ * ------------------------------------------------------------------------ */
+
+/* One buffer, filled by pagealloc_kv_buffer_get. */
+typedef struct pagealloc_kv_buffer {
+  size_t struct_size; /* sizeof(pagealloc_kv_buffer), set by the caller */
+  /* "k.0", "v.0", "kv.3", or a custom layout's name. NUL-terminated, valid
+   * while the client handle lives. */
+  const char* name;
+  /* "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8", "uint8",
+   * "int32": a static string. */
+  const char* dtype;
+  int64_t dtype_bytes;  /* bytes of one value */
+  int64_t num_slots;    /* (num_pages + 1) * page_size, page 0 included */
+  int64_t stride_bytes; /* bytes from one slot's element to the next */
+  void* data;           /* slot 0: a device pointer when on_device */
+  int32_t on_device;    /* nonzero: GPU memory (CUDA backend) */
+  int32_t device;       /* CUDA ordinal in this process; -1 on the CPU */
+  /* One slot's element: `rank` dimensions at element_shape, valid while
+   * the client handle lives. */
+  const int64_t* element_shape;
+  int64_t rank;
+} pagealloc_kv_buffer;
+
+/* The pool's KV buffers mapped by this session (0 when the daemon hands
+ * out slot indices only, or map_kv_slab was off). */
+int64_t pagealloc_kv_buffer_count(const pagealloc_client* client);
+
+/* Fills `*buffer` (buffer->struct_size set by the caller; the library
+ * writes at most that many bytes) with buffer `index`. OUT_OF_RANGE for an
+ * index outside 0 .. pagealloc_kv_buffer_count() - 1. */
+int32_t pagealloc_kv_buffer_get(const pagealloc_client* client, int64_t index,
+                                pagealloc_kv_buffer* buffer,
+                                pagealloc_error* error);
+
+/* The index of the buffer named `name`, or -1. */
+int64_t pagealloc_kv_buffer_find(const pagealloc_client* client,
+                                 const char* name);
+
+/* The mapped slab (every buffer lies inside): its first byte, `*bytes`
+ * long, a device pointer when `*on_device` is nonzero. NULL (and 0) without
+ * a slab. Any out-pointer may be NULL. */
+void* pagealloc_kv_slab(const pagealloc_client* client, int64_t* bytes,
+                        int32_t* on_device);
+
+/* Copies `bytes` from host memory `src` into the slab at `dst` (inside it,
+ * e.g. a buffer's data + s * stride_bytes), or out of the slab at `src`
+ * into host memory `dst`: memcpy on the CPU backend, a synchronous
+ * cudaMemcpy on the CUDA backend. For tests, examples and tools; kernels
+ * use the buffers in place. INVALID_ARGUMENT for a range outside the slab,
+ * FAILED_PRECONDITION without one. */
+int32_t pagealloc_kv_copy_to_slab(const pagealloc_client* client, void* dst,
+                                  const void* src, int64_t bytes,
+                                  pagealloc_error* error);
+int32_t pagealloc_kv_copy_from_slab(const pagealloc_client* client, void* dst,
+                                    const void* src, int64_t bytes,
+                                    pagealloc_error* error);
 
 #ifdef __cplusplus
 } /* extern "C" */

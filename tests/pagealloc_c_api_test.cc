@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,10 +25,11 @@ extern char** environ;
 
 namespace {
 
-// A pagealloc-server process on a private socket: 16 pages of 4 tokens.
+// A pagealloc-server process on a private socket: 16 pages of 4 tokens,
+// and `extra` flags.
 class DaemonProcess {
  public:
-  DaemonProcess() {
+  explicit DaemonProcess(const std::vector<std::string>& extra) {
     char pattern[] = "/tmp/pagealloc-c-api-XXXXXX";
     dir_ = mkdtemp(pattern);
     target_ = "unix://" + dir_ + "/daemon.sock";
@@ -47,6 +49,7 @@ class DaemonProcess {
         "--metrics_host=127.0.0.1",
         "--metrics_port=0",
         "--log_level=warn"};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -77,7 +80,8 @@ class DaemonProcess {
 class PageallocCApiTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(daemon_.started());
+    daemon_ = std::make_unique<DaemonProcess>(ExtraFlags());
+    ASSERT_TRUE(daemon_->started());
     // The daemon answers once it listens: retry connecting, bounded.
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -91,10 +95,13 @@ class PageallocCApiTest : public ::testing::Test {
   }
   void TearDown() override { pagealloc_client_destroy(client_); }
 
+  // The daemon's flags besides the pool's size.
+  virtual std::vector<std::string> ExtraFlags() const { return {}; }
+
   int32_t Connect(pagealloc_client** client, int64_t ring_slots = 0) {
     pagealloc_client_options options;
     pagealloc_client_options_init(&options, sizeof(options));
-    options.target = daemon_.target();
+    options.target = daemon_->target();
     options.client_name = "c-api-test";
     options.ring_capacity_slots = ring_slots;
     return pagealloc_connect(&options, client, &error_);
@@ -129,7 +136,7 @@ class PageallocCApiTest : public ::testing::Test {
     return stats;
   }
 
-  DaemonProcess daemon_;
+  std::unique_ptr<DaemonProcess> daemon_;
   pagealloc_client* client_ = nullptr;
   pagealloc_error error_;
 };
@@ -350,6 +357,378 @@ TEST_F(PageallocCApiTest, CloseEndsTheSession) {
   EXPECT_EQ(stats.used_pages, 0);
   EXPECT_EQ(stats.sessions_active, 1);
   pagealloc_client_destroy(other);
+}
+
+// ABI 1.1 -------------------------------------------------------------
+
+// The free list's front (up to `n` entries) and the parked pages.
+struct FreeLists {
+  std::vector<int64_t> free, parked;
+  int64_t free_count = -1, parked_count = -1;
+};
+
+FreeLists ReadFreeLists(pagealloc_client* client, int64_t n) {
+  FreeLists out;
+  out.free.resize(n);
+  out.parked.resize(n);
+  pagealloc_free_lists lists;
+  pagealloc_free_lists_init(&lists, sizeof(lists));
+  lists.free_pages = out.free.data();
+  lists.free_capacity = n;
+  lists.parked_pages = out.parked.data();
+  lists.parked_capacity = n;
+  pagealloc_error error;
+  EXPECT_EQ(pagealloc_get_free_lists(client, &lists, &error), PAGEALLOC_OK)
+      << error.message;
+  out.free.resize(lists.num_free);
+  out.parked.resize(lists.num_parked);
+  out.free_count = lists.free_count;
+  out.parked_count = lists.parked_count;
+  return out;
+}
+
+TEST_F(PageallocCApiTest, AllOrNothingRefusesEveryRequestAndChangesNothing) {
+  pagealloc_call_options options;
+  pagealloc_call_options_init(&options, sizeof(options));
+  EXPECT_EQ(options.all_or_nothing, 0);
+  options.all_or_nothing = 1;
+  // 8 pages fit, 16 more do not: neither request is served.
+  pagealloc_allocation* refused = Alloc({32, 64}, &options);
+  const pagealloc_allocation_view* view =
+      pagealloc_allocation_get_view(refused);
+  EXPECT_EQ(view->codes[0], PAGEALLOC_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(view->codes[1], PAGEALLOC_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(view->num_refused, 2);
+  EXPECT_EQ(view->counts[0], 0);
+  EXPECT_EQ(Stats().used_pages, 0);
+  EXPECT_EQ(ReadFreeLists(client_, 16).free, Range(1, 17));
+  // Without the option the first request is served.
+  pagealloc_allocation* partial = Alloc({32, 64});
+  EXPECT_EQ(pagealloc_allocation_get_view(partial)->num_refused, 1);
+  EXPECT_EQ(Stats().used_pages, 8);
+  // A batch that fits is served whole with the option.
+  pagealloc_allocation* fits = Alloc({16, 16}, &options);
+  EXPECT_EQ(pagealloc_allocation_get_view(fits)->num_refused, 0);
+  EXPECT_EQ(Stats().used_pages, 16);
+  for (pagealloc_allocation* x : {refused, partial, fits}) {
+    pagealloc_allocation_destroy(x);
+  }
+}
+
+TEST_F(PageallocCApiTest, FreeOrderShowsInTheFreeLists) {
+  pagealloc_allocation* allocation = Alloc({4, 4, 4});  // pages 1, 2, 3
+  pagealloc_allocation_destroy(allocation);
+  const FreeLists fresh = ReadFreeLists(client_, 4);
+  EXPECT_EQ(fresh.free, Range(4, 8));
+  EXPECT_EQ(fresh.free_count, 13);
+  EXPECT_EQ(fresh.parked_count, 0);
+  // Slots of page 3, then of page 1, put back ascending.
+  const int64_t slots[] = {12, 13, 4, 5};
+  int64_t freed = -1;
+  ASSERT_EQ(
+      pagealloc_free_slots_in_order(
+          client_, slots, 4, PAGEALLOC_FREE_ORDER_ASCENDING, &freed, &error_),
+      PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(freed, 2);
+  EXPECT_EQ(ReadFreeLists(client_, 3).free, (std::vector<int64_t>{1, 3, 4}));
+  // Taken again (pages 1, 3), then freed by page id in first appearance.
+  pagealloc_allocation_destroy(Alloc({8}));
+  const int64_t pages[] = {3, 1};
+  ASSERT_EQ(pagealloc_free_pages_in_order(client_, pages, 2,
+                                          PAGEALLOC_FREE_ORDER_FIRST_APPEARANCE,
+                                          &freed, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(ReadFreeLists(client_, 3).free, (std::vector<int64_t>{3, 1, 4}));
+  // The pool's default under --semantics=pagealloc: first appearance.
+  pagealloc_allocation_destroy(Alloc({8}));
+  const int64_t again[] = {4, 12};
+  ASSERT_EQ(
+      pagealloc_free_slots_in_order(
+          client_, again, 2, PAGEALLOC_FREE_ORDER_DEFAULT, &freed, &error_),
+      PAGEALLOC_OK);
+  EXPECT_EQ(ReadFreeLists(client_, 2).free, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(
+      pagealloc_free_pages_in_order(client_, pages, 2, 7, &freed, &error_),
+      PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "order (7)"), nullptr)
+      << error_.message;
+  // A structure too small for the answers is refused.
+  pagealloc_free_lists lists;
+  pagealloc_free_lists_init(&lists, sizeof(lists));
+  lists.struct_size = offsetof(pagealloc_free_lists, num_free);
+  EXPECT_EQ(pagealloc_get_free_lists(client_, &lists, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+}
+
+TEST_F(PageallocCApiTest, CheckpointIdsRollBackAndEnd) {
+  uint64_t outer = 0, inner = 0;
+  ASSERT_EQ(pagealloc_checkpoint_id(client_, &outer, &error_), PAGEALLOC_OK)
+      << error_.message;
+  pagealloc_allocation_destroy(Alloc({4}));
+  ASSERT_EQ(pagealloc_checkpoint_id(client_, &inner, &error_), PAGEALLOC_OK);
+  EXPECT_NE(outer, 0u);
+  EXPECT_NE(inner, outer);
+  pagealloc_allocation_destroy(Alloc({8}));
+  int64_t returned = -1;
+  ASSERT_EQ(pagealloc_rollback_to(client_, outer, &returned, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(returned, 3);
+  EXPECT_EQ(ReadFreeLists(client_, 16).free, Range(1, 17));
+  // The inner checkpoint ended with the rollback to the outer one.
+  EXPECT_EQ(pagealloc_rollback_to(client_, inner, &returned, &error_),
+            PAGEALLOC_FAILED_PRECONDITION);
+  EXPECT_EQ(error_.code, PAGEALLOC_FAILED_PRECONDITION);
+  // The outer one stays: roll back to it again.
+  pagealloc_allocation_destroy(Alloc({4}));
+  ASSERT_EQ(pagealloc_rollback_to(client_, outer, &returned, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(returned, 1);
+  // 0 is the latest checkpoint, as pagealloc_rollback.
+  ASSERT_EQ(pagealloc_rollback_to(client_, 0, &returned, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(returned, 0);
+  EXPECT_EQ(pagealloc_rollback(client_, &returned, &error_),
+            PAGEALLOC_FAILED_PRECONDITION);
+}
+
+TEST_F(PageallocCApiTest, ClearSessionAndClearPool) {
+  pagealloc_client* other = nullptr;
+  ASSERT_EQ(Connect(&other), PAGEALLOC_OK);
+  pagealloc_allocation_destroy(Alloc({8}));
+  pagealloc_allocation_destroy(Alloc({4}, nullptr, other));
+  pagealloc_admin_options admin;
+  pagealloc_admin_options_init(&admin, sizeof(admin));
+  EXPECT_EQ(admin.timeout_ms, 5000);
+  admin.target = daemon_->target();
+  int64_t freed = -1;
+  EXPECT_EQ(pagealloc_admin_clear_pool(&admin, 0, &freed, &error_),
+            PAGEALLOC_FAILED_PRECONDITION);
+  EXPECT_EQ(freed, -1);
+  // Forcing needs the daemon's --allow_forced_clear.
+  EXPECT_EQ(pagealloc_admin_clear_pool(&admin, 1, &freed, &error_),
+            PAGEALLOC_PERMISSION_DENIED);
+  uint64_t checkpoint = 0;
+  ASSERT_EQ(pagealloc_checkpoint_id(client_, &checkpoint, &error_),
+            PAGEALLOC_OK);
+  ASSERT_EQ(pagealloc_clear_session(client_, &freed, &error_), PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(freed, 2);
+  EXPECT_EQ(Stats().used_pages, 1);
+  // The clear ended the session's checkpoints.
+  EXPECT_EQ(pagealloc_rollback_to(client_, checkpoint, nullptr, &error_),
+            PAGEALLOC_FAILED_PRECONDITION);
+  ASSERT_EQ(pagealloc_clear_session(other, &freed, &error_), PAGEALLOC_OK);
+  EXPECT_EQ(freed, 1);
+  // Nobody owns a page: the session's clear reset the list.
+  EXPECT_EQ(ReadFreeLists(client_, 16).free, Range(1, 17));
+  ASSERT_EQ(pagealloc_admin_clear_pool(&admin, 0, &freed, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(freed, 0);
+  // The admin read needs no session.
+  std::vector<int64_t> front(2);
+  pagealloc_free_lists lists;
+  pagealloc_free_lists_init(&lists, sizeof(lists));
+  lists.free_pages = front.data();
+  lists.free_capacity = 2;
+  ASSERT_EQ(pagealloc_admin_get_free_lists(&admin, &lists, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(lists.num_free, 2);
+  EXPECT_EQ(lists.num_parked, 0);
+  EXPECT_EQ(lists.free_count, 16);
+  EXPECT_EQ(front, (std::vector<int64_t>{1, 2}));
+  admin.target = "";
+  EXPECT_EQ(pagealloc_admin_clear_pool(&admin, 0, &freed, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  pagealloc_client_destroy(other);
+}
+
+TEST_F(PageallocCApiTest, CompletionValuesGrowAndOrderAfterAcceptsThem) {
+  pagealloc_allocation* first = Alloc({4});
+  pagealloc_allocation* second = Alloc({4});
+  const uint64_t a = pagealloc_allocation_get_view(first)->completion_value;
+  const uint64_t b = pagealloc_allocation_get_view(second)->completion_value;
+  EXPECT_GT(a, 0u);
+  EXPECT_GT(b, a);
+  EXPECT_EQ(pagealloc_order_after(client_, second, nullptr, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(pagealloc_order_after(client_, nullptr, nullptr, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  pagealloc_allocation_destroy(first);
+  pagealloc_allocation_destroy(second);
+}
+
+TEST_F(PageallocCApiTest, AbiOneZeroCallersKeepWorking) {
+  // A program built against ABI 1.0 passes the structures as they were.
+  pagealloc_client_options options;
+  pagealloc_client_options_init(
+      &options, offsetof(pagealloc_client_options, register_secret));
+  EXPECT_EQ(options.struct_size,
+            offsetof(pagealloc_client_options, register_secret));
+  options.target = daemon_->target();
+  pagealloc_client* old = nullptr;
+  ASSERT_EQ(pagealloc_connect(&options, &old, &error_), PAGEALLOC_OK)
+      << error_.message;
+  pagealloc_call_options call;
+  pagealloc_call_options_init(&call,
+                              offsetof(pagealloc_call_options, all_or_nothing));
+  call.return_inline = 1;
+  pagealloc_allocation* allocation = Alloc({4}, &call, old);
+  EXPECT_EQ(pagealloc_allocation_get_view(allocation)->num_slots, 4);
+  pagealloc_allocation_destroy(allocation);
+  pagealloc_stats stats;
+  std::memset(&stats, 0xab, sizeof(stats));
+  stats.struct_size = offsetof(pagealloc_stats, semantics);
+  ASSERT_EQ(pagealloc_get_stats(old, &stats, &error_), PAGEALLOC_OK);
+  EXPECT_EQ(stats.used_pages, 1);
+  EXPECT_EQ(static_cast<unsigned char>(stats.semantics[0]), 0xab);
+  pagealloc_client_destroy(old);
+}
+
+class PageallocCApiSglangTest : public PageallocCApiTest {
+  std::vector<std::string> ExtraFlags() const override {
+    return {"--semantics=sglang"};
+  }
+};
+
+TEST_F(PageallocCApiSglangTest, PoolNamesItsSemanticsAndFreesAscending) {
+  EXPECT_STREQ(pagealloc_pool_semantics(client_), "sglang");
+  EXPECT_STREQ(Stats().semantics, "sglang");
+  pagealloc_allocation_destroy(Alloc({4, 4, 4}));  // pages 1, 2, 3
+  // SGLang's free: the distinct pages ascending, whatever the slots' order.
+  const int64_t slots[] = {12, 13, 4, 5};
+  int64_t freed = -1;
+  ASSERT_EQ(pagealloc_free_slots(client_, slots, 4, &freed, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(ReadFreeLists(client_, 3).free, (std::vector<int64_t>{1, 3, 4}));
+}
+
+TEST_F(PageallocCApiTest, DefaultPoolSemantics) {
+  EXPECT_STREQ(pagealloc_pool_semantics(client_), "pagealloc");
+  EXPECT_STREQ(Stats().semantics, "pagealloc");
+  EXPECT_STREQ(pagealloc_pool_semantics(nullptr), "");
+}
+
+class PageallocCApiKvTest : public PageallocCApiTest {
+  std::vector<std::string> ExtraFlags() const override {
+    return {"--kv_layout=custom:layers=2,k=bf16:2x4,v=fp32:3"};
+  }
+};
+
+pagealloc_kv_buffer GetBuffer(pagealloc_client* client, int64_t index) {
+  pagealloc_kv_buffer buffer;
+  std::memset(&buffer, 0, sizeof(buffer));
+  buffer.struct_size = sizeof(buffer);
+  pagealloc_error error;
+  EXPECT_EQ(pagealloc_kv_buffer_get(client, index, &buffer, &error),
+            PAGEALLOC_OK)
+      << error.message;
+  return buffer;
+}
+
+TEST_F(PageallocCApiKvTest, BuffersDescribeTheLayout) {
+  ASSERT_EQ(pagealloc_kv_buffer_count(client_), 4);
+  int64_t slab_bytes = 0;
+  int32_t slab_on_device = -1;
+  char* slab = static_cast<char*>(
+      pagealloc_kv_slab(client_, &slab_bytes, &slab_on_device));
+  ASSERT_NE(slab, nullptr);
+  const char* names[] = {"k.0", "v.0", "k.1", "v.1"};
+  for (int64_t i = 0; i < 4; ++i) {
+    const pagealloc_kv_buffer b = GetBuffer(client_, i);
+    const bool is_k = i % 2 == 0;
+    EXPECT_STREQ(b.name, names[i]);
+    EXPECT_STREQ(b.dtype, is_k ? "bf16" : "fp32");
+    EXPECT_EQ(b.dtype_bytes, is_k ? 2 : 4);
+    EXPECT_EQ(b.num_slots, (16 + 1) * 4);
+    EXPECT_EQ(b.stride_bytes, is_k ? 2 * 4 * 2 : 3 * 4);
+    ASSERT_EQ(b.rank, is_k ? 2 : 1);
+    EXPECT_EQ(b.element_shape[0], is_k ? 2 : 3);
+    if (is_k) {
+      EXPECT_EQ(b.element_shape[1], 4);
+    }
+    EXPECT_EQ(b.on_device, slab_on_device);
+    EXPECT_GE(static_cast<char*>(b.data), slab);
+    EXPECT_LE(static_cast<char*>(b.data) + b.num_slots * b.stride_bytes,
+              slab + slab_bytes);
+    EXPECT_EQ(pagealloc_kv_buffer_find(client_, names[i]), i);
+  }
+  EXPECT_EQ(pagealloc_kv_buffer_find(client_, "k.2"), -1);
+  EXPECT_EQ(pagealloc_kv_buffer_find(client_, nullptr), -1);
+  pagealloc_kv_buffer buffer;
+  buffer.struct_size = sizeof(buffer);
+  EXPECT_EQ(pagealloc_kv_buffer_get(client_, 4, &buffer, &error_),
+            PAGEALLOC_OUT_OF_RANGE);
+  EXPECT_EQ(pagealloc_kv_buffer_get(client_, -1, &buffer, &error_),
+            PAGEALLOC_OUT_OF_RANGE);
+}
+
+TEST_F(PageallocCApiKvTest, SessionsShareTheSlab) {
+  pagealloc_client* reader = nullptr;
+  ASSERT_EQ(Connect(&reader), PAGEALLOC_OK);
+  pagealloc_allocation* allocation = Alloc({4});  // page 1: slots 4..7
+  const pagealloc_allocation_view* view =
+      pagealloc_allocation_get_view(allocation);
+  std::vector<int64_t> slots(view->num_slots);
+  ASSERT_EQ(pagealloc_copy_to_host(client_, view->all_slots, view->num_slots,
+                                   slots.data(), &error_),
+            PAGEALLOC_OK);
+  const pagealloc_kv_buffer mine = GetBuffer(client_, 3);  // v.1
+  const pagealloc_kv_buffer theirs = GetBuffer(reader, 3);
+  const float written[3] = {1.5f, -2.0f, 3.25f};
+  char* at = static_cast<char*>(mine.data) + slots[2] * mine.stride_bytes;
+  ASSERT_EQ(
+      pagealloc_kv_copy_to_slab(client_, at, written, sizeof(written), &error_),
+      PAGEALLOC_OK)
+      << error_.message;
+  float read[3] = {0, 0, 0};
+  const char* from =
+      static_cast<const char*>(theirs.data) + slots[2] * theirs.stride_bytes;
+  ASSERT_EQ(
+      pagealloc_kv_copy_from_slab(reader, read, from, sizeof(read), &error_),
+      PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(std::memcmp(read, written, sizeof(read)), 0);
+  // Past the slab's end.
+  int64_t slab_bytes = 0;
+  char* slab =
+      static_cast<char*>(pagealloc_kv_slab(reader, &slab_bytes, nullptr));
+  EXPECT_EQ(pagealloc_kv_copy_from_slab(reader, read, slab + slab_bytes - 4,
+                                        sizeof(read), &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  pagealloc_allocation_destroy(allocation);
+  pagealloc_client_destroy(reader);
+}
+
+TEST_F(PageallocCApiKvTest, ASessionMayGoWithoutTheSlab) {
+  pagealloc_client_options options;
+  pagealloc_client_options_init(&options, sizeof(options));
+  EXPECT_EQ(options.map_kv_slab, 1);
+  options.target = daemon_->target();
+  options.map_kv_slab = 0;
+  pagealloc_client* bare = nullptr;
+  ASSERT_EQ(pagealloc_connect(&options, &bare, &error_), PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(pagealloc_kv_buffer_count(bare), 0);
+  EXPECT_EQ(pagealloc_kv_slab(bare, nullptr, nullptr), nullptr);
+  char byte = 0;
+  EXPECT_EQ(pagealloc_kv_copy_to_slab(bare, &byte, &byte, 1, &error_),
+            PAGEALLOC_FAILED_PRECONDITION);
+  // An ABI 1.0 caller's options map the slab (the default).
+  pagealloc_client_options old;
+  pagealloc_client_options_init(
+      &old, offsetof(pagealloc_client_options, register_secret));
+  old.target = daemon_->target();
+  pagealloc_client* mapped = nullptr;
+  ASSERT_EQ(pagealloc_connect(&old, &mapped, &error_), PAGEALLOC_OK);
+  EXPECT_EQ(pagealloc_kv_buffer_count(mapped), 4);
+  pagealloc_client_destroy(bare);
+  pagealloc_client_destroy(mapped);
 }
 
 }  // namespace

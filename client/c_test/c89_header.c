@@ -11,7 +11,12 @@ size_t pagealloc_c89_header_sizes(void) {
   pagealloc_error error;
   pagealloc_status_code code = PAGEALLOC_OK;
   pagealloc_backend backend = PAGEALLOC_BACKEND_CPU;
+  pagealloc_free_order order = PAGEALLOC_FREE_ORDER_ASCENDING;
+  pagealloc_free_lists lists;
+  pagealloc_admin_options admin_options;
+  pagealloc_kv_buffer kv_buffer;
   return sizeof(client_options) + sizeof(call_options) + sizeof(view) +
          sizeof(pool) + sizeof(stats) + sizeof(error) + (size_t)code +
-         (size_t)backend;
+         (size_t)backend + (size_t)order + sizeof(lists) +
+         sizeof(admin_options) + sizeof(kv_buffer);
 }

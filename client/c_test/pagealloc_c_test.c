@@ -52,6 +52,48 @@ static void TestOptionDefaults(void) {
   EXPECT(call.struct_size == sizeof(call));
   EXPECT(call.return_inline == 0 && call.async_completion == 0);
   EXPECT(call.free_pages_first == NULL && call.num_free_pages_first == 0);
+  EXPECT(call.all_or_nothing == 0);
+  EXPECT(options.map_kv_slab == 1 && options.register_secret == NULL);
+}
+
+/* ABI 1.1's structures and the calls that need no daemon. */
+static void TestAbiOneOne(void) {
+  pagealloc_admin_options admin;
+  pagealloc_free_lists lists;
+  pagealloc_kv_buffer buffer;
+  pagealloc_error error;
+  int64_t freed = -1;
+  EXPECT((pagealloc_abi_version() & 0xFFFF) >= 1);
+  memset(&admin, 0xff, sizeof(admin));
+  pagealloc_admin_options_init(&admin, sizeof(admin));
+  EXPECT(admin.struct_size == sizeof(admin));
+  EXPECT(admin.target == NULL && admin.timeout_ms == 5000);
+  memset(&lists, 0xff, sizeof(lists));
+  pagealloc_free_lists_init(&lists, sizeof(lists));
+  EXPECT(lists.struct_size == sizeof(lists));
+  EXPECT(lists.free_pages == NULL && lists.free_capacity == 0);
+  EXPECT(lists.num_free == 0 && lists.free_count == 0);
+  /* No target, and nothing listening. */
+  EXPECT(pagealloc_admin_clear_pool(&admin, 0, &freed, &error) ==
+         PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(strstr(error.message, "target") != NULL);
+  admin.target = "unix:///nonexistent/pagealloc-c-test.sock";
+  EXPECT(pagealloc_admin_get_free_lists(&admin, &lists, &error) ==
+         PAGEALLOC_UNAVAILABLE);
+  EXPECT(freed == -1);
+  /* NULL clients. */
+  EXPECT(pagealloc_kv_buffer_count(NULL) == 0);
+  EXPECT(pagealloc_kv_buffer_find(NULL, "k.0") == -1);
+  EXPECT(pagealloc_kv_slab(NULL, NULL, NULL) == NULL);
+  buffer.struct_size = sizeof(buffer);
+  EXPECT(pagealloc_kv_buffer_get(NULL, 0, &buffer, &error) ==
+         PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(strcmp(pagealloc_pool_semantics(NULL), "") == 0);
+  EXPECT(pagealloc_clear_session(NULL, &freed, &error) ==
+         PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(pagealloc_free_slots_in_order(NULL, NULL, 0,
+                                       PAGEALLOC_FREE_ORDER_ASCENDING, &freed,
+                                       &error) == PAGEALLOC_INVALID_ARGUMENT);
 }
 
 static void TestConnectRefusals(void) {
@@ -111,6 +153,7 @@ int main(void) {
   TestOptionDefaults();
   TestConnectRefusals();
   TestNullHandles();
+  TestAbiOneOne();
   if (failures != 0) {
     fprintf(stderr, "%d expectation(s) failed\n", failures);
     return 1;
