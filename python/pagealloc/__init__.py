@@ -7,6 +7,7 @@
         slots = a.slots      # NumPy (CPU backend) or CudaSlots (CUDA), no copy
         ...
         client.release(a)    # the ring space may be reused from now on
+        k0 = client.kv_buffer("k.0").as_torch()   # the daemon's KV, no copy
 
 The package binds libpagealloc_client.so (client/pagealloc.h) with ctypes;
 docs/python.md is the guide.
@@ -14,7 +15,8 @@ docs/python.md is the guide.
 
 from pagealloc import _native
 from pagealloc.client import (Allocation, Client, CudaSlots, FreeGroup,
-                              PoolInfo, RequestResult, RingInfo, Stats)
+                              FreeLists, KvBuffer, PoolInfo, RequestResult,
+                              RingInfo, Stats, clear_pool, get_free_lists)
 from pagealloc.errors import (AbortedError, AlreadyExistsError,
                               CancelledError, DataLossError,
                               DeadlineExceededError, FailedPreconditionError,
@@ -31,7 +33,8 @@ LIBRARY_PATH = _native.path
 
 __all__ = [
     "ABI_VERSION", "LIBRARY_PATH", "Allocation", "Client", "CudaSlots",
-    "FreeGroup", "PoolInfo", "RequestResult", "RingInfo", "Stats",
+    "FreeGroup", "FreeLists", "KvBuffer", "PoolInfo", "RequestResult",
+    "RingInfo", "Stats", "clear_pool", "get_free_lists",
     "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",
     "DeadlineExceededError", "FailedPreconditionError", "InternalError",
     "InvalidArgumentError", "NotFoundError", "OutOfRangeError",

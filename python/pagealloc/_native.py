@@ -11,6 +11,7 @@ import ctypes
 import os
 
 ABI_VERSION_MAJOR = 1  # the pagealloc.h this module mirrors
+ABI_VERSION_MINOR = 1  # the least minor version it calls into
 ERROR_MESSAGE_BYTES = 1024
 
 _LIBRARY_NAME = "libpagealloc_client.so"
@@ -35,6 +36,10 @@ class ClientOptions(ctypes.Structure):
         ("fast_channel", ctypes.c_int32),
         ("reserved0", ctypes.c_int32),
         ("fast_channel_spin_us", ctypes.c_int64),
+        ("register_secret", ctypes.c_char_p),
+        ("register_secret_length", ctypes.c_size_t),
+        ("map_kv_slab", ctypes.c_int32),
+        ("reserved1", ctypes.c_int32),
     ]
 
 
@@ -47,6 +52,8 @@ class CallOptions(ctypes.Structure):
         ("num_free_pages_first", ctypes.c_size_t),
         ("checkpoint_first", ctypes.c_int32),
         ("reserved0", ctypes.c_int32),
+        ("all_or_nothing", ctypes.c_int32),
+        ("reserved1", ctypes.c_int32),
     ]
 
 
@@ -65,6 +72,7 @@ class AllocationView(ctypes.Structure):
         ("num_refused", ctypes.c_int64),
         ("all_slots", ctypes.c_void_p),
         ("num_slots", ctypes.c_int64),
+        ("completion_value", ctypes.c_uint64),
     ]
 
 
@@ -93,6 +101,45 @@ class Stats(ctypes.Structure):
         ("free_list_sorts_total", ctypes.c_int64),
         ("launches_total", ctypes.c_int64),
         ("sessions_active", ctypes.c_int64),
+        ("semantics", ctypes.c_char * 16),
+    ]
+
+
+class FreeLists(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("free_pages", ctypes.c_void_p),
+        ("free_capacity", ctypes.c_int64),
+        ("parked_pages", ctypes.c_void_p),
+        ("parked_capacity", ctypes.c_int64),
+        ("num_free", ctypes.c_int64),
+        ("num_parked", ctypes.c_int64),
+        ("free_count", ctypes.c_int64),
+        ("parked_count", ctypes.c_int64),
+    ]
+
+
+class AdminOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("target", ctypes.c_char_p),
+        ("timeout_ms", ctypes.c_int64),
+    ]
+
+
+class KvBuffer(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
+        ("dtype_bytes", ctypes.c_int64),
+        ("num_slots", ctypes.c_int64),
+        ("stride_bytes", ctypes.c_int64),
+        ("data", ctypes.c_void_p),
+        ("on_device", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+        ("element_shape", ctypes.POINTER(ctypes.c_int64)),
+        ("rank", ctypes.c_int64),
     ]
 
 
@@ -157,6 +204,37 @@ def _declare(lib):
         "pagealloc_rollback": (i32, [c_client, p_i64, p_error]),
         "pagealloc_get_stats": (i32, [c_client, ctypes.POINTER(Stats),
                                       p_error]),
+        # ABI 1.1
+        "pagealloc_pool_semantics": (ctypes.c_char_p, [c_client]),
+        "pagealloc_order_after": (i32, [c_client, c_alloc, ptr, p_error]),
+        "pagealloc_free_slots_in_order":
+            (i32, [c_client, ptr, size, i32, p_i64, p_error]),
+        "pagealloc_free_pages_in_order":
+            (i32, [c_client, ptr, size, i32, p_i64, p_error]),
+        "pagealloc_checkpoint_id":
+            (i32, [c_client, ctypes.POINTER(ctypes.c_uint64), p_error]),
+        "pagealloc_rollback_to":
+            (i32, [c_client, ctypes.c_uint64, p_i64, p_error]),
+        "pagealloc_clear_session": (i32, [c_client, p_i64, p_error]),
+        "pagealloc_free_lists_init":
+            (None, [ctypes.POINTER(FreeLists), size]),
+        "pagealloc_get_free_lists":
+            (i32, [c_client, ctypes.POINTER(FreeLists), p_error]),
+        "pagealloc_admin_options_init":
+            (None, [ctypes.POINTER(AdminOptions), size]),
+        "pagealloc_admin_get_free_lists":
+            (i32, [ctypes.POINTER(AdminOptions), ctypes.POINTER(FreeLists),
+                   p_error]),
+        "pagealloc_admin_clear_pool":
+            (i32, [ctypes.POINTER(AdminOptions), i32, p_i64, p_error]),
+        "pagealloc_kv_buffer_count": (i64, [c_client]),
+        "pagealloc_kv_buffer_get":
+            (i32, [c_client, i64, ctypes.POINTER(KvBuffer), p_error]),
+        "pagealloc_kv_buffer_find": (i64, [c_client, ctypes.c_char_p]),
+        "pagealloc_kv_slab": (ptr, [c_client, p_i64, p_i32]),
+        "pagealloc_kv_copy_to_slab": (i32, [c_client, ptr, ptr, i64, p_error]),
+        "pagealloc_kv_copy_from_slab":
+            (i32, [c_client, ptr, ptr, i64, p_error]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
@@ -176,10 +254,13 @@ def load():
             "libraries (docs/python.md)." % (path, e)) from e
     lib.pagealloc_abi_version.restype = ctypes.c_uint32
     version = lib.pagealloc_abi_version()
-    if version >> 16 != ABI_VERSION_MAJOR:
+    if (version >> 16 != ABI_VERSION_MAJOR or
+            version & 0xFFFF < ABI_VERSION_MINOR):
         raise ImportError(
-            "pagealloc: %s has ABI %d.%d; this package needs ABI %d.x" %
-            (path, version >> 16, version & 0xFFFF, ABI_VERSION_MAJOR))
+            "pagealloc: %s has ABI %d.%d; this package needs ABI %d.%d or a "
+            "later %d.x" % (path, version >> 16, version & 0xFFFF,
+                            ABI_VERSION_MAJOR, ABI_VERSION_MINOR,
+                            ABI_VERSION_MAJOR))
     _declare(lib)
     return lib, path
 

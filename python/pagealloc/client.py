@@ -178,6 +178,9 @@ class PoolInfo:
     gpu: int            # CUDA device ordinal (CUDA backend)
     device_uuid: str    # "" on the CPU backend
     free_policy: str    # "lifo" or "sorted"
+    # "pagealloc" (the daemon's own contract) or "sglang" (SGLang's
+    # allocators where they differ): the daemon's --semantics.
+    semantics: str = "pagealloc"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,11 +232,12 @@ class RequestResult:
 _BACKENDS = {0: "unspecified", 1: "cpu", 2: "cuda"}
 
 
-def _pool_info(raw):
+def _pool_info(raw, semantics):
     return PoolInfo(page_size=raw.page_size, num_pages=raw.num_pages,
                     backend=_BACKENDS.get(raw.backend, str(raw.backend)),
                     gpu=raw.gpu, device_uuid=raw.device_uuid.decode(),
-                    free_policy=raw.free_policy.decode())
+                    free_policy=raw.free_policy.decode(),
+                    semantics=semantics)
 
 
 class Allocation:
@@ -262,6 +266,10 @@ class Allocation:
         self.pages_freed_first = view.pages_freed_first
         self.batch_requests = view.batch_requests
         self.on_device = bool(view.on_device)
+        # The value the pool's completion counter reaches once this call's
+        # slots are written (Client.order_after waits for it on the GPU; on
+        # the CPU backend it numbers the launches).
+        self.completion_value = view.completion_value
         self._num_slots = view.num_slots
         # Views are made on each access, never kept here: a view refers to
         # this object, and NumPy arrays are not tracked by the cycle
@@ -378,8 +386,9 @@ class FreeGroup:
     free_group_begin / free_group_end). As a context manager it sends the
     call when the block ends normally, and nothing when it raises."""
 
-    def __init__(self, client):
+    def __init__(self, client, order=None):
         self._client = client
+        self._order = order
         self._parts: List[np.ndarray] = []
         self.pages_freed = None  # set by end()
 
@@ -395,7 +404,8 @@ class FreeGroup:
         if not parts:
             self.pages_freed = 0
         else:
-            self.pages_freed = self._client.free(np.concatenate(parts))
+            self.pages_freed = self._client.free(np.concatenate(parts),
+                                                 order=self._order)
         return self.pages_freed
 
     def __enter__(self):
@@ -416,6 +426,298 @@ def _seconds_to_ms(value, name):
     return ms
 
 
+_FREE_ORDERS = {None: 0, "ascending": 1, "first_appearance": 2}
+
+
+def _free_order(order):
+    """The pagealloc_free_order number of a free's `order` argument."""
+    try:
+        return _FREE_ORDERS[order]
+    except (KeyError, TypeError):
+        raise InvalidArgumentError(
+            "order must be None, \"ascending\" or \"first_appearance\", "
+            "not %r" % (order,)) from None
+
+
+def _stream_handle(stream):
+    """A cudaStream_t as an int from a torch or CuPy stream, an int, or
+    None (0: the legacy default stream)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "cuda_stream"):   # torch.cuda.Stream
+        return int(stream.cuda_stream)
+    if hasattr(stream, "ptr"):           # cupy.cuda.Stream
+        return int(stream.ptr)
+    raise InvalidArgumentError(
+        "stream must be a torch or CuPy stream, an int handle or None, not "
+        "%s" % type(stream).__name__)
+
+
+class FreeLists(tuple):
+    """(free_pages, parked_pages): int64 NumPy arrays, read by
+    Client.free_lists or get_free_lists. `free_count` and `parked_count`
+    are the lists' whole lengths (more than the arrays hold when cut at
+    max_pages)."""
+
+    def __new__(cls, free_pages, parked_pages, free_count, parked_count):
+        self = super().__new__(cls, (free_pages, parked_pages))
+        self.free_count = free_count
+        self.parked_count = parked_count
+        return self
+
+    @property
+    def free_pages(self):
+        return self[0]
+
+    @property
+    def parked_pages(self):
+        return self[1]
+
+    def __repr__(self):
+        return "FreeLists(free_pages=%s, parked_pages=%s, free_count=%d, " \
+            "parked_count=%d)" % (self[0].tolist(), self[1].tolist(),
+                                  self.free_count, self.parked_count)
+
+
+_MAX_FREE_LIST_PAGES = 1 << 20
+
+
+def _new_free_lists(max_pages):
+    """A pagealloc_free_lists with two buffers of `max_pages` entries."""
+    if (not isinstance(max_pages, (int, np.integer)) or
+            isinstance(max_pages, bool) or
+            not 0 <= max_pages <= _MAX_FREE_LIST_PAGES):
+        raise InvalidArgumentError(
+            "max_pages (%r) must be an integer in [0, %d]" %
+            (max_pages, _MAX_FREE_LIST_PAGES))
+    free = np.empty(int(max_pages), dtype=np.int64)
+    parked = np.empty(int(max_pages), dtype=np.int64)
+    lists = _native.FreeLists()
+    _lib.pagealloc_free_lists_init(ctypes.byref(lists), ctypes.sizeof(lists))
+    lists.free_pages = _address(free) if free.size else None
+    lists.free_capacity = free.size
+    lists.parked_pages = _address(parked) if parked.size else None
+    lists.parked_capacity = parked.size
+    return lists, free, parked
+
+
+def _free_lists_result(lists, free, parked):
+    return FreeLists(free[:lists.num_free].copy(),
+                     parked[:lists.num_parked].copy(), lists.free_count,
+                     lists.parked_count)
+
+
+def _admin_options(target, timeout):
+    options = _native.AdminOptions()
+    _lib.pagealloc_admin_options_init(ctypes.byref(options),
+                                      ctypes.sizeof(options))
+    options.target = str(target).encode()
+    options.timeout_ms = _seconds_to_ms(timeout, "timeout")
+    return options
+
+
+def clear_pool(target, *, force=False, timeout=5.0) -> int:
+    """Resets the whole pool of the daemon at `target` to its first state
+    (an operator's call: it needs no session). Returns the pages freed.
+    FailedPreconditionError, naming the sessions' pages, while any session
+    holds pages, unless force=True, which the daemon refuses
+    (PermissionDeniedError) unless it runs with --allow_forced_clear; a
+    forced clear voids every session's slots without telling them."""
+    options = _admin_options(target, timeout)
+    freed = ctypes.c_int64()
+    error = _error_buffer()
+    _check(_lib.pagealloc_admin_clear_pool(ctypes.byref(options),
+                                           1 if force else 0,
+                                           ctypes.byref(freed),
+                                           ctypes.byref(error)), error)
+    return freed.value
+
+
+def get_free_lists(target, max_pages=4096, *, timeout=5.0):
+    """Client.free_lists of the daemon at `target`, without a session."""
+    options = _admin_options(target, timeout)
+    lists = _new_free_lists(max_pages)
+    error = _error_buffer()
+    _check(_lib.pagealloc_admin_get_free_lists(ctypes.byref(options),
+                                               ctypes.byref(lists[0]),
+                                               ctypes.byref(error)), error)
+    return _free_lists_result(*lists)
+
+
+# --------------------------------------------------------------------------
+# KV buffers
+# --------------------------------------------------------------------------
+
+# The array-interface typestr of each KV dtype. bf16 and the fp8 formats
+# have no NumPy dtype: their NumPy and CUDA-array views are of their raw
+# bits, uint16 and uint8 (KvBuffer.as_torch gives the real dtype).
+_KV_TYPESTR = {
+    "bf16": "<u2", "fp16": "<f2", "fp32": "<f4", "fp8_e4m3": "|u1",
+    "fp8_e5m2": "|u1", "int8": "|i1", "uint8": "|u1", "int32": "<i4",
+}
+# The raw typestr torch reads before KvBuffer.as_torch views the tensor as
+# its dtype (int16 for bf16: older torch has no uint16).
+_KV_TORCH_RAW = {"bf16": "<i2"}
+_KV_TORCH_DTYPE = {
+    "bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
+    "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2", "int8": "int8",
+    "uint8": "uint8", "int32": "int32",
+}
+
+
+class _KvInterface:
+    """One KV buffer's array interface with a chosen typestr, for
+    KvBuffer.as_torch; keeps the buffer (and its client) alive."""
+
+    __slots__ = ("_buffer", "_typestr")
+
+    def __init__(self, buffer, typestr):
+        self._buffer = buffer
+        self._typestr = typestr
+
+    @property
+    def __array_interface__(self):
+        return self._buffer._interface(self._typestr, host=True)
+
+    @property
+    def __cuda_array_interface__(self):
+        return self._buffer._interface(self._typestr, host=False)
+
+
+class KvBuffer:
+    """One buffer of the pool's KV slab, mapped in this process: a
+    [num_slots, *element_shape] array of `dtype`, slot-major, the same bytes
+    in every session of the pool. Slot s's element (a slot an allocation
+    gave) is at pointer + s * stride_bytes; attention kernels read and
+    write it in place.
+
+    Zero copy: on the CPU backend `numpy.asarray(buf)` (through
+    __array_interface__, writable), on the CUDA backend
+    `torch.as_tensor(buf, device="cuda")` or `cupy.asarray(buf)` (through
+    __cuda_array_interface__). bf16 and fp8 have no NumPy dtype: those
+    views hold the raw bits, uint16 (bf16) and uint8 (fp8_e4m3, fp8_e5m2);
+    `as_torch()` gives a tensor of the real dtype (torch.bfloat16,
+    torch.float8_e4m3fn, ...). Every view keeps the buffer, and with it the
+    client and its mapping, alive.
+    """
+
+    __slots__ = ("_client", "name", "dtype", "itemsize", "element_shape",
+                 "num_slots", "stride_bytes", "pointer", "on_device",
+                 "device")
+
+    def __init__(self, client, index):
+        raw = _native.KvBuffer()
+        raw.struct_size = ctypes.sizeof(raw)
+        error = _error_buffer()
+        _check(_lib.pagealloc_kv_buffer_get(client._handle, index,
+                                            ctypes.byref(raw),
+                                            ctypes.byref(error)), error)
+        self._client = client
+        self.name = raw.name.decode()
+        self.dtype = raw.dtype.decode()      # "bf16", "fp32", ...
+        self.itemsize = raw.dtype_bytes      # bytes of one value
+        self.element_shape = tuple(raw.element_shape[i]
+                                   for i in range(raw.rank))
+        self.num_slots = raw.num_slots
+        self.stride_bytes = raw.stride_bytes
+        self.pointer = raw.data or 0         # slot 0 (device or host)
+        self.on_device = bool(raw.on_device)
+        self.device = raw.device             # CUDA ordinal; -1 on the CPU
+
+    @property
+    def shape(self):
+        """(num_slots, *element_shape)."""
+        return (self.num_slots,) + self.element_shape
+
+    @property
+    def nbytes(self):
+        return self.num_slots * self.stride_bytes
+
+    @property
+    def typestr(self):
+        """The views' typestr ("<u2" for bf16, "|u1" for fp8: raw bits)."""
+        return _KV_TYPESTR[self.dtype]
+
+    @property
+    def strides(self):
+        """Byte strides of the views: None when contiguous (the element's
+        bytes are the slot stride, as every layout places them)."""
+        element = [self.itemsize] if self.element_shape else []
+        for d in reversed(self.element_shape[1:]):
+            element.insert(0, element[0] * d)
+        element_bytes = self.itemsize
+        for d in self.element_shape:
+            element_bytes *= d
+        if self.stride_bytes == element_bytes:
+            return None
+        return (self.stride_bytes,) + tuple(element)
+
+    def _interface(self, typestr, host):
+        if host and self.on_device:
+            raise AttributeError(
+                "KV buffer %s is GPU memory: use torch.as_tensor(buf, "
+                "device='cuda'), cupy.asarray(buf) or buf.as_torch()" %
+                self.name)
+        if not host and not self.on_device:
+            raise AttributeError(
+                "KV buffer %s is host memory (CPU backend): use "
+                "numpy.asarray(buf)" % self.name)
+        interface = {
+            "shape": self.shape,
+            "typestr": typestr,
+            "data": (self.pointer, False),   # writable: kernels write KV
+            "strides": self.strides,
+            "version": 3,
+        }
+        if not host:
+            # The slab is written by the sessions' own kernels, never by a
+            # producer stream of ours: nothing to synchronise with.
+            interface["stream"] = None
+        return interface
+
+    @property
+    def __array_interface__(self):
+        return self._interface(self.typestr, host=True)
+
+    @property
+    def __cuda_array_interface__(self):
+        return self._interface(self.typestr, host=False)
+
+    def as_torch(self):
+        """The buffer as a torch tensor of its real dtype (torch.bfloat16,
+        torch.float8_e4m3fn, ...), shape (num_slots, *element_shape), on
+        cuda:<device> or the CPU; zero-copy (the raw bits viewed as the
+        dtype). Needs torch (float8 dtypes: torch 2.1 or later)."""
+        import torch
+        dtype = getattr(torch, _KV_TORCH_DTYPE[self.dtype], None)
+        if dtype is None:
+            raise TypeError("this torch (%s) has no %s for KV buffer %s" %
+                            (torch.__version__, _KV_TORCH_DTYPE[self.dtype],
+                             self.name))
+        raw = _KvInterface(self, _KV_TORCH_RAW.get(self.dtype, self.typestr))
+        if self.on_device:
+            tensor = torch.as_tensor(raw, device="cuda:%d" % self.device)
+        else:
+            tensor = torch.from_numpy(np.asarray(raw))
+        return tensor if tensor.dtype == dtype else tensor.view(dtype)
+
+    def slot_address(self, slot):
+        """The address of slot `slot`'s element."""
+        if not 0 <= slot < self.num_slots:
+            raise IndexError("slot %d of %d" % (slot, self.num_slots))
+        return self.pointer + int(slot) * self.stride_bytes
+
+    def __len__(self):
+        return self.num_slots
+
+    def __repr__(self):
+        return ("KvBuffer(name=%r, dtype=%r, shape=%s, stride_bytes=%d, "
+                "on_device=%s)" % (self.name, self.dtype, self.shape,
+                                   self.stride_bytes, self.on_device))
+
+
 class Client:
     """A session with a pagealloc daemon. Thread-safe, like the C++ Client.
 
@@ -434,7 +736,8 @@ class Client:
         self._release_lock = threading.Lock()
         raw = _native.PoolInfo()
         _lib.pagealloc_pool(handle, ctypes.byref(raw))
-        self.pool = _pool_info(raw)
+        self.pool = _pool_info(raw,
+                               _lib.pagealloc_pool_semantics(handle).decode())
         self.session_id = _lib.pagealloc_session_id(handle)
         self.lease_ms = _lib.pagealloc_lease_ms(handle)
         self.uses_fast_channel = bool(_lib.pagealloc_uses_fast_channel(handle))
@@ -449,13 +752,18 @@ class Client:
     @classmethod
     def connect(cls, target, *, name="", ring_capacity_slots=0,
                 quota_pages=0, keepalive_interval=None, call_timeout=30.0,
-                fast_channel=True, fast_channel_spin=500e-6):
+                fast_channel=True, fast_channel_spin=500e-6,
+                register_secret=None, map_kv_slab=True):
         """Connects to the daemon at `target` ("unix:///path.sock" or
-        "host:port"), registers a session, maps its output ring and keeps
-        its lease from a background thread.
+        "host:port"), registers a session, maps its output ring (and the
+        pool's KV slab, when the daemon owns the KV memory) and keeps its
+        lease from a background thread.
 
         keepalive_interval, call_timeout and fast_channel_spin are seconds
-        (keepalive_interval None: a third of the daemon's lease). Raises
+        (keepalive_interval None: a third of the daemon's lease).
+        register_secret (str or bytes) is the pool's secret when its daemon
+        runs with --register_secret_file. map_kv_slab=False does without
+        the KV slab (kv_buffers() is then empty). Raises
         UnavailableError when nothing listens at the target,
         UnauthenticatedError when the daemon's memory socket refuses the
         session, FailedPreconditionError when a CPU daemon's ring cannot be
@@ -473,6 +781,13 @@ class Client:
         options.call_timeout_ms = _seconds_to_ms(call_timeout, "call_timeout")
         options.fast_channel = 1 if fast_channel else 0
         options.fast_channel_spin_us = int(round(fast_channel_spin * 1e6))
+        if register_secret is not None:
+            secret = (register_secret.encode()
+                      if isinstance(register_secret, str)
+                      else bytes(register_secret))
+            options.register_secret = secret
+            options.register_secret_length = len(secret)
+        options.map_kv_slab = 1 if map_kv_slab else 0
         handle = ctypes.c_void_p()
         error = _error_buffer()
         _check(_lib.pagealloc_connect(ctypes.byref(options),
@@ -504,9 +819,9 @@ class Client:
 
     @staticmethod
     def _call_options(return_inline, async_completion, free_pages_first,
-                      checkpoint_first, keep):
+                      checkpoint_first, all_or_nothing, keep):
         if not (return_inline or async_completion or checkpoint_first or
-                free_pages_first is not None):
+                all_or_nothing or free_pages_first is not None):
             return None
         options = _native.CallOptions()
         _lib.pagealloc_call_options_init(ctypes.byref(options),
@@ -514,6 +829,7 @@ class Client:
         options.return_inline = 1 if return_inline else 0
         options.async_completion = 1 if async_completion else 0
         options.checkpoint_first = 1 if checkpoint_first else 0
+        options.all_or_nothing = 1 if all_or_nothing else 0
         if free_pages_first is not None:
             pages = _int64_array(free_pages_first, "free_pages_first")
             keep.append(pages)
@@ -527,17 +843,23 @@ class Client:
 
     def alloc_extend(self, prefix_lens, seq_lens, last_locs, *,
                      return_inline=False, async_completion=False,
-                     free_pages_first=None, checkpoint_first=False):
+                     free_pages_first=None, checkpoint_first=False,
+                     all_or_nothing=False):
         """Extends each request from prefix_lens[i] to seq_lens[i] tokens;
         last_locs[i] is the slot of its last prefix token (-1 for an empty
         prefix). Returns an Allocation; raises for a bad call (e.g.
-        InvalidArgumentError naming the field and index)."""
+        InvalidArgumentError naming the field and index).
+
+        all_or_nothing=True admits every request or none: when one does not
+        fit, each is refused with RESOURCE_EXHAUSTED and the pool is left
+        as it was (SGLang's None); the call itself does not raise."""
         keep = []
         prefix = _int64_array(prefix_lens, "prefix_lens")
         seq = _int64_array(seq_lens, "seq_lens")
         last = _int64_array(last_locs, "last_locs")
         options = self._call_options(return_inline, async_completion,
-                                     free_pages_first, checkpoint_first, keep)
+                                     free_pages_first, checkpoint_first,
+                                     all_or_nothing, keep)
         handle = ctypes.c_void_p()
         error = _error_buffer()
         code = _lib.pagealloc_alloc_extend(
@@ -548,14 +870,15 @@ class Client:
 
     def alloc_decode(self, seq_lens, last_locs, *, return_inline=False,
                      async_completion=False, free_pages_first=None,
-                     checkpoint_first=False):
+                     checkpoint_first=False, all_or_nothing=False):
         """One token per request: seq_lens[i] is the length with the new
         token, last_locs[i] the slot of the token before it."""
         keep = []
         seq = _int64_array(seq_lens, "seq_lens")
         last = _int64_array(last_locs, "last_locs")
         options = self._call_options(return_inline, async_completion,
-                                     free_pages_first, checkpoint_first, keep)
+                                     free_pages_first, checkpoint_first,
+                                     all_or_nothing, keep)
         handle = ctypes.c_void_p()
         error = _error_buffer()
         code = _lib.pagealloc_alloc_decode(
@@ -565,12 +888,13 @@ class Client:
 
     def alloc(self, num_tokens, *, return_inline=False,
               async_completion=False, free_pages_first=None,
-              checkpoint_first=False):
+              checkpoint_first=False, all_or_nothing=False):
         """Whole pages: num_tokens[i] tokens, a multiple of the page size."""
         keep = []
         tokens = _int64_array(num_tokens, "num_tokens")
         options = self._call_options(return_inline, async_completion,
-                                     free_pages_first, checkpoint_first, keep)
+                                     free_pages_first, checkpoint_first,
+                                     all_or_nothing, keep)
         handle = ctypes.c_void_p()
         error = _error_buffer()
         code = _lib.pagealloc_alloc(
@@ -596,48 +920,103 @@ class Client:
         _check(_lib.pagealloc_flush_release(self._handle, ctypes.byref(error)),
                error)
 
-    def free(self, slots):
+    def free(self, slots, *, order=None):
         """Frees the distinct pages of `slots`; returns the pages freed. All
         or nothing: FailedPreconditionError for a double free,
         PermissionDeniedError for another session's page,
-        InvalidArgumentError for page 0 or one out of range."""
+        InvalidArgumentError for page 0 or one out of range.
+
+        `order` is where the pages go back in the free list: None (the
+        pool's default: "ascending" under --semantics=sglang with a page
+        size above 1, "first_appearance" otherwise), "ascending" (SGLang's
+        free) or "first_appearance" (SGLang's free_segment)."""
         array = _int64_array(slots, "slots")
+        code = _free_order(order)
         freed = ctypes.c_int64()
         error = _error_buffer()
-        _check(_lib.pagealloc_free_slots(self._handle, _address(array),
-                                         array.size, ctypes.byref(freed),
-                                         ctypes.byref(error)), error)
+        _check(_lib.pagealloc_free_slots_in_order(
+            self._handle, _address(array), array.size, code,
+            ctypes.byref(freed), ctypes.byref(error)), error)
         return freed.value
 
-    def free_pages(self, pages):
-        """Frees page ids; returns the pages freed (as free())."""
+    def free_pages(self, pages, *, order=None):
+        """Frees page ids; returns the pages freed (as free(); the pool's
+        default order for page ids is first appearance)."""
         array = _int64_array(pages, "pages")
+        code = _free_order(order)
         freed = ctypes.c_int64()
         error = _error_buffer()
-        _check(_lib.pagealloc_free_pages(self._handle, _address(array),
-                                         array.size, ctypes.byref(freed),
-                                         ctypes.byref(error)), error)
+        _check(_lib.pagealloc_free_pages_in_order(
+            self._handle, _address(array), array.size, code,
+            ctypes.byref(freed), ctypes.byref(error)), error)
         return freed.value
 
-    def free_group(self):
-        """A FreeGroup: `with client.free_group() as g: g.add(slots) ...`."""
-        return FreeGroup(self)
+    def free_group(self, order=None):
+        """A FreeGroup: `with client.free_group() as g: g.add(slots) ...`;
+        its one free uses `order` (as free())."""
+        _free_order(order)
+        return FreeGroup(self, order)
 
-    def checkpoint(self):
-        """Records the pages this session is given from now on."""
+    def checkpoint(self) -> int:
+        """Pushes a checkpoint on the session's stack (at most 64; a 65th
+        ends the oldest) and returns its id (never 0): the pages the session
+        is given from now on are recorded, for rollback(id)."""
+        checkpoint_id = ctypes.c_uint64()
         error = _error_buffer()
-        _check(_lib.pagealloc_checkpoint(self._handle, ctypes.byref(error)),
-               error)
+        _check(_lib.pagealloc_checkpoint_id(self._handle,
+                                            ctypes.byref(checkpoint_id),
+                                            ctypes.byref(error)), error)
+        return checkpoint_id.value
 
-    def rollback(self):
-        """Returns the pages given since the checkpoint that the session
-        still owns to the front of the free list; returns how many.
-        FailedPreconditionError without a checkpoint."""
+    def rollback(self, checkpoint_id=None) -> int:
+        """Returns the pages given since a checkpoint that the session still
+        owns to the front of the free list; returns how many.
+
+        Without an id: to the latest checkpoint, which ends. With one: to
+        that checkpoint; the later ones end and it stays, so it can be
+        rolled back to again (SGLang's restore_state). Pages freed since
+        stay freed. FailedPreconditionError without a checkpoint, or when
+        `checkpoint_id` has ended (a rollback to an earlier one, a clear,
+        or pushed out of the stack)."""
+        if checkpoint_id is None:
+            checkpoint_id = 0
+        elif (not isinstance(checkpoint_id, (int, np.integer)) or
+              isinstance(checkpoint_id, bool) or checkpoint_id <= 0):
+            raise InvalidArgumentError(
+                "checkpoint_id must be an id checkpoint() returned, not %r" %
+                (checkpoint_id,))
         returned = ctypes.c_int64()
         error = _error_buffer()
-        _check(_lib.pagealloc_rollback(self._handle, ctypes.byref(returned),
-                                       ctypes.byref(error)), error)
+        _check(_lib.pagealloc_rollback_to(self._handle, int(checkpoint_id),
+                                          ctypes.byref(returned),
+                                          ctypes.byref(error)), error)
         return returned.value
+
+    def clear_session(self) -> int:
+        """Frees every page of this session and ends its checkpoints; the
+        session stays. When no page of the pool is owned afterwards the
+        free list is reset to 1..num_pages and nothing stays parked
+        (SGLang's clear). Returns the pages freed."""
+        freed = ctypes.c_int64()
+        error = _error_buffer()
+        _check(_lib.pagealloc_clear_session(self._handle, ctypes.byref(freed),
+                                            ctypes.byref(error)), error)
+        return freed.value
+
+    def free_lists(self, max_pages=4096):
+        """A debug read of the pool's free lists: (free_pages,
+        parked_pages), int64 NumPy arrays of at most `max_pages` entries
+        each (the front of the free list in the order it hands pages out;
+        the pages parked under the sorted policy, in the order they were
+        freed). The result is a FreeLists, a tuple that also carries
+        `free_count` and `parked_count` (the lists' whole lengths). A call
+        of its own to the daemon: it needs no live session."""
+        lists = _new_free_lists(max_pages)
+        error = _error_buffer()
+        _check(_lib.pagealloc_get_free_lists(self._handle,
+                                             ctypes.byref(lists[0]),
+                                             ctypes.byref(error)), error)
+        return _free_lists_result(*lists)
 
     def stats(self):
         """The daemon's pool figures."""
@@ -646,7 +1025,8 @@ class Client:
         error = _error_buffer()
         _check(_lib.pagealloc_get_stats(self._handle, ctypes.byref(raw),
                                         ctypes.byref(error)), error)
-        return Stats(pool=_pool_info(raw.pool), free_pages=raw.free_pages,
+        return Stats(pool=_pool_info(raw.pool, raw.semantics.decode()),
+                     free_pages=raw.free_pages,
                      parked_pages=raw.parked_pages, used_pages=raw.used_pages,
                      slots_allocated_total=raw.slots_allocated_total,
                      pages_allocated_total=raw.pages_allocated_total,
@@ -692,21 +1072,52 @@ class Client:
         `stream`: a torch.cuda.Stream, a CuPy stream, a cudaStream_t as an
         int, or None (the legacy default stream). A no-op on the CPU
         backend."""
-        if stream is None:
-            handle = 0
-        elif isinstance(stream, int):
-            handle = stream
-        elif hasattr(stream, "cuda_stream"):   # torch.cuda.Stream
-            handle = int(stream.cuda_stream)
-        elif hasattr(stream, "ptr"):           # cupy.cuda.Stream
-            handle = int(stream.ptr)
-        else:
-            raise InvalidArgumentError(
-                "stream must be a torch or CuPy stream, an int handle or "
-                "None, not %s" % type(stream).__name__)
+        handle = _stream_handle(stream)
         error = _error_buffer()
         _check(_lib.pagealloc_order_after_completion(
             self._handle, handle or None, ctypes.byref(error)), error)
+
+    def order_after(self, allocation, stream=None):
+        """Makes a CUDA stream wait, on the GPU (no host synchronisation),
+        until the launch that wrote `allocation`'s slots is done (the pool's
+        completion counter reaching allocation.completion_value): what a
+        consumer of an async_completion call runs before its kernels read
+        the slots. `stream` as in order_after_completion. A no-op on the
+        CPU backend and for inline results."""
+        if not isinstance(allocation, Allocation):
+            raise InvalidArgumentError(
+                "allocation must be an Allocation, not %s" %
+                type(allocation).__name__)
+        if allocation._client is not self:
+            raise InvalidArgumentError("the allocation is another client's")
+        handle = _stream_handle(stream)
+        error = _error_buffer()
+        _check(_lib.pagealloc_order_after(self._handle, allocation._handle,
+                                          handle or None, ctypes.byref(error)),
+               error)
+
+    # ----------------------------------------------------------- KV buffers
+
+    def kv_buffers(self):
+        """The pool's KV buffers, mapped in this process (a list of
+        KvBuffer, the layout's order): empty when the daemon hands out slot
+        indices only (no --kv_layout) or map_kv_slab was off. Each is a
+        zero-copy [num_slots, *element_shape] array of the slab every
+        session shares; it keeps this client alive."""
+        return [KvBuffer(self, i)
+                for i in range(_lib.pagealloc_kv_buffer_count(self._handle))]
+
+    def kv_buffer(self, name):
+        """The KV buffer named `name` ("k.0", "v.0", "kv.3", a custom
+        layout's name); KeyError when there is none."""
+        index = _lib.pagealloc_kv_buffer_find(self._handle, str(name).encode())
+        if index < 0:
+            names = [b.name for b in self.kv_buffers()]
+            raise KeyError("no KV buffer %r (this pool has %s)" %
+                           (name, ", ".join(names[:8]) +
+                            (", ..." if len(names) > 8 else "")
+                            if names else "none"))
+        return KvBuffer(self, index)
 
     def copy_to_host(self, slots):
         """A host copy of slots from one of this client's allocations

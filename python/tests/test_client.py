@@ -94,6 +94,8 @@ def test_session_describes_itself(daemon):
         assert client.ring.address != 0
         assert client.ring.capacity_slots == 1 << 20
         assert client.slots_on_device == ON_GPU
+        assert client.pool.semantics == "pagealloc"
+        assert client.kv_buffers() == []
 
 
 # -------------------------------------------------------------- allocation
@@ -292,6 +294,218 @@ def test_checkpoint_and_rollback(daemon):
         assert host(again.slots).tolist() == list(range(8, 16))
         assert client.stats().used_pages == 3
         del kept
+
+
+# ------------------------------------------- SGLang exactness and control
+
+def test_all_or_nothing_refuses_every_request_and_changes_nothing(daemon):
+    with daemon.connect() as client:
+        client.alloc([8]).check()                       # pages 1, 2
+        before = client.free_lists()
+        exhausted = int(StatusCode.RESOURCE_EXHAUSTED)
+        # 14 pages free: 2 + 13 do not fit together.
+        a = client.alloc([8, 52], all_or_nothing=True)
+        assert a.codes.tolist() == [exhausted, exhausted]
+        assert a.num_refused == 2 and a.counts.tolist() == [0, 0]
+        assert a[0].slots is None
+        with pytest.raises(pagealloc.ResourceExhaustedError):
+            a.check()
+        e = client.alloc_extend([0, 0], [8, 52], [-1, -1],
+                                all_or_nothing=True)
+        assert e.codes.tolist() == [exhausted, exhausted]
+        assert client.stats().used_pages == 2
+        after = client.free_lists()
+        assert after[0].tolist() == before[0].tolist()
+        assert after.free_count == before.free_count == 14
+        # Without the option the first request is served.
+        assert client.alloc([8, 52]).codes.tolist() == [0, exhausted]
+        assert client.stats().used_pages == 4
+        client.alloc([44]).check()                      # 11 pages: 1 left
+        # Decode: requests 0 and 2 start a page (after slots 7 and 11, the
+        # ends of pages 1 and 2), request 1 stays in page 3 (after slot 12).
+        d = client.alloc_decode([5, 6, 9], [7, 12, 11], all_or_nothing=True)
+        assert d.codes.tolist() == [exhausted] * 3
+        assert client.stats().used_pages == 15
+        fits = client.alloc_decode([5], [7], all_or_nothing=True)
+        assert fits.ok and host(fits.slots).tolist() == [64]
+
+
+def test_free_order_is_visible_in_the_free_lists(daemon):
+    with daemon.connect() as client:
+        client.alloc([4, 4, 4]).check()                 # pages 1, 2, 3
+        free, parked = client.free_lists(max_pages=3)
+        assert free.dtype == np.int64 and parked.dtype == np.int64
+        assert free.tolist() == [4, 5, 6] and parked.tolist() == []
+        # Slots of page 3, then page 1, put back ascending (SGLang's free).
+        assert client.free([12, 13, 4, 5], order="ascending") == 2
+        assert client.free_lists(3)[0].tolist() == [1, 3, 4]
+        client.alloc([8]).check()                       # pages 1, 3 again
+        # By page id, in order of first appearance (SGLang's free_segment).
+        assert client.free_pages([3, 1], order="first_appearance") == 2
+        assert client.free_lists(3)[0].tolist() == [3, 1, 4]
+        client.alloc([8]).check()                       # pages 3, 1 again
+        # The default pool's default: first appearance.
+        assert client.free([4, 12]) == 2
+        assert client.free_lists(2)[0].tolist() == [1, 3]
+        client.alloc([8]).check()
+        with client.free_group(order="ascending") as group:
+            group.add([12])
+            group.add([4])
+        assert group.pages_freed == 2
+        assert client.free_lists(2)[0].tolist() == [1, 3]
+        for bad in ("descending", 1, ""):
+            with pytest.raises(pagealloc.InvalidArgumentError, match="order"):
+                client.free([4], order=bad)
+        with pytest.raises(pagealloc.InvalidArgumentError, match="order"):
+            client.free_group(order="sorted")
+
+
+def test_free_lists_are_bounded_and_count_everything(make_daemon):
+    daemon = make_daemon("--num_pages=16", "--page_size=4",
+                         "--free_policy=sorted")
+    with daemon.connect() as client:
+        client.alloc([16]).check()                      # pages 1..4
+        client.free_pages([4, 2])
+        lists = client.free_lists(max_pages=5)
+        assert isinstance(lists, pagealloc.FreeLists)
+        free, parked = lists
+        assert free.tolist() == [5, 6, 7, 8, 9]
+        assert lists.free_pages is free and lists.parked_pages is parked
+        assert lists.free_count == 12
+        assert sorted(parked.tolist()) == [2, 4] and lists.parked_count == 2
+        assert "free_count=12" in repr(lists)
+        empty = client.free_lists(max_pages=0)
+        assert empty[0].size == 0 and empty.free_count == 12
+        # The same read without a session.
+        admin = pagealloc.get_free_lists(daemon.target, max_pages=5)
+        assert admin[0].tolist() == free.tolist()
+        assert sorted(admin[1].tolist()) == [2, 4]
+        for bad in (-1, 1 << 21, 2.0, True):
+            with pytest.raises(pagealloc.InvalidArgumentError,
+                               match="max_pages"):
+                client.free_lists(max_pages=bad)
+
+
+def test_sglang_semantics_pool(make_daemon):
+    daemon = make_daemon("--num_pages=16", "--page_size=4",
+                         "--semantics=sglang")
+    with daemon.connect() as client:
+        assert client.pool.semantics == "sglang"
+        assert client.stats().pool.semantics == "sglang"
+        assert client.stats().pool == client.pool
+        client.alloc([4, 4, 4]).check()                 # pages 1, 2, 3
+        # The pool's default for slots is SGLang's: ascending.
+        assert client.free([12, 13, 4, 5]) == 2
+        assert client.free_lists(3)[0].tolist() == [1, 3, 4]
+        # Asked for, first appearance still.
+        client.alloc([8]).check()
+        client.free([12, 4], order="first_appearance")
+        assert client.free_lists(3)[0].tolist() == [3, 1, 4]
+
+
+def test_checkpoint_ids_nest_and_end(daemon):
+    with daemon.connect() as client:
+        outer = client.checkpoint()
+        assert isinstance(outer, int) and outer > 0
+        client.alloc([4]).check()                       # page 1
+        inner = client.checkpoint()
+        assert inner != outer
+        client.alloc([8]).check()                       # pages 2, 3
+        assert client.rollback(inner) == 2
+        assert client.rollback(inner) == 0              # it stays: again
+        assert client.rollback(outer) == 1
+        assert client.free_lists(16)[0].tolist() == list(range(1, 17))
+        # The inner checkpoint ended with the rollback to the outer one.
+        with pytest.raises(pagealloc.FailedPreconditionError) as caught:
+            client.rollback(inner)
+        assert caught.value.code is StatusCode.FAILED_PRECONDITION
+        # The outer one stays until a rollback without an id ends it.
+        client.alloc([4]).check()
+        assert client.rollback() == 1
+        with pytest.raises(pagealloc.FailedPreconditionError):
+            client.rollback(outer)
+        with pytest.raises(pagealloc.FailedPreconditionError):
+            client.rollback()
+        for bad in (0, -1, "1", True):
+            with pytest.raises(pagealloc.InvalidArgumentError,
+                               match="checkpoint_id"):
+                client.rollback(bad)
+        assert client.stats().used_pages == 0
+
+
+def test_clear_session_frees_only_its_own_pages(daemon):
+    with daemon.connect(name="a") as a, daemon.connect(name="b") as b:
+        a.alloc([8]).check()                            # pages 1, 2
+        b.alloc([4]).check()                            # page 3
+        checkpoint = a.checkpoint()
+        a.alloc([4]).check()                            # page 4
+        assert a.clear_session() == 3
+        assert a.stats().used_pages == 1
+        # Its checkpoints ended with it.
+        with pytest.raises(pagealloc.FailedPreconditionError):
+            a.rollback(checkpoint)
+        assert a.clear_session() == 0
+        # b still owns page 3: it is not in the free list.
+        lists = a.free_lists(16)
+        assert 3 not in lists[0].tolist() and lists.free_count == 15
+        assert b.clear_session() == 1
+        assert a.free_lists(16)[0].tolist() == list(range(1, 17))
+        assert a.alloc([4]).check().slots is not None
+    closed = daemon.connect()
+    closed.close()
+    with pytest.raises(pagealloc.FailedPreconditionError):
+        closed.clear_session()
+
+
+def test_clear_pool_is_refused_while_pages_are_owned(daemon):
+    with daemon.connect() as client:
+        client.alloc([8]).check()
+        with pytest.raises(pagealloc.FailedPreconditionError) as caught:
+            pagealloc.clear_pool(daemon.target)
+        assert caught.value.code is StatusCode.FAILED_PRECONDITION
+        # Forcing needs the daemon's --allow_forced_clear.
+        with pytest.raises(pagealloc.PermissionDeniedError):
+            pagealloc.clear_pool(daemon.target, force=True)
+        assert client.stats().used_pages == 2
+        client.clear_session()
+        assert pagealloc.clear_pool(daemon.target) == 0
+    with pytest.raises(pagealloc.InvalidArgumentError, match="target"):
+        pagealloc.clear_pool("")
+
+
+def test_forced_clear_pool_frees_every_page(make_daemon):
+    daemon = make_daemon("--num_pages=16", "--page_size=4",
+                         "--allow_forced_clear")
+    with daemon.connect() as a, daemon.connect() as b:
+        a.alloc([8]).check()
+        b.alloc([12]).check()
+        b.free_pages([4])
+        assert pagealloc.clear_pool(daemon.target, force=True) == 4
+        assert a.stats().used_pages == 0
+        assert a.free_lists(16)[0].tolist() == list(range(1, 17))
+
+
+def test_completion_values_and_order_after(daemon):
+    class TorchLike:
+        cuda_stream = 0
+
+    with daemon.connect() as client, daemon.connect() as other:
+        first = client.alloc([4]).check()
+        second = client.alloc([4]).check()
+        assert isinstance(first.completion_value, int)
+        assert 0 < first.completion_value < second.completion_value
+        client.order_after(second)
+        client.order_after(second, 0)
+        client.order_after(first, TorchLike())
+        inline = client.alloc([4], return_inline=True).check()
+        client.order_after(inline)
+        with pytest.raises(pagealloc.InvalidArgumentError, match="stream"):
+            client.order_after(second, "stream")
+        with pytest.raises(pagealloc.InvalidArgumentError, match="another"):
+            other.order_after(second)
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match="Allocation"):
+            client.order_after(second.slots)
 
 
 # -------------------------------------------------------------- zero copy
