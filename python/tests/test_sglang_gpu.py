@@ -76,7 +76,12 @@ class TritonReference:
         self.kernels = _kernels()
 
     def _free_pages(self):
-        return torch.as_tensor(self.model.free_pages, device="cuda")
+        # Padded: on a shortage SGLang's kernels read past the list before
+        # the call returns None; here they read zeros inside the tensor.
+        padded = np.zeros(len(self.model.free_pages) + self.model.num_pages +
+                          1, dtype=np.int64)
+        padded[:len(self.model.free_pages)] = self.model.free_pages
+        return torch.as_tensor(padded, device="cuda")
 
     def alloc_extend(self, prefix, seq, last, n):
         # The model decides the merge and the None exactly as SGLang does;
