@@ -1,0 +1,646 @@
+"""SGLang's KV-cache index allocators, served by a pagealloc daemon.
+
+``PagedTokenToKVPoolAllocator`` (page_size > 1) and ``TokenToKVPoolAllocator``
+(page_size 1) have the interface and the return conventions of SGLang's
+classes of the same names (``sglang.srt.mem_cache.allocator``): the same
+constructor arguments plus the daemon to use, ``None`` for a batch that does
+not fit (and nothing changes), int64 slot tensors otherwise. The free list
+lives in the daemon, shared with every other session of its pool, so these
+classes hold no list of their own: each call is one call to the daemon.
+
+The daemon must run with ``--semantics=sglang`` and the free policy SGLang's
+``need_sort`` names (``--free_policy=sorted`` for ``need_sort=True``, else
+``lifo``); the constructor refuses another pool. With one session on the
+pool, the slots, the ``None``s and the free list after every call are
+SGLang's (docs/design.md section 10); docs/python.md, "The SGLang
+allocator", lists where a pool shared by several processes cannot behave
+as SGLang's single-process allocator, and what these classes do instead.
+
+What comes back:
+
+* With PyTorch importable: an int64 ``torch.Tensor`` on the allocator's
+  ``device``. On the daemon's CUDA backend it aliases the session's output
+  ring (no copy) and the current CUDA stream is ordered after the daemon's
+  kernel on the GPU (``Client.order_after``), with no host synchronisation.
+  On the CPU backend it aliases the mapped ring (``device="cpu"``) or is a
+  copy on ``device``.
+* Without PyTorch: a read-only int64 NumPy array over the ring.
+
+A ring region is reused once released. These classes release lazily: the
+slots of a call stay as returned until ``keep_allocations`` later
+allocation calls have been made *and*, on the CUDA backend, the current
+stream has passed the point where the later call was made (a CUDA event
+recorded at each call, queried without blocking). A scheduler that keeps a
+result longer clones it (``tensor.clone()``), or builds the allocator with
+``keep_allocations=0``, which clones every result on the current stream.
+"""
+
+import collections
+import dataclasses
+import os
+import warnings
+
+import numpy as np
+
+from pagealloc import client as _client_module
+from pagealloc.client import Client
+from pagealloc.errors import ResourceExhaustedError, StatusCode
+
+__all__ = [
+    "AllocatorState",
+    "PagedTokenToKVPoolAllocator",
+    "TokenToKVPoolAllocator",
+    "make_allocator",
+    "register_with_sglang",
+]
+
+try:  # PyTorch is optional: without it results are NumPy arrays.
+    import torch
+except ImportError:  # pragma: no cover - depends on the host
+    torch = None
+
+# Allocation calls whose ring slots stay untouched after they return.
+DEFAULT_KEEP_ALLOCATIONS = 8
+
+# Free orders (Client.free's `order`): SGLang's paged free puts back the
+# distinct pages ascending (torch.unique); its token allocator and its
+# free_segment path put them back in the order given.
+_ASCENDING = "ascending"
+_IN_ORDER = "first_appearance"
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocatorState:
+    """What ``backup_state`` returns: a checkpoint of the session, by id.
+
+    ``restore_state`` rolls the session back to it, as often as wanted,
+    while it is active (see docs/python.md for when it ends)."""
+    checkpoint_id: int
+    session_id: int
+
+
+def _as_host_int64(values, name):
+    """`values` (a tensor on any device, a NumPy array, a list, a ring view)
+    as a new or existing contiguous int64 NumPy array on the host."""
+    if torch is not None and isinstance(values, torch.Tensor):
+        # A CUDA tensor is copied to the host here: the daemon reads host
+        # memory (this synchronises with the tensor's stream).
+        values = values.detach().to("cpu", torch.int64).numpy()
+    elif isinstance(values, _client_module.CudaSlots):
+        values = values.copy_to_host()
+    array = np.ascontiguousarray(np.asarray(values).reshape(-1))
+    if array.dtype != np.int64:
+        if array.size and array.dtype.kind not in "iu":
+            raise TypeError("%s has dtype %s; integers expected" %
+                            (name, array.dtype))
+        array = array.astype(np.int64)
+    return array
+
+
+def _connect(client, name):
+    """A Client: `client` itself, a new session at the target it names, or
+    one at $PAGEALLOC_TARGET when it is None."""
+    if isinstance(client, Client):
+        return client
+    target = client if client is not None else os.environ.get(
+        "PAGEALLOC_TARGET")
+    if not target:
+        raise ValueError(
+            "no pagealloc daemon: pass client= (a pagealloc.Client or a "
+            "target such as unix:///run/pagealloc/gpu0.sock) or set "
+            "PAGEALLOC_TARGET")
+    return Client.connect(str(target), name=name)
+
+
+class _Base:
+    """What the token and the paged allocator share: the session, the
+    results' conversion and lazy release, groups, states, lists."""
+
+    def __init__(self, size, page_size, dtype, device, kvcache, need_sort,
+                 client, keep_allocations, client_name):
+        self._client = _connect(client, client_name)
+        pool = self._client.pool
+        semantics = getattr(pool, "semantics", None)
+        if semantics != "sglang":
+            raise ValueError(
+                "the daemon's pool runs --semantics=%s; SGLang's allocator "
+                "needs a pool started with --semantics=sglang" % semantics)
+        if int(page_size) != pool.page_size:
+            raise ValueError("page_size %d differs from the pool's %d" %
+                             (page_size, pool.page_size))
+        pool_size = pool.num_pages * pool.page_size
+        if size is None:
+            size = pool_size
+        if int(size) != pool_size:
+            raise ValueError(
+                "size %d differs from the pool's %d slots (%d pages of %d); "
+                "start the daemon with --num_pages=%d or pass size=None" %
+                (size, pool_size, pool.num_pages, pool.page_size,
+                 int(size) // pool.page_size))
+        sorted_policy = pool.free_policy == "sorted"
+        if need_sort is None:
+            need_sort = sorted_policy
+        if bool(need_sort) != sorted_policy:
+            raise ValueError(
+                "need_sort=%s but the pool's free policy is %s; start the "
+                "daemon with --free_policy=%s" %
+                (need_sort, pool.free_policy,
+                 "sorted" if need_sort else "lifo"))
+        if int(keep_allocations) < 0:
+            raise ValueError("keep_allocations (%d) is negative" %
+                             keep_allocations)
+
+        self.size = int(size)
+        self.page_size = int(page_size)
+        self.dtype = dtype
+        self.device = device if device is not None else (
+            "cuda" if pool.backend == "cuda" else "cpu")
+        self._kvcache = kvcache
+        self.need_sort = bool(need_sort)
+        self.num_pages = pool.num_pages
+        # None outside a group; the frees held back inside one.
+        self.free_group = None
+        self.free_page_reps_group = []
+
+        self._keep = int(keep_allocations)
+        self._on_device = self._client.slots_on_device
+        self._torch_device = None
+        self._events = False
+        if torch is not None:
+            self._torch_device = torch.device(self.device)
+            # Events order releases after the GPU's use of the slots; only
+            # where the slots are GPU memory.
+            self._events = self._on_device
+            if self._on_device and self._torch_device.type != "cuda":
+                raise ValueError(
+                    "the daemon's slots are GPU memory (CUDA backend); "
+                    "device must be a CUDA device, not %s" % self.device)
+        # Allocations not yet released, oldest first, with the event (or
+        # None) recorded on the current stream when each was returned.
+        self._pending = collections.deque()
+        self._ring = None  # the whole ring as one tensor or array, lazily
+
+    # ------------------------------------------------------------ session
+
+    @property
+    def client(self):
+        """The pagealloc.Client this allocator's calls go through."""
+        return self._client
+
+    @property
+    def size_full(self):
+        return self.size
+
+    def get_kvcache(self):
+        """The KV cache passed to the constructor (SGLang's KVCache)."""
+        return self._kvcache
+
+    def kv_buffers(self):
+        """The daemon's KV buffers (docs/design.md section 11) by name
+        ("k.0", "v.0", ... for an mha layout, "kv.0", ... for mla): torch
+        tensors where PyTorch is importable, else NumPy arrays (CPU
+        backend). Empty when the daemon hands out slot indices only."""
+        out = {}
+        for buf in self._client.kv_buffers():
+            out[buf.name] = buf.as_torch() if torch is not None else (
+                np.asarray(buf))
+        return out
+
+    def debug_print(self):
+        stats = self._client.stats()
+        return ("#free pages: %d, #parked pages: %d, #used pages: %d, "
+                "#sessions: %d" % (stats.free_pages, stats.parked_pages,
+                                   stats.used_pages, stats.sessions_active))
+
+    def available_size(self):
+        """Free slots of the pool, parked pages included, as SGLang counts
+        them. Read from the daemon (GetStats): other sessions of the pool
+        change it between two reads."""
+        stats = self._client.stats()
+        return (stats.free_pages + stats.parked_pages) * self.page_size
+
+    # SGLang's scheduler hooks (newer SGLang calls these on every
+    # allocator); they need SGLang's own cache code, imported on use.
+    def evict_to_free_tokens(self, tree_cache, num_tokens):
+        from sglang.srt.mem_cache.common import evict_from_tree_cache
+        evict_from_tree_cache(tree_cache, num_tokens)
+
+    def check_decode_capacity(self, *, num_tokens, tree_cache):
+        self.evict_to_free_tokens(tree_cache, num_tokens)
+        return self.available_size() >= num_tokens
+
+    def verify_byte_accounting(self):
+        return []
+
+    def translate_kv_indices_for_transfer(self, kv_indices):
+        return kv_indices
+
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        return self._kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
+        return self._kvcache.load_cpu_copy(kv_cache_cpu, indices,
+                                           mamba_indices=mamba_indices)
+
+    # --------------------------------------------------------- free lists
+
+    def _lists(self):
+        max_pages = max(1, min(self.num_pages, 1 << 20))
+        return self._client.free_lists(max_pages=max_pages)
+
+    def _out_array(self, array):
+        if torch is None:
+            return array
+        return torch.as_tensor(np.array(array, dtype=np.int64),
+                               device=self._torch_device)
+
+    @property
+    def free_pages(self):
+        """The daemon's free list, front first (a snapshot, GetFreeLists)."""
+        return self._out_array(self._lists()[0])
+
+    @property
+    def release_pages(self):
+        """The daemon's parked pages (a snapshot; compare as a set: the
+        daemon keeps them in the order freed, SGLang prepends each free)."""
+        return self._out_array(self._lists()[1])
+
+    def get_all_free_pages(self):
+        free, parked = self._lists()
+        return self._out_array(np.concatenate((free, parked)))
+
+    def merge_and_sort_free(self):
+        """Merges the parked pages into the free list, sorted (need_sort).
+
+        The daemon has no call of its own for it: this sends one request
+        longer than the pool, which the sglang profile's merge trigger
+        counts (a merge whenever pages are parked) and which is then refused
+        for its length, so it never takes a page, whatever other sessions
+        do meanwhile."""
+        if not self.need_sort:
+            return
+        allocation = self._client.alloc(
+            [(self.num_pages + 1) * self.page_size], all_or_nothing=True)
+        self._client.release(allocation)
+
+    # -------------------------------------------------------------- frees
+
+    def _free_slots_now(self, slots):
+        raise NotImplementedError
+
+    def free(self, free_index):
+        """Frees the pages of `free_index` (slots), SGLang's way; inside a
+        free group, at free_group_end. Refused frees raise (the daemon
+        checks ownership and double frees; docs/python.md)."""
+        slots = _as_host_int64(free_index, "free_index")
+        if slots.size == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(slots)
+            return
+        self._free_slots_now(slots)
+
+    def free_full(self, free_index):
+        self.free(free_index)
+
+    def free_segment(self, free_index, start_pos=0):
+        raise NotImplementedError
+
+    def free_segments(self, segments):
+        """Frees ascending (free_index, start_pos) segments of one request's
+        row, one free_segment each."""
+        for free_index, start_pos in segments:
+            self.free_segment(free_index, start_pos=start_pos)
+
+    @property
+    def is_not_in_free_group(self):
+        return self.free_group is None
+
+    def free_group_begin(self):
+        if self.free_group is not None:
+            raise RuntimeError("free groups cannot be nested")
+        self.free_group = []
+        self.free_page_reps_group = []
+
+    def free_group_end(self):
+        """Frees what the group collected, as one call to the daemon."""
+        pending, self.free_group = self.free_group, None
+        reps, self.free_page_reps_group = self.free_page_reps_group, []
+        parts = (pending or []) + reps
+        if parts:
+            self._free_slots_now(np.concatenate(parts))
+
+    # ------------------------------------------------------------- states
+
+    def backup_state(self):
+        """Takes a checkpoint of the session; returns it as a value."""
+        return AllocatorState(checkpoint_id=int(self._client.checkpoint()),
+                              session_id=self._client.session_id)
+
+    def restore_state(self, state):
+        """Returns the pages this session was given since `state` (and
+        still holds) to the front of the free list. Raises
+        FailedPreconditionError when the checkpoint has ended (a restore to
+        an older state, clear(), or more than 64 newer ones)."""
+        if not isinstance(state, AllocatorState):
+            raise TypeError("state must come from backup_state(), not %s" %
+                            type(state).__name__)
+        if state.session_id != self._client.session_id:
+            raise ValueError("state %r is another session's" % (state,))
+        self._client.rollback(state.checkpoint_id)
+
+    def clear(self):
+        """Frees every page of this session and ends its checkpoints; the
+        free list is reset to 1..num_pages when no session holds a page."""
+        self.free_group = None
+        self.free_page_reps_group = []
+        self._release_all()
+        self._client.clear_session()
+
+    # ------------------------------------------------------------ results
+
+    def _ring_view(self):
+        """The whole output ring, as one tensor (or array) built once:
+        a result is a slice of it, not a new wrapper."""
+        if self._ring is None:
+            ring = self._client.ring
+            if ring.on_device:
+                view = _client_module.CudaSlots(ring.address,
+                                                ring.capacity_slots, self)
+                self._ring = torch.as_tensor(view, device=self._torch_device)
+            else:
+                array = _client_module._host_view(ring.address,
+                                                  ring.capacity_slots, "<i8",
+                                                  self._client)
+                if torch is not None:
+                    with warnings.catch_warnings():
+                        # The mapping is read-only (the daemon writes it).
+                        warnings.simplefilter("ignore", UserWarning)
+                        array = torch.from_numpy(array)
+                self._ring = array
+        return self._ring
+
+    def _release_all(self):
+        while self._pending:
+            allocation, _ = self._pending.popleft()
+            self._client.release(allocation)
+
+    def _release_done(self):
+        """Releases the oldest allocations whose slots nobody reads any
+        more: `keep` later calls made, and (GPU) the stream past the call
+        `keep` later."""
+        last = None
+        while len(self._pending) > self._keep:
+            later_event = self._pending[self._keep][1]
+            if later_event is not None and not later_event.query():
+                break
+            last = self._pending.popleft()[0]
+        if last is not None:
+            self._client.release(last)  # and every allocation before it
+
+    def _call(self, method, *args):
+        """Runs an allocation call; on a full ring, waits for the oldest
+        kept allocation's readers, releases it and tries once more."""
+        try:
+            return method(*args, all_or_nothing=True,
+                          async_completion=self._on_device)
+        except ResourceExhaustedError:
+            # Only the ring can be full here (a short pool refuses the
+            # requests, it does not raise). On the GPU the newest event
+            # says when every kept result has been read; on the host the
+            # caller may still read them: no retry there.
+            if not self._pending or self._pending[-1][1] is None:
+                raise
+            self._pending[-1][1].synchronize()
+            self._release_all()
+            self._client.flush_release()
+            return method(*args, all_or_nothing=True,
+                          async_completion=self._on_device)
+
+    def _result(self, allocation):
+        """SGLang's result of one call: None when refused for want of
+        pages, else the slots (see the module's docstring)."""
+        if not allocation.ok:
+            codes = np.array(allocation.codes)
+            self._client.release(allocation)
+            if np.all(codes == int(StatusCode.RESOURCE_EXHAUSTED)):
+                return None
+            # An all-or-nothing call refuses the others ABORTED after the
+            # request that decided it: raise that one's error.
+            for i, code in enumerate(codes):
+                if code not in (int(StatusCode.OK), int(StatusCode.ABORTED)):
+                    raise allocation[i].error
+            allocation.check()
+        count = allocation.num_slots
+        if count == 0:
+            self._client.release(allocation)
+            return self._empty()
+        slots = allocation.slots
+        event = None
+        if torch is None:
+            out = slots
+        else:
+            ring = self._ring_view()
+            if self._on_device:
+                start = (slots.ptr - self._client.ring.address) // 8
+                self._client.order_after(allocation,
+                                         torch.cuda.current_stream(
+                                             self._torch_device))
+                out = ring[start:start + count]
+                if self._keep == 0:
+                    out = out.clone()
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(self._torch_device))
+            else:
+                start = (slots.__array_interface__["data"][0] -
+                         self._client.ring.address) // 8
+                out = ring[start:start + count]
+                if self._torch_device.type != "cpu":
+                    out = out.to(self._torch_device)  # a copy, done here
+                    self._client.release(allocation)
+                    self._release_done()
+                    return out
+                if self._keep == 0:
+                    out = out.clone()
+        if self._keep == 0 and torch is None:
+            out = np.array(out)
+        self._pending.append((allocation, event))
+        self._release_done()
+        return out
+
+    def _empty(self):
+        if torch is None:
+            return np.zeros(0, dtype=np.int64)
+        return torch.empty((0,), dtype=torch.int64, device=self._torch_device)
+
+    def alloc_extend(self, *args, **kwargs):
+        raise NotImplementedError("alloc_extend is only for paged allocator")
+
+    def alloc_decode(self, *args, **kwargs):
+        raise NotImplementedError("alloc_decode is only for paged allocator")
+
+    def close(self):
+        """Ends the session (the daemon frees its pages)."""
+        self._release_all()
+        self._client.close()
+
+
+class TokenToKVPoolAllocator(_Base):
+    """SGLang's TokenToKVPoolAllocator (page_size 1) on a pagealloc daemon.
+
+    ``alloc(n)`` returns n slots from the front of the free list, or None;
+    ``free`` puts the slots back at the list's end in the order given
+    (``--semantics=sglang`` at page size 1: FIFO reuse, as SGLang's).
+    """
+
+    def __init__(self, size, dtype=None, device=None, kvcache=None,
+                 need_sort=None, *, client=None,
+                 keep_allocations=DEFAULT_KEEP_ALLOCATIONS,
+                 client_name="sglang-token-allocator"):
+        super().__init__(size, 1, dtype, device, kvcache, need_sort, client,
+                         keep_allocations, client_name)
+
+    def alloc(self, need_size):
+        need_size = int(need_size)
+        if need_size <= 0:
+            return self._empty()
+        return self._result(self._call(self._client.alloc, [need_size]))
+
+    def _free_slots_now(self, slots):
+        self._client.free(slots, order=_IN_ORDER)
+
+    def free_segment(self, free_index, start_pos=0):
+        # Slot == page: the plain free is exact.
+        self.free(free_index)
+
+
+class PagedTokenToKVPoolAllocator(_Base):
+    """SGLang's PagedTokenToKVPoolAllocator on a pagealloc daemon.
+
+        allocator = PagedTokenToKVPoolAllocator(
+            size, page_size, dtype, device, kvcache, need_sort,
+            client="unix:///run/pagealloc/gpu0.sock")
+
+    ``client``: a pagealloc.Client, a target to connect to, or None for
+    $PAGEALLOC_TARGET. ``size`` must be the pool's slots (num_pages *
+    page_size; None takes them from the daemon). ``keep_allocations``: see
+    the module's docstring.
+    """
+
+    def __init__(self, size, page_size, dtype=None, device=None,
+                 kvcache=None, need_sort=None, *, client=None,
+                 keep_allocations=DEFAULT_KEEP_ALLOCATIONS,
+                 client_name="sglang-paged-allocator"):
+        if int(page_size) < 2:
+            raise ValueError("page_size %d: use TokenToKVPoolAllocator (or "
+                             "make_allocator) at page size 1" % page_size)
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort,
+                         client, keep_allocations, client_name)
+
+    def alloc(self, need_size):
+        """Whole pages: need_size // page_size of them, their slots in page
+        order; None when the free list (after a merge) is short."""
+        num_pages = int(need_size) // self.page_size
+        if num_pages <= 0:
+            return self._empty()
+        return self._result(
+            self._call(self._client.alloc, [num_pages * self.page_size]))
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens,
+                     seq_lens_cpu, last_loc, extend_num_tokens,
+                     num_new_pages=None):
+        """Extends each request from prefix_lens[i] to seq_lens[i] tokens;
+        last_loc[i] is the slot of its last prefix token (-1 without a
+        prefix). The daemon reads the *_cpu lengths and a host copy of
+        last_loc. Returns extend_num_tokens slots, or None for the whole
+        batch when it does not fit."""
+        prefix = _as_host_int64(
+            prefix_lens_cpu if prefix_lens_cpu is not None else prefix_lens,
+            "prefix_lens_cpu")
+        seq = _as_host_int64(
+            seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
+            "seq_lens_cpu")
+        last = _as_host_int64(last_loc, "last_loc")
+        total = int((seq - prefix).sum()) if seq.size else 0
+        if extend_num_tokens is not None and int(extend_num_tokens) != total:
+            raise ValueError(
+                "extend_num_tokens (%d) is not the sum of seq_lens - "
+                "prefix_lens (%d)" % (extend_num_tokens, total))
+        if seq.size == 0:
+            return self._empty()
+        return self._result(
+            self._call(self._client.alloc_extend, prefix, seq, last))
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
+        """One new token per request: seq_lens[i] counts it, last_loc[i] is
+        the slot of the token before it. None for the whole batch when the
+        new pages do not fit."""
+        seq = _as_host_int64(
+            seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
+            "seq_lens_cpu")
+        last = _as_host_int64(last_loc, "last_loc")
+        if seq.size == 0:
+            return self._empty()
+        return self._result(self._call(self._client.alloc_decode, seq, last))
+
+    def _free_slots_now(self, slots):
+        self._client.free(slots, order=_ASCENDING)
+
+    def free_segment(self, free_index, start_pos=0):
+        """Frees kv_row[start_pos : start_pos + n] of one request: one page
+        per page of the segment, in the segment's order (no sort). Inside a
+        free group the pages are freed with the group's slots at its end."""
+        slots = _as_host_int64(free_index, "free_index")
+        if slots.size == 0:
+            return
+        offset = int(start_pos) % self.page_size
+        if offset == 0:
+            reps = slots[::self.page_size]
+        else:
+            reps = np.concatenate(
+                (slots[:1], slots[self.page_size - offset::self.page_size]))
+        if self.free_group is not None:
+            self.free_page_reps_group.append(reps)
+            return
+        self._client.free_pages(reps // self.page_size, order=_IN_ORDER)
+
+
+def make_allocator(client=None, *, size=None, page_size=None, dtype=None,
+                   device=None, kvcache=None, need_sort=None,
+                   keep_allocations=DEFAULT_KEEP_ALLOCATIONS):
+    """SGLang's choice of allocator for the daemon's pool: the token one at
+    page size 1, the paged one otherwise. Every argument left None is the
+    pool's (page size, slots, free policy) or the backend's device.
+
+    `client`: a pagealloc.Client, a target, or None for $PAGEALLOC_TARGET.
+    """
+    session = _connect(client, "sglang-allocator")
+    if page_size is None:
+        page_size = session.pool.page_size
+    if int(page_size) == 1:
+        return TokenToKVPoolAllocator(size, dtype, device, kvcache, need_sort,
+                                      client=session,
+                                      keep_allocations=keep_allocations)
+    return PagedTokenToKVPoolAllocator(size, page_size, dtype, device,
+                                       kvcache, need_sort, client=session,
+                                       keep_allocations=keep_allocations)
+
+
+def register_with_sglang():
+    """Registers both classes as virtual subclasses of SGLang's
+    BaseTokenToKVPoolAllocator (an abc), so that SGLang's isinstance checks
+    accept them. Returns False when SGLang is not importable."""
+    base = None
+    for module in ("sglang.srt.mem_cache.allocator.base",
+                   "sglang.srt.mem_cache.allocator"):
+        try:
+            base = getattr(__import__(module, fromlist=["x"]),
+                           "BaseTokenToKVPoolAllocator")
+            break
+        except (ImportError, AttributeError):
+            continue
+    if base is None:
+        return False
+    base.register(TokenToKVPoolAllocator)
+    base.register(PagedTokenToKVPoolAllocator)
+    return True

@@ -1,0 +1,225 @@
+"""pagealloc.sglang on the CUDA backend against SGLang's own Triton kernels.
+
+Runs on a GPU host only, with PyTorch, Triton and the seed's kernels: set
+PAGEALLOC_SGLANG_ANCHOR_DIR to the folder holding seed_triton_kernels.py
+(SGLang's alloc_extend_kernel and alloc_decode_kernel; reference material
+the repository does not carry). Each case skips with its reason elsewhere.
+
+    PAGEALLOC_TEST_BACKEND=cuda PAGEALLOC_SERVER=.../pagealloc-server \\
+    PAGEALLOC_LIBRARY=.../libpagealloc_client.so \\
+    PAGEALLOC_SGLANG_ANCHOR_DIR=/path/to/bench PYTHONPATH=python:python/tests \\
+    python3 -m pytest -rs python/tests/test_sglang_gpu.py
+
+The reference runs in this process on the same calls: the free list of
+pagealloc.sglang_model, handed to SGLang's kernels on the GPU exactly as
+SGLang's allocator hands its own (a device tensor, the batch's lengths,
+last_loc), so its slots are SGLang's. The drop-in's tensors must be
+identical, slot for slot, on a long random trace.
+"""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from conftest import BACKEND
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+ANCHOR_DIR = os.environ.get("PAGEALLOC_SGLANG_ANCHOR_DIR", "")
+
+
+def _skip_reason():
+    if BACKEND != "cuda":
+        return "PAGEALLOC_TEST_BACKEND is %r, not 'cuda'" % BACKEND
+    if torch is None:
+        return "PyTorch is not importable"
+    if not torch.cuda.is_available():
+        return "PyTorch sees no CUDA device"
+    if not ANCHOR_DIR or not os.path.isfile(
+            os.path.join(ANCHOR_DIR, "seed_triton_kernels.py")):
+        return ("PAGEALLOC_SGLANG_ANCHOR_DIR (%r) holds no "
+                "seed_triton_kernels.py" % ANCHOR_DIR)
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not importable"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None,
+                                reason=str(_skip_reason()))
+
+
+def _kernels():
+    spec = importlib.util.spec_from_file_location(
+        "seed_triton_kernels",
+        os.path.join(ANCHOR_DIR, "seed_triton_kernels.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _npow2(n):
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+class TritonReference:
+    """SGLang's allocator calls: the model's free list, SGLang's kernels."""
+
+    def __init__(self, model, page_size):
+        self.model = model
+        self.ps = page_size
+        self.kernels = _kernels()
+
+    def _free_pages(self):
+        # Padded: on a shortage SGLang's kernels read past the list before
+        # the call returns None; here they read zeros inside the tensor.
+        padded = np.zeros(len(self.model.free_pages) + self.model.num_pages +
+                          1, dtype=np.int64)
+        padded[:len(self.model.free_pages)] = self.model.free_pages
+        return torch.as_tensor(padded, device="cuda")
+
+    def alloc_extend(self, prefix, seq, last, n):
+        # The model decides the merge and the None exactly as SGLang does;
+        # the slots come from SGLang's kernel over the list it read.
+        bs = len(prefix)
+        if self.model.need_sort and n // self.ps + bs + 1 > len(
+                self.model.free_pages):
+            self.model.merge_and_sort_free()
+        free = self._free_pages()
+        out = torch.empty((n,), dtype=torch.int64, device="cuda")
+        self.kernels.alloc_extend_kernel[(bs,)](
+            torch.as_tensor(prefix, device="cuda"),
+            torch.as_tensor(seq, device="cuda"),
+            torch.as_tensor(last, device="cuda"), free, out, _npow2(bs),
+            self.ps)
+        want = self.model.alloc_extend(prefix, seq, last, n)
+        if want is None:
+            return None
+        np.testing.assert_array_equal(out.cpu().numpy(), want)
+        return out
+
+    def alloc_decode(self, seq, last):
+        bs = len(seq)
+        if self.model.need_sort and bs > len(self.model.free_pages):
+            self.model.merge_and_sort_free()
+        free = self._free_pages()
+        out = torch.empty((bs,), dtype=torch.int64, device="cuda")
+        self.kernels.alloc_decode_kernel[(bs,)](
+            torch.as_tensor(seq, device="cuda"),
+            torch.as_tensor(last, device="cuda"), free, out, _npow2(bs),
+            self.ps)
+        want = self.model.alloc_decode(seq, last)
+        if want is None:
+            return None
+        np.testing.assert_array_equal(out.cpu().numpy(), want)
+        return out
+
+
+@pytest.mark.parametrize("page_size,policy", [(16, "lifo"), (16, "sorted"),
+                                              (64, "lifo")])
+def test_slots_equal_sglangs_kernels(make_daemon, page_size, policy):
+    from pagealloc import sglang
+    from pagealloc.sglang_model import make_allocator_model
+
+    num_pages = 256
+    daemon = make_daemon("--semantics=sglang", "--page_size=%d" % page_size,
+                         "--num_pages=%d" % num_pages,
+                         "--free_policy=%s" % policy)
+    rng = np.random.default_rng(page_size)
+    with daemon.connect(name="gpu-trace") as client:
+        allocator = sglang.make_allocator(client, device="cuda")
+        model = make_allocator_model(num_pages * page_size, page_size,
+                                     policy == "sorted")
+        ref = TritonReference(model, page_size)
+        rows = {}
+        next_id = 0
+        for step in range(1500):
+            r = rng.random()
+            if r < 0.35 or not rows:
+                batch = list(rng.permutation(list(rows))[:rng.integers(0, 8)])
+                for _ in range(int(rng.integers(1, 8))):
+                    next_id += 1
+                    rows[next_id] = []
+                    batch.append(next_id)
+                prefix = np.array([len(rows[i]) for i in batch], np.int64)
+                ext = rng.integers(0, 4 * page_size, size=len(batch))
+                seq = prefix + ext
+                last = np.array([rows[i][-1] if rows[i] else -1
+                                 for i in batch], np.int64)
+                n = int(ext.sum())
+                prefix_d = torch.as_tensor(prefix, device="cuda")
+                seq_d = torch.as_tensor(seq, device="cuda")
+                got = allocator.alloc_extend(
+                    prefix_d, torch.as_tensor(prefix), seq_d,
+                    torch.as_tensor(seq), torch.as_tensor(last,
+                                                          device="cuda"), n)
+                want = ref.alloc_extend(prefix, seq, last, n)
+                lengths = ext
+            elif r < 0.8:
+                batch = list(rng.permutation(list(rows))[:rng.integers(1, 64)])
+                batch = [i for i in batch if rows[i]]
+                if not batch:
+                    continue
+                seq = np.array([len(rows[i]) + 1 for i in batch], np.int64)
+                last = np.array([rows[i][-1] for i in batch], np.int64)
+                got = allocator.alloc_decode(
+                    torch.as_tensor(seq, device="cuda"), torch.as_tensor(seq),
+                    torch.as_tensor(last, device="cuda"))
+                want = ref.alloc_decode(seq, last)
+                lengths = np.ones(len(batch), np.int64)
+            else:
+                for i in list(rng.permutation(list(rows))[:rng.integers(1, 6)]):
+                    row = np.array(rows.pop(i), np.int64)
+                    allocator.free(torch.as_tensor(row, device="cuda"))
+                    model.free(row)
+                continue
+            if want is None:
+                assert got is None, "step %d: SGLang None" % step
+                for i in batch:
+                    if not rows[i]:
+                        del rows[i]
+                continue
+            assert got is not None, "step %d: SGLang served it" % step
+            assert got.device.type == "cuda" and got.dtype == torch.int64
+            assert torch.equal(got, want), "step %d" % step
+            out = got.cpu().tolist()
+            at = 0
+            for i, k in zip(batch, lengths):
+                rows[i].extend(out[at:at + int(k)])
+                at += int(k)
+            for i in batch:
+                if not rows[i]:
+                    del rows[i]
+            free, _ = client.free_lists(max_pages=num_pages)
+            np.testing.assert_array_equal(free, model.free_pages)
+
+
+def test_stream_reads_slots_after_the_daemon_without_host_sync(make_daemon):
+    """The current stream is ordered after the daemon's kernel on the GPU:
+    a stream held back by a long kernel (about a second) still reads the
+    call's slots, and the call returns while that stream is still busy, so
+    it did not wait for it. last_loc is given on the host here: a CUDA
+    last_loc is copied on its stream, which would wait for the long
+    kernel."""
+    from pagealloc import sglang
+
+    daemon = make_daemon("--semantics=sglang", "--page_size=16",
+                         "--num_pages=1024")
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(client, device="cuda")
+        allocator.alloc(16)  # builds the ring's tensor outside the timing
+        stream = torch.cuda.Stream()
+        seq = torch.full((256,), 1, dtype=torch.int64)
+        last = torch.full((256,), -1, dtype=torch.int64)
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(2_000_000_000)
+            out = allocator.alloc_decode(seq, seq, last)
+            doubled = out * 2           # queued behind the sleep
+            assert not stream.query(), "the call waited for the stream"
+        stream.synchronize()
+        want = np.arange(2, 258, dtype=np.int64) * 16
+        np.testing.assert_array_equal(doubled.cpu().numpy(), want * 2)
