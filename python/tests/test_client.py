@@ -490,8 +490,11 @@ def test_completion_values_and_order_after(daemon):
         cuda_stream = 0
 
     with daemon.connect() as client, daemon.connect() as other:
-        first = client.alloc([4]).check()
-        second = client.alloc([4]).check()
+        # Asynchronous calls: each queues its own write of the counter (a
+        # synchronous call on the CUDA backend carries the last value
+        # queued, 0 before any asynchronous launch).
+        first = client.alloc([4], async_completion=True).check()
+        second = client.alloc([4], async_completion=True).check()
         assert isinstance(first.completion_value, int)
         assert 0 < first.completion_value < second.completion_value
         client.order_after(second)

@@ -212,6 +212,9 @@ def test_stream_reads_slots_after_the_daemon_without_host_sync(make_daemon):
     with daemon.connect() as client:
         allocator = sglang.make_allocator(client, device="cuda")
         allocator.alloc(16)  # builds the ring's tensor outside the timing
+        # The first launch of a kernel loads its module (CUDA's lazy
+        # loading), which waits for the device: load the multiply's now.
+        (torch.ones(1, dtype=torch.int64, device="cuda") * 2).cpu()
         stream = torch.cuda.Stream()
         seq = torch.full((256,), 1, dtype=torch.int64)
         last = torch.full((256,), -1, dtype=torch.int64)
