@@ -5,8 +5,11 @@
 // metrics, --kv_scrub. Across processes: two writers fill their pages in
 // every buffer, this test (a third process) checks every slot of the slab,
 // then kills one writer and checks that the other's KV is intact and the
-// killed one's pages came back (and, scrubbed, read zero for their next
-// owner).
+// killed one's pages came back; a third writer takes them and, scrubbed,
+// finds them zero before it writes (unscrubbed, finds the killed one's
+// bytes). On a GPU daemon (PAGEALLOC_TEST_BACKEND=cuda) the writers write
+// with a kernel on their own streams, ordered only by the completion
+// counter (tests/kv_writer.cc).
 
 #include <signal.h>
 
@@ -276,15 +279,18 @@ struct Writer {
   std::set<int64_t> pages;
 };
 
-// Starts kv_writer for `pages` pages and waits for its report.
+// Starts kv_writer for `pages` pages, with `flags` added, and waits for
+// its report. INTERNAL, with its log, when it exits without one.
 absl::StatusOr<Writer> StartWriter(const Daemon& daemon, int index,
-                                   int64_t pages) {
+                                   int64_t pages,
+                                   const std::vector<std::string>& flags = {}) {
   Writer writer;
   writer.log = absl::StrFormat("%s.writer%d", daemon.log_path, index);
-  absl::StatusOr<Subprocess> process = Subprocess::Start(
-      {RunfilePath("tests/kv_writer"), "--target=" + daemon.target,
-       absl::StrFormat("--pages=%d", pages), "--hold_ms=120000"},
-      writer.log);
+  std::vector<std::string> argv = {
+      RunfilePath("tests/kv_writer"), "--target=" + daemon.target,
+      absl::StrFormat("--pages=%d", pages), "--hold_ms=120000"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  absl::StatusOr<Subprocess> process = Subprocess::Start(argv, writer.log);
   if (!process.ok()) return process.status();
   writer.process = *std::move(process);
   if (!WaitFor(
@@ -353,15 +359,23 @@ void CheckSlab(const KvSlabView& slab,
   EXPECT_GT(checked, 0);
 }
 
-TEST(KvSlabProcessTest, WritersShareOneSlabAndAKilledOneLeavesTheOthersIntact) {
-  // A custom layout with uneven strides, and scrubbing on: the killed
-  // writer's pages must read zero for their next owner.
-  ASSERT_OK_AND_ASSIGN(
-      Daemon daemon,
-      StartDaemon("kv-slab",
-                  {"--kv_layout=custom:layers=2,k=bf16:2x4,v=fp32:3,s=uint8:9",
-                   "--num_pages=200", "--page_size=4", "--kv_scrub",
-                   "--lease_ms=60000", "--debug_checks"}));
+// Two writers fill their pages; this process checks the whole slab, kills
+// the first writer, checks that the second's KV is intact and the dead
+// one's pages came back, then starts a third writer that takes every free
+// page and checks, before writing each slot, that it reads zero. With
+// --kv_scrub it must (the dead writer's pages are zeroed in the launch that
+// hands them over; on the CUDA backend the third writer's kernel is ordered
+// after that launch only by the completion counter); without, the dead
+// writer's bytes are still there and the third writer must say so.
+void WritersShareOneSlabAndAKilledOneLeavesTheOthersIntact(bool scrub) {
+  SCOPED_TRACE(scrub ? "scrub" : "no scrub");
+  // A custom layout with uneven strides.
+  std::vector<std::string> flags = {
+      "--kv_layout=custom:layers=2,k=bf16:2x4,v=fp32:3,s=uint8:9",
+      "--num_pages=200", "--page_size=4", "--lease_ms=60000", "--debug_checks"};
+  if (scrub) flags.push_back("--kv_scrub");
+  ASSERT_OK_AND_ASSIGN(Daemon daemon,
+                       StartDaemon(scrub ? "kv-slab-scrub" : "kv-slab", flags));
   ASSERT_OK_AND_ASSIGN(Writer first, StartWriter(daemon, 1, 24));
   ASSERT_OK_AND_ASSIGN(Writer second, StartWriter(daemon, 2, 40));
   ClientOptions options;
@@ -391,19 +405,30 @@ TEST(KvSlabProcessTest, WritersShareOneSlabAndAKilledOneLeavesTheOthersIntact) {
   // (now free) pages until they are handed out again.
   CheckSlab(slab, {&first, &second});
 
-  // Take every free page: the dead writer's come back zeroed.
-  CallOptions inline_slots;
-  inline_slots.return_inline = true;
-  ASSERT_OK_AND_ASSIGN(
-      Allocation rest,
-      checker->Alloc({(num_pages - 40) * checker->pool().page_size()},
-                     inline_slots));
-  ASSERT_OK(rest.status());
-  CheckSlab(slab, {&second});
+  // A third writer takes every free page, the dead writer's among them.
+  absl::StatusOr<Writer> third =
+      StartWriter(daemon, 3, num_pages - 40, {"--expect_zero"});
+  if (!scrub) {
+    EXPECT_THAT(third, StatusIs(absl::StatusCode::kInternal,
+                                HasSubstr("were not zero before it wrote")));
+    EXPECT_TRUE(second.process.running());
+    return;
+  }
+  ASSERT_OK(third.status());
+  CheckSlab(slab, {&second, &*third});
   ASSERT_OK_AND_ASSIGN(stats, DaemonStats(daemon.target));
   EXPECT_EQ(stats.kv_pages_scrubbed_total(), 24);
   EXPECT_EQ(stats.free_pages(), 0);
   EXPECT_TRUE(second.process.running());
+}
+
+TEST(KvSlabProcessTest, WritersShareOneSlabAndAKilledOnesPagesComeBackZeroed) {
+  WritersShareOneSlabAndAKilledOneLeavesTheOthersIntact(/*scrub=*/true);
+}
+
+TEST(KvSlabProcessTest,
+     WithoutScrubTheNextWriterFindsTheKilledOnesBytesBeforeWriting) {
+  WritersShareOneSlabAndAKilledOneLeavesTheOthersIntact(/*scrub=*/false);
 }
 
 }  // namespace

@@ -18,8 +18,10 @@
 #   note_step NAME RESULT DETAIL   records a row of the summary directly
 #   add_detail TEXT      appends TEXT to the last row's details
 #   gtest_counts LOG     "N passed, N skipped, N failed" from a GoogleTest log
-#   print_summary        prints the summary table (also to $OUT/summary.md)
-#                        and returns 1 if any step failed
+#   add_section TEXT     a block (e.g. a benchmark's Markdown table) that
+#                        print_summary prints after its table
+#   print_summary        prints the summary table and the sections (also to
+#                        $OUT/summary.md) and returns 1 if any step failed
 
 PKG=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN=$PKG/bin
@@ -30,6 +32,7 @@ OUT=
 STEP_NAMES=()
 STEP_RESULTS=()
 STEP_DETAILS=()
+SECTIONS=()
 FAILED_STEPS=0
 
 die() {
@@ -131,6 +134,10 @@ add_detail() {
   STEP_DETAILS[last]+="${STEP_DETAILS[last]:+; }$*"
 }
 
+add_section() {
+  SECTIONS+=("$*")
+}
+
 gtest_counts() {
   local log=$1 kind n out=()
   for kind in PASSED SKIPPED FAILED; do
@@ -156,6 +163,11 @@ print_summary() {
       echo "| ${STEP_NAMES[i]} | ${STEP_RESULTS[i]} | ${STEP_DETAILS[i]} |"
     done
     echo
+    local section
+    for section in "${SECTIONS[@]}"; do
+      echo "$section"
+      echo
+    done
     echo "results: $OUT"
   } | tee "$OUT/summary.md"
   ((FAILED_STEPS == 0))

@@ -53,6 +53,7 @@ targets=(
   //client:kv_example
   //client:libpagealloc_client.so
   //bench:kernel_benchmark
+  //bench:kv_scrub_gpu_benchmark
   //bench:pagealloc-bench
   //server:pagealloc-server
   //client:pagealloc-cli

@@ -9,7 +9,13 @@
 #      stress_test (20 s of SIGKILLed and replaced clients;
 #      PAGEALLOC_STRESS_SECONDS and PAGEALLOC_STRESS_CLIENTS change it),
 #      with PAGEALLOC_TEST_BACKEND=cuda
-#   3. a soak: 8 load_client processes (4 sync, 4 async completion) for 10 s
+#   3. the KV slab: kv_slab_gpu_test (VMM export/import, import+map by size,
+#      the scrub kernel against the CPU reference), Register+map of 1, 10
+#      and 100 GiB slabs (kv_example), kv_slab_test with CUDA writers (a
+#      kernel on each writer's stream, ordered only by the completion
+#      counter, with and without --kv_scrub), and what the scrub kernel
+#      costs per page (kv_scrub_gpu_benchmark: its table ends the summary)
+#   4. a soak: 8 load_client processes (4 sync, 4 async completion) for 10 s
 #      against one CUDA daemon with --debug_checks, sharing a claim table
 #      that catches a slot handed to two clients; then every page must be
 #      back in the pool and the daemon must drain and exit 0
@@ -23,7 +29,7 @@ gpu_setup "$@"
 need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
   tests/multi_client_test tests/server_process_test tests/stress_test \
   tests/gpu/completion_counter_test tests/gpu/kv_slab_gpu_test tests/kv_slab_test \
-  tests/kv_writer client/kv_example
+  tests/kv_writer client/kv_example bench/kv_scrub_gpu_benchmark
 
 # The tests find server/pagealloc-server and tests/load_client relative to
 # the working directory when Bazel's TEST_SRCDIR is not set.
@@ -33,8 +39,7 @@ export PAGEALLOC_STRESS_SECONDS=${PAGEALLOC_STRESS_SECONDS:-20}
 
 # Skipping is failing here: this host has a GPU.
 run_step completion_counter_test 240 "$OUT/completion_counter_test.log" \
-  tests/gpu/completion_counter_test tests/gpu/kv_slab_gpu_test tests/kv_slab_test \
-  tests/kv_writer client/kv_example
+  tests/gpu/completion_counter_test
 add_detail "$(gtest_counts "$OUT/completion_counter_test.log")"
 grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |slots read on the GPU|Failure|kernel read" \
   "$OUT/completion_counter_test.log" | tail -n 20
@@ -80,6 +85,19 @@ for size in 1GiB 10GiB 100GiB; do
   wait "$kvserver" 2>/dev/null
   rm -rf "$kvwork"
 done
+
+# What --kv_scrub costs per page: the scrub kernel on the MHA and MLA
+# layouts, page sizes 1, 16 and 64, batches of 1, 16 and 256 pages.
+run_step kv_scrub_gpu_benchmark 300 "$OUT/kv_scrub_gpu_benchmark.log" \
+  bench/kv_scrub_gpu_benchmark
+scrub_head=$(grep -E "^KV scrub kernel on" "$OUT/kv_scrub_gpu_benchmark.log")
+scrub_rows=$(grep -E "^\|" "$OUT/kv_scrub_gpu_benchmark.log")
+if [[ -n $scrub_rows ]]; then
+  echo "$scrub_head"
+  echo "$scrub_rows"
+  add_detail "its table follows the summary"
+  add_section "### KV scrub kernel (kv_scrub_gpu_benchmark.log)"$'\n\n'"$scrub_head"$'\n\n'"$scrub_rows"
+fi
 
 for t in kv_slab_test multi_client_test server_process_test stress_test; do
   run_step "$t" 240 "$OUT/$t.log" "tests/$t"
