@@ -81,12 +81,10 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
       p.workload.gpu_ordered ? "true" : "false", p.workload.effective_lanes(),
       p.seconds, p.workers.total_calls(), p.workers.total_calls() / p.seconds,
       p.alloc_calls, p.alloc_calls / p.seconds,
-      (p.workers.rpcs[kDecode].slots + p.workers.rpcs[kExtend].slots) /
-          p.seconds,
-      p.launches, p.launches / p.seconds, Ratio(p.alloc_calls, p.launches),
-      Ratio(p.workers.rpcs[kDecode].requests + p.workers.rpcs[kExtend].requests,
-            p.launches),
-      p.workers.refused, p.server_cpu_seconds, cpu_us_per_rpc, cpu_us_per_alloc,
+      p.workers.alloc_slots() / p.seconds, p.launches, p.launches / p.seconds,
+      Ratio(p.alloc_calls, p.launches),
+      Ratio(p.workers.alloc_requests(), p.launches), p.workers.refused,
+      p.server_cpu_seconds, cpu_us_per_rpc, cpu_us_per_alloc,
       MetricUs(p.server_decode_rpc_mean), MetricUs(p.server_queue_wait_mean),
       MetricUs(p.server_execute_mean), MetricUs(p.server_complete_mean),
       p.server_batch_requests_mean,
@@ -121,7 +119,7 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
       absl::StrFormat("in-process decode(%d) %s", w.batch, floors.executor);
   PrintLatencyRow(in_process.c_str(), floors.in_process.histogram,
                   floors.in_process.seconds);
-  PrintLatencyRow("  the same until Allocate returns",
+  PrintLatencyRow("  until Allocate returns",
                   floors.in_process_enqueue.histogram,
                   floors.in_process_enqueue.seconds);
   for (const PhaseResult& p : phases) {
@@ -140,13 +138,9 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
     std::printf(
         "allocation calls/s %.0f, slots/s %.0f, launches/s %.0f, "
         "calls/launch %.2f, requests/launch %.1f, refused %lld\n",
-        p.alloc_calls / p.seconds,
-        (p.workers.rpcs[kDecode].slots + p.workers.rpcs[kExtend].slots) /
-            p.seconds,
+        p.alloc_calls / p.seconds, p.workers.alloc_slots() / p.seconds,
         p.launches / p.seconds, Ratio(p.alloc_calls, p.launches),
-        Ratio(
-            p.workers.rpcs[kDecode].requests + p.workers.rpcs[kExtend].requests,
-            p.launches),
+        Ratio(p.workers.alloc_requests(), p.launches),
         static_cast<long long>(p.workers.refused));
     if (p.server_cpu_seconds >= 0) {
       std::printf(
@@ -180,13 +174,11 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
                 "decode p50", "decode p99");
     for (const PhaseResult& p : phases) {
       const LatencyHistogram& d = p.workers.rpcs[kDecode].latency;
-      std::printf(
-          "%8d %9s %14.0f %12.0f %13.2f %12.1f %12.1f\n", p.clients,
-          p.workload.mode(), p.alloc_calls / p.seconds,
-          (p.workers.rpcs[kDecode].slots + p.workers.rpcs[kExtend].slots) /
-              p.seconds,
-          Ratio(p.alloc_calls, p.launches), Us(d.Percentile(0.5)),
-          Us(d.Percentile(0.99)));
+      std::printf("%8d %9s %14.0f %12.0f %13.2f %12.1f %12.1f\n", p.clients,
+                  p.workload.mode(), p.alloc_calls / p.seconds,
+                  p.workers.alloc_slots() / p.seconds,
+                  Ratio(p.alloc_calls, p.launches), Us(d.Percentile(0.5)),
+                  Us(d.Percentile(0.99)));
     }
   }
 }

@@ -207,7 +207,7 @@ class Lane {
   // target length.
   absl::Status Admit() {
     Pending p;
-    p.kind = kExtend;
+    p.kind = kAdmit;
     p.admission = true;
     while (live_.size() + p.call.size() < static_cast<size_t>(w_.batch)) {
       const int64_t prompt = random_.PromptLen(w_);
@@ -215,7 +215,7 @@ class Lane {
       p.targets.push_back(random_.TargetLen(w_, prompt));
     }
     if (p.call.empty()) return absl::OkStatus();
-    ASSIGN_OR_RETURN(p.allocation, TimedAlloc(kExtend, [&] {
+    ASSIGN_OR_RETURN(p.allocation, TimedAlloc(kAdmit, [&] {
                        return client_->AllocExtend(
                            p.call.prefix_lens, p.call.seq_lens,
                            p.call.last_locs, NextCallOptions(false));
