@@ -9,7 +9,8 @@
 #                  and C++ runtimes every Linux host has (glibc, libstdc++,
 #                  libgcc_s) and the NVIDIA driver's own
 #   DEST/anchor/   with --anchor DIR: the seed's triton_anchor.py and
-#                  seed_triton_kernels.py, for run_kernels.sh
+#                  seed_triton_kernels.py, for run_kernels.sh, and
+#                  sglang_unsynced_call.py where DIR has it, for run_e2e.sh
 #   DEST/run_kernels.sh, run_daemon_suite.sh, run_e2e.sh and their helpers,
 #   DEST/MANIFEST  the commit, the build host and the packaged files
 # Usage: tools/gpu/package.sh [--anchor DIR] DEST
@@ -117,6 +118,9 @@ cp tools/gpu/gpu_common.sh tools/gpu/run_kernels.sh \
 if [[ -n $anchor ]]; then
   mkdir -p "$stage/anchor"
   cp "$anchor/triton_anchor.py" "$anchor/seed_triton_kernels.py" "$stage/anchor/"
+  if [[ -f $anchor/sglang_unsynced_call.py ]]; then
+    cp "$anchor/sglang_unsynced_call.py" "$stage/anchor/"
+  fi
 fi
 
 # The Debian package that owns a library (dpkg knows some by their /lib
