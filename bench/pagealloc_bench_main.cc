@@ -6,7 +6,11 @@
 // client count: K worker processes (this binary with --worker) behave like
 // schedulers, each with --batch live sequences: decode steps, prefill chunks,
 // speculative steps (checkpoint, draft, rollback), frees of finished
-// sequences and admission of new ones. Every call's latency goes into a
+// sequences and admission of new ones. A client either copies its slots to
+// the host after each call or, as an engine does, keeps them on the GPU:
+// its own stream ordered after the call (Client::OrderAfter) and a kernel
+// there reading them (--gpu_ordered, --sweep_completion; bench/README.md).
+// Every call's latency goes into a
 // log-linear histogram per RPC; workers hand theirs to the coordinator, which
 // merges them and adds what only the daemon knows: launches (GetStats), its
 // CPU time (/proc/<pid>/stat) and its own stage histograms (/metrics).

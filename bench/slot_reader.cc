@@ -64,12 +64,17 @@ absl::StatusOr<std::unique_ptr<SlotReader>> SlotReader::Create(
 
 absl::Status SlotReader::InitDevice(int lanes) {
   device_ = true;
-  // Our stream, memory and events belong on the ring's GPU.
+  // Our stream, memory and events belong on the ring's GPU. Where CUDA
+  // cannot tell it from the pointer, the client's import left that GPU
+  // current.
   cudaPointerAttributes attributes;
-  RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, ring_),
-                             "cudaPointerGetAttributes of the ring"));
-  RETURN_IF_ERROR(
-      CudaStatus(cudaSetDevice(attributes.device), "cudaSetDevice"));
+  if (cudaPointerGetAttributes(&attributes, ring_) == cudaSuccess &&
+      attributes.type == cudaMemoryTypeDevice && attributes.device >= 0) {
+    RETURN_IF_ERROR(
+        CudaStatus(cudaSetDevice(attributes.device), "cudaSetDevice"));
+  } else {
+    cudaGetLastError();  // clears the lookup's error
+  }
   const size_t bytes = ring_slots_ * sizeof(int64_t);
   void* host = nullptr;
   RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&host, bytes), "cudaMallocHost"));
