@@ -10,10 +10,10 @@
 // the host after each call or, as an engine does, keeps them on the GPU:
 // its own stream ordered after the call (Client::OrderAfter) and a kernel
 // there reading them (--gpu_ordered, --sweep_completion; bench/README.md).
-// Every call's latency goes into a
-// log-linear histogram per RPC; workers hand theirs to the coordinator, which
-// merges them and adds what only the daemon knows: launches (GetStats), its
-// CPU time (/proc/<pid>/stat) and its own stage histograms (/metrics).
+// Every call's latency goes into a log-linear histogram per RPC; workers
+// hand theirs to the coordinator, which merges them and adds what only the
+// daemon knows: launches (GetStats), its CPU time (/proc/<pid>/stat) and its
+// own stage histograms (/metrics).
 //
 // The benchmark reports; it fails only when something breaks (a worker's
 // error, a daemon that does not start), never on a number.
