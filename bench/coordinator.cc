@@ -13,6 +13,25 @@
 #include "common/status_macros.h"
 
 namespace pagealloc::bench {
+namespace {
+
+// `w` in the completion mode `name` (Workload::mode()'s names).
+absl::StatusOr<Workload> WithMode(const Workload& w, const std::string& name) {
+  Workload mode = w;
+  if (name == "sync" || name == "async") {
+    mode.gpu_ordered = false;
+  } else if (name == "gpu" || name == "sync_gpu") {
+    mode.gpu_ordered = true;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sweep_completion: bad mode '", name,
+                     "' (sync, async, gpu or sync_gpu)"));
+  }
+  mode.async_completion = name == "async" || name == "gpu";
+  return mode;
+}
+
+}  // namespace
 
 absl::Status RunCoordinator(const BenchOptions& options) {
   std::vector<int> client_counts;
@@ -31,6 +50,12 @@ absl::Status RunCoordinator(const BenchOptions& options) {
   }
   const Workload& w = options.workload;
   RETURN_IF_ERROR(w.Validate());
+  std::vector<Workload> modes;
+  for (const std::string& name : options.sweep_completion) {
+    ASSIGN_OR_RETURN(Workload mode, WithMode(w, name));
+    modes.push_back(mode);
+  }
+  if (modes.empty()) modes.push_back(w);
   // Unix socket paths are limited to 107 bytes: a short private directory.
   char pattern[] = "/tmp/pagealloc-bench-XXXXXX";
   if (mkdtemp(pattern) == nullptr) {
@@ -46,25 +71,34 @@ absl::Status RunCoordinator(const BenchOptions& options) {
   }
   ASSIGN_OR_RETURN(floors.health,
                    MeasureHealthCheck(daemon.target, options.floor_s));
-  ASSIGN_OR_RETURN(
-      floors.in_process,
-      MeasureInProcessDecode(options.daemon.backend, w,
-                             options.daemon.num_pages, options.daemon.page_size,
-                             options.floor_s, options.seed, &floors.executor));
+  ASSIGN_OR_RETURN(floors.in_process,
+                   MeasureInProcessDecode(
+                       options.daemon.backend, w, options.daemon.num_pages,
+                       options.daemon.page_size, options.floor_s, options.seed,
+                       &floors.executor, &floors.in_process_enqueue));
 
   std::vector<PhaseResult> phases;
-  for (size_t i = 0; i < client_counts.size(); ++i) {
-    PhaseOptions phase;
-    phase.dir = dir;
-    phase.clients = client_counts[i];
-    phase.number = i + 1;
-    phase.of = client_counts.size();
-    phase.seed = options.seed;
-    phase.duration_s = options.duration_s;
-    phase.progress = options.progress;
-    phase.worker_flags = options.worker_flags;
-    ASSIGN_OR_RETURN(PhaseResult result, RunPhase(daemon, phase));
-    phases.push_back(std::move(result));
+  const int of = client_counts.size() * modes.size();
+  for (int clients : client_counts) {
+    for (const Workload& mode : modes) {
+      PhaseOptions phase;
+      phase.dir = dir;
+      phase.clients = clients;
+      phase.number = phases.size() + 1;
+      phase.of = of;
+      phase.seed = options.seed;
+      phase.duration_s = options.duration_s;
+      phase.progress = options.progress;
+      phase.worker_flags = options.worker_flags;
+      // Later flags win: the phase's mode over the run's.
+      phase.worker_flags.push_back(absl::StrCat(
+          "--async_completion=", mode.async_completion ? "true" : "false"));
+      phase.worker_flags.push_back(
+          absl::StrCat("--gpu_ordered=", mode.gpu_ordered ? "true" : "false"));
+      ASSIGN_OR_RETURN(PhaseResult result, RunPhase(daemon, phase));
+      result.workload = mode;
+      phases.push_back(std::move(result));
+    }
   }
   PrintReport(floors, phases, w);
   if (!options.json.empty()) {

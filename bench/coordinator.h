@@ -22,6 +22,10 @@ struct BenchOptions {
   // `clients` when it is empty.
   std::vector<std::string> sweep_clients;
   int clients = 1;
+  // For each client count, one phase per completion mode ("sync", "async",
+  // "gpu", "sync_gpu": Workload::mode()), in this order; empty: the
+  // workload's own mode.
+  std::vector<std::string> sweep_completion;
   double duration_s = 5;
   double floor_s = 2;
   Workload workload;
@@ -33,9 +37,9 @@ struct BenchOptions {
   std::vector<std::string> worker_flags;
 };
 
-// Runs the benchmark. INVALID_ARGUMENT for a bad client count or
-// workload; otherwise the error of whatever broke (the daemon, a worker,
-// writing the JSON). Never fails on a number.
+// Runs the benchmark. INVALID_ARGUMENT for a bad client count, completion
+// mode or workload; otherwise the error of whatever broke (the daemon, a
+// worker, writing the JSON). Never fails on a number.
 absl::Status RunCoordinator(const BenchOptions& options);
 
 }  // namespace pagealloc::bench

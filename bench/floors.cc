@@ -109,12 +109,10 @@ absl::StatusOr<Latency> MeasureHealthCheck(const std::string& target,
   return result;
 }
 
-absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
-                                               const Workload& w,
-                                               int64_t num_pages,
-                                               int64_t page_size,
-                                               double seconds, uint64_t seed,
-                                               std::string* executor_name) {
+absl::StatusOr<Latency> MeasureInProcessDecode(
+    const std::string& backend, const Workload& w, int64_t num_pages,
+    int64_t page_size, double seconds, uint64_t seed,
+    std::string* executor_name, Latency* enqueue) {
   const int64_t capacity =
       int64_t{w.batch} * std::max<int64_t>(w.prefill_chunk, 1);
   ASSIGN_OR_RETURN(std::unique_ptr<InProcessExecutor> ex,
@@ -131,6 +129,9 @@ absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
   WorkloadRandom random(seed);
 
   // Runs one batch; fills `results` and the host copy of the slots.
+  // `enqueue_nanos`: until Allocate returned; `nanos`: until the launch is
+  // complete.
+  int64_t enqueue_nanos = 0;
   auto run = [&](std::vector<AllocRequest>& requests,
                  std::vector<AllocResult>* results,
                  int64_t* nanos) -> absl::Status {
@@ -142,6 +143,7 @@ absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
     }
     const int64_t t0 = NowNanos();
     *results = pool->Allocate(requests);
+    enqueue_nanos = NowNanos() - t0;
     RETURN_IF_ERROR(ex->executor->Synchronize());
     *nanos = NowNanos() - t0;
     return ex->CopyToHost(offset);
@@ -188,7 +190,10 @@ absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
     }
     RETURN_IF_ERROR(run(requests, &results, &nanos));
     // The first steps load code and warm caches; keep them out.
-    if (step >= 20) result.histogram.Record(nanos);
+    if (step >= 20) {
+      result.histogram.Record(nanos);
+      if (enqueue != nullptr) enqueue->histogram.Record(enqueue_nanos);
+    }
     std::vector<size_t> finished;
     for (size_t k = 0; k < requests.size(); ++k) {
       if (!results[k].status.ok()) return results[k].status;
@@ -204,6 +209,7 @@ absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
     if (NowNanos() >= end && result.histogram.count() > 0) break;
   }
   result.seconds = (NowNanos() - start) / 1e9;
+  if (enqueue != nullptr) enqueue->seconds = result.seconds;
   return result;
 }
 

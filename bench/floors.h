@@ -23,6 +23,11 @@ struct Latency {
 struct Floors {
   Latency health;
   Latency in_process;
+  // The same decode steps timed until Allocate returns, before the
+  // executor's Synchronize: what a scheduler linking the allocator would
+  // wait with its slots left on the GPU (on the CPU executor, the same as
+  // in_process).
+  Latency in_process_enqueue;
   std::string executor;  // the in-process floor's: "cpu" or "cuda"
 };
 
@@ -41,13 +46,12 @@ absl::StatusOr<Latency> MeasureHealthCheck(const std::string& target,
 // completion (Allocate + Synchronize, what the daemon's batcher does per
 // launch in sync mode), no RPC. Admissions and frees happen outside the
 // timed region; the first 20 steps are not recorded. Sets
-// `executor_name`. FAILED_PRECONDITION for "cuda" in a build without CUDA.
-absl::StatusOr<Latency> MeasureInProcessDecode(const std::string& backend,
-                                               const Workload& w,
-                                               int64_t num_pages,
-                                               int64_t page_size,
-                                               double seconds, uint64_t seed,
-                                               std::string* executor_name);
+// `executor_name`, and `enqueue` (when given) to the same steps timed until
+// Allocate returns. FAILED_PRECONDITION for "cuda" in a build without CUDA.
+absl::StatusOr<Latency> MeasureInProcessDecode(
+    const std::string& backend, const Workload& w, int64_t num_pages,
+    int64_t page_size, double seconds, uint64_t seed,
+    std::string* executor_name, Latency* enqueue = nullptr);
 
 }  // namespace pagealloc::bench
 

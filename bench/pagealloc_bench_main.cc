@@ -6,10 +6,14 @@
 // client count: K worker processes (this binary with --worker) behave like
 // schedulers, each with --batch live sequences: decode steps, prefill chunks,
 // speculative steps (checkpoint, draft, rollback), frees of finished
-// sequences and admission of new ones. Every call's latency goes into a
-// log-linear histogram per RPC; workers hand theirs to the coordinator, which
-// merges them and adds what only the daemon knows: launches (GetStats), its
-// CPU time (/proc/<pid>/stat) and its own stage histograms (/metrics).
+// sequences and admission of new ones. A client either copies its slots to
+// the host after each call or, as an engine does, keeps them on the GPU:
+// its own stream ordered after the call (Client::OrderAfter) and a kernel
+// there reading them (--gpu_ordered, --sweep_completion; bench/README.md).
+// Every call's latency goes into a log-linear histogram per RPC; workers
+// hand theirs to the coordinator, which merges them and adds what only the
+// daemon knows: launches (GetStats), its CPU time (/proc/<pid>/stat) and its
+// own stage histograms (/metrics).
 //
 // The benchmark reports; it fails only when something breaks (a worker's
 // error, a daemon that does not start), never on a number.
@@ -75,6 +79,24 @@ ABSL_FLAG(int, max_seq_len, 2048,
 ABSL_FLAG(bool, async_completion, false,
           "Allocation calls ask for async completion; the client orders its "
           "slot reads after the daemon's completion event.");
+ABSL_FLAG(bool, gpu_ordered, false,
+          "Clients keep their slots on the GPU, as an engine does: after "
+          "each allocation call they order their own CUDA stream after it "
+          "(Client::OrderAfter) and a kernel there reads the slots; the "
+          "call is timed until OrderAfter returns. The slots reach the host "
+          "(for the benchmark's bookkeeping) before the lane's next step. "
+          "On the CPU backend the slots are read on the host.");
+ABSL_FLAG(int, lanes, 0,
+          "Sets of --batch sequences per client, stepped in turn (as "
+          "SGLang's overlap scheduler keeps two batches); 0: 2 with "
+          "--gpu_ordered (a lane's slots come back while the other calls), "
+          "else 1.");
+ABSL_FLAG(std::vector<std::string>, sweep_completion, {},
+          "For each client count, one phase per completion mode, e.g. "
+          "sync,gpu: sync (slots copied to the host after a sync call), "
+          "async (copied after the daemon's completion), gpu (async "
+          "completion, slots read on the GPU: --gpu_ordered), sync_gpu. "
+          "Overrides --async_completion and --gpu_ordered.");
 ABSL_FLAG(bool, fast_channel, true,
           "Clients send allocation calls through the daemon's fast channel "
           "(shared memory) when it offers one; false: through gRPC.");
@@ -111,6 +133,8 @@ Workload WorkloadFromFlags() {
   w.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   w.async_completion = absl::GetFlag(FLAGS_async_completion);
   w.piggyback_ops = absl::GetFlag(FLAGS_piggyback_ops);
+  w.gpu_ordered = absl::GetFlag(FLAGS_gpu_ordered);
+  w.lanes = absl::GetFlag(FLAGS_lanes);
   return w;
 }
 
@@ -131,10 +155,11 @@ WorkerOptions WorkerOptionsFromFlags() {
 // given, as "--name=value".
 std::vector<std::string> WorkerFlags() {
   std::vector<std::string> args;
-  for (const char* name : {"batch", "decode_weight", "prefill_weight",
-                           "spec_weight", "prefill_chunk", "prefill_requests",
-                           "draft_tokens", "max_seq_len", "async_completion",
-                           "fast_channel", "client_spin_us", "piggyback_ops"}) {
+  for (const char* name :
+       {"batch", "decode_weight", "prefill_weight", "spec_weight",
+        "prefill_chunk", "prefill_requests", "draft_tokens", "max_seq_len",
+        "async_completion", "fast_channel", "client_spin_us", "piggyback_ops",
+        "gpu_ordered", "lanes"}) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     args.push_back(absl::StrCat("--", name, "=",
                                 flag == nullptr ? "" : flag->CurrentValue()));
@@ -153,6 +178,7 @@ BenchOptions BenchOptionsFromFlags() {
   o.daemon.page_size = absl::GetFlag(FLAGS_page_size);
   o.daemon.server_flags = absl::GetFlag(FLAGS_server_flags);
   o.sweep_clients = absl::GetFlag(FLAGS_sweep_clients);
+  o.sweep_completion = absl::GetFlag(FLAGS_sweep_completion);
   o.clients = absl::GetFlag(FLAGS_clients);
   o.duration_s = absl::GetFlag(FLAGS_duration_s);
   o.floor_s = absl::GetFlag(FLAGS_floor_s);
@@ -177,7 +203,7 @@ int main(int argc, char** argv) {
        "pagealloc-bench: the end-to-end load generator and benchmark "
        "(bench/README.md).\n"
        "  pagealloc-bench --backend=cpu --sweep_clients=1,2,4,8 "
-       "--json=/tmp/sweep.json",
+       "--sweep_completion=sync,gpu --json=/tmp/sweep.json",
        "bench/pagealloc_bench_main.cc",
        {},
        {"worker", "worker_index", "control_file", "worker_out"}});

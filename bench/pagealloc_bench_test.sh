@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Runs pagealloc-bench briefly on the CPU backend and checks its JSON: every
-# field present, counts and rates non-zero, percentiles ordered. No timing
-# thresholds: a benchmark reports, it never fails on time. Then, where
-# gnuplot is installed, checks that bench/plot.sh turns the JSON into PNGs.
+# field present, counts and rates non-zero, percentiles ordered; the
+# completion modes of a sweep (sync, and gpu: slots read on the "GPU", which
+# on the CPU backend is the host, one lane behind); page size 1 with prefill
+# chunks only. No timing thresholds: a benchmark reports, it never fails on
+# time. Then, where gnuplot is installed, checks that bench/plot.sh turns the
+# JSON into PNGs.
 set -euo pipefail
 runfiles=${TEST_SRCDIR:?}/${TEST_WORKSPACE:-pagealloc}
 bench=$runfiles/bench/pagealloc-bench
 out=${TEST_TMPDIR:?}/bench
 mkdir -p "$out"
 
-# Separate Free and Checkpoint calls here, so that every RPC row has data.
+# Separate Free and Checkpoint calls here, so that every RPC row has data;
+# each client count in two completion modes.
 "$bench" --backend=cpu --server_binary="$runfiles/server/pagealloc-server" \
-  --sweep_clients=1,2 --batch=32 --duration_s=1 --floor_s=0.3 \
+  --sweep_clients=1,2 --sweep_completion=sync,gpu --batch=32 \
+  --duration_s=1 --floor_s=0.3 \
   --num_pages=65536 --max_seq_len=256 --prefill_chunk=64 \
   --piggyback_ops=false --json="$out/results.json" >"$out/stdout.txt"
 cat "$out/stdout.txt"
@@ -22,8 +27,18 @@ grep -q "== sweep" "$out/stdout.txt"
   --num_pages=65536 --max_seq_len=256 --prefill_chunk=64 \
   --json="$out/piggyback.json" >"$out/piggyback.txt"
 cat "$out/piggyback.txt"
+# SGLang's default page size, prefill chunks only, slots read in order on
+# the client's side with three lanes.
+"$bench" --backend=cpu --server_binary="$runfiles/server/pagealloc-server" \
+  --clients=1 --page_size=1 --num_pages=262144 --batch=4 \
+  --prefill_chunk=512 --prefill_requests=4 --max_seq_len=8192 \
+  --decode_weight=0 --prefill_weight=100 --spec_weight=0 --gpu_ordered \
+  --lanes=3 --duration_s=1 --floor_s=0.3 \
+  --json="$out/prefill.json" >"$out/prefill.txt"
+cat "$out/prefill.txt"
 
-/usr/bin/python3 - "$out/results.json" "$out/piggyback.json" <<'PY'
+/usr/bin/python3 - "$out/results.json" "$out/piggyback.json" \
+  "$out/prefill.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 errors = []
@@ -43,10 +58,16 @@ if r["config"]["backend"] != "cpu":
     errors.append("config.backend")
 latency("floors.health_check", r["floors"]["health_check"])
 latency("floors.in_process_decode", r["floors"]["in_process_decode"])
+latency("floors.in_process_enqueue", r["floors"]["in_process_enqueue"])
 if r["floors"]["in_process_decode"]["executor"] != "cpu":
     errors.append("floors.in_process_decode.executor")
-if [p["clients"] for p in r["phases"]] != [1, 2]:
-    errors.append(f"phases: {[p['clients'] for p in r['phases']]}, want [1, 2]")
+# One phase per client count and mode, the modes inner.
+got = [(p["clients"], p["mode"], p["async_completion"], p["gpu_ordered"],
+        p["lanes"]) for p in r["phases"]]
+want = [(1, "sync", False, False, 1), (1, "gpu", True, True, 2),
+        (2, "sync", False, False, 1), (2, "gpu", True, True, 2)]
+if got != want:
+    errors.append(f"phases: {got}, want {want}")
 for i, p in enumerate(r["phases"]):
     w = f"phases[{i}]"
     positive(w, p, "seconds", "calls", "calls_per_s", "alloc_calls",
@@ -63,7 +84,8 @@ for i, p in enumerate(r["phases"]):
     # Every launch carries at least one call, and a call never spans two.
     if p["calls_per_launch"] < 1 - 1e-9 and p["launches"] > 0:
         errors.append(f"{w}: calls_per_launch {p['calls_per_launch']} < 1")
-    for rpc in ("AllocDecode", "AllocExtend", "Free", "Checkpoint", "Rollback"):
+    for rpc in ("AllocDecode", "AllocExtend", "Free", "Checkpoint",
+                "Rollback", "AllocExtend_admit"):
         latency(f"{w}.rpcs.{rpc}", p["rpcs"][rpc])
     positive(w + ".rpcs.AllocDecode", p["rpcs"]["AllocDecode"], "slots", "slots_per_s")
 if r["config"]["piggyback_ops"]:
@@ -79,6 +101,19 @@ for rpc in ("Free", "Checkpoint"):
         errors.append(f"piggyback: {rpc} calls were sent")
 for rpc in ("AllocDecode", "AllocExtend", "Rollback"):
     latency(f"piggyback.rpcs.{rpc}", p["phases"][0]["rpcs"][rpc])
+# Prefill chunks only at page size 1: every allocation is an extend, and
+# the chunks are bigger than an admission's prompt on average.
+f = json.load(open(sys.argv[3]))
+if f["config"]["page_size"] != 1 or not f["config"]["gpu_ordered"]:
+    errors.append(f"prefill: config {f['config']}")
+fp = f["phases"][0]
+if (fp["mode"], fp["lanes"]) != ("sync_gpu", 3):
+    errors.append(f"prefill: mode {fp['mode']}, lanes {fp['lanes']}")
+latency("prefill.rpcs.AllocExtend", fp["rpcs"]["AllocExtend"])
+positive("prefill.rpcs.AllocExtend", fp["rpcs"]["AllocExtend"], "slots")
+for rpc in ("AllocDecode", "Checkpoint", "Rollback", "Free"):
+    if fp["rpcs"][rpc]["count"] != 0:
+        errors.append(f"prefill: {rpc} calls were sent")
 if errors:
     print("\n".join(errors))
     sys.exit(1)
@@ -87,8 +122,9 @@ PY
 
 if command -v gnuplot >/dev/null; then
   "$runfiles/bench/plot.sh" "$out/results.json" "$out/plots"
-  for f in latency throughput; do
-    head -c 8 "$out/plots/$f.png" | od -An -c | grep -q "P   N   G" ||
+  "$runfiles/bench/plot.sh" "$out/prefill.json" "$out/plots_prefill" AllocExtend
+  for f in plots/latency plots/throughput plots_prefill/latency; do
+    head -c 8 "$out/$f.png" | od -An -c | grep -q "P   N   G" ||
       { echo "$f.png is not a PNG"; exit 1; }
   done
   echo "plots OK"

@@ -116,8 +116,7 @@ class Phase {
     const WorkerReport& w = result.workers;
     result.launches =
         after.stats.launches_total() - before.stats.launches_total();
-    result.alloc_calls =
-        w.rpcs[kDecode].latency.count() + w.rpcs[kExtend].latency.count();
+    result.alloc_calls = w.alloc_calls();
     if (before.cpu_seconds >= 0 && after.cpu_seconds >= 0) {
       result.server_cpu_seconds = after.cpu_seconds - before.cpu_seconds;
     }

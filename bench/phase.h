@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "bench/daemon.h"
 #include "bench/rpc_stats.h"
+#include "bench/workload.h"
 
 namespace pagealloc::bench {
 
@@ -30,6 +31,9 @@ struct PhaseOptions {
 
 struct PhaseResult {
   int clients = 0;
+  // The workload the workers ran (its completion mode and lanes may differ
+  // from phase to phase of a run).
+  Workload workload;
   double seconds = 0;
   WorkerReport workers;  // every worker's, merged
   int64_t launches = 0;

@@ -40,8 +40,7 @@ std::string LatencyJson(const LatencyHistogram& h) {
 // -1 (unknown) stays -1; seconds become microseconds.
 double MetricUs(double seconds) { return seconds < 0 ? -1 : seconds * 1e6; }
 
-std::string PhaseJson(const PhaseResult& p, const Floors& floors,
-                      bool async_completion) {
+std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
   std::vector<std::string> rpcs;
   for (int r = 0; r < kNumRpcKinds; ++r) {
     const RpcStats& s = p.workers.rpcs[r];
@@ -61,7 +60,8 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors,
           ? -1
           : Ratio(p.server_cpu_seconds * 1e6, p.alloc_calls);
   return absl::StrFormat(
-      "{\"clients\": %d, \"async_completion\": %s, \"seconds\": %.3f, "
+      "{\"clients\": %d, \"mode\": \"%s\", \"async_completion\": %s, "
+      "\"gpu_ordered\": %s, \"lanes\": %d, \"seconds\": %.3f, "
       "\"calls\": %d, \"calls_per_s\": %.1f, \"alloc_calls\": %d, "
       "\"alloc_calls_per_s\": %.1f, \"alloc_slots_per_s\": %.1f, "
       "\"launches\": %d, \"launches_per_s\": %.1f, \"calls_per_launch\": %.3f, "
@@ -76,15 +76,15 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors,
       "\"decode_p50_vs_in_process_p50\": %.3f, "
       "\"decode_p99_vs_in_process_p99\": %.3f}, "
       "\"rpcs\": {%s}}",
-      p.clients, async_completion ? "true" : "false", p.seconds,
-      p.workers.total_calls(), p.workers.total_calls() / p.seconds,
+      p.clients, p.workload.mode(),
+      p.workload.async_completion ? "true" : "false",
+      p.workload.gpu_ordered ? "true" : "false", p.workload.effective_lanes(),
+      p.seconds, p.workers.total_calls(), p.workers.total_calls() / p.seconds,
       p.alloc_calls, p.alloc_calls / p.seconds,
-      (p.workers.rpcs[kDecode].slots + p.workers.rpcs[kExtend].slots) /
-          p.seconds,
-      p.launches, p.launches / p.seconds, Ratio(p.alloc_calls, p.launches),
-      Ratio(p.workers.rpcs[kDecode].requests + p.workers.rpcs[kExtend].requests,
-            p.launches),
-      p.workers.refused, p.server_cpu_seconds, cpu_us_per_rpc, cpu_us_per_alloc,
+      p.workers.alloc_slots() / p.seconds, p.launches, p.launches / p.seconds,
+      Ratio(p.alloc_calls, p.launches),
+      Ratio(p.workers.alloc_requests(), p.launches), p.workers.refused,
+      p.server_cpu_seconds, cpu_us_per_rpc, cpu_us_per_alloc,
       MetricUs(p.server_decode_rpc_mean), MetricUs(p.server_queue_wait_mean),
       MetricUs(p.server_execute_mean), MetricUs(p.server_complete_mean),
       p.server_batch_requests_mean,
@@ -119,10 +119,17 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
       absl::StrFormat("in-process decode(%d) %s", w.batch, floors.executor);
   PrintLatencyRow(in_process.c_str(), floors.in_process.histogram,
                   floors.in_process.seconds);
+  PrintLatencyRow("  until Allocate returns",
+                  floors.in_process_enqueue.histogram,
+                  floors.in_process_enqueue.seconds);
   for (const PhaseResult& p : phases) {
-    std::printf("\n== %d client(s), batch %d, %s completion, %.1f s\n",
-                p.clients, w.batch, w.async_completion ? "async" : "sync",
-                p.seconds);
+    std::printf(
+        "\n== %d client(s), batch %d, %s (%s completion, slots read on the "
+        "%s, %d lane(s)), %.1f s\n",
+        p.clients, w.batch, p.workload.mode(),
+        p.workload.async_completion ? "async" : "sync",
+        p.workload.gpu_ordered ? "GPU" : "host", p.workload.effective_lanes(),
+        p.seconds);
     std::printf(header, "rpc", "calls", "calls/s", "p50 us", "p90 us", "p99 us",
                 "p99.9 us");
     for (int r = 0; r < kNumRpcKinds; ++r) {
@@ -131,13 +138,9 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
     std::printf(
         "allocation calls/s %.0f, slots/s %.0f, launches/s %.0f, "
         "calls/launch %.2f, requests/launch %.1f, refused %lld\n",
-        p.alloc_calls / p.seconds,
-        (p.workers.rpcs[kDecode].slots + p.workers.rpcs[kExtend].slots) /
-            p.seconds,
+        p.alloc_calls / p.seconds, p.workers.alloc_slots() / p.seconds,
         p.launches / p.seconds, Ratio(p.alloc_calls, p.launches),
-        Ratio(
-            p.workers.rpcs[kDecode].requests + p.workers.rpcs[kExtend].requests,
-            p.launches),
+        Ratio(p.workers.alloc_requests(), p.launches),
         static_cast<long long>(p.workers.refused));
     if (p.server_cpu_seconds >= 0) {
       std::printf(
@@ -166,18 +169,16 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
               floors.in_process.histogram.Percentile(0.99)));
   }
   if (phases.size() > 1) {
-    std::printf("\n== sweep\n%8s %14s %12s %13s %12s %12s\n", "clients",
-                "alloc calls/s", "slots/s", "calls/launch", "decode p50",
-                "decode p99");
+    std::printf("\n== sweep\n%8s %9s %14s %12s %13s %12s %12s\n", "clients",
+                "mode", "alloc calls/s", "slots/s", "calls/launch",
+                "decode p50", "decode p99");
     for (const PhaseResult& p : phases) {
       const LatencyHistogram& d = p.workers.rpcs[kDecode].latency;
-      std::printf(
-          "%8d %14.0f %12.0f %13.2f %12.1f %12.1f\n", p.clients,
-          p.alloc_calls / p.seconds,
-          (p.workers.rpcs[kDecode].slots + p.workers.rpcs[kExtend].slots) /
-              p.seconds,
-          Ratio(p.alloc_calls, p.launches), Us(d.Percentile(0.5)),
-          Us(d.Percentile(0.99)));
+      std::printf("%8d %9s %14.0f %12.0f %13.2f %12.1f %12.1f\n", p.clients,
+                  p.workload.mode(), p.alloc_calls / p.seconds,
+                  p.workers.alloc_slots() / p.seconds,
+                  Ratio(p.alloc_calls, p.launches), Us(d.Percentile(0.5)),
+                  Us(d.Percentile(0.99)));
     }
   }
 }
@@ -188,7 +189,7 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
   const Workload& w = config.workload;
   std::vector<std::string> phase_json;
   for (const PhaseResult& p : phases) {
-    phase_json.push_back(PhaseJson(p, floors, w.async_completion));
+    phase_json.push_back(PhaseJson(p, floors));
   }
   // What produced these numbers: the machine and the build.
   char host[256] = {};
@@ -209,20 +210,23 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
       "\"batch\": %d, \"duration_s\": %g, \"decode_weight\": %d, "
       "\"prefill_weight\": %d, \"spec_weight\": %d, \"prefill_chunk\": %d, "
       "\"prefill_requests\": %d, \"draft_tokens\": %d, \"max_seq_len\": %d, "
-      "\"async_completion\": %s, \"fast_channel\": %s, "
+      "\"async_completion\": %s, \"gpu_ordered\": %s, \"lanes\": %d, "
+      "\"fast_channel\": %s, "
       "\"piggyback_ops\": %s, \"page_size\": %d, "
       "\"num_pages\": %d},\n"
       "\"floors\": {\"health_check\": {%s},\n"
-      "  \"in_process_decode\": {\"executor\": \"%s\", %s}},\n"
+      "  \"in_process_decode\": {\"executor\": \"%s\", %s},\n"
+      "  \"in_process_enqueue\": {%s}},\n"
       "\"phases\": [\n%s\n]\n}\n",
       run, config.backend, config.target, w.batch, config.duration_s,
       w.decode_weight, w.prefill_weight, w.spec_weight, w.prefill_chunk,
       w.prefill_requests, w.draft_tokens, w.max_seq_len,
-      w.async_completion ? "true" : "false",
-      config.fast_channel ? "true" : "false",
+      w.async_completion ? "true" : "false", w.gpu_ordered ? "true" : "false",
+      w.lanes, config.fast_channel ? "true" : "false",
       w.piggyback_ops ? "true" : "false", config.page_size, config.num_pages,
       LatencyJson(floors.health.histogram), floors.executor,
       LatencyJson(floors.in_process.histogram),
+      LatencyJson(floors.in_process_enqueue.histogram),
       absl::StrJoin(phase_json, ",\n"));
   std::ofstream out(path);
   out << text;

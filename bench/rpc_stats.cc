@@ -14,6 +14,20 @@ int64_t WorkerReport::total_calls() const {
   return n;
 }
 
+int64_t WorkerReport::alloc_calls() const {
+  return rpcs[kDecode].latency.count() + rpcs[kExtend].latency.count() +
+         rpcs[kAdmit].latency.count();
+}
+
+int64_t WorkerReport::alloc_slots() const {
+  return rpcs[kDecode].slots + rpcs[kExtend].slots + rpcs[kAdmit].slots;
+}
+
+int64_t WorkerReport::alloc_requests() const {
+  return rpcs[kDecode].requests + rpcs[kExtend].requests +
+         rpcs[kAdmit].requests;
+}
+
 void WorkerReport::Merge(const WorkerReport& other) {
   for (int r = 0; r < kNumRpcKinds; ++r) {
     rpcs[r].latency.Merge(other.rpcs[r].latency);

@@ -14,11 +14,21 @@
 
 namespace pagealloc::bench {
 
-// The RPCs a worker makes. Admission and prefill chunks are both
-// AllocExtend, as a scheduler sends them.
-enum RpcKind { kDecode, kExtend, kFree, kCheckpoint, kRollback, kNumRpcKinds };
+// The RPCs a worker makes. Admissions of new sequences are AllocExtend
+// calls as well, counted apart (kAdmit) so that the AllocExtend row holds
+// prefill chunks and speculative drafts alone.
+enum RpcKind {
+  kDecode,
+  kExtend,
+  kFree,
+  kCheckpoint,
+  kRollback,
+  kAdmit,
+  kNumRpcKinds
+};
 inline constexpr const char* kRpcNames[kNumRpcKinds] = {
-    "AllocDecode", "AllocExtend", "Free", "Checkpoint", "Rollback"};
+    "AllocDecode", "AllocExtend", "Free",
+    "Checkpoint",  "Rollback",    "AllocExtend_admit"};
 
 struct RpcStats {
   LatencyHistogram latency;
@@ -34,6 +44,10 @@ struct WorkerReport {
 
   // Calls of every kind.
   int64_t total_calls() const;
+  // Allocation calls (decode, extend, admission), their slots and requests.
+  int64_t alloc_calls() const;
+  int64_t alloc_slots() const;
+  int64_t alloc_requests() const;
 
   // Adds `other`'s counts and histograms to this report's.
   void Merge(const WorkerReport& other);

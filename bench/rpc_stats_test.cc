@@ -33,7 +33,11 @@ TEST(WorkerReportTest, SurvivesItsTextForm) {
               report.rpcs[r].latency.Serialize());
   }
   EXPECT_EQ(parsed.refused, 21);
-  EXPECT_EQ(parsed.total_calls(), 1 + 2 + 3 + 4 + 5);
+  EXPECT_EQ(parsed.total_calls(), 1 + 2 + 3 + 4 + 5 + 6);
+  // Decode, extend and admission are the allocation calls.
+  EXPECT_EQ(parsed.alloc_calls(), 1 + 2 + 6);
+  EXPECT_EQ(parsed.alloc_slots(), 3 * (1 + 2 + 6));
+  EXPECT_EQ(parsed.alloc_requests(), 3 * (2 + 3 + 7));
 }
 
 TEST(WorkerReportTest, AnEmptyReportSurvivesToo) {

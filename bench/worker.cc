@@ -16,6 +16,7 @@
 #include "bench/clock.h"
 #include "bench/control.h"
 #include "bench/rpc_stats.h"
+#include "bench/slot_reader.h"
 #include "client/client.h"
 #include "common/status_macros.h"
 #include "tests/workload.h"
@@ -28,24 +29,38 @@ using ::pagealloc::testing::LiveSequence;
 using ::pagealloc::testing::Prefill;
 using ::pagealloc::testing::SequenceSet;
 
-class Worker {
+// One lane: `batch` live sequences of the client and the scheduler steps
+// that grow them. Every allocation call is timed up to its return (and,
+// gpu_ordered, up to the client's stream being ordered after it); its
+// slots are read (SlotReader) and recorded into the sequences when the
+// lane finishes the call: at once when slots are copied to the host, else
+// at the lane's next step.
+class Lane {
  public:
-  Worker(Client* client, const Workload& workload, uint64_t seed,
-         std::atomic<int64_t>* calls_counter)
+  Lane(Client* client, SlotReader* reader, const Workload& workload, int index,
+       WorkloadRandom* random, WorkerReport* report,
+       std::atomic<int64_t>* calls_counter)
       : client_(client),
+        reader_(reader),
         w_(workload),
-        random_(seed),
+        index_(index),
+        random_(*random),
+        report_(*report),
         live_(client->pool().page_size()),
         calls_counter_(calls_counter) {
     options_.async_completion = workload.async_completion;
   }
 
   // Admits the first sequences (before the measured phase starts).
-  absl::Status Warm() { return Admit(); }
+  absl::Status Warm() {
+    RETURN_IF_ERROR(Admit());
+    return Finish();
+  }
 
-  // One scheduler step: admit into empty places, then decode, prefill or
-  // speculate by the mix.
+  // One scheduler step: finish the lane's calls of its last step, admit
+  // into empty places, then decode, prefill or speculate by the mix.
   absl::Status Step() {
+    RETURN_IF_ERROR(Finish());
     RETURN_IF_ERROR(Admit());
     const int total = w_.decode_weight + w_.prefill_weight + w_.spec_weight;
     const int pick = random_.Uniform(0, std::max(total, 1) - 1);
@@ -54,44 +69,39 @@ class Worker {
     return Speculate();
   }
 
-  const WorkerReport& report() const { return report_; }
-
  private:
+  // An answered allocation call whose slots are not yet recorded.
+  struct Pending {
+    RpcKind kind = kDecode;
+    // Admission: each request starts a new sequence of this target length.
+    std::vector<int64_t> targets;
+    bool admission = false;
+    // Otherwise request k continues live_[places[k]] (none for a
+    // speculative step, whose slots are read but not kept).
+    std::vector<size_t> places;
+    CallArrays call;
+    Allocation allocation;
+  };
+
   template <typename Call>
   auto Timed(RpcKind kind, Call call) {
     const int64_t start = NowNanos();
     auto result = call();
     report_.rpcs[kind].latency.Record(NowNanos() - start);
-    calls_counter_->store(++calls_, std::memory_order_relaxed);
+    calls_counter_->fetch_add(1, std::memory_order_relaxed);
     return result;
   }
 
-  // Copies the slots of `a` (one contiguous ring region) to host memory,
-  // where Slots finds each request's.
-  absl::Status ReadSlots(const Allocation& a) {
-    const int64_t* lo = nullptr;
-    const int64_t* hi = nullptr;
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (!a[i].status.ok() || a[i].count == 0) continue;
-      if (lo == nullptr || a[i].slots < lo) lo = a[i].slots;
-      if (hi == nullptr || a[i].slots + a[i].count > hi) {
-        hi = a[i].slots + a[i].count;
-      }
-    }
-    base_ = lo;
-    if (lo == nullptr) return absl::OkStatus();
-    if (w_.async_completion) {
-      // The answer came right after the launch: order our read (on the
-      // default stream) after the daemon's completion event.
-      RETURN_IF_ERROR(client_->OrderAfterCompletion(nullptr));
-    }
-    host_.resize(hi - lo);
-    return client_->CopyToHost(lo, hi - lo, host_.data());
-  }
-  // Request r's slots, in the host copy ReadSlots made.
-  absl::Span<const int64_t> Slots(const RequestSlots& r) const {
-    if (r.count == 0) return {};
-    return absl::MakeConstSpan(host_.data() + (r.slots - base_), r.count);
+  // An allocation call, timed until it returns and, gpu_ordered, the
+  // reader's stream waits for it: when a kernel queued next may read the
+  // slots.
+  template <typename Call>
+  absl::StatusOr<Allocation> TimedAlloc(RpcKind kind, Call call) {
+    return Timed(kind, [&]() -> absl::StatusOr<Allocation> {
+      absl::StatusOr<Allocation> a = call();
+      if (a.ok()) RETURN_IF_ERROR(reader_->Order(*a));
+      return a;
+    });
   }
 
   // The options of the next allocation call: pages waiting to be freed go
@@ -104,12 +114,12 @@ class Worker {
   }
 
   // After an allocation call: the pages that went with it are freed.
-  absl::Status Settle(const absl::StatusOr<Allocation>& a) {
-    if (!a.ok() || pending_free_.empty()) return absl::OkStatus();
-    if (a->pages_freed_first() != static_cast<int64_t>(pending_free_.size())) {
+  absl::Status Settle(const Allocation& a) {
+    if (pending_free_.empty()) return absl::OkStatus();
+    if (a.pages_freed_first() != static_cast<int64_t>(pending_free_.size())) {
       return absl::InternalError(
           absl::StrFormat("freed %d pages first, expected %d",
-                          a->pages_freed_first(), pending_free_.size()));
+                          a.pages_freed_first(), pending_free_.size()));
     }
     pending_free_.clear();
     return absl::OkStatus();
@@ -131,34 +141,63 @@ class Worker {
     return absl::OkStatus();
   }
 
-  // Records a decode or extend call's answers for the sequences at
-  // `places` (request k continues live_[places[k]] with call[k]). Finished
-  // sequences leave, and so do sequences refused for lack of pages (a
-  // scheduler would preempt them); their pages go back in one Free. Any
-  // other refusal is a bug worth stopping for.
-  absl::Status Consume(RpcKind kind, const absl::StatusOr<Allocation>& a,
-                       const std::vector<size_t>& places,
-                       const CallArrays& call) {
-    if (!a.ok()) return a.status();
-    RETURN_IF_ERROR(Settle(a));
-    report_.rpcs[kind].requests += places.size();
-    RETURN_IF_ERROR(ReadSlots(*a));
-    std::vector<size_t> done;
-    for (size_t k = 0; k < places.size(); ++k) {
-      const RequestSlots& r = (*a)[k];
-      if (!r.status.ok()) {
-        if (r.status.code() != absl::StatusCode::kResourceExhausted) {
-          return r.status;
-        }
+  // Counts an answered call and has its slots read; it is finished now
+  // when slots are copied to the host, else at the lane's next step.
+  // Requests refused for lack of pages are counted (their sequences leave
+  // when the call is finished); any other refusal is a bug worth stopping
+  // for.
+  absl::Status Issued(Pending p, bool read) {
+    RETURN_IF_ERROR(Settle(p.allocation));
+    const Allocation& a = p.allocation;
+    report_.rpcs[p.kind].requests += a.size();
+    for (size_t k = 0; k < a.size(); ++k) {
+      if (a[k].status.ok()) {
+        report_.rpcs[p.kind].slots += a[k].count;
+      } else if (a[k].status.code() == absl::StatusCode::kResourceExhausted) {
         ++report_.refused;
-        done.push_back(places[k]);
-        continue;
+      } else {
+        return a[k].status;
       }
-      RETURN_IF_ERROR(live_.Record(places[k], call[k], Slots(r)));
-      report_.rpcs[kind].slots += r.count;
-      if (live_[places[k]].finished()) done.push_back(places[k]);
     }
-    client_->Release(*a);
+    if (read) RETURN_IF_ERROR(reader_->Read(a, index_));
+    pending_.push_back(std::move(p));
+    return w_.gpu_ordered ? absl::OkStatus() : Finish();
+  }
+
+  // Records the slots of the lane's pending calls, in the order they were
+  // made: admitted sequences join (at the end, so the places of a later
+  // call still hold), continued ones grow. Finished sequences leave, and
+  // so do sequences refused for lack of pages (a scheduler would preempt
+  // them); their pages are freed with the next call. Then the calls' ring
+  // space goes back.
+  absl::Status Finish() {
+    if (pending_.empty()) return absl::OkStatus();
+    RETURN_IF_ERROR(reader_->Wait(index_));
+    std::vector<size_t> done;
+    for (const Pending& p : pending_) {
+      const Allocation& a = p.allocation;
+      for (size_t k = 0; k < a.size(); ++k) {
+        const RequestSlots& r = a[k];
+        if (p.admission) {
+          if (!r.status.ok()) continue;
+          const size_t i = live_.Add(kNoOwner, p.targets[k]);
+          RETURN_IF_ERROR(live_.Record(i, p.call[k], reader_->Slots(r)));
+          continue;
+        }
+        if (p.places.empty()) break;  // a speculative step's drafts
+        if (!r.status.ok()) {
+          done.push_back(p.places[k]);
+          continue;
+        }
+        RETURN_IF_ERROR(
+            live_.Record(p.places[k], p.call[k], reader_->Slots(r)));
+        if (live_[p.places[k]].finished()) done.push_back(p.places[k]);
+      }
+    }
+    client_->Release(pending_.back().allocation);
+    pending_.clear();
+    std::sort(done.begin(), done.end());
+    done.erase(std::unique(done.begin(), done.end()), done.end());
     std::vector<int64_t> pages;
     live_.RemoveAll(done, &pages);
     return FreePages(pages);
@@ -167,118 +206,100 @@ class Worker {
   // New sequences for the empty places, each with a random prompt and
   // target length.
   absl::Status Admit() {
-    CallArrays call;
-    while (live_.size() + call.size() < static_cast<size_t>(w_.batch)) {
-      call.Add(Prefill(random_.PromptLen(w_)));
+    Pending p;
+    p.kind = kAdmit;
+    p.admission = true;
+    while (live_.size() + p.call.size() < static_cast<size_t>(w_.batch)) {
+      const int64_t prompt = random_.PromptLen(w_);
+      p.call.Add(Prefill(prompt));
+      p.targets.push_back(random_.TargetLen(w_, prompt));
     }
-    if (call.empty()) return absl::OkStatus();
-    absl::StatusOr<Allocation> a = Timed(kExtend, [&] {
-      return client_->AllocExtend(call.prefix_lens, call.seq_lens,
-                                  call.last_locs, NextCallOptions(false));
-    });
-    if (!a.ok()) return a.status();
-    RETURN_IF_ERROR(Settle(a));
-    report_.rpcs[kExtend].requests += call.size();
-    RETURN_IF_ERROR(ReadSlots(*a));
-    for (size_t k = 0; k < call.size(); ++k) {
-      const RequestSlots& r = (*a)[k];
-      if (!r.status.ok()) {
-        ++report_.refused;
-        continue;
-      }
-      const size_t i =
-          live_.Add(kNoOwner, random_.TargetLen(w_, call[k].seq_len));
-      RETURN_IF_ERROR(live_.Record(i, call[k], Slots(r)));
-      report_.rpcs[kExtend].slots += r.count;
-    }
-    client_->Release(*a);
-    return absl::OkStatus();
+    if (p.call.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(p.allocation, TimedAlloc(kAdmit, [&] {
+                       return client_->AllocExtend(
+                           p.call.prefix_lens, p.call.seq_lens,
+                           p.call.last_locs, NextCallOptions(false));
+                     }));
+    return Issued(std::move(p), /*read=*/true);
   }
 
   absl::Status Decode() {
-    std::vector<size_t> places;
-    CallArrays call;
+    Pending p;
+    p.kind = kDecode;
     for (size_t i = 0; i < live_.size(); ++i) {
-      places.push_back(i);
-      call.Add(live_[i].Decode());
+      p.places.push_back(i);
+      p.call.Add(live_[i].Decode());
     }
-    if (places.empty()) return absl::OkStatus();
-    absl::StatusOr<Allocation> a = Timed(kDecode, [&] {
-      return client_->AllocDecode(call.seq_lens, call.last_locs,
-                                  NextCallOptions(false));
-    });
-    return Consume(kDecode, a, places, call);
+    if (p.places.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(p.allocation, TimedAlloc(kDecode, [&] {
+                       return client_->AllocDecode(p.call.seq_lens,
+                                                   p.call.last_locs,
+                                                   NextCallOptions(false));
+                     }));
+    return Issued(std::move(p), /*read=*/true);
   }
 
-  // A prefill chunk for up to prefill_requests random unfinished sequences.
+  // A prefill chunk for up to prefill_requests distinct unfinished
+  // sequences, picked at random.
   absl::Status PrefillChunk() {
-    std::vector<size_t> places;
-    CallArrays call;
-    for (size_t tries = 0;
-         tries < live_.size() &&
-         static_cast<int>(places.size()) < w_.prefill_requests;
-         ++tries) {
-      const size_t k = random_.Uniform(0, live_.size() - 1);
-      const LiveSequence& s = live_[k];
+    Pending p;
+    p.kind = kExtend;
+    std::vector<size_t> order(live_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    for (size_t n = 0; n < order.size() &&
+                       static_cast<int>(p.places.size()) < w_.prefill_requests;
+         ++n) {
+      std::swap(order[n], order[random_.Uniform(n, order.size() - 1)]);
+      const LiveSequence& s = live_[order[n]];
       if (s.finished()) continue;
-      if (std::find(places.begin(), places.end(), k) != places.end()) continue;
-      places.push_back(k);
-      call.Add(
+      p.places.push_back(order[n]);
+      p.call.Add(
           s.Extend(std::min<int64_t>(w_.prefill_chunk, s.target_len - s.len)));
     }
-    if (places.empty()) return absl::OkStatus();
-    absl::StatusOr<Allocation> a = Timed(kExtend, [&] {
-      return client_->AllocExtend(call.prefix_lens, call.seq_lens,
-                                  call.last_locs, NextCallOptions(false));
-    });
-    return Consume(kExtend, a, places, call);
+    if (p.places.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(p.allocation, TimedAlloc(kExtend, [&] {
+                       return client_->AllocExtend(
+                           p.call.prefix_lens, p.call.seq_lens,
+                           p.call.last_locs, NextCallOptions(false));
+                     }));
+    return Issued(std::move(p), /*read=*/true);
   }
 
   // Speculative decoding: checkpoint, allocate draft slots for every
-  // sequence, reject them all (Rollback). The sequences are as before, so
-  // the slots need not be read.
+  // sequence, reject them all (Rollback). The sequences are as before:
+  // the drafts are read on the GPU when gpu_ordered (as a verification
+  // would), never recorded.
   absl::Status Speculate() {
-    CallArrays call;
-    for (const LiveSequence& s : live_) call.Add(s.Extend(w_.draft_tokens));
-    if (call.empty()) return absl::OkStatus();
+    Pending p;
+    p.kind = kExtend;
+    for (const LiveSequence& s : live_) p.call.Add(s.Extend(w_.draft_tokens));
+    if (p.call.empty()) return absl::OkStatus();
     if (!w_.piggyback_ops) {
       RETURN_IF_ERROR(
           Timed(kCheckpoint, [&] { return client_->Checkpoint(); }));
     }
-    absl::StatusOr<Allocation> a = Timed(kExtend, [&] {
-      return client_->AllocExtend(call.prefix_lens, call.seq_lens,
-                                  call.last_locs,
-                                  NextCallOptions(w_.piggyback_ops));
-    });
-    if (!a.ok()) return a.status();
-    RETURN_IF_ERROR(Settle(a));
-    report_.rpcs[kExtend].requests += call.size();
-    for (size_t k = 0; k < a->size(); ++k) {
-      if ((*a)[k].status.ok()) {
-        report_.rpcs[kExtend].slots += (*a)[k].count;
-      } else if ((*a)[k].status.code() ==
-                 absl::StatusCode::kResourceExhausted) {
-        ++report_.refused;
-      } else {
-        return (*a)[k].status;
-      }
-    }
-    client_->Release(*a);
+    ASSIGN_OR_RETURN(p.allocation, TimedAlloc(kExtend, [&] {
+                       return client_->AllocExtend(
+                           p.call.prefix_lens, p.call.seq_lens,
+                           p.call.last_locs, NextCallOptions(w_.piggyback_ops));
+                     }));
+    RETURN_IF_ERROR(Issued(std::move(p), /*read=*/w_.gpu_ordered));
     absl::StatusOr<int64_t> rolled =
         Timed(kRollback, [&] { return client_->Rollback(); });
     return rolled.status();
   }
 
   Client* const client_;
+  SlotReader* const reader_;
   const Workload w_;
-  WorkloadRandom random_;
+  const int index_;
+  WorkloadRandom& random_;
+  WorkerReport& report_;
   SequenceSet live_;
   std::atomic<int64_t>* const calls_counter_;
   CallOptions options_;
-  WorkerReport report_;
-  int64_t calls_ = 0;
-  std::vector<int64_t> host_;
-  const int64_t* base_ = nullptr;
+  // Answered calls whose slots are not yet recorded, in call order.
+  std::vector<Pending> pending_;
   // Pages of finished sequences, freed with the next allocation call.
   std::vector<int64_t> pending_free_;
 };
@@ -305,25 +326,37 @@ int RunWorker(const WorkerOptions& options) {
   client_options.client_name = absl::StrCat("bench-", index);
   client_options.fast_channel = options.fast_channel;
   client_options.fast_channel_spin = absl::Microseconds(options.client_spin_us);
-  // Room for the largest call (a spec step over every sequence, or an
-  // admission of every sequence) a few times over; we release each call's
-  // region right after reading it.
+  // Room for the largest calls (a spec step over every sequence, or an
+  // admission of every sequence) a few times over per lane: a lane's
+  // regions go back when its calls are finished.
+  const int lanes = workload.effective_lanes();
   client_options.ring_capacity_slots = std::max<int64_t>(
-      1 << 16, 4 * int64_t{workload.batch} *
+      1 << 16, 4 * int64_t{lanes} * workload.batch *
                    std::max(workload.prefill_chunk, workload.draft_tokens));
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(client_options);
   if (!client.ok()) return fail(client.status());
-  Worker worker(client->get(), workload,
-                options.seed + static_cast<uint64_t>(index), &me.calls);
-  if (absl::Status s = worker.Warm(); !s.ok()) return fail(s);
+  absl::StatusOr<std::unique_ptr<SlotReader>> reader = SlotReader::Create(
+      client->get(), workload.gpu_ordered, workload.async_completion, lanes,
+      absl::Microseconds(options.client_spin_us));
+  if (!reader.ok()) return fail(reader.status());
+  WorkloadRandom random(options.seed + static_cast<uint64_t>(index));
+  WorkerReport report;
+  std::vector<std::unique_ptr<Lane>> lane;
+  for (int i = 0; i < lanes; ++i) {
+    lane.push_back(std::make_unique<Lane>(client->get(), reader->get(),
+                                          workload, i, &random, &report,
+                                          &me.calls));
+    if (absl::Status s = lane.back()->Warm(); !s.ok()) return fail(s);
+  }
   me.state.store(kReady);
   while ((*control)->go.load() == 0) absl::SleepFor(absl::Microseconds(100));
-  while ((*control)->stop.load(std::memory_order_relaxed) == 0) {
-    if (absl::Status s = worker.Step(); !s.ok()) return fail(s);
+  for (int next = 0; (*control)->stop.load(std::memory_order_relaxed) == 0;
+       next = (next + 1) % lanes) {
+    if (absl::Status s = lane[next]->Step(); !s.ok()) return fail(s);
   }
   std::ofstream out(options.out_path);
-  out << worker.report().Serialize();
+  out << report.Serialize();
   out.close();
   if (!out) return fail(absl::InternalError("cannot write --worker_out"));
   // Done before the session closes: the coordinator's "after" snapshot must

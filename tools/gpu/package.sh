@@ -10,7 +10,8 @@
 #                  libgcc_s) and the NVIDIA driver's own
 #   DEST/python/   the Python package and its tests (python/)
 #   DEST/anchor/   with --anchor DIR: the seed's triton_anchor.py and
-#                  seed_triton_kernels.py, for run_kernels.sh
+#                  seed_triton_kernels.py, for run_kernels.sh, and
+#                  sglang_unsynced_call.py where DIR has it, for run_e2e.sh
 #   DEST/run_kernels.sh, run_daemon_suite.sh, run_e2e.sh and their helpers,
 #   DEST/MANIFEST  the commit, the build host and the packaged files
 # Usage: tools/gpu/package.sh [--anchor DIR] DEST
@@ -127,6 +128,9 @@ tar -C "$root" --exclude=__pycache__ -cf - python | tar -C "$stage" -xf -
 if [[ -n $anchor ]]; then
   mkdir -p "$stage/anchor"
   cp "$anchor/triton_anchor.py" "$anchor/seed_triton_kernels.py" "$stage/anchor/"
+  if [[ -f $anchor/sglang_unsynced_call.py ]]; then
+    cp "$anchor/sglang_unsynced_call.py" "$stage/anchor/"
+  fi
 fi
 
 # The Debian package that owns a library (dpkg knows some by their /lib
