@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/requests.h"
+#include "common/status_macros.h"
 
 namespace pagealloc {
 
@@ -29,6 +30,37 @@ void ExpandRequest(const PlannedRequest& request, int64_t page_size,
     for (int64_t k = 0; k < n; ++k) out[t + k] = base + k;
     if (++position == ring_capacity) position = 0;
   }
+}
+
+void CopyRingEntries(const RingCopy& copy, const int64_t* ring,
+                     int64_t ring_capacity, int64_t head) {
+  const int64_t position =
+      ModNonNegative(head + copy.ring_offset, ring_capacity);
+  const int64_t first = std::min(copy.count, ring_capacity - position);
+  std::memcpy(copy.destination, ring + position, first * sizeof(int64_t));
+  std::memcpy(copy.destination + first, ring,
+              (copy.count - first) * sizeof(int64_t));
+}
+
+absl::Status ValidateRingCopies(const BatchPlan& plan) {
+  if (plan.ring_copies.empty()) return absl::OkStatus();
+  if (plan.page_size != 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the plan has %d ring copies and page_size %d; copies need page_size 1",
+        plan.ring_copies.size(), plan.page_size));
+  }
+  for (size_t k = 0; k < plan.ring_copies.size(); ++k) {
+    const RingCopy& copy = plan.ring_copies[k];
+    if (copy.ring_offset < 0 || copy.count < 1 ||
+        copy.count > plan.free_ring_capacity || copy.destination == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ring_copies[%d]: %d entries at offset %d%s; the ring holds %d", k,
+          copy.count, copy.ring_offset,
+          copy.destination == nullptr ? " to no destination" : "",
+          plan.free_ring_capacity));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void ScrubPage(const KvScrubTarget& target, int64_t page) {
@@ -71,9 +103,13 @@ absl::Status CpuExecutor::Execute(const BatchPlan& plan) {
         "pages of %d slots",
         plan.scrub_pages.size(), plan.page_size, scrub_target_.page_size));
   }
+  RETURN_IF_ERROR(ValidateRingCopies(plan));
   // Zeroed before the slots are written: the batch's answer, which hands
   // them out, follows this launch.
   for (int64_t page : plan.scrub_pages) ScrubPage(scrub_target_, page);
+  for (const RingCopy& copy : plan.ring_copies) {
+    CopyRingEntries(copy, ring_.data(), ring_.size(), plan.free_ring_head);
+  }
   for (const PlannedRequest& request : plan.requests) {
     ExpandRequest(request, plan.page_size, ring_.data(), ring_.size(),
                   plan.free_ring_head, request.destination);
