@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/requests.h"
 #include "common/status_macros.h"
+#include "kernels/plan_packing.h"
 
 namespace pagealloc {
 
@@ -40,27 +41,6 @@ void CopyRingEntries(const RingCopy& copy, const int64_t* ring,
   std::memcpy(copy.destination, ring + position, first * sizeof(int64_t));
   std::memcpy(copy.destination + first, ring,
               (copy.count - first) * sizeof(int64_t));
-}
-
-absl::Status ValidateRingCopies(const BatchPlan& plan) {
-  if (plan.ring_copies.empty()) return absl::OkStatus();
-  if (plan.page_size != 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the plan has %d ring copies and page_size %d; copies need page_size 1",
-        plan.ring_copies.size(), plan.page_size));
-  }
-  for (size_t k = 0; k < plan.ring_copies.size(); ++k) {
-    const RingCopy& copy = plan.ring_copies[k];
-    if (copy.ring_offset < 0 || copy.count < 1 ||
-        copy.count > plan.free_ring_capacity || copy.destination == nullptr) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "ring_copies[%d]: %d entries at offset %d%s; the ring holds %d", k,
-          copy.count, copy.ring_offset,
-          copy.destination == nullptr ? " to no destination" : "",
-          plan.free_ring_capacity));
-    }
-  }
-  return absl::OkStatus();
 }
 
 void ScrubPage(const KvScrubTarget& target, int64_t page) {
@@ -103,7 +83,7 @@ absl::Status CpuExecutor::Execute(const BatchPlan& plan) {
         "pages of %d slots",
         plan.scrub_pages.size(), plan.page_size, scrub_target_.page_size));
   }
-  RETURN_IF_ERROR(ValidateRingCopies(plan));
+  RETURN_IF_ERROR(ValidateRingCopies(plan, ring_.size()));
   // Zeroed before the slots are written: the batch's answer, which hands
   // them out, follows this launch.
   for (int64_t page : plan.scrub_pages) ScrubPage(scrub_target_, page);

@@ -62,14 +62,10 @@ void ExpandRequest(const PlannedRequest& request, int64_t page_size,
 // Copies `copy`'s entries of `ring` (ring_capacity entries, the batch's
 // pages starting at position head) to its destination, in two parts when
 // they wrap around the ring's end. Shared as ExpandRequest is.
-// REQUIRES: ValidateRingCopies accepted the copy's plan.
+// REQUIRES: ValidateRingCopies (kernels/plan_packing.h) accepted the copy's
+// plan.
 void CopyRingEntries(const RingCopy& copy, const int64_t* ring,
                      int64_t ring_capacity, int64_t head);
-
-// Checks `plan`'s ring copies against its page size (1) and ring capacity:
-// INVALID_ARGUMENT naming the copy when one has a negative offset, a count
-// outside [1, capacity] or no destination.
-absl::Status ValidateRingCopies(const BatchPlan& plan);
 
 }  // namespace pagealloc
 
