@@ -234,9 +234,11 @@ absl::Status CudaExecutor::Execute(const BatchPlan& plan) {
   if (static_cast<int64_t>(plan.requests.size() + plan.ring_copies.size()) >
       options_.max_requests_per_batch) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "plan has %d requests and %d ring copies; max_requests_per_batch is "
-        "%d",
-        plan.requests.size(), plan.ring_copies.size(),
+        "plan has %d requests%s; max_requests_per_batch is %d",
+        plan.requests.size(),
+        plan.ring_copies.empty()
+            ? ""
+            : absl::StrFormat(" and %d ring copies", plan.ring_copies.size()),
         options_.max_requests_per_batch));
   }
   if (plan.num_slots > options_.max_slots_per_batch) {

@@ -122,6 +122,10 @@ absl::Status ValidateRingCopies(const BatchPlan& plan, int64_t ring_capacity) {
         absl::StrFormat("plan num_new_pages (%d) is outside [0, %d]",
                         plan.num_new_pages, ring_capacity));
   }
+  int64_t slots = 0;
+  for (const PlannedRequest& request : plan.requests) {
+    slots += request.seq_len - request.prefix_len;
+  }
   for (size_t k = 0; k < plan.ring_copies.size(); ++k) {
     const RingCopy& copy = plan.ring_copies[k];
     if (copy.ring_offset < 0 || copy.count < 1 ||
@@ -136,6 +140,12 @@ absl::Status ValidateRingCopies(const BatchPlan& plan, int64_t ring_capacity) {
       return absl::InvalidArgumentError(
           absl::StrFormat("plan ring_copies[%d] has no destination", k));
     }
+    slots += copy.count;
+  }
+  if (slots != plan.num_slots) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "plan num_slots (%d) != the requests' and ring copies' slots (%d)",
+        plan.num_slots, slots));
   }
   return absl::OkStatus();
 }

@@ -51,9 +51,10 @@ absl::StatusOr<PackedPlan> ValidatePlan(const BatchPlan& plan,
 
 // Checks `plan`'s ring copies (BatchPlan.ring_copies; OK when it has none)
 // against a free ring of `ring_capacity` entries: page_size 1, the plan's
-// ring capacity and head, and each copy's range within the batch's
-// num_new_pages pages and its destination. Returns INVALID_ARGUMENT naming
-// the copy and field otherwise.
+// ring capacity and head, each copy's range within the batch's
+// num_new_pages pages and its destination, and num_slots (the requests'
+// and the copies' slots together). Returns INVALID_ARGUMENT naming the copy
+// and field otherwise.
 absl::Status ValidateRingCopies(const BatchPlan& plan, int64_t ring_capacity);
 
 // Writes into `out` the plan `plan` describes with its ring copies as
