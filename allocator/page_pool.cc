@@ -564,8 +564,8 @@ bool PagePool::ExecutePlan(absl::Span<AllocResult> results) {
   return false;
 }
 
-void PagePool::GivePages(OwnerId owner, OwnerState& state, int64_t count,
-                         int64_t* position_in_out) {
+inline void PagePool::GivePages(OwnerId owner, OwnerState& state, int64_t count,
+                                int64_t* position_in_out) {
   int64_t position = *position_in_out;
   const bool log = !state.checkpoints.empty();
   for (int64_t k = 0; k < count; ++k) {
@@ -602,6 +602,8 @@ void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
   } else {
     const std::vector<int64_t>& pages_needed = scratch_.pages_needed;
     for (size_t i : scratch_.admitted) {
+      // Most decodes continue a page and take none.
+      if (pages_needed[i] == 0) continue;
       if (requests[i].owner != commit_owner) {
         commit_owner = requests[i].owner;
         commit_state = &owners_.at(commit_owner);
