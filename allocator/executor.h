@@ -33,10 +33,29 @@ struct PlannedRequest {
   int64_t* destination = nullptr;
 };
 
+// A run of slots that are free-ring entries as they stand: with page_size 1
+// a page is its one slot, so request k's slots are the ring entries at
+// positions free_ring_head + first_new_page + j, no arithmetic needed, and
+// requests whose destinations follow each other make one run.
+struct RingCopy {
+  // Offset of the run's first entry from free_ring_head.
+  int64_t ring_offset = 0;
+  int64_t count = 0;  // entries copied, >= 1
+  // Receives `count` slots, in the executor's address space.
+  int64_t* destination = nullptr;
+};
+
 // What one launch does: expand the admitted requests into slots, reading the
 // batch's new pages from the free ring starting at free_ring_head. Request k
 // reads pages [first_new_page, first_new_page + its new pages), so the batch
 // reads num_new_pages consecutive ring positions (modulo the capacity).
+//
+// A plan of page_size 1 may say the same as ring copies instead: copy k
+// writes ring entries [free_ring_head + ring_offset, ... + count) (modulo
+// the capacity) to its destination. The pool plans page_size 1 that way
+// (PoolOptions.ring_copy_plans) and then leaves `requests` empty; an
+// executor serves both parts of any plan it is given (their destinations
+// never overlap).
 struct BatchPlan {
   int64_t page_size = 1;
   int64_t free_ring_head = 0;
@@ -44,6 +63,8 @@ struct BatchPlan {
   int64_t num_new_pages = 0;  // pages the batch takes from the free list
   int64_t num_slots = 0;      // slots the batch writes, all requests together
   std::vector<PlannedRequest> requests;
+  // page_size 1 only; in ring order, not overlapping.
+  std::vector<RingCopy> ring_copies;
   // Pages of this batch whose KV slots the executor zeroes, in every KV
   // buffer, before the batch's slots are handed out: those going to a
   // session other than their last owner (PoolOptions.scrub). Empty unless

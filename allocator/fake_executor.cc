@@ -38,6 +38,18 @@ void WriteSlots(const PlannedRequest& request, const BatchPlan& plan,
   }
 }
 
+// Copies `copy`'s ring entries to its destination, in two parts when the
+// range wraps around the ring's end.
+void CopyRing(const RingCopy& copy, const BatchPlan& plan,
+              const std::vector<int64_t>& ring) {
+  const int64_t capacity = ring.size();
+  const int64_t position =
+      ModNonNegative(plan.free_ring_head + copy.ring_offset, capacity);
+  const int64_t first = std::min(copy.count, capacity - position);
+  std::copy_n(ring.begin() + position, first, copy.destination);
+  std::copy_n(ring.begin(), copy.count - first, copy.destination + first);
+}
+
 }  // namespace
 
 absl::Status FakeExecutor::InitFreeRing(int64_t capacity) {
@@ -72,9 +84,22 @@ absl::Status FakeExecutor::Execute(const BatchPlan& plan) {
         absl::StrFormat("plan ring capacity %d differs from the executor's %d",
                         plan.free_ring_capacity, ring_.size()));
   }
+  for (const RingCopy& copy : plan.ring_copies) {
+    if (plan.page_size != 1 || copy.ring_offset < 0 || copy.count < 1 ||
+        copy.count > plan.free_ring_capacity) {
+      return absl::InternalError(absl::StrFormat(
+          "ring copy of %d entries at offset %d in a plan of page_size %d "
+          "and ring capacity %d",
+          copy.count, copy.ring_offset, plan.page_size,
+          plan.free_ring_capacity));
+    }
+  }
+  for (const RingCopy& copy : plan.ring_copies) CopyRing(copy, plan, ring_);
   for (const PlannedRequest& request : plan.requests) {
     WriteSlots(request, plan, ring_);
   }
+  last_ring_copies_ = plan.ring_copies.size();
+  last_planned_requests_ = plan.requests.size();
   scrubbed_.insert(scrubbed_.end(), plan.scrub_pages.begin(),
                    plan.scrub_pages.end());
   return absl::OkStatus();

@@ -31,10 +31,12 @@ class FakeExecutor final : public PlanExecutor {
   // Returns OUT_OF_RANGE for a write outside the ring.
   absl::Status WriteFreeRing(int64_t position,
                              absl::Span<const int64_t> pages) override;
-  // Writes each planned request's slots to its destination. Returns the
+  // Writes each ring copy's and each planned request's slots to its
+  // destination. Returns the
   // failure switch's status, writing nothing, while the switch is armed,
   // and INTERNAL, writing nothing, when the plan's ring capacity is not the
-  // mirror's.
+  // mirror's or a ring copy is out of shape (page_size other than 1, a
+  // negative offset, a count outside [1, capacity]).
   absl::Status Execute(const BatchPlan& plan) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override;
@@ -49,6 +51,10 @@ class FakeExecutor final : public PlanExecutor {
   int64_t launches() const { return launches_; }
   // Calls to Execute still to fail.
   int64_t failures_pending() const { return failures_pending_; }
+  // The last successful launch's ring copies and planned requests (the
+  // plan's two forms, BatchPlan).
+  int64_t last_ring_copies() const { return last_ring_copies_; }
+  int64_t last_planned_requests() const { return last_planned_requests_; }
   // The pages successful launches were told to scrub (BatchPlan.
   // scrub_pages), in order; the fake has no KV memory to zero.
   const std::vector<int64_t>& scrubbed_pages() const { return scrubbed_; }
@@ -57,6 +63,8 @@ class FakeExecutor final : public PlanExecutor {
   std::vector<int64_t> ring_;
   std::vector<int64_t> scrubbed_;
   int64_t launches_ = 0;
+  int64_t last_ring_copies_ = 0;
+  int64_t last_planned_requests_ = 0;
   int64_t failures_pending_ = 0;
   absl::Status failure_;
 };

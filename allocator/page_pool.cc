@@ -37,6 +37,7 @@ PagePool::PagePool(const PoolOptions& options, PlanExecutor* executor)
       policy_(options.free_policy),
       semantics_(options.semantics),
       scrub_(options.scrub),
+      ring_copies_(options.page_size == 1 && options.ring_copy_plans),
       capacity_(options.num_pages),
       executor_(executor) {}
 
@@ -215,9 +216,23 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
 
 int64_t PagePool::ValidateRequests(absl::Span<const AllocRequest> requests,
                                    absl::Span<AllocResult> results) {
+  return geometry_.page_size == 1
+             ? ValidateRequestsOf</*kUnitPages=*/true>(requests, results)
+             : ValidateRequestsOf</*kUnitPages=*/false>(requests, results);
+}
+
+template <bool kUnitPages>
+int64_t PagePool::ValidateRequestsOf(absl::Span<const AllocRequest> requests,
+                                     absl::Span<AllocResult> results) {
+  // With page_size 1 as a constant the shape checks and the page arithmetic
+  // fold away (no prefix ends inside a page, pages are slots).
+  const PoolGeometry geometry{kUnitPages ? 1 : geometry_.page_size,
+                              geometry_.num_pages};
+  // Ring-copy plans read no shapes: only pages_needed (= slots).
+  const bool keep_shapes = !(kUnitPages && ring_copies_);
   std::vector<ExtendShape>& shapes = scratch_.shapes;
   std::vector<int64_t>& pages_needed = scratch_.pages_needed;
-  shapes.resize(requests.size());
+  if (keep_shapes) shapes.resize(requests.size());
   pages_needed.assign(requests.size(), 0);
   int64_t batch_pages = 0;
   // A call's requests share an owner: look it up once per run of requests.
@@ -225,7 +240,7 @@ int64_t PagePool::ValidateRequests(absl::Span<const AllocRequest> requests,
   for (size_t i = 0; i < requests.size(); ++i) {
     const AllocRequest& request = requests[i];
     AllocResult& result = results[i];
-    if (!IsValidShape(request, geometry_)) {
+    if (!IsValidShape(request, geometry)) {
       result.status = ValidateShape(request, geometry_);  // never OK here
       continue;
     }
@@ -236,7 +251,7 @@ int64_t PagePool::ValidateRequests(absl::Span<const AllocRequest> requests,
       continue;
     }
     known_owner = request.owner;
-    if (request.seq_len > geometry_.usable_slots()) {
+    if (request.seq_len > geometry.usable_slots()) {
       // Per request, as SGLang answers None: such a request can never fit.
       ++counters_.out_of_pages_refusals;
       result.status = absl::ResourceExhaustedError(absl::StrFormat(
@@ -248,21 +263,24 @@ int64_t PagePool::ValidateRequests(absl::Span<const AllocRequest> requests,
           geometry_.num_pages, geometry_.page_size));
       continue;
     }
-    shapes[i] = ToExtendShape(request);
-    if (shapes[i].num_slots() > 0 && request.destination == nullptr) {
+    const ExtendShape shape = ToExtendShape(request);
+    if (keep_shapes) shapes[i] = shape;
+    if (shape.num_slots() > 0 && request.destination == nullptr) {
       result.status = absl::InvalidArgumentError(absl::StrFormat(
           "%s request %d: no destination for its %d slots",
-          RequestKindName(request.kind), request.index, shapes[i].num_slots()));
+          RequestKindName(request.kind), request.index, shape.num_slots()));
       continue;
     }
-    if (ModNonNegative(shapes[i].prefix_len, geometry_.page_size) != 0 &&
-        shapes[i].num_slots() > 0) {
+    if (!kUnitPages &&
+        ModNonNegative(shape.prefix_len, geometry.page_size) != 0 &&
+        shape.num_slots() > 0) {
       // The request writes into the rest of last_loc's page: it must be the
       // caller's.
-      result.status = CheckLastLocOwned(request, shapes[i].last_loc);
+      result.status = CheckLastLocOwned(request, shape.last_loc);
       if (!result.status.ok()) continue;
     }
-    pages_needed[i] = NewPagesNeeded(shapes[i], geometry_.page_size);
+    pages_needed[i] = kUnitPages ? shape.num_slots()
+                                 : NewPagesNeeded(shape, geometry.page_size);
     batch_pages += pages_needed[i];
   }
   return batch_pages;
@@ -344,10 +362,32 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
   plan.num_new_pages = 0;
   plan.num_slots = 0;
   plan.requests.clear();
+  plan.ring_copies.clear();
   plan.scrub_pages.clear();
-  plan.requests.reserve(requests.size());
+  if (!ring_copies_) plan.requests.reserve(requests.size());
   std::vector<size_t>& admitted = scratch_.admitted;
   admitted.clear();
+  admitted.reserve(requests.size());
+  std::vector<BatchScratch::OwnerRun>& owner_runs = scratch_.owner_runs;
+  owner_runs.clear();
+  // With ring copies, where the plan stood when the current call began, so
+  // that an all-or-nothing refusal can take the call's part back in O(1)
+  // (a run may have grown across the call's start).
+  struct RunMark {
+    size_t copies = 0;
+    int64_t last_copy_count = 0;
+    size_t owner_runs = 0;
+    int64_t last_owner_run_pages = 0;
+  };
+  RunMark call_mark;
+  // The plan's running totals, kept in locals: stores through the plan's
+  // fields were reloaded after every store to a result (they may alias, to
+  // the compiler), a tenth of this loop by perf. MakeRoomForCall reads
+  // plan.num_new_pages, so it is written back before each call.
+  int64_t planned_pages = 0;
+  int64_t planned_slots = 0;
+  // With page_size 1 a request's slots are its new pages.
+  const bool unit_pages = geometry_.page_size == 1;
   absl::flat_hash_map<OwnerId, int64_t>& batch_pages_by_owner =
       scratch_.pages_by_owner;
   batch_pages_by_owner.clear();
@@ -369,7 +409,16 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
       call_end = i + calls[next_call].num_requests;
       all_or_nothing = calls[next_call].all_or_nothing;
       call_scrub_begin = plan.scrub_pages.size();
+      if (ring_copies_) {
+        call_mark.copies = plan.ring_copies.size();
+        call_mark.last_copy_count =
+            plan.ring_copies.empty() ? 0 : plan.ring_copies.back().count;
+        call_mark.owner_runs = owner_runs.size();
+        call_mark.last_owner_run_pages =
+            owner_runs.empty() ? 0 : owner_runs.back().pages;
+      }
       ++next_call;
+      plan.num_new_pages = planned_pages;
       const absl::Status room =
           MakeRoomForCall(requests.subspan(call_begin, call_end - call_begin));
       if (!room.ok()) {
@@ -391,7 +440,7 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
     AllocResult& result = results[i];
     if (!result.status.ok()) continue;
     const AllocRequest& request = requests[i];
-    const int64_t available = free_count_ - plan.num_new_pages;
+    const int64_t available = free_count_ - planned_pages;
     if (request.owner != run_owner) {
       run_owner = request.owner;
       owner_state = &owners_.at(request.owner);
@@ -423,14 +472,24 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
         while (!admitted.empty() && admitted.back() >= call_begin) {
           const size_t k = admitted.back();
           admitted.pop_back();
-          plan.requests.pop_back();
-          plan.num_new_pages -= pages_needed[k];
-          plan.num_slots -= results[k].num_slots;
+          if (!ring_copies_) plan.requests.pop_back();
+          planned_pages -= pages_needed[k];
+          planned_slots -= results[k].num_slots;
           batch_pages_by_owner[requests[k].owner] -= pages_needed[k];
           results[k].num_slots = 0;
           results[k].num_new_pages = 0;
         }
         plan.scrub_pages.resize(call_scrub_begin);
+        if (ring_copies_) {
+          plan.ring_copies.resize(call_mark.copies);
+          if (!plan.ring_copies.empty()) {
+            plan.ring_copies.back().count = call_mark.last_copy_count;
+          }
+          owner_runs.resize(call_mark.owner_runs);
+          if (!owner_runs.empty()) {
+            owner_runs.back().pages = call_mark.last_owner_run_pages;
+          }
+        }
         RefuseRestOfCall(requests, results, call_begin, call_end, i);
         i = call_end - 1;  // the loop's ++i starts the next call
         // The owner's running count may have changed: look it up again.
@@ -439,32 +498,61 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
       continue;
     }
     owner_batch_pages += pages_needed[i];
-    // Fields written in place: building a temporary and copying it cost a
-    // store-forwarding stall per request (a third of this loop, by perf).
-    PlannedRequest& planned = plan.requests.emplace_back();
-    planned.prefix_len = shapes[i].prefix_len;
-    planned.seq_len = shapes[i].seq_len;
-    planned.last_loc = shapes[i].last_loc;
-    planned.first_new_page = plan.num_new_pages;
-    planned.output_offset = plan.num_slots;
-    planned.destination = request.destination;
+    if (ring_copies_) {
+      // page_size 1: the request's slots are its pages, the next
+      // pages_needed[i] ring entries. A request whose destination follows
+      // the last run's end extends the run (a call's requests write one
+      // contiguous range), as does its owner's run.
+      const int64_t n = pages_needed[i];
+      if (n > 0) {
+        if (!plan.ring_copies.empty() &&
+            plan.ring_copies.back().destination +
+                    plan.ring_copies.back().count ==
+                request.destination) {
+          plan.ring_copies.back().count += n;
+        } else {
+          plan.ring_copies.push_back(
+              RingCopy{planned_pages, n, request.destination});
+        }
+        if (!owner_runs.empty() && owner_runs.back().owner == request.owner) {
+          owner_runs.back().pages += n;
+        } else {
+          owner_runs.push_back({request.owner, n});
+        }
+      }
+    } else {
+      // Fields written in place: building a temporary and copying it cost
+      // a store-forwarding stall per request (a third of this loop, by
+      // perf).
+      PlannedRequest& planned = plan.requests.emplace_back();
+      planned.prefix_len = shapes[i].prefix_len;
+      planned.seq_len = shapes[i].seq_len;
+      planned.last_loc = shapes[i].last_loc;
+      planned.first_new_page = planned_pages;
+      planned.output_offset = planned_slots;
+      planned.destination = request.destination;
+    }
     if (scrub_) {
       // The request's pages are the next ones at the free list's front.
       for (int64_t k = 0; k < pages_needed[i]; ++k) {
-        const int64_t page = RingAt(plan.num_new_pages + k);
+        const int64_t page = RingAt(planned_pages + k);
         const OwnerId last = last_owner_[page];
         if (last != kNoOwner && last != request.owner) {
           plan.scrub_pages.push_back(page);
         }
       }
     }
-    plan.num_new_pages += pages_needed[i];
-    plan.num_slots += shapes[i].num_slots();
-    result.num_slots = shapes[i].num_slots();
+    const int64_t num_slots =
+        unit_pages ? pages_needed[i] : shapes[i].num_slots();
+    planned_pages += pages_needed[i];
+    planned_slots += num_slots;
+    result.num_slots = num_slots;
     result.num_new_pages = pages_needed[i];
     admitted.push_back(i);
   }
-  return !plan.requests.empty();
+  plan.num_new_pages = planned_pages;
+  plan.num_slots = planned_slots;
+  return !admitted.empty();
 }
 
 bool PagePool::ExecutePlan(absl::Span<AllocResult> results) {
@@ -476,30 +564,54 @@ bool PagePool::ExecutePlan(absl::Span<AllocResult> results) {
   return false;
 }
 
+inline void PagePool::GivePages(OwnerId owner, OwnerState& state, int64_t count,
+                                int64_t* position_in_out) {
+  int64_t position = *position_in_out;
+  const bool log = !state.checkpoints.empty();
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t page = ring_[position];
+    owner_of_[page] = owner;
+    allocated_once_[page] = true;
+    if (log) LogGiven(state, page);
+    if (scrub_) last_owner_[page] = owner;
+    // The walk wraps by comparison: a modulo per page (the capacity is
+    // seldom a power of two) cost more than the stores.
+    if (++position == capacity_) position = 0;
+  }
+  *position_in_out = position;
+  state.pages_owned += count;
+  if (log) MaybeCompactLog(owner, state);
+}
+
 void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
-  const std::vector<int64_t>& pages_needed = scratch_.pages_needed;
   const BatchPlan& plan = scratch_.plan;
   // The batch's pages leave the front of the free list, in admission order.
-  int64_t next = 0;
+  int64_t position = head_;
   OwnerId commit_owner = kNoOwner;
   OwnerState* commit_state = nullptr;
-  for (size_t i : scratch_.admitted) {
-    if (requests[i].owner != commit_owner) {
-      commit_owner = requests[i].owner;
-      commit_state = &owners_.at(commit_owner);
+  if (ring_copies_) {
+    // Pages by runs of one owner: one owner lookup and one tight loop per
+    // run, whatever the number of requests.
+    for (const BatchScratch::OwnerRun& run : scratch_.owner_runs) {
+      if (run.owner != commit_owner) {
+        commit_owner = run.owner;
+        commit_state = &owners_.at(commit_owner);
+      }
+      GivePages(run.owner, *commit_state, run.pages, &position);
     }
-    OwnerState& owner = *commit_state;
-    for (int64_t k = 0; k < pages_needed[i]; ++k) {
-      const int64_t page = RingAt(next++);
-      owner_of_[page] = requests[i].owner;
-      allocated_once_[page] = true;
-      LogGiven(owner, page);
-      if (scrub_) last_owner_[page] = requests[i].owner;
+  } else {
+    const std::vector<int64_t>& pages_needed = scratch_.pages_needed;
+    for (size_t i : scratch_.admitted) {
+      // Most decodes continue a page and take none.
+      if (pages_needed[i] == 0) continue;
+      if (requests[i].owner != commit_owner) {
+        commit_owner = requests[i].owner;
+        commit_state = &owners_.at(commit_owner);
+      }
+      GivePages(commit_owner, *commit_state, pages_needed[i], &position);
     }
-    owner.pages_owned += pages_needed[i];
-    if (!owner.checkpoints.empty()) MaybeCompactLog(commit_owner, owner);
   }
-  head_ = (head_ + plan.num_new_pages) % capacity_;
+  head_ = position;
   free_count_ -= plan.num_new_pages;
   counters_.pages_allocated += plan.num_new_pages;
   counters_.slots_allocated += plan.num_slots;

@@ -94,6 +94,13 @@ struct PoolOptions {
   // last one, for the executor to zero (--kv_scrub). A page never owned is
   // not listed (the slab starts zeroed).
   bool scrub = false;
+  // With page_size 1, plan batches as ring copies (BatchPlan.ring_copies:
+  // one per run of requests whose destinations follow each other, e.g. one
+  // per decode call) instead of one expanded request each. The slots are
+  // the same; the copies cost the planner and the executor O(1) per run
+  // instead of per request. Off: the general form, which tests compare
+  // against. Ignored for other page sizes.
+  bool ring_copy_plans = true;
 };
 
 // One allocation call's requests within a batch: the next `num_requests`
@@ -405,6 +412,13 @@ class PagePool {
   int64_t ValidateRequests(absl::Span<const AllocRequest> requests,
                            absl::Span<AllocResult> results)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ValidateRequests' loop, compiled once for page_size 1 (kUnitPages: no
+  // prefix ends inside a page; shapes are kept only for request plans) and
+  // once for the rest.
+  template <bool kUnitPages>
+  int64_t ValidateRequestsOf(absl::Span<const AllocRequest> requests,
+                             absl::Span<AllocResult> results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Under kSorted and Semantics::kPagealloc, merges the parked pages into
   // the free list and sorts it when `batch_pages` exceed the free pages and
   // some pages are parked; otherwise changes nothing. Returns the
@@ -450,11 +464,18 @@ class PagePool {
   // counts the batch. Cannot fail. REQUIRES: ExecutePlan returned true.
   void CommitPlan(absl::Span<const AllocRequest> requests)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the `count` pages from ring position *position_in_out on to
+  // `owner` (whose state is `state`) and moves *position_in_out past them,
+  // wrapping.
+  void GivePages(OwnerId owner, OwnerState& state, int64_t count,
+                 int64_t* position_in_out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PoolGeometry geometry_;
   const FreePolicy policy_;
   const Semantics semantics_;
   const bool scrub_;
+  // page_size 1 and PoolOptions.ring_copy_plans.
+  const bool ring_copies_;
   const int64_t capacity_;  // ring capacity: num_pages
   PlanExecutor* const executor_;
 
@@ -487,6 +508,13 @@ class PagePool {
     std::vector<int64_t> pages_needed;
     std::vector<size_t> admitted;
     absl::flat_hash_map<OwnerId, int64_t> pages_by_owner;
+    // With ring copies: the admitted requests' pages as runs of one owner,
+    // in ring order (CommitPlan's input in place of per-request counts).
+    struct OwnerRun {
+      OwnerId owner = kNoOwner;
+      int64_t pages = 0;
+    };
+    std::vector<OwnerRun> owner_runs;
     BatchPlan plan;
   };
   BatchScratch scratch_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/requests.h"
+#include "common/status_macros.h"
+#include "kernels/plan_packing.h"
 
 namespace pagealloc {
 
@@ -29,6 +31,16 @@ void ExpandRequest(const PlannedRequest& request, int64_t page_size,
     for (int64_t k = 0; k < n; ++k) out[t + k] = base + k;
     if (++position == ring_capacity) position = 0;
   }
+}
+
+void CopyRingEntries(const RingCopy& copy, const int64_t* ring,
+                     int64_t ring_capacity, int64_t head) {
+  const int64_t position =
+      ModNonNegative(head + copy.ring_offset, ring_capacity);
+  const int64_t first = std::min(copy.count, ring_capacity - position);
+  std::memcpy(copy.destination, ring + position, first * sizeof(int64_t));
+  std::memcpy(copy.destination + first, ring,
+              (copy.count - first) * sizeof(int64_t));
 }
 
 void ScrubPage(const KvScrubTarget& target, int64_t page) {
@@ -71,9 +83,13 @@ absl::Status CpuExecutor::Execute(const BatchPlan& plan) {
         "pages of %d slots",
         plan.scrub_pages.size(), plan.page_size, scrub_target_.page_size));
   }
+  RETURN_IF_ERROR(ValidateRingCopies(plan, ring_.size()));
   // Zeroed before the slots are written: the batch's answer, which hands
   // them out, follows this launch.
   for (int64_t page : plan.scrub_pages) ScrubPage(scrub_target_, page);
+  for (const RingCopy& copy : plan.ring_copies) {
+    CopyRingEntries(copy, ring_.data(), ring_.size(), plan.free_ring_head);
+  }
   for (const PlannedRequest& request : plan.requests) {
     ExpandRequest(request, plan.page_size, ring_.data(), ring_.size(),
                   plan.free_ring_head, request.destination);

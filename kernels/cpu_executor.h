@@ -25,6 +25,11 @@ class CpuExecutor final : public PlanExecutor {
   absl::Status InitFreeRing(int64_t capacity) override;
   absl::Status WriteFreeRing(int64_t position,
                              absl::Span<const int64_t> pages) override;
+  // Copies the plan's ring copies and expands its requests into their
+  // destinations. Returns INTERNAL, writing nothing, when the plan's ring
+  // capacity is not the mirror's or it scrubs pages without a matching
+  // target; INVALID_ARGUMENT, writing nothing, for ring copies out of shape
+  // (ValidateRingCopies).
   absl::Status Execute(const BatchPlan& plan) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override;
@@ -53,6 +58,14 @@ void ScrubPage(const KvScrubTarget& target, int64_t page);
 void ExpandRequest(const PlannedRequest& request, int64_t page_size,
                    const int64_t* ring, int64_t ring_capacity, int64_t head,
                    int64_t* out);
+
+// Copies `copy`'s entries of `ring` (ring_capacity entries, the batch's
+// pages starting at position head) to its destination, in two parts when
+// they wrap around the ring's end. Shared as ExpandRequest is.
+// REQUIRES: ValidateRingCopies (kernels/plan_packing.h) accepted the copy's
+// plan.
+void CopyRingEntries(const RingCopy& copy, const int64_t* ring,
+                     int64_t ring_capacity, int64_t head);
 
 }  // namespace pagealloc
 

@@ -14,19 +14,24 @@
 #include "allocator/fake_executor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/plan_packing.h"
 #include "tests/random_plan.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::AddRandomRingCopies;
 using ::pagealloc::testing::BindDestinations;
 using ::pagealloc::testing::kPoison;
 using ::pagealloc::testing::MakeRandomBatch;
 using ::pagealloc::testing::RandomBatch;
 using ::pagealloc::testing::RandomPlanSpec;
 using ::pagealloc::testing::RandomRing;
+using ::pagealloc::testing::StatusIs;
+using ::testing::Each;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 // The seed's own worked example: page_size 4, prefix 2, seq 11, last_loc 1,
 // free pages [3, 4].
@@ -100,6 +105,109 @@ TEST(CpuExecutorTest, FakeExecutorWritesTheSameSlots) {
   }
   // The plans are not all empty: the comparison covers real work.
   EXPECT_GT(slots_compared, 100000);
+}
+
+// A ring copy that wraps: ring positions 3, 0, 1.
+TEST(CpuExecutorTest, RingCopyWrapsAroundTheRingEnd) {
+  CpuExecutor cpu;
+  ASSERT_OK(cpu.InitFreeRing(4));
+  ASSERT_OK(cpu.WriteFreeRing(0, {5, 6, 7, 8}));
+  std::vector<int64_t> out(5, -7);
+  BatchPlan plan;
+  plan.page_size = 1;
+  plan.free_ring_head = 2;
+  plan.free_ring_capacity = 4;
+  plan.num_new_pages = 4;
+  plan.num_slots = 3;
+  plan.ring_copies.push_back({1, 3, out.data() + 1});
+  ASSERT_OK(cpu.Execute(plan));
+  EXPECT_THAT(out, ElementsAre(-7, 8, 5, 6, -7));
+}
+
+TEST(CpuExecutorTest, RefusesRingCopiesOutOfShapeWritingNothing) {
+  CpuExecutor cpu;
+  ASSERT_OK(cpu.InitFreeRing(8));
+  ASSERT_OK(cpu.WriteFreeRing(0, {1, 2, 3, 4, 5, 6, 7, 8}));
+  std::vector<int64_t> out(8, -7);
+  BatchPlan plan;
+  plan.page_size = 1;
+  plan.free_ring_capacity = 8;
+  plan.num_new_pages = 4;
+  plan.num_slots = 4;
+  plan.ring_copies.push_back({0, 2, out.data()});
+  plan.ring_copies.push_back({2, 3, out.data() + 2});  // past the 4 pages
+  EXPECT_THAT(cpu.Execute(plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ring_copies[1]: entries [2, 5) outside the "
+                                 "batch's 4 new pages")));
+  plan.ring_copies[1] = {2, 2, nullptr};
+  EXPECT_THAT(cpu.Execute(plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ring_copies[1] has no destination")));
+  plan.ring_copies[1] = {2, 2, out.data() + 2};
+  plan.page_size = 2;
+  EXPECT_THAT(cpu.Execute(plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("copies need page_size 1")));
+  EXPECT_THAT(out, Each(-7));
+  plan.page_size = 1;
+  ASSERT_OK(cpu.Execute(plan));
+  EXPECT_THAT(out, ElementsAre(1, 2, 3, 4, -7, -7, -7, -7));
+}
+
+// Random page-size-1 plans of requests and ring copies: the CPU executor,
+// the fake, and the CPU executor on the plan rewritten as requests only
+// (RingCopiesAsRequests, the CUDA executor's kernel route) write the same
+// buffer, and each copy holds its ring entries.
+TEST(CpuExecutorTest, RingCopiesMatchTheirRequestForm) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(absl::StrFormat("seed %d", seed));
+  std::mt19937_64 rng(seed);
+  constexpr int64_t kCapacity = 5017;
+  int64_t copied = 0;
+  for (int round = 0; round < 200; ++round) {
+    RandomPlanSpec spec;
+    spec.page_size = 1;
+    spec.num_requests = rng() % 3 == 0 ? 0 : 1 + rng() % 20;
+    spec.max_prefix = 100;
+    spec.max_extend = 8;
+    spec.max_total_slots = 200;
+    RandomBatch batch = MakeRandomBatch(spec, kCapacity, rng);
+    AddRandomRingCopies(batch, 1 + rng() % 8, 1 + rng() % 600, rng);
+    const std::vector<int64_t> ring = RandomRing(kCapacity, rng);
+    CpuExecutor cpu;
+    FakeExecutor fake;
+    ASSERT_OK(cpu.InitFreeRing(kCapacity));
+    ASSERT_OK(fake.InitFreeRing(kCapacity));
+    ASSERT_OK(cpu.WriteFreeRing(0, ring));
+    ASSERT_OK(fake.WriteFreeRing(0, ring));
+    std::vector<int64_t> cpu_out(batch.output_words, kPoison);
+    BindDestinations(batch, cpu_out.data());
+    ASSERT_OK(cpu.Execute(batch.plan));
+    for (const RingCopy& copy : batch.plan.ring_copies) {
+      for (int64_t j = 0; j < copy.count; ++j) {
+        ASSERT_EQ(copy.destination[j],
+                  ring[(batch.plan.free_ring_head + copy.ring_offset + j) %
+                       kCapacity]);
+      }
+      copied += copy.count;
+    }
+    std::vector<int64_t> fake_out(batch.output_words, kPoison);
+    BindDestinations(batch, fake_out.data());
+    ASSERT_OK(fake.Execute(batch.plan));
+    ASSERT_EQ(fake_out, cpu_out) << "round " << round;
+    std::vector<int64_t> as_requests_out(batch.output_words, kPoison);
+    BindDestinations(batch, as_requests_out.data());
+    BatchPlan as_requests;
+    RingCopiesAsRequests(batch.plan, &as_requests);
+    ASSERT_TRUE(as_requests.ring_copies.empty());
+    ASSERT_EQ(as_requests.requests.size(),
+              batch.plan.requests.size() + batch.plan.ring_copies.size());
+    ASSERT_OK(ValidatePlan(as_requests, kCapacity).status());
+    ASSERT_OK(cpu.Execute(as_requests));
+    ASSERT_EQ(as_requests_out, cpu_out) << "round " << round;
+  }
+  EXPECT_GT(copied, 50000);
 }
 
 // Scrubbing zeroes exactly the listed pages' slots, in every buffer, and

@@ -40,6 +40,10 @@ absl::Status ValidateOptions(const CudaExecutorOptions& options) {
         absl::StrFormat("max_pages_per_ring_write (%d) must be >= 1",
                         options.max_pages_per_ring_write));
   }
+  if (options.max_ring_memcpys < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_ring_memcpys (%d) must be >= 0", options.max_ring_memcpys));
+  }
   if (options.num_staging_buffers < 2) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "num_staging_buffers (%d) must be >= 2", options.num_staging_buffers));
@@ -125,6 +129,7 @@ absl::Status CudaExecutor::Init() {
   RETURN_IF_ERROR(
       CudaStatus(cudaMalloc(&device_plan_, plan_bytes), "cudaMalloc (plan)"));
   inline_plan_ = std::make_unique<MaxInlineExpandParams>();
+  copies_as_requests_.requests.reserve(options_.max_requests_per_batch);
   return absl::OkStatus();
 }
 
@@ -225,11 +230,16 @@ absl::Status CudaExecutor::Execute(const BatchPlan& plan) {
     return absl::FailedPreconditionError(
         "Execute before InitFreeRing: no free ring mirror");
   }
-  if (static_cast<int64_t>(plan.requests.size()) >
+  // A ring copy runs as one request when it takes the expand kernel.
+  if (static_cast<int64_t>(plan.requests.size() + plan.ring_copies.size()) >
       options_.max_requests_per_batch) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("plan has %d requests; max_requests_per_batch is %d",
-                        plan.requests.size(), options_.max_requests_per_batch));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "plan has %d requests%s; max_requests_per_batch is %d",
+        plan.requests.size(),
+        plan.ring_copies.empty()
+            ? ""
+            : absl::StrFormat(" and %d ring copies", plan.ring_copies.size()),
+        options_.max_requests_per_batch));
   }
   if (plan.num_slots > options_.max_slots_per_batch) {
     return absl::InvalidArgumentError(
@@ -237,9 +247,48 @@ absl::Status CudaExecutor::Execute(const BatchPlan& plan) {
                         plan.num_slots, options_.max_slots_per_batch));
   }
   if (plan.num_slots == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidateRingCopies(plan, ring_capacity_));
   RETURN_IF_ERROR(SelectDevice());
   // Pages changing owner are zeroed first, on the same stream.
   RETURN_IF_ERROR(Scrub(plan));
+  if (plan.ring_copies.empty()) return LaunchExpand(plan);
+  if (plan.requests.empty()) {
+    int64_t memcpys = 0;
+    for (const RingCopy& copy : plan.ring_copies) {
+      const int64_t position =
+          (plan.free_ring_head + copy.ring_offset) % ring_capacity_;
+      memcpys += position + copy.count > ring_capacity_ ? 2 : 1;
+    }
+    if (memcpys <= options_.max_ring_memcpys) return CopyRing(plan);
+  }
+  // Many copies (a batch of many calls) or a mixed plan: one launch of
+  // the expand kernel, which runs a copy as a request of page_size 1.
+  RingCopiesAsRequests(plan, &copies_as_requests_);
+  return LaunchExpand(copies_as_requests_);
+}
+
+absl::Status CudaExecutor::CopyRing(const BatchPlan& plan) {
+  constexpr int64_t kWord = sizeof(int64_t);
+  for (const RingCopy& copy : plan.ring_copies) {
+    const int64_t position =
+        (plan.free_ring_head + copy.ring_offset) % ring_capacity_;
+    const int64_t first = std::min(copy.count, ring_capacity_ - position);
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(copy.destination, device_ring_ + position,
+                        first * kWord, cudaMemcpyDeviceToDevice, stream_),
+        "cudaMemcpyAsync (ring copy)"));
+    if (first < copy.count) {
+      RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(copy.destination + first, device_ring_,
+                                     (copy.count - first) * kWord,
+                                     cudaMemcpyDeviceToDevice, stream_),
+                     "cudaMemcpyAsync (ring copy, wrapped)"));
+    }
+  }
+  return MaybeDebugSync("ring copy (debug sync)");
+}
+
+absl::Status CudaExecutor::LaunchExpand(const BatchPlan& plan) {
   if (options_.inline_plans) {
     // Small plans travel in the launch itself: no staging buffer to wait
     // for, no copy, and the kernel reads them through the constant cache.

@@ -52,6 +52,12 @@ struct CudaExecutorOptions {
   // reads less per launch. Off: every plan is uploaded (tests use
   // this to cover both paths).
   bool inline_plans = true;
+  // Serves a plan of ring copies only (page_size 1, BatchPlan.ring_copies)
+  // with cudaMemcpyAsync, device to device from the mirror, when it takes at
+  // most this many copies (a copy that wraps around the ring's end takes
+  // two); more, or a plan with requests too, runs the copies as requests of
+  // the expand kernel (one launch). 0: always the kernel.
+  int max_ring_memcpys = 2;
   // Synchronizes the stream after every copy and launch and reports its
   // errors there (slow; for debugging). Also turned on by the environment
   // variable PAGEALLOC_CUDA_DEBUG_SYNC=1.
@@ -86,10 +92,11 @@ class CudaExecutor final : public PlanExecutor {
 
   // Packs the plan (into the launch's parameters when it fits and
   // inline_plans is on, else into staging, uploaded) and launches its
-  // kernel; returns without
-  // waiting. Does nothing for a plan with no slots. Returns INVALID_ARGUMENT
-  // for a plan larger than the options allow or inconsistent with the
-  // mirror, INTERNAL on CUDA failure.
+  // kernel, or queues its ring copies as device-to-device copies
+  // (max_ring_memcpys); returns without waiting. Does nothing for a plan
+  // with no slots. Returns INVALID_ARGUMENT for a plan larger than the
+  // options allow or inconsistent with the mirror, INTERNAL on CUDA
+  // failure.
   absl::Status Execute(const BatchPlan& plan) override;
 
   // Waits for everything queued on the stream. Returns INTERNAL with the
@@ -136,6 +143,11 @@ class CudaExecutor final : public PlanExecutor {
   absl::Status ReleaseStaging(Staging& staging);
   absl::Status SelectDevice() const;
   absl::Status MaybeDebugSync(const char* what);
+  // Packs `plan`'s requests and launches the expand kernel (the tail of
+  // Execute).
+  absl::Status LaunchExpand(const BatchPlan& plan);
+  // Queues plan.ring_copies as device-to-device copies from the mirror.
+  absl::Status CopyRing(const BatchPlan& plan);
   // Queues the zeroing of plan.scrub_pages (nothing when empty). INTERNAL
   // when the plan lists pages and no matching target is set.
   absl::Status Scrub(const BatchPlan& plan);
@@ -153,6 +165,9 @@ class CudaExecutor final : public PlanExecutor {
   // Host-side packing space for inline plans (8 KB); the launch copies it,
   // so one is enough.
   std::unique_ptr<MaxInlineExpandParams> inline_plan_;
+  // A plan's ring copies rewritten as requests (RingCopiesAsRequests),
+  // reserved for max_requests_per_batch requests by Create.
+  BatchPlan copies_as_requests_;
   int64_t* device_ring_ = nullptr;
   int64_t ring_capacity_ = 0;
   // Scrubbing (SetKvScrubTarget): the buffer table on the device, the

@@ -103,6 +103,78 @@ absl::StatusOr<PackedPlan> ValidatePlan(const BatchPlan& plan,
   return packed;
 }
 
+absl::Status ValidateRingCopies(const BatchPlan& plan, int64_t ring_capacity) {
+  if (plan.ring_copies.empty()) return absl::OkStatus();
+  if (plan.page_size != 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the plan has %d ring copies and page_size %d; copies need page_size 1",
+        plan.ring_copies.size(), plan.page_size));
+  }
+  if (plan.free_ring_capacity != ring_capacity || plan.free_ring_head < 0 ||
+      plan.free_ring_head >= ring_capacity) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "plan free_ring_head (%d) and free_ring_capacity (%d) do not fit the "
+        "mirror's %d entries",
+        plan.free_ring_head, plan.free_ring_capacity, ring_capacity));
+  }
+  if (plan.num_new_pages < 0 || plan.num_new_pages > ring_capacity) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("plan num_new_pages (%d) is outside [0, %d]",
+                        plan.num_new_pages, ring_capacity));
+  }
+  int64_t slots = 0;
+  for (const PlannedRequest& request : plan.requests) {
+    slots += request.seq_len - request.prefix_len;
+  }
+  for (size_t k = 0; k < plan.ring_copies.size(); ++k) {
+    const RingCopy& copy = plan.ring_copies[k];
+    if (copy.ring_offset < 0 || copy.count < 1 ||
+        copy.count > plan.num_new_pages - copy.ring_offset) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "plan ring_copies[%d]: entries [%d, %d) outside the batch's %d new "
+          "pages",
+          k, copy.ring_offset, copy.ring_offset + copy.count,
+          plan.num_new_pages));
+    }
+    if (copy.destination == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("plan ring_copies[%d] has no destination", k));
+    }
+    slots += copy.count;
+  }
+  if (slots != plan.num_slots) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "plan num_slots (%d) != the requests' and ring copies' slots (%d)",
+        plan.num_slots, slots));
+  }
+  return absl::OkStatus();
+}
+
+void RingCopiesAsRequests(const BatchPlan& plan, BatchPlan* out) {
+  out->page_size = plan.page_size;
+  out->free_ring_head = plan.free_ring_head;
+  out->free_ring_capacity = plan.free_ring_capacity;
+  out->num_new_pages = plan.num_new_pages;
+  out->requests.assign(plan.requests.begin(), plan.requests.end());
+  out->ring_copies.clear();
+  out->scrub_pages.clear();
+  int64_t slots = 0;
+  for (const PlannedRequest& request : plan.requests) {
+    slots += request.seq_len - request.prefix_len;
+  }
+  for (const RingCopy& copy : plan.ring_copies) {
+    PlannedRequest& request = out->requests.emplace_back();
+    request.prefix_len = 0;
+    request.seq_len = copy.count;
+    request.last_loc = -1;
+    request.first_new_page = copy.ring_offset;
+    request.output_offset = slots;
+    request.destination = copy.destination;
+    slots += copy.count;
+  }
+  out->num_slots = slots;
+}
+
 absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
                                     int64_t ring_capacity,
                                     absl::Span<int64_t> block) {

@@ -49,6 +49,21 @@ absl::StatusOr<PackedPlan> PackPlan(const BatchPlan& plan,
 absl::StatusOr<PackedPlan> ValidatePlan(const BatchPlan& plan,
                                         int64_t ring_capacity);
 
+// Checks `plan`'s ring copies (BatchPlan.ring_copies; OK when it has none)
+// against a free ring of `ring_capacity` entries: page_size 1, the plan's
+// ring capacity and head, each copy's range within the batch's
+// num_new_pages pages and its destination, and num_slots (the requests'
+// and the copies' slots together). Returns INVALID_ARGUMENT naming the copy
+// and field otherwise.
+absl::Status ValidateRingCopies(const BatchPlan& plan, int64_t ring_capacity);
+
+// Writes into `out` the plan `plan` describes with its ring copies as
+// planned requests (prefix_len 0, seq_len the copy's count, first_new_page
+// its ring offset), after its own requests, and no copies: the form the
+// expand kernel runs. `out`'s vectors keep their storage between calls.
+// REQUIRES: ValidateRingCopies(plan, ...) is OK.
+void RingCopiesAsRequests(const BatchPlan& plan, BatchPlan* out);
+
 // No plan of more requests than this is passed inline (a tiled general
 // plan, 3.5 words a request, in the 8 KB tier holds fewer).
 inline constexpr int64_t kMaxInlineDecodeRequests = kMaxInlineWords / 2;

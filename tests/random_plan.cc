@@ -79,9 +79,28 @@ RandomBatch MakeRandomBatch(const RandomPlanSpec& spec, int64_t ring_capacity,
   return batch;
 }
 
+void AddRandomRingCopies(RandomBatch& batch, int64_t num_copies,
+                         int64_t max_count, std::mt19937_64& rng) {
+  BatchPlan& plan = batch.plan;
+  for (int64_t k = 0; k < num_copies; ++k) {
+    const int64_t count = Uniform(rng, 1, max_count);
+    plan.ring_copies.push_back(RingCopy{plan.num_new_pages, count, nullptr});
+    batch.output_words += Uniform(rng, 0, 3);
+    batch.copy_destination_offset.push_back(batch.output_words);
+    batch.output_words += count;
+    plan.num_new_pages += count;
+    plan.num_slots += count;
+  }
+  batch.output_words += Uniform(rng, 0, 3);
+}
+
 void BindDestinations(RandomBatch& batch, int64_t* base) {
   for (size_t k = 0; k < batch.plan.requests.size(); ++k) {
     batch.plan.requests[k].destination = base + batch.destination_offset[k];
+  }
+  for (size_t k = 0; k < batch.plan.ring_copies.size(); ++k) {
+    batch.plan.ring_copies[k].destination =
+        base + batch.copy_destination_offset[k];
   }
 }
 

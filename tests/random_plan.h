@@ -33,8 +33,10 @@ struct RandomPlanSpec {
 
 struct RandomBatch {
   BatchPlan plan;  // free ring head/capacity set; destinations unbound
-  // Request k writes its slots at output[destination_offset[k] ...].
+  // Request k writes its slots at output[destination_offset[k] ...]; ring
+  // copy k at output[copy_destination_offset[k] ...].
   std::vector<int64_t> destination_offset;
+  std::vector<int64_t> copy_destination_offset;
   int64_t output_words = 0;  // size of the output buffer, gaps included
 };
 
@@ -44,7 +46,18 @@ struct RandomBatch {
 RandomBatch MakeRandomBatch(const RandomPlanSpec& spec, int64_t ring_capacity,
                             std::mt19937_64& rng);
 
-// Points request k's destination at base + destination_offset[k].
+// Adds `num_copies` ring copies of 1 to `max_count` entries to `batch`
+// (whose plan must have page_size 1), back to back in the ring after the
+// plan's pages, each to its own place past the output buffer's end, with
+// gaps of 0..3 words; some start at offsets the head makes wrap around the
+// ring's end when the head is near it. Grows num_new_pages, num_slots and
+// output_words. REQUIRES: the plan's pages plus num_copies * max_count fit
+// in the ring.
+void AddRandomRingCopies(RandomBatch& batch, int64_t num_copies,
+                         int64_t max_count, std::mt19937_64& rng);
+
+// Points request k's destination at base + destination_offset[k], and ring
+// copy k's at base + copy_destination_offset[k].
 void BindDestinations(RandomBatch& batch, int64_t* base);
 
 // Returns a random permutation of page ids 1..capacity.

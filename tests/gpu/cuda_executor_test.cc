@@ -8,6 +8,10 @@
 //     rollbacks and reclaims: identical results and slots, and
 //     CheckInvariants() (which compares the device mirror with the host's
 //     list) after every step;
+//   - page-size-1 plans of ring copies (with and without requests), through
+//     cudaMemcpyAsync and through the expand kernel (max_ring_memcpys), and
+//     the two pools at page size 1 with one call's destinations contiguous
+//     (one copy) or apart (a copy per request);
 //   - the executor's own contract: size limits, ring writes larger than a
 //     staging buffer, many batches queued without waiting.
 // Without a GPU every test skips. PAGEALLOC_GPU_TEST_QUICK=1 shrinks the
@@ -41,6 +45,7 @@
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::AddRandomRingCopies;
 using ::pagealloc::testing::BindDestinations;
 using ::pagealloc::testing::kPoison;
 using ::pagealloc::testing::LiveSequence;
@@ -226,6 +231,103 @@ INSTANTIATE_TEST_SUITE_P(InlineAndUploaded, RandomBatchesTest,
                            return info.param ? "Inline" : "Uploaded";
                          });
 
+// Ring-copy plans (page size 1) against the CPU executor: copies alone
+// (device-to-device copies when few, else the expand kernel) and mixed with
+// requests (always the kernel), with heads near the ring's end so that
+// copies wrap. Every limit of max_ring_memcpys and both plan paths of the
+// kernel route are covered.
+TEST_F(CudaExecutorTest, RingCopiesMatchTheCpuExecutor) {
+  const uint64_t seed = std::random_device{}();
+  rng_.seed(seed);
+  SCOPED_TRACE(absl::StrFormat("seed %d", seed));
+  const bool quick = Quick();
+  const int64_t max_count = quick ? 4096 : 65536;
+  const int64_t capacity = 64 * max_count + 4099;
+  CpuExecutor cpu;
+  ASSERT_OK(cpu.InitFreeRing(capacity));
+  const std::vector<int64_t> ring = RandomRing(capacity, rng_);
+  ASSERT_OK(cpu.WriteFreeRing(0, ring));
+  int64_t slots_compared = 0;
+  for (const int max_memcpys : {0, 1, 2, 64}) {
+    for (const bool inline_plans : {true, false}) {
+      CudaExecutorOptions options;
+      options.max_ring_memcpys = max_memcpys;
+      options.inline_plans = inline_plans;
+      options.max_slots_per_batch = capacity;
+      std::unique_ptr<CudaExecutor> executor;
+      CREATE_OR_SKIP(executor, options);
+      ASSERT_OK(executor->InitFreeRing(capacity));
+      ASSERT_OK(executor->WriteFreeRing(0, ring));
+      for (int trial = 0; trial < (quick ? 6 : 24); ++trial) {
+        RandomPlanSpec spec;
+        spec.page_size = 1;
+        spec.num_requests = trial % 3 == 0 ? 1 + rng_() % 200 : 0;
+        spec.max_extend = 16;
+        spec.max_total_slots = 4096;
+        RandomBatch batch = MakeRandomBatch(spec, capacity, rng_);
+        const int64_t copies = trial % 2 == 0 ? 1 : 1 + rng_() % 63;
+        AddRandomRingCopies(
+            batch, copies, trial % 4 < 2 ? 2048 : 1 + rng_() % max_count, rng_);
+        if (trial % 4 == 1) {
+          // The batch's pages end past the ring's end: the copies wrap.
+          batch.plan.free_ring_head =
+              capacity - 1 - rng_() % batch.plan.num_new_pages;
+        }
+        SCOPED_TRACE(absl::StrFormat(
+            "max_ring_memcpys %d, %s, trial %d: %d requests, %d copies, %d "
+            "slots, head %d",
+            max_memcpys, inline_plans ? "inline" : "uploaded", trial,
+            batch.plan.requests.size(), batch.plan.ring_copies.size(),
+            batch.plan.num_slots, batch.plan.free_ring_head));
+        std::vector<int64_t> expected(batch.output_words, kPoison);
+        BindDestinations(batch, expected.data());
+        ASSERT_OK(cpu.Execute(batch.plan));
+        DeviceWords out(batch.output_words);
+        BindDestinations(batch, out.data());
+        ASSERT_OK(executor->Execute(batch.plan));
+        ASSERT_OK(executor->Synchronize());
+        ASSERT_TRUE(SameWords(out.Read(batch.output_words), expected));
+        slots_compared += batch.plan.num_slots;
+      }
+    }
+  }
+  EXPECT_GT(slots_compared, quick ? 10000 : 1000000);
+}
+
+TEST_F(CudaExecutorTest, RefusesRingCopiesOutOfShape) {
+  CudaExecutorOptions options;
+  options.max_requests_per_batch = 4;
+  std::unique_ptr<CudaExecutor> executor;
+  CREATE_OR_SKIP(executor, options);
+  ASSERT_OK(executor->InitFreeRing(100));
+  ASSERT_OK(executor->WriteFreeRing(0, RandomRing(100, rng_)));
+  DeviceWords out(100);
+  BatchPlan plan;
+  plan.page_size = 1;
+  plan.free_ring_capacity = 100;
+  plan.num_new_pages = 10;
+  plan.num_slots = 10;
+  plan.ring_copies.push_back({0, 10, out.data()});
+  EXPECT_OK(executor->Execute(plan));
+  BatchPlan past_the_pages = plan;
+  past_the_pages.ring_copies[0].count = 11;
+  past_the_pages.num_slots = 11;
+  EXPECT_THAT(executor->Execute(past_the_pages),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("entries [0, 11) outside the batch's 10")));
+  BatchPlan paged = plan;
+  paged.page_size = 16;
+  EXPECT_THAT(executor->Execute(paged),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("copies need page_size 1")));
+  BatchPlan too_many = plan;
+  too_many.ring_copies.assign(5, RingCopy{0, 2, out.data()});
+  EXPECT_THAT(executor->Execute(too_many),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("5 ring copies; max_requests_per_batch")));
+  EXPECT_OK(executor->Synchronize());
+}
+
 TEST_F(CudaExecutorTest, ManyQueuedBatchesReuseStagingSafely) {
   // 40 batches queued back to back without waiting: every plan upload goes
   // through one of two staging buffers, so each is reused many times while
@@ -408,9 +510,15 @@ class TwoPoolsTest : public ::testing::TestWithParam<PoolParams> {
     }
     // Host buffers for the CPU pool; one poisoned device buffer, one
     // region per request, for the CUDA pool.
+    // Contiguous regions half the time, as the daemon writes one call's
+    // slots: at page size 1 the batch is then one ring copy, else one per
+    // request (the pool merges copies whose destinations follow each
+    // other).
+    const int64_t gap = Uniform(0, 1);
     std::vector<int64_t> offsets(requests.size() + 1, 0);
     for (size_t i = 0; i < requests.size(); ++i) {
-      offsets[i + 1] = offsets[i] + ToExtendShape(requests[i]).num_slots() + 1;
+      offsets[i + 1] =
+          offsets[i] + ToExtendShape(requests[i]).num_slots() + gap;
     }
     std::vector<int64_t> host(offsets.back(), kPoison);
     DeviceWords device(offsets.back());
