@@ -52,6 +52,18 @@ absl::Status RunCoordinator(const BenchOptions& options) {
                              options.daemon.num_pages, options.daemon.page_size,
                              options.floor_s, options.seed, &floors.executor));
 
+  if (options.idle_s > 0) {
+    if (options.progress) {
+      std::fprintf(stderr, "measuring the idle daemon (%.1f s)...\n",
+                   options.idle_s);
+    }
+    ASSIGN_OR_RETURN(
+        floors.idle,
+        MeasureIdleDaemon(daemon.target, daemon.pid, options.idle_sessions,
+                          options.fast_channel, options.daemon.page_size,
+                          options.idle_s));
+  }
+
   std::vector<PhaseResult> phases;
   for (size_t i = 0; i < client_counts.size(); ++i) {
     PhaseOptions phase;

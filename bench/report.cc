@@ -119,6 +119,13 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
       absl::StrFormat("in-process decode(%d) %s", w.batch, floors.executor);
   PrintLatencyRow(in_process.c_str(), floors.in_process.histogram,
                   floors.in_process.seconds);
+  if (floors.idle.seconds > 0) {
+    std::printf(
+        "idle daemon, %d session(s) open (%s): %.2f%% of a core over %.1f s\n",
+        floors.idle.sessions,
+        floors.idle.fast_channel ? "fast channel" : "gRPC only",
+        100 * floors.idle.core_share(), floors.idle.seconds);
+  }
   for (const PhaseResult& p : phases) {
     std::printf("\n== %d client(s), batch %d, %s completion, %.1f s\n",
                 p.clients, w.batch, w.async_completion ? "async" : "sync",
@@ -213,7 +220,9 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
       "\"piggyback_ops\": %s, \"page_size\": %d, "
       "\"num_pages\": %d},\n"
       "\"floors\": {\"health_check\": {%s},\n"
-      "  \"in_process_decode\": {\"executor\": \"%s\", %s}},\n"
+      "  \"in_process_decode\": {\"executor\": \"%s\", %s},\n"
+      "  \"idle_daemon\": {\"sessions\": %d, \"fast_channel\": %s, "
+      "\"seconds\": %.3f, \"cpu_s\": %.4f, \"core_share\": %.5f}},\n"
       "\"phases\": [\n%s\n]\n}\n",
       run, config.backend, config.target, w.batch, config.duration_s,
       w.decode_weight, w.prefill_weight, w.spec_weight, w.prefill_chunk,
@@ -222,7 +231,9 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
       config.fast_channel ? "true" : "false",
       w.piggyback_ops ? "true" : "false", config.page_size, config.num_pages,
       LatencyJson(floors.health.histogram), floors.executor,
-      LatencyJson(floors.in_process.histogram),
+      LatencyJson(floors.in_process.histogram), floors.idle.sessions,
+      floors.idle.fast_channel ? "true" : "false", floors.idle.seconds,
+      floors.idle.cpu_seconds, floors.idle.core_share(),
       absl::StrJoin(phase_json, ",\n"));
   std::ofstream out(path);
   out << text;
