@@ -77,6 +77,18 @@ absl::Status RunCoordinator(const BenchOptions& options) {
                        options.daemon.page_size, options.floor_s, options.seed,
                        &floors.executor, &floors.in_process_enqueue));
 
+  if (options.idle_s > 0) {
+    if (options.progress) {
+      std::fprintf(stderr, "measuring the idle daemon (%.1f s)...\n",
+                   options.idle_s);
+    }
+    ASSIGN_OR_RETURN(
+        floors.idle,
+        MeasureIdleDaemon(daemon.target, daemon.pid, options.idle_sessions,
+                          options.fast_channel, options.daemon.page_size,
+                          options.idle_s));
+  }
+
   std::vector<PhaseResult> phases;
   const int of = client_counts.size() * modes.size();
   for (int clients : client_counts) {

@@ -28,6 +28,10 @@ struct BenchOptions {
   std::vector<std::string> sweep_completion;
   double duration_s = 5;
   double floor_s = 2;
+  // Seconds of the idle-daemon measurement (IdleCost), with
+  // `idle_sessions` sessions open; 0: skipped.
+  double idle_s = 0;
+  int idle_sessions = 8;
   Workload workload;
   bool fast_channel = true;  // recorded in the JSON; workers get it below
   uint64_t seed = 1;

@@ -5,9 +5,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "allocator/page_pool.h"
 #include "bench/clock.h"
+#include "bench/snapshot.h"
 #include "client/client.h"
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -211,6 +213,37 @@ absl::StatusOr<Latency> MeasureInProcessDecode(
   result.seconds = (NowNanos() - start) / 1e9;
   if (enqueue != nullptr) enqueue->seconds = result.seconds;
   return result;
+}
+
+absl::StatusOr<IdleCost> MeasureIdleDaemon(const std::string& target, int pid,
+                                           int sessions, bool fast_channel,
+                                           int64_t page_size, double seconds) {
+  IdleCost idle;
+  idle.sessions = sessions;
+  idle.fast_channel = fast_channel;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < sessions; ++i) {
+    ClientOptions options;
+    options.target = target;
+    options.client_name = absl::StrCat("bench-idle-", i);
+    options.fast_channel = fast_channel;
+    options.ring_capacity_slots = 1 << 12;
+    ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(options));
+    const int64_t tokens[] = {page_size};
+    RETURN_IF_ERROR(client->Alloc(tokens).status());
+    clients.push_back(std::move(client));
+  }
+  absl::SleepFor(absl::Seconds(1));
+  const double before = CpuSeconds(pid);
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Seconds(seconds));
+  const double after = CpuSeconds(pid);
+  idle.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (before >= 0 && after >= 0) idle.cpu_seconds = after - before;
+  for (std::unique_ptr<Client>& client : clients) {
+    RETURN_IF_ERROR(client->Close());
+  }
+  return idle;
 }
 
 }  // namespace pagealloc::bench

@@ -20,6 +20,20 @@ struct Latency {
   double seconds = 0;  // how long the measurement ran
 };
 
+// The daemon's CPU at rest: `sessions` sessions open (each made one call,
+// then stays quiet with its KeepAlive stream running) for `seconds`.
+struct IdleCost {
+  int sessions = 0;
+  bool fast_channel = true;  // the sessions have fast channels
+  double seconds = 0;        // 0: not measured
+  double cpu_seconds = -1;   // the daemon's over `seconds`; -1: unknown
+
+  // The daemon's CPU as a share of one core; -1 when unknown.
+  double core_share() const {
+    return seconds > 0 && cpu_seconds >= 0 ? cpu_seconds / seconds : -1;
+  }
+};
+
 struct Floors {
   Latency health;
   Latency in_process;
@@ -29,6 +43,7 @@ struct Floors {
   // in_process).
   Latency in_process_enqueue;
   std::string executor;  // the in-process floor's: "cpu" or "cuda"
+  IdleCost idle;         // measured with --idle_s only
 };
 
 // Times grpc.health.v1.Health/Check on `target`, one call at a time on one
@@ -52,6 +67,16 @@ absl::StatusOr<Latency> MeasureInProcessDecode(
     const std::string& backend, const Workload& w, int64_t num_pages,
     int64_t page_size, double seconds, uint64_t seed,
     std::string* executor_name, Latency* enqueue = nullptr);
+
+// Opens `sessions` sessions on `target` (with fast channels when
+// `fast_channel`), makes one Alloc of `page_size` tokens on each, then reads
+// the daemon's CPU time (`pid`) over `seconds` while they sit idle, and
+// closes them. cpu_seconds stays -1 when the pid is unknown. The first
+// second after the calls is not measured (spins and timers settle). Errors
+// are the client's.
+absl::StatusOr<IdleCost> MeasureIdleDaemon(const std::string& target, int pid,
+                                           int sessions, bool fast_channel,
+                                           int64_t page_size, double seconds);
 
 }  // namespace pagealloc::bench
 

@@ -109,6 +109,10 @@ ABSL_FLAG(int, client_spin_us, 500,
           "How long a client spins for a fast-channel answer before it "
           "sleeps on a futex (ClientOptions.fast_channel_spin).");
 ABSL_FLAG(double, floor_s, 2, "Length of each floor measurement, seconds.");
+ABSL_FLAG(double, idle_s, 0,
+          "Seconds to measure the daemon's CPU while --idle_sessions "
+          "sessions sit open and quiet (after one call each); 0: skip.");
+ABSL_FLAG(int, idle_sessions, 8, "Sessions open during --idle_s.");
 ABSL_FLAG(std::string, json, "", "Write the results here as JSON.");
 ABSL_FLAG(bool, progress, true, "Show one refreshing progress line on stderr.");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed (each client adds its index).");
@@ -182,6 +186,8 @@ BenchOptions BenchOptionsFromFlags() {
   o.clients = absl::GetFlag(FLAGS_clients);
   o.duration_s = absl::GetFlag(FLAGS_duration_s);
   o.floor_s = absl::GetFlag(FLAGS_floor_s);
+  o.idle_s = absl::GetFlag(FLAGS_idle_s);
+  o.idle_sessions = absl::GetFlag(FLAGS_idle_sessions);
   o.workload = WorkloadFromFlags();
   o.fast_channel = absl::GetFlag(FLAGS_fast_channel);
   o.seed = absl::GetFlag(FLAGS_seed);

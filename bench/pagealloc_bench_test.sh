@@ -21,9 +21,11 @@ mkdir -p "$out"
   --piggyback_ops=false --json="$out/results.json" >"$out/stdout.txt"
 cat "$out/stdout.txt"
 grep -q "== sweep" "$out/stdout.txt"
-# The default: frees and checkpoints ride on the allocation calls.
+# The default: frees and checkpoints ride on the allocation calls. With the
+# idle-daemon measurement.
 "$bench" --backend=cpu --server_binary="$runfiles/server/pagealloc-server" \
   --clients=1 --batch=32 --duration_s=1 --floor_s=0.3 \
+  --idle_s=0.5 --idle_sessions=2 \
   --num_pages=65536 --max_seq_len=256 --prefill_chunk=64 \
   --json="$out/piggyback.json" >"$out/piggyback.txt"
 cat "$out/piggyback.txt"
@@ -101,6 +103,11 @@ for rpc in ("Free", "Checkpoint"):
         errors.append(f"piggyback: {rpc} calls were sent")
 for rpc in ("AllocDecode", "AllocExtend", "Rollback"):
     latency(f"piggyback.rpcs.{rpc}", p["phases"][0]["rpcs"][rpc])
+idle = p["floors"]["idle_daemon"]
+if idle["sessions"] != 2 or idle["seconds"] < 0.5 or idle["cpu_s"] < 0:
+    errors.append(f"piggyback: floors.idle_daemon {idle}")
+if r["floors"]["idle_daemon"]["seconds"] != 0:
+    errors.append("floors.idle_daemon measured without --idle_s")
 # Prefill chunks only at page size 1: every allocation is an extend, and
 # the chunks are bigger than an admission's prompt on average.
 f = json.load(open(sys.argv[3]))

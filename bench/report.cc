@@ -122,6 +122,13 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
   PrintLatencyRow("  until Allocate returns",
                   floors.in_process_enqueue.histogram,
                   floors.in_process_enqueue.seconds);
+  if (floors.idle.seconds > 0) {
+    std::printf(
+        "idle daemon, %d session(s) open (%s): %.2f%% of a core over %.1f s\n",
+        floors.idle.sessions,
+        floors.idle.fast_channel ? "fast channel" : "gRPC only",
+        100 * floors.idle.core_share(), floors.idle.seconds);
+  }
   for (const PhaseResult& p : phases) {
     std::printf(
         "\n== %d client(s), batch %d, %s (%s completion, slots read on the "
@@ -216,7 +223,9 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
       "\"num_pages\": %d},\n"
       "\"floors\": {\"health_check\": {%s},\n"
       "  \"in_process_decode\": {\"executor\": \"%s\", %s},\n"
-      "  \"in_process_enqueue\": {%s}},\n"
+      "  \"in_process_enqueue\": {%s},\n"
+      "  \"idle_daemon\": {\"sessions\": %d, \"fast_channel\": %s, "
+      "\"seconds\": %.3f, \"cpu_s\": %.4f, \"core_share\": %.5f}},\n"
       "\"phases\": [\n%s\n]\n}\n",
       run, config.backend, config.target, w.batch, config.duration_s,
       w.decode_weight, w.prefill_weight, w.spec_weight, w.prefill_chunk,
@@ -226,7 +235,9 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
       w.piggyback_ops ? "true" : "false", config.page_size, config.num_pages,
       LatencyJson(floors.health.histogram), floors.executor,
       LatencyJson(floors.in_process.histogram),
-      LatencyJson(floors.in_process_enqueue.histogram),
+      LatencyJson(floors.in_process_enqueue.histogram), floors.idle.sessions,
+      floors.idle.fast_channel ? "true" : "false", floors.idle.seconds,
+      floors.idle.cpu_seconds, floors.idle.core_share(),
       absl::StrJoin(phase_json, ",\n"));
   std::ofstream out(path);
   out << text;

@@ -45,7 +45,9 @@ Batcher::Batcher(const Options& options, PagePool* pool, Backend* backend,
     : options_(options),
       pool_(pool),
       backend_(backend),
-      scratch_(std::move(scratch)) {
+      scratch_(std::move(scratch)),
+      spin_(options.spin),
+      spin_budget_ns_(absl::ToInt64Nanoseconds(spin_.budget())) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -94,14 +96,15 @@ absl::Status Batcher::Submit(std::vector<Work> works) {
       }
       queue_.push_back(std::move(work));
     }
-    queued_calls_.store(queued_calls_locked_, std::memory_order_relaxed);
-    queued_.store(queue_.size(), std::memory_order_release);
-    // The batcher thread drives when a window or a spin is set; a launch in
-    // progress picks this work up when it ends.
-    if (driving_ || options_.batch_window > absl::ZeroDuration() ||
-        options_.spin > absl::ZeroDuration()) {
+    if (driving_ || !SubmitterDrives(works.size())) {
+      // The batcher thread drives, or a launch in progress picks this work
+      // up when it ends.
+      queued_calls_.store(queued_calls_locked_, std::memory_order_relaxed);
+      queued_.store(queue_.size(), std::memory_order_release);
       return absl::OkStatus();
     }
+    // TakeBatch publishes the counts: a spinning batcher thread never sees
+    // this work queued.
     driving_ = true;
     TakeBatch(&batch);
   }
@@ -246,31 +249,64 @@ void Batcher::TakeBatch(std::vector<Work>* batch) {
   queued_.store(queue_.size(), std::memory_order_release);
 }
 
+bool Batcher::SubmitterDrives(size_t submitted) const {
+  const bool thread_drives = options_.batch_window > absl::ZeroDuration() ||
+                             options_.spin > absl::ZeroDuration();
+  if (!thread_drives) return true;
+  // A lone client's call, with nothing else queued: no company will join
+  // its launch (CallsToWaitFor is 1), so a hand-off to the batcher thread
+  // would only add latency, and a thread spinning for one client's next
+  // call would cost a core.
+  return options_.spin > absl::ZeroDuration() && options_.lone_client_drives &&
+         TracksActiveSessions() && last_alloc_.size() <= 1 &&
+         queue_.size() == submitted;
+}
+
 void Batcher::Run() {
   std::vector<Work> batch;
+  // Work for this thread: queued and nobody driving. When stopping, it
+  // waits for the driver to finish, then drains what is left.
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !driving_ && (!queue_.empty() || stopping_);
+  };
+  const bool spins = options_.spin > absl::ZeroDuration();
+  absl::Time idle_since = absl::Now();
   while (true) {
-    if (options_.spin > absl::ZeroDuration()) {
-      // Poll for more work before sleeping on the mutex (see Options.spin).
-      const absl::Time until = absl::Now() + options_.spin;
+    bool caught = false;
+    const absl::Duration budget = spin_.budget();
+    if (budget > absl::ZeroDuration()) {
+      // Poll for more work before sleeping on the mutex (Options.spin).
+      const absl::Time until = idle_since + budget;
       while (queued_.load(std::memory_order_acquire) == 0 &&
              !stop_requested_.load(std::memory_order_relaxed) &&
              absl::Now() < until) {
         CpuRelax();
       }
+      caught = queued_.load(std::memory_order_acquire) > 0;
     }
-    // Work for this thread: queued and nobody driving. When stopping, it
-    // waits for the driver to finish, then drains what is left.
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !driving_ && (!queue_.empty() || stopping_);
-    };
-    if (options_.spin > absl::ZeroDuration() &&
-        options_.batch_window > absl::ZeroDuration()) {
-      // Gather, whether the work was found spinning or woke the thread.
-      {
-        absl::MutexLock lock(&mu_);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ready()) {
+        caught = false;
+        thread_asleep_ = true;
+        thread_sleeps_.fetch_add(1, std::memory_order_relaxed);
         mu_.Await(absl::Condition(&ready));
-        if (queue_.empty()) return;  // stopping, nothing left
+        thread_asleep_ = false;
       }
+      if (queue_.empty()) return;  // stopping, nothing left
+      if (spins) {
+        const absl::Duration gap = absl::Now() - idle_since;
+        if (caught) {
+          spin_.Caught(gap);
+        } else {
+          spin_.Slept(gap);
+        }
+        spin_budget_ns_.store(absl::ToInt64Nanoseconds(spin_.budget()),
+                              std::memory_order_relaxed);
+      }
+    }
+    if (spins && options_.batch_window > absl::ZeroDuration()) {
+      // Gather, whether the work was found spinning or woke the thread.
       SpinForCompany();
     }
     {
@@ -282,9 +318,17 @@ void Batcher::Run() {
     }
     RunBatch(&batch);
     batch.clear();
-    absl::MutexLock lock(&mu_);
-    driving_ = false;
+    {
+      absl::MutexLock lock(&mu_);
+      driving_ = false;
+    }
+    idle_since = absl::Now();
   }
+}
+
+bool Batcher::thread_asleep() const {
+  absl::MutexLock lock(&mu_);
+  return thread_asleep_;
 }
 
 void Batcher::RunBatch(std::vector<Work>* batch) {

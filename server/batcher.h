@@ -14,7 +14,16 @@
 // kMaxInlineRounds launches, and then leaves the rest to the batcher's own
 // thread so that a handler thread returns to gRPC in bounded time. With a
 // batch window, only the batcher thread drives (it is the one that waits);
-// with Options.spin too (it is the one that spins).
+// with Options.spin too (it is the one that spins), except for a lone
+// client's call (Options.lone_client_drives): when one session alone has
+// called lately and nothing is queued or running, its submitter drives as
+// above, and the batcher thread, finding nothing to do, stops spinning.
+//
+// Spinning adapts (common/adaptive_spin.h): Options.spin is the longest the
+// batcher thread spins after a launch; it spins about twice the gaps it
+// has lately seen between launches when those are shorter than that, and
+// not at all when they are longer. An idle batcher thread sleeps on the
+// mutex (thread_asleep()).
 //
 // Ordering: the work of one session applies in the order it was queued. An
 // operation (free, checkpoint, rollback, close) of a session that has an
@@ -42,6 +51,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocator/page_pool.h"
+#include "common/adaptive_spin.h"
 #include "server/backend.h"
 #include "server/histogram.h"
 
@@ -134,8 +144,13 @@ class Batcher {
     // queue and return (a fast-channel poller goes back to taking calls
     // while a launch runs), and after each batch the thread polls the
     // queue for this long before it sleeps, so a hand-off costs no
-    // wake-up while work flows. Costs a core while busy.
+    // wake-up while work flows. Costs a core while busy. This is the
+    // adaptive spin's cap (see the class comment).
     absl::Duration spin = absl::ZeroDuration();
+    // With spin: a lone client's call is driven by its submitter (see "Who
+    // drives"). Needs a window with min_batch_calls (the active sessions
+    // are tracked only then).
+    bool lone_client_drives = true;
     // Check the pool's invariants after every batch; abort on a violation
     // (a bug, never a bad request). Slow: for tests and debugging.
     bool debug_checks = false;
@@ -187,6 +202,19 @@ class Batcher {
 
   uint64_t launches() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether the batcher thread is asleep waiting for work (not spinning,
+  // not driving).
+  bool thread_asleep() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Times the batcher thread went to sleep since start.
+  int64_t thread_sleeps() const {
+    return thread_sleeps_.load(std::memory_order_relaxed);
+  }
+  // How long the batcher thread spins now after a launch (its adaptive
+  // budget; 0 without Options.spin).
+  absl::Duration spin_budget() const {
+    return absl::Nanoseconds(spin_budget_ns_.load(std::memory_order_relaxed));
+  }
+
  private:
   struct Work {
     uint64_t session_id = 0;
@@ -200,6 +228,10 @@ class Batcher {
 
   // Queues `works`; then drives if nobody is driving (see "Who drives").
   absl::Status Submit(std::vector<Work> works) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the submitter of the last `submitted` works queued drives them
+  // itself when nobody drives (see "Who drives").
+  bool SubmitterDrives(size_t submitted) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The batcher thread: drives whenever work is queued and nobody else is.
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for the batch window (batcher thread only, without spin: the
@@ -256,6 +288,12 @@ class Batcher {
   std::atomic<int64_t> active_sessions_{0};
   std::atomic<bool> stop_requested_{false};
   uint64_t launches_ ABSL_GUARDED_BY(mu_) = 0;
+  // The batcher thread's spin (that thread only), and its budget for
+  // spin_budget().
+  AdaptiveSpin spin_;
+  std::atomic<int64_t> spin_budget_ns_;
+  bool thread_asleep_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> thread_sleeps_{0};
   // Launch's buffers, kept between launches (the driver only).
   std::vector<AllocRequest> launch_requests_;
   std::vector<CallSpan> launch_calls_;

@@ -21,11 +21,13 @@
 #include "gtest/gtest.h"
 #include "server/backend.h"
 #include "tests/status_matchers.h"
+#include "tests/wait_for.h"
 
 namespace pagealloc {
 namespace {
 
 using ::pagealloc::testing::StatusIs;
+using ::pagealloc::testing::WaitFor;
 
 constexpr int64_t kPageSize = 4;
 
@@ -352,11 +354,88 @@ TEST_P(BatcherMinCallsTest, OperationsRunWhileTheSpinningThreadGathers) {
   EXPECT_TRUE(company.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
 }
 
+// A spinning batcher thread lets a lone client's submitter drive its call
+// (no hand-off, and no thread spinning for one client), and drives again
+// once other sessions call.
+TEST_P(BatcherMinCallsTest, ALoneClientDrivesItsOwnCallsUnderASpinningThread) {
+  if (!GetParam()) GTEST_SKIP() << "only the spinning thread hands calls over";
+  StartWithWindow();
+  for (int i = 0; i < 3; ++i) {
+    Completion completion;
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+    ASSERT_TRUE(completion.done.HasBeenNotified());
+    EXPECT_EQ(completion.thread, std::this_thread::get_id());
+  }
+  MakeActive(2);
+  // Two sessions active (for 60 s): the batcher thread drives.
+  Completion completion;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+  ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_NE(completion.thread, std::this_thread::get_id());
+}
+
+TEST_P(BatcherMinCallsTest, WithoutLoneClientDrivesTheThreadDrivesEveryCall) {
+  if (!GetParam()) GTEST_SKIP() << "only the spinning thread hands calls over";
+  Batcher::Options options;
+  options.batch_window = absl::Seconds(30);
+  options.min_batch_calls = 4;
+  options.spin = absl::Milliseconds(50);
+  options.lone_client_drives = false;
+  Start(options);
+  Completion completion;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+  ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_NE(completion.thread, std::this_thread::get_id());
+}
+
 INSTANTIATE_TEST_SUITE_P(SleepingAndSpinning, BatcherMinCallsTest,
                          ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Spinning" : "Sleeping";
                          });
+
+// An idle batcher thread sleeps, whether it spins while calls flow or not.
+class BatcherIdleTest : public BatcherTest,
+                        public ::testing::WithParamInterface<bool> {};
+
+TEST_P(BatcherIdleTest, AnIdleBatcherThreadSleeps) {
+  Batcher::Options options;
+  if (GetParam()) options.spin = absl::Microseconds(200);
+  Start(options);
+  for (int i = 0; i < 5; ++i) {
+    Completion completion;
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+    completion.done.WaitForNotification();
+  }
+  // A spin is bounded (200 us here): the thread soon sleeps, and stays
+  // asleep while nothing is queued.
+  ASSERT_TRUE(
+      WaitFor([&] { return batcher_->thread_asleep(); }, absl::Seconds(30)));
+  EXPECT_GE(batcher_->thread_sleeps(), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(SleepingAndSpinning, BatcherIdleTest,
+                         ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Spinning" : "Sleeping";
+                         });
+
+// Gaps between launches longer than the spin (the cap) halve the batcher
+// thread's spin; each gap here is at least the 100 ms slept (less only if
+// the batcher thread stalls for 99 ms), against a 1 ms cap.
+TEST_F(BatcherTest, LongGapsBetweenLaunchesShrinkTheSpin) {
+  Batcher::Options options;
+  options.spin = absl::Milliseconds(1);
+  Start(options);
+  EXPECT_EQ(batcher_->spin_budget(), absl::Milliseconds(1));
+  for (int i = 1; i <= 3; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    Completion completion;
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+    completion.done.WaitForNotification();
+    EXPECT_EQ(batcher_->spin_budget(), absl::Milliseconds(1) / (1 << i));
+  }
+}
 
 TEST_F(BatcherTest, StopFinishesQueuedWorkThenRefuses) {
   Batcher::Options options;

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/adaptive_spin.h"
 #include "common/cpu_relax.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -194,6 +195,7 @@ absl::StatusOr<std::unique_ptr<FastChannelServer>> FastChannelServer::Create(
   std::vector<std::unique_ptr<Poller>> pollers;
   for (int i = 0; i < std::max(1, options.pollers); ++i) {
     auto poller = std::make_unique<Poller>();
+    poller->spin_budget_ns.store(absl::ToInt64Nanoseconds(options.spin));
     poller->epoll.reset(epoll_create1(EPOLL_CLOEXEC));
     if (!poller->epoll.valid()) {
       return absl::InternalError(
@@ -530,6 +532,10 @@ void FastChannelServer::Poll(int index) {
   uint64_t seen_generation = ~uint64_t{0};
   std::vector<AllocCall> prepared;
   absl::Time last_call = absl::Now();
+  // Options.spin is the cap; the budget follows the gaps between calls.
+  AdaptiveSpin spin(options_.spin);
+  // Whether the poller slept since the last call it took.
+  bool slept = false;
   size_t first = 0;  // where this round starts: one further each round
   auto posted = [](const Channel& c) {
     return !c.in_flight.load(std::memory_order_acquire) &&
@@ -592,13 +598,22 @@ void FastChannelServer::Poll(int index) {
     }
     if (n > 0) first = (first + 1) % n;
     if (took) {
+      const absl::Duration gap = absl::Now() - last_call;
+      if (slept) {
+        spin.Slept(gap);
+      } else {
+        spin.Caught(gap);
+      }
+      slept = false;
+      me.spin_budget_ns.store(absl::ToInt64Nanoseconds(spin.budget()),
+                              std::memory_order_relaxed);
       // Every call posted by now shares one launch (unless one is running).
       core_->SubmitPrepared(std::move(prepared));
       prepared.clear();
       last_call = absl::Now();
       continue;
     }
-    if (absl::Now() - last_call < options_.spin) {
+    if (!slept && absl::Now() - last_call < spin.budget()) {
       CpuRelax();
       continue;
     }
@@ -622,8 +637,11 @@ void FastChannelServer::Poll(int index) {
               ? std::max<int>(
                     1, absl::ToInt64Milliseconds(options_.throttled_interval))
               : -1;
+      me.asleep.store(true, std::memory_order_relaxed);
       const int woken =
           epoll_wait(me.epoll.get(), events, kMaxEvents, timeout_ms);
+      me.asleep.store(false, std::memory_order_relaxed);
+      slept = true;
       for (int i = 0; i < woken; ++i) {
         const uint64_t tag = events[i].data.u64;
         if (tag == kWakeTag) {
@@ -641,9 +659,23 @@ void FastChannelServer::Poll(int index) {
     for (const std::shared_ptr<Channel>& channel : channels) {
       channel->codec.SetPollerSleeping(false);
     }
-    // last_call stays: a wake-up that finds no call (a doorbell rung for
-    // nothing) goes back to sleep without spinning.
+    // last_call stays, and `slept` keeps the poller from spinning again
+    // until it takes a call: a wake-up that finds no call (a doorbell rung
+    // for nothing) goes back to sleep.
   }
+}
+
+int FastChannelServer::pollers_asleep() const {
+  int asleep = 0;
+  for (const std::unique_ptr<Poller>& poller : pollers_) {
+    asleep += poller->asleep.load(std::memory_order_relaxed) ? 1 : 0;
+  }
+  return asleep;
+}
+
+absl::Duration FastChannelServer::poller_spin_budget(int index) const {
+  return absl::Nanoseconds(
+      pollers_[index]->spin_budget_ns.load(std::memory_order_relaxed));
 }
 
 }  // namespace pagealloc

@@ -7,13 +7,16 @@
 // space as gRPC calls) and submit the allocation calls to the batcher
 // together, so that calls posted at the same time share a launch.
 //
-// A poller spins for `spin` after the last call it saw, so that a client
-// issuing calls back to back never waits for a wake-up; then it sleeps in
+// A poller spins after the last call it saw, so that a client issuing
+// calls back to back never waits for a wake-up; then it sleeps in
 // epoll_wait on its channels' doorbells and uses no CPU until a client
-// rings one. A doorbell wakes only the poller of its own channel, and a
-// wake-up that finds no call sends the poller back to sleep without
-// spinning. A poller submitting while another drives the batcher only
-// queues: the driver takes those calls into its next launch
+// rings one. How long it spins adapts (common/adaptive_spin.h): about twice
+// the gaps between calls it has lately seen when those are shorter than
+// Options.spin (the cap), and not at all when they are longer, as for a
+// scheduler that calls once per forward pass. A doorbell wakes only the poller
+// of its own channel, and a wake-up that finds no call sends the poller back to
+// sleep without spinning. A poller submitting while another drives the batcher
+// only queues: the driver takes those calls into its next launch
 // (server/batcher.h).
 //
 // Fairness. Each round a poller looks at its channels in turn, starting one
@@ -73,7 +76,8 @@ class FastChannelServer final : public SessionObserver {
     // Most requests in one call (the daemon's per-call limit).
     int32_t max_requests = 8192;
     int32_t message_bytes = 64 << 10;
-    // How long a poller keeps spinning after the last call it saw.
+    // The longest a poller keeps spinning after the last call it saw (the
+    // cap of its adaptive spin).
     absl::Duration spin = absl::Microseconds(200);
     // Poller threads; channels are dealt to them in turn. More than one
     // lets taking and checking calls (per-request work) run in parallel
@@ -152,6 +156,15 @@ class FastChannelServer final : public SessionObserver {
   int64_t dropped(Abuse abuse) const {
     return dropped_[static_cast<int>(abuse)].load(std::memory_order_relaxed);
   }
+  // Pollers asleep on their doorbells now, and whether poller `index` is.
+  int pollers_asleep() const;
+  bool poller_asleep(int index) const {
+    return pollers_[index]->asleep.load(std::memory_order_relaxed);
+  }
+  int pollers() const { return static_cast<int>(pollers_.size()); }
+  // How long poller `index` spins now after a call (its adaptive budget).
+  // REQUIRES: 0 <= index < pollers().
+  absl::Duration poller_spin_budget(int index) const;
   // Sessions throttled now.
   int64_t throttled_now() const {
     return throttled_now_.load(std::memory_order_relaxed);
@@ -168,6 +181,9 @@ class FastChannelServer final : public SessionObserver {
     std::thread thread;
     // Its channels throttled now (its thread only).
     int throttled = 0;
+    // Asleep in epoll_wait, and its spin budget, for stats.
+    std::atomic<bool> asleep{false};
+    std::atomic<int64_t> spin_budget_ns{0};
   };
 
   FastChannelServer(const Options& options, CallCore* core,

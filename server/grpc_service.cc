@@ -1,6 +1,7 @@
 #include "server/grpc_service.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -276,12 +277,14 @@ void FillPackedResults(const AllocAnswer& answer, v1::PackedResults* packed) {
   }
 }
 
-// Writes the answer into an AllocResponse (one RequestResult per request,
-// or PackedResults when `packed`); the handler waits for Complete.
-class ResponseReply final : public AllocReply {
+// Answers one allocation call: writes the answer into its AllocResponse
+// (one RequestResult per request, or PackedResults when `packed`), then
+// finishes the call on whichever thread completes it and deletes itself.
+class AllocCallReply final : public AllocReply {
  public:
-  ResponseReply(v1::AllocResponse* response, bool packed)
-      : response_(response), packed_(packed) {}
+  AllocCallReply(grpc::ServerUnaryReactor* reactor, v1::AllocResponse* response,
+                 bool packed)
+      : reactor_(reactor), response_(response), packed_(packed) {}
 
   void Deliver(const AllocAnswer& answer) override {
     if (packed_) {
@@ -296,14 +299,32 @@ class ResponseReply final : public AllocReply {
     response_->set_completion_value(answer.launch->completion_value);
   }
   void Complete(const absl::Status& status) override {
-    pending_.Complete(status);
+    reactor_->Finish(ToGrpcStatus(status));
+    delete this;
   }
-  grpc::Status Wait() { return ToGrpcStatus(pending_.Wait()); }
 
  private:
+  grpc::ServerUnaryReactor* const reactor_;
   v1::AllocResponse* const response_;
   const bool packed_;
-  PendingReply pending_;
+};
+
+// Answers one operation: on OK, `fill` writes the reply's value into the
+// response; then finishes the call and deletes itself.
+class OpReply final : public Reply {
+ public:
+  OpReply(grpc::ServerUnaryReactor* reactor, std::function<void(int64_t)> fill)
+      : reactor_(reactor), fill_(std::move(fill)) {}
+
+  void Complete(const absl::Status& status) override {
+    if (status.ok()) fill_(value());
+    reactor_->Finish(ToGrpcStatus(status));
+    delete this;
+  }
+
+ private:
+  grpc::ServerUnaryReactor* const reactor_;
+  const std::function<void(int64_t)> fill_;
 };
 
 }  // namespace
@@ -364,21 +385,20 @@ void GrpcService::Finish(grpc::ServerUnaryReactor* reactor, Method method,
 }
 
 template <typename Request>
-grpc::Status GrpcService::HandleAlloc(const Request& request,
-                                      v1::AllocResponse* response,
-                                      Method method) {
+grpc::ServerUnaryReactor* GrpcService::HandleAlloc(
+    grpc::CallbackServerContext* context, const Request& request,
+    v1::AllocResponse* response, Method method) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const v1::AllocOptions& options = request.options();
-  ResponseReply reply(response, options.packed_results());
   absl::StatusOr<CallArrays> arrays = ArraysOf(request);
   if (!arrays.ok()) {
     // Authentication comes first, as in PrepareAlloc.
     const absl::Time start = absl::Now();
     absl::StatusOr<std::shared_ptr<Session>> session = core_->Authenticate(
         request.session().session_id(), request.session().session_token());
-    const absl::Status status =
-        session.ok() ? arrays.status() : session.status();
-    core_->Record(method, Transport::kGrpc, status.code(), absl::Now() - start);
-    return ToGrpcStatus(status);
+    Finish(reactor, method, start,
+           session.ok() ? arrays.status() : session.status());
+    return reactor;
   }
   AllocCallInput input;
   input.method = method;
@@ -392,90 +412,99 @@ grpc::Status GrpcService::HandleAlloc(const Request& request,
   input.free_pages_first = options.free_pages_first();
   input.checkpoint_first = options.checkpoint_first();
   input.all_or_nothing = options.all_or_nothing();
+  // Deletes itself once it has finished the call, possibly before
+  // SubmitPrepared returns.
+  auto* reply = new AllocCallReply(reactor, response, options.packed_results());
   std::vector<AllocCall> calls(1);
-  if (core_->PrepareAlloc(input, &reply, &calls[0])) {
+  if (core_->PrepareAlloc(input, reply, &calls[0])) {
     core_->SubmitPrepared(std::move(calls));
   }
-  return reply.Wait();
+  return reactor;
 }
 
-grpc::Status GrpcService::AllocExtend(grpc::ServerContext*,
-                                      const v1::AllocExtendRequest* request,
-                                      v1::AllocResponse* response) {
-  return HandleAlloc(*request, response, Method::kAllocExtend);
+grpc::ServerUnaryReactor* GrpcService::AllocExtend(
+    grpc::CallbackServerContext* context, const v1::AllocExtendRequest* request,
+    v1::AllocResponse* response) {
+  return HandleAlloc(context, *request, response, Method::kAllocExtend);
 }
 
-grpc::Status GrpcService::AllocDecode(grpc::ServerContext*,
-                                      const v1::AllocDecodeRequest* request,
-                                      v1::AllocResponse* response) {
-  return HandleAlloc(*request, response, Method::kAllocDecode);
+grpc::ServerUnaryReactor* GrpcService::AllocDecode(
+    grpc::CallbackServerContext* context, const v1::AllocDecodeRequest* request,
+    v1::AllocResponse* response) {
+  return HandleAlloc(context, *request, response, Method::kAllocDecode);
 }
 
-grpc::Status GrpcService::Alloc(grpc::ServerContext*,
-                                const v1::AllocRequest* request,
-                                v1::AllocResponse* response) {
-  return HandleAlloc(*request, response, Method::kAlloc);
+grpc::ServerUnaryReactor* GrpcService::Alloc(
+    grpc::CallbackServerContext* context, const v1::AllocRequest* request,
+    v1::AllocResponse* response) {
+  return HandleAlloc(context, *request, response, Method::kAlloc);
 }
 
-grpc::Status GrpcService::Free(grpc::ServerContext*,
-                               const v1::FreeRequest* request,
-                               v1::FreeResponse* response) {
+grpc::ServerUnaryReactor* GrpcService::Free(
+    grpc::CallbackServerContext* context, const v1::FreeRequest* request,
+    v1::FreeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Status valid = ValidateFree(*request);
   if (!valid.ok()) {
     // Authentication comes first, as for every call.
     const absl::Time start = absl::Now();
     absl::StatusOr<std::shared_ptr<Session>> session = core_->Authenticate(
         request->session().session_id(), request->session().session_token());
-    const absl::Status status = session.ok() ? valid : session.status();
-    core_->Record(Method::kFree, Transport::kGrpc, status.code(),
-                  absl::Now() - start);
-    return ToGrpcStatus(status);
+    Finish(reactor, Method::kFree, start,
+           session.ok() ? valid : session.status());
+    return reactor;
   }
-  PendingReply reply;
   const bool slots = request->slots_size() > 0;
-  core_->SubmitFree(request->session().session_id(),
-                    request->session().session_token(),
-                    slots ? FreeUnit::kSlots : FreeUnit::kPages,
-                    slots ? absl::MakeConstSpan(request->slots())
-                          : absl::MakeConstSpan(request->pages()),
-                    Transport::kGrpc, &reply, FromWire(request->order()));
-  const absl::Status status = reply.Wait();
-  if (status.ok()) response->set_pages_freed(reply.value());
-  return ToGrpcStatus(status);
+  // The values stay in the request, which lives until the call finishes.
+  core_->SubmitFree(
+      request->session().session_id(), request->session().session_token(),
+      slots ? FreeUnit::kSlots : FreeUnit::kPages,
+      slots ? absl::MakeConstSpan(request->slots())
+            : absl::MakeConstSpan(request->pages()),
+      Transport::kGrpc,
+      new OpReply(
+          reactor,
+          [response](int64_t freed) { response->set_pages_freed(freed); }),
+      FromWire(request->order()));
+  return reactor;
 }
 
-grpc::Status GrpcService::Checkpoint(grpc::ServerContext*,
-                                     const v1::CheckpointRequest* request,
-                                     v1::CheckpointResponse* response) {
-  PendingReply reply;
+grpc::ServerUnaryReactor* GrpcService::Checkpoint(
+    grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
+    v1::CheckpointResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   core_->SubmitCheckpoint(request->session().session_id(),
                           request->session().session_token(), Transport::kGrpc,
-                          &reply);
-  const absl::Status status = reply.Wait();
-  if (status.ok()) response->set_checkpoint_id(reply.value());
-  return ToGrpcStatus(status);
+                          new OpReply(reactor, [response](int64_t id) {
+                            response->set_checkpoint_id(id);
+                          }));
+  return reactor;
 }
 
-grpc::Status GrpcService::Rollback(grpc::ServerContext*,
-                                   const v1::RollbackRequest* request,
-                                   v1::RollbackResponse* response) {
-  PendingReply reply;
+grpc::ServerUnaryReactor* GrpcService::Rollback(
+    grpc::CallbackServerContext* context, const v1::RollbackRequest* request,
+    v1::RollbackResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   core_->SubmitRollback(request->session().session_id(),
                         request->session().session_token(), Transport::kGrpc,
-                        &reply, request->checkpoint_id());
-  const absl::Status status = reply.Wait();
-  if (status.ok()) response->set_pages_returned(reply.value());
-  return ToGrpcStatus(status);
+                        new OpReply(reactor,
+                                    [response](int64_t returned) {
+                                      response->set_pages_returned(returned);
+                                    }),
+                        request->checkpoint_id());
+  return reactor;
 }
 
-grpc::Status GrpcService::ReleaseRing(grpc::ServerContext*,
-                                      const v1::ReleaseRingRequest* request,
-                                      v1::ReleaseRingResponse* response) {
+grpc::ServerUnaryReactor* GrpcService::ReleaseRing(
+    grpc::CallbackServerContext* context, const v1::ReleaseRingRequest* request,
+    v1::ReleaseRingResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<int64_t> reserved = core_->ReleaseRing(
       request->session().session_id(), request->session().session_token(),
       request->up_to(), Transport::kGrpc);
   if (reserved.ok()) response->set_reserved_slots(*reserved);
-  return ToGrpcStatus(reserved.status());
+  reactor->Finish(ToGrpcStatus(reserved.status()));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcService::GetStats(
@@ -524,34 +553,41 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
   return reactor;
 }
 
-grpc::Status GrpcService::ClearSession(grpc::ServerContext*,
-                                       const v1::ClearSessionRequest* request,
-                                       v1::ClearSessionResponse* response) {
-  PendingReply reply;
-  core_->SubmitClearSession(request->session().session_id(),
-                            request->session().session_token(),
-                            Transport::kGrpc, &reply);
-  const absl::Status status = reply.Wait();
-  if (status.ok()) response->set_pages_freed(reply.value());
-  return ToGrpcStatus(status);
+grpc::ServerUnaryReactor* GrpcService::ClearSession(
+    grpc::CallbackServerContext* context,
+    const v1::ClearSessionRequest* request,
+    v1::ClearSessionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  core_->SubmitClearSession(
+      request->session().session_id(), request->session().session_token(),
+      Transport::kGrpc, new OpReply(reactor, [response](int64_t freed) {
+        response->set_pages_freed(freed);
+      }));
+  return reactor;
 }
 
-grpc::Status GrpcService::ClearPool(grpc::ServerContext*,
-                                    const v1::ClearPoolRequest* request,
-                                    v1::ClearPoolResponse* response) {
-  PendingReply reply;
-  core_->SubmitClearPool(request->force(), Transport::kGrpc, &reply);
-  const absl::Status status = reply.Wait();
-  if (status.ok()) response->set_pages_freed(reply.value());
-  return ToGrpcStatus(status);
+grpc::ServerUnaryReactor* GrpcService::ClearPool(
+    grpc::CallbackServerContext* context, const v1::ClearPoolRequest* request,
+    v1::ClearPoolResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  core_->SubmitClearPool(request->force(), Transport::kGrpc,
+                         new OpReply(reactor, [response](int64_t freed) {
+                           response->set_pages_freed(freed);
+                         }));
+  return reactor;
 }
 
-grpc::Status GrpcService::GetFreeLists(grpc::ServerContext*,
-                                       const v1::GetFreeListsRequest* request,
-                                       v1::GetFreeListsResponse* response) {
+grpc::ServerUnaryReactor* GrpcService::GetFreeLists(
+    grpc::CallbackServerContext* context,
+    const v1::GetFreeListsRequest* request,
+    v1::GetFreeListsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<FreeListsView> view =
       core_->FreeLists(request->max_pages(), Transport::kGrpc);
-  if (!view.ok()) return ToGrpcStatus(view.status());
+  if (!view.ok()) {
+    reactor->Finish(ToGrpcStatus(view.status()));
+    return reactor;
+  }
   response->mutable_free_pages()->Add(view->free_pages.begin(),
                                       view->free_pages.end());
   response->mutable_parked_pages()->Add(view->parked_pages.begin(),
@@ -559,7 +595,8 @@ grpc::Status GrpcService::GetFreeLists(grpc::ServerContext*,
   response->set_free_count(view->free_count);
   response->set_parked_count(view->parked_count);
   FillPoolInfo(core_->DescribePool(), response->mutable_pool());
-  return grpc::Status::OK;
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
 }  // namespace pagealloc

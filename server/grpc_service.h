@@ -10,13 +10,19 @@
 // messages itself (a raw stream: a message that does not parse ends it
 // with INVALID_ARGUMENT, where gRPC would report it as the stream's end).
 //
-// Threading. Session calls (allocations, Free, Checkpoint, Rollback,
-// ReleaseRing) are synchronous handlers: gRPC's sync server runs a call on
-// the thread that read it, and that thread usually drives the batcher
-// itself (server/batcher.h), so an answer is computed and written with no
-// thread hand-off. Register and GetStats are callback handlers, and
-// KeepAlive a callback stream, so that a session's open stream holds no
-// thread.
+// Threading. Every method is a callback handler (KeepAlive a callback
+// stream, so that a session's open stream holds no thread). gRPC reads a
+// call's bytes on one of its callback threads and runs the handler there,
+// so a handler that finds the batcher idle drives the launch itself
+// (server/batcher.h) and the answer is computed and written with no thread
+// hand-off. A synchronous handler would cost one: the callback thread that
+// read the call wakes a sync-server thread to run it (a futex wake-up, tens
+// of microseconds on a virtual machine; docs/performance.md has the
+// profile). When the batcher thread drives instead (it spins), the handler
+// only queues the call and returns, and the batcher thread finishes the
+// call when its launch is done. Driving a launch on a callback thread is
+// bounded (Batcher::kMaxInlineRounds launches), and other calls are read
+// by gRPC's other callback threads meanwhile.
 //
 // This class is thread-safe.
 
@@ -36,8 +42,21 @@ namespace pagealloc {
 
 using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
     v1::PageAllocator::WithRawCallbackMethod_KeepAlive<
-        v1::PageAllocator::WithCallbackMethod_GetStats<
-            v1::PageAllocator::Service>>>;
+        v1::PageAllocator::WithCallbackMethod_AllocExtend<
+            v1::PageAllocator::WithCallbackMethod_AllocDecode<
+                v1::PageAllocator::WithCallbackMethod_Alloc<
+                    v1::PageAllocator::WithCallbackMethod_Free<
+                        v1::PageAllocator::WithCallbackMethod_Checkpoint<
+                            v1::PageAllocator::WithCallbackMethod_Rollback<
+                                v1::PageAllocator::WithCallbackMethod_ReleaseRing<
+                                    v1::PageAllocator::WithCallbackMethod_GetStats<
+                                        v1::PageAllocator::WithCallbackMethod_ClearSession<
+                                            v1::PageAllocator::
+                                                WithCallbackMethod_ClearPool<
+                                                    v1::PageAllocator::
+                                                        WithCallbackMethod_GetFreeLists<
+                                                            v1::PageAllocator::
+                                                                Service>>>>>>>>>>>>>;
 
 class GrpcService final : public PageAllocatorBase {
  public:
@@ -56,39 +75,43 @@ class GrpcService final : public PageAllocatorBase {
                                      v1::RegisterResponse* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KeepAlive(
       grpc::CallbackServerContext* context) override;
-  grpc::Status AllocExtend(grpc::ServerContext* context,
-                           const v1::AllocExtendRequest* request,
-                           v1::AllocResponse* response) override;
-  grpc::Status AllocDecode(grpc::ServerContext* context,
-                           const v1::AllocDecodeRequest* request,
-                           v1::AllocResponse* response) override;
-  grpc::Status Alloc(grpc::ServerContext* context,
-                     const v1::AllocRequest* request,
-                     v1::AllocResponse* response) override;
-  grpc::Status Free(grpc::ServerContext* context,
-                    const v1::FreeRequest* request,
-                    v1::FreeResponse* response) override;
-  grpc::Status Checkpoint(grpc::ServerContext* context,
-                          const v1::CheckpointRequest* request,
-                          v1::CheckpointResponse* response) override;
-  grpc::Status Rollback(grpc::ServerContext* context,
-                        const v1::RollbackRequest* request,
-                        v1::RollbackResponse* response) override;
-  grpc::Status ReleaseRing(grpc::ServerContext* context,
-                           const v1::ReleaseRingRequest* request,
-                           v1::ReleaseRingResponse* response) override;
+  grpc::ServerUnaryReactor* AllocExtend(grpc::CallbackServerContext* context,
+                                        const v1::AllocExtendRequest* request,
+                                        v1::AllocResponse* response) override;
+  grpc::ServerUnaryReactor* AllocDecode(grpc::CallbackServerContext* context,
+                                        const v1::AllocDecodeRequest* request,
+                                        v1::AllocResponse* response) override;
+  grpc::ServerUnaryReactor* Alloc(grpc::CallbackServerContext* context,
+                                  const v1::AllocRequest* request,
+                                  v1::AllocResponse* response) override;
+  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* context,
+                                 const v1::FreeRequest* request,
+                                 v1::FreeResponse* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(
+      grpc::CallbackServerContext* context,
+      const v1::CheckpointRequest* request,
+      v1::CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context,
+                                     const v1::RollbackRequest* request,
+                                     v1::RollbackResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseRing(
+      grpc::CallbackServerContext* context,
+      const v1::ReleaseRingRequest* request,
+      v1::ReleaseRingResponse* response) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
-  grpc::Status ClearSession(grpc::ServerContext* context,
-                            const v1::ClearSessionRequest* request,
-                            v1::ClearSessionResponse* response) override;
-  grpc::Status ClearPool(grpc::ServerContext* context,
-                         const v1::ClearPoolRequest* request,
-                         v1::ClearPoolResponse* response) override;
-  grpc::Status GetFreeLists(grpc::ServerContext* context,
-                            const v1::GetFreeListsRequest* request,
-                            v1::GetFreeListsResponse* response) override;
+  grpc::ServerUnaryReactor* ClearSession(
+      grpc::CallbackServerContext* context,
+      const v1::ClearSessionRequest* request,
+      v1::ClearSessionResponse* response) override;
+  grpc::ServerUnaryReactor* ClearPool(grpc::CallbackServerContext* context,
+                                      const v1::ClearPoolRequest* request,
+                                      v1::ClearPoolResponse* response) override;
+  grpc::ServerUnaryReactor* GetFreeLists(
+      grpc::CallbackServerContext* context,
+      const v1::GetFreeListsRequest* request,
+      v1::GetFreeListsResponse* response) override;
 
   // Interceptors for the server (ServerBuilder::experimental()) that turn
   // the answer to a unary call of this service whose request did not parse
@@ -101,8 +124,10 @@ class GrpcService final : public PageAllocatorBase {
  private:
   // The shared body of AllocExtend, AllocDecode and Alloc.
   template <typename Request>
-  grpc::Status HandleAlloc(const Request& request, v1::AllocResponse* response,
-                           Method method);
+  grpc::ServerUnaryReactor* HandleAlloc(grpc::CallbackServerContext* context,
+                                        const Request& request,
+                                        v1::AllocResponse* response,
+                                        Method method);
   // Records the call's code and latency, then finishes the reactor.
   void Finish(grpc::ServerUnaryReactor* reactor, Method method,
               absl::Time start, const absl::Status& status);

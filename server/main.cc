@@ -101,8 +101,10 @@ ABSL_FLAG(bool, fast_channel, true,
           "and Rollback through shared memory instead of gRPC, for clients "
           "on this host (see docs/design.md).");
 ABSL_FLAG(int, fast_channel_spin_us, 200,
-          "How long the fast channel's poller spins after a call before it "
-          "sleeps (a call to a sleeping poller pays one thread wake-up).");
+          "The longest the fast channel's poller spins after a call before "
+          "it sleeps (a call to a sleeping poller pays one thread wake-up). "
+          "The poller spins about twice the recent gaps between calls when "
+          "they are shorter than this, and not at all when they are longer.");
 ABSL_FLAG(int, fast_channel_pollers, 1,
           "Threads serving fast channels (each spins while its channels are "
           "busy).");
@@ -161,6 +163,9 @@ ABSL_FLAG(int64_t, batcher_spin_us, -1,
           "thread drives every launch and polls for work this long after each "
           "one, so fast-channel calls are taken while a launch runs (more "
           "throughput with several clients; a core busy while they call). "
+          "Like --fast_channel_spin_us, the spin adapts to the gaps between "
+          "launches, this being its cap, and a lone client's call is run by "
+          "the thread that submits it. "
           "-1: 200 on a machine with at least 8 CPUs, else 0.");
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "A session that sends nothing for this long (KeepAlive included) "

@@ -309,6 +309,33 @@ std::string MetricsExporter::Render() const {
       "(sync) or recording the completion event (async).",
       batches.complete_seconds));
 
+  // The threads that spin while calls flow, and whether they sleep now.
+  MetricFamily asleep = Family(
+      "pagealloc_thread_asleep",
+      "1 while the thread sleeps waiting for work (neither spinning nor "
+      "working), by thread: the batcher thread, each fast-channel poller.",
+      MetricType::Gauge);
+  MetricFamily budget = Family(
+      "pagealloc_spin_budget_seconds",
+      "How long the thread spins now after its last piece of work before it "
+      "sleeps (its adaptive spin; at most the spin flag), by thread.",
+      MetricType::Gauge);
+  AddGauge(asleep, batcher_->thread_asleep() ? 1 : 0, {{"thread", "batcher"}});
+  AddGauge(budget, absl::ToDoubleSeconds(batcher_->spin_budget()),
+           {{"thread", "batcher"}});
+  if (fast_channels_ != nullptr) {
+    for (int i = 0; i < fast_channels_->pollers(); ++i) {
+      const std::string name = absl::StrCat("poller", i);
+      AddGauge(asleep, fast_channels_->poller_asleep(i) ? 1 : 0,
+               {{"thread", name}});
+      AddGauge(budget,
+               absl::ToDoubleSeconds(fast_channels_->poller_spin_budget(i)),
+               {{"thread", name}});
+    }
+  }
+  families.push_back(std::move(asleep));
+  families.push_back(std::move(budget));
+
   // The process, under the names every Prometheus client library uses.
   // Left out where /proc cannot be read.
   const absl::StatusOr<ProcessStats> process = ReadProcessStats();

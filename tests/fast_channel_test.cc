@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
@@ -458,6 +459,49 @@ TEST_F(FastChannelTest, ConcurrentClientsWithASpinningBatcher) {
   // The batcher thread drives every launch; pollers only queue.
   StartServer(absl::Microseconds(50), /*pollers=*/1, absl::Microseconds(100));
   RunConcurrentClients(&server_->server(), [this] { return Connect(true); });
+}
+
+// An idle daemon with sessions open spins nowhere: once calls stop, every
+// poller and the batcher thread sleep (the daemon's own report of its
+// threads, /metrics' pagealloc_thread_asleep), with the spins of a machine
+// with many CPUs, two fast-channel clients and a gRPC one still connected
+// (their KeepAlive streams running).
+TEST_F(FastChannelTest, AnIdleDaemonWithSessionsOpenSleeps) {
+  ServerOptions options;
+  options.backend = "cpu";
+  options.pool = {64, 4, FreePolicy::kLifo};
+  options.sessions.lease = absl::Seconds(10);
+  options.sessions.default_ring_capacity_slots = 1024;
+  options.fast_channel_spin = absl::Microseconds(200);
+  options.fast_channel_pollers = 2;
+  options.batcher = Batcher::DefaultsForMachine(16);
+  StartServer(options);
+  std::vector<std::unique_ptr<Client>> clients;
+  clients.push_back(Connect(true));
+  clients.push_back(Connect(true));
+  clients.push_back(Connect(false));
+  for (int round = 0; round < 20; ++round) {
+    for (const std::unique_ptr<Client>& client : clients) {
+      ASSERT_NE(client, nullptr);
+      ASSERT_OK(client->Checkpoint());
+      ASSERT_OK(client->Alloc({4}).status());
+      ASSERT_THAT(client->Rollback(), IsOkAndHolds(1));
+    }
+  }
+  const std::string batcher = "pagealloc_thread_asleep{thread=\"batcher\"} 1";
+  const std::string poller0 = "pagealloc_thread_asleep{thread=\"poller0\"} 1";
+  const std::string poller1 = "pagealloc_thread_asleep{thread=\"poller1\"} 1";
+  std::string metrics;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        metrics = server_->server().metrics().Render();
+        return absl::StrContains(metrics, batcher) &&
+               absl::StrContains(metrics, poller0) &&
+               absl::StrContains(metrics, poller1);
+      },
+      absl::Seconds(30)))
+      << metrics;
+  EXPECT_EQ(fast_channels()->pollers_asleep(), 2);
 }
 
 TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
