@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "client/cuda_vmm_import.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "memory/cuda_vmm_import.h"
 
 namespace pagealloc {
 namespace {

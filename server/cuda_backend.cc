@@ -7,11 +7,11 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "client/cuda_vmm_import.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_executor.h"
 #include "memory/cuda_vmm.h"
+#include "memory/cuda_vmm_import.h"
 #include "memory/unique_fd.h"
 #include "server/cuda_vmm_export.h"
 

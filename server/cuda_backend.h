@@ -3,7 +3,7 @@
 // one completion counter for the pool, a uint64 in such an allocation, that
 // the executor's stream sets after each asynchronous launch and that a
 // client's stream waits on (server/cuda_vmm_export.h,
-// client/cuda_vmm_import.h). The memory socket hands both descriptors to
+// memory/cuda_vmm_import.h). The memory socket hands both descriptors to
 // each session: a client needs the daemon's socket and the GPU, nothing
 // else (no CUDA IPC, no shared IPC or PID namespace).
 

@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/cuda_vmm_import.h"
+#include "memory/cuda_vmm_import.h"
 #include "memory/unique_fd.h"
 
 namespace pagealloc {

@@ -1,4 +1,4 @@
-#include "client/cuda_vmm_import.h"
+#include "memory/cuda_vmm_import.h"
 
 #include <cuda_runtime_api.h>
 

@@ -11,8 +11,8 @@
 // the static CUDA runtime, which loads libcuda at run time already: no
 // build links libcuda, and a CPU build has none of this.
 
-#ifndef PAGEALLOC_CLIENT_CUDA_VMM_IMPORT_H_
-#define PAGEALLOC_CLIENT_CUDA_VMM_IMPORT_H_
+#ifndef PAGEALLOC_MEMORY_CUDA_VMM_IMPORT_H_
+#define PAGEALLOC_MEMORY_CUDA_VMM_IMPORT_H_
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -124,4 +124,4 @@ absl::Status StreamWaitValueAtLeast(void* stream, const void* address,
 
 }  // namespace pagealloc
 
-#endif  // PAGEALLOC_CLIENT_CUDA_VMM_IMPORT_H_
+#endif  // PAGEALLOC_MEMORY_CUDA_VMM_IMPORT_H_
