@@ -54,6 +54,10 @@ struct DeviceDescription {
   BackendKind kind = BackendKind::kCpu;
   int gpu = -1;             // CUDA device ordinal; -1 on the CPU backend
   std::string device_uuid;  // "GPU-..." on the CUDA backend
+  // CUDA backend: contexts on the GPU are shared through MPS
+  // (cudaDevAttrMpsEnabled), so clients' streams and the daemon's run
+  // side by side instead of time-slicing.
+  bool cuda_mps = false;
 };
 
 // The pool's KV memory (--kv_layout): one slab holding every buffer, made

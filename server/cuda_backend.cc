@@ -91,6 +91,7 @@ class CudaBackend final : public Backend {
                    "cudaGetDeviceProperties"));
     backend->device_name_ = properties.name;
     backend->uuid_ = FormatCudaUuid(properties.uuid);
+    backend->mps_ = properties.mpsEnabled != 0;
     return backend;
   }
 
@@ -151,7 +152,7 @@ class CudaBackend final : public Backend {
   }
 
   DeviceDescription DescribeDevice() const override {
-    return {BackendKind::kCuda, gpu_, uuid_};
+    return {BackendKind::kCuda, gpu_, uuid_, mps_};
   }
 
   absl::StatusOr<int64_t> KvAlignment() override {
@@ -218,8 +219,8 @@ class CudaBackend final : public Backend {
   std::string Summary() const override {
     return absl::StrFormat(
         "cuda (GPU %d: %s, %s; rings and completion counter shared as CUDA "
-        "virtual-memory file descriptors%s)",
-        gpu_, device_name_, uuid_,
+        "virtual-memory file descriptors; %s%s)",
+        gpu_, device_name_, uuid_, mps_ ? "CUDA MPS on" : "no CUDA MPS",
         slab_memory_ != nullptr
             ? absl::StrFormat("; a %s KV slab as a VMM fd",
                               FormatBytes(slab_.geometry.total_bytes))
@@ -242,6 +243,7 @@ class CudaBackend final : public Backend {
   // writes it (one at a time, handed over under the batcher's lock).
   std::atomic<uint64_t> completion_value_{0};
   std::string device_name_;
+  bool mps_ = false;
   std::string uuid_;
   // The KV slab: the allocation, its exported fd (what sessions receive),
   // and the daemon's own mapping (only with --kv_scrub). The mapping goes

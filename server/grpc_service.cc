@@ -38,6 +38,7 @@ void FillPoolInfo(const PoolDescription& pool, v1::PoolInfo* out) {
   out->set_backend(ToWire(pool.device.kind));
   out->set_gpu(pool.device.gpu);
   out->set_device_uuid(pool.device.device_uuid);
+  out->set_cuda_mps(pool.device.cuda_mps);
   if (pool.kv_slab != nullptr) {
     const KvSlab& slab = *pool.kv_slab;
     v1::KvSlab* kv = out->mutable_kv_slab();

@@ -152,6 +152,7 @@ std::string MetricsExporter::Render() const {
        {"backend", cuda ? "cuda" : "cpu"},
        {"gpu", cuda ? absl::StrFormat("%d", device.gpu) : ""},
        {"device_uuid", device.device_uuid},
+       {"cuda_mps", cuda ? (device.cuda_mps ? "true" : "false") : ""},
        {"free_policy", std::string(FreePolicyName(pool_->free_policy()))}});
   families.push_back(std::move(build));
 

@@ -133,6 +133,8 @@ TEST_F(MetricsTest, ExposesPoolSessionRequestAndBatchFigures) {
   EXPECT_THAT(
       body,
       HasSubstr("pagealloc_build_info{version=\"0.1.0\",backend=\"cpu\""));
+  // MPS is a CUDA matter: the label is there, empty.
+  EXPECT_THAT(body, HasSubstr("device_uuid=\"\",cuda_mps=\"\",free_policy="));
   EXPECT_THAT(body,
               HasSubstr("pagealloc_session_pages{client=\"scheduler-a\"} 6"));
   EXPECT_THAT(body, HasSubstr("pagealloc_sessions_active 1"));

@@ -9,7 +9,10 @@
 #   OUT          the output directory for this script's results
 #   gpu_setup ARGS...    parses [--anchor DIR] [--variant FLAGS]... [OUT_DIR]
 #                        into ANCHOR, VARIANTS and OUT, checks the driver and
-#                        the libraries, records the host in $OUT/env.txt
+#                        the libraries, records the host in $OUT/env.txt;
+#                        with MPS=1 in the environment, starts a CUDA MPS
+#                        control daemon of the run's own (start_mps)
+#   at_exit CMD          runs the shell command CMD when the script exits
 #   need_binaries REL... fails unless each $BIN/REL runs with the packaged
 #                        libraries
 #   run_step NAME SECS LOG CMD...  runs CMD with a time limit, its output
@@ -67,6 +70,7 @@ gpu_setup() {
   # A rerun replaces this script's results: its steps append to their logs.
   rm -rf "$OUT"
   mkdir -p "$OUT" || die "cannot create $OUT"
+  [[ ${MPS:-0} == 1 ]] && start_mps
   export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   # compute-sanitizer and the toolkit's tools, where the toolkit is installed.
   export PATH=$PATH:${CUDA_HOME:-/usr/local/cuda}/bin
@@ -76,8 +80,39 @@ gpu_setup() {
       sed -n 's/^Model name: *//p')"
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total \
       --format=csv
+    echo "CUDA MPS: ${CUDA_MPS_PIPE_DIRECTORY:+on, control pipe in $CUDA_MPS_PIPE_DIRECTORY}${CUDA_MPS_PIPE_DIRECTORY:-off}"
   } >"$OUT/env.txt" 2>&1
   cat "$OUT/env.txt"
+}
+
+# Starts a CUDA MPS control daemon for this run and points every process the
+# script starts at it, so that the daemon's and the clients' CUDA contexts
+# share the GPU instead of time-slicing it (docs/operations.md, "CUDA
+# MPS"); the control daemon quits when the script exits. Its pipe directory
+# is short-named under /tmp (a Unix socket path is at most 107 bytes), its
+# logs go to $OUT/mps-log.
+start_mps() {
+  command -v nvidia-cuda-mps-control >/dev/null ||
+    die "MPS=1, but this host has no nvidia-cuda-mps-control"
+  CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/pagealloc-mps.XXXXXX) ||
+    die "cannot create an MPS pipe directory"
+  export CUDA_MPS_PIPE_DIRECTORY
+  export CUDA_MPS_LOG_DIRECTORY=$OUT/mps-log
+  mkdir -p "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d ||
+    die "nvidia-cuda-mps-control -d failed (see $CUDA_MPS_LOG_DIRECTORY)"
+  # shellcheck disable=SC2016  # expanded when the script exits
+  at_exit 'echo quit | nvidia-cuda-mps-control; rm -rf "$CUDA_MPS_PIPE_DIRECTORY"'
+}
+
+# Runs the shell command CMD when the script exits, after those registered
+# before it: the one EXIT trap the scripts and this file share.
+# Usage: at_exit CMD
+AT_EXIT=()
+at_exit() {
+  AT_EXIT+=("$1")
+  # shellcheck disable=SC2154  # cmd is the trap's own loop variable
+  trap 'for cmd in "${AT_EXIT[@]}"; do eval "$cmd"; done' EXIT
 }
 
 # Refuses to go on where there is no NVIDIA driver or GPU, before anything

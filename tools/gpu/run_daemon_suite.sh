@@ -114,7 +114,8 @@ echo "== soak: 8 clients x 10 s against one CUDA daemon (4 of them async)"
 work=$(mktemp -d /tmp/pagealloc-gpu-soak.XXXXXX)
 sock=$work/daemon.sock
 claims=/pagealloc-gpu-claims-$$
-trap 'rm -rf "$work" "/dev/shm$claims"' EXIT
+# shellcheck disable=SC2016  # expanded when the script exits
+at_exit 'rm -rf "$work" "/dev/shm$claims"'
 server/pagealloc-server --backend=cuda --gpu=0 --listen="unix://$sock" \
   --num_pages=4096 --page_size=16 --lease_ms=2000 --metrics_port=0 \
   --debug_checks >"$OUT/soak_server.log" 2>&1 &
