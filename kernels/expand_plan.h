@@ -585,8 +585,9 @@ PAGEALLOC_HOST_DEVICE void ExpandChunkThread(const Plan& plan, int page_shift,
       int32_t page;
       int32_t in_page;
       if (kPow2PageSize) {
-        page = w >> page_shift;
-        in_page = w & static_cast<int32_t>(page_size - 1);
+        // 64-bit shift: page_shift may be 32 or more (uploaded plans).
+        page = static_cast<int32_t>(int64_t{w} >> page_shift);
+        in_page = static_cast<int32_t>(w & (page_size - 1));
       } else {
         // page_size may be >= 2^31 (uploaded plans): divide in 64 bits.
         page = static_cast<int32_t>(w / page_size);

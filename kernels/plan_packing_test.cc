@@ -26,6 +26,7 @@ namespace {
 
 using ::pagealloc::testing::BindDestinations;
 using ::pagealloc::testing::kPoison;
+using ::pagealloc::testing::MakeExtendBatch;
 using ::pagealloc::testing::MakeRandomBatch;
 using ::pagealloc::testing::RandomBatch;
 using ::pagealloc::testing::RandomPlanSpec;
@@ -261,41 +262,6 @@ TEST_F(PlanPackingTest, InlinePlansStayWithinTheirKernelsLimit) {
               ::pagealloc::testing::IsOkAndHolds(true));
   EXPECT_EQ(params->header.words_used, InlineGeneralWords(200));
   EXPECT_GT(params->header.words_used, kInlineTierWords[0]);
-}
-
-// A batch of requests that extend by `extends[k]` slots from random
-// prefixes (most ending inside a page), at random output offsets with gaps
-// of 0..3 words (so about half start at an odd slot), reading pages from a
-// ring of `capacity` entries from a random head, as MakeRandomBatch's.
-RandomBatch MakeExtendBatch(int64_t page_size,
-                            const std::vector<int64_t>& extends,
-                            int64_t capacity, std::mt19937_64& rng) {
-  RandomBatch batch;
-  BatchPlan& plan = batch.plan;
-  plan.page_size = page_size;
-  plan.free_ring_capacity = capacity;
-  plan.free_ring_head = rng() % capacity;
-  for (size_t k = 0; k < extends.size(); ++k) {
-    PlannedRequest request;
-    request.prefix_len = rng() % 300;
-    request.seq_len = request.prefix_len + extends[k];
-    if (request.prefix_len > 0) {
-      const int64_t prefix_page = capacity + 1000 + k;
-      request.last_loc =
-          prefix_page * page_size + (request.prefix_len - 1) % page_size;
-    }
-    request.first_new_page = plan.num_new_pages;
-    request.output_offset = plan.num_slots;
-    plan.num_new_pages += (request.seq_len + page_size - 1) / page_size -
-                          (request.prefix_len + page_size - 1) / page_size;
-    plan.num_slots += extends[k];
-    plan.requests.push_back(request);
-    batch.output_words += rng() % 4;
-    batch.destination_offset.push_back(batch.output_words);
-    batch.output_words += extends[k];
-  }
-  batch.output_words += rng() % 4;
-  return batch;
 }
 
 TEST_F(PlanPackingTest, EmulatedChunkKernelMatchesReferenceOnLongExtends) {
