@@ -14,7 +14,7 @@ int64_t Blocks(int64_t threads) {
 }
 
 // The chunk kernel's grid: the chunks of the largest request, per request.
-// UsesChunkKernel bounds both (and the launchers gridDim.x).
+// UsesChunkKernel bounds both: at most 2^19 chunks and 65535 requests.
 dim3 ChunkGrid(int64_t num_requests, int64_t max_request_slots) {
   return dim3(static_cast<unsigned>(ChunksPerRequest(max_request_slots)),
               static_cast<unsigned>(num_requests));
