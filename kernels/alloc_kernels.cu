@@ -13,6 +13,13 @@ int64_t Blocks(int64_t threads) {
   return (threads + kExpandThreads - 1) / kExpandThreads;
 }
 
+// The chunk kernel's grid: the chunks of the largest request, per request.
+// UsesChunkKernel bounds both: at most 2^19 chunks and 65535 requests.
+dim3 ChunkGrid(int64_t num_requests, int64_t max_request_slots) {
+  return dim3(static_cast<unsigned>(ChunksPerRequest(max_request_slots)),
+              static_cast<unsigned>(num_requests));
+}
+
 template <bool kPow2PageSize>
 cudaError_t Launch(const ExpandParams& params, int page_shift,
                    cudaStream_t stream) {
@@ -20,6 +27,11 @@ cudaError_t Launch(const ExpandParams& params, int page_shift,
     ExpandPerRequestKernel<kPow2PageSize>
         <<<static_cast<unsigned>(Blocks(params.num_requests)), kExpandThreads,
            0, stream>>>(params, page_shift);
+  } else if (UsesChunkKernel(params.num_requests, params.num_slots,
+                             params.max_request_slots)) {
+    ExpandChunkKernel<kPow2PageSize>
+        <<<ChunkGrid(params.num_requests, params.max_request_slots),
+           kExpandThreads, 0, stream>>>(params, page_shift);
   } else if (TileSlotsPerThread(params.num_slots, kPow2PageSize) == 1) {
     ExpandTileKernel<kPow2PageSize, 1>
         <<<static_cast<unsigned>(Blocks(params.num_slots)), kExpandThreads, 0,
@@ -37,21 +49,30 @@ cudaError_t Launch(const ExpandParams& params, int page_shift,
 
 // The inline kernel for `header`, in size tier kWords, and its grid.
 template <int kWords>
-const void* InlineKernel(const InlinePlanHeader& header, int64_t* blocks) {
+const void* InlineKernel(const InlinePlanHeader& header, dim3* grid) {
   if (header.kind == kInlineDecode) {
-    *blocks = Blocks(header.num_requests);
+    *grid = dim3(static_cast<unsigned>(Blocks(header.num_requests)));
     return reinterpret_cast<const void*>(&ExpandInlineDecodeKernel<kWords>);
   }
   const bool pow2 = header.page_shift >= 0;
   if (UsesPerRequestKernel(header.max_request_slots)) {
-    *blocks = Blocks(header.num_requests);
+    *grid = dim3(static_cast<unsigned>(Blocks(header.num_requests)));
     return pow2 ? reinterpret_cast<const void*>(
                       &ExpandInlinePerRequestKernel<kWords, true>)
                 : reinterpret_cast<const void*>(
                       &ExpandInlinePerRequestKernel<kWords, false>);
   }
+  if (UsesChunkKernel(header.num_requests, header.num_slots,
+                      header.max_request_slots)) {
+    *grid = ChunkGrid(header.num_requests, header.max_request_slots);
+    return pow2 ? reinterpret_cast<const void*>(
+                      &ExpandInlineChunkKernel<kWords, true>)
+                : reinterpret_cast<const void*>(
+                      &ExpandInlineChunkKernel<kWords, false>);
+  }
   const int per_thread = TileSlotsPerThread(header.num_slots, pow2);
-  *blocks = Blocks((header.num_slots + per_thread - 1) / per_thread);
+  *grid = dim3(static_cast<unsigned>(
+      Blocks((header.num_slots + per_thread - 1) / per_thread)));
   if (per_thread == 1) {
     return pow2 ? reinterpret_cast<const void*>(
                       &ExpandInlineTileKernel<kWords, true, 1>)
@@ -79,6 +100,7 @@ cudaError_t LaunchExpandPlan(const ExpandParams& params, cudaStream_t stream) {
   if (params.num_slots < 0 || params.num_requests < 1 ||
       params.num_requests > params.num_slots || params.page_size < 1 ||
       params.ring_capacity < 1 || params.max_request_slots < 1 ||
+      params.max_request_slots > params.num_slots ||
       params.slot_begin == nullptr || params.partial_slots == nullptr ||
       params.first_slot == nullptr || params.ring_start == nullptr ||
       params.destination == nullptr || params.free_ring == nullptr ||
@@ -106,21 +128,20 @@ cudaError_t LaunchExpandInlinePlan(const MaxInlineExpandParams& params,
   if (h.num_requests < 1 || h.num_slots < h.num_requests ||
       h.num_slots >= (int64_t{1} << 31) || h.page_size < 1 ||
       h.ring_capacity < 1 || h.free_ring == nullptr ||
-      h.max_request_slots < 1 ||
+      h.max_request_slots < 1 || h.max_request_slots > h.num_slots ||
       (h.kind != kInlineDecode && h.kind != kInlineGeneral) ||
       (h.kind == kInlineDecode && h.num_slots != h.num_requests) ||
       h.page_shift != PageShift(h.page_size) || h.words_used != needed ||
       h.words_used > kMaxInlineWords || h.narrow_base != 2 * h.num_requests) {
     return cudaErrorInvalidValue;
   }
-  int64_t blocks = 0;
+  dim3 grid;
   const void* kernel = h.words_used <= kInlineTierWords[0]
-                           ? InlineKernel<kInlineTierWords[0]>(h, &blocks)
-                           : InlineKernel<kInlineTierWords[1]>(h, &blocks);
+                           ? InlineKernel<kInlineTierWords[0]>(h, &grid)
+                           : InlineKernel<kInlineTierWords[1]>(h, &grid);
   void* args[] = {const_cast<MaxInlineExpandParams*>(&params)};
   const cudaError_t launched =
-      cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)),
-                       dim3(kExpandThreads), args, 0, stream);
+      cudaLaunchKernel(kernel, grid, dim3(kExpandThreads), args, 0, stream);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }

@@ -15,6 +15,14 @@ namespace pagealloc {
 // the tiled kernel's 8 slots per thread then run a 1M-slot plan in one wave.
 inline constexpr int kExpandMinBlocksPerSm = 4;
 
+// The chunk kernel's bulk plans (UsesChunkKernel) have about 4 blocks per SM
+// (64 requests of 16384 slots: 512 blocks on 132 SMs): 5 blocks per SM (<= 48
+// registers) run them in one wave with room to spare. Page sizes that are not
+// powers of two take 4: their 64-bit divisions would spill at 48.
+inline constexpr int ChunkMinBlocksPerSm(bool pow2_page_size) {
+  return pow2_page_size ? 5 : 4;
+}
+
 // --- Plans uploaded as a struct-of-arrays block ---
 
 // One thread per packed request; for batches whose requests write at most
@@ -39,6 +47,18 @@ __global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
   ExpandTileThread<kPow2PageSize, kSlotsPerThread>(
       UploadedPlan(params), page_shift, blockIdx.x,
       static_cast<int>(threadIdx.x));
+}
+
+// Block (c, r) writes chunk c of request r; for long extends
+// (UsesChunkKernel). Grid: ChunksPerRequest(params.max_request_slots) x
+// params.num_requests blocks of kExpandThreads.
+template <bool kPow2PageSize>
+__global__ void __launch_bounds__(kExpandThreads,
+                                  ChunkMinBlocksPerSm(kPow2PageSize))
+    ExpandChunkKernel(const ExpandParams params,  // arrays on device
+                      int page_shift) {           // log2(page_size) if kPow2
+  ExpandChunkThread<kPow2PageSize>(UploadedPlan(params), page_shift, blockIdx.x,
+                                   blockIdx.y, static_cast<int>(threadIdx.x));
 }
 
 // --- Plans passed in the kernel parameters (kWords: the size tier) ---
@@ -71,6 +91,17 @@ __global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
   ExpandTileThread<kPow2PageSize, kSlotsPerThread>(
       InlinePlan<kWords>(params), static_cast<int>(params.header.page_shift),
       blockIdx.x, static_cast<int>(threadIdx.x));
+}
+
+// As ExpandChunkKernel.
+template <int kWords, bool kPow2PageSize>
+__global__ void __launch_bounds__(kExpandThreads,
+                                  ChunkMinBlocksPerSm(kPow2PageSize))
+    ExpandInlineChunkKernel(
+        const __grid_constant__ InlineExpandParams<kWords> params) {
+  ExpandChunkThread<kPow2PageSize>(
+      InlinePlan<kWords>(params), static_cast<int>(params.header.page_shift),
+      blockIdx.x, blockIdx.y, static_cast<int>(threadIdx.x));
 }
 
 }  // namespace pagealloc

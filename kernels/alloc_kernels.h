@@ -14,7 +14,9 @@ namespace pagealloc {
 // Launches one kernel on `stream` that writes every slot of the packed plan
 // `params` describes to its request's destination. Picks the per-request
 // kernel when no request writes more than kPerRequestMaxSlots slots, else
-// the tiled one (one thread per slot, 1 or 8 slots per thread by size).
+// the chunk kernel for long extends of similar lengths (UsesChunkKernel: a
+// block per 2048 slots of one request), else the tiled one (one thread per
+// slot, 1 or 8 slots per thread by size).
 // Returns cudaSuccess at once, launching nothing, when num_slots is 0;
 // cudaErrorInvalidValue, launching nothing, for inconsistent parameters
 // (null arrays, sizes out of range); else the launch's error
@@ -24,7 +26,7 @@ cudaError_t LaunchExpandPlan(const ExpandParams& params, cudaStream_t stream);
 
 // As LaunchExpandPlan, for a plan packed into kernel parameters
 // (PackInlinePlan): the decode kernel when every request writes one slot,
-// else the per-request or tiled kernel as above. The launch passes the
+// else the per-request, chunk or tiled kernel as above. The launch passes the
 // smallest parameter size tier (kInlineTierWords) that holds
 // params.header.words_used words. `params` may be reused as soon as this
 // returns: the launch copies it.

@@ -70,6 +70,46 @@ inline constexpr int TileSlotsPerThread(int64_t num_slots,
                           : kManySlotsPerThreadAnyPageSize;
 }
 
+// Long extends run the chunk kernel: block (c, r) of a two-dimensional grid
+// writes chunk c, kChunkSlots consecutive slots, of packed request r. The
+// block reads its request's fields once (the same index for every thread:
+// no search, one round of loads), each thread reads the pages of its
+// kChunkVectorsPerThread pairs of slots, all before its first store, and
+// stores each pair as one aligned 16-byte vector. A thread's chain is then
+// two dependent reads (plan, ring) before its stores, against a search
+// among the plan's requests and then the ring in the tiled kernel.
+inline constexpr int kChunkVectorsPerThread = 4;
+inline constexpr int64_t kChunkSlots =
+    2 * kChunkVectorsPerThread * kExpandThreads;  // 2048
+// gridDim.y holds the request; slot indices within a request are 32-bit
+// (fewer registers), with room for head + 2 * pairs + 1.
+inline constexpr int64_t kChunkMaxRequests = 65535;
+inline constexpr int64_t kChunkMaxRequestSlots = int64_t{1} << 30;
+// The chunk kernel serves plans of more slots than this: the plans the tiled
+// kernel runs at kManySlotsPerThread slots per thread, whose one wave of long
+// per-thread chains is latency bound.
+inline constexpr int64_t kChunkMinSlots = kOneSlotPerThreadMaxSlots;
+
+// Returns the chunks (gridDim.x) of the chunk kernel: the largest request's.
+inline constexpr int64_t ChunksPerRequest(int64_t max_request_slots) {
+  return (max_request_slots + kChunkSlots - 1) / kChunkSlots;
+}
+
+// Returns whether the chunk kernel expands a packed plan (that the
+// per-request kernel does not): one of more than kChunkMinSlots slots whose
+// grid of num_requests x ChunksPerRequest blocks is at most twice the
+// chunks its slots fill, plus one per request for its partial last chunk. A
+// block past its request's end returns at once, but a plan of a few long
+// and many short requests would launch mostly such blocks; the tiled kernel
+// takes it.
+inline constexpr bool UsesChunkKernel(int64_t num_requests, int64_t num_slots,
+                                      int64_t max_request_slots) {
+  return num_slots > kChunkMinSlots && num_requests <= kChunkMaxRequests &&
+         max_request_slots <= kChunkMaxRequestSlots &&
+         num_requests * ChunksPerRequest(max_request_slots) <=
+             2 * ((num_slots + kChunkSlots - 1) / kChunkSlots) + num_requests;
+}
+
 struct ExpandParams {
   // Packed per-request arrays (device pointers), num_requests >= 1 entries.
   const int64_t* slot_begin;     // [num_requests + 1]
@@ -462,6 +502,136 @@ PAGEALLOC_HOST_DEVICE void ExpandTileThread(const Plan& plan, int page_shift,
     }
     out[tile_begin + k * kExpandThreads + thread - out_begin] =
         offset[k] >= 0 ? word[k] * page_size + offset[k] : word[k];
+  }
+}
+
+// Stores v0 and v1 to p[0] and p[1] with one 16-byte vector store.
+// REQUIRES: p is 16-byte aligned. The host's emulation of the kernels
+// (kernels/plan_packing_test.cc) stops the program when it is not, so the
+// tests check the alignment the device relies on.
+PAGEALLOC_HOST_DEVICE void StorePair(int64_t* p, int64_t v0, int64_t v1) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<longlong2*>(p) = make_longlong2(v0, v1);
+#else
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) __builtin_trap();
+  p[0] = v0;
+  p[1] = v1;
+#endif
+}
+
+// One thread of the chunk kernel (grid: ChunksPerRequest(max_request_slots)
+// x num_requests blocks of kExpandThreads; UsesChunkKernel says when):
+// block (chunk, r) writes request r's slots in chunk `chunk` of its
+// kChunkSlots-slot chunks, or returns at once when the request ends before.
+//
+// Its stores are 16-byte vectors at 16-byte aligned addresses: the slots
+// are taken in pairs from `head`, 1 when the destination is 8 mod 16 (its
+// slot 0 is then stored alone, by thread 0 of chunk 0), else 0; pair j is
+// slots head + 2j and head + 2j + 1, or only the first at the request's end.
+// Chunk c holds kChunkVectorsPerThread rows of kExpandThreads pairs from pair
+// c * kChunkVectorsPerThread * kExpandThreads; thread t takes pair t of each
+// row, so a warp's store covers 512 consecutive bytes. A request of n slots
+// has at most ceil(n / 2) pairs, so ChunksPerRequest(n) chunks hold them.
+//
+// Two phases. First each pair's two ring positions are computed (the page
+// of its first slot; the page of its second, which is the next one when the
+// first ends its page, and the request's first new page when the first is
+// the prefix's last) and both are read, unconditionally and with no use in
+// between, so all of a thread's ring reads are in flight together. A
+// position no slot needs is ring_start, which is always inside the ring.
+// Then the values are formed and stored.
+template <bool kPow2PageSize, class Plan>
+PAGEALLOC_HOST_DEVICE void ExpandChunkThread(const Plan& plan, int page_shift,
+                                             int64_t chunk, int64_t r,
+                                             int thread) {
+  constexpr int32_t kChunkPairs = kChunkVectorsPerThread * kExpandThreads;
+  const int64_t begin = plan.slot_begin(r);
+  // In [1, kChunkMaxRequestSlots]: 32-bit slot math below.
+  const int32_t num_slots =
+      static_cast<int32_t>(plan.slot_begin(r + 1) - begin);
+  int64_t* const out = plan.destination(r);
+  const int32_t head =
+      static_cast<int32_t>((reinterpret_cast<uintptr_t>(out) >> 3) & 1);
+  const int32_t pairs = (num_slots - head + 1) >> 1;  // >= 0
+  // chunk < ChunksPerRequest(max_request_slots): pairs fit in 32 bits.
+  const int32_t first_pair = static_cast<int32_t>(chunk) * kChunkPairs;
+  // Read with the fields above, before the return below: one round of
+  // plan reads, not two.
+  // partial_slots <= num_slots: 32 bits too.
+  const int32_t partial_slots = static_cast<int32_t>(plan.partial_slots(r));
+  const int64_t first_slot = plan.first_slot(r);
+  const int64_t ring_start = plan.ring_start(r);  // in [0, capacity)
+  const bool stores_head = head != 0 && chunk == 0 && thread == 0;
+  if (first_pair >= pairs && !stores_head) return;
+  const int64_t* const ring = plan.free_ring();
+  const int64_t capacity = plan.ring_capacity();
+  const int64_t page_size = plan.page_size();
+
+  int64_t id0[kChunkVectorsPerThread];     // page id of the pair's first slot
+  int64_t id1[kChunkVectorsPerThread];     // and of its second
+  int32_t offset[kChunkVectorsPerThread];  // first slot's; -1: prefix page
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < kChunkVectorsPerThread; ++k) {
+    const int32_t j = first_pair + k * kExpandThreads + thread;
+    const int32_t w = head + 2 * j - partial_slots;  // first slot, new pages
+    int64_t position0 = ring_start;
+    int64_t position1 = ring_start;
+    offset[k] = -1;
+    if (j < pairs && w >= 0) {
+      // The slot is below num_slots, so its page below the request's new
+      // pages, which packing keeps within the capacity: one wrap suffices.
+      int32_t page;
+      int32_t in_page;
+      if (kPow2PageSize) {
+        // 64-bit shift: page_shift may be 32 or more (uploaded plans).
+        page = static_cast<int32_t>(int64_t{w} >> page_shift);
+        in_page = static_cast<int32_t>(w & (page_size - 1));
+      } else {
+        // page_size may be >= 2^31 (uploaded plans): divide in 64 bits.
+        page = static_cast<int32_t>(w / page_size);
+        in_page = static_cast<int32_t>(w - page * page_size);
+      }
+      position0 = ring_start + page;
+      if (position0 >= capacity) position0 -= capacity;
+      // Past the request's last page when the pair is its last slot alone:
+      // then read (inside the ring) and not used.
+      position1 = in_page + 1 < page_size    ? position0
+                  : position0 + 1 < capacity ? position0 + 1
+                                             : 0;
+      offset[k] = in_page;
+    }
+    id0[k] = ring[position0];
+    id1[k] = ring[position1];
+  }
+  int64_t head_id = 0;  // slot 0 is the prefix's next or new page 0's first
+  if (stores_head) head_id = ring[ring_start];
+
+  if (stores_head) {
+    out[0] = partial_slots > 0 ? first_slot : head_id * page_size;
+  }
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < kChunkVectorsPerThread; ++k) {
+    const int32_t j = first_pair + k * kExpandThreads + thread;
+    if (j >= pairs) continue;
+    const int32_t u = head + 2 * j;  // < num_slots
+    int64_t v0;
+    int64_t v1;
+    if (offset[k] < 0) {  // u continues the prefix's page
+      v0 = first_slot + u;
+      v1 = u + 1 < partial_slots ? v0 + 1 : id1[k] * page_size;
+    } else {
+      v0 = id0[k] * page_size + offset[k];
+      v1 = offset[k] + 1 < page_size ? v0 + 1 : id1[k] * page_size;
+    }
+    if (u + 1 < num_slots) {
+      StorePair(out + u, v0, v1);  // out + head is 16-byte aligned
+    } else {
+      out[u] = v0;
+    }
   }
 }
 

@@ -6,7 +6,9 @@
 
 #include "kernels/plan_packing.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <vector>
@@ -24,6 +26,7 @@ namespace {
 
 using ::pagealloc::testing::BindDestinations;
 using ::pagealloc::testing::kPoison;
+using ::pagealloc::testing::MakeExtendBatch;
 using ::pagealloc::testing::MakeRandomBatch;
 using ::pagealloc::testing::RandomBatch;
 using ::pagealloc::testing::RandomPlanSpec;
@@ -31,14 +34,29 @@ using ::pagealloc::testing::RandomRing;
 using ::pagealloc::testing::StatusIs;
 using ::testing::HasSubstr;
 
-enum class Variant { kPerRequest, kTile1, kTile4, kTile8 };
+enum class Variant { kPerRequest, kTile1, kTile4, kTile8, kChunk };
 
 // Runs every thread of one launch of `variant` on the host, over `plan`
-// (an UploadedPlan or an InlinePlan).
+// (an UploadedPlan or an InlinePlan) whose largest request writes
+// max_request_slots slots (the chunk kernel's grid).
 template <bool kPow2, class Plan>
-void EmulateLaunch(const Plan& plan, Variant variant, int page_shift) {
+void EmulateLaunch(const Plan& plan, Variant variant, int page_shift,
+                   int64_t max_request_slots) {
   const int64_t threads = kExpandThreads;
   switch (variant) {
+    case Variant::kChunk: {
+      // Blocks in any order give the same output: no two threads write the
+      // same slot. Each block's threads run in order.
+      const int64_t chunks = ChunksPerRequest(max_request_slots);
+      for (int64_t r = 0; r < plan.num_requests(); ++r) {
+        for (int64_t c = 0; c < chunks; ++c) {
+          for (int t = 0; t < threads; ++t) {
+            ExpandChunkThread<kPow2>(plan, page_shift, c, r, t);
+          }
+        }
+      }
+      break;
+    }
     case Variant::kPerRequest: {
       const int64_t blocks = (plan.num_requests() + threads - 1) / threads;
       for (int64_t r = 0; r < blocks * threads; ++r) {
@@ -73,7 +91,8 @@ void EmulateLaunch(const Plan& plan, Variant variant, int page_shift) {
 template <bool kPow2>
 void EmulateLaunch(const ExpandParams& params, Variant variant,
                    int page_shift) {
-  EmulateLaunch<kPow2>(UploadedPlan(params), variant, page_shift);
+  EmulateLaunch<kPow2>(UploadedPlan(params), variant, page_shift,
+                       params.max_request_slots);
 }
 
 // Runs every thread of the inline decode kernel on the host.
@@ -140,9 +159,9 @@ class PlanPackingTest : public ::testing::Test {
       } else {
         const InlinePlan<kMaxInlineWords> view(*inline_params_);
         if (pow2) {
-          EmulateLaunch<true>(view, variant, shift);
+          EmulateLaunch<true>(view, variant, shift, header.max_request_slots);
         } else {
-          EmulateLaunch<false>(view, variant, 0);
+          EmulateLaunch<false>(view, variant, 0, header.max_request_slots);
         }
       }
       ASSERT_EQ(inline_actual, expected)
@@ -180,8 +199,9 @@ TEST_F(PlanPackingTest, EmulatedKernelsMatchReferenceOnRandomPlans) {
           "page_size %d trial %d: %d requests, %d slots, head %d", page_size,
           trial, batch.plan.requests.size(), batch.plan.num_slots,
           batch.plan.free_ring_head));
-      for (Variant variant : {Variant::kPerRequest, Variant::kTile1,
-                              Variant::kTile4, Variant::kTile8}) {
+      for (Variant variant :
+           {Variant::kPerRequest, Variant::kTile1, Variant::kTile4,
+            Variant::kTile8, Variant::kChunk}) {
         int64_t max_slots = 0;
         for (const PlannedRequest& r : batch.plan.requests) {
           max_slots = std::max(max_slots, r.seq_len - r.prefix_len);
@@ -242,6 +262,79 @@ TEST_F(PlanPackingTest, InlinePlansStayWithinTheirKernelsLimit) {
               ::pagealloc::testing::IsOkAndHolds(true));
   EXPECT_EQ(params->header.words_used, InlineGeneralWords(200));
   EXPECT_GT(params->header.words_used, kInlineTierWords[0]);
+}
+
+TEST_F(PlanPackingTest, EmulatedChunkKernelMatchesReferenceOnLongExtends) {
+  // Long extends, the chunk kernel's shape: lengths at and around its chunk
+  // boundaries and random ones up to several chunks, every page size kind,
+  // destinations at odd and even slots (16-byte aligned or not), prefixes
+  // ending inside a page or on its end, heads that make pages wrap.
+  const uint64_t seed = std::random_device{}();
+  rng_.seed(seed);
+  SCOPED_TRACE(absl::StrFormat("seed %d", seed));
+  const std::vector<int64_t> edges = {1,
+                                      2,
+                                      3,
+                                      kChunkSlots - 1,
+                                      kChunkSlots,
+                                      kChunkSlots + 1,
+                                      2 * kChunkSlots - 1,
+                                      2 * kChunkSlots,
+                                      2 * kChunkSlots + 1};
+  int64_t odd_outputs = 0;
+  int64_t partial_prefixes = 0;
+  for (const int64_t page_size : {1, 3, 16, 64}) {
+    for (int trial = 0; trial < 12; ++trial) {
+      std::vector<int64_t> extends;
+      const int64_t n = 1 + rng_() % 8;
+      for (int64_t k = 0; k < n; ++k) {
+        extends.push_back(trial % 2 == 0 ? edges[rng_() % edges.size()]
+                                         : 1 + rng_() % (5 * kChunkSlots));
+      }
+      int64_t total = 0;
+      for (int64_t e : extends) total += e;
+      // Room for every page, and a head anywhere: pages wrap often.
+      const int64_t capacity = total + 8 + rng_() % 100;
+      const std::vector<int64_t> ring = RandomRing(capacity, rng_);
+      RandomBatch batch = MakeExtendBatch(page_size, extends, capacity, rng_);
+      SCOPED_TRACE(absl::StrFormat(
+          "page_size %d trial %d: %d requests, %d slots, head %d", page_size,
+          trial, batch.plan.requests.size(), batch.plan.num_slots,
+          batch.plan.free_ring_head));
+      for (size_t k = 0; k < batch.plan.requests.size(); ++k) {
+        odd_outputs += batch.destination_offset[k] % 2;
+        partial_prefixes += batch.plan.requests[k].prefix_len % page_size != 0;
+      }
+      ExpectEmulationMatchesReference(batch, ring, Variant::kChunk);
+      if (HasFatalFailure()) return;
+    }
+  }
+  EXPECT_GT(odd_outputs, 20);
+  EXPECT_GT(partial_prefixes, 20);
+}
+
+TEST_F(PlanPackingTest, ChunkKernelStoresAlignedPairsAfterAnOddHead) {
+  // One request whose output starts at an odd slot of a 16-byte aligned
+  // buffer: slot 0 is stored alone, then pairs. Page size 4, head at the
+  // ring's last position: 2 slots finish prefix page 6, then pages ring[3]
+  // = 7 and ring[0] = 5.
+  std::vector<int64_t> ring = {5, 9, 2, 7};
+  BatchPlan plan;
+  plan.page_size = 4;
+  plan.free_ring_capacity = 4;
+  plan.free_ring_head = 3;
+  plan.num_new_pages = 2;
+  plan.num_slots = 10;
+  alignas(16) int64_t out[12];
+  std::fill(std::begin(out), std::end(out), kPoison);
+  plan.requests.push_back({2, 12, 6 * 4 + 1, 0, 0, out + 1});
+  std::vector<int64_t> block(MaxPackedPlanBytes(1, 10) / 8);
+  ASSERT_OK_AND_ASSIGN(const PackedPlan packed,
+                       PackPlan(plan, 4, absl::MakeSpan(block)));
+  EmulateLaunch<true>(MakeExpandParams(packed, block.data(), ring.data(), 4, 4),
+                      Variant::kChunk, 2);
+  EXPECT_THAT(out, ::testing::ElementsAre(kPoison, 26, 27, 28, 29, 30, 31, 20,
+                                          21, 22, 23, kPoison));
 }
 
 TEST_F(PlanPackingTest, PagesWrapAroundTheRingEnd) {

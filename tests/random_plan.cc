@@ -79,6 +79,38 @@ RandomBatch MakeRandomBatch(const RandomPlanSpec& spec, int64_t ring_capacity,
   return batch;
 }
 
+RandomBatch MakeExtendBatch(int64_t page_size,
+                            const std::vector<int64_t>& extends,
+                            int64_t ring_capacity, std::mt19937_64& rng) {
+  RandomBatch batch;
+  BatchPlan& plan = batch.plan;
+  plan.page_size = page_size;
+  plan.free_ring_capacity = ring_capacity;
+  plan.free_ring_head = Uniform(rng, 0, ring_capacity - 1);
+  for (size_t k = 0; k < extends.size(); ++k) {
+    PlannedRequest request;
+    request.prefix_len = Uniform(rng, 0, 299);
+    request.seq_len = request.prefix_len + extends[k];
+    if (request.prefix_len > 0) {
+      // As MakeRandomBatch: a prefix page of its own, above the ring's.
+      const int64_t prefix_page = ring_capacity + 1000 + k;
+      request.last_loc =
+          prefix_page * page_size + (request.prefix_len - 1) % page_size;
+    }
+    request.first_new_page = plan.num_new_pages;
+    request.output_offset = plan.num_slots;
+    plan.num_new_pages += NewPagesNeeded(
+        {request.prefix_len, request.seq_len, request.last_loc}, page_size);
+    plan.num_slots += extends[k];
+    plan.requests.push_back(request);
+    batch.output_words += Uniform(rng, 0, 3);
+    batch.destination_offset.push_back(batch.output_words);
+    batch.output_words += extends[k];
+  }
+  batch.output_words += Uniform(rng, 0, 3);
+  return batch;
+}
+
 void AddRandomRingCopies(RandomBatch& batch, int64_t num_copies,
                          int64_t max_count, std::mt19937_64& rng) {
   BatchPlan& plan = batch.plan;

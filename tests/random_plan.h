@@ -46,6 +46,15 @@ struct RandomBatch {
 RandomBatch MakeRandomBatch(const RandomPlanSpec& spec, int64_t ring_capacity,
                             std::mt19937_64& rng);
 
+// Returns a plan of requests that extend by extends[k] slots from random
+// prefixes of 0..299 (most ending inside a page), with destinations in order
+// and gaps of 0..3 words between them (so about half start at an odd slot),
+// reading pages from a ring of `ring_capacity` entries from a random head.
+// REQUIRES: ring_capacity >= the sum of `extends` (a bound on its pages).
+RandomBatch MakeExtendBatch(int64_t page_size,
+                            const std::vector<int64_t>& extends,
+                            int64_t ring_capacity, std::mt19937_64& rng);
+
 // Adds `num_copies` ring copies of 1 to `max_count` entries to `batch`
 // (whose plan must have page_size 1), back to back in the ring after the
 // plan's pages, each to its own place past the output buffer's end, with

@@ -8,6 +8,9 @@
 //     rollbacks and reclaims: identical results and slots, and
 //     CheckInvariants() (which compares the device mirror with the host's
 //     list) after every step;
+//   - long extends that take the chunk kernel (bulk, one long request,
+//     uneven lengths, lengths at chunk boundaries; page sizes 1, 3, 16, 64),
+//     inline and uploaded;
 //   - page-size-1 plans of ring copies (with and without requests), through
 //     cudaMemcpyAsync and through the expand kernel (max_ring_memcpys), and
 //     the two pools at page size 1 with one call's destinations contiguous
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -38,6 +42,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_executor.h"
+#include "kernels/expand_plan.h"
 #include "tests/random_plan.h"
 #include "tests/status_matchers.h"
 #include "tests/workload.h"
@@ -49,6 +54,7 @@ using ::pagealloc::testing::AddRandomRingCopies;
 using ::pagealloc::testing::BindDestinations;
 using ::pagealloc::testing::kPoison;
 using ::pagealloc::testing::LiveSequence;
+using ::pagealloc::testing::MakeExtendBatch;
 using ::pagealloc::testing::MakeRandomBatch;
 using ::pagealloc::testing::RandomBatch;
 using ::pagealloc::testing::RandomPlanSpec;
@@ -230,6 +236,89 @@ INSTANTIATE_TEST_SUITE_P(InlineAndUploaded, RandomBatchesTest,
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Inline" : "Uploaded";
                          });
+
+// Long extends, the chunk kernel's plans (kernels/expand_plan.h:
+// UsesChunkKernel, checked here so that the shapes keep reaching it): a
+// bulk of equal extends, one long request, uneven lengths, and lengths at
+// the kernel's chunk boundaries; page sizes 1, 3 (not a power of two), 16
+// and 64; random prefixes, most ending inside a page; destinations at odd
+// and even slots (16-byte aligned or not); heads that make pages wrap; plans
+// inline and uploaded.
+TEST_P(RandomBatchesTest, LongExtendsMatchTheCpuExecutor) {
+  const bool quick = Quick();
+  const uint64_t seed = std::random_device{}();
+  rng_.seed(seed);
+  SCOPED_TRACE(absl::StrFormat("seed %d", seed));
+  const int64_t max_total = int64_t{1} << 20;
+  const int64_t capacity = max_total + 4099;
+  CudaExecutorOptions options;
+  options.max_slots_per_batch = max_total;
+  options.inline_plans = GetParam();
+  std::unique_ptr<CudaExecutor> executor;
+  CREATE_OR_SKIP(executor, options);
+  ASSERT_OK(executor->InitFreeRing(capacity));
+  CpuExecutor cpu;
+  ASSERT_OK(cpu.InitFreeRing(capacity));
+
+  struct Shape {
+    const char* name;
+    std::function<std::vector<int64_t>()> extends;
+  };
+  const std::vector<int64_t> edges = {2047, 2048, 2049, 4095, 4096, 4097};
+  const std::vector<Shape> shapes = {
+      {"bulk", [&] { return std::vector<int64_t>(quick ? 12 : 64, 16384); }},
+      {"one long request",
+       [&] { return std::vector<int64_t>{131073 + int64_t(rng_() % 5000)}; }},
+      {"uneven",
+       [&] {
+         std::vector<int64_t> extends(24);
+         for (int64_t& e : extends) e = 6000 + rng_() % 6001;
+         return extends;
+       }},
+      {"chunk edges",
+       [&] {
+         std::vector<int64_t> extends(70);
+         for (int64_t& e : extends) e = edges[rng_() % edges.size()];
+         return extends;
+       }},
+  };
+  int64_t odd_outputs = 0;
+  for (const int64_t page_size : {1, 3, 16, 64}) {
+    for (const Shape& shape : shapes) {
+      for (int trial = 0; trial < (quick ? 1 : 2); ++trial) {
+        RandomBatch batch =
+            MakeExtendBatch(page_size, shape.extends(), capacity, rng_);
+        int64_t max_request_slots = 0;
+        for (size_t k = 0; k < batch.plan.requests.size(); ++k) {
+          const PlannedRequest& r = batch.plan.requests[k];
+          max_request_slots =
+              std::max(max_request_slots, r.seq_len - r.prefix_len);
+          odd_outputs += batch.destination_offset[k] % 2;
+        }
+        SCOPED_TRACE(absl::StrFormat(
+            "page_size %d, %s, trial %d: %d requests, %d slots, head %d",
+            page_size, shape.name, trial, batch.plan.requests.size(),
+            batch.plan.num_slots, batch.plan.free_ring_head));
+        ASSERT_TRUE(UsesChunkKernel(batch.plan.requests.size(),
+                                    batch.plan.num_slots, max_request_slots));
+        const std::vector<int64_t> ring = RandomRing(capacity, rng_);
+        ASSERT_OK(cpu.WriteFreeRing(0, ring));
+        ASSERT_OK(executor->WriteFreeRing(0, ring));
+
+        std::vector<int64_t> expected(batch.output_words, kPoison);
+        BindDestinations(batch, expected.data());
+        ASSERT_OK(cpu.Execute(batch.plan));
+
+        DeviceWords out(batch.output_words);
+        BindDestinations(batch, out.data());
+        ASSERT_OK(executor->Execute(batch.plan));
+        ASSERT_OK(executor->Synchronize());
+        ASSERT_TRUE(SameWords(out.Read(batch.output_words), expected));
+      }
+    }
+  }
+  EXPECT_GT(odd_outputs, 20);
+}
 
 // Ring-copy plans (page size 1) against the CPU executor: copies alone
 // (device-to-device copies when few, else the expand kernel) and mixed with
