@@ -33,18 +33,16 @@ _INT64 = np.dtype(np.int64)
 
 
 class _CallContext:
-    """One thread's out-parameters of the C calls, built once and reused:
-    the pagealloc_error, the allocation handle, and ctypes references to
-    both (a C call fills them; the caller reads them before the thread's
-    next call)."""
+    """One thread's pagealloc_error and a ctypes reference to it, built
+    once and reused by every call of the thread (a failed call's message is
+    read before the thread's next call; the allocation handle, which must
+    never be read from another call, is a new out-parameter per call)."""
 
-    __slots__ = ("error", "error_ref", "handle", "handle_ref")
+    __slots__ = ("error", "error_ref")
 
     def __init__(self):
         self.error = _native.Error()
         self.error_ref = ctypes.byref(self.error)
-        self.handle = ctypes.c_void_p()
-        self.handle_ref = ctypes.byref(self.handle)
 
 
 def _call_context():
@@ -902,34 +900,39 @@ class Client:
     # The allocation calls on prepared arguments: host addresses of int64
     # arrays (kept alive by the caller for the call) with their lengths, and
     # `options` from _call_options (a reference or None). The public calls
-    # below and pagealloc.sglang's allocators go through these.
+    # below and pagealloc.sglang's allocators go through these. The handle
+    # is passed as the c_void_p itself: ctypes passes its address for the
+    # POINTER(c_void_p) parameter.
 
     def _alloc_extend_at(self, prefix, num_prefix, seq, num_seq, last,
                          num_last, options, inline=False):
         context = _call_context()
+        handle = ctypes.c_void_p()
         code = _alloc_extend_c(self._handle, prefix, num_prefix, seq,
                                num_seq, last, num_last, options,
-                               context.handle_ref, context.error_ref)
+                               handle, context.error_ref)
         if code:
             _raise(code, context.error)
-        return Allocation(self, context.handle.value, inline)
+        return Allocation(self, handle.value, inline)
 
     def _alloc_decode_at(self, seq, num_seq, last, num_last, options,
                          inline=False):
         context = _call_context()
+        handle = ctypes.c_void_p()
         code = _alloc_decode_c(self._handle, seq, num_seq, last, num_last,
-                               options, context.handle_ref, context.error_ref)
+                               options, handle, context.error_ref)
         if code:
             _raise(code, context.error)
-        return Allocation(self, context.handle.value, inline)
+        return Allocation(self, handle.value, inline)
 
     def _alloc_at(self, tokens, num_tokens, options, inline=False):
         context = _call_context()
+        handle = ctypes.c_void_p()
         code = _alloc_c(self._handle, tokens, num_tokens, options,
-                        context.handle_ref, context.error_ref)
+                        handle, context.error_ref)
         if code:
             _raise(code, context.error)
-        return Allocation(self, context.handle.value, inline)
+        return Allocation(self, handle.value, inline)
 
     def _order_after_at(self, allocation, stream_handle):
         """order_after for one of this client's allocations and a
