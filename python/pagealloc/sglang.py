@@ -551,6 +551,10 @@ class _Base:
         None where nothing is ordered (the CPU backend, or no PyTorch)."""
         if not self._ordered:
             return None
+        if self._ring is None:
+            # torch's CUDA state starts with the ring's tensor, before the
+            # raw stream read (which does not start it).
+            self._ring_view()
         index = self._device_index
         if index is None:
             index = torch.cuda.current_device()
@@ -578,14 +582,15 @@ class _Base:
         event = None
         index = None
         if torch is None:
-            if self._on_device:
+            if self._on_device:  # no ring tensor without PyTorch
                 out = allocation.slots
             else:
                 out = self._ring_view()[start:start + count]
             if self._keep == 0:
                 out = np.array(out)
         else:
-            out = self._ring_view().narrow(0, start, count)
+            ring = self._ring if self._ring is not None else self._ring_view()
+            out = ring.narrow(0, start, count)
             if stream is not None:
                 if self._keep == 0:
                     out = out.clone()
