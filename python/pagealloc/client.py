@@ -20,14 +20,43 @@ from pagealloc.errors import (InvalidArgumentError, PageallocError,
 _lib = _native.lib
 _tls = threading.local()
 
+# The allocation calls' C functions, looked up once (ctypes converts their
+# arguments by the argtypes _native declared).
+_alloc_extend_c = _lib.pagealloc_alloc_extend
+_alloc_decode_c = _lib.pagealloc_alloc_decode
+_alloc_c = _lib.pagealloc_alloc
+_get_view_c = _lib.pagealloc_allocation_get_view
+_release_c = _lib.pagealloc_release
+_order_after_c = _lib.pagealloc_order_after
+
+_INT64 = np.dtype(np.int64)
+
+
+class _CallContext:
+    """One thread's pagealloc_error and a ctypes reference to it, built
+    once and reused by every call of the thread (a failed call's message is
+    read before the thread's next call; the allocation handle, which must
+    never be read from another call, is a new out-parameter per call)."""
+
+    __slots__ = ("error", "error_ref")
+
+    def __init__(self):
+        self.error = _native.Error()
+        self.error_ref = ctypes.byref(self.error)
+
+
+def _call_context():
+    """This thread's _CallContext."""
+    try:
+        return _tls.context
+    except AttributeError:
+        _tls.context = _CallContext()
+        return _tls.context
+
 
 def _error_buffer():
     """This thread's pagealloc_error (one per thread, reused by every call)."""
-    try:
-        return _tls.error
-    except AttributeError:
-        _tls.error = _native.Error()
-        return _tls.error
+    return _call_context().error
 
 
 def _raise(code, error):
@@ -46,6 +75,9 @@ def _check(code, error):
 def _int64_array(values, name):
     """`values` as a one-dimensional, contiguous int64 NumPy array (no copy
     when it is one already)."""
+    if (type(values) is np.ndarray and values.dtype is _INT64 and
+            values.ndim == 1 and values.flags.c_contiguous):
+        return values
     if isinstance(values, np.ndarray):
         array = values
     elif isinstance(values, CudaSlots):
@@ -76,7 +108,7 @@ def _int64_array(values, name):
 
 
 def _address(array):
-    return array.__array_interface__["data"][0]
+    return array.ctypes.data
 
 
 # --------------------------------------------------------------------------
@@ -258,7 +290,7 @@ class Allocation:
         self._client = client
         self._handle = handle
         self._inline = inline
-        view = _lib.pagealloc_allocation_get_view(handle).contents
+        view = _get_view_c(handle).contents
         self._view = view
         self.num_requests = view.num_requests
         self.num_refused = view.num_refused
@@ -427,6 +459,34 @@ def _seconds_to_ms(value, name):
 
 
 _FREE_ORDERS = {None: 0, "ascending": 1, "first_appearance": 2}
+
+
+# The pagealloc_call_options of each combination of the flag options, built
+# once: (structure, reference) by (return_inline, async_completion,
+# checkpoint_first, all_or_nothing). The library only reads the structure
+# during a call, so every thread shares them.
+_CALL_OPTIONS = {}
+
+
+def _call_options_ref(return_inline, async_completion, checkpoint_first,
+                      all_or_nothing):
+    """A reference to the shared pagealloc_call_options with these flags and
+    no free_pages_first, or None (the defaults) when every flag is off."""
+    key = (bool(return_inline), bool(async_completion),
+           bool(checkpoint_first), bool(all_or_nothing))
+    entry = _CALL_OPTIONS.get(key)
+    if entry is None:
+        if not any(key):
+            return None
+        options = _native.CallOptions()
+        _lib.pagealloc_call_options_init(ctypes.byref(options),
+                                         ctypes.sizeof(options))
+        (options.return_inline, options.async_completion,
+         options.checkpoint_first, options.all_or_nothing) = (
+             int(flag) for flag in key)
+        entry = (options, ctypes.byref(options))
+        _CALL_OPTIONS[key] = entry
+    return entry[1]
 
 
 def _free_order(order):
@@ -820,9 +880,9 @@ class Client:
     @staticmethod
     def _call_options(return_inline, async_completion, free_pages_first,
                       checkpoint_first, all_or_nothing, keep):
-        if not (return_inline or async_completion or checkpoint_first or
-                all_or_nothing or free_pages_first is not None):
-            return None
+        if free_pages_first is None:
+            return _call_options_ref(return_inline, async_completion,
+                                     checkpoint_first, all_or_nothing)
         options = _native.CallOptions()
         _lib.pagealloc_call_options_init(ctypes.byref(options),
                                          ctypes.sizeof(options))
@@ -837,9 +897,51 @@ class Client:
             options.num_free_pages_first = pages.size
         return ctypes.byref(options)
 
-    def _finish(self, code, handle, error, return_inline):
-        _check(code, error)
-        return Allocation(self, handle.value, bool(return_inline))
+    # The allocation calls on prepared arguments: host addresses of int64
+    # arrays (kept alive by the caller for the call) with their lengths, and
+    # `options` from _call_options (a reference or None). The public calls
+    # below and pagealloc.sglang's allocators go through these. The handle
+    # is passed as the c_void_p itself: ctypes passes its address for the
+    # POINTER(c_void_p) parameter.
+
+    def _alloc_extend_at(self, prefix, num_prefix, seq, num_seq, last,
+                         num_last, options, inline=False):
+        context = _call_context()
+        handle = ctypes.c_void_p()
+        code = _alloc_extend_c(self._handle, prefix, num_prefix, seq,
+                               num_seq, last, num_last, options,
+                               handle, context.error_ref)
+        if code:
+            _raise(code, context.error)
+        return Allocation(self, handle.value, inline)
+
+    def _alloc_decode_at(self, seq, num_seq, last, num_last, options,
+                         inline=False):
+        context = _call_context()
+        handle = ctypes.c_void_p()
+        code = _alloc_decode_c(self._handle, seq, num_seq, last, num_last,
+                               options, handle, context.error_ref)
+        if code:
+            _raise(code, context.error)
+        return Allocation(self, handle.value, inline)
+
+    def _alloc_at(self, tokens, num_tokens, options, inline=False):
+        context = _call_context()
+        handle = ctypes.c_void_p()
+        code = _alloc_c(self._handle, tokens, num_tokens, options,
+                        handle, context.error_ref)
+        if code:
+            _raise(code, context.error)
+        return Allocation(self, handle.value, inline)
+
+    def _order_after_at(self, allocation, stream_handle):
+        """order_after for one of this client's allocations and a
+        cudaStream_t as an int (0: the legacy default stream)."""
+        context = _call_context()
+        code = _order_after_c(self._handle, allocation._handle,
+                              stream_handle or None, context.error_ref)
+        if code:
+            _raise(code, context.error)
 
     def alloc_extend(self, prefix_lens, seq_lens, last_locs, *,
                      return_inline=False, async_completion=False,
@@ -860,13 +962,9 @@ class Client:
         options = self._call_options(return_inline, async_completion,
                                      free_pages_first, checkpoint_first,
                                      all_or_nothing, keep)
-        handle = ctypes.c_void_p()
-        error = _error_buffer()
-        code = _lib.pagealloc_alloc_extend(
-            self._handle, _address(prefix), prefix.size, _address(seq),
-            seq.size, _address(last), last.size, options,
-            ctypes.byref(handle), ctypes.byref(error))
-        return self._finish(code, handle, error, return_inline)
+        return self._alloc_extend_at(
+            prefix.ctypes.data, prefix.size, seq.ctypes.data, seq.size,
+            last.ctypes.data, last.size, options, bool(return_inline))
 
     def alloc_decode(self, seq_lens, last_locs, *, return_inline=False,
                      async_completion=False, free_pages_first=None,
@@ -879,12 +977,9 @@ class Client:
         options = self._call_options(return_inline, async_completion,
                                      free_pages_first, checkpoint_first,
                                      all_or_nothing, keep)
-        handle = ctypes.c_void_p()
-        error = _error_buffer()
-        code = _lib.pagealloc_alloc_decode(
-            self._handle, _address(seq), seq.size, _address(last), last.size,
-            options, ctypes.byref(handle), ctypes.byref(error))
-        return self._finish(code, handle, error, return_inline)
+        return self._alloc_decode_at(seq.ctypes.data, seq.size,
+                                     last.ctypes.data, last.size, options,
+                                     bool(return_inline))
 
     def alloc(self, num_tokens, *, return_inline=False,
               async_completion=False, free_pages_first=None,
@@ -895,12 +990,8 @@ class Client:
         options = self._call_options(return_inline, async_completion,
                                      free_pages_first, checkpoint_first,
                                      all_or_nothing, keep)
-        handle = ctypes.c_void_p()
-        error = _error_buffer()
-        code = _lib.pagealloc_alloc(
-            self._handle, _address(tokens), tokens.size, options,
-            ctypes.byref(handle), ctypes.byref(error))
-        return self._finish(code, handle, error, return_inline)
+        return self._alloc_at(tokens.ctypes.data, tokens.size, options,
+                              bool(return_inline))
 
     def release(self, allocation):
         """Lets the daemon reuse the ring space of `allocation` and of every
@@ -909,7 +1000,7 @@ class Client:
         from then on."""
         if allocation._client is not self:
             raise InvalidArgumentError("the allocation is another client's")
-        _lib.pagealloc_release(self._handle, allocation._handle)
+        _release_c(self._handle, allocation._handle)
         with self._release_lock:
             self._released_up_to = max(self._released_up_to,
                                        allocation.ring_end)
@@ -1090,11 +1181,7 @@ class Client:
                 type(allocation).__name__)
         if allocation._client is not self:
             raise InvalidArgumentError("the allocation is another client's")
-        handle = _stream_handle(stream)
-        error = _error_buffer()
-        _check(_lib.pagealloc_order_after(self._handle, allocation._handle,
-                                          handle or None, ctypes.byref(error)),
-               error)
+        self._order_after_at(allocation, _stream_handle(stream))
 
     # ----------------------------------------------------------- KV buffers
 

@@ -33,6 +33,10 @@ stream has passed the point where the later call was made (a CUDA event
 recorded at each call, queried without blocking). A scheduler that keeps a
 result longer clones it (``tensor.clone()``), or builds the allocator with
 ``keep_allocations=0``, which clones every result on the current stream.
+
+The inputs are read on the host: NumPy arrays and CPU tensors in place,
+CUDA tensors (``last_loc``) copied on their stream into a pinned host
+buffer the allocator reuses (the copy waits for that stream).
 """
 
 import collections
@@ -61,6 +65,25 @@ except ImportError:  # pragma: no cover - depends on the host
 
 # Allocation calls whose ring slots stay untouched after they return.
 DEFAULT_KEEP_ALLOCATIONS = 8
+
+_INT64 = np.dtype(np.int64)
+
+# The slots of the reusable pinned buffers for CUDA inputs, one per input
+# of a call.
+_PREFIX, _SEQ, _LAST = 0, 1, 2
+# Entries past which the torch stream objects' cache starts afresh.
+_MAX_STREAMS = 64
+
+
+def _raw_stream_function():
+    """A function of a CUDA device index returning the current stream's
+    cudaStream_t as an int: torch's own (no Stream object is built) where
+    this torch has it."""
+    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream",
+                  None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
 
 # Free orders (Client.free's `order`): SGLang's paged free puts back the
 # distinct pages ascending (torch.unique); its token allocator and its
@@ -165,18 +188,40 @@ class _Base:
         self._keep = int(keep_allocations)
         self._on_device = self._client.slots_on_device
         self._torch_device = None
-        self._events = False
+        self._device_index = None  # the CUDA device's, None: the current
         if torch is not None:
             self._torch_device = torch.device(self.device)
-            # Events order releases after the GPU's use of the slots; only
-            # where the slots are GPU memory.
-            self._events = self._on_device
             if self._on_device and self._torch_device.type != "cuda":
                 raise ValueError(
                     "the daemon's slots are GPU memory (CUDA backend); "
                     "device must be a CUDA device, not %s" % self.device)
-        # Allocations not yet released, oldest first, with the event (or
-        # None) recorded on the current stream when each was returned.
+            if self._torch_device.type == "cuda":
+                self._device_index = self._torch_device.index
+        # On the CUDA backend with PyTorch the current stream is ordered
+        # after the daemon's kernel and an event recorded on it per call.
+        self._ordered = self._on_device and torch is not None
+        # Every allocation call is all-or-nothing (SGLang's None), async on
+        # the GPU: its pagealloc_call_options, built once.
+        self._options = _client_module._call_options_ref(
+            False, self._on_device, False, True)
+        self._ring_address = self._client.ring.address
+        # The one-request input of alloc(n), at a fixed host address.
+        self._tokens = np.zeros(1, dtype=np.int64)
+        self._tokens_address = self._tokens.ctypes.data
+        # Pinned host buffers for CUDA inputs, by slot: (tensor, NumPy
+        # view, address) or None.
+        self._pinned = [None, None, None]
+        # torch stream objects by (device index, cudaStream_t): the current
+        # stream is read as a raw handle each call, and its Stream object
+        # (what Event.record takes) looked up here.
+        self._streams = {}
+        self._raw_stream = _raw_stream_function() if self._ordered else None
+        # Recorded events whose allocation is released, by device index,
+        # recorded again by later calls.
+        self._spare_events = collections.defaultdict(list)
+        # Allocations not yet released, oldest first: (allocation, event
+        # or None, device index) with the event recorded on the current
+        # stream when each was returned.
         self._pending = collections.deque()
         self._ring = None  # the whole ring as one tensor or array, lazily
 
@@ -382,28 +427,84 @@ class _Base:
 
     def _release_all(self):
         while self._pending:
-            allocation, _ = self._pending.popleft()
+            allocation, event, index = self._pending.popleft()
+            if event is not None:
+                self._spare_events[index].append(event)
             self._client.release(allocation)
 
     def _release_done(self):
         """Releases the oldest allocations whose slots nobody reads any
         more: `keep` later calls made, and (GPU) the stream past the call
         `keep` later."""
+        pending = self._pending
+        keep = self._keep
         last = None
-        while len(self._pending) > self._keep:
-            later_event = self._pending[self._keep][1]
+        while len(pending) > keep:
+            later_event = pending[keep][1]
             if later_event is not None and not later_event.query():
                 break
-            last = self._pending.popleft()[0]
+            last, event, index = pending.popleft()
+            if event is not None:
+                self._spare_events[index].append(event)
         if last is not None:
             self._client.release(last)  # and every allocation before it
 
-    def _call(self, method, *args):
-        """Runs an allocation call; on a full ring, waits for the oldest
-        kept allocation's readers, releases it and tries once more."""
+    # One allocation call in stages (alloc_decode and alloc compose them;
+    # the bench's --breakdown times each): the inputs as host addresses
+    # (_decode_call, _extend_call, _alloc_call), the daemon's call
+    # (_call), the stream ordered after it (_order), the result view with
+    # its event (_out), the lazy release (_release_done).
+
+    def _host_input(self, values, name, slot):
+        """`values` as (a contiguous int64 NumPy array on the host, its
+        address): NumPy arrays and CPU tensors in place where they are
+        such already, CUDA tensors through pinned buffer `slot`, anything
+        else converted (_as_host_int64)."""
+        if type(values) is np.ndarray:
+            if (values.dtype is _INT64 and values.ndim == 1 and
+                    values.flags.c_contiguous):
+                return values, values.ctypes.data
+        elif torch is not None and isinstance(values, torch.Tensor):
+            if values.is_cuda:
+                return self._pinned_copy(values, slot)
+            if (values.dtype is torch.int64 and values.is_contiguous() and
+                    values.device.type == "cpu"):
+                array = values.numpy()  # a view (int64 needs no grad)
+                if array.ndim != 1:
+                    array = array.reshape(-1)
+                return array, values.data_ptr()
+        array = _as_host_int64(values, name)
+        return array, array.ctypes.data
+
+    def _pinned_copy(self, values, slot):
+        """A CUDA tensor copied, as int64, into pinned buffer `slot` on the
+        tensor's current stream; returns (the buffer's NumPy view of the
+        values, its address). The copy waits for the stream: the host reads
+        the buffer next."""
+        count = values.numel()
+        buffer = self._pinned[slot]
+        if buffer is None or buffer[1].size < count:
+            capacity = max(count, 1024,
+                           2 * buffer[1].size if buffer is not None else 0)
+            tensor = torch.empty((capacity,), dtype=torch.int64,
+                                 pin_memory=True)
+            buffer = (tensor, tensor.numpy(), tensor.data_ptr())
+            self._pinned[slot] = buffer
+        tensor, array, address = buffer
+        tensor.narrow(0, 0, count).copy_(values.detach().reshape(-1))
+        return array[:count], address
+
+    def _alloc_call(self, num_tokens):
+        """Stage 1 of alloc: one request of `num_tokens` tokens."""
+        self._tokens[0] = num_tokens
+        return self._client._alloc_at, (self._tokens_address, 1)
+
+    def _call(self, method, args):
+        """Runs an allocation call (a Client._alloc*_at and its arguments
+        less the options); on a full ring, waits for the oldest kept
+        allocation's readers, releases it and tries once more."""
         try:
-            return method(*args, all_or_nothing=True,
-                          async_completion=self._on_device)
+            return method(*args, self._options)
         except ResourceExhaustedError:
             # Only the ring can be full here (a short pool refuses the
             # requests, it does not raise). On the GPU the newest event
@@ -414,12 +515,19 @@ class _Base:
             self._pending[-1][1].synchronize()
             self._release_all()
             self._client.flush_release()
-            return method(*args, all_or_nothing=True,
-                          async_completion=self._on_device)
+            return method(*args, self._options)
 
     def _result(self, allocation):
         """SGLang's result of one call: None when refused for want of
         pages, else the slots (see the module's docstring)."""
+        if allocation.num_refused or allocation._num_slots <= 0:
+            return self._other_result(allocation)
+        out = self._out(allocation, self._order(allocation))
+        self._release_done()
+        return out
+
+    def _other_result(self, allocation):
+        """_result of a call that was refused or gave no slot."""
         if not allocation.ok:
             codes = np.array(allocation.codes)
             self._client.release(allocation)
@@ -431,41 +539,75 @@ class _Base:
                 if code not in (int(StatusCode.OK), int(StatusCode.ABORTED)):
                     raise allocation[i].error
             allocation.check()
-        count = allocation.num_slots
-        if count == 0:
+        if allocation.num_slots == 0:
             self._client.release(allocation)
             return self._empty()
-        slots = allocation.slots
+        allocation.slots  # raises: the served slots are not one run
+        raise AssertionError("unreachable: %r" % (allocation,))
+
+    def _order(self, allocation):
+        """The current stream, ordered on the GPU after the daemon's kernel
+        that writes `allocation`'s slots: (device index, cudaStream_t), or
+        None where nothing is ordered (the CPU backend, or no PyTorch)."""
+        if not self._ordered:
+            return None
+        if self._ring is None:
+            # torch's CUDA state starts with the ring's tensor, before the
+            # raw stream read (which does not start it).
+            self._ring_view()
+        index = self._device_index
+        if index is None:
+            index = torch.cuda.current_device()
+        raw = self._raw_stream(index)
+        self._client._order_after_at(allocation, raw)
+        return index, raw
+
+    def _stream(self, key):
+        """The torch stream object of (device index, cudaStream_t) `key`,
+        the current stream of that device."""
+        stream = torch.cuda.current_stream(key[0])
+        if stream.cuda_stream != key[1]:  # changed meanwhile: not cached
+            return stream
+        if len(self._streams) >= _MAX_STREAMS:
+            self._streams.clear()
+        self._streams[key] = stream
+        return stream
+
+    def _out(self, allocation, stream):
+        """The result of a served call (a view of the ring, or a copy) and,
+        on the GPU, the event on `stream` (_order's) that ends its reads;
+        keeps the allocation for the lazy release."""
+        count = allocation._num_slots
+        start = (allocation._view.all_slots - self._ring_address) >> 3
         event = None
+        index = None
         if torch is None:
-            out = slots
-        else:
-            ring = self._ring_view()
-            if self._on_device:
-                start = (slots.ptr - self._client.ring.address) // 8
-                self._client.order_after(allocation,
-                                         torch.cuda.current_stream(
-                                             self._torch_device))
-                out = ring[start:start + count]
-                if self._keep == 0:
-                    out = out.clone()
-                event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(self._torch_device))
+            if self._on_device:  # no ring tensor without PyTorch
+                out = allocation.slots
             else:
-                start = (slots.__array_interface__["data"][0] -
-                         self._client.ring.address) // 8
-                out = ring[start:start + count]
-                if self._torch_device.type != "cpu":
-                    out = out.to(self._torch_device)  # a copy, done here
-                    self._client.release(allocation)
-                    self._release_done()
-                    return out
+                out = self._ring_view()[start:start + count]
+            if self._keep == 0:
+                out = np.array(out)
+        else:
+            ring = self._ring if self._ring is not None else self._ring_view()
+            out = ring.narrow(0, start, count)
+            if stream is not None:
                 if self._keep == 0:
                     out = out.clone()
-        if self._keep == 0 and torch is None:
-            out = np.array(out)
-        self._pending.append((allocation, event))
-        self._release_done()
+                torch_stream = self._streams.get(stream)
+                if torch_stream is None:
+                    torch_stream = self._stream(stream)
+                index = stream[0]
+                spare = self._spare_events[index]
+                event = spare.pop() if spare else torch.cuda.Event()
+                event.record(torch_stream)
+            elif self._torch_device.type != "cpu":
+                out = out.to(self._torch_device)  # a copy, done here
+                self._client.release(allocation)
+                return out
+            elif self._keep == 0:
+                out = out.clone()
+        self._pending.append((allocation, event, index))
         return out
 
     def _empty(self):
@@ -504,7 +646,7 @@ class TokenToKVPoolAllocator(_Base):
         need_size = int(need_size)
         if need_size <= 0:
             return self._empty()
-        return self._result(self._call(self._client.alloc, [need_size]))
+        return self._result(self._call(*self._alloc_call(need_size)))
 
     def _free_slots_now(self, slots):
         self._client.free(slots, order=_IN_ORDER)
@@ -544,7 +686,7 @@ class PagedTokenToKVPoolAllocator(_Base):
         if num_pages <= 0:
             return self._empty()
         return self._result(
-            self._call(self._client.alloc, [num_pages * self.page_size]))
+            self._call(*self._alloc_call(num_pages * self.page_size)))
 
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens,
                      seq_lens_cpu, last_loc, extend_num_tokens,
@@ -554,34 +696,55 @@ class PagedTokenToKVPoolAllocator(_Base):
         prefix). The daemon reads the *_cpu lengths and a host copy of
         last_loc. Returns extend_num_tokens slots, or None for the whole
         batch when it does not fit."""
-        prefix = _as_host_int64(
-            prefix_lens_cpu if prefix_lens_cpu is not None else prefix_lens,
-            "prefix_lens_cpu")
-        seq = _as_host_int64(
-            seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
-            "seq_lens_cpu")
-        last = _as_host_int64(last_loc, "last_loc")
-        total = int((seq - prefix).sum()) if seq.size else 0
-        if extend_num_tokens is not None and int(extend_num_tokens) != total:
-            raise ValueError(
-                "extend_num_tokens (%d) is not the sum of seq_lens - "
-                "prefix_lens (%d)" % (extend_num_tokens, total))
-        if seq.size == 0:
+        call = self._extend_call(prefix_lens, prefix_lens_cpu, seq_lens,
+                                 seq_lens_cpu, last_loc, extend_num_tokens)
+        if call is None:
             return self._empty()
-        return self._result(
-            self._call(self._client.alloc_extend, prefix, seq, last))
+        return self._result(self._call(*call))
+
+    def _extend_call(self, prefix_lens, prefix_lens_cpu, seq_lens,
+                     seq_lens_cpu, last_loc, extend_num_tokens):
+        """Stage 1 of alloc_extend: the call's method and host inputs, or
+        None for an empty batch."""
+        prefix, prefix_address = self._host_input(
+            prefix_lens_cpu if prefix_lens_cpu is not None else prefix_lens,
+            "prefix_lens_cpu", _PREFIX)
+        seq, seq_address = self._host_input(
+            seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
+            "seq_lens_cpu", _SEQ)
+        last, last_address = self._host_input(last_loc, "last_loc", _LAST)
+        if extend_num_tokens is not None:
+            total = int((seq - prefix).sum()) if seq.size else 0
+            if int(extend_num_tokens) != total:
+                raise ValueError(
+                    "extend_num_tokens (%d) is not the sum of seq_lens - "
+                    "prefix_lens (%d)" % (extend_num_tokens, total))
+        if seq.size == 0:
+            return None
+        return self._client._alloc_extend_at, (
+            prefix_address, prefix.size, seq_address, seq.size,
+            last_address, last.size)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
         """One new token per request: seq_lens[i] counts it, last_loc[i] is
         the slot of the token before it. None for the whole batch when the
         new pages do not fit."""
-        seq = _as_host_int64(
-            seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
-            "seq_lens_cpu")
-        last = _as_host_int64(last_loc, "last_loc")
-        if seq.size == 0:
+        call = self._decode_call(seq_lens, seq_lens_cpu, last_loc)
+        if call is None:
             return self._empty()
-        return self._result(self._call(self._client.alloc_decode, seq, last))
+        return self._result(self._call(*call))
+
+    def _decode_call(self, seq_lens, seq_lens_cpu, last_loc):
+        """Stage 1 of alloc_decode: the call's method and host inputs, or
+        None for an empty batch."""
+        seq, seq_address = self._host_input(
+            seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
+            "seq_lens_cpu", _SEQ)
+        last, last_address = self._host_input(last_loc, "last_loc", _LAST)
+        if seq.size == 0:
+            return None
+        return self._client._alloc_decode_at, (seq_address, seq.size,
+                                               last_address, last.size)
 
     def _free_slots_now(self, slots):
         self._client.free(slots, order=_ASCENDING)

@@ -478,3 +478,36 @@ def test_results_stay_for_keep_allocations_calls(make_daemon):
             allocator.alloc(16)
             allocator.free(host(allocator.alloc(16)))
         np.testing.assert_array_equal(host(first), kept)
+
+
+def test_inputs_of_every_form_give_the_same_slots(make_daemon):
+    """The host inputs are read in place when they are contiguous int64
+    arrays and converted otherwise (lists, int32, strided, 2-D): the same
+    call gives the same slots either way; a float array is refused."""
+    daemon = start(make_daemon, 4, 16, "lifo")
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(client)
+        first = host(allocator.alloc_extend([0, 0], [0, 0], [1, 1], [1, 1],
+                                            [-1, -1], 2))
+        seq = np.array([2, 2], np.int64)
+        want = first + 1  # the next slot of each request's page
+        forms = [
+            (seq, first.copy()),
+            (seq.tolist(), first.tolist()),
+            (seq.astype(np.int32), first.astype(np.int32)),
+            (np.repeat(seq, 2)[::2], np.repeat(first, 2)[::2]),
+            (seq.reshape(1, 2), first.reshape(2, 1)),
+        ]
+        for seq_in, last_in in forms:
+            np.testing.assert_array_equal(
+                host(allocator.alloc_decode(seq_in, seq_in, last_in)), want)
+            np.testing.assert_array_equal(
+                host(allocator.alloc_decode(None, seq_in, last_in)), want)
+        with pytest.raises(TypeError, match="last_loc"):
+            allocator.alloc_decode(seq, seq, first.astype(np.float64))
+        with pytest.raises(ValueError, match="extend_num_tokens"):
+            allocator.alloc_extend([1], [1], [3], [3], [first[0]], 3)
+        assert host(allocator.alloc_decode([], [], [])).size == 0
+        # alloc(n) reuses one input buffer: sizes change call to call.
+        assert host(allocator.alloc(8)).size == 8
+        assert host(allocator.alloc(4)).size == 4
