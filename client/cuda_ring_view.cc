@@ -7,18 +7,18 @@
 #include "absl/strings/str_format.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
-#include "memory/cuda_vmm_import.h"
+#include "memory/cuda_vmm.h"
 
 namespace pagealloc {
 namespace {
 
 class CudaRingView final : public RingView {
  public:
-  CudaRingView(std::unique_ptr<DeviceMapping> mapping, int64_t capacity)
+  CudaRingView(std::unique_ptr<cuda_vmm::Mapping> mapping, int64_t capacity)
       : mapping_(std::move(mapping)), capacity_(capacity) {}
 
   const int64_t* slots() const override {
-    return static_cast<const int64_t*>(mapping_->base());
+    return static_cast<const int64_t*>(mapping_->data());
   }
   int64_t capacity_slots() const override { return capacity_; }
   bool on_device() const override { return true; }
@@ -32,13 +32,13 @@ class CudaRingView final : public RingView {
   }
 
  private:
-  const std::unique_ptr<DeviceMapping> mapping_;
+  const std::unique_ptr<cuda_vmm::Mapping> mapping_;
   const int64_t capacity_;
 };
 
 class CudaCompletionCounter final : public CompletionCounter {
  public:
-  explicit CudaCompletionCounter(std::unique_ptr<DeviceMapping> mapping)
+  explicit CudaCompletionCounter(std::unique_ptr<cuda_vmm::Mapping> mapping)
       : mapping_(std::move(mapping)) {}
 
   absl::Status OrderAfter(uint64_t value, void* stream) const override {
@@ -46,11 +46,11 @@ class CudaCompletionCounter final : public CompletionCounter {
       RETURN_IF_ERROR(
           CudaStatus(cudaSetDevice(mapping_->device()), "cudaSetDevice"));
     }
-    return StreamWaitValueAtLeast(stream, mapping_->base(), value);
+    return cuda_vmm::StreamWaitValueAtLeast(stream, mapping_->data(), value);
   }
 
  private:
-  const std::unique_ptr<DeviceMapping> mapping_;
+  const std::unique_ptr<cuda_vmm::Mapping> mapping_;
 };
 
 }  // namespace
@@ -63,9 +63,10 @@ absl::StatusOr<std::unique_ptr<RingView>> MapCudaRing(
         "the daemon's memory socket sent a ring of %d bytes for %d slots",
         bytes, ring.capacity_slots()));
   }
-  ASSIGN_OR_RETURN(const int device, FindCudaDevice(device_uuid));
-  absl::StatusOr<std::unique_ptr<DeviceMapping>> mapping =
-      DeviceMapping::Import(device, std::move(fd), bytes);
+  ASSIGN_OR_RETURN(const int device, cuda_vmm::DeviceByUuid(device_uuid));
+  absl::StatusOr<std::unique_ptr<cuda_vmm::Mapping>> mapping =
+      cuda_vmm::Mapping::Import(std::move(fd), static_cast<int64_t>(bytes),
+                                device);
   if (!mapping.ok()) {
     return absl::Status(
         mapping.status().code(),
@@ -83,9 +84,10 @@ absl::StatusOr<std::unique_ptr<CompletionCounter>> MapCudaCompletionCounter(
         "no completion counter: the daemon's memory socket did not hand one "
         "over");
   }
-  ASSIGN_OR_RETURN(const int device, FindCudaDevice(device_uuid));
-  absl::StatusOr<std::unique_ptr<DeviceMapping>> mapping =
-      DeviceMapping::Import(device, std::move(fd), bytes);
+  ASSIGN_OR_RETURN(const int device, cuda_vmm::DeviceByUuid(device_uuid));
+  absl::StatusOr<std::unique_ptr<cuda_vmm::Mapping>> mapping =
+      cuda_vmm::Mapping::Import(std::move(fd), static_cast<int64_t>(bytes),
+                                device);
   if (!mapping.ok()) {
     return absl::Status(
         mapping.status().code(),

@@ -1,7 +1,7 @@
 // The CUDA backend's ring and completion counter as a client maps them:
 // CUDA virtual-memory allocations the daemon exported as POSIX file
 // descriptors (handed over the memory socket), imported and mapped on the
-// GPU with the daemon's device UUID (memory/cuda_vmm_import.h).
+// GPU with the daemon's device UUID (memory/cuda_vmm.h).
 
 #ifndef PAGEALLOC_CLIENT_CUDA_RING_VIEW_H_
 #define PAGEALLOC_CLIENT_CUDA_RING_VIEW_H_

@@ -11,9 +11,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda_executor.h"
 #include "memory/cuda_vmm.h"
-#include "memory/cuda_vmm_import.h"
 #include "memory/unique_fd.h"
-#include "server/cuda_vmm_export.h"
 
 namespace pagealloc {
 namespace {
@@ -22,8 +20,8 @@ class CudaRing final : public RingMemory {
  public:
   // `completion` is the backend's counter and `stream` its executor's,
   // which outlive every ring.
-  CudaRing(std::unique_ptr<ExportedDeviceMemory> memory, int64_t capacity,
-           const ExportedDeviceMemory* completion, int device,
+  CudaRing(std::unique_ptr<cuda_vmm::ExportedMemory> memory, int64_t capacity,
+           const cuda_vmm::ExportedMemory* completion, int device,
            cudaStream_t stream)
       : memory_(std::move(memory)),
         capacity_(capacity),
@@ -37,7 +35,7 @@ class CudaRing final : public RingMemory {
     if (cudaSetDevice(device_) == cudaSuccess) cudaStreamSynchronize(stream_);
   }
 
-  int64_t* slots() override { return static_cast<int64_t*>(memory_->base()); }
+  int64_t* slots() override { return static_cast<int64_t*>(memory_->data()); }
   int64_t capacity_slots() const override { return capacity_; }
   RingDescription Describe() const override {
     RingDescription ring;
@@ -51,9 +49,9 @@ class CudaRing final : public RingMemory {
   }
 
  private:
-  const std::unique_ptr<ExportedDeviceMemory> memory_;
+  const std::unique_ptr<cuda_vmm::ExportedMemory> memory_;
   const int64_t capacity_;
-  const ExportedDeviceMemory* const completion_;
+  const cuda_vmm::ExportedMemory* const completion_;
   const int device_;
   const cudaStream_t stream_;
 };
@@ -68,18 +66,18 @@ class CudaBackend final : public Backend {
     executor_options.max_slots_per_batch = options.max_batch_tokens;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> executor,
                      CudaExecutor::Create(executor_options));
-    RETURN_IF_ERROR(CheckCudaSharing(options.gpu));
+    RETURN_IF_ERROR(cuda_vmm::CheckSupport(options.gpu));
     // One counter for the pool: the stream is in order, so a client that
     // waits for the value written after its launch waits for that launch
     // (and perhaps later ones), whoever's they are.
     ASSIGN_OR_RETURN(
-        std::unique_ptr<ExportedDeviceMemory> completion,
-        ExportedDeviceMemory::Create(options.gpu, sizeof(uint64_t)));
+        std::unique_ptr<cuda_vmm::ExportedMemory> completion,
+        cuda_vmm::ExportedMemory::Create(options.gpu, sizeof(uint64_t)));
     // Fresh memory holds anything; a client waiting for value >= 1 must
     // not pass before the first launch.
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options.gpu), "cudaSetDevice"));
     RETURN_IF_ERROR(
-        CudaStatus(cudaMemset(completion->base(), 0, completion->bytes()),
+        CudaStatus(cudaMemset(completion->data(), 0, completion->bytes()),
                    "cudaMemset(completion counter)"));
     RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(),
                                "cudaDeviceSynchronize(completion counter)"));
@@ -106,9 +104,9 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<RingMemory>> CreateRing(
       uint64_t session_id, int64_t capacity_slots) override {
-    absl::StatusOr<std::unique_ptr<ExportedDeviceMemory>> memory =
-        ExportedDeviceMemory::Create(
-            gpu_, static_cast<uint64_t>(capacity_slots) * sizeof(int64_t));
+    absl::StatusOr<std::unique_ptr<cuda_vmm::ExportedMemory>> memory =
+        cuda_vmm::ExportedMemory::Create(
+            gpu_, capacity_slots * static_cast<int64_t>(sizeof(int64_t)));
     if (!memory.ok()) {
       return absl::Status(
           absl::IsResourceExhausted(memory.status())
@@ -141,8 +139,8 @@ class CudaBackend final : public Backend {
     const uint64_t value =
         completion_value_.load(std::memory_order_relaxed) + 1;
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(gpu_), "cudaSetDevice"));
-    RETURN_IF_ERROR(
-        StreamWriteValue(executor_->stream(), completion_->base(), value));
+    RETURN_IF_ERROR(cuda_vmm::StreamWriteValue(executor_->stream(),
+                                               completion_->data(), value));
     completion_value_.store(value, std::memory_order_relaxed);
     return value;
   }
@@ -229,7 +227,7 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend(int gpu, std::unique_ptr<CudaExecutor> executor,
-              std::unique_ptr<ExportedDeviceMemory> completion)
+              std::unique_ptr<cuda_vmm::ExportedMemory> completion)
       : gpu_(gpu),
         completion_(std::move(completion)),
         executor_(std::move(executor)) {}
@@ -237,7 +235,7 @@ class CudaBackend final : public Backend {
   const int gpu_;
   // Before the executor: destroyed after it, once its destructor has
   // waited for the stream's last write to the counter.
-  const std::unique_ptr<ExportedDeviceMemory> completion_;
+  const std::unique_ptr<cuda_vmm::ExportedMemory> completion_;
   const std::unique_ptr<CudaExecutor> executor_;
   // The last value queued on the stream; only the thread driving the pool
   // writes it (one at a time, handed over under the batcher's lock).

@@ -2,10 +2,9 @@
 // a CUDA virtual-memory allocation exported as a POSIX file descriptor; and
 // one completion counter for the pool, a uint64 in such an allocation, that
 // the executor's stream sets after each asynchronous launch and that a
-// client's stream waits on (server/cuda_vmm_export.h,
-// memory/cuda_vmm_import.h). The memory socket hands both descriptors to
-// each session: a client needs the daemon's socket and the GPU, nothing
-// else (no CUDA IPC, no shared IPC or PID namespace).
+// client's stream waits on (memory/cuda_vmm.h). The memory socket hands
+// both descriptors to each session: a client needs the daemon's socket and
+// the GPU, nothing else (no CUDA IPC, no shared IPC or PID namespace).
 
 #ifndef PAGEALLOC_SERVER_CUDA_BACKEND_H_
 #define PAGEALLOC_SERVER_CUDA_BACKEND_H_

@@ -1,22 +1,18 @@
-// The KV slab on a GPU: CUDA VMM memory exported as a file descriptor,
-// imported and mapped again (memory/cuda_vmm.h), and the scrub kernel
-// against the CPU reference (kernels/scrub_kernels.h through CudaExecutor).
-// Without a GPU every test skips. The cross-process path (daemon exports,
-// clients import) is //tests:kv_slab_test with PAGEALLOC_TEST_BACKEND=cuda.
+// The KV slab's scrub kernel on a GPU against the CPU reference
+// (kernels/scrub_kernels.h through CudaExecutor). Without a GPU it skips.
+// The slab's CUDA VMM export, import and mapping are
+// //memory:cuda_vmm_test's; the cross-process path (daemon exports, clients
+// import) is //tests:kv_slab_test with PAGEALLOC_TEST_BACKEND=cuda.
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <random>
 #include <vector>
 
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_executor.h"
 #include "kernels/cuda_executor.h"
-#include "memory/cuda_vmm.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
@@ -30,66 +26,6 @@ namespace {
       GTEST_SKIP() << "skipped: this machine has no CUDA GPU";     \
     }                                                              \
   } while (0)
-
-TEST(CudaVmmTest, AnExportedSlabImportedAgainIsTheSameMemory) {
-  SKIP_WITHOUT_GPU();
-  ASSERT_OK_AND_ASSIGN(const int64_t granularity, cuda_vmm::Granularity(0));
-  ASSERT_GT(granularity, 0);
-  ASSERT_OK_AND_ASSIGN(auto memory,
-                       cuda_vmm::Allocation::Create(0, 3 * granularity - 5));
-  EXPECT_EQ(memory->bytes(), 3 * granularity);
-  ASSERT_OK_AND_ASSIGN(auto own, cuda_vmm::Mapping::Map(*memory));
-  ASSERT_OK_AND_ASSIGN(UniqueFd fd, memory->Export());
-  ASSERT_TRUE(fd.valid());
-  ASSERT_OK_AND_ASSIGN(auto imported, cuda_vmm::Mapping::Import(
-                                          std::move(fd), memory->bytes(), 0));
-  ASSERT_NE(own->data(), imported->data());
-  std::vector<uint8_t> pattern(memory->bytes());
-  std::mt19937 rng(7);
-  for (uint8_t& byte : pattern) byte = static_cast<uint8_t>(rng());
-  ASSERT_EQ(cudaMemcpy(own->data(), pattern.data(), pattern.size(),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
-  std::vector<uint8_t> read(pattern.size());
-  ASSERT_EQ(cudaMemcpy(read.data(), imported->data(), read.size(),
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(read, pattern);
-  // A size that is not a multiple of the granularity is refused.
-  ASSERT_OK_AND_ASSIGN(UniqueFd again, memory->Export());
-  EXPECT_THAT(
-      cuda_vmm::Mapping::Import(std::move(again), granularity + 1, 0),
-      pagealloc::testing::StatusIs(absl::StatusCode::kInvalidArgument,
-                                   ::testing::HasSubstr("granularity")));
-}
-
-// Export, import and map of 1, 10 and 100 GiB in this process (the
-// client's side of Register): printed, not asserted.
-TEST(CudaVmmTest, ImportAndMapTimes) {
-  SKIP_WITHOUT_GPU();
-  for (int64_t gib : {1, 10, 100}) {
-    size_t free = 0, total = 0;
-    ASSERT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
-    if (static_cast<int64_t>(free) < (gib << 30) + (int64_t{1} << 30)) {
-      std::printf("%lld GiB: skipped (%zu bytes free)\n",
-                  static_cast<long long>(gib), free);
-      continue;
-    }
-    absl::Time start = absl::Now();
-    ASSERT_OK_AND_ASSIGN(auto memory,
-                         cuda_vmm::Allocation::Create(0, gib << 30));
-    ASSERT_OK_AND_ASSIGN(UniqueFd fd, memory->Export());
-    const absl::Duration created = absl::Now() - start;
-    start = absl::Now();
-    ASSERT_OK_AND_ASSIGN(auto mapped, cuda_vmm::Mapping::Import(
-                                          std::move(fd), memory->bytes(), 0));
-    const absl::Duration imported = absl::Now() - start;
-    std::printf("%lld GiB: create+export %s, import+reserve+map+access %s\n",
-                static_cast<long long>(gib),
-                absl::FormatDuration(created).c_str(),
-                absl::FormatDuration(imported).c_str());
-  }
-}
 
 // The scrub kernel zeroes exactly the listed pages in every buffer, as
 // ScrubPage does on the host, and runs before the expand kernel.

@@ -4,7 +4,7 @@
 # shared libraries it links, so that a GPU host without Bazel or Debian's
 # -dev packages can run it (tools/gpu/README.md):
 #   DEST/bin/      the binaries, laid out as in bazel-bin (server/, client/,
-#                  tests/, tests/gpu/, bench/)
+#                  memory/, tests/, tests/gpu/, bench/)
 #   DEST/lib/      the shared libraries they link (from ldd), except the C
 #                  and C++ runtimes every Linux host has (glibc, libstdc++,
 #                  libgcc_s) and the NVIDIA driver's own
@@ -49,6 +49,7 @@ targets=(
   //tests/gpu:cuda_executor_test
   //tests/gpu:completion_counter_test
   //tests/gpu:kv_slab_gpu_test
+  //memory:cuda_vmm_test
   //tests:kv_slab_test
   //tests:kv_writer
   //client:kv_example

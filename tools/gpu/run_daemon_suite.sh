@@ -9,8 +9,9 @@
 #      stress_test (20 s of SIGKILLed and replaced clients;
 #      PAGEALLOC_STRESS_SECONDS and PAGEALLOC_STRESS_CLIENTS change it),
 #      with PAGEALLOC_TEST_BACKEND=cuda
-#   3. the KV slab: kv_slab_gpu_test (VMM export/import, import+map by size,
-#      the scrub kernel against the CPU reference), Register+map of 1, 10
+#   3. the KV slab: cuda_vmm_test (VMM export/import, import+map by size,
+#      the completion counter's stream write and wait), kv_slab_gpu_test
+#      (the scrub kernel against the CPU reference), Register+map of 1, 10
 #      and 100 GiB slabs (kv_example), kv_slab_test with CUDA writers (a
 #      kernel on each writer's stream, ordered only by the completion
 #      counter, with and without --kv_scrub), and what the scrub kernel
@@ -29,6 +30,7 @@ gpu_setup "$@"
 need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
   tests/multi_client_test tests/server_process_test tests/stress_test \
   tests/gpu/completion_counter_test tests/gpu/kv_slab_gpu_test tests/kv_slab_test \
+  memory/cuda_vmm_test \
   tests/kv_writer client/kv_example bench/kv_scrub_gpu_benchmark
 
 # The tests find server/pagealloc-server and tests/load_client relative to
@@ -48,13 +50,22 @@ if grep -q "SKIPPED" "$OUT/completion_counter_test.log"; then
     "a GPU test skipped on a GPU host: completion_counter_test.log"
 fi
 
-# The KV slab as one CUDA VMM allocation: export/import aliasing, import+map
-# times for 1, 10 and 100 GiB, the scrub kernel against the CPU reference;
-# then the multi-process slab test against a CUDA daemon.
+# CUDA VMM memory shared as file descriptors: export/import aliasing,
+# import+map times for 1, 10 and 100 GiB, the stream write and wait through
+# such memory; the scrub kernel against the CPU reference; then the
+# multi-process slab test against a CUDA daemon.
+run_step cuda_vmm_test 240 "$OUT/cuda_vmm_test.log" memory/cuda_vmm_test
+add_detail "$(gtest_counts "$OUT/cuda_vmm_test.log")"
+grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |GiB|Failure" \
+  "$OUT/cuda_vmm_test.log" | tail -n 20
+if grep -q "SKIPPED" "$OUT/cuda_vmm_test.log"; then
+  note_step "cuda_vmm_test (no skips)" "FAILED" \
+    "a GPU test skipped on a GPU host: cuda_vmm_test.log"
+fi
 run_step kv_slab_gpu_test 240 "$OUT/kv_slab_gpu_test.log" \
   tests/gpu/kv_slab_gpu_test
 add_detail "$(gtest_counts "$OUT/kv_slab_gpu_test.log")"
-grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |GiB|Failure" \
+grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure" \
   "$OUT/kv_slab_gpu_test.log" | tail -n 20
 if grep -q "SKIPPED" "$OUT/kv_slab_gpu_test.log"; then
   note_step "kv_slab_gpu_test (no skips)" "FAILED" \
