@@ -15,10 +15,11 @@ namespace pagealloc {
 // the tiled kernel's 8 slots per thread then run a 1M-slot plan in one wave.
 inline constexpr int kExpandMinBlocksPerSm = 4;
 
-// The chunk kernel's bulk plans (UsesChunkKernel) have about 4 blocks per SM
-// (64 requests of 16384 slots: 512 blocks on 132 SMs): 5 blocks per SM (<= 48
-// registers) run them in one wave with room to spare. Page sizes that are not
-// powers of two take 4: their 64-bit divisions would spill at 48.
+// The chunk kernel's bulk plans (UsesChunkKernel) have about 8 blocks per SM
+// (64 requests of 16384 slots: 1024 blocks on 132 SMs); at 5 blocks per SM
+// (<= 48 registers) each SM holds 5 at once and takes the rest as they
+// finish. Page sizes that are not powers of two take 4: their 64-bit
+// divisions would spill at 48.
 inline constexpr int ChunkMinBlocksPerSm(bool pow2_page_size) {
   return pow2_page_size ? 5 : 4;
 }

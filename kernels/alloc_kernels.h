@@ -15,13 +15,12 @@ namespace pagealloc {
 // `params` describes to its request's destination. Picks the per-request
 // kernel when no request writes more than kPerRequestMaxSlots slots, else
 // the chunk kernel for long extends of similar lengths (UsesChunkKernel: a
-// block per 2048 slots of one request), else the tiled one (one thread per
-// slot, 1 or 8 slots per thread by size).
-// Returns cudaSuccess at once, launching nothing, when num_slots is 0;
-// cudaErrorInvalidValue, launching nothing, for inconsistent parameters
-// (null arrays, sizes out of range); else the launch's error
-// (cudaGetLastError). Asynchronous: the slots are written when the stream
-// gets there. Allocates nothing.
+// block per kChunkSlots (1024) slots of one request), else the tiled one (one
+// thread per slot, 1 or 8 slots per thread by size). Returns cudaSuccess at
+// once, launching nothing, when num_slots is 0; cudaErrorInvalidValue,
+// launching nothing, for inconsistent parameters (null arrays, sizes out of
+// range); else the launch's error (cudaGetLastError). Asynchronous: the slots
+// are written when the stream gets there. Allocates nothing.
 cudaError_t LaunchExpandPlan(const ExpandParams& params, cudaStream_t stream);
 
 // As LaunchExpandPlan, for a plan packed into kernel parameters

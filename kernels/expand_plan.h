@@ -77,10 +77,13 @@ inline constexpr int TileSlotsPerThread(int64_t num_slots,
 // kChunkVectorsPerThread pairs of slots, all before its first store, and
 // stores each pair as one aligned 16-byte vector. A thread's chain is then
 // two dependent reads (plan, ring) before its stores, against a search
-// among the plan's requests and then the ring in the tiled kernel.
-inline constexpr int kChunkVectorsPerThread = 4;
+// among the plan's requests and then the ring in the tiled kernel. Two pairs
+// a thread, measured on the H200 against four and eight: the bulk case's
+// 1024 blocks (all resident at once) took 8.1 us against 9.1 and 9.7 us
+// (docs/performance.md).
+inline constexpr int kChunkVectorsPerThread = 2;
 inline constexpr int64_t kChunkSlots =
-    2 * kChunkVectorsPerThread * kExpandThreads;  // 2048
+    2 * kChunkVectorsPerThread * kExpandThreads;  // 1024
 // gridDim.y holds the request; slot indices within a request are 32-bit
 // (fewer registers), with room for head + 2 * pairs + 1.
 inline constexpr int64_t kChunkMaxRequests = 65535;

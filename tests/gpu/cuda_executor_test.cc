@@ -264,7 +264,9 @@ TEST_P(RandomBatchesTest, LongExtendsMatchTheCpuExecutor) {
     const char* name;
     std::function<std::vector<int64_t>()> extends;
   };
-  const std::vector<int64_t> edges = {2047, 2048, 2049, 4095, 4096, 4097};
+  const std::vector<int64_t> edges = {kChunkSlots - 1, kChunkSlots,
+                                      kChunkSlots + 1, 2 * kChunkSlots - 1,
+                                      2 * kChunkSlots, 2 * kChunkSlots + 1};
   const std::vector<Shape> shapes = {
       {"bulk", [&] { return std::vector<int64_t>(quick ? 12 : 64, 16384); }},
       {"one long request",
@@ -277,7 +279,9 @@ TEST_P(RandomBatchesTest, LongExtendsMatchTheCpuExecutor) {
        }},
       {"chunk edges",
        [&] {
-         std::vector<int64_t> extends(70);
+         // Enough requests that even all at the shortest edge make a plan
+         // of more than kChunkMinSlots slots.
+         std::vector<int64_t> extends(kChunkMinSlots / (kChunkSlots - 1) + 12);
          for (int64_t& e : extends) e = edges[rng_() % edges.size()];
          return extends;
        }},
