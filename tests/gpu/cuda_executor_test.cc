@@ -127,6 +127,21 @@ class DeviceWords {
   return ::testing::AssertionSuccess();
 }
 
+// Runs `batch` on the CPU executor and on `executor` (the same free ring in
+// both), each into its own poisoned copy of the destinations, and checks
+// that the GPU wrote exactly what the CPU did.
+void ExpectSameAsCpu(RandomBatch& batch, CpuExecutor& cpu,
+                     CudaExecutor& executor) {
+  std::vector<int64_t> expected(batch.output_words, kPoison);
+  BindDestinations(batch, expected.data());
+  ASSERT_OK(cpu.Execute(batch.plan));
+  DeviceWords out(batch.output_words);
+  BindDestinations(batch, out.data());
+  ASSERT_OK(executor.Execute(batch.plan));
+  ASSERT_OK(executor.Synchronize());
+  ASSERT_TRUE(SameWords(out.Read(batch.output_words), expected));
+}
+
 // Creates the executor or skips the test when the machine has no GPU.
 #define CREATE_OR_SKIP(executor, options)                               \
   do {                                                                  \
@@ -215,15 +230,7 @@ TEST_P(RandomBatchesTest, RandomBatchesMatchTheCpuExecutor) {
         ASSERT_OK(cpu.WriteFreeRing(0, ring));
         ASSERT_OK(executor->WriteFreeRing(0, ring));
 
-        std::vector<int64_t> expected(batch.output_words, kPoison);
-        BindDestinations(batch, expected.data());
-        ASSERT_OK(cpu.Execute(batch.plan));
-
-        DeviceWords out(batch.output_words);
-        BindDestinations(batch, out.data());
-        ASSERT_OK(executor->Execute(batch.plan));
-        ASSERT_OK(executor->Synchronize());
-        ASSERT_TRUE(SameWords(out.Read(batch.output_words), expected));
+        ASSERT_NO_FATAL_FAILURE(ExpectSameAsCpu(batch, cpu, *executor));
       }
     }
   }
@@ -309,15 +316,7 @@ TEST_P(RandomBatchesTest, LongExtendsMatchTheCpuExecutor) {
         ASSERT_OK(cpu.WriteFreeRing(0, ring));
         ASSERT_OK(executor->WriteFreeRing(0, ring));
 
-        std::vector<int64_t> expected(batch.output_words, kPoison);
-        BindDestinations(batch, expected.data());
-        ASSERT_OK(cpu.Execute(batch.plan));
-
-        DeviceWords out(batch.output_words);
-        BindDestinations(batch, out.data());
-        ASSERT_OK(executor->Execute(batch.plan));
-        ASSERT_OK(executor->Synchronize());
-        ASSERT_TRUE(SameWords(out.Read(batch.output_words), expected));
+        ASSERT_NO_FATAL_FAILURE(ExpectSameAsCpu(batch, cpu, *executor));
       }
     }
   }
@@ -372,14 +371,7 @@ TEST_F(CudaExecutorTest, RingCopiesMatchTheCpuExecutor) {
             max_memcpys, inline_plans ? "inline" : "uploaded", trial,
             batch.plan.requests.size(), batch.plan.ring_copies.size(),
             batch.plan.num_slots, batch.plan.free_ring_head));
-        std::vector<int64_t> expected(batch.output_words, kPoison);
-        BindDestinations(batch, expected.data());
-        ASSERT_OK(cpu.Execute(batch.plan));
-        DeviceWords out(batch.output_words);
-        BindDestinations(batch, out.data());
-        ASSERT_OK(executor->Execute(batch.plan));
-        ASSERT_OK(executor->Synchronize());
-        ASSERT_TRUE(SameWords(out.Read(batch.output_words), expected));
+        ASSERT_NO_FATAL_FAILURE(ExpectSameAsCpu(batch, cpu, *executor));
         slots_compared += batch.plan.num_slots;
       }
     }
