@@ -399,11 +399,31 @@ absl::StatusOr<const KvSlabView*> SlabFor(const pagealloc_client* client,
   return slab;
 }
 
+// The four frees: `values` are slots (`pages` false) or pages, put back in
+// `order` (a pagealloc_free_order; the default for the plain calls).
+int32_t FreeValues(pagealloc_client* client, const int64_t* values,
+                   size_t count, bool pages, int32_t order,
+                   int64_t* pages_freed, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    RETURN_IF_ERROR(CheckArray(values, count, pages ? "pages" : "slots"));
+    ASSIGN_OR_RETURN(const pagealloc::v1::FreeOrder free_order,
+                     pagealloc::ReadFreeOrder(order));
+    ASSIGN_OR_RETURN(
+        const int64_t freed,
+        pages ? client->client->FreePages(Span(values, count), free_order)
+              : client->client->FreeSlots(Span(values, count), free_order));
+    if (pages_freed != nullptr) *pages_freed = freed;
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 }  // namespace pagealloc
 
 using pagealloc::CheckArray;
 using pagealloc::CheckClient;
+using pagealloc::FreeValues;
 using pagealloc::Guarded;
 using pagealloc::Span;
 
@@ -696,61 +716,31 @@ int32_t pagealloc_copy_to_host(const pagealloc_client* client,
 int32_t pagealloc_free_slots(pagealloc_client* client, const int64_t* slots,
                              size_t num_slots, int64_t* pages_freed,
                              pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    RETURN_IF_ERROR(CheckClient(client));
-    RETURN_IF_ERROR(CheckArray(slots, num_slots, "slots"));
-    ASSIGN_OR_RETURN(const int64_t freed,
-                     client->client->FreeSlots(Span(slots, num_slots)));
-    if (pages_freed != nullptr) *pages_freed = freed;
-    return absl::OkStatus();
-  });
+  return FreeValues(client, slots, num_slots, /*pages=*/false,
+                    PAGEALLOC_FREE_ORDER_DEFAULT, pages_freed, error);
 }
 
 int32_t pagealloc_free_pages(pagealloc_client* client, const int64_t* pages,
                              size_t num_pages, int64_t* pages_freed,
                              pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    RETURN_IF_ERROR(CheckClient(client));
-    RETURN_IF_ERROR(CheckArray(pages, num_pages, "pages"));
-    ASSIGN_OR_RETURN(const int64_t freed,
-                     client->client->FreePages(Span(pages, num_pages)));
-    if (pages_freed != nullptr) *pages_freed = freed;
-    return absl::OkStatus();
-  });
+  return FreeValues(client, pages, num_pages, /*pages=*/true,
+                    PAGEALLOC_FREE_ORDER_DEFAULT, pages_freed, error);
 }
 
 int32_t pagealloc_free_slots_in_order(pagealloc_client* client,
                                       const int64_t* slots, size_t num_slots,
                                       int32_t order, int64_t* pages_freed,
                                       pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    RETURN_IF_ERROR(CheckClient(client));
-    RETURN_IF_ERROR(CheckArray(slots, num_slots, "slots"));
-    ASSIGN_OR_RETURN(const pagealloc::v1::FreeOrder free_order,
-                     pagealloc::ReadFreeOrder(order));
-    ASSIGN_OR_RETURN(
-        const int64_t freed,
-        client->client->FreeSlots(Span(slots, num_slots), free_order));
-    if (pages_freed != nullptr) *pages_freed = freed;
-    return absl::OkStatus();
-  });
+  return FreeValues(client, slots, num_slots, /*pages=*/false, order,
+                    pages_freed, error);
 }
 
 int32_t pagealloc_free_pages_in_order(pagealloc_client* client,
                                       const int64_t* pages, size_t num_pages,
                                       int32_t order, int64_t* pages_freed,
                                       pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    RETURN_IF_ERROR(CheckClient(client));
-    RETURN_IF_ERROR(CheckArray(pages, num_pages, "pages"));
-    ASSIGN_OR_RETURN(const pagealloc::v1::FreeOrder free_order,
-                     pagealloc::ReadFreeOrder(order));
-    ASSIGN_OR_RETURN(
-        const int64_t freed,
-        client->client->FreePages(Span(pages, num_pages), free_order));
-    if (pages_freed != nullptr) *pages_freed = freed;
-    return absl::OkStatus();
-  });
+  return FreeValues(client, pages, num_pages, /*pages=*/true, order,
+                    pages_freed, error);
 }
 
 int32_t pagealloc_checkpoint_id(pagealloc_client* client,
