@@ -31,6 +31,23 @@ pytestmark = pytest.mark.skipif(
 # Operations per trace: 8 traces stay well under a minute on 2 cores.
 TRACE_OPS = int(os.environ.get("PAGEALLOC_SGLANG_TRACE_OPS", "700"))
 
+try:
+    import torch as _torch
+except ImportError:  # pragma: no cover - depends on the host
+    _torch = None
+
+
+@pytest.fixture(autouse=True,
+                params=["numpy"] + (["torch"] if _torch is not None else []))
+def results_as(request, monkeypatch):
+    """Every test runs twice where PyTorch is importable: once with the
+    adapter's tensor path (results are torch tensors, as SGLang's
+    schedulers get them) and once as if PyTorch were missing (NumPy
+    arrays)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(sglang, "torch", None)
+    return request.param
+
 
 def host(values):
     """A result (tensor, array or None) as a NumPy array or None."""
