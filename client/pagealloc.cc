@@ -399,6 +399,23 @@ absl::StatusOr<const KvSlabView*> SlabFor(const pagealloc_client* client,
   return slab;
 }
 
+// Checks a caller's versioned output struct (its first member is
+// `size_t struct_size`): not NULL, and large enough for that member.
+template <typename Struct>
+absl::Status CheckOutStruct(const Struct* out, const char* name,
+                            const char* type) {
+  if (out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s is NULL", name));
+  }
+  if (out->struct_size < sizeof(size_t)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s->struct_size (%d) is too small: set it to "
+                        "sizeof(%s)",
+                        name, out->struct_size, type));
+  }
+  return absl::OkStatus();
+}
+
 // The four frees: `values` are slots (`pages` false) or pages, put back in
 // `order` (a pagealloc_free_order; the default for the plain calls).
 int32_t FreeValues(pagealloc_client* client, const int64_t* values,
@@ -423,6 +440,7 @@ int32_t FreeValues(pagealloc_client* client, const int64_t* values,
 
 using pagealloc::CheckArray;
 using pagealloc::CheckClient;
+using pagealloc::CheckOutStruct;
 using pagealloc::FreeValues;
 using pagealloc::Guarded;
 using pagealloc::Span;
@@ -796,14 +814,8 @@ int32_t pagealloc_get_stats(pagealloc_client* client, pagealloc_stats* stats,
                             pagealloc_error* error) {
   return Guarded(error, [&]() -> absl::Status {
     RETURN_IF_ERROR(CheckClient(client));
-    if (stats == nullptr) return absl::InvalidArgumentError("stats is NULL");
+    RETURN_IF_ERROR(CheckOutStruct(stats, "stats", "pagealloc_stats"));
     const size_t size = stats->struct_size;
-    if (size < sizeof(size_t)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("stats->struct_size (%d) is too small: set it to "
-                          "sizeof(pagealloc_stats)",
-                          size));
-    }
     ASSIGN_OR_RETURN(const pagealloc::v1::GetStatsResponse response,
                      client->client->GetStats(/*include_sessions=*/false));
     pagealloc_stats out;
@@ -890,14 +902,8 @@ int32_t pagealloc_kv_buffer_get(const pagealloc_client* client, int64_t index,
                                 pagealloc_error* error) {
   return Guarded(error, [&]() -> absl::Status {
     RETURN_IF_ERROR(CheckClient(client));
-    if (buffer == nullptr) return absl::InvalidArgumentError("buffer is NULL");
+    RETURN_IF_ERROR(CheckOutStruct(buffer, "buffer", "pagealloc_kv_buffer"));
     const size_t size = buffer->struct_size;
-    if (size < sizeof(size_t)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("buffer->struct_size (%d) is too small: set it to "
-                          "sizeof(pagealloc_kv_buffer)",
-                          size));
-    }
     const std::vector<pagealloc::KvBuffer>& buffers =
         pagealloc::KvBuffers(client);
     if (index < 0 || index >= static_cast<int64_t>(buffers.size())) {
