@@ -7,7 +7,9 @@
 
 namespace pagealloc {
 
-HandoffThread::HandoffThread(absl::Duration max_spin) : spin_(max_spin) {
+HandoffThread::HandoffThread(absl::Duration max_spin)
+    : spin_(max_spin),
+      spin_budget_ns_(absl::ToInt64Nanoseconds(spin_.budget())) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -76,6 +78,8 @@ void HandoffThread::Loop() {
     } else {
       spin_.Slept(gap);
     }
+    spin_budget_ns_.store(absl::ToInt64Nanoseconds(spin_.budget()),
+                          std::memory_order_relaxed);
     for (std::function<void()>& work : batch) work();
     batch.clear();
     idle_since = absl::Now();

@@ -49,6 +49,10 @@ class HandoffThread {
   bool asleep() const ABSL_LOCKS_EXCLUDED(mu_);
   // Times the thread went to sleep since it started.
   int64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+  // How long the thread spins now after a closure (its adaptive budget).
+  absl::Duration spin_budget() const {
+    return absl::Nanoseconds(spin_budget_ns_.load(std::memory_order_relaxed));
+  }
 
  private:
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
@@ -61,6 +65,7 @@ class HandoffThread {
   std::atomic<int64_t> queued_{0};
   std::atomic<int64_t> sleeps_{0};
   AdaptiveSpin spin_;  // the thread's own
+  std::atomic<int64_t> spin_budget_ns_;
   std::thread thread_;
 };
 

@@ -576,7 +576,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->metrics_ = std::make_unique<MetricsExporter>(
       server->pool_.get(), server->sessions_.get(), server->core_.get(),
       server->batcher_.get(), server->backend_.get(),
-      server->fast_channels_.get());
+      server->fast_channels_.get(), server->grpc_answer_sender_.get());
   return server;
 }
 

@@ -488,7 +488,8 @@ TEST_F(FastChannelTest, ConcurrentGrpcClientsWithASpinningBatcher) {
 }
 
 // An idle daemon with sessions open spins nowhere: once calls stop, every
-// poller and the batcher thread sleep (the daemon's own report of its
+// poller, the batcher thread and the gRPC answer thread sleep (the
+// daemon's own report of its
 // threads, /metrics' pagealloc_thread_asleep), with the spins of a machine
 // with many CPUs, two fast-channel clients and a gRPC one still connected
 // (their KeepAlive streams running).
@@ -517,13 +518,16 @@ TEST_F(FastChannelTest, AnIdleDaemonWithSessionsOpenSleeps) {
   const std::string batcher = "pagealloc_thread_asleep{thread=\"batcher\"} 1";
   const std::string poller0 = "pagealloc_thread_asleep{thread=\"poller0\"} 1";
   const std::string poller1 = "pagealloc_thread_asleep{thread=\"poller1\"} 1";
+  const std::string answers =
+      "pagealloc_thread_asleep{thread=\"grpc_answers\"} 1";
   std::string metrics;
   EXPECT_TRUE(WaitFor(
       [&] {
         metrics = server_->server().metrics().Render();
         return absl::StrContains(metrics, batcher) &&
                absl::StrContains(metrics, poller0) &&
-               absl::StrContains(metrics, poller1);
+               absl::StrContains(metrics, poller1) &&
+               absl::StrContains(metrics, answers);
       },
       absl::Seconds(30)))
       << metrics;
