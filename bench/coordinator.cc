@@ -48,6 +48,9 @@ absl::Status RunCoordinator(const BenchOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--clients must be 1..", kMaxClients));
   }
+  if (options.floor_threads < 1 || options.floor_threads > 256) {
+    return absl::InvalidArgumentError("--floor_threads must be 1..256");
+  }
   const Workload& w = options.workload;
   RETURN_IF_ERROR(w.Validate());
   std::vector<Workload> modes;
@@ -75,7 +78,9 @@ absl::Status RunCoordinator(const BenchOptions& options) {
                    MeasureInProcessDecode(
                        options.daemon.backend, w, options.daemon.num_pages,
                        options.daemon.page_size, options.floor_s, options.seed,
-                       &floors.executor, &floors.in_process_enqueue));
+                       options.floor_threads, &floors.executor,
+                       &floors.in_process_enqueue));
+  floors.in_process_threads = options.floor_threads;
 
   if (options.idle_s > 0) {
     if (options.progress) {

@@ -28,6 +28,9 @@ struct BenchOptions {
   std::vector<std::string> sweep_completion;
   double duration_s = 5;
   double floor_s = 2;
+  // The in-process floor's timed steps run on this many threads in turn
+  // (MeasureInProcessDecode); 1: one thread.
+  int floor_threads = 1;
   // Seconds of the idle-daemon measurement (IdleCost), with
   // `idle_sessions` sessions open; 0: skipped.
   double idle_s = 0;

@@ -1,10 +1,14 @@
 #include "bench/floors.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "allocator/page_pool.h"
@@ -81,6 +85,62 @@ absl::StatusOr<std::unique_ptr<InProcessExecutor>> MakeInProcessExecutor(
   return result;
 }
 
+// Threads that run one job at a time, taking turns: Run(k, job) wakes
+// thread k (asleep since its last turn), runs `job` there and returns when
+// it is done.
+class TurnTakingThreads {
+ public:
+  explicit TurnTakingThreads(int n) {
+    for (int k = 0; k < n; ++k) {
+      threads_.emplace_back([this, k] { Serve(k); });
+    }
+  }
+  ~TurnTakingThreads() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    for (std::thread& thread : threads_) thread.join();
+  }
+
+  int size() const { return threads_.size(); }
+
+  void Run(int k, std::function<void()> job) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    job_ = std::move(job);
+    turn_ = k;
+    done_ = false;
+    mu_.Await(absl::Condition(&done_));
+  }
+
+ private:
+  void Serve(int k) ABSL_LOCKS_EXCLUDED(mu_) {
+    while (true) {
+      std::function<void()> job;
+      {
+        absl::MutexLock lock(&mu_);
+        auto mine = [this, k]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return turn_ == k || stopping_;
+        };
+        mu_.Await(absl::Condition(&mine));
+        if (turn_ != k) return;  // stopping
+        job = std::move(job_);
+      }
+      job();
+      absl::MutexLock lock(&mu_);
+      turn_ = -1;
+      done_ = true;
+    }
+  }
+
+  absl::Mutex mu_;
+  std::function<void()> job_ ABSL_GUARDED_BY(mu_);
+  int turn_ ABSL_GUARDED_BY(mu_) = -1;
+  bool done_ ABSL_GUARDED_BY(mu_) = true;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
 }  // namespace
 
 absl::StatusOr<Latency> MeasureHealthCheck(const std::string& target,
@@ -113,8 +173,11 @@ absl::StatusOr<Latency> MeasureHealthCheck(const std::string& target,
 
 absl::StatusOr<Latency> MeasureInProcessDecode(
     const std::string& backend, const Workload& w, int64_t num_pages,
-    int64_t page_size, double seconds, uint64_t seed,
+    int64_t page_size, double seconds, uint64_t seed, int threads,
     std::string* executor_name, Latency* enqueue) {
+  if (threads < 1) {
+    return absl::InvalidArgumentError("the in-process floor needs a thread");
+  }
   const int64_t capacity =
       int64_t{w.batch} * std::max<int64_t>(w.prefill_chunk, 1);
   ASSIGN_OR_RETURN(std::unique_ptr<InProcessExecutor> ex,
@@ -150,6 +213,10 @@ absl::StatusOr<Latency> MeasureInProcessDecode(
     *nanos = NowNanos() - t0;
     return ex->CopyToHost(offset);
   };
+
+  // The timed steps' threads; none: this one.
+  std::unique_ptr<TurnTakingThreads> turns;
+  if (threads > 1) turns = std::make_unique<TurnTakingThreads>(threads);
 
   Latency result;
   std::vector<AllocRequest> requests;
@@ -190,7 +257,14 @@ absl::StatusOr<Latency> MeasureInProcessDecode(
       r.last_loc = live[i].last_loc;
       requests.push_back(r);
     }
-    RETURN_IF_ERROR(run(requests, &results, &nanos));
+    if (turns != nullptr) {
+      absl::Status ran;
+      turns->Run(step % turns->size(),
+                 [&] { ran = run(requests, &results, &nanos); });
+      RETURN_IF_ERROR(ran);
+    } else {
+      RETURN_IF_ERROR(run(requests, &results, &nanos));
+    }
     // The first steps load code and warm caches; keep them out.
     if (step >= 20) {
       result.histogram.Record(nanos);

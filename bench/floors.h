@@ -43,6 +43,9 @@ struct Floors {
   // in_process).
   Latency in_process_enqueue;
   std::string executor;  // the in-process floor's: "cpu" or "cuda"
+  // The threads that took turns at the in-process floor's steps
+  // (MeasureInProcessDecode's `threads`).
+  int in_process_threads = 1;
   IdleCost idle;         // measured with --idle_s only
 };
 
@@ -60,12 +63,15 @@ absl::StatusOr<Latency> MeasureHealthCheck(const std::string& target,
 // ("cpu", or "cuda" where built with CUDA): planning, the launch and its
 // completion (Allocate + Synchronize, what the daemon's batcher does per
 // launch in sync mode), no RPC. Admissions and frees happen outside the
-// timed region; the first 20 steps are not recorded. Sets
+// timed region; the first 20 steps are not recorded. With `threads` > 1
+// the timed steps run on that many threads in turn, each asleep between
+// its turns, as gRPC's callback threads take turns at the calls they read:
+// what a launch costs on a thread that has not launched lately. Sets
 // `executor_name`, and `enqueue` (when given) to the same steps timed until
 // Allocate returns. FAILED_PRECONDITION for "cuda" in a build without CUDA.
 absl::StatusOr<Latency> MeasureInProcessDecode(
     const std::string& backend, const Workload& w, int64_t num_pages,
-    int64_t page_size, double seconds, uint64_t seed,
+    int64_t page_size, double seconds, uint64_t seed, int threads,
     std::string* executor_name, Latency* enqueue = nullptr);
 
 // Opens `sessions` sessions on `target` (with fast channels when

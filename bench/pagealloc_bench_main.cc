@@ -109,6 +109,10 @@ ABSL_FLAG(int, client_spin_us, 500,
           "How long a client spins for a fast-channel answer before it "
           "sleeps on a futex (ClientOptions.fast_channel_spin).");
 ABSL_FLAG(double, floor_s, 2, "Length of each floor measurement, seconds.");
+ABSL_FLAG(int, floor_threads, 1,
+          "Threads that take turns at the in-process floor's steps, each "
+          "asleep between its turns (as gRPC's callback threads take turns); "
+          "1: one thread.");
 ABSL_FLAG(double, idle_s, 0,
           "Seconds to measure the daemon's CPU while --idle_sessions "
           "sessions sit open and quiet (after one call each); 0: skip.");
@@ -186,6 +190,7 @@ BenchOptions BenchOptionsFromFlags() {
   o.clients = absl::GetFlag(FLAGS_clients);
   o.duration_s = absl::GetFlag(FLAGS_duration_s);
   o.floor_s = absl::GetFlag(FLAGS_floor_s);
+  o.floor_threads = absl::GetFlag(FLAGS_floor_threads);
   o.idle_s = absl::GetFlag(FLAGS_idle_s);
   o.idle_sessions = absl::GetFlag(FLAGS_idle_sessions);
   o.workload = WorkloadFromFlags();

@@ -22,12 +22,14 @@ mkdir -p "$out"
 cat "$out/stdout.txt"
 grep -q "== sweep" "$out/stdout.txt"
 # The default: frees and checkpoints ride on the allocation calls. With the
-# idle-daemon measurement.
+# idle-daemon measurement, and the in-process floor's steps taken in turn by
+# three threads.
 "$bench" --backend=cpu --server_binary="$runfiles/server/pagealloc-server" \
   --clients=1 --batch=32 --duration_s=1 --floor_s=0.3 \
-  --idle_s=0.5 --idle_sessions=2 \
+  --idle_s=0.5 --idle_sessions=2 --floor_threads=3 \
   --num_pages=65536 --max_seq_len=256 --prefill_chunk=64 \
   --json="$out/piggyback.json" >"$out/piggyback.txt"
+grep -q "in-process decode(32) cpu, 3 threads in turn" "$out/piggyback.txt"
 cat "$out/piggyback.txt"
 # SGLang's default page size, prefill chunks only, slots read in order on
 # the client's side with three lanes.

@@ -115,8 +115,12 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
               "p99.9 us");
   PrintLatencyRow("Health/Check (empty unary)", floors.health.histogram,
                   floors.health.seconds);
-  const std::string in_process =
+  std::string in_process =
       absl::StrFormat("in-process decode(%d) %s", w.batch, floors.executor);
+  if (floors.in_process_threads > 1) {
+    absl::StrAppend(&in_process, ", ", floors.in_process_threads,
+                    " threads in turn");
+  }
   PrintLatencyRow(in_process.c_str(), floors.in_process.histogram,
                   floors.in_process.seconds);
   PrintLatencyRow("  until Allocate returns",

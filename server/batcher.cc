@@ -87,8 +87,11 @@ absl::Status Batcher::Submit(std::vector<Work> works) {
       oldest_queued_ns_.store(absl::ToUnixNanos(works.front().queued_at),
                               std::memory_order_relaxed);
     }
+    // Operations run no launch: any thread may drive them.
+    bool dedicated = true;
     for (Work& work : works) {
       if (work.alloc != nullptr) {
+        dedicated = dedicated && work.alloc->submitter_is_dedicated;
         ++queued_calls_locked_;
         if (TracksActiveSessions()) {
           last_alloc_[work.session_id] = work.queued_at;
@@ -96,7 +99,7 @@ absl::Status Batcher::Submit(std::vector<Work> works) {
       }
       queue_.push_back(std::move(work));
     }
-    if (driving_ || !SubmitterDrives(works.size())) {
+    if (driving_ || !SubmitterDrives(works.size(), dedicated)) {
       // The batcher thread drives, or a launch in progress picks this work
       // up when it ends.
       queued_calls_.store(queued_calls_locked_, std::memory_order_relaxed);
@@ -249,16 +252,18 @@ void Batcher::TakeBatch(std::vector<Work>* batch) {
   queued_.store(queue_.size(), std::memory_order_release);
 }
 
-bool Batcher::SubmitterDrives(size_t submitted) const {
+bool Batcher::SubmitterDrives(size_t submitted, bool dedicated) const {
   const bool thread_drives = options_.batch_window > absl::ZeroDuration() ||
                              options_.spin > absl::ZeroDuration();
   if (!thread_drives) return true;
   // A lone client's call, with nothing else queued: no company will join
   // its launch (CallsToWaitFor is 1), so a hand-off to the batcher thread
   // would only add latency, and a thread spinning for one client's next
-  // call would cost a core.
+  // call would cost a core. Unless the submitter is one of a pool of
+  // threads taking turns: on one of those the launch itself costs more
+  // than the hand-off (AllocCall.submitter_is_dedicated).
   return options_.spin > absl::ZeroDuration() && options_.lone_client_drives &&
-         TracksActiveSessions() && last_alloc_.size() <= 1 &&
+         dedicated && TracksActiveSessions() && last_alloc_.size() <= 1 &&
          queue_.size() == submitted;
 }
 
@@ -396,6 +401,7 @@ void Batcher::Launch(std::vector<Work>* pending) {
   pool_->Allocate(requests, calls, &results);
 
   LaunchInfo launch;
+  launch.batch_calls = pending->size();
   launch.batch_requests = requests.size();
   bool any_sync = false;
   bool launched = false;

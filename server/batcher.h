@@ -15,9 +15,10 @@
 // thread so that a handler thread returns to gRPC in bounded time. With a
 // batch window, only the batcher thread drives (it is the one that waits);
 // with Options.spin too (it is the one that spins), except for a lone
-// client's call (Options.lone_client_drives): when one session alone has
-// called lately and nothing is queued or running, its submitter drives as
-// above, and the batcher thread, finding nothing to do, stops spinning.
+// client's call submitted by a dedicated thread (Options.lone_client_drives,
+// AllocCall.submitter_is_dedicated): when one session alone has called
+// lately and nothing is queued or running, its submitter drives as above,
+// and the batcher thread, finding nothing to do, stops spinning.
 //
 // Spinning adapts (common/adaptive_spin.h): Options.spin is the longest the
 // batcher thread spins after a launch; it spins about twice the gaps it
@@ -64,6 +65,7 @@ struct LaunchInfo {
   // (Backend::CompleteLaunch); a launch that wrote nothing carries the
   // value of the last one that did.
   uint64_t completion_value = 0;
+  int32_t batch_calls = 0;     // allocation calls in the launch
   int32_t batch_requests = 0;  // requests in the launch, all calls together
   int64_t batch_slots = 0;
   absl::Duration queue_wait;    // this call's wait before the launch began
@@ -119,6 +121,14 @@ struct AllocCall {
   bool all_or_nothing = false;
   // Whether completion->Before must run first.
   bool has_before = false;
+  // The submitting thread serves calls for good (a fast-channel poller),
+  // rather than being one of a pool that takes turns (gRPC's callback
+  // threads). Only such a thread drives a lone client's call itself
+  // (Options.lone_client_drives): a launch's CUDA calls and its walk over
+  // the pool cost about twice as much on a thread that has not launched
+  // lately (docs/performance.md, "The gRPC path on the H200"), more than
+  // handing the call to the spinning batcher thread.
+  bool submitter_is_dedicated = false;
   // Must live until Cancel or Done has returned.
   AllocCompletion* completion = nullptr;
 };
@@ -147,7 +157,8 @@ class Batcher {
     // wake-up while work flows. Costs a core while busy. This is the
     // adaptive spin's cap (see the class comment).
     absl::Duration spin = absl::ZeroDuration();
-    // With spin: a lone client's call is driven by its submitter (see "Who
+    // With spin: a lone client's call is driven by its submitter when that
+    // is a dedicated thread (AllocCall.submitter_is_dedicated; see "Who
     // drives"). Needs a window with min_batch_calls (the active sessions
     // are tracked only then).
     bool lone_client_drives = true;
@@ -229,8 +240,9 @@ class Batcher {
   // Queues `works`; then drives if nobody is driving (see "Who drives").
   absl::Status Submit(std::vector<Work> works) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the submitter of the last `submitted` works queued drives them
-  // itself when nobody drives (see "Who drives").
-  bool SubmitterDrives(size_t submitted) const
+  // itself when nobody drives (see "Who drives"); `dedicated`: the
+  // submitter is a dedicated thread (AllocCall.submitter_is_dedicated).
+  bool SubmitterDrives(size_t submitted, bool dedicated) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The batcher thread: drives whenever work is queued and nobody else is.
   void Run() ABSL_LOCKS_EXCLUDED(mu_);

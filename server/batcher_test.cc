@@ -354,15 +354,17 @@ TEST_P(BatcherMinCallsTest, OperationsRunWhileTheSpinningThreadGathers) {
   EXPECT_TRUE(company.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
 }
 
-// A spinning batcher thread lets a lone client's submitter drive its call
-// (no hand-off, and no thread spinning for one client), and drives again
-// once other sessions call.
+// A spinning batcher thread lets a lone client's dedicated submitter (a
+// fast-channel poller) drive its call (no hand-off, and no thread spinning
+// for one client), and drives again once other sessions call.
 TEST_P(BatcherMinCallsTest, ALoneClientDrivesItsOwnCallsUnderASpinningThread) {
   if (!GetParam()) GTEST_SKIP() << "only the spinning thread hands calls over";
   StartWithWindow();
   for (int i = 0; i < 3; ++i) {
     Completion completion;
-    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+    AllocCall call = DecodeCall(1, &completion);
+    call.submitter_is_dedicated = true;
+    ASSERT_OK(batcher_->SubmitAlloc(std::move(call)));
     ASSERT_TRUE(completion.done.HasBeenNotified());
     EXPECT_EQ(completion.thread, std::this_thread::get_id());
   }
@@ -374,6 +376,21 @@ TEST_P(BatcherMinCallsTest, ALoneClientDrivesItsOwnCallsUnderASpinningThread) {
   EXPECT_NE(completion.thread, std::this_thread::get_id());
 }
 
+// A lone client's call submitted by a thread that is not dedicated (one of
+// gRPC's callback threads) goes to the spinning batcher thread.
+TEST_P(BatcherMinCallsTest, ALoneClientOnASharedThreadHandsItsCallsOver) {
+  if (!GetParam()) GTEST_SKIP() << "only the spinning thread hands calls over";
+  StartWithWindow();
+  for (int i = 0; i < 3; ++i) {
+    Completion completion;
+    ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+    ASSERT_TRUE(
+        completion.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    EXPECT_OK(completion.status);
+    EXPECT_NE(completion.thread, std::this_thread::get_id());
+  }
+}
+
 TEST_P(BatcherMinCallsTest, WithoutLoneClientDrivesTheThreadDrivesEveryCall) {
   if (!GetParam()) GTEST_SKIP() << "only the spinning thread hands calls over";
   Batcher::Options options;
@@ -383,7 +400,9 @@ TEST_P(BatcherMinCallsTest, WithoutLoneClientDrivesTheThreadDrivesEveryCall) {
   options.lone_client_drives = false;
   Start(options);
   Completion completion;
-  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &completion)));
+  AllocCall call = DecodeCall(1, &completion);
+  call.submitter_is_dedicated = true;
+  ASSERT_OK(batcher_->SubmitAlloc(std::move(call)));
   ASSERT_TRUE(completion.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_NE(completion.thread, std::this_thread::get_id());
 }

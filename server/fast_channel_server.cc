@@ -371,6 +371,8 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
     input.all_or_nothing = (call.options & fast_channel::kAllOrNothing) != 0;
     AllocCall prepared_call;
     if (core_->PrepareAlloc(input, &reply, &prepared_call)) {
+      // This poller serves its channels for good (see AllocCall).
+      prepared_call.submitter_is_dedicated = true;
       prepared->push_back(prepared_call);
     }
   };

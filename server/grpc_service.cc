@@ -280,14 +280,20 @@ void FillPackedResults(const AllocAnswer& answer, v1::PackedResults* packed) {
 
 // Answers one allocation call: writes the answer into its AllocResponse
 // (one RequestResult per request, or PackedResults when `packed`), then
-// finishes the call on whichever thread completes it and deletes itself.
+// finishes the call and deletes itself. The thread that completes the call
+// finishes it, unless the call shared its launch with others and there is
+// an `answer_sender`: then that thread does (see GrpcService).
 class AllocCallReply final : public AllocReply {
  public:
   AllocCallReply(grpc::ServerUnaryReactor* reactor, v1::AllocResponse* response,
-                 bool packed)
-      : reactor_(reactor), response_(response), packed_(packed) {}
+                 bool packed, HandoffThread* answer_sender)
+      : reactor_(reactor),
+        response_(response),
+        packed_(packed),
+        answer_sender_(answer_sender) {}
 
   void Deliver(const AllocAnswer& answer) override {
+    shared_launch_ = answer.launch->batch_calls > 1;
     if (packed_) {
       FillPackedResults(answer, response_->mutable_packed());
     } else {
@@ -300,7 +306,14 @@ class AllocCallReply final : public AllocReply {
     response_->set_completion_value(answer.launch->completion_value);
   }
   void Complete(const absl::Status& status) override {
-    reactor_->Finish(ToGrpcStatus(status));
+    if (shared_launch_ && answer_sender_ != nullptr) {
+      // The response lives in the call until it is finished.
+      answer_sender_->Run([reactor = reactor_, finish = ToGrpcStatus(status)] {
+        reactor->Finish(finish);
+      });
+    } else {
+      reactor_->Finish(ToGrpcStatus(status));
+    }
     delete this;
   }
 
@@ -308,6 +321,9 @@ class AllocCallReply final : public AllocReply {
   grpc::ServerUnaryReactor* const reactor_;
   v1::AllocResponse* const response_;
   const bool packed_;
+  HandoffThread* const answer_sender_;
+  // Set by Deliver: the launch carried other calls too.
+  bool shared_launch_ = false;
 };
 
 // Answers one operation: on OK, `fill` writes the reply's value into the
@@ -415,7 +431,8 @@ grpc::ServerUnaryReactor* GrpcService::HandleAlloc(
   input.all_or_nothing = options.all_or_nothing();
   // Deletes itself once it has finished the call, possibly before
   // SubmitPrepared returns.
-  auto* reply = new AllocCallReply(reactor, response, options.packed_results());
+  auto* reply = new AllocCallReply(reactor, response, options.packed_results(),
+                                   answer_sender_);
   std::vector<AllocCall> calls(1);
   if (core_->PrepareAlloc(input, reply, &calls[0])) {
     core_->SubmitPrepared(std::move(calls));

@@ -12,17 +12,26 @@
 //
 // Threading. Every method is a callback handler (KeepAlive a callback
 // stream, so that a session's open stream holds no thread). gRPC reads a
-// call's bytes on one of its callback threads and runs the handler there,
-// so a handler that finds the batcher idle drives the launch itself
+// call's bytes on one of its callback threads and runs the handler there.
+// gRPC's callback threads take turns (one call here, the next on another),
+// and a launch's CUDA calls and its walk over the pool cost about twice as
+// much on a thread that has not launched lately (docs/performance.md, "The
+// gRPC path on the H200"). So where the batcher thread spins (machines with
+// 8 or more CPUs), an allocation handler only queues its call and returns,
+// and the batcher thread runs the launch and finishes the call
+// (AllocCall.submitter_is_dedicated stays false). Sending the answers of a
+// launch that carried several calls (serialising each answer, writing it,
+// posting its completion: about 20 us a call there) is handed to the
+// `answer_sender` thread, so that the batcher thread goes on to the next
+// launch; a lone call's answer leaves from the batcher thread, with no
+// hand-off. Where the batcher thread does not spin,
+// a handler that finds the batcher idle drives the launch itself
 // (server/batcher.h) and the answer is computed and written with no thread
-// hand-off. A synchronous handler would cost one: the callback thread that
-// read the call wakes a sync-server thread to run it (a futex wake-up, tens
-// of microseconds on a virtual machine; docs/performance.md has the
-// profile). When the batcher thread drives instead (it spins), the handler
-// only queues the call and returns, and the batcher thread finishes the
-// call when its launch is done. Driving a launch on a callback thread is
-// bounded (Batcher::kMaxInlineRounds launches), and other calls are read
-// by gRPC's other callback threads meanwhile.
+// hand-off; that is bounded (Batcher::kMaxInlineRounds launches), and other
+// calls are read by gRPC's other callback threads meanwhile. A synchronous
+// handler would cost a hand-off every time: the callback thread that read
+// the call wakes a sync-server thread to run it (a futex wake-up, tens of
+// microseconds on a virtual machine).
 //
 // This class is thread-safe.
 
@@ -33,6 +42,7 @@
 #include <string>
 #include <utility>
 
+#include "common/handoff_thread.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/call_core.h"
@@ -61,14 +71,18 @@ using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
 class GrpcService final : public PageAllocatorBase {
  public:
   // `core` must outlive the service; so must `fast_channels`, where Register
-  // opens fast channels (null: none offered). `memory_socket` is the path
-  // of the daemon's memory socket, which Register names ("" when the daemon
-  // has none: no Unix socket).
+  // opens fast channels (null: none offered), and `answer_sender`, which
+  // sends the answers of launches that carried several calls (null: the
+  // thread that completes a call sends its answer). `memory_socket` is the
+  // path of the daemon's memory socket, which Register names ("" when the
+  // daemon has none: no Unix socket).
   GrpcService(CallCore* core, FastChannelServer* fast_channels,
-              std::string memory_socket = "")
+              std::string memory_socket = "",
+              HandoffThread* answer_sender = nullptr)
       : core_(core),
         fast_channels_(fast_channels),
-        memory_socket_(std::move(memory_socket)) {}
+        memory_socket_(std::move(memory_socket)),
+        answer_sender_(answer_sender) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
@@ -135,6 +149,7 @@ class GrpcService final : public PageAllocatorBase {
   CallCore* const core_;
   FastChannelServer* const fast_channels_;
   const std::string memory_socket_;
+  HandoffThread* const answer_sender_;
 };
 
 }  // namespace pagealloc

@@ -91,13 +91,15 @@ MetricFamily Histogram(std::string name, std::string help,
 MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
                                  CallCore* core, Batcher* batcher,
                                  Backend* backend,
-                                 const FastChannelServer* fast_channels)
+                                 const FastChannelServer* fast_channels,
+                                 const HandoffThread* grpc_answer_sender)
     : pool_(pool),
       sessions_(sessions),
       core_(core),
       batcher_(batcher),
       backend_(backend),
-      fast_channels_(fast_channels) {}
+      fast_channels_(fast_channels),
+      grpc_answer_sender_(grpc_answer_sender) {}
 
 std::string MetricsExporter::Render() const {
   const PoolStats stats = pool_->Stats();
@@ -314,7 +316,8 @@ std::string MetricsExporter::Render() const {
   MetricFamily asleep = Family(
       "pagealloc_thread_asleep",
       "1 while the thread sleeps waiting for work (neither spinning nor "
-      "working), by thread: the batcher thread, each fast-channel poller.",
+      "working), by thread: the batcher thread, each fast-channel poller, "
+      "the thread that sends gRPC answers of shared launches.",
       MetricType::Gauge);
   MetricFamily budget = Family(
       "pagealloc_spin_budget_seconds",
@@ -333,6 +336,12 @@ std::string MetricsExporter::Render() const {
                absl::ToDoubleSeconds(fast_channels_->poller_spin_budget(i)),
                {{"thread", name}});
     }
+  }
+  if (grpc_answer_sender_ != nullptr) {
+    AddGauge(asleep, grpc_answer_sender_->asleep() ? 1 : 0,
+             {{"thread", "grpc_answers"}});
+    AddGauge(budget, absl::ToDoubleSeconds(grpc_answer_sender_->spin_budget()),
+             {{"thread", "grpc_answers"}});
   }
   families.push_back(std::move(asleep));
   families.push_back(std::move(budget));

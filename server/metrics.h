@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/page_pool.h"
+#include "common/handoff_thread.h"
 #include "server/backend.h"
 #include "server/batcher.h"
 #include "server/call_core.h"
@@ -39,7 +40,8 @@ class MetricsExporter {
   // the daemon offers none (its counters are exported as 0).
   MetricsExporter(PagePool* pool, SessionRegistry* sessions, CallCore* core,
                   Batcher* batcher, Backend* backend,
-                  const FastChannelServer* fast_channels = nullptr);
+                  const FastChannelServer* fast_channels = nullptr,
+                  const HandoffThread* grpc_answer_sender = nullptr);
 
   // The exposition, text format 0.0.4.
   std::string Render() const;
@@ -51,6 +53,7 @@ class MetricsExporter {
   Batcher* const batcher_;
   Backend* const backend_;
   const FastChannelServer* const fast_channels_;
+  const HandoffThread* const grpc_answer_sender_;
 };
 
 // A small HTTP server (cpp-httplib) for GET /metrics and GET /healthz.

@@ -25,6 +25,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "allocator/page_pool.h"
+#include "common/handoff_thread.h"
 #include "grpcpp/grpcpp.h"
 #include "memory/kv_layout.h"
 #include "server/backend.h"
@@ -186,6 +187,9 @@ class Server {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SessionRegistry> sessions_;
+  // Sends gRPC answers of shared launches (GrpcService); declared before
+  // the batcher, which hands it work until it stops.
+  std::unique_ptr<HandoffThread> grpc_answer_sender_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<CallCore> core_;
   // After core_, which they call: destroyed first.
