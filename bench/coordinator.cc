@@ -74,12 +74,12 @@ absl::Status RunCoordinator(const BenchOptions& options) {
   }
   ASSIGN_OR_RETURN(floors.health,
                    MeasureHealthCheck(daemon.target, options.floor_s));
-  ASSIGN_OR_RETURN(floors.in_process,
-                   MeasureInProcessDecode(
-                       options.daemon.backend, w, options.daemon.num_pages,
-                       options.daemon.page_size, options.floor_s, options.seed,
-                       options.floor_threads, &floors.executor,
-                       &floors.in_process_enqueue));
+  ASSIGN_OR_RETURN(
+      floors.in_process,
+      MeasureInProcessDecode(
+          options.daemon.backend, w, options.daemon.num_pages,
+          options.daemon.page_size, options.floor_s, options.seed,
+          options.floor_threads, &floors.executor, &floors.in_process_enqueue));
   floors.in_process_threads = options.floor_threads;
 
   if (options.idle_s > 0) {

@@ -46,7 +46,7 @@ struct Floors {
   // The threads that took turns at the in-process floor's steps
   // (MeasureInProcessDecode's `threads`).
   int in_process_threads = 1;
-  IdleCost idle;         // measured with --idle_s only
+  IdleCost idle;  // measured with --idle_s only
 };
 
 // Times grpc.health.v1.Health/Check on `target`, one call at a time on one

@@ -241,7 +241,8 @@ class Client {
 
   absl::StatusOr<v1::GetStatsResponse> GetStats(bool include_sessions = false);
 
-  // Ends the session now; later calls fail with FAILED_PRECONDITION.
+  // Ends the session now; later calls fail with FAILED_PRECONDITION. When
+  // it returns OK the daemon has freed the session's pages.
   absl::Status Close() ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK while the session lives; else why it is gone (its slots are void).

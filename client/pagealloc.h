@@ -188,8 +188,8 @@ void pagealloc_client_options_init(pagealloc_client_options* options,
 int32_t pagealloc_connect(const pagealloc_client_options* options,
                           pagealloc_client** client, pagealloc_error* error);
 
-/* Ends the session now (its pages are freed by the daemon). Later calls
- * fail with FAILED_PRECONDITION. The handle, its mapped ring and its
+/* Ends the session now; on success the daemon has freed its pages. Later
+ * calls fail with FAILED_PRECONDITION. The handle, its mapped ring and its
  * allocations stay valid until destroyed. Closing twice is OK. */
 int32_t pagealloc_close(pagealloc_client* client, pagealloc_error* error);
 

@@ -63,10 +63,12 @@ absl::StatusOr<std::shared_ptr<Session>> CallCore::Authenticate(
 }
 
 void CallCore::FreeSessionPages(std::shared_ptr<Session> session,
-                                bool reclaimed, std::string reason) {
+                                bool reclaimed, std::string reason,
+                                std::function<void()> freed_callback) {
   // The session's queued work runs first; the session object (and its ring)
   // lives until the last piece of it is done.
-  auto free_pages = [this, session, reclaimed, reason] {
+  auto free_pages = [this, session, reclaimed, reason,
+                     freed_callback = std::move(freed_callback)] {
     absl::StatusOr<int64_t> freed = pool_->RemoveOwner(session->id());
     const int64_t pages = freed.ok() ? *freed : 0;
     if (reclaimed) {
@@ -77,6 +79,7 @@ void CallCore::FreeSessionPages(std::shared_ptr<Session> session,
       log_->info("session {} ({}) {}: {} pages freed", session->id(),
                  session->client_name(), reason, pages);
     }
+    if (freed_callback) freed_callback();
   };
   for (SessionObserver* observer : observers_) {
     observer->SessionClosed(session->id(), reason);
@@ -85,10 +88,12 @@ void CallCore::FreeSessionPages(std::shared_ptr<Session> session,
   counters_.sessions_closed++;
 }
 
-bool CallCore::CloseSession(uint64_t session_id, const std::string& reason) {
+bool CallCore::CloseSession(uint64_t session_id, const std::string& reason,
+                            std::function<void()> freed) {
   std::shared_ptr<Session> session = sessions_->Remove(session_id);
   if (session == nullptr) return false;
-  FreeSessionPages(std::move(session), /*reclaimed=*/false, reason);
+  FreeSessionPages(std::move(session), /*reclaimed=*/false, reason,
+                   std::move(freed));
   return true;
 }
 

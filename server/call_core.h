@@ -237,8 +237,11 @@ class CallCore {
   absl::StatusOr<std::shared_ptr<Session>> Authenticate(
       uint64_t session_id, absl::string_view token);
   // Ends a session: forgets it and frees its pages (in order with its queued
-  // work). `reason` goes to the log. Returns false when it was already gone.
-  bool CloseSession(uint64_t session_id, const std::string& reason);
+  // work), then runs `freed` (when given; on whichever thread frees them,
+  // possibly this one before CloseSession returns). `reason` goes to the
+  // log. Returns false when it was already gone (`freed` does not run).
+  bool CloseSession(uint64_t session_id, const std::string& reason,
+                    std::function<void()> freed = nullptr);
   // Ends a session whose client is gone (its memory socket closed: the
   // process died) and reclaims its pages, counted and logged as a reclaim
   // with `reason`. Returns false when it was already gone.
@@ -318,11 +321,13 @@ class CallCore {
  private:
   friend class AllocReply;
 
-  // Frees a removed session's pages after its queued work; counts and logs.
-  // `reclaimed`: the client did not end the session itself (its lease ran
-  // out, or it went away), so its pages count as reclaimed.
+  // Frees a removed session's pages after its queued work; counts and logs,
+  // then runs `freed` (when given). `reclaimed`: the client did not end the
+  // session itself (its lease ran out, or it went away), so its pages count
+  // as reclaimed.
   void FreeSessionPages(std::shared_ptr<Session> session, bool reclaimed,
-                        std::string reason);
+                        std::string reason,
+                        std::function<void()> freed = nullptr);
   // Queues `op` for `session_id` on the batcher, in order with the session's
   // other work; `reply` completes with its status.
   void SubmitOp(Reply* reply, Method method, Transport transport,

@@ -103,8 +103,12 @@ class KeepAliveReactor final
       return;
     }
     if (request.close()) {
-      core_->CloseSession((*session)->id(), "closed by client");
-      End(absl::OkStatus());
+      // The stream ends once the pages are free, so that a client whose
+      // Close returned finds them back in the pool.
+      if (!core_->CloseSession((*session)->id(), "closed by client",
+                               [this] { End(absl::OkStatus()); })) {
+        End(absl::OkStatus());  // closed meanwhile by another stream
+      }
       return;
     }
     v1::KeepAliveResponse response;

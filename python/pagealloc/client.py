@@ -868,9 +868,10 @@ class Client:
         return False
 
     def close(self):
-        """Ends the session now: the daemon frees its pages. Later calls
-        raise FailedPreconditionError. Views of its allocations stay
-        mapped (not updated) until they are gone. Closing twice is fine."""
+        """Ends the session now: when it returns the daemon has freed its
+        pages. Later calls raise FailedPreconditionError. Views of its
+        allocations stay mapped (not updated) until they are gone. Closing
+        twice is fine."""
         error = _error_buffer()
         _check(_lib.pagealloc_close(self._handle, ctypes.byref(error)), error)
         self._closed = True
