@@ -44,19 +44,16 @@ void HandoffThread::Loop() {
   std::vector<std::function<void()>> batch;
   absl::Time idle_since = absl::Now();
   while (true) {
-    const absl::Duration budget = spin_.budget();
-    bool caught = false;
-    if (budget > absl::ZeroDuration()) {
-      const absl::Time deadline = idle_since + budget;
-      while (queued_.load(std::memory_order_acquire) == 0 &&
-             absl::Now() < deadline) {
-        CpuRelax();
-      }
-      caught = queued_.load(std::memory_order_acquire) > 0;
+    // Spin for the next closure, for at most the budget.
+    const absl::Time deadline = idle_since + spin_.budget();
+    while (queued_.load(std::memory_order_acquire) == 0 &&
+           absl::Now() < deadline) {
+      CpuRelax();
     }
+    bool caught;
     {
       absl::MutexLock lock(&mu_);
-      // Work queued while the last batch ran counts as caught too.
+      // Caught while spinning, or queued while the last batch ran.
       caught = !queue_.empty();
       if (!caught && !stopping_) {
         asleep_ = true;
