@@ -330,13 +330,16 @@ TEST(ServerProcessTest, HungClientLosesItsPages) {
           absl::Seconds(5)));
   ASSERT_GT(holding.used_pages(), 0);
   sleeper.Signal(SIGSTOP);
-  // Wait for the session itself to go: used pages alone can touch 0 while
-  // the session lives (a Free the client posted just before it froze).
+  // Wait for the session to go and its pages to be back: used pages alone
+  // can touch 0 while the session lives (a Free the client posted just
+  // before it froze), and the session leaves the registry just before its
+  // pages are freed (in order with its queued work).
   ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse reclaimed,
                        WaitForStats(
                            daemon.target,
                            [](const v1::GetStatsResponse& s) {
-                             return s.sessions_active() == 0;
+                             return s.sessions_active() == 0 &&
+                                    s.used_pages() == 0;
                            },
                            absl::Seconds(4)));
   EXPECT_EQ(reclaimed.sessions_active(), 0)
