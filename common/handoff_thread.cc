@@ -83,4 +83,20 @@ void HandoffThread::Loop() {
   }
 }
 
+HandoffThreads::HandoffThreads(int count, absl::Duration max_spin) {
+  threads_.reserve(count);
+  for (int i = 0; i < count; ++i) {
+    threads_.push_back(std::make_unique<HandoffThread>(max_spin));
+  }
+}
+
+void HandoffThreads::Run(std::function<void()> work) {
+  const uint64_t turn = next_.fetch_add(1, std::memory_order_relaxed);
+  threads_[turn % threads_.size()]->Run(std::move(work));
+}
+
+void HandoffThreads::Stop() {
+  for (std::unique_ptr<HandoffThread>& thread : threads_) thread->Stop();
+}
+
 }  // namespace pagealloc

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -67,6 +68,35 @@ class HandoffThread {
   AdaptiveSpin spin_;  // the thread's own
   std::atomic<int64_t> spin_budget_ns_;
   std::thread thread_;
+};
+
+// HandoffThreads: a fixed set of HandoffThreads taken in turn, for pieces
+// of work that do not depend on each other (the answers of one launch, each
+// to its own client): pieces handed to different threads run at the same
+// time, in no order between them, so the last of several pieces is done
+// about when the first is instead of after all the others.
+//
+// This class is thread-safe.
+class HandoffThreads {
+ public:
+  // Starts `count` (>= 1) threads, each spinning at most `max_spin`.
+  HandoffThreads(int count, absl::Duration max_spin);
+
+  HandoffThreads(const HandoffThreads&) = delete;
+  HandoffThreads& operator=(const HandoffThreads&) = delete;
+
+  // Queues `work` on the next thread in turn (HandoffThread::Run).
+  void Run(std::function<void()> work);
+
+  // Stops every thread (HandoffThread::Stop). Idempotent.
+  void Stop();
+
+  int size() const { return static_cast<int>(threads_.size()); }
+  const HandoffThread& thread(int i) const { return *threads_[i]; }
+
+ private:
+  std::vector<std::unique_ptr<HandoffThread>> threads_;
+  std::atomic<uint64_t> next_{0};
 };
 
 }  // namespace pagealloc

@@ -94,5 +94,41 @@ TEST(HandoffThreadTest, ManyProducersEveryClosureRunsOnce) {
   EXPECT_EQ(ran.load(), kProducers * kEach);
 }
 
+TEST(HandoffThreadsTest, TakesItsThreadsInTurn) {
+  constexpr int kThreads = 3;
+  constexpr int kClosures = 30;
+  std::vector<std::thread::id> ran_on(kClosures);
+  HandoffThreads threads(kThreads, absl::Microseconds(50));
+  ASSERT_EQ(threads.size(), kThreads);
+  for (int i = 0; i < kClosures; ++i) {
+    threads.Run([&ran_on, i] { ran_on[i] = std::this_thread::get_id(); });
+  }
+  threads.Stop();
+  for (int i = 0; i < kClosures; ++i) {
+    EXPECT_NE(ran_on[i], std::this_thread::get_id()) << i;
+    EXPECT_EQ(ran_on[i], ran_on[i % kThreads]) << i;
+    if (i > 0 && i < kThreads) {
+      EXPECT_NE(ran_on[i], ran_on[0]) << i;
+    }
+  }
+}
+
+// The point of several threads: a piece of work does not wait for the one
+// handed over before it. The first closure waits until the second has run,
+// which only another thread can do.
+TEST(HandoffThreadsTest, PiecesOnDifferentThreadsRunAtTheSameTime) {
+  HandoffThreads threads(2, absl::ZeroDuration());
+  absl::Notification second_ran;
+  std::atomic<bool> first_saw_second{false};
+  threads.Run([&] {
+    first_saw_second =
+        second_ran.WaitForNotificationWithTimeout(absl::Seconds(60));
+  });
+  threads.Run([&] { second_ran.Notify(); });
+  threads.Stop();
+  EXPECT_TRUE(first_saw_second.load());
+  threads.Stop();  // idempotent
+}
+
 }  // namespace
 }  // namespace pagealloc

@@ -286,15 +286,15 @@ void FillPackedResults(const AllocAnswer& answer, v1::PackedResults* packed) {
 // (one RequestResult per request, or PackedResults when `packed`), then
 // finishes the call and deletes itself. The thread that completes the call
 // finishes it, unless the call shared its launch with others and there is
-// an `answer_sender`: then that thread does (see GrpcService).
+// `answer_senders`: then the next of those threads does (see GrpcService).
 class AllocCallReply final : public AllocReply {
  public:
   AllocCallReply(grpc::ServerUnaryReactor* reactor, v1::AllocResponse* response,
-                 bool packed, HandoffThread* answer_sender)
+                 bool packed, HandoffThreads* answer_senders)
       : reactor_(reactor),
         response_(response),
         packed_(packed),
-        answer_sender_(answer_sender) {}
+        answer_senders_(answer_senders) {}
 
   void Deliver(const AllocAnswer& answer) override {
     shared_launch_ = answer.launch->batch_calls > 1;
@@ -310,9 +310,9 @@ class AllocCallReply final : public AllocReply {
     response_->set_completion_value(answer.launch->completion_value);
   }
   void Complete(const absl::Status& status) override {
-    if (shared_launch_ && answer_sender_ != nullptr) {
+    if (shared_launch_ && answer_senders_ != nullptr) {
       // The response lives in the call until it is finished.
-      answer_sender_->Run([reactor = reactor_, finish = ToGrpcStatus(status)] {
+      answer_senders_->Run([reactor = reactor_, finish = ToGrpcStatus(status)] {
         reactor->Finish(finish);
       });
     } else {
@@ -325,7 +325,7 @@ class AllocCallReply final : public AllocReply {
   grpc::ServerUnaryReactor* const reactor_;
   v1::AllocResponse* const response_;
   const bool packed_;
-  HandoffThread* const answer_sender_;
+  HandoffThreads* const answer_senders_;
   // Set by Deliver: the launch carried other calls too.
   bool shared_launch_ = false;
 };
@@ -436,7 +436,7 @@ grpc::ServerUnaryReactor* GrpcService::HandleAlloc(
   // Deletes itself once it has finished the call, possibly before
   // SubmitPrepared returns.
   auto* reply = new AllocCallReply(reactor, response, options.packed_results(),
-                                   answer_sender_);
+                                   answer_senders_);
   std::vector<AllocCall> calls(1);
   if (core_->PrepareAlloc(input, reply, &calls[0])) {
     core_->SubmitPrepared(std::move(calls));

@@ -22,9 +22,10 @@
 // (AllocCall.submitter_is_dedicated stays false). Sending the answers of a
 // launch that carried several calls (serialising each answer, writing it,
 // posting its completion: about 20 us a call there) is handed to the
-// `answer_sender` thread, so that the batcher thread goes on to the next
-// launch; a lone call's answer leaves from the batcher thread, with no
-// hand-off. Where the batcher thread does not spin,
+// `answer_senders` threads, in turn, so that the batcher thread goes on to
+// the next launch and the answers of one launch leave at the same time
+// rather than one after the other; a lone call's answer leaves from the
+// batcher thread, with no hand-off. Where the batcher thread does not spin,
 // a handler that finds the batcher idle drives the launch itself
 // (server/batcher.h) and the answer is computed and written with no thread
 // hand-off; that is bounded (Batcher::kMaxInlineRounds launches), and other
@@ -71,18 +72,18 @@ using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
 class GrpcService final : public PageAllocatorBase {
  public:
   // `core` must outlive the service; so must `fast_channels`, where Register
-  // opens fast channels (null: none offered), and `answer_sender`, which
-  // sends the answers of launches that carried several calls (null: the
+  // opens fast channels (null: none offered), and `answer_senders`, which
+  // send the answers of launches that carried several calls (null: the
   // thread that completes a call sends its answer). `memory_socket` is the
   // path of the daemon's memory socket, which Register names ("" when the
   // daemon has none: no Unix socket).
   GrpcService(CallCore* core, FastChannelServer* fast_channels,
               std::string memory_socket = "",
-              HandoffThread* answer_sender = nullptr)
+              HandoffThreads* answer_senders = nullptr)
       : core_(core),
         fast_channels_(fast_channels),
         memory_socket_(std::move(memory_socket)),
-        answer_sender_(answer_sender) {}
+        answer_senders_(answer_senders) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
@@ -149,7 +150,7 @@ class GrpcService final : public PageAllocatorBase {
   CallCore* const core_;
   FastChannelServer* const fast_channels_;
   const std::string memory_socket_;
-  HandoffThread* const answer_sender_;
+  HandoffThreads* const answer_senders_;
 };
 
 }  // namespace pagealloc

@@ -167,6 +167,13 @@ ABSL_FLAG(int64_t, batcher_spin_us, -1,
           "launches, this being its cap, and a lone client's call is run by "
           "the thread that submits it. "
           "-1: 200 on a machine with at least 8 CPUs, else 0.");
+ABSL_FLAG(int, grpc_answer_threads,
+          pagealloc::ServerOptions().grpc_answer_threads,
+          "With a spinning batcher thread (--batcher_spin_us): threads that "
+          "send the gRPC answers of a launch that carried several calls, "
+          "taken in turn, so that they leave together and the batcher thread "
+          "goes on to the next launch (each spins like the batcher thread "
+          "while answers flow). 0: the batcher thread sends them itself.");
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "A session that sends nothing for this long (KeepAlive included) "
           "loses its pages.");
@@ -238,7 +245,8 @@ const CommandLineSpec kCommandLine = {
           {"max_batch_tokens", "slots"},
           {"batch_window_us", "microseconds"},
           {"batch_min_calls", "calls"},
-          {"batcher_spin_us", "microseconds"}}},
+          {"batcher_spin_us", "microseconds"},
+          {"grpc_answer_threads", "threads"}}},
         {"logging", {{"log_level"}, {"debug_checks"}}},
         {"metrics",
          {{"metrics_port", "TCP port"}, {"metrics_host", "address"}}},
@@ -533,6 +541,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (batcher_spin_us >= 0) {
     options.batcher.spin = absl::Microseconds(batcher_spin_us);
   }
+  options.grpc_answer_threads = absl::GetFlag(FLAGS_grpc_answer_threads);
+  RETURN_IF_ERROR(CheckRange("grpc_answer_threads", options.grpc_answer_threads,
+                             0, 64, "threads"));
   const int64_t window_us = absl::GetFlag(FLAGS_batch_window_us);
   RETURN_IF_ERROR(CheckRange("batch_window_us", window_us, -1, 1000000,
                              "microseconds; -1: by batcher mode"));

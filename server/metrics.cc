@@ -92,14 +92,14 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
                                  CallCore* core, Batcher* batcher,
                                  Backend* backend,
                                  const FastChannelServer* fast_channels,
-                                 const HandoffThread* grpc_answer_sender)
+                                 const HandoffThreads* grpc_answer_senders)
     : pool_(pool),
       sessions_(sessions),
       core_(core),
       batcher_(batcher),
       backend_(backend),
       fast_channels_(fast_channels),
-      grpc_answer_sender_(grpc_answer_sender) {}
+      grpc_answer_senders_(grpc_answer_senders) {}
 
 std::string MetricsExporter::Render() const {
   const PoolStats stats = pool_->Stats();
@@ -317,7 +317,7 @@ std::string MetricsExporter::Render() const {
       "pagealloc_thread_asleep",
       "1 while the thread sleeps waiting for work (neither spinning nor "
       "working), by thread: the batcher thread, each fast-channel poller, "
-      "the thread that sends gRPC answers of shared launches.",
+      "the threads that send gRPC answers of shared launches.",
       MetricType::Gauge);
   MetricFamily budget = Family(
       "pagealloc_spin_budget_seconds",
@@ -337,11 +337,14 @@ std::string MetricsExporter::Render() const {
                {{"thread", name}});
     }
   }
-  if (grpc_answer_sender_ != nullptr) {
-    AddGauge(asleep, grpc_answer_sender_->asleep() ? 1 : 0,
-             {{"thread", "grpc_answers"}});
-    AddGauge(budget, absl::ToDoubleSeconds(grpc_answer_sender_->spin_budget()),
-             {{"thread", "grpc_answers"}});
+  if (grpc_answer_senders_ != nullptr) {
+    for (int i = 0; i < grpc_answer_senders_->size(); ++i) {
+      const HandoffThread& sender = grpc_answer_senders_->thread(i);
+      const std::string name = absl::StrCat("grpc_answers", i);
+      AddGauge(asleep, sender.asleep() ? 1 : 0, {{"thread", name}});
+      AddGauge(budget, absl::ToDoubleSeconds(sender.spin_budget()),
+               {{"thread", name}});
+    }
   }
   families.push_back(std::move(asleep));
   families.push_back(std::move(budget));

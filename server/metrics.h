@@ -41,7 +41,7 @@ class MetricsExporter {
   MetricsExporter(PagePool* pool, SessionRegistry* sessions, CallCore* core,
                   Batcher* batcher, Backend* backend,
                   const FastChannelServer* fast_channels = nullptr,
-                  const HandoffThread* grpc_answer_sender = nullptr);
+                  const HandoffThreads* grpc_answer_senders = nullptr);
 
   // The exposition, text format 0.0.4.
   std::string Render() const;
@@ -53,7 +53,7 @@ class MetricsExporter {
   Batcher* const batcher_;
   Backend* const backend_;
   const FastChannelServer* const fast_channels_;
-  const HandoffThread* const grpc_answer_sender_;
+  const HandoffThreads* const grpc_answer_senders_;
 };
 
 // A small HTTP server (cpp-httplib) for GET /metrics and GET /healthz.

@@ -565,18 +565,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
         server->core_.get(), server->fast_channels_.get());
   }
   // Only a spinning batcher thread takes gRPC calls over (GrpcService): it
-  // hands the answers of shared launches to a thread of their own.
-  if (options.batcher.spin > absl::ZeroDuration()) {
-    server->grpc_answer_sender_ =
-        std::make_unique<HandoffThread>(options.batcher.spin);
+  // hands the answers of shared launches to threads of their own.
+  if (options.batcher.spin > absl::ZeroDuration() &&
+      options.grpc_answer_threads > 0) {
+    server->grpc_answer_senders_ = std::make_unique<HandoffThreads>(
+        options.grpc_answer_threads, options.batcher.spin);
   }
   server->grpc_service_ = std::make_unique<GrpcService>(
       server->core_.get(), server->fast_channels_.get(),
-      server->memory_socket_path_, server->grpc_answer_sender_.get());
+      server->memory_socket_path_, server->grpc_answer_senders_.get());
   server->metrics_ = std::make_unique<MetricsExporter>(
       server->pool_.get(), server->sessions_.get(), server->core_.get(),
       server->batcher_.get(), server->backend_.get(),
-      server->fast_channels_.get(), server->grpc_answer_sender_.get());
+      server->fast_channels_.get(), server->grpc_answer_senders_.get());
   return server;
 }
 
@@ -836,7 +837,7 @@ void Server::Shutdown() {
     if (!started_) {
       // Create may have failed part way: stop only what exists.
       if (batcher_ != nullptr) batcher_->Stop();
-      if (grpc_answer_sender_ != nullptr) grpc_answer_sender_->Stop();
+      if (grpc_answer_senders_ != nullptr) grpc_answer_senders_->Stop();
       shut_down_.Notify();
       return;
     }
@@ -847,7 +848,7 @@ void Server::Shutdown() {
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   // Finishes the queued work: every call taken so far is answered.
   batcher_->Stop();
-  if (grpc_answer_sender_ != nullptr) grpc_answer_sender_->Stop();
+  if (grpc_answer_senders_ != nullptr) grpc_answer_senders_->Stop();
   // Then lets gRPC send those answers, and answer UNAVAILABLE to what
   // arrived meanwhile. What is left after that holds no work: KeepAlive
   // streams and idle connections, which gRPC's Shutdown would wait for

@@ -94,6 +94,10 @@ struct ServerOptions {
   bool fast_channel = true;
   absl::Duration fast_channel_spin = absl::Microseconds(200);
   int fast_channel_pollers = 1;
+  // Threads that send the gRPC answers of launches that carried several
+  // calls, taken in turn, where the batcher thread spins (0: the batcher
+  // thread sends them itself).
+  int grpc_answer_threads = 1;
   // Connections (docs/operations.md, "Connections"). The daemon accepts on
   // its Unix sockets itself (server/connection_acceptor.h) and holds at
   // most this many connections there; more are closed as they arrive.
@@ -187,9 +191,9 @@ class Server {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SessionRegistry> sessions_;
-  // Sends gRPC answers of shared launches (GrpcService); declared before
-  // the batcher, which hands it work until it stops.
-  std::unique_ptr<HandoffThread> grpc_answer_sender_;
+  // Send gRPC answers of shared launches (GrpcService); declared before
+  // the batcher, which hands them work until it stops.
+  std::unique_ptr<HandoffThreads> grpc_answer_senders_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<CallCore> core_;
   // After core_, which they call: destroyed first.

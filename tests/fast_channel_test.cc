@@ -468,11 +468,15 @@ TEST_F(FastChannelTest, ConcurrentClientsWithASpinningBatcher) {
 }
 
 // Over gRPC with a spinning batcher thread, which takes every call from
-// gRPC's threads and hands the answers of shared launches to a thread of
-// their own (server/grpc_service.h): every call is answered, correctly.
-// The window holds each launch for company (up to 50 ms) so that launches
-// are shared however the machine schedules the clients.
-TEST_F(FastChannelTest, ConcurrentGrpcClientsWithASpinningBatcher) {
+// gRPC's threads and hands the answers of shared launches to threads of
+// their own, taken in turn (server/grpc_service.h), or sends them itself
+// (`answer_threads` 0): every call is answered, correctly. The window holds
+// each launch for company (up to 50 ms) so that launches are shared however
+// the machine schedules the clients.
+class GrpcAnswerThreadsTest : public FastChannelTest,
+                              public ::testing::WithParamInterface<int> {};
+
+TEST_P(GrpcAnswerThreadsTest, ConcurrentGrpcClientsWithASpinningBatcher) {
   ServerOptions options;
   options.backend = "cpu";
   options.pool = {64, 4, FreePolicy::kLifo};
@@ -480,6 +484,7 @@ TEST_F(FastChannelTest, ConcurrentGrpcClientsWithASpinningBatcher) {
   options.batcher.spin = absl::Microseconds(100);
   options.batcher.batch_window = absl::Milliseconds(50);
   options.batcher.min_batch_calls = 3;
+  options.grpc_answer_threads = GetParam();
   options.debug_checks = true;
   StartServer(options);
   const int shared = RunConcurrentClients(
@@ -487,12 +492,14 @@ TEST_F(FastChannelTest, ConcurrentGrpcClientsWithASpinningBatcher) {
   EXPECT_GT(shared, 0) << "no launch carried two calls";
 }
 
+INSTANTIATE_TEST_SUITE_P(AnswerThreads, GrpcAnswerThreadsTest,
+                         ::testing::Values(0, 1, 3));
+
 // An idle daemon with sessions open spins nowhere: once calls stop, every
-// poller, the batcher thread and the gRPC answer thread sleep (the
-// daemon's own report of its
-// threads, /metrics' pagealloc_thread_asleep), with the spins of a machine
-// with many CPUs, two fast-channel clients and a gRPC one still connected
-// (their KeepAlive streams running).
+// poller, the batcher thread and the gRPC answer threads sleep (the
+// daemon's own report of its threads, /metrics' pagealloc_thread_asleep),
+// with the spins of a machine with many CPUs, two fast-channel clients and
+// a gRPC one still connected (their KeepAlive streams running).
 TEST_F(FastChannelTest, AnIdleDaemonWithSessionsOpenSleeps) {
   ServerOptions options;
   options.backend = "cpu";
@@ -502,6 +509,7 @@ TEST_F(FastChannelTest, AnIdleDaemonWithSessionsOpenSleeps) {
   options.fast_channel_spin = absl::Microseconds(200);
   options.fast_channel_pollers = 2;
   options.batcher = Batcher::DefaultsForMachine(16);
+  options.grpc_answer_threads = 2;
   StartServer(options);
   std::vector<std::unique_ptr<Client>> clients;
   clients.push_back(Connect(true));
@@ -518,8 +526,10 @@ TEST_F(FastChannelTest, AnIdleDaemonWithSessionsOpenSleeps) {
   const std::string batcher = "pagealloc_thread_asleep{thread=\"batcher\"} 1";
   const std::string poller0 = "pagealloc_thread_asleep{thread=\"poller0\"} 1";
   const std::string poller1 = "pagealloc_thread_asleep{thread=\"poller1\"} 1";
-  const std::string answers =
-      "pagealloc_thread_asleep{thread=\"grpc_answers\"} 1";
+  const std::string answers0 =
+      "pagealloc_thread_asleep{thread=\"grpc_answers0\"} 1";
+  const std::string answers1 =
+      "pagealloc_thread_asleep{thread=\"grpc_answers1\"} 1";
   std::string metrics;
   EXPECT_TRUE(WaitFor(
       [&] {
@@ -527,7 +537,8 @@ TEST_F(FastChannelTest, AnIdleDaemonWithSessionsOpenSleeps) {
         return absl::StrContains(metrics, batcher) &&
                absl::StrContains(metrics, poller0) &&
                absl::StrContains(metrics, poller1) &&
-               absl::StrContains(metrics, answers);
+               absl::StrContains(metrics, answers0) &&
+               absl::StrContains(metrics, answers1);
       },
       absl::Seconds(30)))
       << metrics;
