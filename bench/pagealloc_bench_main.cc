@@ -1,8 +1,9 @@
 // pagealloc-bench: the end-to-end load generator and benchmark.
 //
-// It starts a daemon (or drives --target), measures two floors on the same
-// socket and machine (an empty unary gRPC call, grpc.health.v1.Health/Check,
-// and the allocator called in-process with no RPC), then runs one phase per
+// It starts a daemon (or drives --target), measures its floors on the same
+// machine (an empty unary gRPC call, grpc.health.v1.Health/Check, the
+// allocator called in-process with no RPC, and the gRPC echo floor: the
+// calls carried by gRPC with no daemon work), then runs one phase per
 // client count: K worker processes (this binary with --worker) behave like
 // schedulers, each with --batch live sequences: decode steps, prefill chunks,
 // speculative steps (checkpoint, draft, rollback), frees of finished
@@ -117,6 +118,14 @@ ABSL_FLAG(double, idle_s, 0,
           "Seconds to measure the daemon's CPU while --idle_sessions "
           "sessions sit open and quiet (after one call each); 0: skip.");
 ABSL_FLAG(int, idle_sessions, 8, "Sessions open during --idle_s.");
+ABSL_FLAG(bool, echo_floor, true,
+          "Measure the gRPC echo floor: Health/Check and AllocDecode(--batch) "
+          "on a gRPC server in this process that answers with no daemon "
+          "work, inline and from a hand-off thread, each for --floor_s.");
+ABSL_FLAG(int, echo_clients, 0,
+          "Clients at once for the echo floor's several-client measurement "
+          "(each on its own connection); 0: the most of --clients and "
+          "--sweep_clients, skipped when that is 1.");
 ABSL_FLAG(std::string, json, "", "Write the results here as JSON.");
 ABSL_FLAG(bool, progress, true, "Show one refreshing progress line on stderr.");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed (each client adds its index).");
@@ -193,6 +202,8 @@ BenchOptions BenchOptionsFromFlags() {
   o.floor_threads = absl::GetFlag(FLAGS_floor_threads);
   o.idle_s = absl::GetFlag(FLAGS_idle_s);
   o.idle_sessions = absl::GetFlag(FLAGS_idle_sessions);
+  o.echo_floor = absl::GetFlag(FLAGS_echo_floor);
+  o.echo_clients = absl::GetFlag(FLAGS_echo_clients);
   o.workload = WorkloadFromFlags();
   o.fast_channel = absl::GetFlag(FLAGS_fast_channel);
   o.seed = absl::GetFlag(FLAGS_seed);
