@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/control.h"
+#include "bench/daemon.h"
 #include "bench/floors.h"
 #include "bench/phase.h"
 #include "bench/report.h"
@@ -120,7 +121,7 @@ absl::Status RunCoordinator(const BenchOptions& options) {
     }
     ASSIGN_OR_RETURN(
         floors.echo,
-        MeasureEchoFloor(w, options.daemon.page_size,
+        MeasureEchoFloor(SelfPath(), dir, w, options.daemon.page_size,
                          DaemonBatcherSpin(options.daemon.server_flags),
                          echo_clients, options.floor_s, options.seed));
   }

@@ -2,8 +2,8 @@
 // the same run: an empty unary gRPC call to the daemon
 // (grpc.health.v1.Health/Check), the workers' decode steps made directly on
 // a PagePool in this process (no RPC), and the gRPC echo floor: the same
-// calls carried by gRPC to a server in this process that does no daemon
-// work (bench/grpc_echo.h).
+// calls carried by gRPC to a server in a process of its own that does no
+// daemon work (bench/grpc_echo.h, bench/echo_process.h).
 
 #ifndef PAGEALLOC_BENCH_FLOORS_H_
 #define PAGEALLOC_BENCH_FLOORS_H_
@@ -38,8 +38,8 @@ struct IdleCost {
 };
 
 // gRPC carrying the benchmark's calls with no daemon work (bench/grpc_echo.h):
-// an EchoServer built as the daemon's, one client at a time, then several
-// at once.
+// an EchoServer built as the daemon's, in a child process as the daemon
+// runs, one client at a time, then several at once.
 struct EchoFloor {
   bool measured = false;
   // The hand-off thread's spin (the daemon's batcher spin).
@@ -104,13 +104,17 @@ absl::StatusOr<Latency> MeasureInProcessDecode(
     int64_t page_size, double seconds, uint64_t seed, int threads,
     std::string* executor_name, Latency* enqueue = nullptr);
 
-// Starts an EchoServer (answers shaped for `page_size`, the hand-off thread
-// spinning up to `handoff_spin`) and times on it, each for `seconds` with
-// one client: Health/Check, AllocDecode(w.batch) answered inline, the same
-// answered from the hand-off thread; then, when `clients` > 1, the handed-off
-// AllocDecode from that many clients at once. The echo server's errors, or
-// MeasureEchoCalls's.
-absl::StatusOr<EchoFloor> MeasureEchoFloor(const Workload& w, int64_t page_size,
+// Starts `binary` (the benchmark binary) as an echo server child
+// (EchoServerProcess, its target file and log in `dir`; answers shaped for
+// `page_size`, the hand-off thread spinning up to `handoff_spin`) for each
+// answer, and times on it, each for `seconds` with one client: on the
+// inline child Health/Check and AllocDecode(w.batch); on the handed-off
+// child the same AllocDecode, then, when `clients` > 1, from that many
+// clients at once. Stops each child after its measurements. The children's
+// errors (with their logs), or MeasureEchoCalls's.
+absl::StatusOr<EchoFloor> MeasureEchoFloor(const std::string& binary,
+                                           const std::string& dir,
+                                           const Workload& w, int64_t page_size,
                                            absl::Duration handoff_spin,
                                            int clients, double seconds,
                                            uint64_t seed);

@@ -5,7 +5,8 @@
 // two costs: gRPC carrying a call of that shape (parsing and serialising
 // 256 requests' arrays, answering from another thread) and the daemon's own
 // work. The echo server has only the first, so the benchmark can tell them
-// apart in the same run (bench/README.md, "Floors").
+// apart in the same run (bench/README.md, "Floors"). The benchmark hosts
+// the server in a child process, as the daemon runs (bench/echo_process.h).
 
 #ifndef PAGEALLOC_BENCH_GRPC_ECHO_H_
 #define PAGEALLOC_BENCH_GRPC_ECHO_H_

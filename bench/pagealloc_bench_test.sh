@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs pagealloc-bench briefly on the CPU backend and checks its JSON: every
 # field present, counts and rates non-zero, percentiles ordered; the gRPC
-# echo floor (with two clients at once in the sweep, none with one client,
-# absent with --echo_floor=false); the completion modes of a sweep (sync,
+# echo floor, its server in a child process (with two clients at once in the
+# sweep, none with one client, absent with --echo_floor=false); the completion modes of a sweep (sync,
 # and gpu: slots read on the "GPU", which on the CPU backend is the host,
 # one lane behind); page size 1 with prefill chunks only. No timing
 # thresholds: a benchmark reports, it never fails on time. Then, where
@@ -22,7 +22,8 @@ mkdir -p "$out"
   --piggyback_ops=false --json="$out/results.json" >"$out/stdout.txt"
 cat "$out/stdout.txt"
 grep -q "== sweep" "$out/stdout.txt"
-grep -q "gRPC echo (in this process, no daemon work" "$out/stdout.txt"
+grep -q "gRPC echo (server in a child process, no daemon work" "$out/stdout.txt"
+grep -q "AllocDecode(32) inline" "$out/stdout.txt"
 grep -q "AllocDecode(32) handed off" "$out/stdout.txt"
 grep -q "2 echo clients: .* AllocDecode calls/s together" "$out/stdout.txt"
 # The default: frees and checkpoints ride on the allocation calls. With the

@@ -125,7 +125,8 @@ void PrintLatencyRow(const char* name, const LatencyHistogram& h,
 // The echo floor's rows and ratios, under the floors' header.
 void PrintEchoFloor(const EchoFloor& echo, const Workload& w) {
   std::printf(
-      "gRPC echo (in this process, no daemon work; hand-off thread spins "
+      "gRPC echo (server in a child process, no daemon work; hand-off thread "
+      "spins "
       "up to %.0f us):\n",
       absl::ToDoubleMicroseconds(echo.handoff_spin));
   PrintLatencyRow("  Health/Check", echo.empty.histogram, echo.empty.seconds);
