@@ -2,15 +2,20 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/control.h"
+#include "bench/daemon.h"
 #include "bench/floors.h"
 #include "bench/phase.h"
 #include "bench/report.h"
 #include "common/status_macros.h"
+#include "server/server.h"
 
 namespace pagealloc::bench {
 namespace {
@@ -31,6 +36,26 @@ absl::StatusOr<Workload> WithMode(const Workload& w, const std::string& name) {
   return mode;
 }
 
+// The spin of the daemon's batcher thread: its --batcher_spin_us among
+// `server_flags` when set there (>= 0), else the daemon's default for this
+// machine (ServerOptions.batcher).
+absl::Duration DaemonBatcherSpin(const std::vector<std::string>& server_flags) {
+  absl::Duration spin = ServerOptions().batcher.spin;
+  for (const std::string& flag : server_flags) {
+    for (absl::string_view prefix :
+         {"--batcher_spin_us=", "-batcher_spin_us="}) {
+      int64_t us = 0;
+      if (absl::StartsWith(flag, prefix) &&
+          absl::SimpleAtoi(absl::string_view(flag).substr(prefix.size()),
+                           &us) &&
+          us >= 0) {
+        spin = absl::Microseconds(us);
+      }
+    }
+  }
+  return spin;
+}
+
 }  // namespace
 
 absl::Status RunCoordinator(const BenchOptions& options) {
@@ -47,6 +72,10 @@ absl::Status RunCoordinator(const BenchOptions& options) {
   if (client_counts.front() < 1 || client_counts.front() > kMaxClients) {
     return absl::InvalidArgumentError(
         absl::StrCat("--clients must be 1..", kMaxClients));
+  }
+  if (options.echo_clients < 0 || options.echo_clients > kMaxClients) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--echo_clients must be 0..", kMaxClients));
   }
   if (options.floor_threads < 1 || options.floor_threads > 256) {
     return absl::InvalidArgumentError("--floor_threads must be 1..256");
@@ -81,6 +110,21 @@ absl::Status RunCoordinator(const BenchOptions& options) {
           options.daemon.page_size, options.floor_s, options.seed,
           options.floor_threads, &floors.executor, &floors.in_process_enqueue));
   floors.in_process_threads = options.floor_threads;
+  if (options.echo_floor) {
+    const int echo_clients =
+        options.echo_clients > 0
+            ? options.echo_clients
+            : *std::max_element(client_counts.begin(), client_counts.end());
+    if (options.progress) {
+      std::fprintf(stderr, "measuring the gRPC echo floor (%.1f s each)...\n",
+                   options.floor_s);
+    }
+    ASSIGN_OR_RETURN(
+        floors.echo,
+        MeasureEchoFloor(SelfPath(), dir, w, options.daemon.page_size,
+                         DaemonBatcherSpin(options.daemon.server_flags),
+                         echo_clients, options.floor_s, options.seed));
+  }
 
   if (options.idle_s > 0) {
     if (options.progress) {

@@ -35,6 +35,11 @@ struct BenchOptions {
   // `idle_sessions` sessions open; 0: skipped.
   double idle_s = 0;
   int idle_sessions = 8;
+  // The gRPC echo floor (MeasureEchoFloor), each of its measurements
+  // floor_s long; its several-client measurement with `echo_clients`
+  // clients (0: the most clients of any phase; skipped when that is 1).
+  bool echo_floor = true;
+  int echo_clients = 0;
   Workload workload;
   bool fast_channel = true;  // recorded in the JSON; workers get it below
   uint64_t seed = 1;

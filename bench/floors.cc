@@ -13,6 +13,8 @@
 #include "absl/types/span.h"
 #include "allocator/page_pool.h"
 #include "bench/clock.h"
+#include "bench/echo_process.h"
+#include "bench/grpc_echo.h"
 #include "bench/snapshot.h"
 #include "client/client.h"
 #include "common/status_macros.h"
@@ -287,6 +289,50 @@ absl::StatusOr<Latency> MeasureInProcessDecode(
   result.seconds = (NowNanos() - start) / 1e9;
   if (enqueue != nullptr) enqueue->seconds = result.seconds;
   return result;
+}
+
+absl::StatusOr<EchoFloor> MeasureEchoFloor(const std::string& binary,
+                                           const std::string& dir,
+                                           const Workload& w, int64_t page_size,
+                                           absl::Duration handoff_spin,
+                                           int clients, double seconds,
+                                           uint64_t seed) {
+  EchoServer::Options options;
+  options.handoff_spin = handoff_spin;
+  options.page_size = page_size;
+  auto measure = [&](const EchoServerProcess& server, EchoCall call,
+                     int n) -> absl::StatusOr<Latency> {
+    ASSIGN_OR_RETURN(EchoCalls calls, MeasureEchoCalls(server.target(), call, w,
+                                                       n, seconds, seed));
+    Latency latency;
+    latency.histogram = std::move(calls.histogram);
+    latency.seconds = calls.seconds;
+    return latency;
+  };
+  EchoFloor floor;
+  floor.handoff_spin = handoff_spin;
+  {
+    ASSIGN_OR_RETURN(
+        EchoServerProcess server,
+        EchoServerProcess::Start(binary, dir, EchoAnswer::kInline, options));
+    ASSIGN_OR_RETURN(floor.empty, measure(server, EchoCall::kHealthCheck, 1));
+    ASSIGN_OR_RETURN(floor.inline_decode,
+                     measure(server, EchoCall::kAllocDecode, 1));
+    RETURN_IF_ERROR(server.Stop());
+  }
+  ASSIGN_OR_RETURN(
+      EchoServerProcess server,
+      EchoServerProcess::Start(binary, dir, EchoAnswer::kHandedOff, options));
+  ASSIGN_OR_RETURN(floor.handed_off,
+                   measure(server, EchoCall::kAllocDecode, 1));
+  if (clients > 1) {
+    floor.clients = clients;
+    ASSIGN_OR_RETURN(floor.clients_handed_off,
+                     measure(server, EchoCall::kAllocDecode, clients));
+  }
+  RETURN_IF_ERROR(server.Stop());
+  floor.measured = true;
+  return floor;
 }
 
 absl::StatusOr<IdleCost> MeasureIdleDaemon(const std::string& target, int pid,

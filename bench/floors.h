@@ -1,7 +1,9 @@
-// The two floors every phase is compared with, measured on the same socket
-// and machine: an empty unary gRPC call (grpc.health.v1.Health/Check), and
-// the workers' decode steps made directly on a PagePool in this process (no
-// RPC).
+// The floors every phase is compared with, measured on the same machine in
+// the same run: an empty unary gRPC call to the daemon
+// (grpc.health.v1.Health/Check), the workers' decode steps made directly on
+// a PagePool in this process (no RPC), and the gRPC echo floor: the same
+// calls carried by gRPC to a server in a process of its own that does no
+// daemon work (bench/grpc_echo.h, bench/echo_process.h).
 
 #ifndef PAGEALLOC_BENCH_FLOORS_H_
 #define PAGEALLOC_BENCH_FLOORS_H_
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "bench/latency_histogram.h"
 #include "bench/workload.h"
 
@@ -34,6 +37,32 @@ struct IdleCost {
   }
 };
 
+// gRPC carrying the benchmark's calls with no daemon work (bench/grpc_echo.h):
+// an EchoServer built as the daemon's, in a child process as the daemon
+// runs, one client at a time, then several at once.
+struct EchoFloor {
+  bool measured = false;
+  // The hand-off thread's spin (the daemon's batcher spin).
+  absl::Duration handoff_spin;
+  Latency empty;  // Health/Check on the echo server
+  // AllocDecode of the workload's batch, answered on the gRPC thread that
+  // read it (kInline), and from the hand-off thread (kHandedOff).
+  Latency inline_decode;
+  Latency handed_off;
+  // `clients` clients at once, each on its own connection, answered from
+  // the hand-off thread: every call in one histogram; 0: not measured.
+  int clients = 0;
+  Latency clients_handed_off;
+
+  // The clients' calls per second together; 0 when not measured.
+  double clients_calls_per_s() const {
+    return clients_handed_off.seconds > 0
+               ? clients_handed_off.histogram.count() /
+                     clients_handed_off.seconds
+               : 0;
+  }
+};
+
 struct Floors {
   Latency health;
   Latency in_process;
@@ -46,7 +75,8 @@ struct Floors {
   // The threads that took turns at the in-process floor's steps
   // (MeasureInProcessDecode's `threads`).
   int in_process_threads = 1;
-  IdleCost idle;  // measured with --idle_s only
+  IdleCost idle;   // measured with --idle_s only
+  EchoFloor echo;  // measured with --echo_floor only
 };
 
 // Times grpc.health.v1.Health/Check on `target`, one call at a time on one
@@ -73,6 +103,21 @@ absl::StatusOr<Latency> MeasureInProcessDecode(
     const std::string& backend, const Workload& w, int64_t num_pages,
     int64_t page_size, double seconds, uint64_t seed, int threads,
     std::string* executor_name, Latency* enqueue = nullptr);
+
+// Starts `binary` (the benchmark binary) as an echo server child
+// (EchoServerProcess, its target file and log in `dir`; answers shaped for
+// `page_size`, the hand-off thread spinning up to `handoff_spin`) for each
+// answer, and times on it, each for `seconds` with one client: on the
+// inline child Health/Check and AllocDecode(w.batch); on the handed-off
+// child the same AllocDecode, then, when `clients` > 1, from that many
+// clients at once. Stops each child after its measurements. The children's
+// errors (with their logs), or MeasureEchoCalls's.
+absl::StatusOr<EchoFloor> MeasureEchoFloor(const std::string& binary,
+                                           const std::string& dir,
+                                           const Workload& w, int64_t page_size,
+                                           absl::Duration handoff_spin,
+                                           int clients, double seconds,
+                                           uint64_t seed);
 
 // Opens `sessions` sessions on `target` (with fast channels when
 // `fast_channel`), makes one Alloc of `page_size` tokens on each, then reads

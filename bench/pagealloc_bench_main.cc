@@ -1,8 +1,10 @@
 // pagealloc-bench: the end-to-end load generator and benchmark.
 //
-// It starts a daemon (or drives --target), measures two floors on the same
-// socket and machine (an empty unary gRPC call, grpc.health.v1.Health/Check,
-// and the allocator called in-process with no RPC), then runs one phase per
+// It starts a daemon (or drives --target), measures its floors on the same
+// machine (an empty unary gRPC call, grpc.health.v1.Health/Check, the
+// allocator called in-process with no RPC, and the gRPC echo floor: the
+// calls carried by gRPC with no daemon work, to an echo server that is this
+// binary with --echo_server), then runs one phase per
 // client count: K worker processes (this binary with --worker) behave like
 // schedulers, each with --batch live sequences: decode steps, prefill chunks,
 // speculative steps (checkpoint, draft, rollback), frees of finished
@@ -19,7 +21,8 @@
 // error, a daemon that does not start), never on a number.
 //
 // This file holds the flags and turns them into the options of the jobs in
-// bench/: daemon.h (start or attach), floors.h, worker.h and phase.h (the
+// bench/: daemon.h (start or attach), floors.h (and echo_process.h, the
+// echo server's process), worker.h and phase.h (the
 // workers and the coordinator's side of them), snapshot.h (what the daemon
 // reports), report.h (tables and JSON), coordinator.h (the run).
 
@@ -32,12 +35,15 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/coordinator.h"
+#include "bench/echo_process.h"
 #include "bench/worker.h"
 #include "bench/workload.h"
 #include "common/command_line.h"
+#include "common/status_macros.h"
 
 ABSL_FLAG(std::string, target, "",
           "Daemon to drive (e.g. unix:///run/pagealloc/gpu0.sock); empty "
@@ -117,6 +123,14 @@ ABSL_FLAG(double, idle_s, 0,
           "Seconds to measure the daemon's CPU while --idle_sessions "
           "sessions sit open and quiet (after one call each); 0: skip.");
 ABSL_FLAG(int, idle_sessions, 8, "Sessions open during --idle_s.");
+ABSL_FLAG(bool, echo_floor, true,
+          "Measure the gRPC echo floor: Health/Check and AllocDecode(--batch) "
+          "on a gRPC server in a child process that answers with no daemon "
+          "work, inline and from a hand-off thread, each for --floor_s.");
+ABSL_FLAG(int, echo_clients, 0,
+          "Clients at once for the echo floor's several-client measurement "
+          "(each on its own connection); 0: the most of --clients and "
+          "--sweep_clients, skipped when that is 1.");
 ABSL_FLAG(std::string, json, "", "Write the results here as JSON.");
 ABSL_FLAG(bool, progress, true, "Show one refreshing progress line on stderr.");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed (each client adds its index).");
@@ -125,6 +139,19 @@ ABSL_FLAG(bool, worker, false, "Internal: run as one client process.");
 ABSL_FLAG(int, worker_index, 0, "Internal: this worker's slot.");
 ABSL_FLAG(std::string, control_file, "", "Internal: the shared control block.");
 ABSL_FLAG(std::string, worker_out, "", "Internal: where to write results.");
+// Internal: the echo floor starts its gRPC echo servers with these (and
+// --page_size).
+ABSL_FLAG(bool, echo_server, false,
+          "Internal: run as the gRPC echo floor's server process.");
+ABSL_FLAG(std::string, echo_answer, "inline",
+          "Internal: how the echo server answers AllocDecode: inline or "
+          "handed_off.");
+ABSL_FLAG(int64_t, echo_handoff_spin_us, 200,
+          "Internal: the echo server's hand-off thread's spin.");
+ABSL_FLAG(std::string, echo_target_file, "",
+          "Internal: where the echo server writes its target.");
+ABSL_FLAG(int, echo_parent_pid, 0,
+          "Internal: the benchmark that starts the echo server.");
 
 namespace pagealloc::bench {
 namespace {
@@ -175,6 +202,20 @@ std::vector<std::string> WorkerFlags() {
   return args;
 }
 
+absl::StatusOr<EchoServerProcessOptions> EchoServerOptionsFromFlags() {
+  EchoServerProcessOptions o;
+  ASSIGN_OR_RETURN(o.answer, ParseEchoAnswer(absl::GetFlag(FLAGS_echo_answer)));
+  o.server.handoff_spin =
+      absl::Microseconds(absl::GetFlag(FLAGS_echo_handoff_spin_us));
+  o.server.page_size = absl::GetFlag(FLAGS_page_size);
+  o.target_file = absl::GetFlag(FLAGS_echo_target_file);
+  if (o.target_file.empty()) {
+    return absl::InvalidArgumentError("--echo_server needs --echo_target_file");
+  }
+  o.parent_pid = absl::GetFlag(FLAGS_echo_parent_pid);
+  return o;
+}
+
 BenchOptions BenchOptionsFromFlags() {
   BenchOptions o;
   o.daemon.target = absl::GetFlag(FLAGS_target);
@@ -193,6 +234,8 @@ BenchOptions BenchOptionsFromFlags() {
   o.floor_threads = absl::GetFlag(FLAGS_floor_threads);
   o.idle_s = absl::GetFlag(FLAGS_idle_s);
   o.idle_sessions = absl::GetFlag(FLAGS_idle_sessions);
+  o.echo_floor = absl::GetFlag(FLAGS_echo_floor);
+  o.echo_clients = absl::GetFlag(FLAGS_echo_clients);
   o.workload = WorkloadFromFlags();
   o.fast_channel = absl::GetFlag(FLAGS_fast_channel);
   o.seed = absl::GetFlag(FLAGS_seed);
@@ -206,7 +249,8 @@ BenchOptions BenchOptionsFromFlags() {
 }  // namespace pagealloc::bench
 
 int main(int argc, char** argv) {
-  // --help: the flags of this file (the worker's internal ones left out);
+  // --help: the flags of this file (the worker's and the echo server's
+  // internal ones left out);
   // usage errors exit 2 (common/command_line.h).
   pagealloc::ParseCommandLine(
       argc, argv,
@@ -217,7 +261,9 @@ int main(int argc, char** argv) {
        "--sweep_completion=sync,gpu --json=/tmp/sweep.json",
        "bench/pagealloc_bench_main.cc",
        {},
-       {"worker", "worker_index", "control_file", "worker_out"}});
+       {"worker", "worker_index", "control_file", "worker_out", "echo_server",
+        "echo_answer", "echo_handoff_spin_us", "echo_target_file",
+        "echo_parent_pid"}});
   // As the daemon does (server/main.cc): Debian's Abseil leaves Mutex
   // deadlock detection on, a global lock in every Lock; a scheduler linking
   // the client library should turn it off the same way.
@@ -225,6 +271,16 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_worker)) {
     return pagealloc::bench::RunWorker(
         pagealloc::bench::WorkerOptionsFromFlags());
+  }
+  if (absl::GetFlag(FLAGS_echo_server)) {
+    absl::StatusOr<pagealloc::bench::EchoServerProcessOptions> options =
+        pagealloc::bench::EchoServerOptionsFromFlags();
+    if (!options.ok()) {
+      std::fprintf(stderr, "pagealloc-bench: %s\n",
+                   options.status().ToString().c_str());
+      return pagealloc::kExitUsage;
+    }
+    return pagealloc::bench::RunEchoServerProcess(*options);
   }
   absl::Status status = pagealloc::bench::RunCoordinator(
       pagealloc::bench::BenchOptionsFromFlags());

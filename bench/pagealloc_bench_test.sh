@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs pagealloc-bench briefly on the CPU backend and checks its JSON: every
-# field present, counts and rates non-zero, percentiles ordered; the
-# completion modes of a sweep (sync, and gpu: slots read on the "GPU", which
-# on the CPU backend is the host, one lane behind); page size 1 with prefill
-# chunks only. No timing thresholds: a benchmark reports, it never fails on
-# time. Then, where gnuplot is installed, checks that bench/plot.sh turns the
-# JSON into PNGs.
+# field present, counts and rates non-zero, percentiles ordered; the gRPC
+# echo floor, its server in a child process (with two clients at once in the
+# sweep, none with one client, absent with --echo_floor=false); the completion modes of a sweep (sync,
+# and gpu: slots read on the "GPU", which on the CPU backend is the host,
+# one lane behind); page size 1 with prefill chunks only. No timing
+# thresholds: a benchmark reports, it never fails on time. Then, where
+# gnuplot is installed, checks that bench/plot.sh turns the JSON into PNGs.
 set -euo pipefail
 runfiles=${TEST_SRCDIR:?}/${TEST_WORKSPACE:-pagealloc}
 bench=$runfiles/bench/pagealloc-bench
@@ -21,6 +22,10 @@ mkdir -p "$out"
   --piggyback_ops=false --json="$out/results.json" >"$out/stdout.txt"
 cat "$out/stdout.txt"
 grep -q "== sweep" "$out/stdout.txt"
+grep -q "gRPC echo (server in a child process, no daemon work" "$out/stdout.txt"
+grep -q "AllocDecode(32) inline" "$out/stdout.txt"
+grep -q "AllocDecode(32) handed off" "$out/stdout.txt"
+grep -q "2 echo clients: .* AllocDecode calls/s together" "$out/stdout.txt"
 # The default: frees and checkpoints ride on the allocation calls. With the
 # idle-daemon measurement, and the in-process floor's steps taken in turn by
 # three threads.
@@ -32,9 +37,9 @@ grep -q "== sweep" "$out/stdout.txt"
 grep -q "in-process decode(32) cpu, 3 threads in turn" "$out/piggyback.txt"
 cat "$out/piggyback.txt"
 # SGLang's default page size, prefill chunks only, slots read in order on
-# the client's side with three lanes.
+# the client's side with three lanes; no echo floor.
 "$bench" --backend=cpu --server_binary="$runfiles/server/pagealloc-server" \
-  --clients=1 --page_size=1 --num_pages=262144 --batch=4 \
+  --clients=1 --page_size=1 --num_pages=262144 --batch=4 --echo_floor=false \
   --prefill_chunk=512 --prefill_requests=4 --max_seq_len=8192 \
   --decode_weight=0 --prefill_weight=100 --spec_weight=0 --gpu_ordered \
   --lanes=3 --duration_s=1 --floor_s=0.3 \
@@ -65,6 +70,21 @@ latency("floors.in_process_decode", r["floors"]["in_process_decode"])
 latency("floors.in_process_enqueue", r["floors"]["in_process_enqueue"])
 if r["floors"]["in_process_decode"]["executor"] != "cpu":
     errors.append("floors.in_process_decode.executor")
+# The gRPC echo floor: one client inline and handed off, then as many
+# clients as the largest phase (2) at once.
+echo = r["floors"]["grpc_echo"]
+if not echo["measured"] or echo["handoff_spin_us"] < 0:
+    errors.append(f"floors.grpc_echo: measured {echo['measured']}, "
+                  f"spin {echo['handoff_spin_us']}")
+for k in ("health_check", "alloc_decode_inline", "alloc_decode_handed_off",
+          "clients_handed_off"):
+    latency(f"floors.grpc_echo.{k}", echo[k])
+positive("floors.grpc_echo.ratios", echo["ratios"], *echo["ratios"].keys())
+if echo["clients_handed_off"]["clients"] != 2:
+    errors.append(f"floors.grpc_echo.clients_handed_off.clients = "
+                  f"{echo['clients_handed_off']['clients']}, want 2")
+positive("floors.grpc_echo.clients_handed_off", echo["clients_handed_off"],
+         "seconds", "calls_per_s")
 # One phase per client count and mode, the modes inner.
 got = [(p["clients"], p["mode"], p["async_completion"], p["gpu_ordered"],
         p["lanes"]) for p in r["phases"]]
@@ -85,6 +105,8 @@ for i, p in enumerate(r["phases"]):
     if p["server_metrics"]["queue_wait_mean_us"] < 0:
         errors.append(w + ".server_metrics.queue_wait_mean_us unknown")
     positive(w + ".ratios", p["ratios"], *p["ratios"].keys())
+    if "decode_p50_vs_echo_handed_off_p50" not in p["ratios"]:
+        errors.append(w + ".ratios: no echo floor ratios")
     # Every launch carries at least one call, and a call never spans two.
     if p["calls_per_launch"] < 1 - 1e-9 and p["launches"] > 0:
         errors.append(f"{w}: calls_per_launch {p['calls_per_launch']} < 1")
@@ -110,12 +132,23 @@ if idle["sessions"] != 2 or idle["seconds"] < 0.5 or idle["cpu_s"] < 0:
     errors.append(f"piggyback: floors.idle_daemon {idle}")
 if r["floors"]["idle_daemon"]["seconds"] != 0:
     errors.append("floors.idle_daemon measured without --idle_s")
+# One client: the echo floor has no several-client measurement.
+pe = p["floors"]["grpc_echo"]
+if not pe["measured"] or pe["clients_handed_off"]["clients"] != 0:
+    errors.append(f"piggyback: floors.grpc_echo.clients_handed_off "
+                  f"{pe['clients_handed_off']}")
+latency("piggyback.floors.grpc_echo.alloc_decode_handed_off",
+        pe["alloc_decode_handed_off"])
 # Prefill chunks only at page size 1: every allocation is an extend, and
 # the chunks are bigger than an admission's prompt on average.
 f = json.load(open(sys.argv[3]))
 if f["config"]["page_size"] != 1 or not f["config"]["gpu_ordered"]:
     errors.append(f"prefill: config {f['config']}")
 fp = f["phases"][0]
+if f["floors"]["grpc_echo"] != {"measured": False}:
+    errors.append(f"prefill: floors.grpc_echo {f['floors']['grpc_echo']}")
+if any("echo" in k for k in fp["ratios"]):
+    errors.append("prefill: echo ratios without the echo floor")
 if (fp["mode"], fp["lanes"]) != ("sync_gpu", 3):
     errors.append(f"prefill: mode {fp['mode']}, lanes {fp['lanes']}")
 latency("prefill.rpcs.AllocExtend", fp["rpcs"]["AllocExtend"])

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "bench/rpc_stats.h"
 #include "common/build_info.h"
 #include "common/version.h"
@@ -59,6 +60,22 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
       p.server_cpu_seconds < 0
           ? -1
           : Ratio(p.server_cpu_seconds * 1e6, p.alloc_calls);
+  // With the echo floor: the daemon's AllocDecode against gRPC carrying
+  // the same call with no daemon work.
+  std::string echo_ratios;
+  if (floors.echo.measured) {
+    const LatencyHistogram& inline_decode = floors.echo.inline_decode.histogram;
+    const LatencyHistogram& handed_off = floors.echo.handed_off.histogram;
+    echo_ratios = absl::StrFormat(
+        ", \"decode_p50_vs_echo_inline_p50\": %.3f, "
+        "\"decode_p99_vs_echo_inline_p99\": %.3f, "
+        "\"decode_p50_vs_echo_handed_off_p50\": %.3f, "
+        "\"decode_p99_vs_echo_handed_off_p99\": %.3f",
+        Ratio(decode.Percentile(0.5), inline_decode.Percentile(0.5)),
+        Ratio(decode.Percentile(0.99), inline_decode.Percentile(0.99)),
+        Ratio(decode.Percentile(0.5), handed_off.Percentile(0.5)),
+        Ratio(decode.Percentile(0.99), handed_off.Percentile(0.99)));
+  }
   return absl::StrFormat(
       "{\"clients\": %d, \"mode\": \"%s\", \"async_completion\": %s, "
       "\"gpu_ordered\": %s, \"lanes\": %d, \"seconds\": %.3f, "
@@ -74,7 +91,7 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
       "\"ratios\": {\"decode_p50_vs_health_p50\": %.3f, "
       "\"decode_p99_vs_health_p99\": %.3f, "
       "\"decode_p50_vs_in_process_p50\": %.3f, "
-      "\"decode_p99_vs_in_process_p99\": %.3f}, "
+      "\"decode_p99_vs_in_process_p99\": %.3f%s}, "
       "\"rpcs\": {%s}}",
       p.clients, p.workload.mode(),
       p.workload.async_completion ? "true" : "false",
@@ -94,7 +111,7 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
             floors.in_process.histogram.Percentile(0.5)),
       Ratio(decode.Percentile(0.99),
             floors.in_process.histogram.Percentile(0.99)),
-      absl::StrJoin(rpcs, ", "));
+      echo_ratios, absl::StrJoin(rpcs, ", "));
 }
 
 void PrintLatencyRow(const char* name, const LatencyHistogram& h,
@@ -103,6 +120,68 @@ void PrintLatencyRow(const char* name, const LatencyHistogram& h,
               static_cast<long long>(h.count()), h.count() / seconds,
               Us(h.Percentile(0.5)), Us(h.Percentile(0.9)),
               Us(h.Percentile(0.99)), Us(h.Percentile(0.999)));
+}
+
+// The echo floor's rows and ratios, under the floors' header.
+void PrintEchoFloor(const EchoFloor& echo, const Workload& w) {
+  std::printf(
+      "gRPC echo (server in a child process, no daemon work; hand-off thread "
+      "spins "
+      "up to %.0f us):\n",
+      absl::ToDoubleMicroseconds(echo.handoff_spin));
+  PrintLatencyRow("  Health/Check", echo.empty.histogram, echo.empty.seconds);
+  const std::string decode = absl::StrFormat("  AllocDecode(%d)", w.batch);
+  PrintLatencyRow((decode + " inline").c_str(), echo.inline_decode.histogram,
+                  echo.inline_decode.seconds);
+  PrintLatencyRow((decode + " handed off").c_str(), echo.handed_off.histogram,
+                  echo.handed_off.seconds);
+  if (echo.clients > 0) {
+    PrintLatencyRow(
+        absl::StrFormat("  %d clients, handed off", echo.clients).c_str(),
+        echo.clients_handed_off.histogram, echo.clients_handed_off.seconds);
+  }
+  const LatencyHistogram& empty = echo.empty.histogram;
+  std::printf(
+      "  echo AllocDecode(%d) vs echo Health/Check: inline p50 %.2fx, "
+      "p99 %.2fx; handed off p50 %.2fx, p99 %.2fx\n",
+      w.batch,
+      Ratio(echo.inline_decode.histogram.Percentile(0.5),
+            empty.Percentile(0.5)),
+      Ratio(echo.inline_decode.histogram.Percentile(0.99),
+            empty.Percentile(0.99)),
+      Ratio(echo.handed_off.histogram.Percentile(0.5), empty.Percentile(0.5)),
+      Ratio(echo.handed_off.histogram.Percentile(0.99),
+            empty.Percentile(0.99)));
+  if (echo.clients > 0) {
+    std::printf("  %d echo clients: %.0f AllocDecode calls/s together\n",
+                echo.clients, echo.clients_calls_per_s());
+  }
+}
+
+std::string EchoJson(const EchoFloor& echo) {
+  if (!echo.measured) return "{\"measured\": false}";
+  const LatencyHistogram& empty = echo.empty.histogram;
+  const LatencyHistogram& inline_decode = echo.inline_decode.histogram;
+  const LatencyHistogram& handed_off = echo.handed_off.histogram;
+  return absl::StrFormat(
+      "{\"measured\": true, \"handoff_spin_us\": %.1f,\n"
+      "    \"health_check\": {%s},\n"
+      "    \"alloc_decode_inline\": {%s},\n"
+      "    \"alloc_decode_handed_off\": {%s},\n"
+      "    \"ratios\": {\"inline_p50_vs_health_p50\": %.3f, "
+      "\"inline_p99_vs_health_p99\": %.3f, "
+      "\"handed_off_p50_vs_health_p50\": %.3f, "
+      "\"handed_off_p99_vs_health_p99\": %.3f},\n"
+      "    \"clients_handed_off\": {\"clients\": %d, \"seconds\": %.3f, "
+      "\"calls_per_s\": %.1f, %s}}",
+      absl::ToDoubleMicroseconds(echo.handoff_spin), LatencyJson(empty),
+      LatencyJson(inline_decode), LatencyJson(handed_off),
+      Ratio(inline_decode.Percentile(0.5), empty.Percentile(0.5)),
+      Ratio(inline_decode.Percentile(0.99), empty.Percentile(0.99)),
+      Ratio(handed_off.Percentile(0.5), empty.Percentile(0.5)),
+      Ratio(handed_off.Percentile(0.99), empty.Percentile(0.99)), echo.clients,
+      echo.clients_handed_off.seconds, echo.clients_calls_per_s(),
+      LatencyJson(echo.clients_handed_off.histogram));
 }
 
 }  // namespace
@@ -126,6 +205,7 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
   PrintLatencyRow("  until Allocate returns",
                   floors.in_process_enqueue.histogram,
                   floors.in_process_enqueue.seconds);
+  if (floors.echo.measured) PrintEchoFloor(floors.echo, w);
   if (floors.idle.seconds > 0) {
     std::printf(
         "idle daemon, %d session(s) open (%s): %.2f%% of a core over %.1f s\n",
@@ -178,6 +258,19 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
         Ratio(d.Percentile(0.99), floors.health.histogram.Percentile(0.99)),
         Ratio(d.Percentile(0.99),
               floors.in_process.histogram.Percentile(0.99)));
+    if (floors.echo.measured) {
+      // What the daemon adds to gRPC carrying the same call.
+      const LatencyHistogram& inline_decode =
+          floors.echo.inline_decode.histogram;
+      const LatencyHistogram& handed_off = floors.echo.handed_off.histogram;
+      std::printf(
+          "AllocDecode p50 = %.2fx echo AllocDecode inline, %.2fx handed "
+          "off; p99 = %.2fx, %.2fx\n",
+          Ratio(d.Percentile(0.5), inline_decode.Percentile(0.5)),
+          Ratio(d.Percentile(0.5), handed_off.Percentile(0.5)),
+          Ratio(d.Percentile(0.99), inline_decode.Percentile(0.99)),
+          Ratio(d.Percentile(0.99), handed_off.Percentile(0.99)));
+    }
   }
   if (phases.size() > 1) {
     std::printf("\n== sweep\n%8s %9s %14s %12s %13s %12s %12s\n", "clients",
@@ -229,7 +322,8 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
       "  \"in_process_decode\": {\"executor\": \"%s\", %s},\n"
       "  \"in_process_enqueue\": {%s},\n"
       "  \"idle_daemon\": {\"sessions\": %d, \"fast_channel\": %s, "
-      "\"seconds\": %.3f, \"cpu_s\": %.4f, \"core_share\": %.5f}},\n"
+      "\"seconds\": %.3f, \"cpu_s\": %.4f, \"core_share\": %.5f},\n"
+      "  \"grpc_echo\": %s},\n"
       "\"phases\": [\n%s\n]\n}\n",
       run, config.backend, config.target, w.batch, config.duration_s,
       w.decode_weight, w.prefill_weight, w.spec_weight, w.prefill_chunk,
@@ -241,7 +335,7 @@ absl::Status WriteJson(const std::string& path, const RunConfig& config,
       LatencyJson(floors.in_process.histogram),
       LatencyJson(floors.in_process_enqueue.histogram), floors.idle.sessions,
       floors.idle.fast_channel ? "true" : "false", floors.idle.seconds,
-      floors.idle.cpu_seconds, floors.idle.core_share(),
+      floors.idle.cpu_seconds, floors.idle.core_share(), EchoJson(floors.echo),
       absl::StrJoin(phase_json, ",\n"));
   std::ofstream out(path);
   out << text;

@@ -1,7 +1,7 @@
-// The run's results: a table on stdout (floors, then per phase and RPC:
-// calls, rates, latency percentiles, launches, daemon CPU and stage means,
-// ratios to the floors; a sweep summary when there are several phases),
-// and the same as JSON for bench/plot.sh and comparisons.
+// The run's results: a table on stdout (floors, the gRPC echo floor among
+// them, then per phase and RPC: calls, rates, latency percentiles, launches,
+// daemon CPU and stage means, ratios to the floors; a sweep summary when there
+// are several phases), and the same as JSON for bench/plot.sh and comparisons.
 
 #ifndef PAGEALLOC_BENCH_REPORT_H_
 #define PAGEALLOC_BENCH_REPORT_H_

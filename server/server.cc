@@ -581,6 +581,36 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   return server;
 }
 
+void ApplyGrpcServerSettings(const ServerOptions& options,
+                             grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder->SetMaxSendMessageSize(options.max_message_bytes);
+  // No HTTP/2 BDP probing: the daemon's peers are on the same host, where
+  // it only adds a PING exchange (two wake-ups) per message.
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Dead and silent peers (ServerOptions): keepalive pings on connections
+  // with a call open, with no limit on pings between data frames (gRPC's
+  // default of 2 would stop probing a quiet stream after two), and idle
+  // connections closed.
+  const auto millis = [](absl::Duration d) {
+    return static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(d), 1, std::numeric_limits<int>::max()));
+  };
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                              millis(options.keepalive_time));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                              millis(options.keepalive_timeout));
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                              millis(options.max_connection_idle));
+  // TCP connections (accepted by gRPC) must finish their TLS handshake and
+  // send HTTP/2 settings within this; Unix-socket connections are bounded
+  // by the idle timeout from their first byte.
+  builder->AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      millis(std::min(options.max_connection_idle, kTcpHandshakeTimeout)));
+}
+
 Server::~Server() {
   Shutdown();
   Wait();
@@ -600,32 +630,7 @@ absl::Status Server::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
-  builder.SetMaxSendMessageSize(options_.max_message_bytes);
-  // No HTTP/2 BDP probing: the daemon's peers are on the same host, where
-  // it only adds a PING exchange (two wake-ups) per message.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  // Dead and silent peers (ServerOptions): keepalive pings on connections
-  // with a call open, with no limit on pings between data frames (gRPC's
-  // default of 2 would stop probing a quiet stream after two), and idle
-  // connections closed.
-  const auto millis = [](absl::Duration d) {
-    return static_cast<int>(std::clamp<int64_t>(
-        absl::ToInt64Milliseconds(d), 1, std::numeric_limits<int>::max()));
-  };
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                             millis(options_.keepalive_time));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             millis(options_.keepalive_timeout));
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-                             millis(options_.max_connection_idle));
-  // TCP connections (accepted by gRPC) must finish their TLS handshake and
-  // send HTTP/2 settings within this; Unix-socket connections are bounded
-  // by the idle timeout from their first byte.
-  builder.AddChannelArgument(
-      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-      millis(std::min(options_.max_connection_idle, kTcpHandshakeTimeout)));
+  ApplyGrpcServerSettings(options_, &builder);
   builder.RegisterService(grpc_service_.get());
   // Shutdown waits for the unary RPCs in flight, and only for those.
   in_flight_rpcs_ = std::make_shared<InFlightRpcs>();

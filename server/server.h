@@ -123,6 +123,14 @@ struct ServerOptions {
   absl::Duration fast_channel_throttle_time = absl::Seconds(1);
 };
 
+// Applies the daemon's gRPC server settings from `options` to `builder`:
+// message size limits, no HTTP/2 BDP probing, keepalive, idle and
+// handshake timeouts. Server::Start builds its server with them, and the
+// benchmark's gRPC echo floor (bench/grpc_echo.h) builds its own with them
+// too, so that both carry calls alike.
+void ApplyGrpcServerSettings(const ServerOptions& options,
+                             grpc::ServerBuilder* builder);
+
 class InFlightRpcs;  // server.cc: the unary RPCs not yet answered
 
 class Server {
