@@ -13,9 +13,9 @@
 #include "absl/types/span.h"
 #include "allocator/page_pool.h"
 #include "bench/clock.h"
+#include "bench/cpu_time.h"
 #include "bench/echo_process.h"
 #include "bench/grpc_echo.h"
-#include "bench/snapshot.h"
 #include "client/client.h"
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -300,10 +300,27 @@ absl::StatusOr<EchoFloor> MeasureEchoFloor(const std::string& binary,
   EchoServer::Options options;
   options.handoff_spin = handoff_spin;
   options.page_size = page_size;
-  auto measure = [&](const EchoServerProcess& server, EchoCall call,
-                     int n) -> absl::StatusOr<Latency> {
-    ASSIGN_OR_RETURN(EchoCalls calls, MeasureEchoCalls(server.target(), call, w,
-                                                       n, seconds, seed));
+  auto measure = [&](const EchoServerProcess& server, EchoCall call, int n,
+                     WindowCpu* cpu) -> absl::StatusOr<Latency> {
+    double server_before = -1, server_after = -1;
+    HostCpuTicks host_before, host_after;
+    EchoWindowHooks hooks;
+    hooks.at_start = [&] {
+      server_before = CpuSeconds(server.pid());
+      host_before = ReadHostCpu();
+    };
+    hooks.at_end = [&] {
+      server_after = CpuSeconds(server.pid());
+      host_after = ReadHostCpu();
+    };
+    ASSIGN_OR_RETURN(
+        EchoCalls calls,
+        MeasureEchoCalls(server.target(), call, w, n, seconds, seed, hooks));
+    if (server_before >= 0 && server_after >= 0) {
+      cpu->server_cpu_seconds = server_after - server_before;
+    }
+    cpu->host_cpus_busy = HostCpusBusy(host_before, host_after);
+    cpu->host_cpus = host_after.cpus;
     Latency latency;
     latency.histogram = std::move(calls.histogram);
     latency.seconds = calls.seconds;
@@ -315,20 +332,23 @@ absl::StatusOr<EchoFloor> MeasureEchoFloor(const std::string& binary,
     ASSIGN_OR_RETURN(
         EchoServerProcess server,
         EchoServerProcess::Start(binary, dir, EchoAnswer::kInline, options));
-    ASSIGN_OR_RETURN(floor.empty, measure(server, EchoCall::kHealthCheck, 1));
-    ASSIGN_OR_RETURN(floor.inline_decode,
-                     measure(server, EchoCall::kAllocDecode, 1));
+    ASSIGN_OR_RETURN(floor.empty, measure(server, EchoCall::kHealthCheck, 1,
+                                          &floor.empty_cpu));
+    ASSIGN_OR_RETURN(
+        floor.inline_decode,
+        measure(server, EchoCall::kAllocDecode, 1, &floor.inline_cpu));
     RETURN_IF_ERROR(server.Stop());
   }
   ASSIGN_OR_RETURN(
       EchoServerProcess server,
       EchoServerProcess::Start(binary, dir, EchoAnswer::kHandedOff, options));
-  ASSIGN_OR_RETURN(floor.handed_off,
-                   measure(server, EchoCall::kAllocDecode, 1));
+  ASSIGN_OR_RETURN(floor.handed_off, measure(server, EchoCall::kAllocDecode, 1,
+                                             &floor.handed_off_cpu));
   if (clients > 1) {
     floor.clients = clients;
-    ASSIGN_OR_RETURN(floor.clients_handed_off,
-                     measure(server, EchoCall::kAllocDecode, clients));
+    ASSIGN_OR_RETURN(
+        floor.clients_handed_off,
+        measure(server, EchoCall::kAllocDecode, clients, &floor.clients_cpu));
   }
   RETURN_IF_ERROR(server.Stop());
   floor.measured = true;

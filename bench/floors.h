@@ -37,6 +37,25 @@ struct IdleCost {
   }
 };
 
+// The CPU a server process and the host spent over one measurement's timed
+// window.
+struct WindowCpu {
+  // The server process's user + system time; -1: unknown.
+  double server_cpu_seconds = -1;
+  // The host's busy CPUs on average (HostCpusBusy, bench/cpu_time.h), of
+  // host_cpus; -1: unknown.
+  double host_cpus_busy = -1;
+  int host_cpus = 0;
+
+  // The server's CPU per call in microseconds, over `calls` calls; -1 when
+  // unknown.
+  double server_us_per_call(int64_t calls) const {
+    return server_cpu_seconds >= 0 && calls > 0
+               ? server_cpu_seconds * 1e6 / calls
+               : -1;
+  }
+};
+
 // gRPC carrying the benchmark's calls with no daemon work (bench/grpc_echo.h):
 // an EchoServer built as the daemon's, in a child process as the daemon
 // runs, one client at a time, then several at once.
@@ -53,6 +72,12 @@ struct EchoFloor {
   // the hand-off thread: every call in one histogram; 0: not measured.
   int clients = 0;
   Latency clients_handed_off;
+  // The echo server child's and the host's CPU over each measurement's
+  // timed window, per call over the calls in its histogram.
+  WindowCpu empty_cpu;
+  WindowCpu inline_cpu;
+  WindowCpu handed_off_cpu;
+  WindowCpu clients_cpu;
 
   // The clients' calls per second together; 0 when not measured.
   double clients_calls_per_s() const {
@@ -110,8 +135,10 @@ absl::StatusOr<Latency> MeasureInProcessDecode(
 // answer, and times on it, each for `seconds` with one client: on the
 // inline child Health/Check and AllocDecode(w.batch); on the handed-off
 // child the same AllocDecode, then, when `clients` > 1, from that many
-// clients at once. Stops each child after its measurements. The children's
-// errors (with their logs), or MeasureEchoCalls's.
+// clients at once. Reads the child's CPU time and the host's busy CPUs at
+// each measurement's timed window's start and end. Stops each child after
+// its measurements. The children's errors (with their logs), or
+// MeasureEchoCalls's.
 absl::StatusOr<EchoFloor> MeasureEchoFloor(const std::string& binary,
                                            const std::string& dir,
                                            const Workload& w, int64_t page_size,

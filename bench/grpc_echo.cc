@@ -306,7 +306,8 @@ int64_t EchoServer::answered() const { return impl_->service().answered(); }
 absl::StatusOr<EchoCalls> MeasureEchoCalls(const std::string& target,
                                            EchoCall call, const Workload& w,
                                            int clients, double seconds,
-                                           uint64_t seed) {
+                                           uint64_t seed,
+                                           const EchoWindowHooks& hooks) {
   if (clients < 1) {
     return absl::InvalidArgumentError("the echo floor needs a client");
   }
@@ -331,7 +332,11 @@ absl::StatusOr<EchoCalls> MeasureEchoCalls(const std::string& target,
     int64_t end = 0;
     {
       absl::MutexLock lock(&mu);
-      if (++arrived == clients) start = NowNanos();
+      if (++arrived == clients) {
+        // The others wait in Await below until the clock has started.
+        if (hooks.at_start) hooks.at_start();
+        start = NowNanos();
+      }
       auto all = [&] { return arrived == clients; };
       mu.Await(absl::Condition(&all));
       end = start + static_cast<int64_t>(seconds * 1e9);
@@ -352,6 +357,7 @@ absl::StatusOr<EchoCalls> MeasureEchoCalls(const std::string& target,
   for (int i = 1; i < clients; ++i) threads.emplace_back(run, i);
   run(0);
   for (std::thread& thread : threads) thread.join();
+  if (hooks.at_end) hooks.at_end();
 
   EchoCalls result;
   int64_t last = start;

@@ -12,6 +12,7 @@
 #define PAGEALLOC_BENCH_GRPC_ECHO_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -82,6 +83,17 @@ enum class EchoCall {
   kAllocDecode,  // AllocDecode of w.batch decode requests
 };
 
+// Called by MeasureEchoCalls at its timed window's ends, e.g. to read CPU
+// time over the window. Either may be empty.
+struct EchoWindowHooks {
+  // Once every client has made its untimed calls, before the clock starts
+  // and before any timed call (the clients wait for it to return).
+  std::function<void()> at_start;
+  // Once the last client's last call has returned and every client thread
+  // has ended.
+  std::function<void()> at_end;
+};
+
 struct EchoCalls {
   LatencyHistogram histogram;  // every client's timed calls, merged
   double seconds = 0;          // the timed window, all clients together
@@ -97,13 +109,15 @@ struct EchoCalls {
 // a session reference, packed_results set and a deadline, as the client
 // library sends) and its answer is parsed and checked as the client
 // library checks it; a call is timed as a worker times the client library's
-// call, from building the request to the checked answer. UNAVAILABLE when a
+// call, from building the request to the checked answer. Calls `hooks`
+// at the window's start and end, also when a call fails. UNAVAILABLE when a
 // call fails, INTERNAL when an answer has the wrong size, INVALID_ARGUMENT when
 // clients < 1.
 absl::StatusOr<EchoCalls> MeasureEchoCalls(const std::string& target,
                                            EchoCall call, const Workload& w,
                                            int clients, double seconds,
-                                           uint64_t seed);
+                                           uint64_t seed,
+                                           const EchoWindowHooks& hooks = {});
 
 }  // namespace pagealloc::bench
 

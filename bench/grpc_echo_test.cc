@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "client/client.h"
@@ -18,6 +19,7 @@ namespace pagealloc::bench {
 namespace {
 
 using ::pagealloc::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 class EchoServerTest : public ::testing::Test {
@@ -144,6 +146,23 @@ TEST_F(EchoServerTest, MeasuresTwoClientsOnTheirOwnConnections) {
   // Each client times at least one call.
   EXPECT_GE(calls.histogram.count(), 2);
   EXPECT_GT(calls.seconds, 0);
+}
+
+TEST_F(EchoServerTest, CallsTheHooksAtTheTimedWindowsEnds) {
+  server_->set_answer(EchoAnswer::kHandedOff);
+  std::vector<int64_t> answered_at_start, answered_at_end;
+  EchoWindowHooks hooks;
+  hooks.at_start = [&] { answered_at_start.push_back(server_->answered()); };
+  hooks.at_end = [&] { answered_at_end.push_back(server_->answered()); };
+  ASSERT_OK_AND_ASSIGN(
+      EchoCalls calls,
+      MeasureEchoCalls(server_->target(), EchoCall::kAllocDecode,
+                       SmallWorkload(16), /*clients=*/2, /*seconds=*/0.05,
+                       /*seed=*/7, hooks));
+  // Once each: at the start only the untimed calls were answered, at the
+  // end every call.
+  EXPECT_THAT(answered_at_start, ElementsAre(2 * 100));
+  EXPECT_THAT(answered_at_end, ElementsAre(calls.calls));
 }
 
 TEST_F(EchoServerTest, MeasuresTheEmptyCall) {

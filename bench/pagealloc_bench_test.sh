@@ -2,7 +2,9 @@
 # Runs pagealloc-bench briefly on the CPU backend and checks its JSON: every
 # field present, counts and rates non-zero, percentiles ordered; the gRPC
 # echo floor, its server in a child process (with two clients at once in the
-# sweep, none with one client, absent with --echo_floor=false); the completion modes of a sweep (sync,
+# sweep, none with one client, absent with --echo_floor=false); the CPU
+# lines and fields (the workers', the daemon's, the echo server's and the
+# host's); the completion modes of a sweep (sync,
 # and gpu: slots read on the "GPU", which on the CPU backend is the host,
 # one lane behind); page size 1 with prefill chunks only. No timing
 # thresholds: a benchmark reports, it never fails on time. Then, where
@@ -26,6 +28,8 @@ grep -q "gRPC echo (server in a child process, no daemon work" "$out/stdout.txt"
 grep -q "AllocDecode(32) inline" "$out/stdout.txt"
 grep -q "AllocDecode(32) handed off" "$out/stdout.txt"
 grep -q "2 echo clients: .* AllocDecode calls/s together" "$out/stdout.txt"
+grep -q "echo server CPU per call: Health/Check .* us, inline .* us, handed off .* us, 2 clients .* us; host .* of .* CPUs busy at 2 clients" "$out/stdout.txt"
+[ "$(grep -c "^host CPU .* of .* busy; clients .* CPUs (.* us per call); daemon .* CPUs (.* us per allocation call)$" "$out/stdout.txt")" = 4 ]
 # The default: frees and checkpoints ride on the allocation calls. With the
 # idle-daemon measurement, and the in-process floor's steps taken in turn by
 # three threads.
@@ -63,6 +67,17 @@ def latency(where, obj):
         errors.append(f"{where}: percentiles out of order")
     if len(obj["percentiles_us"]) < 5:
         errors.append(f"{where}: percentile curve too short")
+def cpu(where, obj, *keys):
+    for k in keys:
+        v = obj.get(k)
+        if not isinstance(v, (int, float)) or v < 0:
+            errors.append(f"{where}.{k} = {v!r}, want >= 0")
+def host(where, obj):
+    positive(where, obj, "host_cpus")
+    busy = obj.get("host_cpus_busy")
+    if not isinstance(busy, (int, float)) or not 0 <= busy <= obj["host_cpus"]:
+        errors.append(f"{where}.host_cpus_busy = {busy!r}, want in "
+                      f"[0, {obj['host_cpus']}]")
 if r["config"]["backend"] != "cpu":
     errors.append("config.backend")
 latency("floors.health_check", r["floors"]["health_check"])
@@ -79,6 +94,10 @@ if not echo["measured"] or echo["handoff_spin_us"] < 0:
 for k in ("health_check", "alloc_decode_inline", "alloc_decode_handed_off",
           "clients_handed_off"):
     latency(f"floors.grpc_echo.{k}", echo[k])
+    # CPU time comes in clock ticks: a short window may read 0 s.
+    cpu(f"floors.grpc_echo.{k}", echo[k], "server_cpu_s",
+        "server_cpu_us_per_call")
+    host(f"floors.grpc_echo.{k}", echo[k])
 positive("floors.grpc_echo.ratios", echo["ratios"], *echo["ratios"].keys())
 if echo["clients_handed_off"]["clients"] != 2:
     errors.append(f"floors.grpc_echo.clients_handed_off.clients = "
@@ -98,7 +117,9 @@ for i, p in enumerate(r["phases"]):
              "alloc_calls_per_s", "alloc_slots_per_s", "launches",
              "launches_per_s", "calls_per_launch", "requests_per_launch",
              "server_cpu_s", "server_cpu_us_per_rpc",
-             "server_cpu_us_per_alloc_call")
+             "server_cpu_us_per_alloc_call", "server_cpus")
+    cpu(w, p, "clients_cpu_s", "clients_cpu_us_per_call", "clients_cpus")
+    host(w, p)
     positive(w + ".server_metrics", p["server_metrics"],
              "alloc_decode_rpc_mean_us", "execute_mean_us",
              "batch_requests_mean")

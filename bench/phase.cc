@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "bench/clock.h"
 #include "bench/control.h"
+#include "bench/cpu_time.h"
 #include "bench/snapshot.h"
 #include "common/status_macros.h"
 #include "tests/daemon_process.h"
@@ -72,7 +73,11 @@ class Phase {
     }
     // Wait until every worker has connected and admitted its sequences.
     RETURN_IF_ERROR(WaitAll(control, kReady, logs, absl::Seconds(60)));
+    // The CPU window: the workers' and the host's CPU are read between the
+    // daemon's snapshots, right around `seconds` (the snapshots' own calls
+    // fall outside it).
     ASSIGN_OR_RETURN(Snapshot before, Snap());
+    const Cpu cpu_before = ReadCpu(workers);
     const int64_t start = NowNanos();
     control->go.store(1);
     int64_t last_calls = 0, last_time = start;
@@ -105,6 +110,9 @@ class Phase {
     PhaseResult result;
     result.clients = o_.clients;
     result.seconds = (NowNanos() - start) / 1e9;
+    // A worker may have exited since it was done; until Wait reaps it its
+    // /proc entry still holds its whole CPU time.
+    const Cpu cpu_after = ReadCpu(workers);
     if (o_.progress) std::fprintf(stderr, "\n");
     ASSIGN_OR_RETURN(Snapshot after, Snap());
     for (int i = 0; i < o_.clients; ++i) {
@@ -120,6 +128,12 @@ class Phase {
     if (before.cpu_seconds >= 0 && after.cpu_seconds >= 0) {
       result.server_cpu_seconds = after.cpu_seconds - before.cpu_seconds;
     }
+    if (cpu_before.clients_seconds >= 0 && cpu_after.clients_seconds >= 0) {
+      result.clients_cpu_seconds =
+          cpu_after.clients_seconds - cpu_before.clients_seconds;
+    }
+    result.host_cpus_busy = HostCpusBusy(cpu_before.host, cpu_after.host);
+    result.host_cpus = cpu_after.host.cpus;
     result.server_decode_rpc_mean = DecodeRpcMean(before, after);
     result.server_queue_wait_mean =
         MetricMean(before, after, "pagealloc_queue_wait_seconds", "");
@@ -133,6 +147,25 @@ class Phase {
   }
 
  private:
+  // The workers' and the host's CPU time at one moment.
+  struct Cpu {
+    double clients_seconds = -1;  // every worker's, summed; -1: unknown
+    HostCpuTicks host;
+  };
+
+  static Cpu ReadCpu(const std::vector<testing::Subprocess>& workers) {
+    Cpu cpu;
+    cpu.host = ReadHostCpu();
+    double sum = 0;
+    for (const testing::Subprocess& worker : workers) {
+      const double seconds = CpuSeconds(worker.pid());
+      if (seconds < 0) return cpu;
+      sum += seconds;
+    }
+    cpu.clients_seconds = sum;
+    return cpu;
+  }
+
   absl::StatusOr<Snapshot> Snap() const {
     return TakeSnapshot(daemon_.target, daemon_.pid, daemon_.metrics_address);
   }

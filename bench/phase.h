@@ -38,7 +38,15 @@ struct PhaseResult {
   WorkerReport workers;  // every worker's, merged
   int64_t launches = 0;
   int64_t alloc_calls = 0;
+  // The daemon's user + system CPU time over the phase; -1: unknown.
   double server_cpu_seconds = -1;
+  // The workers' user + system CPU time together, and the host's busy CPUs
+  // on average (of host_cpus), over the same window as the daemon's: from
+  // just before the workers start their timed calls until all are done
+  // (`seconds`). -1: unknown.
+  double clients_cpu_seconds = -1;
+  double host_cpus_busy = -1;
+  int host_cpus = 0;
   // Means of the daemon's own histograms over the phase (seconds), -1 when
   // its /metrics could not be read.
   double server_decode_rpc_mean = -1;

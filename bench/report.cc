@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -40,6 +41,49 @@ std::string LatencyJson(const LatencyHistogram& h) {
 
 // -1 (unknown) stays -1; seconds become microseconds.
 double MetricUs(double seconds) { return seconds < 0 ? -1 : seconds * 1e6; }
+
+// CPU seconds spent over `seconds` of wall time, as CPUs busy on average;
+// -1 when unknown.
+double CpusOver(double cpu_seconds, double seconds) {
+  return cpu_seconds >= 0 && seconds > 0 ? cpu_seconds / seconds : -1;
+}
+
+// CPU seconds per call in microseconds; -1 when unknown.
+double PerCallUs(double cpu_seconds, int64_t calls) {
+  return cpu_seconds >= 0 && calls > 0 ? cpu_seconds * 1e6 / calls : -1;
+}
+
+// Where a phase's CPU went, on one line: the host's busy CPUs, the
+// workers' and the daemon's; the parts that are known.
+std::string PhaseCpuLine(const PhaseResult& p) {
+  std::vector<std::string> parts;
+  if (p.host_cpus_busy >= 0) {
+    parts.push_back(absl::StrFormat("host CPU %.1f of %d busy",
+                                    p.host_cpus_busy, p.host_cpus));
+  }
+  if (p.clients_cpu_seconds >= 0) {
+    parts.push_back(absl::StrFormat(
+        "clients %.1f CPUs (%.0f us per call)",
+        CpusOver(p.clients_cpu_seconds, p.seconds),
+        PerCallUs(p.clients_cpu_seconds, p.workers.total_calls())));
+  }
+  if (p.server_cpu_seconds >= 0) {
+    parts.push_back(
+        absl::StrFormat("daemon %.1f CPUs (%.0f us per allocation call)",
+                        CpusOver(p.server_cpu_seconds, p.seconds),
+                        PerCallUs(p.server_cpu_seconds, p.alloc_calls)));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+// A measurement's CPU as JSON fields, to go inside its object.
+std::string WindowCpuJson(const WindowCpu& cpu, const LatencyHistogram& h) {
+  return absl::StrFormat(
+      "\"server_cpu_s\": %.4f, \"server_cpu_us_per_call\": %.3f, "
+      "\"host_cpus_busy\": %.3f, \"host_cpus\": %d",
+      cpu.server_cpu_seconds, cpu.server_us_per_call(h.count()),
+      cpu.host_cpus_busy, cpu.host_cpus);
+}
 
 std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
   std::vector<std::string> rpcs;
@@ -84,7 +128,10 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
       "\"launches\": %d, \"launches_per_s\": %.1f, \"calls_per_launch\": %.3f, "
       "\"requests_per_launch\": %.3f, \"refused_requests\": %d, "
       "\"server_cpu_s\": %.3f, \"server_cpu_us_per_rpc\": %.3f, "
-      "\"server_cpu_us_per_alloc_call\": %.3f, "
+      "\"server_cpu_us_per_alloc_call\": %.3f, \"server_cpus\": %.3f, "
+      "\"clients_cpu_s\": %.3f, \"clients_cpu_us_per_call\": %.3f, "
+      "\"clients_cpus\": %.3f, \"host_cpus_busy\": %.3f, "
+      "\"host_cpus\": %d, "
       "\"server_metrics\": {\"alloc_decode_rpc_mean_us\": %.3f, "
       "\"queue_wait_mean_us\": %.3f, \"execute_mean_us\": %.3f, "
       "\"complete_mean_us\": %.3f, \"batch_requests_mean\": %.3f}, "
@@ -102,6 +149,9 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
       Ratio(p.alloc_calls, p.launches),
       Ratio(p.workers.alloc_requests(), p.launches), p.workers.refused,
       p.server_cpu_seconds, cpu_us_per_rpc, cpu_us_per_alloc,
+      CpusOver(p.server_cpu_seconds, p.seconds), p.clients_cpu_seconds,
+      PerCallUs(p.clients_cpu_seconds, p.workers.total_calls()),
+      CpusOver(p.clients_cpu_seconds, p.seconds), p.host_cpus_busy, p.host_cpus,
       MetricUs(p.server_decode_rpc_mean), MetricUs(p.server_queue_wait_mean),
       MetricUs(p.server_execute_mean), MetricUs(p.server_complete_mean),
       p.server_batch_requests_mean,
@@ -156,6 +206,32 @@ void PrintEchoFloor(const EchoFloor& echo, const Workload& w) {
     std::printf("  %d echo clients: %.0f AllocDecode calls/s together\n",
                 echo.clients, echo.clients_calls_per_s());
   }
+  // The echo server child's CPU per call, and the host's busy CPUs while
+  // the most clients called.
+  if (echo.inline_cpu.server_cpu_seconds >= 0) {
+    std::string line = absl::StrFormat(
+        "  echo server CPU per call: Health/Check %.0f us, inline %.0f us, "
+        "handed off %.0f us",
+        echo.empty_cpu.server_us_per_call(echo.empty.histogram.count()),
+        echo.inline_cpu.server_us_per_call(
+            echo.inline_decode.histogram.count()),
+        echo.handed_off_cpu.server_us_per_call(
+            echo.handed_off.histogram.count()));
+    if (echo.clients > 0) {
+      absl::StrAppendFormat(&line, ", %d clients %.0f us", echo.clients,
+                            echo.clients_cpu.server_us_per_call(
+                                echo.clients_handed_off.histogram.count()));
+    }
+    const WindowCpu& busiest =
+        echo.clients > 0 ? echo.clients_cpu : echo.handed_off_cpu;
+    if (busiest.host_cpus_busy >= 0) {
+      absl::StrAppendFormat(&line, "; host %.1f of %d CPUs busy at %d client%s",
+                            busiest.host_cpus_busy, busiest.host_cpus,
+                            std::max(echo.clients, 1),
+                            echo.clients > 1 ? "s" : "");
+    }
+    std::printf("%s\n", line.c_str());
+  }
 }
 
 std::string EchoJson(const EchoFloor& echo) {
@@ -165,23 +241,26 @@ std::string EchoJson(const EchoFloor& echo) {
   const LatencyHistogram& handed_off = echo.handed_off.histogram;
   return absl::StrFormat(
       "{\"measured\": true, \"handoff_spin_us\": %.1f,\n"
-      "    \"health_check\": {%s},\n"
-      "    \"alloc_decode_inline\": {%s},\n"
-      "    \"alloc_decode_handed_off\": {%s},\n"
+      "    \"health_check\": {%s, %s},\n"
+      "    \"alloc_decode_inline\": {%s, %s},\n"
+      "    \"alloc_decode_handed_off\": {%s, %s},\n"
       "    \"ratios\": {\"inline_p50_vs_health_p50\": %.3f, "
       "\"inline_p99_vs_health_p99\": %.3f, "
       "\"handed_off_p50_vs_health_p50\": %.3f, "
       "\"handed_off_p99_vs_health_p99\": %.3f},\n"
       "    \"clients_handed_off\": {\"clients\": %d, \"seconds\": %.3f, "
-      "\"calls_per_s\": %.1f, %s}}",
+      "\"calls_per_s\": %.1f, %s, %s}}",
       absl::ToDoubleMicroseconds(echo.handoff_spin), LatencyJson(empty),
-      LatencyJson(inline_decode), LatencyJson(handed_off),
+      WindowCpuJson(echo.empty_cpu, empty), LatencyJson(inline_decode),
+      WindowCpuJson(echo.inline_cpu, inline_decode), LatencyJson(handed_off),
+      WindowCpuJson(echo.handed_off_cpu, handed_off),
       Ratio(inline_decode.Percentile(0.5), empty.Percentile(0.5)),
       Ratio(inline_decode.Percentile(0.99), empty.Percentile(0.99)),
       Ratio(handed_off.Percentile(0.5), empty.Percentile(0.5)),
       Ratio(handed_off.Percentile(0.99), empty.Percentile(0.99)), echo.clients,
       echo.clients_handed_off.seconds, echo.clients_calls_per_s(),
-      LatencyJson(echo.clients_handed_off.histogram));
+      LatencyJson(echo.clients_handed_off.histogram),
+      WindowCpuJson(echo.clients_cpu, echo.clients_handed_off.histogram));
 }
 
 }  // namespace
@@ -240,6 +319,9 @@ void PrintReport(const Floors& floors, const std::vector<PhaseResult>& phases,
           p.server_cpu_seconds,
           Ratio(p.server_cpu_seconds * 1e6, p.workers.total_calls()),
           Ratio(p.server_cpu_seconds * 1e6, p.alloc_calls));
+    }
+    if (const std::string cpu = PhaseCpuLine(p); !cpu.empty()) {
+      std::printf("%s\n", cpu.c_str());
     }
     if (p.server_execute_mean >= 0) {
       std::printf(

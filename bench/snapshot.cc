@@ -1,38 +1,14 @@
 #include "bench/snapshot.h"
 
-#include <unistd.h>
-
-#include <fstream>
-#include <iterator>
-#include <vector>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/cpu_time.h"
 #include "common/status_macros.h"
 #include "httplib.h"
 #include "tests/daemon_stats.h"
 
 namespace pagealloc::bench {
-
-double CpuSeconds(int pid) {
-  if (pid <= 0) return -1;
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(in)),
-                   std::istreambuf_iterator<char>());
-  // The command name (field 2) may hold spaces; count fields after its ')'.
-  const size_t close_paren = text.rfind(')');
-  if (close_paren == std::string::npos) return -1;
-  std::vector<std::string> fields =
-      absl::StrSplit(text.substr(close_paren + 2), ' ');
-  int64_t utime = 0, stime = 0;
-  // fields[0] is field 3 (state), so field 14 is fields[11].
-  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
-      !absl::SimpleAtoi(fields[12], &stime)) {
-    return -1;
-  }
-  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
-}
 
 std::map<std::string, double> ParseMetrics(const std::string& text) {
   std::map<std::string, double> values;

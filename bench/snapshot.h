@@ -1,5 +1,5 @@
 // What only the daemon knows, read before and after a phase: its GetStats
-// (launches), its CPU time (/proc/<pid>/stat) and its own /metrics
+// (launches), its CPU time (CpuSeconds, bench/cpu_time.h) and its own /metrics
 // histograms.
 
 #ifndef PAGEALLOC_BENCH_SNAPSHOT_H_
@@ -12,10 +12,6 @@
 #include "proto/pagealloc.pb.h"
 
 namespace pagealloc::bench {
-
-// utime + stime of `pid` in seconds (fields 14 and 15 of /proc/<pid>/stat);
-// -1 when unknown (pid <= 0, no such process).
-double CpuSeconds(int pid);
 
 // Parses a Prometheus text exposition into "name{labels}" -> value;
 // comments and lines without a number are skipped.
