@@ -41,34 +41,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "allocator/executor.h"
+#include "allocator/plan_expansion.h"
+#include "bench/bench_check.h"
 #include "bench/floor_kernel.h"
 #include "kernels/alloc_kernels.h"
-#include "kernels/cpu_executor.h"
 #include "kernels/cuda_executor.h"
 #include "kernels/plan_packing.h"
 
 namespace pagealloc {
 namespace {
-
-#define BENCH_CHECK_CUDA(expr)                                           \
-  do {                                                                   \
-    const cudaError_t bench_error_ = (expr);                             \
-    if (bench_error_ != cudaSuccess) {                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, \
-                   #expr, cudaGetErrorString(bench_error_));             \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (false)
-
-#define BENCH_CHECK_OK(expr)                                  \
-  do {                                                        \
-    const absl::Status bench_status_ = (expr);                \
-    if (!bench_status_.ok()) {                                \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, \
-                   bench_status_.ToString().c_str());         \
-      std::exit(1);                                           \
-    }                                                         \
-  } while (false)
 
 constexpr int64_t kFlushBytes = int64_t{256} << 20;  // as do_bench
 // The anchor's pool: a random permutation of pages 1 .. 2^20 - 1.

@@ -36,22 +36,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_check.h"
 #include "bench/floor_kernel.h"
 #include "kernels/scrub_kernels.h"
 #include "memory/kv_layout.h"
 
 namespace pagealloc {
 namespace {
-
-#define BENCH_CHECK_CUDA(expr)                                           \
-  do {                                                                   \
-    const cudaError_t bench_error_ = (expr);                             \
-    if (bench_error_ != cudaSuccess) {                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, \
-                   #expr, cudaGetErrorString(bench_error_));             \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (false)
 
 constexpr const char* kLayouts[] = {
     "mha:layers=32,kv_heads=8,head_dim=128,dtype=bf16",       // Llama-3-8B

@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/command_line.h"
+#include "common/host_memory.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "memory/kv_layout.h"
@@ -292,19 +293,6 @@ absl::Status CheckRange(absl::string_view flag, int64_t value, int64_t min,
       absl::StrCat(min, "..", max, unit.empty() ? "" : " ", unit));
 }
 
-// Memory the kernel says can be given to a new process without swapping
-// (/proc/meminfo MemAvailable), or -1 when unknown.
-int64_t AvailableHostBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (meminfo >> key >> kib) {
-    std::getline(meminfo, unit);
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return -1;
-}
-
 // The flags as ServerOptions; INVALID_ARGUMENT naming the flag, its value
 // and what is accepted for the first one that is out of range.
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
@@ -365,7 +353,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
         absl::StrFormat("%s needs --kv_layout",
                         kv_memory.empty() ? "--kv_scrub" : "--kv_memory"));
   }
-  const int64_t available = AvailableHostBytes();
+  // Unknown (no /proc): not checked.
+  const int64_t available = AvailableHostBytes().value_or(-1);
   const double needed =
       static_cast<double>(options.pool.num_pages) * kHostBytesPerPage;
   if (available >= 0 && needed > available) {
