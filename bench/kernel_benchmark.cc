@@ -44,6 +44,7 @@
 #include "allocator/plan_expansion.h"
 #include "bench/bench_check.h"
 #include "bench/floor_kernel.h"
+#include "bench/gpu_timing.h"
 #include "kernels/alloc_kernels.h"
 #include "kernels/cuda_executor.h"
 #include "kernels/plan_packing.h"
@@ -118,11 +119,6 @@ BatchPlan AnchorPlan(const Case& c, int64_t page_size, std::mt19937_64& rng,
   return plan;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 double Percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[std::min<size_t>(v.size() - 1, v.size() * q)];
@@ -161,14 +157,7 @@ class Timer {
       BENCH_CHECK_CUDA(cudaEventRecord(events_[2 * i + 1], stream_));
     }
     BENCH_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    std::vector<double> us(n);
-    for (int i = 0; i < n; ++i) {
-      float ms = 0;
-      BENCH_CHECK_CUDA(
-          cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]));
-      us[i] = ms * 1000.0;
-    }
-    return Median(us);
+    return MedianEventPairUs(events_.data(), n);
   }
 
  private:
