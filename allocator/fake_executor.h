@@ -1,6 +1,6 @@
 // FakeExecutor: the allocator's own test executor. It really executes plans
-// on the host (plain C++, the semantics of the CPU reference executor in
-// //kernels:cpu_executor, which a kernels/ test holds it to), so allocator/
+// on the host (the plan's host semantics, allocator/plan_expansion.h, which
+// the CPU reference executor in //kernels:cpu_executor runs too), so allocator/
 // tests and benchmarks need nothing outside allocator/. A failure switch
 // makes the next launches fail, so that tests can check that a failed
 // launch changes nothing.
@@ -19,18 +19,14 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "allocator/executor.h"
+#include "allocator/plan_expansion.h"
 
 namespace pagealloc {
 
-class FakeExecutor final : public PlanExecutor {
+class FakeExecutor final : public HostExecutor {
  public:
   FakeExecutor() = default;
 
-  // Returns INVALID_ARGUMENT for a capacity below 1.
-  absl::Status InitFreeRing(int64_t capacity) override;
-  // Returns OUT_OF_RANGE for a write outside the ring.
-  absl::Status WriteFreeRing(int64_t position,
-                             absl::Span<const int64_t> pages) override;
   // Writes each ring copy's and each planned request's slots to its
   // destination. Returns the
   // failure switch's status, writing nothing, while the switch is armed,
@@ -38,8 +34,6 @@ class FakeExecutor final : public PlanExecutor {
   // mirror's or a ring copy is out of shape (page_size other than 1, a
   // negative offset, a count outside [1, capacity]).
   absl::Status Execute(const BatchPlan& plan) override;
-  absl::Status Synchronize() override { return absl::OkStatus(); }
-  absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override;
   const char* name() const override { return "fake"; }
 
   // Makes the next `launches` calls to Execute return `status` without
@@ -60,7 +54,6 @@ class FakeExecutor final : public PlanExecutor {
   const std::vector<int64_t>& scrubbed_pages() const { return scrubbed_; }
 
  private:
-  std::vector<int64_t> ring_;
   std::vector<int64_t> scrubbed_;
   int64_t launches_ = 0;
   int64_t last_ring_copies_ = 0;

@@ -11,65 +11,12 @@
 // (one line).
 // kernels/plan_packing_benchmark.cc adds the CUDA executor's host packing.
 
-#include <memory>
-#include <vector>
-
+#include "allocator/batch_benchmark.h"
 #include "allocator/fake_executor.h"
-#include "allocator/page_pool.h"
 #include "benchmark/benchmark.h"
 
 namespace pagealloc {
 namespace {
-
-constexpr OwnerId kOwner = 1;
-
-struct Fixture {
-  FakeExecutor executor;
-  std::unique_ptr<PagePool> pool;
-  std::vector<AllocRequest> requests;
-  std::vector<int64_t> out;
-};
-
-// Sets up a pool with `requests` sequences whose prefixes end inside their
-// pages (the common decode case) and a batch stepping each of them.
-std::unique_ptr<Fixture> MakeFixture(int64_t num_requests,
-                                     int64_t tokens_per_request,
-                                     int64_t page_size, RequestKind kind) {
-  auto f = std::make_unique<Fixture>();
-  const int64_t pages_per_request =
-      CeilDiv(tokens_per_request + 1, page_size) + 1;
-  const int64_t num_pages = num_requests * pages_per_request * 2 + 64;
-  f->pool = *PagePool::Create({num_pages, page_size, FreePolicy::kLifo},
-                              &f->executor);
-  (void)f->pool->AddOwner(kOwner, 0);
-  f->out.resize(num_requests * tokens_per_request);
-  // Give every request a prefix of one token (its own page) so that a decode
-  // or extend continues a partial page, as in serving.
-  std::vector<AllocRequest> prefill(num_requests);
-  std::vector<int64_t> first_slots(num_requests);
-  for (int64_t i = 0; i < num_requests; ++i) {
-    prefill[i] = {RequestKind::kExtend, kOwner, i, 0, 1, -1, &first_slots[i]};
-  }
-  (void)f->pool->Allocate(prefill);
-  int64_t offset = 0;
-  for (int64_t i = 0; i < num_requests; ++i) {
-    AllocRequest r;
-    r.kind = kind;
-    r.owner = kOwner;
-    r.index = i;
-    r.last_loc = first_slots[i];
-    if (kind == RequestKind::kDecode) {
-      r.seq_len = 2;
-    } else {
-      r.prefix_len = 1;
-      r.seq_len = 1 + tokens_per_request;
-    }
-    r.destination = f->out.data() + offset;
-    offset += ToExtendShape(r).num_slots();
-    f->requests.push_back(r);
-  }
-  return f;
-}
 
 // Runs one batch shape: range(0) the page size, range(1) the requests,
 // range(2) (extend only) the new tokens per request. Reports the time per
@@ -78,25 +25,9 @@ void RunBatch(benchmark::State& state, RequestKind kind) {
   const int64_t page_size = state.range(0);
   const int64_t num_requests = state.range(1);
   const int64_t tokens = kind == RequestKind::kDecode ? 1 : state.range(2);
-  auto f = MakeFixture(num_requests, tokens, page_size, kind);
-  std::vector<int64_t> new_pages;
-  std::vector<AllocResult> results;
-  for (auto _ : state) {
-    f->pool->Allocate(f->requests, &results);
-    state.PauseTiming();
-    // Free the pages the batch took: every slot at a page start is a new
-    // page.
-    new_pages.clear();
-    for (int64_t slot : f->out) {
-      if (slot % page_size == 0) new_pages.push_back(slot / page_size);
-    }
-    if (!results.back().status.ok() ||
-        !f->pool->FreePages(kOwner, new_pages).ok()) {
-      state.SkipWithError("allocation failed");
-      break;
-    }
-    state.ResumeTiming();
-  }
+  auto f =
+      MakeBatchFixture<FakeExecutor>(num_requests, tokens, page_size, kind);
+  AllocateAndFree(state, *f);
   state.SetItemsProcessed(state.iterations() * num_requests);
   state.counters["ns_per_request"] = benchmark::Counter(
       static_cast<double>(state.iterations() * num_requests) * 1e-9,

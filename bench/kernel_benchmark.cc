@@ -41,34 +41,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "allocator/executor.h"
+#include "allocator/plan_expansion.h"
+#include "bench/bench_check.h"
 #include "bench/floor_kernel.h"
+#include "bench/gpu_timing.h"
 #include "kernels/alloc_kernels.h"
-#include "kernels/cpu_executor.h"
 #include "kernels/cuda_executor.h"
 #include "kernels/plan_packing.h"
 
 namespace pagealloc {
 namespace {
-
-#define BENCH_CHECK_CUDA(expr)                                           \
-  do {                                                                   \
-    const cudaError_t bench_error_ = (expr);                             \
-    if (bench_error_ != cudaSuccess) {                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, \
-                   #expr, cudaGetErrorString(bench_error_));             \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (false)
-
-#define BENCH_CHECK_OK(expr)                                  \
-  do {                                                        \
-    const absl::Status bench_status_ = (expr);                \
-    if (!bench_status_.ok()) {                                \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, \
-                   bench_status_.ToString().c_str());         \
-      std::exit(1);                                           \
-    }                                                         \
-  } while (false)
 
 constexpr int64_t kFlushBytes = int64_t{256} << 20;  // as do_bench
 // The anchor's pool: a random permutation of pages 1 .. 2^20 - 1.
@@ -137,11 +119,6 @@ BatchPlan AnchorPlan(const Case& c, int64_t page_size, std::mt19937_64& rng,
   return plan;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 double Percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[std::min<size_t>(v.size() - 1, v.size() * q)];
@@ -180,14 +157,7 @@ class Timer {
       BENCH_CHECK_CUDA(cudaEventRecord(events_[2 * i + 1], stream_));
     }
     BENCH_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    std::vector<double> us(n);
-    for (int i = 0; i < n; ++i) {
-      float ms = 0;
-      BENCH_CHECK_CUDA(
-          cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]));
-      us[i] = ms * 1000.0;
-    }
-    return Median(us);
+    return MedianEventPairUs(events_.data(), n);
   }
 
  private:

@@ -36,22 +36,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_check.h"
 #include "bench/floor_kernel.h"
+#include "bench/gpu_timing.h"
 #include "kernels/scrub_kernels.h"
 #include "memory/kv_layout.h"
 
 namespace pagealloc {
 namespace {
-
-#define BENCH_CHECK_CUDA(expr)                                           \
-  do {                                                                   \
-    const cudaError_t bench_error_ = (expr);                             \
-    if (bench_error_ != cudaSuccess) {                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, \
-                   #expr, cudaGetErrorString(bench_error_));             \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (false)
 
 constexpr const char* kLayouts[] = {
     "mha:layers=32,kv_heads=8,head_dim=128,dtype=bf16",       // Llama-3-8B
@@ -65,11 +57,6 @@ constexpr int64_t kMinSlabBytes = int64_t{2} << 30;
 constexpr int64_t kAlignment = int64_t{2} << 20;
 // ~20 us of spinning: longer than the host takes to queue a rep.
 constexpr long long kSpinCycles = 40000;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Median event-timed microseconds of launch(rep), each rep after a spin
 // kernel, over `reps` reps after `warmup` untimed ones.
@@ -85,15 +72,9 @@ double MedianUs(cudaStream_t stream, const std::function<void(int)>& launch,
     BENCH_CHECK_CUDA(cudaEventRecord(events[2 * i + 1], stream));
   }
   BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::vector<double> us(reps);
-  for (int i = 0; i < reps; ++i) {
-    float ms = 0;
-    BENCH_CHECK_CUDA(
-        cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
-    us[i] = ms * 1000.0;
-  }
+  const double median = MedianEventPairUs(events.data(), reps);
   for (cudaEvent_t& e : events) cudaEventDestroy(e);
-  return Median(us);
+  return median;
 }
 
 std::string Bytes(double bytes) {

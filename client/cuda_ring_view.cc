@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -53,6 +54,24 @@ class CudaCompletionCounter final : public CompletionCounter {
   const std::unique_ptr<cuda_vmm::Mapping> mapping_;
 };
 
+// Maps `bytes` of the memory `fd` exports on the GPU `device_uuid` names;
+// an error names `what` and the numbers.
+absl::StatusOr<std::unique_ptr<cuda_vmm::Mapping>> Import(
+    const std::string& device_uuid, UniqueFd fd, uint64_t bytes,
+    const char* what) {
+  ASSIGN_OR_RETURN(const int device, cuda_vmm::DeviceByUuid(device_uuid));
+  absl::StatusOr<std::unique_ptr<cuda_vmm::Mapping>> mapping =
+      cuda_vmm::Mapping::Import(std::move(fd), static_cast<int64_t>(bytes),
+                                device);
+  if (!mapping.ok()) {
+    return absl::Status(
+        mapping.status().code(),
+        absl::StrFormat("cannot map %s (%d bytes on GPU %s): %s", what, bytes,
+                        device_uuid, mapping.status().message()));
+  }
+  return mapping;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RingView>> MapCudaRing(
@@ -63,17 +82,10 @@ absl::StatusOr<std::unique_ptr<RingView>> MapCudaRing(
         "the daemon's memory socket sent a ring of %d bytes for %d slots",
         bytes, ring.capacity_slots()));
   }
-  ASSIGN_OR_RETURN(const int device, cuda_vmm::DeviceByUuid(device_uuid));
-  absl::StatusOr<std::unique_ptr<cuda_vmm::Mapping>> mapping =
-      cuda_vmm::Mapping::Import(std::move(fd), static_cast<int64_t>(bytes),
-                                device);
-  if (!mapping.ok()) {
-    return absl::Status(
-        mapping.status().code(),
-        absl::StrFormat("cannot map the output ring (%d bytes on GPU %s): %s",
-                        bytes, device_uuid, mapping.status().message()));
-  }
-  return std::make_unique<CudaRingView>(*std::move(mapping),
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<cuda_vmm::Mapping> mapping,
+      Import(device_uuid, std::move(fd), bytes, "the output ring"));
+  return std::make_unique<CudaRingView>(std::move(mapping),
                                         ring.capacity_slots());
 }
 
@@ -84,18 +96,10 @@ absl::StatusOr<std::unique_ptr<CompletionCounter>> MapCudaCompletionCounter(
         "no completion counter: the daemon's memory socket did not hand one "
         "over");
   }
-  ASSIGN_OR_RETURN(const int device, cuda_vmm::DeviceByUuid(device_uuid));
-  absl::StatusOr<std::unique_ptr<cuda_vmm::Mapping>> mapping =
-      cuda_vmm::Mapping::Import(std::move(fd), static_cast<int64_t>(bytes),
-                                device);
-  if (!mapping.ok()) {
-    return absl::Status(
-        mapping.status().code(),
-        absl::StrFormat(
-            "cannot map the completion counter (%d bytes on GPU %s): %s", bytes,
-            device_uuid, mapping.status().message()));
-  }
-  return std::make_unique<CudaCompletionCounter>(*std::move(mapping));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<cuda_vmm::Mapping> mapping,
+      Import(device_uuid, std::move(fd), bytes, "the completion counter"));
+  return std::make_unique<CudaCompletionCounter>(std::move(mapping));
 }
 
 }  // namespace pagealloc

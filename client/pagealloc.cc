@@ -7,6 +7,7 @@
 #include "client/pagealloc.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -61,26 +62,6 @@ static_assert(static_cast<int>(v1::FREE_ORDER_DEFAULT) ==
 static_assert(static_cast<int>(v1::BACKEND_CPU) == PAGEALLOC_BACKEND_CPU &&
                   static_cast<int>(v1::BACKEND_CUDA) == PAGEALLOC_BACKEND_CUDA,
               "pagealloc_backend numbers are v1::Backend's");
-
-constexpr const char* kCodeNames[] = {
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-};
 
 // Copies `text` into `out` (`size` bytes), NUL-terminated, cut with "..."
 // when it does not fit.
@@ -164,6 +145,18 @@ void WriteVersioned(const T& value, size_t struct_size, T* out) {
   if (struct_size > sizeof(T)) {
     std::memset(bytes + sizeof(T), 0, struct_size - sizeof(T));
   }
+}
+
+// Fills `out` (the caller's struct_size bytes) with T's defaults: zeros,
+// struct_size, then what `set_defaults` sets. Nothing when `out` is null.
+template <typename T, typename SetDefaults>
+void InitVersioned(T* out, size_t struct_size, SetDefaults set_defaults) {
+  if (out == nullptr) return;
+  T defaults;
+  std::memset(&defaults, 0, sizeof(defaults));
+  defaults.struct_size = struct_size;
+  set_defaults(defaults);
+  WriteVersioned(defaults, struct_size, out);
 }
 
 absl::Status CheckArray(const int64_t* data, size_t size, const char* name) {
@@ -418,6 +411,19 @@ absl::Status CheckOutStruct(const Struct* out, const char* name,
 
 // The four frees: `values` are slots (`pages` false) or pages, put back in
 // `order` (a pagealloc_free_order; the default for the plain calls).
+// Runs `call` on the client's Client and writes the value it returns to
+// `out` (when not null): the shape of every C call that returns one number.
+template <typename T, typename Call>
+int32_t GuardedValue(pagealloc_client* client, T* out, pagealloc_error* error,
+                     Call call) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    ASSIGN_OR_RETURN(const T value, call(*client->client));
+    if (out != nullptr) *out = value;
+    return absl::OkStatus();
+  });
+}
+
 int32_t FreeValues(pagealloc_client* client, const int64_t* values,
                    size_t count, bool pages, int32_t order,
                    int64_t* pages_freed, pagealloc_error* error) {
@@ -453,29 +459,34 @@ const char* pagealloc_version(void) { return pagealloc::kPageallocVersion; }
 
 const char* pagealloc_status_code_name(int32_t code) {
   if (code < 0 || code > PAGEALLOC_UNAUTHENTICATED) return "UNKNOWN_CODE";
-  return pagealloc::kCodeNames[code];
+  // absl's names are gRPC's spelling, the ones the daemon's metrics use;
+  // they are copied once into strings that live as long as the process, as
+  // the C ABI promises.
+  static const auto* const names = [] {
+    auto* names = new std::array<std::string, PAGEALLOC_UNAUTHENTICATED + 1>;
+    for (size_t c = 0; c < names->size(); ++c) {
+      (*names)[c] = absl::StatusCodeToString(static_cast<absl::StatusCode>(c));
+    }
+    return names;
+  }();
+  return (*names)[code].c_str();
 }
 
 void pagealloc_client_options_init(pagealloc_client_options* options,
                                    size_t struct_size) {
-  if (options == nullptr) return;
-  pagealloc_client_options defaults;
-  std::memset(&defaults, 0, sizeof(defaults));
-  defaults.struct_size = struct_size;
-  defaults.call_timeout_ms = 30000;
-  defaults.fast_channel = 1;
-  defaults.fast_channel_spin_us = 500;
-  defaults.map_kv_slab = 1;
-  pagealloc::WriteVersioned(defaults, struct_size, options);
+  pagealloc::InitVersioned(options, struct_size,
+                           [](pagealloc_client_options& defaults) {
+                             defaults.call_timeout_ms = 30000;
+                             defaults.fast_channel = 1;
+                             defaults.fast_channel_spin_us = 500;
+                             defaults.map_kv_slab = 1;
+                           });
 }
 
 void pagealloc_call_options_init(pagealloc_call_options* options,
                                  size_t struct_size) {
-  if (options == nullptr) return;
-  pagealloc_call_options defaults;
-  std::memset(&defaults, 0, sizeof(defaults));
-  defaults.struct_size = struct_size;
-  pagealloc::WriteVersioned(defaults, struct_size, options);
+  pagealloc::InitVersioned(options, struct_size,
+                           [](pagealloc_call_options&) {});
 }
 
 int32_t pagealloc_connect(const pagealloc_client_options* options,
@@ -764,33 +775,24 @@ int32_t pagealloc_free_pages_in_order(pagealloc_client* client,
 int32_t pagealloc_checkpoint_id(pagealloc_client* client,
                                 uint64_t* checkpoint_id,
                                 pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    RETURN_IF_ERROR(CheckClient(client));
-    ASSIGN_OR_RETURN(const uint64_t id, client->client->CheckpointId());
-    if (checkpoint_id != nullptr) *checkpoint_id = id;
-    return absl::OkStatus();
-  });
+  return pagealloc::GuardedValue(
+      client, checkpoint_id, error,
+      [](pagealloc::Client& c) { return c.CheckpointId(); });
 }
 
 int32_t pagealloc_rollback_to(pagealloc_client* client, uint64_t checkpoint_id,
                               int64_t* pages_returned, pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    RETURN_IF_ERROR(CheckClient(client));
-    ASSIGN_OR_RETURN(const int64_t returned,
-                     client->client->Rollback(checkpoint_id));
-    if (pages_returned != nullptr) *pages_returned = returned;
-    return absl::OkStatus();
-  });
+  return pagealloc::GuardedValue(client, pages_returned, error,
+                                 [checkpoint_id](pagealloc::Client& c) {
+                                   return c.Rollback(checkpoint_id);
+                                 });
 }
 
 int32_t pagealloc_clear_session(pagealloc_client* client, int64_t* pages_freed,
                                 pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    RETURN_IF_ERROR(CheckClient(client));
-    ASSIGN_OR_RETURN(const int64_t freed, client->client->ClearSession());
-    if (pages_freed != nullptr) *pages_freed = freed;
-    return absl::OkStatus();
-  });
+  return pagealloc::GuardedValue(
+      client, pages_freed, error,
+      [](pagealloc::Client& c) { return c.ClearSession(); });
 }
 
 int32_t pagealloc_checkpoint(pagealloc_client* client, pagealloc_error* error) {
@@ -802,12 +804,9 @@ int32_t pagealloc_checkpoint(pagealloc_client* client, pagealloc_error* error) {
 
 int32_t pagealloc_rollback(pagealloc_client* client, int64_t* pages_returned,
                            pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    RETURN_IF_ERROR(CheckClient(client));
-    ASSIGN_OR_RETURN(const int64_t returned, client->client->Rollback());
-    if (pages_returned != nullptr) *pages_returned = returned;
-    return absl::OkStatus();
-  });
+  return pagealloc::GuardedValue(
+      client, pages_returned, error,
+      [](pagealloc::Client& c) { return c.Rollback(); });
 }
 
 int32_t pagealloc_get_stats(pagealloc_client* client, pagealloc_stats* stats,
@@ -842,21 +841,14 @@ int32_t pagealloc_get_stats(pagealloc_client* client, pagealloc_stats* stats,
 
 void pagealloc_free_lists_init(pagealloc_free_lists* lists,
                                size_t struct_size) {
-  if (lists == nullptr) return;
-  pagealloc_free_lists defaults;
-  std::memset(&defaults, 0, sizeof(defaults));
-  defaults.struct_size = struct_size;
-  pagealloc::WriteVersioned(defaults, struct_size, lists);
+  pagealloc::InitVersioned(lists, struct_size, [](pagealloc_free_lists&) {});
 }
 
 void pagealloc_admin_options_init(pagealloc_admin_options* options,
                                   size_t struct_size) {
-  if (options == nullptr) return;
-  pagealloc_admin_options defaults;
-  std::memset(&defaults, 0, sizeof(defaults));
-  defaults.struct_size = struct_size;
-  defaults.timeout_ms = 5000;
-  pagealloc::WriteVersioned(defaults, struct_size, options);
+  pagealloc::InitVersioned(
+      options, struct_size,
+      [](pagealloc_admin_options& defaults) { defaults.timeout_ms = 5000; });
 }
 
 int32_t pagealloc_get_free_lists(const pagealloc_client* client,

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "allocator/page_pool.h"
+#include "allocator/batch_benchmark.h"
 #include "benchmark/benchmark.h"
 #include "kernels/cpu_executor.h"
 #include "kernels/plan_packing.h"
@@ -19,7 +19,6 @@
 namespace pagealloc {
 namespace {
 
-constexpr OwnerId kOwner = 1;
 constexpr int64_t kPageSize = 16;
 
 // The CPU executor, plus packing every plan as the CUDA executor does before
@@ -56,58 +55,11 @@ class PackingExecutor final : public PlanExecutor {
 };
 
 template <typename Executor>
-struct Fixture {
-  Executor executor;
-  std::unique_ptr<PagePool> pool;
-  std::vector<AllocRequest> requests;
-  std::vector<int64_t> out;
-};
-
-// Sets up a pool with `num_requests` one-token sequences (each on a page of
-// its own, so that a decode continues a partial page, as in serving) and a
-// batch decoding one token for each.
-template <typename Executor>
-std::unique_ptr<Fixture<Executor>> MakeDecodeFixture(int64_t num_requests) {
-  auto f = std::make_unique<Fixture<Executor>>();
-  const int64_t num_pages = num_requests * 4 + 64;
-  f->pool = *PagePool::Create({num_pages, kPageSize, FreePolicy::kLifo},
-                              &f->executor);
-  (void)f->pool->AddOwner(kOwner, 0);
-  f->out.resize(num_requests);
-  std::vector<AllocRequest> prefill(num_requests);
-  std::vector<int64_t> first_slots(num_requests);
-  for (int64_t i = 0; i < num_requests; ++i) {
-    prefill[i] = {RequestKind::kExtend, kOwner, i, 0, 1, -1, &first_slots[i]};
-  }
-  (void)f->pool->Allocate(prefill);
-  for (int64_t i = 0; i < num_requests; ++i) {
-    f->requests.push_back({RequestKind::kDecode, kOwner, i, 0, 2,
-                           first_slots[i], f->out.data() + i});
-  }
-  return f;
-}
-
-template <typename Executor>
 void RunDecodeBatch(benchmark::State& state) {
   const int64_t num_requests = state.range(0);
-  auto f = MakeDecodeFixture<Executor>(num_requests);
-  std::vector<int64_t> new_pages;
-  for (auto _ : state) {
-    std::vector<AllocResult> results = f->pool->Allocate(f->requests);
-    state.PauseTiming();
-    // Free the pages the batch took: every slot at a page start is a new
-    // page.
-    new_pages.clear();
-    for (int64_t slot : f->out) {
-      if (slot % kPageSize == 0) new_pages.push_back(slot / kPageSize);
-    }
-    if (!results.back().status.ok() ||
-        !f->pool->FreePages(kOwner, new_pages).ok()) {
-      state.SkipWithError("allocation failed");
-      break;
-    }
-    state.ResumeTiming();
-  }
+  auto f = MakeBatchFixture<Executor>(num_requests, /*tokens_per_request=*/1,
+                                      kPageSize, RequestKind::kDecode);
+  AllocateAndFree(state, *f);
   state.SetItemsProcessed(state.iterations() * num_requests);
 }
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "allocator/plan_expansion.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu_executor.h"
 #include "kernels/expand_plan.h"
 #include "tests/random_plan.h"
 #include "tests/status_matchers.h"

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/host_files.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
@@ -85,18 +85,13 @@ TEST(SharedRegionTest, MemoryThatCannotBeReservedIsResourceExhausted) {
   // does, without mounting anything. What this shows: the memory is
   // reserved by Create, and a refusal there is RESOURCE_EXHAUSTED, not a
   // SIGBUS later.
-  struct rlimit saved;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
-  struct sigaction ignore = {}, saved_action;
-  ignore.sa_handler = SIG_IGN;
-  ASSERT_EQ(sigaction(SIGXFSZ, &ignore, &saved_action), 0);
-  struct rlimit limited = saved;
-  limited.rlim_cur = 1 << 20;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
-  auto too_big = SharedRegion::Create("pagealloc-test", 4 << 20);
-  auto fits = SharedRegion::Create("pagealloc-test", 512 << 10);
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
-  ASSERT_EQ(sigaction(SIGXFSZ, &saved_action, nullptr), 0);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> too_big, fits;
+  {
+    ::pagealloc::testing::ScopedFileSizeLimit limit(1 << 20);
+    ASSERT_TRUE(limit.ok());
+    too_big = SharedRegion::Create("pagealloc-test", 4 << 20);
+    fits = SharedRegion::Create("pagealloc-test", 512 << 10);
+  }
   EXPECT_THAT(too_big, StatusIs(absl::StatusCode::kResourceExhausted,
                                 HasSubstr("cannot reserve 4194304 bytes")));
   EXPECT_OK(fits.status());

@@ -38,6 +38,7 @@
 #include "server/request_decoding.h"
 #include "server/rpc_metrics.h"
 #include "server/session.h"
+#include "server/session_hooks.h"
 #include "spdlog/spdlog.h"
 
 namespace pagealloc {
@@ -179,16 +180,6 @@ struct PoolDescription {
   DeviceDescription device;
   // The KV memory the daemon owns; null when it hands out indices only.
   const KvSlab* kv_slab = nullptr;
-};
-
-// Told when a session ends, so that a transport can drop what it holds
-// for it (the fast channel's memory, the memory socket's connection).
-class SessionObserver {
- public:
-  virtual ~SessionObserver() = default;
-  // Called once per session, from whichever thread ended it; `reason` is
-  // what the log says ("closed by client", "lost its lease", ...).
-  virtual void SessionClosed(uint64_t session_id, absl::string_view reason) = 0;
 };
 
 class CallCore {

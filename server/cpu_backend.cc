@@ -6,11 +6,11 @@
 
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/host_memory.h"
 #include "common/status_macros.h"
 #include "kernels/cpu_executor.h"
 #include "memory/shared_region.h"
@@ -90,14 +90,7 @@ class CpuBackend final : public Backend {
   // charged to the daemon's memory cgroup too; posix_fallocate in
   // SharedRegion::Create refuses the slab at start when that is smaller.
   absl::StatusOr<int64_t> KvAvailableBytes() override {
-    std::ifstream meminfo("/proc/meminfo");
-    std::string key, unit;
-    int64_t kib = 0;
-    while (meminfo >> key >> kib) {
-      std::getline(meminfo, unit);
-      if (key == "MemAvailable:") return kib * 1024;
-    }
-    return absl::InternalError("/proc/meminfo has no MemAvailable");
+    return AvailableHostBytes();
   }
 
   absl::Status CreateKvSlab(const KvLayout& layout,

@@ -262,9 +262,8 @@ void FastChannelServer::Stop() {
   }
 }
 
-absl::Status FastChannelServer::Open(uint64_t session_id,
-                                     const std::string& session_token,
-                                     v1::FastChannel* out) {
+absl::StatusOr<ChannelCapacity> FastChannelServer::SessionOpened(
+    uint64_t session_id, const std::string& session_token) {
   const Capacity capacity{options_.max_requests, options_.message_bytes};
   const ChannelLayout layout(capacity.max_requests, capacity.message_bytes);
   ASSIGN_OR_RETURN(
@@ -272,8 +271,6 @@ absl::Status FastChannelServer::Open(uint64_t session_id,
       SharedRegion::Create(absl::StrFormat("pagealloc-channel.%d", session_id),
                            layout.total_bytes));
   ASSIGN_OR_RETURN(UniqueFd doorbell, NewEventFd());
-  out->set_max_requests(capacity.max_requests);
-  out->set_message_bytes(capacity.message_bytes);
   auto channel =
       std::make_shared<Channel>(session_id, session_token, std::move(region),
                                 std::move(doorbell), capacity);
@@ -294,7 +291,7 @@ absl::Status FastChannelServer::Open(uint64_t session_id,
   }
   channels_[session_id] = std::move(channel);
   generation_.fetch_add(1);
-  return absl::OkStatus();
+  return ChannelCapacity{capacity.max_requests, capacity.message_bytes};
 }
 
 bool FastChannelServer::HasChannel(uint64_t session_id) {

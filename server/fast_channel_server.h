@@ -65,12 +65,12 @@
 #include "fast_channel/layout.h"
 #include "memory/shared_region.h"
 #include "memory/unique_fd.h"
-#include "proto/pagealloc.pb.h"
 #include "server/call_core.h"
+#include "server/session_hooks.h"
 
 namespace pagealloc {
 
-class FastChannelServer final : public SessionObserver {
+class FastChannelServer final : public SessionChannels {
  public:
   struct Options {
     // Most requests in one call (the daemon's per-call limit).
@@ -109,13 +109,14 @@ class FastChannelServer final : public SessionObserver {
   // process that maps it.
   ~FastChannelServer() override;
 
-  // Opens a channel for a session (its memory, reserved, and its doorbell)
-  // and describes its capacity in `out`. RESOURCE_EXHAUSTED when the memory
-  // cannot be had, INTERNAL for other system errors.
-  absl::Status Open(uint64_t session_id, const std::string& session_token,
-                    v1::FastChannel* out) ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether `session_id` has a channel (for GetStats).
-  bool HasChannel(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // SessionChannels: opens a channel for a session (its memory, reserved,
+  // and its doorbell) and returns its capacity. RESOURCE_EXHAUSTED when the
+  // memory cannot be had, INTERNAL for other system errors.
+  absl::StatusOr<ChannelCapacity> SessionOpened(
+      uint64_t session_id, const std::string& session_token) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // SessionChannels: whether `session_id` has a channel (for GetStats).
+  bool HasChannel(uint64_t session_id) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // What a session's client needs to use its channel: descriptors of the
   // channel's memory and of its doorbell (duplicates: the caller's to hand

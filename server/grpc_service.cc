@@ -10,7 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "google/protobuf/descriptor.h"
-#include "server/request_decoding.h"
+#include "server/grpc_decoding.h"
 
 namespace pagealloc {
 namespace {
@@ -373,16 +373,19 @@ grpc::ServerUnaryReactor* GrpcService::Register(
   response->set_lease_ms(absl::ToInt64Milliseconds(core_->lease()));
   response->set_quota_pages((*session)->quota_pages());
   response->set_memory_socket(memory_socket_);
-  if (request->fast_channel() && fast_channels_ != nullptr &&
+  if (request->fast_channel() && channels_ != nullptr &&
       !memory_socket_.empty()) {
-    const absl::Status opened =
-        fast_channels_->Open((*session)->id(), (*session)->token(),
-                             response->mutable_fast_channel());
-    if (!opened.ok()) {
+    const absl::StatusOr<ChannelCapacity> opened =
+        channels_->SessionOpened((*session)->id(), (*session)->token());
+    if (opened.ok()) {
+      response->mutable_fast_channel()->set_max_requests(opened->max_requests);
+      response->mutable_fast_channel()->set_message_bytes(
+          opened->message_bytes);
+    } else {
       // The session works without one (over gRPC); say why in the log.
-      response->clear_fast_channel();
       Logger("session")->warn("session {}: no fast channel: {}",
-                              (*session)->id(), std::string(opened.message()));
+                              (*session)->id(),
+                              std::string(opened.status().message()));
     }
   }
   Finish(reactor, Method::kRegister, start, absl::OkStatus());
@@ -563,8 +566,8 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
       out->set_quota_pages(session->quota_pages());
       out->set_ring_capacity_slots(session->ring_memory().capacity_slots());
       out->set_ring_reserved_slots(session->ring_reserved());
-      out->set_fast_channel(fast_channels_ != nullptr &&
-                            fast_channels_->HasChannel(session->id()));
+      out->set_fast_channel(channels_ != nullptr &&
+                            channels_->HasChannel(session->id()));
       // Every renewal sets the deadline to renewal time + lease.
       out->set_lease_age_ms(std::max<int64_t>(
           0, absl::ToInt64Milliseconds(

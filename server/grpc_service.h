@@ -47,7 +47,7 @@
 #include "grpcpp/support/server_interceptor.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/call_core.h"
-#include "server/fast_channel_server.h"
+#include "server/session_hooks.h"
 
 namespace pagealloc {
 
@@ -71,17 +71,18 @@ using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
 
 class GrpcService final : public PageAllocatorBase {
  public:
-  // `core` must outlive the service; so must `fast_channels`, where Register
-  // opens fast channels (null: none offered), and `answer_senders`, which
-  // send the answers of launches that carried several calls (null: the
-  // thread that completes a call sends its answer). `memory_socket` is the
-  // path of the daemon's memory socket, which Register names ("" when the
-  // daemon has none: no Unix socket).
-  GrpcService(CallCore* core, FastChannelServer* fast_channels,
+  // `core` must outlive the service; so must `channels`, the fast channel
+  // the server wires in, told of each session that asks for one at Register
+  // and asked by GetStats which have one (null: none offered), and
+  // `answer_senders`, which send the answers of launches that carried
+  // several calls (null: the thread that completes a call sends its
+  // answer). `memory_socket` is the path of the daemon's memory socket,
+  // which Register names ("" when the daemon has none: no Unix socket).
+  GrpcService(CallCore* core, SessionChannels* channels,
               std::string memory_socket = "",
               HandoffThreads* answer_senders = nullptr)
       : core_(core),
-        fast_channels_(fast_channels),
+        channels_(channels),
         memory_socket_(std::move(memory_socket)),
         answer_senders_(answer_senders) {}
 
@@ -148,7 +149,7 @@ class GrpcService final : public PageAllocatorBase {
               absl::Time start, const absl::Status& status);
 
   CallCore* const core_;
-  FastChannelServer* const fast_channels_;
+  SessionChannels* const channels_;
   const std::string memory_socket_;
   HandoffThreads* const answer_senders_;
 };

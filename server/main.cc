@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/command_line.h"
+#include "common/host_memory.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "memory/kv_layout.h"
@@ -292,67 +293,67 @@ absl::Status CheckRange(absl::string_view flag, int64_t value, int64_t min,
       absl::StrCat(min, "..", max, unit.empty() ? "" : " ", unit));
 }
 
-// Memory the kernel says can be given to a new process without swapping
-// (/proc/meminfo MemAvailable), or -1 when unknown.
-int64_t AvailableHostBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (meminfo >> key >> kib) {
-    std::getline(meminfo, unit);
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return -1;
-}
+// The most pages a pool of `page_size` may have: 2^40 slots, page 0 reserved.
+int64_t MaxPages(int64_t page_size) { return kMaxSlots / page_size - 1; }
 
-// The flags as ServerOptions; INVALID_ARGUMENT naming the flag, its value
-// and what is accepted for the first one that is out of range.
-absl::StatusOr<ServerOptions> OptionsFromFlags() {
-  ServerOptions options;
-  options.backend = absl::GetFlag(FLAGS_backend);
-  if (options.backend != "auto" && options.backend != "cuda" &&
-      options.backend != "cpu") {
-    return NotOneOf("backend", options.backend, "auto, cuda, cpu");
+// The flags of one group into `options`; INVALID_ARGUMENT naming the flag,
+// its value and what is accepted for the first one that is out of range.
+// Each group reads only flags and what the groups before it set.
+
+// --backend, --gpu.
+absl::Status DeviceFlags(ServerOptions* options) {
+  options->backend = absl::GetFlag(FLAGS_backend);
+  if (options->backend != "auto" && options->backend != "cuda" &&
+      options->backend != "cpu") {
+    return NotOneOf("backend", options->backend, "auto, cuda, cpu");
   }
-  options.gpu = absl::GetFlag(FLAGS_gpu);
-  RETURN_IF_ERROR(CheckRange("gpu", options.gpu, 0,
+  options->gpu = absl::GetFlag(FLAGS_gpu);
+  RETURN_IF_ERROR(CheckRange("gpu", options->gpu, 0,
                              std::numeric_limits<int>::max(),
                              "(a CUDA device ordinal)"));
+  return absl::OkStatus();
+}
 
-  // Pool geometry, then its size against this host's memory.
-  options.pool.page_size = absl::GetFlag(FLAGS_page_size);
+// --page_size, --num_pages, --pool_tokens.
+absl::Status PoolGeometryFlags(ServerOptions* options) {
+  options->pool.page_size = absl::GetFlag(FLAGS_page_size);
   RETURN_IF_ERROR(
-      CheckRange("page_size", options.pool.page_size, 1, 1 << 20, "tokens"));
-  const int64_t max_pages = kMaxSlots / options.pool.page_size - 1;
-  options.pool.num_pages = absl::GetFlag(FLAGS_num_pages);
-  if (options.pool.num_pages != 0) {
+      CheckRange("page_size", options->pool.page_size, 1, 1 << 20, "tokens"));
+  const int64_t max_pages = MaxPages(options->pool.page_size);
+  options->pool.num_pages = absl::GetFlag(FLAGS_num_pages);
+  if (options->pool.num_pages != 0) {
     RETURN_IF_ERROR(CheckRange(
-        "num_pages", options.pool.num_pages, 0, max_pages,
+        "num_pages", options->pool.num_pages, 0, max_pages,
         absl::StrFormat("pages: 0 takes --pool_tokens; at most 2^40 slots "
                         "with --page_size=%d",
-                        options.pool.page_size)));
+                        options->pool.page_size)));
   } else if (const int64_t tokens = absl::GetFlag(FLAGS_pool_tokens);
              tokens != 0) {
     RETURN_IF_ERROR(CheckRange(
-        "pool_tokens", tokens, options.pool.page_size, kMaxSlots - 1,
+        "pool_tokens", tokens, options->pool.page_size, kMaxSlots - 1,
         absl::StrFormat("tokens: at least one page of --page_size=%d",
-                        options.pool.page_size)));
-    options.pool.num_pages = tokens / options.pool.page_size;
+                        options->pool.page_size)));
+    options->pool.num_pages = tokens / options->pool.page_size;
   } else {
-    options.pool.num_pages = 65536;
+    options->pool.num_pages = 65536;
   }
-  // The KV memory: with a layout and a budget, the slab sizes the pool
-  // (Server::Create, once the backend knows its free memory).
+  return absl::OkStatus();
+}
+
+// The KV memory (--kv_layout, --kv_memory, --kv_scrub): with a layout and a
+// budget, the slab sizes the pool (Server::Create, once the backend knows
+// its free memory).
+absl::Status KvFlags(ServerOptions* options) {
   const std::string kv_layout = absl::GetFlag(FLAGS_kv_layout);
   const std::string kv_memory = absl::GetFlag(FLAGS_kv_memory);
-  options.kv.scrub = absl::GetFlag(FLAGS_kv_scrub);
+  options->kv.scrub = absl::GetFlag(FLAGS_kv_scrub);
   if (!kv_layout.empty()) {
-    ASSIGN_OR_RETURN(options.kv.layout, ParseKvLayout(kv_layout));
+    ASSIGN_OR_RETURN(options->kv.layout, ParseKvLayout(kv_layout));
     if (!kv_memory.empty()) {
-      ASSIGN_OR_RETURN(options.kv.budget, ParseKvMemory(kv_memory));
+      ASSIGN_OR_RETURN(options->kv.budget, ParseKvMemory(kv_memory));
       if (absl::GetFlag(FLAGS_num_pages) == 0 &&
           absl::GetFlag(FLAGS_pool_tokens) == 0) {
-        options.pool.num_pages = 0;  // from the budget
+        options->pool.num_pages = 0;  // from the budget
       }
     } else if (absl::GetFlag(FLAGS_num_pages) == 0 &&
                absl::GetFlag(FLAGS_pool_tokens) == 0) {
@@ -360,42 +361,56 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
           "--kv_layout needs --kv_memory (or --num_pages / --pool_tokens) to "
           "size the KV slab");
     }
-  } else if (!kv_memory.empty() || options.kv.scrub) {
+  } else if (!kv_memory.empty() || options->kv.scrub) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s needs --kv_layout",
                         kv_memory.empty() ? "--kv_scrub" : "--kv_memory"));
   }
-  const int64_t available = AvailableHostBytes();
+  return absl::OkStatus();
+}
+
+// The pool's bookkeeping against this host's memory.
+absl::Status CheckHostMemory(ServerOptions* options) {
+  // Unknown (no /proc): not checked.
+  const int64_t available = AvailableHostBytes().value_or(-1);
   const double needed =
-      static_cast<double>(options.pool.num_pages) * kHostBytesPerPage;
+      static_cast<double>(options->pool.num_pages) * kHostBytesPerPage;
   if (available >= 0 && needed > available) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a pool of %d pages (--num_pages or --pool_tokens) needs %s of host "
         "memory for its bookkeeping (%d bytes a page); this host has %s "
         "available. Size the pool to the engine's KV buffers "
         "(docs/operations.md, \"Sizing the pool\")",
-        options.pool.num_pages, Bytes(needed), kHostBytesPerPage,
+        options->pool.num_pages, Bytes(needed), kHostBytesPerPage,
         Bytes(available)));
   }
+  return absl::OkStatus();
+}
+
+// --free_policy, --semantics, --allow_forced_clear.
+absl::Status PoolPolicyFlags(ServerOptions* options) {
   absl::StatusOr<FreePolicy> policy =
       ParseFreePolicy(absl::GetFlag(FLAGS_free_policy));
   if (!policy.ok()) {
     return NotOneOf("free_policy", absl::GetFlag(FLAGS_free_policy),
                     "lifo, sorted");
   }
-  options.pool.free_policy = *policy;
+  options->pool.free_policy = *policy;
   absl::StatusOr<Semantics> semantics =
       ParseSemantics(absl::GetFlag(FLAGS_semantics));
   if (!semantics.ok()) {
     return NotOneOf("semantics", absl::GetFlag(FLAGS_semantics),
                     "pagealloc, sglang");
   }
-  options.pool.semantics = *semantics;
-  options.allow_forced_clear = absl::GetFlag(FLAGS_allow_forced_clear);
+  options->pool.semantics = *semantics;
+  options->allow_forced_clear = absl::GetFlag(FLAGS_allow_forced_clear);
+  return absl::OkStatus();
+}
 
-  // Transport.
-  options.listen = absl::GetFlag(FLAGS_listen);
-  for (const std::string& address : options.listen) {
+// --listen.
+absl::Status ListenFlags(ServerOptions* options) {
+  options->listen = absl::GetFlag(FLAGS_listen);
+  for (const std::string& address : options->listen) {
     const std::string hint = UnixSchemeHint(address);
     if (!hint.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -413,51 +428,64 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
           address));
     }
   }
-  options.fast_channel = absl::GetFlag(FLAGS_fast_channel);
-  options.fast_channel_pollers = absl::GetFlag(FLAGS_fast_channel_pollers);
+  return absl::OkStatus();
+}
+
+// --fast_channel and its pollers, spin and throttles.
+absl::Status FastChannelFlags(ServerOptions* options) {
+  options->fast_channel = absl::GetFlag(FLAGS_fast_channel);
+  options->fast_channel_pollers = absl::GetFlag(FLAGS_fast_channel_pollers);
   RETURN_IF_ERROR(CheckRange("fast_channel_pollers",
-                             options.fast_channel_pollers, 1, 64, "threads"));
+                             options->fast_channel_pollers, 1, 64, "threads"));
   const int spin_us = absl::GetFlag(FLAGS_fast_channel_spin_us);
   RETURN_IF_ERROR(
       CheckRange("fast_channel_spin_us", spin_us, 0, 1000000, "microseconds"));
-  options.fast_channel_spin = absl::Microseconds(spin_us);
-  options.fast_channel_throttle_strikes =
+  options->fast_channel_spin = absl::Microseconds(spin_us);
+  options->fast_channel_throttle_strikes =
       absl::GetFlag(FLAGS_fast_channel_throttle_strikes);
   RETURN_IF_ERROR(CheckRange("fast_channel_throttle_strikes",
-                             options.fast_channel_throttle_strikes, 0,
+                             options->fast_channel_throttle_strikes, 0,
                              int64_t{1} << 40, "strikes"));
-  options.fast_channel_drop_strikes =
+  options->fast_channel_drop_strikes =
       absl::GetFlag(FLAGS_fast_channel_drop_strikes);
   RETURN_IF_ERROR(CheckRange("fast_channel_drop_strikes",
-                             options.fast_channel_drop_strikes, 0,
+                             options->fast_channel_drop_strikes, 0,
                              int64_t{1} << 40, "strikes"));
   const int64_t throttle_ms = absl::GetFlag(FLAGS_fast_channel_throttle_ms);
   RETURN_IF_ERROR(CheckRange("fast_channel_throttle_ms", throttle_ms, 1,
                              86400000, "milliseconds"));
-  options.fast_channel_throttle_time = absl::Milliseconds(throttle_ms);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  RETURN_IF_ERROR(CheckRange("max_message_bytes", options.max_message_bytes,
+  options->fast_channel_throttle_time = absl::Milliseconds(throttle_ms);
+  return absl::OkStatus();
+}
+
+// --max_message_bytes, --max_connections, idle and keepalive times.
+absl::Status ConnectionFlags(ServerOptions* options) {
+  options->max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  RETURN_IF_ERROR(CheckRange("max_message_bytes", options->max_message_bytes,
                              4096, std::numeric_limits<int>::max(), "bytes"));
 
   // Connections.
-  options.max_connections = absl::GetFlag(FLAGS_max_connections);
-  RETURN_IF_ERROR(CheckRange("max_connections", options.max_connections, 1,
+  options->max_connections = absl::GetFlag(FLAGS_max_connections);
+  RETURN_IF_ERROR(CheckRange("max_connections", options->max_connections, 1,
                              1 << 20, "connections"));
   for (const auto& [flag, value, field] :
        {std::tuple<const char*, int64_t, absl::Duration*>{
             "max_connection_idle_ms",
             absl::GetFlag(FLAGS_max_connection_idle_ms),
-            &options.max_connection_idle},
+            &options->max_connection_idle},
         {"keepalive_time_ms", absl::GetFlag(FLAGS_keepalive_time_ms),
-         &options.keepalive_time},
+         &options->keepalive_time},
         {"keepalive_timeout_ms", absl::GetFlag(FLAGS_keepalive_timeout_ms),
-         &options.keepalive_timeout}}) {
+         &options->keepalive_timeout}}) {
     RETURN_IF_ERROR(CheckRange(
         flag, value, 100, std::numeric_limits<int>::max(), "milliseconds"));
     *field = absl::Milliseconds(value);
   }
+  return absl::OkStatus();
+}
 
-  // Security.
+// --socket_mode, --socket_group.
+absl::Status SocketFlags(ServerOptions* options) {
   const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);
   int mode = 0;
   for (char c : mode_text) {
@@ -471,13 +499,19 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return OutOfRange("socket_mode", mode_text,
                       "an octal file mode, 0000..0777");
   }
-  options.socket_mode = mode;
-  options.socket_group = absl::GetFlag(FLAGS_socket_group);
-  if (!options.socket_group.empty() &&
-      getgrnam(options.socket_group.c_str()) == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--socket_group=%s: no such group on this host", options.socket_group));
+  options->socket_mode = mode;
+  options->socket_group = absl::GetFlag(FLAGS_socket_group);
+  if (!options->socket_group.empty() &&
+      getgrnam(options->socket_group.c_str()) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--socket_group=%s: no such group on this host",
+                        options->socket_group));
   }
+  return absl::OkStatus();
+}
+
+// --register_secret_file.
+absl::Status RegisterSecretFlag(ServerOptions* options) {
   if (const std::string path = absl::GetFlag(FLAGS_register_secret_file);
       !path.empty()) {
     std::ifstream in(path, std::ios::binary);
@@ -497,101 +531,130 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
           "--register_secret_file=%s is empty: a Register secret must not be",
           path));
     }
-    options.register_secret = std::move(secret);
+    options->register_secret = std::move(secret);
   }
-  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
-  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
-  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
-  options.allow_insecure_tcp = absl::GetFlag(FLAGS_allow_insecure_tcp);
-  if (options.tls.cert_file.empty() != options.tls.key_file.empty()) {
+  return absl::OkStatus();
+}
+
+// --tls_*, --allow_insecure_tcp.
+absl::Status TlsFlags(ServerOptions* options) {
+  options->tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options->tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options->tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options->allow_insecure_tcp = absl::GetFlag(FLAGS_allow_insecure_tcp);
+  if (options->tls.cert_file.empty() != options->tls.key_file.empty()) {
     return absl::InvalidArgumentError(
         "TLS needs both --tls_cert_file and --tls_key_file");
   }
-  if (!options.tls.client_ca_file.empty() && options.tls.cert_file.empty()) {
+  if (!options->tls.client_ca_file.empty() && options->tls.cert_file.empty()) {
     return absl::InvalidArgumentError(
         "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
   }
   for (const auto& [flag, path] :
        {std::pair<const char*, std::string>{"tls_cert_file",
-                                            options.tls.cert_file},
-        {"tls_key_file", options.tls.key_file},
-        {"tls_client_ca_file", options.tls.client_ca_file}}) {
+                                            options->tls.cert_file},
+        {"tls_key_file", options->tls.key_file},
+        {"tls_client_ca_file", options->tls.client_ca_file}}) {
     if (!path.empty() && access(path.c_str(), R_OK) != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "--%s=%s: cannot read it: %s", flag, path, std::strerror(errno)));
     }
   }
+  return absl::OkStatus();
+}
 
-  // Batching.
-  options.batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
+// The batcher's and the gRPC answer threads' flags.
+absl::Status BatchingFlags(ServerOptions* options) {
+  options->batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
   RETURN_IF_ERROR(CheckRange("max_batch_requests",
-                             options.batcher.max_batch_requests, 1, 1 << 20,
+                             options->batcher.max_batch_requests, 1, 1 << 20,
                              "requests"));
-  options.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options->batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   RETURN_IF_ERROR(CheckRange("max_batch_tokens",
-                             options.batcher.max_batch_tokens, 1,
+                             options->batcher.max_batch_tokens, 1,
                              int64_t{1} << 30, "slots"));
-  options.batcher.min_batch_calls = absl::GetFlag(FLAGS_batch_min_calls);
-  RETURN_IF_ERROR(CheckRange("batch_min_calls", options.batcher.min_batch_calls,
-                             0, 4096, "calls"));
+  options->batcher.min_batch_calls = absl::GetFlag(FLAGS_batch_min_calls);
+  RETURN_IF_ERROR(CheckRange(
+      "batch_min_calls", options->batcher.min_batch_calls, 0, 4096, "calls"));
   // -1: the library's default for this machine (ServerOptions.batcher).
   const int64_t batcher_spin_us = absl::GetFlag(FLAGS_batcher_spin_us);
   RETURN_IF_ERROR(CheckRange("batcher_spin_us", batcher_spin_us, -1, 1000000,
                              "microseconds; -1: by CPU count"));
   if (batcher_spin_us >= 0) {
-    options.batcher.spin = absl::Microseconds(batcher_spin_us);
+    options->batcher.spin = absl::Microseconds(batcher_spin_us);
   }
-  options.grpc_answer_threads = absl::GetFlag(FLAGS_grpc_answer_threads);
-  RETURN_IF_ERROR(CheckRange("grpc_answer_threads", options.grpc_answer_threads,
-                             0, 64, "threads"));
+  options->grpc_answer_threads = absl::GetFlag(FLAGS_grpc_answer_threads);
+  RETURN_IF_ERROR(CheckRange("grpc_answer_threads",
+                             options->grpc_answer_threads, 0, 64, "threads"));
   const int64_t window_us = absl::GetFlag(FLAGS_batch_window_us);
   RETURN_IF_ERROR(CheckRange("batch_window_us", window_us, -1, 1000000,
                              "microseconds; -1: by batcher mode"));
   if (window_us >= 0) {
-    options.batcher.batch_window = absl::Microseconds(window_us);
+    options->batcher.batch_window = absl::Microseconds(window_us);
   } else {
     // Only a spinning batcher thread gathers by default.
-    options.batcher.batch_window = options.batcher.spin > absl::ZeroDuration()
-                                       ? Batcher::kDefaultBatchWindow
-                                       : absl::ZeroDuration();
+    options->batcher.batch_window = options->batcher.spin > absl::ZeroDuration()
+                                        ? Batcher::kDefaultBatchWindow
+                                        : absl::ZeroDuration();
   }
+  return absl::OkStatus();
+}
 
-  // Sessions and their memory.
+// Sessions and their memory.
+absl::Status SessionFlags(ServerOptions* options) {
   const int64_t lease_ms = absl::GetFlag(FLAGS_lease_ms);
   RETURN_IF_ERROR(
       CheckRange("lease_ms", lease_ms, 100, 86400000, "milliseconds"));
-  options.sessions.lease = absl::Milliseconds(lease_ms);
-  options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
-  RETURN_IF_ERROR(CheckRange("max_sessions", options.sessions.max_sessions, 1,
+  options->sessions.lease = absl::Milliseconds(lease_ms);
+  options->sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  RETURN_IF_ERROR(CheckRange("max_sessions", options->sessions.max_sessions, 1,
                              65536, "sessions"));
-  options.sessions.default_ring_capacity_slots =
+  options->sessions.default_ring_capacity_slots =
       absl::GetFlag(FLAGS_ring_capacity_slots);
   RETURN_IF_ERROR(CheckRange("ring_capacity_slots",
-                             options.sessions.default_ring_capacity_slots, 1,
+                             options->sessions.default_ring_capacity_slots, 1,
                              int64_t{1} << 30, "slots"));
-  options.sessions.max_ring_capacity_slots = std::max<int64_t>(
-      options.sessions.default_ring_capacity_slots, int64_t{1} << 26);
-  options.sessions.max_quota_pages =
+  options->sessions.max_ring_capacity_slots = std::max<int64_t>(
+      options->sessions.default_ring_capacity_slots, int64_t{1} << 26);
+  options->sessions.max_quota_pages =
       absl::GetFlag(FLAGS_max_session_quota_pages);
   // A pool sized by its KV budget (num_pages 0 here) is checked against
   // the largest pool instead.
   RETURN_IF_ERROR(CheckRange(
-      "max_session_quota_pages", options.sessions.max_quota_pages, 0,
-      options.pool.num_pages > 0 ? options.pool.num_pages : max_pages,
+      "max_session_quota_pages", options->sessions.max_quota_pages, 0,
+      options->pool.num_pages > 0 ? options->pool.num_pages
+                                  : MaxPages(options->pool.page_size),
       "pages; 0: no cap beyond the pool"));
+  return absl::OkStatus();
+}
 
-  // Logging and metrics.
-  options.debug_checks = absl::GetFlag(FLAGS_debug_checks);
-  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (options.metrics_port < -1 || options.metrics_port > 65535) {
-    return OutOfRange("metrics_port", absl::StrCat(options.metrics_port),
+// --debug_checks, --metrics_port, --metrics_host.
+absl::Status MetricsFlags(ServerOptions* options) {
+  options->debug_checks = absl::GetFlag(FLAGS_debug_checks);
+  options->metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (options->metrics_port < -1 || options->metrics_port > 65535) {
+    return OutOfRange("metrics_port", absl::StrCat(options->metrics_port),
                       "1..65535, 0 for any free port, -1 for none");
   }
-  options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
-  if (options.metrics_host.empty() && options.metrics_port >= 0) {
+  options->metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  if (options->metrics_host.empty() && options->metrics_port >= 0) {
     return absl::InvalidArgumentError(
         "--metrics_host is empty (accepted: an address of this host, e.g. "
         "0.0.0.0 or 127.0.0.1)");
+  }
+  return absl::OkStatus();
+}
+
+// The flags as ServerOptions; INVALID_ARGUMENT naming the flag, its value
+// and what is accepted for the first one that is out of range.
+absl::StatusOr<ServerOptions> OptionsFromFlags() {
+  ServerOptions options;
+  for (absl::Status (*group)(ServerOptions*) :
+       {DeviceFlags, PoolGeometryFlags, KvFlags, CheckHostMemory,
+        PoolPolicyFlags, ListenFlags, FastChannelFlags, ConnectionFlags,
+        SocketFlags, RegisterSecretFlag, TlsFlags, BatchingFlags, SessionFlags,
+        MetricsFlags}) {
+    RETURN_IF_ERROR(group(&options));
   }
   return options;
 }

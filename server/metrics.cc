@@ -88,105 +88,101 @@ MetricFamily Histogram(std::string name, std::string help,
 
 }  // namespace
 
-MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
-                                 CallCore* core, Batcher* batcher,
-                                 Backend* backend,
-                                 const FastChannelServer* fast_channels,
-                                 const HandoffThreads* grpc_answer_senders)
-    : pool_(pool),
-      sessions_(sessions),
-      core_(core),
-      batcher_(batcher),
-      backend_(backend),
-      fast_channels_(fast_channels),
-      grpc_answer_senders_(grpc_answer_senders) {}
+namespace {
 
-std::string MetricsExporter::Render() const {
-  const PoolStats stats = pool_->Stats();
-  std::vector<MetricFamily> families;
+using Families = std::vector<MetricFamily>;
 
-  // Pool.
+// The pool's pages and the KV slab's figures.
+void AddPoolFamilies(const PoolStats& stats, const Backend& backend,
+                     Families* out) {
   MetricFamily pages = Family("pagealloc_pool_pages",
                               "Pages of the pool by state (page 0 excluded).",
                               MetricType::Gauge);
   AddGauge(pages, stats.free_pages, {{"state", "free"}});
   AddGauge(pages, stats.parked_pages, {{"state", "parked"}});
   AddGauge(pages, stats.used_pages, {{"state", "used"}});
-  families.push_back(std::move(pages));
-  families.push_back(Gauge("pagealloc_pool_capacity_pages",
-                           "Usable pages in the pool.", stats.total_pages));
-  families.push_back(
+  out->push_back(std::move(pages));
+  out->push_back(Gauge("pagealloc_pool_capacity_pages",
+                       "Usable pages in the pool.", stats.total_pages));
+  out->push_back(
       Gauge("pagealloc_pool_usage_ratio", "Used pages over usable pages.",
             stats.total_pages > 0
                 ? static_cast<double>(stats.used_pages) / stats.total_pages
                 : 0));
-  families.push_back(
+  out->push_back(
       Gauge("pagealloc_page_size_tokens", "Tokens per page.", stats.page_size));
   // The KV slab (0 when the daemon owns no KV memory).
-  const KvSlab* slab = backend_->kv_slab();
-  families.push_back(Gauge(
+  const KvSlab* slab = backend.kv_slab();
+  out->push_back(Gauge(
       "pagealloc_kv_slab_bytes",
       "Bytes of the KV slab the daemon owns (0: it hands out indices only).",
       slab != nullptr ? slab->geometry.total_bytes : 0));
-  families.push_back(Gauge("pagealloc_kv_slab_buffers",
-                           "KV buffers in the slab.",
-                           slab != nullptr ? slab->layout.buffers.size() : 0));
-  families.push_back(
-      Gauge("pagealloc_kv_slab_page_bytes",
-            "Bytes one page takes across every KV buffer.",
-            slab != nullptr ? slab->geometry.bytes_per_page : 0));
-  families.push_back(Gauge("pagealloc_kv_slab_pages",
-                           "Usable pages the KV slab holds.",
-                           slab != nullptr ? slab->geometry.num_pages : 0));
-  families.push_back(
+  out->push_back(Gauge("pagealloc_kv_slab_buffers", "KV buffers in the slab.",
+                       slab != nullptr ? slab->layout.buffers.size() : 0));
+  out->push_back(Gauge("pagealloc_kv_slab_page_bytes",
+                       "Bytes one page takes across every KV buffer.",
+                       slab != nullptr ? slab->geometry.bytes_per_page : 0));
+  out->push_back(Gauge("pagealloc_kv_slab_pages",
+                       "Usable pages the KV slab holds.",
+                       slab != nullptr ? slab->geometry.num_pages : 0));
+  out->push_back(
       Counter("pagealloc_kv_pages_scrubbed_total",
               "Pages zeroed in every KV buffer before going to a session "
               "other than their last owner (--kv_scrub).",
               stats.pages_scrubbed));
-  const DeviceDescription device = backend_->DescribeDevice();
+}
+
+// pagealloc_build_info: always 1, its labels describe the daemon.
+void AddBuildInfo(const Backend& backend, FreePolicy free_policy,
+                  Families* out) {
+  const DeviceDescription device = backend.DescribeDevice();
   const bool cuda = device.kind == BackendKind::kCuda;
   MetricFamily build =
       Family("pagealloc_build_info", "Always 1; labels describe the daemon.",
              MetricType::Gauge);
-  AddGauge(
-      build, 1,
-      {{"version", kPageallocVersion},
-       {"backend", cuda ? "cuda" : "cpu"},
-       {"gpu", cuda ? absl::StrFormat("%d", device.gpu) : ""},
-       {"device_uuid", device.device_uuid},
-       {"cuda_mps", cuda ? (device.cuda_mps ? "true" : "false") : ""},
-       {"free_policy", std::string(FreePolicyName(pool_->free_policy()))}});
-  families.push_back(std::move(build));
+  AddGauge(build, 1,
+           {{"version", kPageallocVersion},
+            {"backend", cuda ? "cuda" : "cpu"},
+            {"gpu", cuda ? absl::StrFormat("%d", device.gpu) : ""},
+            {"device_uuid", device.device_uuid},
+            {"cuda_mps", cuda ? (device.cuda_mps ? "true" : "false") : ""},
+            {"free_policy", std::string(FreePolicyName(free_policy))}});
+  out->push_back(std::move(build));
+}
 
-  // Allocation counters.
-  families.push_back(Counter("pagealloc_slots_allocated_total",
-                             "Token slots handed out.", stats.slots_allocated));
-  families.push_back(Counter("pagealloc_pages_allocated_total",
-                             "Pages taken from the free list.",
-                             stats.pages_allocated));
-  families.push_back(Counter(
-      "pagealloc_pages_freed_total",
-      "Pages returned by Free, Rollback and session ends.", stats.pages_freed));
-  families.push_back(Counter("pagealloc_out_of_pages_total",
-                             "Requests refused because the pool was short.",
-                             stats.out_of_pages_refusals));
-  families.push_back(Counter("pagealloc_quota_refusals_total",
-                             "Requests refused by their session's quota.",
-                             stats.quota_refusals));
-  families.push_back(Counter("pagealloc_free_list_sorts_total",
-                             "Merges of parked pages (sorted policy).",
-                             stats.free_list_sorts));
-  families.push_back(Counter("pagealloc_launches_total",
-                             "Executor launches (batches).",
-                             batcher_->launches()));
+void AddAllocationFamilies(const PoolStats& stats, int64_t launches,
+                           Families* out) {
+  out->push_back(Counter("pagealloc_slots_allocated_total",
+                         "Token slots handed out.", stats.slots_allocated));
+  out->push_back(Counter("pagealloc_pages_allocated_total",
+                         "Pages taken from the free list.",
+                         stats.pages_allocated));
+  out->push_back(Counter("pagealloc_pages_freed_total",
+                         "Pages returned by Free, Rollback and session ends.",
+                         stats.pages_freed));
+  out->push_back(Counter("pagealloc_out_of_pages_total",
+                         "Requests refused because the pool was short.",
+                         stats.out_of_pages_refusals));
+  out->push_back(Counter("pagealloc_quota_refusals_total",
+                         "Requests refused by their session's quota.",
+                         stats.quota_refusals));
+  out->push_back(Counter("pagealloc_free_list_sorts_total",
+                         "Merges of parked pages (sorted policy).",
+                         stats.free_list_sorts));
+  out->push_back(Counter("pagealloc_launches_total",
+                         "Executor launches (batches).", launches));
+}
 
-  // Sessions.
-  const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();
+// Sessions' pages and quotas by client name (at most kMaxClientLabels
+// names, the rest as "other"), and sessions' comings and goings.
+void AddSessionFamilies(const PoolStats& stats,
+                        const std::vector<std::shared_ptr<Session>>& sessions,
+                        const SessionCounters& counters, Families* out) {
   std::map<std::string, std::pair<double, double>> by_client;  // pages, quota
   for (const std::shared_ptr<Session>& session : sessions) {
     std::string name = session->client_name();
-    if (!by_client.count(name) &&
-        static_cast<int>(by_client.size()) >= kMaxClientLabels) {
+    if (!by_client.count(name) && static_cast<int>(by_client.size()) >=
+                                      MetricsExporter::kMaxClientLabels) {
       name = "other";
     }
     auto it = stats.owners.find(session->id());
@@ -204,24 +200,26 @@ std::string MetricsExporter::Render() const {
     AddGauge(owned, figures.first, {{"client", name}});
     AddGauge(quota, figures.second, {{"client", name}});
   }
-  families.push_back(std::move(owned));
-  families.push_back(std::move(quota));
-  const SessionCounters& counters = core_->counters();
-  families.push_back(
+  out->push_back(std::move(owned));
+  out->push_back(std::move(quota));
+  out->push_back(
       Gauge("pagealloc_sessions_active", "Live sessions.", sessions.size()));
-  families.push_back(Counter("pagealloc_sessions_opened_total",
-                             "Sessions registered.", counters.sessions_opened));
-  families.push_back(Counter("pagealloc_sessions_closed_total",
-                             "Sessions ended, cleanly or not.",
-                             counters.sessions_closed));
-  families.push_back(Counter("pagealloc_sessions_reclaimed_total",
-                             "Sessions ended because their lease ran out.",
-                             counters.sessions_reclaimed));
-  families.push_back(
-      Counter("pagealloc_pages_reclaimed_total",
-              "Pages freed because their session's lease ran out.",
-              counters.pages_reclaimed));
-  // Fast-channel abuse, by reason; both reasons from the start.
+  out->push_back(Counter("pagealloc_sessions_opened_total",
+                         "Sessions registered.", counters.sessions_opened));
+  out->push_back(Counter("pagealloc_sessions_closed_total",
+                         "Sessions ended, cleanly or not.",
+                         counters.sessions_closed));
+  out->push_back(Counter("pagealloc_sessions_reclaimed_total",
+                         "Sessions ended because their lease ran out.",
+                         counters.sessions_reclaimed));
+  out->push_back(Counter("pagealloc_pages_reclaimed_total",
+                         "Pages freed because their session's lease ran out.",
+                         counters.pages_reclaimed));
+}
+
+// Fast-channel abuse, by reason; both reasons from the start (0 without a
+// fast channel).
+void AddAbuseFamilies(const FastChannelServer* fast_channels, Families* out) {
   MetricFamily throttled =
       Family("pagealloc_sessions_throttled_total",
              "Throttles of sessions abusing their fast channel, by reason.",
@@ -235,21 +233,22 @@ std::string MetricsExporter::Render() const {
     const std::vector<ClientMetric::Label> reason = {
         {"reason", FastChannelServer::AbuseName(abuse)}};
     AddCounter(throttled,
-               fast_channels_ != nullptr ? fast_channels_->throttled(abuse) : 0,
+               fast_channels != nullptr ? fast_channels->throttled(abuse) : 0,
                reason);
     AddCounter(dropped,
-               fast_channels_ != nullptr ? fast_channels_->dropped(abuse) : 0,
+               fast_channels != nullptr ? fast_channels->dropped(abuse) : 0,
                reason);
   }
-  families.push_back(std::move(throttled));
-  families.push_back(std::move(dropped));
+  out->push_back(std::move(throttled));
+  out->push_back(std::move(dropped));
+}
 
-  // Calls by method, transport and code, and their latency. A method's
-  // series exist from the start (OK at 0, an empty histogram) for each
-  // transport that carries it, so that rates and ratios have a base; other
-  // codes appear when they first occur. KeepAlive streams are counted like
-  // calls but timed in a histogram of their own (RpcMetrics::Record).
-  const RpcMetrics& rpc = core_->rpc_metrics();
+// Calls by method, transport and code, and their latency. A method's
+// series exist from the start (OK at 0, an empty histogram) for each
+// transport that carries it, so that rates and ratios have a base; other
+// codes appear when they first occur. KeepAlive streams are counted like
+// calls but timed in a histogram of their own (RpcMetrics::Record).
+void AddRpcFamilies(const RpcMetrics& rpc, Families* out) {
   MetricFamily requests =
       Family("pagealloc_requests_total",
              "Calls answered, by method, status code and transport "
@@ -284,35 +283,38 @@ std::string MetricsExporter::Render() const {
       }
     }
   }
-  families.push_back(std::move(requests));
-  families.push_back(std::move(latency));
-  families.push_back(Histogram(
+  out->push_back(std::move(requests));
+  out->push_back(std::move(latency));
+  out->push_back(Histogram(
       "pagealloc_keepalive_stream_seconds",
       "How long each KeepAlive stream was open (about its session's life).",
       rpc.keepalive_stream()));
+}
 
-  // Batches.
-  const BatcherMetrics& batches = batcher_->metrics();
-  families.push_back(Histogram("pagealloc_batch_requests",
-                               "Requests per launch.",
-                               batches.requests_per_batch));
-  families.push_back(Histogram("pagealloc_batch_tokens",
-                               "Slots written per launch.",
-                               batches.tokens_per_batch));
-  families.push_back(Histogram("pagealloc_queue_wait_seconds",
-                               "Time a call waited for its launch.",
-                               batches.queue_wait_seconds));
-  families.push_back(Histogram(
+void AddBatchFamilies(const BatcherMetrics& batches, Families* out) {
+  out->push_back(Histogram("pagealloc_batch_requests", "Requests per launch.",
+                           batches.requests_per_batch));
+  out->push_back(Histogram("pagealloc_batch_tokens",
+                           "Slots written per launch.",
+                           batches.tokens_per_batch));
+  out->push_back(Histogram("pagealloc_queue_wait_seconds",
+                           "Time a call waited for its launch.",
+                           batches.queue_wait_seconds));
+  out->push_back(Histogram(
       "pagealloc_execute_seconds",
       "Planning plus the executor's launch (and its wait in sync mode).",
       batches.execute_seconds));
-  families.push_back(Histogram(
+  out->push_back(Histogram(
       "pagealloc_complete_seconds",
       "The part of execute spent completing a launch: waiting for the GPU "
       "(sync) or recording the completion event (async).",
       batches.complete_seconds));
+}
 
-  // The threads that spin while calls flow, and whether they sleep now.
+// The threads that spin while calls flow, and whether they sleep now.
+void AddThreadFamilies(const Batcher& batcher,
+                       const FastChannelServer* fast_channels,
+                       const HandoffThreads* answer_senders, Families* out) {
   MetricFamily asleep = Family(
       "pagealloc_thread_asleep",
       "1 while the thread sleeps waiting for work (neither spinning nor "
@@ -324,57 +326,86 @@ std::string MetricsExporter::Render() const {
       "How long the thread spins now after its last piece of work before it "
       "sleeps (its adaptive spin; at most the spin flag), by thread.",
       MetricType::Gauge);
-  AddGauge(asleep, batcher_->thread_asleep() ? 1 : 0, {{"thread", "batcher"}});
-  AddGauge(budget, absl::ToDoubleSeconds(batcher_->spin_budget()),
+  AddGauge(asleep, batcher.thread_asleep() ? 1 : 0, {{"thread", "batcher"}});
+  AddGauge(budget, absl::ToDoubleSeconds(batcher.spin_budget()),
            {{"thread", "batcher"}});
-  if (fast_channels_ != nullptr) {
-    for (int i = 0; i < fast_channels_->pollers(); ++i) {
+  if (fast_channels != nullptr) {
+    for (int i = 0; i < fast_channels->pollers(); ++i) {
       const std::string name = absl::StrCat("poller", i);
-      AddGauge(asleep, fast_channels_->poller_asleep(i) ? 1 : 0,
+      AddGauge(asleep, fast_channels->poller_asleep(i) ? 1 : 0,
                {{"thread", name}});
       AddGauge(budget,
-               absl::ToDoubleSeconds(fast_channels_->poller_spin_budget(i)),
+               absl::ToDoubleSeconds(fast_channels->poller_spin_budget(i)),
                {{"thread", name}});
     }
   }
-  if (grpc_answer_senders_ != nullptr) {
-    for (int i = 0; i < grpc_answer_senders_->size(); ++i) {
-      const HandoffThread& sender = grpc_answer_senders_->thread(i);
+  if (answer_senders != nullptr) {
+    for (int i = 0; i < answer_senders->size(); ++i) {
+      const HandoffThread& sender = answer_senders->thread(i);
       const std::string name = absl::StrCat("grpc_answers", i);
       AddGauge(asleep, sender.asleep() ? 1 : 0, {{"thread", name}});
       AddGauge(budget, absl::ToDoubleSeconds(sender.spin_budget()),
                {{"thread", name}});
     }
   }
-  families.push_back(std::move(asleep));
-  families.push_back(std::move(budget));
+  out->push_back(std::move(asleep));
+  out->push_back(std::move(budget));
+}
 
-  // The process, under the names every Prometheus client library uses.
-  // Left out where /proc cannot be read.
+// The process, under the names every Prometheus client library uses. Left
+// out where /proc cannot be read.
+void AddProcessFamilies(Families* out) {
   const absl::StatusOr<ProcessStats> process = ReadProcessStats();
   if (process.ok()) {
-    families.push_back(Counter("process_cpu_seconds_total",
-                               "Total user and system CPU time spent in "
-                               "seconds.",
-                               process->cpu_seconds));
-    families.push_back(Gauge("process_resident_memory_bytes",
-                             "Resident memory size in bytes.",
-                             process->resident_memory_bytes));
-    families.push_back(Gauge("process_virtual_memory_bytes",
-                             "Virtual memory size in bytes.",
-                             process->virtual_memory_bytes));
-    families.push_back(Gauge("process_open_fds",
-                             "Number of open file descriptors.",
-                             process->open_fds));
-    families.push_back(Gauge("process_max_fds",
-                             "Maximum number of open file descriptors.",
-                             process->max_fds));
-    families.push_back(Gauge("process_start_time_seconds",
-                             "Start time of the process since unix epoch in "
-                             "seconds.",
-                             process->start_time_seconds));
+    out->push_back(Counter("process_cpu_seconds_total",
+                           "Total user and system CPU time spent in "
+                           "seconds.",
+                           process->cpu_seconds));
+    out->push_back(Gauge("process_resident_memory_bytes",
+                         "Resident memory size in bytes.",
+                         process->resident_memory_bytes));
+    out->push_back(Gauge("process_virtual_memory_bytes",
+                         "Virtual memory size in bytes.",
+                         process->virtual_memory_bytes));
+    out->push_back(Gauge("process_open_fds", "Number of open file descriptors.",
+                         process->open_fds));
+    out->push_back(Gauge("process_max_fds",
+                         "Maximum number of open file descriptors.",
+                         process->max_fds));
+    out->push_back(Gauge("process_start_time_seconds",
+                         "Start time of the process since unix epoch in "
+                         "seconds.",
+                         process->start_time_seconds));
   }
+}
 
+}  // namespace
+
+MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
+                                 CallCore* core, Batcher* batcher,
+                                 Backend* backend,
+                                 const FastChannelServer* fast_channels,
+                                 const HandoffThreads* grpc_answer_senders)
+    : pool_(pool),
+      sessions_(sessions),
+      core_(core),
+      batcher_(batcher),
+      backend_(backend),
+      fast_channels_(fast_channels),
+      grpc_answer_senders_(grpc_answer_senders) {}
+
+std::string MetricsExporter::Render() const {
+  const PoolStats stats = pool_->Stats();
+  Families families;
+  AddPoolFamilies(stats, *backend_, &families);
+  AddBuildInfo(*backend_, pool_->free_policy(), &families);
+  AddAllocationFamilies(stats, batcher_->launches(), &families);
+  AddSessionFamilies(stats, sessions_->List(), core_->counters(), &families);
+  AddAbuseFamilies(fast_channels_, &families);
+  AddRpcFamilies(core_->rpc_metrics(), &families);
+  AddBatchFamilies(batcher_->metrics(), &families);
+  AddThreadFamilies(*batcher_, fast_channels_, grpc_answer_senders_, &families);
+  AddProcessFamilies(&families);
   return prometheus::TextSerializer().Serialize(families);
 }
 

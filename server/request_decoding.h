@@ -1,6 +1,8 @@
-// Turns the wire's allocation and free calls into allocator requests,
-// refusing malformed ones. Pure functions of the message: no session, pool
-// state or I/O, so the fuzzer can drive them directly.
+// Turns an allocation call's request arrays, however they arrived (the
+// gRPC adapter's messages, server/grpc_decoding.h, or a fast channel's
+// copies), into allocator requests, refusing malformed ones. Pure functions
+// of the arrays: no session, pool state, I/O or wire types, so the call core
+// builds without protobuf and the fuzzers drive them directly.
 
 #ifndef PAGEALLOC_SERVER_REQUEST_DECODING_H_
 #define PAGEALLOC_SERVER_REQUEST_DECODING_H_
@@ -8,9 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "allocator/requests.h"
-#include "proto/pagealloc.pb.h"
 
 namespace pagealloc {
 
@@ -46,28 +47,6 @@ struct CallArrays {
 absl::Status DecodeCall(const CallArrays& arrays, OwnerId owner,
                         const PoolGeometry& geometry, const CallLimits& limits,
                         DecodedCall* out);
-
-// The arrays of a message; INVALID_ARGUMENT naming them when parallel
-// arrays differ in length (never for AllocRequest, which has one). The
-// result points into `call`.
-absl::StatusOr<CallArrays> ArraysOf(const v1::AllocExtendRequest& call);
-absl::StatusOr<CallArrays> ArraysOf(const v1::AllocDecodeRequest& call);
-absl::StatusOr<CallArrays> ArraysOf(const v1::AllocRequest& call);
-
-// ArraysOf, then DecodeCall.
-absl::StatusOr<DecodedCall> DecodeAllocExtend(
-    const v1::AllocExtendRequest& call, OwnerId owner,
-    const PoolGeometry& geometry, const CallLimits& limits);
-absl::StatusOr<DecodedCall> DecodeAllocDecode(
-    const v1::AllocDecodeRequest& call, OwnerId owner,
-    const PoolGeometry& geometry, const CallLimits& limits);
-absl::StatusOr<DecodedCall> DecodeAlloc(const v1::AllocRequest& call,
-                                        OwnerId owner,
-                                        const PoolGeometry& geometry,
-                                        const CallLimits& limits);
-
-// Returns INVALID_ARGUMENT when a Free sets both slots and pages.
-absl::Status ValidateFree(const v1::FreeRequest& call);
 
 }  // namespace pagealloc
 

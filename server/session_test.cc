@@ -6,7 +6,6 @@
 
 #include "server/session.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -27,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "memory/shared_region.h"
 #include "server/backend.h"
+#include "tests/host_files.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
@@ -46,19 +46,8 @@ std::vector<uint64_t> Ids(const std::vector<std::shared_ptr<Session>>& list) {
 
 // How many descriptors this process holds to session `id`'s ring memory.
 int RingDescriptors(uint64_t id) {
-  const std::string target =
-      absl::StrFormat("/memfd:pagealloc-ring.%d (deleted)", id);
-  int count = 0;
-  DIR* dir = opendir("/proc/self/fd");
-  while (const dirent* entry = readdir(dir)) {
-    char link[PATH_MAX] = {};
-    const std::string path = std::string("/proc/self/fd/") + entry->d_name;
-    if (readlink(path.c_str(), link, sizeof(link) - 1) > 0 && link == target) {
-      ++count;
-    }
-  }
-  closedir(dir);
-  return count;
+  return ::pagealloc::testing::DescriptorsTo(
+      absl::StrFormat("/memfd:pagealloc-ring.%d (deleted)", id));
 }
 
 class SessionRegistryTest : public ::testing::Test {

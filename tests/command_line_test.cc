@@ -80,6 +80,18 @@ struct Case {
   std::vector<std::string> output;  // each must appear
 };
 
+// Runs each case's binary and checks its exit status and output.
+void ExpectOutcomes(const std::vector<Case>& cases) {
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Outcome run = RunBinary(c.binary, c.args);
+    EXPECT_EQ(run.status, c.status) << run.output;
+    for (const std::string& text : c.output) {
+      EXPECT_THAT(run.output, HasSubstr(text));
+    }
+  }
+}
+
 constexpr char kServer[] = "server/pagealloc-server";
 constexpr char kCli[] = "client/pagealloc-cli";
 constexpr char kBench[] = "bench/pagealloc-bench";
@@ -304,14 +316,7 @@ TEST(CommandLineTest, BadFlagsAreRefusedWithTheFlagTheValueAndTheRange) {
        u,
        {"Unknown command line flag 'no_such_flag'"}},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    const Outcome run = RunBinary(c.binary, c.args);
-    EXPECT_EQ(run.status, c.status) << run.output;
-    for (const std::string& text : c.output) {
-      EXPECT_THAT(run.output, HasSubstr(text));
-    }
-  }
+  ExpectOutcomes(cases);
 }
 
 // Failures at run time exit 1 and say why in errno's words, with the way
@@ -365,14 +370,7 @@ TEST(CommandLineTest, FailuresAtStartSayWhyAndExit1) {
        f,
        {"stats: UNAVAILABLE"}},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    const Outcome run = RunBinary(c.binary, c.args);
-    EXPECT_EQ(run.status, c.status) << run.output;
-    for (const std::string& text : c.output) {
-      EXPECT_THAT(run.output, HasSubstr(text));
-    }
-  }
+  ExpectOutcomes(cases);
   // The daemon that could not serve metrics took its socket with it.
   struct stat st;
   EXPECT_NE(stat(socket.c_str(), &st), 0) << socket << " was left behind";

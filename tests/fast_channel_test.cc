@@ -6,7 +6,6 @@
 // a client whose connection closes is reclaimed at once. Attacks on the
 // channel and the memory socket are tests/hostile/'s.
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,37 +32,28 @@
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/fast_channel_server.h"
 #include "server/server.h"
+#include "tests/host_files.h"
 #include "tests/in_process_server.h"
+#include "tests/raw_session.h"
 #include "tests/status_matchers.h"
 #include "tests/wait_for.h"
 
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::DescriptorsTo;
 using ::pagealloc::testing::InProcessServer;
+using ::pagealloc::testing::InProcessServerTest;
 using ::pagealloc::testing::IsOkAndHolds;
+using ::pagealloc::testing::OpenRawSession;
+using ::pagealloc::testing::RawSession;
 using ::pagealloc::testing::StatusIs;
 using ::pagealloc::testing::WaitFor;
 using ::testing::HasSubstr;
 namespace fc = ::pagealloc::fast_channel;
 namespace ms = ::pagealloc::memory_socket;
 
-// How many descriptors this process holds whose link reads `target`.
-int DescriptorsTo(const std::string& target) {
-  int count = 0;
-  DIR* dir = opendir("/proc/self/fd");
-  while (const dirent* entry = readdir(dir)) {
-    char link[PATH_MAX] = {};
-    const std::string path = std::string("/proc/self/fd/") + entry->d_name;
-    if (readlink(path.c_str(), link, sizeof(link) - 1) > 0 && link == target) {
-      ++count;
-    }
-  }
-  closedir(dir);
-  return count;
-}
-
-class FastChannelTest : public ::testing::Test {
+class FastChannelTest : public InProcessServerTest {
  protected:
   void StartServer(absl::Duration spin = absl::Microseconds(200),
                    int pollers = 2,
@@ -82,17 +72,7 @@ class FastChannelTest : public ::testing::Test {
     StartServer(options);
   }
 
-  void StartServer(const ServerOptions& options) {
-    StopServer();
-    ASSERT_OK_AND_ASSIGN(server_, InProcessServer::Start(options));
-    stub_ = server_->NewStub();
-  }
-
-  // Stops and destroys the server; the stub on its channel goes first.
-  void StopServer() {
-    stub_.reset();
-    server_.reset();
-  }
+  using InProcessServerTest::StartServer;
 
   std::unique_ptr<Client> Connect(bool fast) {
     ClientOptions options;
@@ -107,81 +87,7 @@ class FastChannelTest : public ::testing::Test {
     return server_->server().fast_channels();
   }
 
-  // A raw session with a fast channel, its memory received over the memory
-  // socket and mapped by hand.
-  struct RawSession {
-    v1::RegisterResponse registered;
-    // The memory socket's connection and the doorbell (the channel's memory
-    // went into `region`, the ring's is left unmapped).
-    ms::SessionMemory memory;
-    std::unique_ptr<SharedRegion> region;
-    fc::ChannelHeader* header = nullptr;
-    std::optional<fc::ChannelLayout> layout;
-    uint32_t seq = 0;
-
-    int64_t* array(size_t offset) {
-      return reinterpret_cast<int64_t*>(static_cast<char*>(region->base()) +
-                                        offset);
-    }
-    // Posts the call already written; rings the doorbell when asked.
-    void Post(bool ring = true) {
-      header->request_seq.store(++seq);
-      if (ring) Ring();
-    }
-    void Ring() {
-      const uint64_t one = 1;
-      ASSERT_EQ(write(memory.doorbell.get(), &one, sizeof(one)), 8);
-    }
-    void Await() {
-      WaitFor([&] { return header->response_seq.load() == seq; },
-              absl::Seconds(10), absl::Microseconds(20));
-      ASSERT_EQ(header->response_seq.load(), seq) << "no answer";
-    }
-    std::string CallMessage() {
-      return std::string(static_cast<char*>(region->base()) + layout->messages,
-                         header->messages_used);
-    }
-  };
-
-  RawSession OpenRaw() {
-    RawSession raw;
-    v1::RegisterRequest request;
-    request.set_client_name("raw");
-    request.set_fast_channel(true);
-    grpc::ClientContext context;
-    EXPECT_TRUE(stub_->Register(&context, request, &raw.registered).ok());
-    const v1::FastChannel& channel = raw.registered.fast_channel();
-    raw.layout.emplace(channel.max_requests(), channel.message_bytes());
-    absl::StatusOr<ms::SessionMemory> memory = ms::ReceiveSessionMemory(
-        raw.registered.memory_socket(), raw.registered.session_id(),
-        raw.registered.session_token(), absl::Seconds(10));
-    EXPECT_OK(memory.status());
-    if (!memory.ok()) return raw;
-    raw.memory = *std::move(memory);
-    EXPECT_TRUE(raw.memory.doorbell.valid());
-    EXPECT_TRUE(raw.memory.ring.valid());
-    auto region = SharedRegion::FromFd(std::move(raw.memory.channel),
-                                       raw.layout->total_bytes,
-                                       SharedRegion::Access::kReadWrite);
-    EXPECT_OK(region.status());
-    if (region.ok()) {
-      raw.region = *std::move(region);
-      raw.header = static_cast<fc::ChannelHeader*>(raw.region->base());
-    }
-    return raw;
-  }
-
-  // Writes an Alloc of `n` requests of one page each into `raw`'s channel.
-  void WriteAlloc(RawSession* raw, int n) {
-    raw->header->kind = static_cast<uint32_t>(fc::CallKind::kAlloc);
-    raw->header->num_requests = n;
-    raw->header->num_free_first = 0;
-    raw->header->options = 0;
-    for (int i = 0; i < n; ++i) raw->array(raw->layout->in1)[i] = 4;
-  }
-
-  std::unique_ptr<InProcessServer> server_;
-  std::unique_ptr<v1::PageAllocator::Stub> stub_;
+  RawSession OpenRaw() { return OpenRawSession(*stub_); }
 };
 
 TEST_F(FastChannelTest, ClientCallsGoThroughItWithTheSameAnswersAsGrpc) {
@@ -332,7 +238,7 @@ TEST_F(FastChannelTest, MalformedPostsAreRefusedAndChangeNothing) {
   raw.header->kind = static_cast<uint32_t>(fc::CallKind::kDecode);
   raw.header->num_requests = raw.header->max_requests + 1;
   raw.Post();
-  raw.Await();
+  ASSERT_TRUE(raw.Await()) << "no answer";
   EXPECT_EQ(raw.header->call_code,
             static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(raw.CallMessage(), HasSubstr("num_requests (65)"));
@@ -340,7 +246,7 @@ TEST_F(FastChannelTest, MalformedPostsAreRefusedAndChangeNothing) {
   raw.header->kind = 99;
   raw.header->num_requests = 1;
   raw.Post();
-  raw.Await();
+  ASSERT_TRUE(raw.Await()) << "no answer";
   EXPECT_EQ(raw.header->call_code,
             static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(raw.CallMessage(), HasSubstr("unknown call kind 99"));
@@ -354,7 +260,7 @@ TEST_F(FastChannelTest, MalformedPostsAreRefusedAndChangeNothing) {
   raw.array(raw.layout->in1)[1] = 0;  // seq_len must be >= 1
   raw.array(raw.layout->in2)[1] = -1;
   raw.Post();
-  raw.Await();
+  ASSERT_TRUE(raw.Await()) << "no answer";
   EXPECT_EQ(raw.header->call_code,
             static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(raw.CallMessage(), HasSubstr("seq_lens[1]"));
@@ -365,7 +271,7 @@ TEST_F(FastChannelTest, MalformedPostsAreRefusedAndChangeNothing) {
   // And the channel still works.
   raw.array(raw.layout->in1)[1] = 1;
   raw.Post();
-  raw.Await();
+  ASSERT_TRUE(raw.Await()) << "no answer";
   EXPECT_EQ(raw.header->call_code, 0);
   EXPECT_EQ(raw.header->num_results, 2);
   EXPECT_EQ(server_->pool().Stats().used_pages, 2);
@@ -388,8 +294,8 @@ TEST_F(FastChannelTest, CallsPostedTogetherShareALaunch) {
     raw->Post(/*ring=*/false);
   }
   a.Ring();
-  a.Await();
-  b.Await();
+  ASSERT_TRUE(a.Await()) << "no answer";
+  ASSERT_TRUE(b.Await()) << "no answer";
   EXPECT_EQ(a.header->call_code, 0);
   EXPECT_EQ(b.header->call_code, 0);
   EXPECT_EQ(a.header->launch_id, b.header->launch_id);
@@ -610,9 +516,9 @@ TEST_F(FastChannelTest, ASessionWhoseConnectionClosesIsReclaimedAtOnce) {
   ASSERT_OK(survivor->Alloc({4}).status());
   RawSession raw = OpenRaw();
   ASSERT_NE(raw.header, nullptr);
-  WriteAlloc(&raw, 3);
+  raw.WriteAlloc(3);
   raw.Post();
-  raw.Await();
+  ASSERT_TRUE(raw.Await()) << "no answer";
   ASSERT_EQ(server_->pool().Stats().used_pages, 4);
 
   raw.memory.connection.reset();

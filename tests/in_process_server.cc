@@ -66,4 +66,18 @@ absl::StatusOr<std::unique_ptr<Client>> InProcessServer::Connect(
   return Client::Connect(options);
 }
 
+void InProcessServerTest::StartServer(const ServerOptions& options) {
+  StopServer();
+  absl::StatusOr<std::unique_ptr<InProcessServer>> server =
+      InProcessServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = *std::move(server);
+  stub_ = server_->NewStub();
+}
+
+void InProcessServerTest::StopServer() {
+  stub_.reset();
+  server_.reset();
+}
+
 }  // namespace pagealloc::testing

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "client/client.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
 
@@ -77,6 +78,19 @@ class InProcessServer {
   const std::string socket_dir_;
   const std::string target_;
   std::shared_ptr<grpc::Channel> channel_;
+};
+
+// A fixture around one InProcessServer and a raw stub on its channel.
+class InProcessServerTest : public ::testing::Test {
+ protected:
+  // Stops the running server, if any, and starts one with `options`.
+  void StartServer(const ServerOptions& options);
+  // Stops and destroys the server; the stub on its channel goes first.
+  // Clients on the channel must be gone already (see above).
+  void StopServer();
+
+  std::unique_ptr<InProcessServer> server_;
+  std::unique_ptr<v1::PageAllocator::Stub> stub_;
 };
 
 }  // namespace pagealloc::testing

@@ -127,6 +127,19 @@ class PageallocCApiTest : public ::testing::Test {
                                 view->all_slots + view->num_slots);
   }
 
+  // `allocation`'s slots, copied to the host through the C ABI (they may
+  // be device memory).
+  std::vector<int64_t> HostSlots(const pagealloc_allocation* allocation) {
+    const pagealloc_allocation_view* view =
+        pagealloc_allocation_get_view(allocation);
+    std::vector<int64_t> slots(view->num_slots);
+    EXPECT_EQ(pagealloc_copy_to_host(client_, view->all_slots, view->num_slots,
+                                     slots.data(), &error_),
+              PAGEALLOC_OK)
+        << error_.message;
+    return slots;
+  }
+
   pagealloc_stats Stats() {
     pagealloc_stats stats;
     std::memset(&stats, 0, sizeof(stats));
@@ -278,12 +291,7 @@ TEST_F(PageallocCApiTest, OptionStructuresAreVersionedBySize) {
 
 TEST_F(PageallocCApiTest, FreeCheckpointRollback) {
   pagealloc_allocation* allocation = Alloc({8});  // pages 1, 2
-  const pagealloc_allocation_view* view =
-      pagealloc_allocation_get_view(allocation);
-  std::vector<int64_t> slots(view->num_slots);
-  ASSERT_EQ(pagealloc_copy_to_host(client_, view->all_slots, view->num_slots,
-                                   slots.data(), &error_),
-            PAGEALLOC_OK);
+  std::vector<int64_t> slots = HostSlots(allocation);
   EXPECT_EQ(slots, Range(4, 12));
   int64_t freed = -1;
   EXPECT_EQ(pagealloc_free_slots(client_, slots.data(), 5, &freed, &error_),
@@ -672,12 +680,8 @@ TEST_F(PageallocCApiKvTest, SessionsShareTheSlab) {
   pagealloc_client* reader = nullptr;
   ASSERT_EQ(Connect(&reader), PAGEALLOC_OK);
   pagealloc_allocation* allocation = Alloc({4});  // page 1: slots 4..7
-  const pagealloc_allocation_view* view =
-      pagealloc_allocation_get_view(allocation);
-  std::vector<int64_t> slots(view->num_slots);
-  ASSERT_EQ(pagealloc_copy_to_host(client_, view->all_slots, view->num_slots,
-                                   slots.data(), &error_),
-            PAGEALLOC_OK);
+  const std::vector<int64_t> slots = HostSlots(allocation);
+  ASSERT_EQ(slots.size(), 4u);
   const pagealloc_kv_buffer mine = GetBuffer(client_, 3);  // v.1
   const pagealloc_kv_buffer theirs = GetBuffer(reader, 3);
   const float written[3] = {1.5f, -2.0f, 3.25f};

@@ -6,12 +6,10 @@
 // refused when their memory cannot be reserved, and the sweep of leftovers
 // of earlier versions.
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -35,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "tests/daemon_process.h"
 #include "tests/daemon_stats.h"
+#include "tests/host_files.h"
 #include "tests/status_matchers.h"
 #include "tests/wait_for.h"
 
@@ -82,6 +81,19 @@ class StatsProbe {
  private:
   AdminOptions options_;
 };
+
+// Waits (bounded) until `client` finds its session gone; returns why (OK
+// when it never did).
+absl::Status WaitForSessionEnd(Client& client) {
+  absl::Status session = absl::OkStatus();
+  WaitFor(
+      [&] {
+        session = client.session_status();
+        return !session.ok();
+      },
+      absl::Seconds(6));
+  return session;
+}
 
 TEST(ServerProcessTest, ServesTheClientLibraryOverAUnixSocket) {
   ASSERT_OK_AND_ASSIGN(Daemon daemon,
@@ -213,13 +225,7 @@ TEST(ServerProcessTest, SigtermDrainsAndRemovesTheSocket) {
                        StatusIs(absl::StatusCode::kNotFound,
                                 HasSubstr("the daemon is shutting down")));
   EXPECT_THAT(client->Alloc({16}).status(), gone);
-  absl::Status session = absl::OkStatus();
-  WaitFor(
-      [&] {
-        session = client->session_status();
-        return !session.ok();
-      },
-      absl::Seconds(6));
+  const absl::Status session = WaitForSessionEnd(*client);
   EXPECT_THAT(session, ::testing::AnyOf(
                            StatusIs(absl::StatusCode::kUnavailable,
                                     HasSubstr("the daemon is shutting down")),
@@ -371,13 +377,7 @@ TEST(ServerProcessTest, ClientsSeeADeadDaemon) {
   ASSERT_OK(client->Alloc({16}).status());
   daemon.process.Signal(SIGKILL);
   ASSERT_OK(daemon.process.Wait(absl::Seconds(5)).status());
-  absl::Status session = absl::OkStatus();
-  WaitFor(
-      [&] {
-        session = client->session_status();
-        return !session.ok();
-      },
-      absl::Seconds(6));
+  const absl::Status session = WaitForSessionEnd(*client);
   EXPECT_THAT(session, StatusIs(absl::StatusCode::kUnavailable,
                                 HasSubstr("the daemon went away")));
   EXPECT_THAT(client->Alloc({16}),
@@ -441,16 +441,6 @@ TEST(ServerProcessTest, ACallInFlightFailsAtOnceWhenTheDaemonDies) {
   EXPECT_LE(p.max, absl::Seconds(2));
 }
 
-// The names of /dev/shm's files.
-std::vector<std::string> DevShm() {
-  std::vector<std::string> names;
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return names;
-  while (const dirent* entry = readdir(dir)) names.push_back(entry->d_name);
-  closedir(dir);
-  return names;
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -473,7 +463,7 @@ TEST(ServerProcessTest, NothingOfADaemonWithSessionsIsInDevShm) {
   ASSERT_OK(b->Alloc({16}).status());
   // No file in /dev/shm is the daemon's (it would name its pid)...
   const std::string pid = absl::StrFormat(".%d.", daemon.process.pid());
-  for (const std::string& name : DevShm()) {
+  for (const std::string& name : DevShmNames()) {
     EXPECT_FALSE(name.rfind("pagealloc-", 0) == 0 &&
                  name.find(pid) != std::string::npos)
         << name;
@@ -501,17 +491,13 @@ TEST(ServerProcessTest, ARingWhoseMemoryCannotBeReservedIsRefusedAtRegister) {
       backend != nullptr && std::string(backend) == "cuda") {
     GTEST_SKIP() << "the CUDA backend's rings are device memory";
   }
-  struct rlimit saved;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
-  struct sigaction ignore = {}, saved_action;
-  ignore.sa_handler = SIG_IGN;
-  ASSERT_EQ(sigaction(SIGXFSZ, &ignore, &saved_action), 0);
-  struct rlimit limited = saved;
-  limited.rlim_cur = 64 << 20;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
-  absl::StatusOr<Daemon> started = StartDaemon("smallmem", {});
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
-  ASSERT_EQ(sigaction(SIGXFSZ, &saved_action, nullptr), 0);
+  absl::StatusOr<Daemon> started = absl::UnknownError("not started");
+  {
+    // The daemon inherits the limit.
+    ScopedFileSizeLimit limit(64 << 20);
+    ASSERT_TRUE(limit.ok());
+    started = StartDaemon("smallmem", {});
+  }
   ASSERT_OK(started.status());
   Daemon& daemon = *started;
 

@@ -22,6 +22,7 @@ namespace pagealloc {
 namespace {
 
 using ::pagealloc::testing::InProcessServer;
+using ::pagealloc::testing::InProcessServerTest;
 using ::pagealloc::testing::IsOkAndHolds;
 using ::pagealloc::testing::StatusIs;
 using ::pagealloc::testing::WaitFor;
@@ -29,7 +30,7 @@ using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-class ServiceTest : public ::testing::Test {
+class ServiceTest : public InProcessServerTest {
  protected:
   void StartServer(int64_t num_pages = 64, int64_t page_size = 4,
                    absl::Duration lease = absl::Seconds(10),
@@ -49,17 +50,7 @@ class ServiceTest : public ::testing::Test {
     StartServer(options);
   }
 
-  void StartServer(const ServerOptions& options) {
-    StopServer();
-    ASSERT_OK_AND_ASSIGN(server_, InProcessServer::Start(options));
-    stub_ = server_->NewStub();
-  }
-
-  // Stops and destroys the server; the stub on its channel goes first.
-  void StopServer() {
-    stub_.reset();
-    server_.reset();
-  }
+  using InProcessServerTest::StartServer;
 
   std::unique_ptr<Client> Connect(const std::string& name = "test",
                                   int64_t ring = 0, int64_t quota = 0) {
@@ -80,9 +71,6 @@ class ServiceTest : public ::testing::Test {
   std::pair<std::vector<int64_t>, int64_t> PoolState() {
     return {server_->pool().FreeList(), server_->pool().Stats().used_pages};
   }
-
-  std::unique_ptr<InProcessServer> server_;
-  std::unique_ptr<v1::PageAllocator::Stub> stub_;
 };
 
 TEST_F(ServiceTest, RegisterDescribesThePoolAndTheRing) {

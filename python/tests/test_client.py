@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import pagealloc
+from pagealloc import _native
 from pagealloc import StatusCode
 from conftest import BACKEND, wait_until
 
@@ -52,6 +53,11 @@ def test_package_reports_versions_and_library():
 def test_status_codes_are_grpc_numbers():
     assert StatusCode.RESOURCE_EXHAUSTED == 8
     assert StatusCode.UNAUTHENTICATED == 16
+    # The enum spells every code as the C ABI does (its one name table).
+    names = {code.value: code.name for code in StatusCode}
+    for number in range(-1, 18):
+        name = _native.lib.pagealloc_status_code_name(number).decode()
+        assert names.get(number, "UNKNOWN_CODE") == name, number
     error = pagealloc.error_for(9, "double free")
     assert isinstance(error, pagealloc.FailedPreconditionError)
     assert error.code is StatusCode.FAILED_PRECONDITION

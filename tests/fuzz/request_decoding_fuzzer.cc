@@ -15,6 +15,7 @@
 #include "allocator/page_pool.h"
 #include "kernels/cpu_executor.h"
 #include "proto/pagealloc.pb.h"
+#include "server/grpc_decoding.h"
 #include "server/request_decoding.h"
 
 namespace pagealloc {

@@ -25,33 +25,6 @@ PoolSnapshot PoolSnapshot::Of(PagePool& pool) {
   return snapshot;
 }
 
-void RawSession::WriteAlloc(int n, int64_t tokens) {
-  header->kind = static_cast<uint32_t>(fc::CallKind::kAlloc);
-  header->num_requests = n;
-  header->num_free_first = 0;
-  header->options = 0;
-  for (int i = 0; i < n; ++i) array(layout->in1)[i] = tokens;
-}
-
-void RawSession::Post(bool ring) {
-  header->request_seq.store(++seq);
-  if (ring) Ring();
-}
-
-void RawSession::Ring() {
-  const uint64_t one = 1;
-  ASSERT_EQ(write(memory.doorbell.get(), &one, sizeof(one)), 8);
-}
-
-bool RawSession::Await(absl::Duration timeout) {
-  return WaitFor([&] { return header->response_seq.load() == seq; }, timeout,
-                 absl::Microseconds(20));
-}
-
-std::string RawSession::CallMessage() {
-  return std::string(base() + layout->messages, header->messages_used);
-}
-
 ServerOptions HostileChannelTest::DefaultOptions() {
   ServerOptions options;
   options.backend = "cpu";
@@ -67,17 +40,6 @@ ServerOptions HostileChannelTest::DefaultOptions() {
   return options;
 }
 
-void HostileChannelTest::StartServer(const ServerOptions& options) {
-  StopServer();
-  ASSERT_OK_AND_ASSIGN(server_, InProcessServer::Start(options));
-  stub_ = server_->NewStub();
-}
-
-void HostileChannelTest::StopServer() {
-  stub_.reset();
-  server_.reset();
-}
-
 std::unique_ptr<Client> HostileChannelTest::Connect(const std::string& name,
                                                     ClientOptions options) {
   options.client_name = name;
@@ -86,35 +48,6 @@ std::unique_ptr<Client> HostileChannelTest::Connect(const std::string& name,
   if (!client.ok()) return nullptr;
   EXPECT_TRUE((*client)->uses_fast_channel());
   return *std::move(client);
-}
-
-RawSession HostileChannelTest::OpenRaw(const std::string& name,
-                                       int64_t quota_pages) {
-  RawSession raw;
-  v1::RegisterRequest request;
-  request.set_client_name(name);
-  request.set_quota_pages(quota_pages);
-  request.set_fast_channel(true);
-  grpc::ClientContext context;
-  EXPECT_TRUE(stub_->Register(&context, request, &raw.registered).ok());
-  const v1::FastChannel& channel = raw.registered.fast_channel();
-  raw.layout.emplace(channel.max_requests(), channel.message_bytes());
-  absl::StatusOr<ms::SessionMemory> memory = ms::ReceiveSessionMemory(
-      raw.registered.memory_socket(), raw.registered.session_id(),
-      raw.registered.session_token(), absl::Seconds(30));
-  EXPECT_OK(memory.status());
-  if (!memory.ok()) return raw;
-  raw.memory = *std::move(memory);
-  EXPECT_TRUE(raw.memory.doorbell.valid());
-  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::FromFd(
-      std::move(raw.memory.channel), raw.layout->total_bytes,
-      SharedRegion::Access::kReadWrite);
-  EXPECT_OK(region.status());
-  if (region.ok()) {
-    raw.region = *std::move(region);
-    raw.header = static_cast<fc::ChannelHeader*>(raw.region->base());
-  }
-  return raw;
 }
 
 void HostileChannelTest::HonestRoundTrip(Client& client) {

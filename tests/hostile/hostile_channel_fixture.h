@@ -23,6 +23,7 @@
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
 #include "tests/in_process_server.h"
+#include "tests/raw_session.h"
 
 namespace pagealloc::testing {
 
@@ -41,34 +42,7 @@ struct PoolSnapshot {
   }
 };
 
-// A session registered over gRPC whose fast channel this test maps by hand:
-// no KeepAlive, no client library, every byte under the test's control.
-struct RawSession {
-  v1::RegisterResponse registered;
-  // The memory socket's connection, the doorbell and the ring (the
-  // channel's memory went into `region`).
-  memory_socket::SessionMemory memory;
-  std::unique_ptr<SharedRegion> region;
-  fast_channel::ChannelHeader* header = nullptr;
-  std::optional<fast_channel::ChannelLayout> layout;
-  uint32_t seq = 0;
-
-  uint64_t id() const { return registered.session_id(); }
-  char* base() { return static_cast<char*>(region->base()); }
-  int64_t* array(size_t offset) {
-    return reinterpret_cast<int64_t*>(base() + offset);
-  }
-  // Writes an Alloc of `n` requests of `tokens` each.
-  void WriteAlloc(int n, int64_t tokens = 4);
-  // Posts the call already written; rings the doorbell when asked.
-  void Post(bool ring = true);
-  void Ring();
-  // Waits (bounded, generously) for the answer to the last post.
-  bool Await(absl::Duration timeout = absl::Seconds(30));
-  std::string CallMessage();
-};
-
-class HostileChannelTest : public ::testing::Test {
+class HostileChannelTest : public InProcessServerTest {
  public:
   // cpu backend, 64 pages of 4 tokens, lease 10 s, rings of 1024 slots,
   // calls of at most 64 requests, a batcher driven by the submitting thread
@@ -76,15 +50,16 @@ class HostileChannelTest : public ::testing::Test {
   static ServerOptions DefaultOptions();
 
  protected:
-  void StartServer(const ServerOptions& options = DefaultOptions());
-  // Stops and destroys the server; clients must be gone first.
-  void StopServer();
+  using InProcessServerTest::StartServer;
+  void StartServer() { StartServer(DefaultOptions()); }
 
   // An honest client of the client library (fast channel on).
   std::unique_ptr<Client> Connect(const std::string& name,
                                   ClientOptions options = {});
-  // A raw session (quota_pages 0: none).
-  RawSession OpenRaw(const std::string& name = "raw", int64_t quota_pages = 0);
+  // A raw session (quota_pages 0: none): OpenRawSession.
+  RawSession OpenRaw(const std::string& name = "raw", int64_t quota_pages = 0) {
+    return OpenRawSession(*stub_, name, quota_pages);
+  }
 
   // One Alloc + Free of one page by an honest client, checked: OK, one
   // slot on a page of its own, freed again.
@@ -95,9 +70,6 @@ class HostileChannelTest : public ::testing::Test {
   FastChannelServer& fast_channels() {
     return *server_->server().fast_channels();
   }
-
-  std::unique_ptr<InProcessServer> server_;
-  std::unique_ptr<v1::PageAllocator::Stub> stub_;
 };
 
 }  // namespace pagealloc::testing

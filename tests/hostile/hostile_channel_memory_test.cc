@@ -9,7 +9,6 @@
 //     shows in the other's.
 // The victim's pages and channel are untouched throughout.
 
-#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -25,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "memory/fd_passing.h"
 #include "memory/memory_socket.h"
+#include "tests/host_files.h"
 #include "tests/hostile/hostile_channel_fixture.h"
 #include "tests/status_matchers.h"
 
@@ -134,16 +134,6 @@ TEST_F(HostileChannelTest, TheMemorySocketHandsNothingToAWrongToken) {
   EXPECT_EQ(pool().Stats().used_pages, before.used_pages + 1);
 }
 
-// The names of /dev/shm's files.
-std::vector<std::string> DevShm() {
-  std::vector<std::string> names;
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return names;
-  while (const dirent* entry = readdir(dir)) names.push_back(entry->d_name);
-  closedir(dir);
-  return names;
-}
-
 TEST_F(HostileChannelTest, SessionsMemoryIsNamedNowhereAndSharedWithNoOne) {
   StartServer();
   RawSession a = OpenRaw("a");
@@ -156,7 +146,7 @@ TEST_F(HostileChannelTest, SessionsMemoryIsNamedNowhereAndSharedWithNoOne) {
 
   // Nothing of this daemon's sessions has a name another process could
   // open.
-  for (const std::string& name : DevShm()) {
+  for (const std::string& name : DevShmNames()) {
     EXPECT_FALSE(absl::StartsWith(name, "pagealloc")) << "/dev/shm/" << name;
   }
   // Two sessions' rings are different memory (so are their channels,

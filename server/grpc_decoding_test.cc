@@ -1,9 +1,10 @@
-// Request decoding as a table: each malformed call gets INVALID_ARGUMENT and
+// Request decoding as a table, through the gRPC messages down to DecodeCall
+// (server/request_decoding.h): each malformed call gets INVALID_ARGUMENT and
 // a message naming the field and the request's index in the call (or the
 // per-call cap it exceeds); each good call decodes to the requests the wire
 // describes.
 
-#include "server/request_decoding.h"
+#include "server/grpc_decoding.h"
 
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/pagealloc.pb.h"
+#include "server/request_decoding.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {

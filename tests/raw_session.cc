@@ -1,0 +1,73 @@
+#include "tests/raw_session.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include "grpcpp/client_context.h"
+#include "tests/status_matchers.h"
+#include "tests/wait_for.h"
+
+namespace pagealloc::testing {
+
+namespace fc = ::pagealloc::fast_channel;
+namespace ms = ::pagealloc::memory_socket;
+
+void RawSession::WriteAlloc(int n, int64_t tokens) {
+  header->kind = static_cast<uint32_t>(fc::CallKind::kAlloc);
+  header->num_requests = n;
+  header->num_free_first = 0;
+  header->options = 0;
+  for (int i = 0; i < n; ++i) array(layout->in1)[i] = tokens;
+}
+
+void RawSession::Post(bool ring) {
+  header->request_seq.store(++seq);
+  if (ring) Ring();
+}
+
+void RawSession::Ring() {
+  const uint64_t one = 1;
+  ASSERT_EQ(write(memory.doorbell.get(), &one, sizeof(one)), 8);
+}
+
+bool RawSession::Await(absl::Duration timeout) {
+  return WaitFor([&] { return header->response_seq.load() == seq; }, timeout,
+                 absl::Microseconds(20));
+}
+
+std::string RawSession::CallMessage() {
+  return std::string(base() + layout->messages, header->messages_used);
+}
+
+RawSession OpenRawSession(v1::PageAllocator::Stub& stub,
+                          const std::string& name, int64_t quota_pages) {
+  RawSession raw;
+  v1::RegisterRequest request;
+  request.set_client_name(name);
+  request.set_quota_pages(quota_pages);
+  request.set_fast_channel(true);
+  grpc::ClientContext context;
+  EXPECT_TRUE(stub.Register(&context, request, &raw.registered).ok());
+  const v1::FastChannel& channel = raw.registered.fast_channel();
+  raw.layout.emplace(channel.max_requests(), channel.message_bytes());
+  absl::StatusOr<ms::SessionMemory> memory = ms::ReceiveSessionMemory(
+      raw.registered.memory_socket(), raw.registered.session_id(),
+      raw.registered.session_token(), absl::Seconds(30));
+  EXPECT_OK(memory.status());
+  if (!memory.ok()) return raw;
+  raw.memory = *std::move(memory);
+  EXPECT_TRUE(raw.memory.doorbell.valid());
+  EXPECT_TRUE(raw.memory.ring.valid());
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::FromFd(
+      std::move(raw.memory.channel), raw.layout->total_bytes,
+      SharedRegion::Access::kReadWrite);
+  EXPECT_OK(region.status());
+  if (region.ok()) {
+    raw.region = *std::move(region);
+    raw.header = static_cast<fc::ChannelHeader*>(raw.region->base());
+  }
+  return raw;
+}
+
+}  // namespace pagealloc::testing
