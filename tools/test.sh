@@ -5,9 +5,13 @@
 #
 #   tools/test.sh                      ./bazelw test //...
 #   tools/test.sh --config=asan //...  any arguments of `bazel test`
+#                                      (options as --name=value; without a
+#                                      target, //...)
 #   tools/test.sh --output_base=DIR ...   Bazel's startup options first
-#   tools/test.sh --label=L --append=FILE ...   the summary's label, and
-#                                      its counts appended to FILE (.ci/run)
+#   tools/test.sh --label=L --append=FILE --skip-log=FILE2 ...
+#                                      the summary's label, its counts
+#                                      appended to FILE and its skipped
+#                                      cases to FILE2 (.ci/run)
 #
 # Exits with ./bazelw's status.
 set -uo pipefail
@@ -17,12 +21,17 @@ summary=(--label=suite)
 while (($#)); do
   case "$1" in
     --output_base=*) startup+=("$1") ;;
-    --label=* | --append=*) summary+=("$1") ;;
+    --label=* | --append=* | --skip-log=*) summary+=("$1") ;;
     *) break ;;
   esac
   shift
 done
-(($#)) || set -- //...
+# No target among the arguments (options are --name=value): //...
+targets=0
+for arg in "$@"; do
+  [[ "$arg" == -* ]] || targets=1
+done
+((targets)) || set -- "$@" //...
 events="$(mktemp "${TMPDIR:-/tmp}/pagealloc-test-events.XXXXXX")"
 rc=0
 ./bazelw "${startup[@]}" test --build_event_json_file="$events" "$@" || rc=$?

@@ -3,6 +3,7 @@
 skipped cases with their reasons.
 
   test_summary.py --events BEP.json [--label L] [--append FILE] [--skips]
+                  [--skip-log FILE]
                                 the run's test targets, cached or not: the
                                 test.xml of each test target
                                 in Bazel's build event file
@@ -16,6 +17,8 @@ skipped cases with their reasons.
 Prints "L: N passed, N failed, N skipped" so that a reader sees how many
 test cases ran, not only how many Bazel targets passed; with --skips, then
 one line per skipped case: its target, its name and why it skipped.
+--skip-log appends those lines, labelled, to FILE (.ci/run lists them all
+again at its end).
 
 Every test target of the run counts, whether Bazel ran it or took its
 result from the cache: the build event file names each target's result
@@ -55,7 +58,9 @@ def _reason(case):
     text = ""
     if skipped is not None:
         text = skipped.get("message") or (skipped.text or "")
-    # GoogleTest's message is "file:line\nreason": keep the reason.
+    # GoogleTest's message is "file:line\nreason" and may end with its
+    # "Google Test trace:" lines: keep the reason.
+    text = text.split("Google Test trace:", 1)[0]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) > 1 and ":" in lines[0] and " " not in lines[0]:
         lines = lines[1:]
@@ -138,6 +143,8 @@ def main() -> int:
     parser.add_argument("--total")
     parser.add_argument("--skips", action="store_true",
                         help="list each skipped case with its reason")
+    parser.add_argument("--skip-log",
+                        help="append the skipped cases, labelled, to this file")
     parser.add_argument("--check-exit", type=int,
                         help="count one case with this exit status instead")
     args = parser.parse_args()
@@ -171,6 +178,10 @@ def main() -> int:
         print(f"{args.label}: skipped, with their reasons:")
         for target, case, reason in counts.skips:
             print(f"  {target} {case}: {reason}")
+    if args.skip_log and counts.skips:
+        with open(args.skip_log, "a") as out:
+            for target, case, reason in counts.skips:
+                out.write(f"  {args.label}: {target} {case}: {reason}\n")
     if args.append:
         with open(args.append, "a") as out:
             out.write(f"{counts.passed} {counts.failed} {counts.skipped}\n")

@@ -19,7 +19,7 @@ GTEST_XML = """<?xml version="1.0" encoding="UTF-8"?>
 no CUDA device: cudaErrorNoDevice]]></skipped>
     </testcase>
     <testcase name="Free" status="run" result="skipped" classname="KernelTest">
-      <skipped message="tests/gpu/kernel_test.cc:41&#x0A;no CUDA device: cudaErrorNoDevice" />
+      <skipped message="tests/gpu/kernel_test.cc:41&#x0A;no CUDA device: cudaErrorNoDevice&#x0A;Google Test trace:&#x0A;tests/gpu/kernel_test.cc:30: seed 7" />
     </testcase>
   </testsuite>
 </testsuites>
@@ -75,9 +75,10 @@ def main():
     bep = scratch / "events.json"
     bep.write_text("".join(json.dumps(e) + "\n" for e in events))
     counts = scratch / "counts"
+    skip_log = scratch / "skips"
     out = subprocess.run(
         [sys.executable, tool, "--events", str(bep), "--label", "suite",
-         "--skips", "--append", str(counts)],
+         "--skips", "--append", str(counts), "--skip-log", str(skip_log)],
         capture_output=True, text=True, check=True).stdout
     print(out)
     lines = out.splitlines()
@@ -89,9 +90,14 @@ def main():
     assert "suite: skipped, with their reasons:" in lines
     assert ("  //tests/gpu:kernel_test KernelTest.Extend: no CUDA device: "
             "cudaErrorNoDevice") in lines, out
+    assert ("  //tests/gpu:kernel_test KernelTest.Free: no CUDA device: "
+            "cudaErrorNoDevice") in lines, out
     assert ("  //python:client_test test_client.test_cuda_slots: the CUDA "
             "backend only") in lines, out
     assert counts.read_text() == "4 2 3\n"
+    assert skip_log.read_text().splitlines()[0] == (
+        "  suite: //python:client_test test_client.test_cuda_slots: the CUDA "
+        "backend only"), skip_log.read_text()
     total = subprocess.run([sys.executable, tool, "--total", str(counts)],
                            capture_output=True, text=True, check=True).stdout
     assert total == "summary: 4 passed, 2 failed, 3 skipped\n", total
