@@ -47,17 +47,22 @@ struct Outcome {
   std::string output;
 };
 
-// Runs the CLI with `args` to completion.
-Outcome Cli(const std::vector<std::string>& args) {
+// Runs `argv` to completion.
+Outcome RunToEnd(const std::vector<std::string>& argv) {
   static int runs = 0;
   const std::string log = TempPath(absl::StrFormat("cli%d.log", ++runs));
-  std::vector<std::string> argv = {RunfilePath("client/pagealloc-cli")};
-  argv.insert(argv.end(), args.begin(), args.end());
   absl::StatusOr<Subprocess> cli = Subprocess::Start(argv, log);
   if (!cli.ok()) return {cli.status().ToString(), ""};
   absl::StatusOr<int> status = cli->Wait(absl::Seconds(30));
   if (!status.ok()) return {status.status().ToString(), ReadLog(log)};
   return {DescribeWaitStatus(*status), ReadLog(log)};
+}
+
+// Runs the CLI with `args` to completion.
+Outcome Cli(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {RunfilePath("client/pagealloc-cli")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunToEnd(argv);
 }
 
 // A running `alloc --hold_s`, with the pages it printed.
@@ -300,22 +305,13 @@ TEST(CliTest, WithoutATargetFindsTheDaemonsFallbackSocket) {
   ASSERT_EQ(stat(socket.c_str(), &st), 0) << ReadLog(log);
   EXPECT_THAT(ReadLog(log), HasSubstr("clients look there too"));
 
-  const auto run = [&root](const std::vector<std::string>& argv) {
-    static int runs = 0;
-    const std::string out = absl::StrFormat("%s/cli%d.log", root, ++runs);
-    absl::StatusOr<Subprocess> cli = Subprocess::Start(argv, out);
-    if (!cli.ok()) return Outcome{cli.status().ToString(), ""};
-    absl::StatusOr<int> status = cli->Wait(absl::Seconds(30));
-    if (!status.ok()) return Outcome{status.status().ToString(), ReadLog(out)};
-    return Outcome{DescribeWaitStatus(*status), ReadLog(out)};
-  };
   // watch's header names the daemon it found.
-  const Outcome found =
-      run(command(runtime, {cli, "watch", "--count=1", "--interval_ms=10"}));
+  const Outcome found = RunToEnd(
+      command(runtime, {cli, "watch", "--count=1", "--interval_ms=10"}));
   EXPECT_EQ(found.status, "exited 0") << found.output;
   EXPECT_THAT(found.output, HasSubstr("pagealloc unix://" + socket + " "));
 
-  const Outcome missing = run(command(empty_runtime, {cli, "stats"}));
+  const Outcome missing = RunToEnd(command(empty_runtime, {cli, "stats"}));
   EXPECT_EQ(missing.status, "exited 1") << missing.output;
   EXPECT_THAT(missing.output,
               HasSubstr("pagealloc-cli: no pagealloc daemon socket for GPU 0: "
