@@ -1,6 +1,8 @@
 #include "client/admin.h"
 
 #include "common/grpc_status.h"
+#include "common/socket_location.h"
+#include "common/status_macros.h"
 #include "proto/pagealloc.grpc.pb.h"
 
 namespace pagealloc {
@@ -10,13 +12,13 @@ namespace {
 absl::StatusOr<std::shared_ptr<grpc::Channel>> AdminChannel(
     const AdminOptions& options) {
   if (options.channel != nullptr) return options.channel;
-  if (options.target.empty()) {
-    return absl::InvalidArgumentError("AdminOptions.target is empty");
+  std::string target = options.target;
+  if (target.empty()) {
+    ASSIGN_OR_RETURN(target, FindDaemonTarget(0));
   }
-  return grpc::CreateChannel(options.target,
-                             options.credentials != nullptr
-                                 ? options.credentials
-                                 : grpc::InsecureChannelCredentials());
+  return grpc::CreateChannel(target, options.credentials != nullptr
+                                         ? options.credentials
+                                         : grpc::InsecureChannelCredentials());
 }
 
 }  // namespace

@@ -15,7 +15,8 @@
 namespace pagealloc {
 
 struct AdminOptions {
-  // gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port".
+  // gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port"; empty:
+  // where the daemon listens by default, as ClientOptions.target.
   std::string target;
   // Credentials for TCP targets (default: insecure, right for Unix sockets).
   std::shared_ptr<grpc::ChannelCredentials> credentials;

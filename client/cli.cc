@@ -1,6 +1,9 @@
 // pagealloc-cli: an operator's view of a pagealloc daemon.
 //
 //   pagealloc-cli [--target=unix:///run/pagealloc/gpu0.sock] stats [--sessions]
+//   (without --target: the first of /run/pagealloc/gpu0.sock and
+//   $XDG_RUNTIME_DIR/pagealloc/gpu0.sock that exists, where the daemon
+//   listens by default)
 //   pagealloc-cli watch [--interval_ms=1000] [--count=N] [--output=json]
 //   pagealloc-cli alloc --tokens=64 [--hold_s=0] [--session_file=PATH]
 //   pagealloc-cli free --session_file=PATH --pages=3,4
@@ -17,6 +20,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -38,11 +42,15 @@
 #include "client/client.h"
 #include "common/command_line.h"
 #include "common/grpc_status.h"
+#include "common/socket_location.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/pagealloc.grpc.pb.h"
 
-ABSL_FLAG(std::string, target, "unix:///run/pagealloc/gpu0.sock",
-          "The daemon's gRPC address: unix:///path.sock or host:port.");
+ABSL_FLAG(std::string, target, "",
+          "The daemon's gRPC address: unix:///path.sock or host:port. Empty: "
+          "where pagealloc-server listens by default, "
+          "/run/pagealloc/gpu0.sock, else "
+          "$XDG_RUNTIME_DIR/pagealloc/gpu0.sock.");
 ABSL_FLAG(std::string, output, "text",
           "stats, watch: text (a table for people) or json (GetStatsResponse "
           "in protobuf's JSON mapping with the proto's field names, one "
@@ -99,11 +107,37 @@ const CommandLineSpec kCommandLine = {
   ExitUsage(kCommandLine.program, message);
 }
 
+// Fills an empty `target` with the socket where pagealloc-server listens by
+// default; false, with the places looked at on stderr, when none is there.
+bool ResolveTarget(std::string* target) {
+  if (!target->empty()) return true;
+  absl::StatusOr<std::string> found = FindDaemonTarget(0);
+  if (!found.ok()) {
+    std::cerr << kCommandLine.program << ": " << found.status().message()
+              << " (--target)\n";
+    return false;
+  }
+  *target = *std::move(found);
+  return true;
+}
+
+// The daemon's address: --target, else found once where pagealloc-server
+// listens by default (exits 1, saying where it looked, when it is not
+// there). Called after a command's usage checks, so usage errors come first.
+const std::string& DaemonTarget() {
+  static const std::string* const target = [] {
+    auto* resolved = new std::string(absl::GetFlag(FLAGS_target));
+    if (!ResolveTarget(resolved)) std::exit(kExitFailure);
+    return resolved;
+  }();
+  return *target;
+}
+
 bool JsonOutput() { return absl::GetFlag(FLAGS_output) == "json"; }
 
 absl::StatusOr<v1::GetStatsResponse> FetchStats(bool sessions) {
   AdminOptions options;
-  options.target = absl::GetFlag(FLAGS_target);
+  options.target = DaemonTarget();
   return GetDaemonStats(options, sessions);
 }
 
@@ -216,7 +250,7 @@ int Watch() {
       continue;
     }
     if (isatty(STDOUT_FILENO)) std::printf("\033[H\033[2J");
-    std::printf("pagealloc %s   %s\n\n", absl::GetFlag(FLAGS_target).c_str(),
+    std::printf("pagealloc %s   %s\n\n", DaemonTarget().c_str(),
                 absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone())
                     .c_str());
     if (!stats.ok()) {
@@ -236,8 +270,10 @@ absl::Status WriteSecret(const std::string& path, const std::string& content) {
   const int fd =
       open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrFormat("cannot write %s: %s", path, std::strerror(errno)));
+    const int error = errno;  // a missing directory is NOT_FOUND
+    return absl::Status(
+        absl::ErrnoToStatusCode(error),
+        absl::StrFormat("cannot write %s: %s", path, std::strerror(error)));
   }
   const bool written =
       fchmod(fd, 0600) == 0 && write(fd, content.data(), content.size()) ==
@@ -323,7 +359,7 @@ int Alloc() {
   if (hold < 0) Usage(absl::StrFormat("alloc: --hold_s=%d must be >= 0", hold));
   const sigset_t signals = BlockTerminationSignals();
   ClientOptions options;
-  options.target = absl::GetFlag(FLAGS_target);
+  options.target = DaemonTarget();
   options.client_name = "pagealloc-cli";
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) {
@@ -452,6 +488,7 @@ int Free() {
   v1::FreeResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  if (!ResolveTarget(&target)) return kExitFailure;
   auto stub = v1::PageAllocator::NewStub(
       grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   absl::Status status =
@@ -463,8 +500,8 @@ int Free() {
     }
     return kExitFailure;
   }
-  std::printf("%lld pages freed\n",
-              static_cast<long long>(response.pages_freed()));
+  std::printf("%lld %s freed\n", static_cast<long long>(response.pages_freed()),
+              response.pages_freed() == 1 ? "page" : "pages");
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "client/fast_channel_client.h"
 #include "client/ring_view.h"
 #include "common/grpc_status.h"
+#include "common/socket_location.h"
 #include "common/status_macros.h"
 #include "fast_channel/layout.h"
 #include "memory/memory_socket.h"
@@ -37,14 +38,15 @@ grpc::ChannelArguments ClientChannelArguments() {
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
-    const ClientOptions& options) {
+    const ClientOptions& given) {
+  ClientOptions options = given;
+  if (options.channel == nullptr && options.target.empty()) {
+    ASSIGN_OR_RETURN(options.target, FindDaemonTarget(0));
+  }
   std::unique_ptr<Client> client(new Client(options));
   if (options.channel != nullptr) {
     client->channel_ = options.channel;
   } else {
-    if (options.target.empty()) {
-      return absl::InvalidArgumentError("ClientOptions.target is empty");
-    }
     client->channel_ = grpc::CreateCustomChannel(
         options.target,
         options.credentials != nullptr ? options.credentials

@@ -62,7 +62,10 @@ namespace pagealloc {
 grpc::ChannelArguments ClientChannelArguments();
 
 struct ClientOptions {
-  // gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port".
+  // gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port". Empty:
+  // GPU 0's daemon where pagealloc-server listens by default
+  // (FindDaemonTarget, common/socket_location.h); UNAVAILABLE, naming the
+  // paths looked at, when none is there.
   std::string target;
   // Shown in the daemon's logs and metrics.
   std::string client_name;

@@ -8,6 +8,9 @@
 #
 # Then: cc prog.c $(pkg-config --cflags --libs pagealloc_client)
 # (PKG_CONFIG_PATH=PREFIX/lib/pkgconfig when PREFIX is not a system one).
+# The flags carry a run path to LIBDIR, so the program finds the library
+# there without LD_LIBRARY_PATH; a program linked otherwise needs LIBDIR on
+# the loader's path (ldconfig, or LD_LIBRARY_PATH).
 # At run time the library needs Debian 12's gRPC, protobuf and Abseil shared
 # libraries (libgrpc++1.51, libprotobuf32, libabsl20220623): docs/python.md.
 set -euo pipefail
@@ -21,7 +24,7 @@ for arg in "$@"; do
     --libdir=*) libdir="${arg#--libdir=}" ;;
     --destdir=*) destdir="${arg#--destdir=}" ;;
     -h | --help)
-      sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)

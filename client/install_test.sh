@@ -32,12 +32,28 @@ int main(void) {
   return code == PAGEALLOC_UNAVAILABLE ? 0 : 1;
 }
 PROGRAM
-# shellcheck disable=SC2046  # pkg-config's output is a list of flags
-gcc -std=c99 -Wall -Werror -o "$TEST_TMPDIR/program" "$TEST_TMPDIR/program.c" \
-  $(pkg-config --cflags --libs pagealloc_client)
 # A --config=asan library needs its sanitizer runtimes first in a program
 # not built with them.
 preload="$(ldd "$prefix/lib/libpagealloc_client.so" |
   awk '/lib(asan|ubsan)\.so/ {print $3}' | paste -sd: -)"
+# shellcheck disable=SC2046  # pkg-config's output is a list of flags
+gcc -std=c99 -Wall -Werror -o "$TEST_TMPDIR/program" "$TEST_TMPDIR/program.c" \
+  $(pkg-config --cflags --libs pagealloc_client)
 LD_PRELOAD="$preload" LD_LIBRARY_PATH="$prefix/lib" "$TEST_TMPDIR/program"
+
+# Installed for real (no --destdir), a program built with the .pc file's
+# flags runs with no LD_LIBRARY_PATH: the flags carry the library's run path.
+real="$TEST_TMPDIR/usr-local"
+"$install" --prefix="$real"
+unset PKG_CONFIG_SYSROOT_DIR LD_LIBRARY_PATH
+export PKG_CONFIG_PATH="$real/lib/pkgconfig"
+[[ "$(pkg-config --libs pagealloc_client)" == *"-Wl,-rpath,$real/lib"* ]] || {
+  echo "pagealloc_client.pc sets no run path: $(pkg-config --libs \
+    pagealloc_client)" >&2
+  exit 1
+}
+# shellcheck disable=SC2046  # pkg-config's output is a list of flags
+gcc -std=c99 -Wall -Werror -o "$TEST_TMPDIR/installed" "$TEST_TMPDIR/program.c" \
+  $(pkg-config --cflags --libs pagealloc_client)
+LD_PRELOAD="$preload" "$TEST_TMPDIR/installed"
 echo "install_test: OK"

@@ -350,15 +350,12 @@ absl::StatusOr<AdminOptions> ReadAdminOptions(
   pagealloc_admin_options read;
   pagealloc_admin_options_init(&read, sizeof(read));
   RETURN_IF_ERROR(ReadVersioned(options, "pagealloc_admin_options", &read));
-  if (read.target == nullptr || read.target[0] == '\0') {
-    return absl::InvalidArgumentError("options.target is empty");
-  }
   if (read.timeout_ms <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "options.timeout_ms (%d) must be positive", read.timeout_ms));
   }
   AdminOptions admin;
-  admin.target = read.target;
+  admin.target = read.target != nullptr ? read.target : "";
   admin.timeout = absl::Milliseconds(read.timeout_ms);
   return admin;
 }

@@ -142,7 +142,10 @@ typedef struct pagealloc_client pagealloc_client;
 /* pagealloc::ClientOptions. Strings are copied by pagealloc_connect. */
 typedef struct pagealloc_client_options {
   size_t struct_size; /* sizeof(pagealloc_client_options) */
-  /* gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port". */
+  /* gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port". NULL or
+   * "": GPU 0's daemon where pagealloc-server listens by default
+   * (/run/pagealloc, then $XDG_RUNTIME_DIR/pagealloc); UNAVAILABLE, naming
+   * the paths looked at, when no socket is there. */
   const char* target;
   /* Shown in the daemon's logs and metrics (NULL: ""). */
   const char* client_name;
@@ -538,7 +541,10 @@ int32_t pagealloc_get_free_lists(const pagealloc_client* client,
  * tests ask a daemon directly. */
 typedef struct pagealloc_admin_options {
   size_t struct_size; /* sizeof(pagealloc_admin_options) */
-  /* gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port". */
+  /* gRPC target: "unix:///run/pagealloc/gpu0.sock" or "host:port". NULL or
+   * "": GPU 0's daemon where pagealloc-server listens by default
+   * (/run/pagealloc, then $XDG_RUNTIME_DIR/pagealloc); UNAVAILABLE, naming
+   * the paths looked at, when no socket is there. */
   const char* target;
   /* Deadline of the call, in ms (default 5000). */
   int64_t timeout_ms;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -69,6 +70,70 @@ void AppendFlag(const absl::CommandLineFlag& flag, absl::string_view unit,
 
 bool IsOwnFlag(const absl::CommandLineFlag& flag, const CommandLineSpec& spec) {
   return absl::EndsWith(flag.Filename(), spec.flags_file);
+}
+
+// What a flag of this type accepts, in words; "" for a string (anything).
+std::string Accepted(const absl::CommandLineFlag& flag) {
+  if (flag.IsOfType<bool>()) return "true or false (also 1 or 0, yes or no)";
+  if (flag.IsOfType<int>() || flag.IsOfType<int32_t>()) {
+    return "an integer of 32 bits";
+  }
+  if (flag.IsOfType<int64_t>()) return "an integer";
+  if (flag.IsOfType<uint64_t>() || flag.IsOfType<uint32_t>()) {
+    return "a non-negative integer";
+  }
+  if (flag.IsOfType<double>() || flag.IsOfType<float>()) return "a number";
+  if (flag.IsOfType<std::vector<std::string>>()) {
+    return "a comma-separated list";
+  }
+  return "";
+}
+
+// The unit --help shows for `name` in `spec`, "" when none.
+absl::string_view UnitOf(const CommandLineSpec& spec, absl::string_view name) {
+  for (const FlagGroup& group : spec.groups) {
+    for (const FlagDoc& doc : group.flags) {
+      if (name == doc.name) return doc.unit;
+    }
+  }
+  return "";
+}
+
+// Checks the value of every --name=value (or --name value) of the
+// program's own flags before Abseil parses them, so that a malformed value
+// is refused in our words: the flag, the value and what it accepts.
+void CheckOwnFlagValues(int argc, char** argv, const CommandLineSpec& spec) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      continue;
+    }
+    const size_t equals = arg.find('=');
+    const std::string name(arg.substr(0, equals));
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr || !IsOwnFlag(*flag, spec)) continue;
+    const std::string accepted = Accepted(*flag);
+    if (accepted.empty()) continue;
+    std::string value;
+    if (equals != absl::string_view::npos) {
+      value = std::string(arg.substr(equals + 1));
+    } else if (flag->IsOfType<bool>() || i + 1 >= argc) {
+      continue;  // --flag (true), or Abseil's "missing value"
+    } else {
+      value = argv[i + 1];
+    }
+    // Parsing sets the flag; Abseil sets it again right after, from the
+    // same arguments, so a value that parses changes nothing.
+    std::string error;
+    const bool parsed = flag->ParseFrom(value, &error);
+    if (parsed) continue;
+    const absl::string_view unit = UnitOf(spec, name);
+    ExitUsage(spec.program,
+              absl::StrCat("--", name, "=", value, " is not ", accepted, " (",
+                           unit.empty() ? "" : absl::StrCat(unit, "; "),
+                           "default ", flag->DefaultValue(), ")"));
+  }
 }
 
 }  // namespace
@@ -147,6 +212,7 @@ std::vector<char*> ParseCommandLine(int argc, char** argv,
       std::exit(0);
     }
   }
+  CheckOwnFlagValues(argc, argv, spec);
   return absl::ParseCommandLine(argc, argv);
 }
 

@@ -11,7 +11,7 @@
 3. The install steps in the unit's header comment run, in order, under a
    scratch root (every absolute path moved under it; useradd and
    systemctl, which need a real system, left out), and leave the files
-   where the unit expects them.
+   where the unit expects them, its Documentation= file included.
 4. The ExecStart line, expanded the way systemd expands it (%i, ${VAR},
    $VAR split at whitespace) with the example environment file, runs the real
    pagealloc-server: it starts, serves /healthz and stops cleanly on SIGTERM.
@@ -34,6 +34,7 @@ import urllib.request
 
 UNIT = "deploy/systemd/pagealloc@.service"
 ENV_EXAMPLE = "deploy/systemd/gpu.env.example"
+OPERATIONS = "docs/operations.md"
 BINARY_IN_UNIT = "/usr/local/bin/pagealloc-server"
 
 failures = []
@@ -148,6 +149,7 @@ def run_install_steps(unit_text, server_binary, tmp):
     shutil.copy(server_binary, os.path.join(source, "pagealloc-server"))
     shutil.copy(UNIT, os.path.join(source, "pagealloc@.service"))
     shutil.copy(ENV_EXAMPLE, os.path.join(source, "gpu.env.example"))
+    shutil.copy(OPERATIONS, os.path.join(source, "operations.md"))
     for directory in ("usr/local/bin", "etc/systemd/system"):
         os.makedirs(os.path.join(root, directory))  # a real system has these
     steps = []
@@ -166,9 +168,15 @@ def run_install_steps(unit_text, server_binary, tmp):
                                 text=True)
         check(result.returncode == 0,
               f"header step failed: {step}: {result.stderr.strip()}")
-    for path in ("usr/local/bin/pagealloc-server",
+    # Every file:// Documentation= of the unit is one the steps install.
+    documentation = [d[len("file://"):] for d in
+                     values(parse_unit(unit_text), "Unit", "Documentation")
+                     if d.startswith("file://")]
+    check(documentation, "the unit names no Documentation= file")
+    for path in ["usr/local/bin/pagealloc-server",
                  "etc/systemd/system/pagealloc@.service",
-                 "etc/pagealloc/gpu1.env"):
+                 "etc/pagealloc/gpu1.env"] + [d.lstrip("/")
+                                             for d in documentation]:
         check(os.path.isfile(os.path.join(root, path)),
               f"the header's steps did not install /{path}")
 

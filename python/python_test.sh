@@ -19,6 +19,9 @@ if [[ -n "$preload" ]]; then
 fi
 test_file="$1"
 shift
-# -rs lists every skipped test with its reason (the GPU-only ones here).
+# -rs lists every skipped test with its reason (the GPU-only ones here);
+# the JUnit XML becomes Bazel's test.xml, whose cases and skips
+# tools/test_summary.py counts.
 exec /usr/bin/python3 -m pytest -p no:cacheprovider -rs -v \
+  ${XML_OUTPUT_FILE:+--junitxml="$XML_OUTPUT_FILE"} \
   --rootdir="$runfiles/python" "$runfiles/python/$test_file" "$@"

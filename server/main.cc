@@ -36,6 +36,7 @@
 #include "common/command_line.h"
 #include "common/host_memory.h"
 #include "common/logging.h"
+#include "common/socket_location.h"
 #include "common/status_macros.h"
 #include "memory/kv_layout.h"
 #include "server/server.h"
@@ -178,9 +179,11 @@ ABSL_FLAG(int, grpc_answer_threads,
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "A session that sends nothing for this long (KeepAlive included) "
           "loses its pages.");
-ABSL_FLAG(int64_t, ring_capacity_slots, 1 << 20,
+ABSL_FLAG(int64_t, ring_capacity_slots, 0,
           "Default output ring size per session (8 bytes a slot, in GPU "
-          "memory on the CUDA backend).");
+          "memory on the CUDA backend). 0: the pool's slots (num_pages * "
+          "page_size), at least 1048576, so that any call the pool can "
+          "serve fits.");
 ABSL_FLAG(int64_t, max_sessions, 256, "Most sessions at once.");
 ABSL_FLAG(int64_t, max_session_quota_pages, 0,
           "Cap on any session's page quota (0: no cap).");
@@ -612,8 +615,8 @@ absl::Status SessionFlags(ServerOptions* options) {
   options->sessions.default_ring_capacity_slots =
       absl::GetFlag(FLAGS_ring_capacity_slots);
   RETURN_IF_ERROR(CheckRange("ring_capacity_slots",
-                             options->sessions.default_ring_capacity_slots, 1,
-                             int64_t{1} << 30, "slots"));
+                             options->sessions.default_ring_capacity_slots, 0,
+                             int64_t{1} << 30, "slots; 0: the pool's slots"));
   options->sessions.max_ring_capacity_slots = std::max<int64_t>(
       options->sessions.default_ring_capacity_slots, int64_t{1} << 26);
   options->sessions.max_quota_pages =
@@ -697,7 +700,7 @@ int Main() {
   if (options->listen.empty()) {
     const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
     absl::StatusOr<std::string> address =
-        DefaultListenAddress(options->gpu, kDefaultSocketDir,
+        DefaultListenAddress(options->gpu, kSystemSocketDir,
                              runtime_dir != nullptr ? runtime_dir : "");
     if (!address.ok()) return fail(address.status());
     options->listen.push_back(*address);
@@ -743,7 +746,10 @@ int Main() {
           "session a ring of %s; docs/operations.md, \"Sizing the pool\")",
           server.status().message(), options->pool.num_pages,
           Bytes(8.0 * options->pool.num_pages),
-          Bytes(8.0 * options->sessions.default_ring_capacity_slots))));
+          Bytes(8.0 *
+                options->sessions
+                    .ForPool(options->pool.num_pages * options->pool.page_size)
+                    .default_ring_capacity_slots))));
     }
     return fail(server.status());
   }

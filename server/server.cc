@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/logging.h"
+#include "common/socket_location.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -121,16 +122,20 @@ std::string UnixSocketPath(const std::string& address) {
 // its parents) with `mode` when missing. The error names the directory and
 // errno's text.
 absl::Status CheckSocketDirectory(const std::string& dir, mode_t mode) {
+  // errno picks the code: a missing parent is NOT_FOUND, a denied one
+  // PERMISSION_DENIED.
   if (mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) {
     const int error = errno;
-    return absl::PermissionDeniedError(
+    return absl::Status(
+        absl::ErrnoToStatusCode(error),
         absl::StrFormat("cannot create the socket directory %s: %s", dir,
                         std::strerror(error)));
   }
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
     const int error = errno;
-    return absl::PermissionDeniedError(
+    return absl::Status(
+        absl::ErrnoToStatusCode(error),
         absl::StrFormat("cannot use %s: %s", dir, std::strerror(error)));
   }
   if (!S_ISDIR(st.st_mode)) {
@@ -364,30 +369,35 @@ std::string MemorySocketPathFor(const std::vector<std::string>& listen) {
 
 absl::StatusOr<std::string> DefaultListenAddress(
     int gpu, const std::string& system_dir, const std::string& runtime_dir) {
-  const std::string name = absl::StrFormat("gpu%d.sock", gpu);
-  const absl::Status system = CheckSocketDirectory(system_dir, 0755);
-  if (system.ok()) return absl::StrCat("unix://", system_dir, "/", name);
-  std::string runtime_error = "$XDG_RUNTIME_DIR is not set";
-  if (!runtime_dir.empty()) {
-    const std::string dir = runtime_dir + "/pagealloc";
-    const absl::Status runtime = CheckSocketDirectory(dir, 0700);
-    if (runtime.ok()) {
-      const std::string address = absl::StrCat("unix://", dir, "/", name);
+  // Clients look in the same directories, in the same order
+  // (FindDaemonTarget): the first that takes our socket is the one they find.
+  const std::vector<std::string> dirs =
+      SocketDirectories(system_dir, runtime_dir);
+  std::vector<std::string> refusals;
+  for (const std::string& dir : dirs) {
+    const absl::Status usable =
+        CheckSocketDirectory(dir, dir == system_dir ? 0755 : 0700);
+    if (!usable.ok()) {
+      refusals.push_back(std::string(usable.message()));
+      continue;
+    }
+    const std::string address = absl::StrCat("unix://", SocketPathIn(dir, gpu));
+    if (!refusals.empty()) {
       Logger("server")->warn(
           "{}; listening in this user's runtime directory instead: {} "
-          "(clients: --target={})",
-          std::string(system.message()), address, address);
-      return address;
+          "(clients look there too; or --target={})",
+          refusals.front(), address, address);
     }
-    runtime_error = std::string(runtime.message());
+    return address;
   }
+  if (runtime_dir.empty()) refusals.push_back("$XDG_RUNTIME_DIR is not set");
   const struct passwd* user = getpwuid(geteuid());
   return absl::PermissionDeniedError(absl::StrFormat(
-      "no directory for the socket: %s; and %s. Run as root (or as the "
+      "no directory for the socket: %s. Run as root (or as the "
       "pagealloc user of deploy/systemd), let this user create sockets in "
       "%s (sudo install -d -o %s %s), or name a socket of your own: "
       "--listen=unix:///tmp/pagealloc-gpu%d.sock",
-      system.message(), runtime_error, system_dir,
+      absl::StrJoin(refusals, "; and "), system_dir,
       user != nullptr ? user->pw_name : "$USER", system_dir, gpu));
 }
 
@@ -532,7 +542,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   ASSIGN_OR_RETURN(
       server->pool_,
       PagePool::Create(pool_options, server->backend_->executor()));
-  server->sessions_ = std::make_unique<SessionRegistry>(options.sessions,
+  // A ring smaller than the pool would refuse, for its size, a call the
+  // pool could serve: by default a ring holds the whole pool (8 bytes a
+  // token, against the token's KV bytes); docs/design.md section 5.
+  const SessionRegistry::Options session_options =
+      options.sessions.ForPool(pool_options.num_pages * pool_options.page_size);
+  server->options_.sessions = session_options;
+  server->sessions_ = std::make_unique<SessionRegistry>(session_options,
                                                         server->backend_.get());
   Batcher::Options batcher_options = options.batcher;
   batcher_options.debug_checks =

@@ -229,12 +229,12 @@ class Server {
   std::vector<std::string> bound_ ABSL_GUARDED_BY(mu_);
 };
 
-// Where pagealloc-server puts its socket when --listen is not given.
-inline constexpr char kDefaultSocketDir[] = "/run/pagealloc";
-
-// The address pagealloc-server listens on without --listen:
+// The address pagealloc-server listens on without --listen: the first of
+// SocketDirectories(system_dir, runtime_dir) (common/socket_location.h,
+// where clients look for it, in the same order) that this process may
+// create sockets in:
 // unix://<system_dir>/gpu<gpu>.sock when this process may create sockets in
-// `system_dir` (kDefaultSocketDir; created when missing), else
+// `system_dir` (kSystemSocketDir; created when missing), else
 // unix://<runtime_dir>/pagealloc/gpu<gpu>.sock (runtime_dir:
 // $XDG_RUNTIME_DIR, "" when unset), with a warning in the log that says
 // why and where. PERMISSION_DENIED when neither will do, naming each

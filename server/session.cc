@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -75,6 +76,18 @@ absl::StatusOr<std::string> RandomToken() {
 }
 
 }  // namespace
+
+SessionRegistry::Options SessionRegistry::Options::ForPool(
+    int64_t pool_slots) const {
+  Options sized = *this;
+  if (sized.default_ring_capacity_slots == 0) {
+    sized.default_ring_capacity_slots =
+        std::max(kMinDefaultRingCapacitySlots, pool_slots);
+    sized.max_ring_capacity_slots = std::max(sized.max_ring_capacity_slots,
+                                             sized.default_ring_capacity_slots);
+  }
+  return sized;
+}
 
 SessionRegistry::SessionRegistry(const Options& options, Backend* backend)
     : options_(options), backend_(backend) {

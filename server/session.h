@@ -65,12 +65,22 @@ absl::Status CheckClientName(absl::string_view name);
 // The live sessions. This class is thread-safe.
 class SessionRegistry {
  public:
+  static constexpr int64_t kMinDefaultRingCapacitySlots = int64_t{1} << 20;
+
   struct Options {
     absl::Duration lease = absl::Seconds(10);
     int64_t max_sessions = 1024;
+    // A session's ring when it asks for none; 0: sized from the pool
+    // (ForPool).
     int64_t default_ring_capacity_slots = 1 << 20;
     int64_t max_ring_capacity_slots = 1 << 26;
     int64_t max_quota_pages = 0;  // 0: no cap
+
+    // Returns these options for a pool of `pool_slots` slots (num_pages *
+    // page_size): a default ring of 0 becomes the pool's slots, at least
+    // kMinDefaultRingCapacitySlots, and max_ring_capacity_slots at least
+    // that. Other values are kept.
+    Options ForPool(int64_t pool_slots) const;
   };
 
   SessionRegistry(const Options& options, Backend* backend);

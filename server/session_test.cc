@@ -105,6 +105,25 @@ TEST_F(SessionRegistryTest, RingCapacityZeroTakesTheDefault) {
   EXPECT_EQ(static_cast<const int64_t*>(mapped->base())[255], 1234);
 }
 
+TEST(SessionRegistryOptionsTest, ADefaultRingOfZeroHoldsThePool) {
+  SessionRegistry::Options options;
+  options.default_ring_capacity_slots = 0;
+  // SGLang's profile: 65536 pages of 16, 2^20 slots.
+  EXPECT_EQ(options.ForPool(int64_t{65536} * 16).default_ring_capacity_slots,
+            int64_t{1} << 20);
+  // A small pool still gets 2^20; a pool past the largest ring raises it.
+  EXPECT_EQ(options.ForPool(64).default_ring_capacity_slots, int64_t{1} << 20);
+  const SessionRegistry::Options big = options.ForPool(int64_t{1} << 27);
+  EXPECT_EQ(big.default_ring_capacity_slots, int64_t{1} << 27);
+  EXPECT_EQ(big.max_ring_capacity_slots, int64_t{1} << 27);
+  // A ring the operator chose is kept, whatever the pool.
+  options.default_ring_capacity_slots = 4096;
+  EXPECT_EQ(options.ForPool(int64_t{1} << 27).default_ring_capacity_slots,
+            4096);
+  EXPECT_EQ(options.ForPool(int64_t{1} << 27).max_ring_capacity_slots,
+            int64_t{1} << 26);
+}
+
 TEST_F(SessionRegistryTest, OpenRefusesBadRingSizesQuotasAndNames) {
   SessionRegistry registry(options_, backend_.get());
   struct Case {

@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -45,17 +47,22 @@ struct Outcome {
   std::string output;
 };
 
-// Runs the CLI with `args` to completion.
-Outcome Cli(const std::vector<std::string>& args) {
+// Runs `argv` to completion.
+Outcome RunToEnd(const std::vector<std::string>& argv) {
   static int runs = 0;
   const std::string log = TempPath(absl::StrFormat("cli%d.log", ++runs));
-  std::vector<std::string> argv = {RunfilePath("client/pagealloc-cli")};
-  argv.insert(argv.end(), args.begin(), args.end());
   absl::StatusOr<Subprocess> cli = Subprocess::Start(argv, log);
   if (!cli.ok()) return {cli.status().ToString(), ""};
   absl::StatusOr<int> status = cli->Wait(absl::Seconds(30));
   if (!status.ok()) return {status.status().ToString(), ReadLog(log)};
   return {DescribeWaitStatus(*status), ReadLog(log)};
+}
+
+// Runs the CLI with `args` to completion.
+Outcome Cli(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {RunfilePath("client/pagealloc-cli")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunToEnd(argv);
 }
 
 // A running `alloc --hold_s`, with the pages it printed.
@@ -154,7 +161,7 @@ TEST(CliTest, FreeActsThroughTheSessionFileAndSaysWhyAPageIsFree) {
   Outcome freed =
       Cli({"free", "--session_file=" + session_file, "--pages=" + first});
   EXPECT_EQ(freed.status, "exited 0") << freed.output;
-  EXPECT_THAT(freed.output, HasSubstr("1 pages freed"));
+  EXPECT_THAT(freed.output, HasSubstr("1 page freed\n"));
   Outcome again =
       Cli({"free", "--session_file=" + session_file, "--pages=" + first});
   EXPECT_EQ(again.status, "exited 1");
@@ -236,6 +243,87 @@ TEST(CliTest, StatsAndWatchPrintJsonAndSessionColumns) {
       HasSubstr(parsed.sessions(0).fast_channel() ? "fast channel" : "gRPC"));
   holder.process.Signal(SIGINT);
   ASSERT_OK(holder.process.Wait(absl::Seconds(20)).status());
+}
+
+// Without --listen an unprivileged daemon listens under $XDG_RUNTIME_DIR;
+// the CLI without --target looks where the daemon would listen, in the
+// same order, finds it there, and, with no daemon, says where it looked.
+// The daemon and the CLI run as nobody when the test runs as root, from a
+// copy under /tmp (nobody cannot reach Bazel's runfiles in root's home).
+TEST(CliTest, WithoutATargetFindsTheDaemonsFallbackSocket) {
+  struct stat st;
+  if (stat("/run/pagealloc/gpu0.sock", &st) == 0) {
+    GTEST_SKIP() << "a daemon listens on /run/pagealloc/gpu0.sock here";
+  }
+  char made[] = "/tmp/pagealloc-cli-xdg-XXXXXX";
+  ASSERT_NE(mkdtemp(made), nullptr);
+  const std::string root = made;
+  ASSERT_EQ(chmod(root.c_str(), 0755), 0);
+  const std::string runtime = root + "/xdg";
+  const std::string empty_runtime = root + "/empty";
+  std::vector<std::string> as_user;
+  for (const std::string& dir : {runtime, empty_runtime}) {
+    ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+    if (geteuid() == 0) {
+      ASSERT_EQ(chown(dir.c_str(), 65534, 65534), 0);
+    }
+  }
+  if (geteuid() == 0) {
+    as_user = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+               "--clear-groups"};
+  } else if (access("/run/pagealloc", W_OK) == 0 ||
+             (stat("/run/pagealloc", &st) != 0 && access("/run", W_OK) == 0)) {
+    GTEST_SKIP() << "this user may create sockets in /run/pagealloc";
+  }
+  const auto copy = [&root](const std::string& binary) {
+    const std::string to = root + "/" + binary.substr(binary.rfind('/') + 1);
+    std::ifstream in(RunfilePath(binary), std::ios::binary);
+    std::ofstream(to, std::ios::binary) << in.rdbuf();
+    chmod(to.c_str(), 0755);
+    return to;
+  };
+  const std::string server = copy("server/pagealloc-server");
+  const std::string cli = copy("client/pagealloc-cli");
+  const auto command = [&as_user](const std::string& xdg,
+                                  std::vector<std::string> args) {
+    std::vector<std::string> argv = as_user;
+    argv.push_back("/usr/bin/env");
+    argv.push_back("XDG_RUNTIME_DIR=" + xdg);
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  };
+  const std::string log = root + "/server.log";
+  ASSERT_OK_AND_ASSIGN(
+      Subprocess daemon,
+      Subprocess::Start(
+          command(runtime, {server, "--backend=cpu", "--num_pages=64",
+                            "--metrics_port=-1", kLongLease}),
+          log));
+  const std::string socket = runtime + "/pagealloc/gpu0.sock";
+  WaitFor([&] { return stat(socket.c_str(), &st) == 0 || !daemon.running(); },
+          absl::Seconds(20));
+  ASSERT_EQ(stat(socket.c_str(), &st), 0) << ReadLog(log);
+  EXPECT_THAT(ReadLog(log), HasSubstr("clients look there too"));
+
+  // watch's header names the daemon it found.
+  const Outcome found = RunToEnd(
+      command(runtime, {cli, "watch", "--count=1", "--interval_ms=10"}));
+  EXPECT_EQ(found.status, "exited 0") << found.output;
+  EXPECT_THAT(found.output, HasSubstr("pagealloc unix://" + socket + " "));
+
+  const Outcome missing = RunToEnd(command(empty_runtime, {cli, "stats"}));
+  EXPECT_EQ(missing.status, "exited 1") << missing.output;
+  EXPECT_THAT(missing.output,
+              HasSubstr("pagealloc-cli: no pagealloc daemon socket for GPU 0: "
+                        "looked at /run/pagealloc/gpu0.sock (No such file or "
+                        "directory), " +
+                        empty_runtime +
+                        "/pagealloc/gpu0.sock (No such file or directory)"));
+
+  daemon.Signal(SIGTERM);
+  ASSERT_OK_AND_ASSIGN(int status, daemon.Wait(absl::Seconds(20)));
+  EXPECT_EQ(DescribeWaitStatus(status), "exited 0") << ReadLog(log);
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

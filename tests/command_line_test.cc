@@ -105,11 +105,29 @@ TEST(CommandLineTest, BadFlagsAreRefusedWithTheFlagTheValueAndTheRange) {
        {"--no_such_flag"},
        u,
        {"Unknown command line flag 'no_such_flag'", "--help"}},
+      // Malformed values, in our words: the flag, the value, what it takes.
       {"malformed value",
        kServer,
        {"--page_size=abc"},
        u,
-       {"Illegal value 'abc' specified for flag 'page_size'"}},
+       {"pagealloc-server: --page_size=abc is not an integer", "(tokens; ",
+        "default 16)"}},
+      {"malformed value, separate argument",
+       kServer,
+       {"--num_pages", "abc"},
+       u,
+       {"--num_pages=abc is not an integer", "(pages; default 0)"}},
+      {"malformed bool",
+       kServer,
+       {"--fast_channel=maybe"},
+       u,
+       {"--fast_channel=maybe is not true or false (also 1 or 0, yes or no)"}},
+      {"malformed value, cli",
+       kCli,
+       {"--interval_ms=1s", "watch"},
+       u,
+       {"pagealloc-cli: --interval_ms=1s is not an integer",
+        "(milliseconds; default 1000)"}},
       {"positional argument",
        kServer,
        {"serve"},
@@ -354,6 +372,12 @@ TEST(CommandLineTest, FailuresAtStartSayWhyAndExit1) {
        f,
        {"cannot create sockets in /dev/null: Not a directory",
         "--listen=unix:///tmp/pagealloc.sock"}},
+      {"socket directory missing",
+       kServer,
+       with({"--listen=unix:///nonexistent-pagealloc/sub/gpu0.sock"}),
+       f,
+       {"cannot start: NOT_FOUND: cannot create the socket directory "
+        "/nonexistent-pagealloc/sub: No such file or directory"}},
       {"upper-case level, fatal error shown",
        kServer,
        with({"--log_level=WARN", "--listen=unix:///dev/null/gpu0.sock"}),
@@ -403,7 +427,8 @@ TEST(CommandLineTest, CliAndBenchHelpListTheirOwnFlags) {
   const Outcome cli = RunBinary(kCli, {"--help"});
   EXPECT_EQ(cli.status, "exited 0") << cli.output;
   for (const char* flag :
-       {"--target=unix:///run/pagealloc/gpu0.sock", "--output=text",
+       {"--target=\"\"  (gRPC address)", "/run/pagealloc/gpu0.sock, else",
+        "$XDG_RUNTIME_DIR/pagealloc/gpu0.sock", "--output=text",
         "--session_file=\"\"", "--hold_s=0  (seconds)", "--pages=\"\""}) {
     EXPECT_THAT(cli.output, HasSubstr(flag));
   }

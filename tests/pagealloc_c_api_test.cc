@@ -548,9 +548,9 @@ TEST_F(PageallocCApiTest, ClearSessionAndClearPool) {
   EXPECT_EQ(lists.num_parked, 0);
   EXPECT_EQ(lists.free_count, 16);
   EXPECT_EQ(front, (std::vector<int64_t>{1, 2}));
-  admin.target = "";
+  admin.target = "unix:///nonexistent/pagealloc-c-api-test.sock";
   EXPECT_EQ(pagealloc_admin_clear_pool(&admin, 0, &freed, &error_),
-            PAGEALLOC_INVALID_ARGUMENT);
+            PAGEALLOC_UNAVAILABLE);
   pagealloc_client_destroy(other);
 }
 

@@ -2,8 +2,11 @@
  * c89_header.c), the shared library links into a C program, and the calls
  * that need no daemon behave as pagealloc.h says. The calls against a live
  * daemon are tests/pagealloc_c_api_test.cc's. */
+#define _POSIX_C_SOURCE 200809L /* access() */
+
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/pagealloc.h"
 
@@ -73,10 +76,13 @@ static void TestAbiOneOne(void) {
   EXPECT(lists.struct_size == sizeof(lists));
   EXPECT(lists.free_pages == NULL && lists.free_capacity == 0);
   EXPECT(lists.num_free == 0 && lists.free_count == 0);
-  /* No target, and nothing listening. */
-  EXPECT(pagealloc_admin_clear_pool(&admin, 0, &freed, &error) ==
-         PAGEALLOC_INVALID_ARGUMENT);
-  EXPECT(strstr(error.message, "target") != NULL);
+  /* No target: where the daemon listens by default, and nothing there
+   * (unless a real daemon listens on this host, which we leave alone). */
+  if (access("/run/pagealloc/gpu0.sock", F_OK) != 0) {
+    EXPECT(pagealloc_admin_get_free_lists(&admin, &lists, &error) ==
+           PAGEALLOC_UNAVAILABLE);
+    EXPECT(strstr(error.message, "looked at /run/pagealloc/gpu0.sock") != NULL);
+  }
   admin.target = "unix:///nonexistent/pagealloc-c-test.sock";
   EXPECT(pagealloc_admin_get_free_lists(&admin, &lists, &error) ==
          PAGEALLOC_UNAVAILABLE);
@@ -103,11 +109,15 @@ static void TestConnectRefusals(void) {
   int32_t code;
 
   pagealloc_client_options_init(&options, sizeof(options));
-  code = pagealloc_connect(&options, &client, &error);
-  EXPECT(code == PAGEALLOC_INVALID_ARGUMENT);
-  EXPECT(error.code == PAGEALLOC_INVALID_ARGUMENT);
-  EXPECT(strstr(error.message, "target") != NULL);
-  EXPECT(client == NULL);
+  /* No target: where the daemon listens by default (checked only where no
+   * real daemon listens there). */
+  if (access("/run/pagealloc/gpu0.sock", F_OK) != 0) {
+    code = pagealloc_connect(&options, &client, &error);
+    EXPECT(code == PAGEALLOC_UNAVAILABLE);
+    EXPECT(error.code == PAGEALLOC_UNAVAILABLE);
+    EXPECT(strstr(error.message, "looked at /run/pagealloc/gpu0.sock") != NULL);
+    EXPECT(client == NULL);
+  }
 
   /* Nothing listens there: the daemon's absence, as gRPC reports it. */
   options.target = "unix:///nonexistent/pagealloc-c-test.sock";

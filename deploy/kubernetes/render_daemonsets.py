@@ -133,8 +133,9 @@ spec:
             timeoutSeconds: 5
             failureThreshold: 2
           # The batcher is latency-critical: a CPU request, no CPU limit (CFS
-          # throttling would stall launches). Memory is small: page owners
-          # (8 bytes a page) and a host mirror per session's ring.
+          # throttling would stall launches). Memory is small: the pool's
+          # bookkeeping (40 bytes of host memory a page, docs/operations.md)
+          # and a host mirror per session's ring.
           resources:
             requests:
               cpu: 500m

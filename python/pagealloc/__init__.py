@@ -28,11 +28,14 @@ from pagealloc.errors import (AbortedError, AlreadyExistsError,
                               UnknownError, error_for)
 
 __version__ = _native.lib.pagealloc_version().decode()
+# pagealloc_abi_version(): major << 16 | minor (65537 for 1.1), and the
+# same as "major.minor", as the docs write it.
 ABI_VERSION = _native.lib.pagealloc_abi_version()
+ABI_VERSION_TEXT = "%d.%d" % (ABI_VERSION >> 16, ABI_VERSION & 0xFFFF)
 LIBRARY_PATH = _native.path
 
 __all__ = [
-    "ABI_VERSION", "LIBRARY_PATH", "Allocation", "Client", "CudaSlots",
+    "ABI_VERSION", "ABI_VERSION_TEXT", "LIBRARY_PATH", "Allocation", "Client", "CudaSlots",
     "FreeGroup", "FreeLists", "KvBuffer", "PoolInfo", "RequestResult",
     "RingInfo", "Stats", "clear_pool", "get_free_lists",
     "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",

@@ -573,7 +573,7 @@ def _admin_options(target, timeout):
     options = _native.AdminOptions()
     _lib.pagealloc_admin_options_init(ctypes.byref(options),
                                       ctypes.sizeof(options))
-    options.target = str(target).encode()
+    options.target = str(target).encode() if target is not None else b""
     options.timeout_ms = _seconds_to_ms(timeout, "timeout")
     return options
 
@@ -810,12 +810,14 @@ class Client:
                              on_device=bool(on_device.value))
 
     @classmethod
-    def connect(cls, target, *, name="", ring_capacity_slots=0,
+    def connect(cls, target=None, *, name="", ring_capacity_slots=0,
                 quota_pages=0, keepalive_interval=None, call_timeout=30.0,
                 fast_channel=True, fast_channel_spin=500e-6,
                 register_secret=None, map_kv_slab=True):
         """Connects to the daemon at `target` ("unix:///path.sock" or
-        "host:port"), registers a session, maps its output ring (and the
+        "host:port"; None: GPU 0's daemon where pagealloc-server listens
+        by default, /run/pagealloc/gpu0.sock, else
+        $XDG_RUNTIME_DIR/pagealloc/gpu0.sock), registers a session, maps its output ring (and the
         pool's KV slab, when the daemon owns the KV memory) and keeps its
         lease from a background thread.
 
@@ -824,7 +826,8 @@ class Client:
         register_secret (str or bytes) is the pool's secret when its daemon
         runs with --register_secret_file. map_kv_slab=False does without
         the KV slab (kv_buffers() is then empty). Raises
-        UnavailableError when nothing listens at the target,
+        UnavailableError when nothing listens at the target (without one:
+        when no socket is at either path, naming both),
         UnauthenticatedError when the daemon's memory socket refuses the
         session, FailedPreconditionError when a CPU daemon's ring cannot be
         mapped (another host).
@@ -832,7 +835,7 @@ class Client:
         options = _native.ClientOptions()
         _lib.pagealloc_client_options_init(ctypes.byref(options),
                                            ctypes.sizeof(options))
-        options.target = str(target).encode()
+        options.target = str(target).encode() if target is not None else b""
         options.client_name = str(name).encode()
         options.ring_capacity_slots = int(ring_capacity_slots)
         options.quota_pages = int(quota_pages)

@@ -122,17 +122,13 @@ def _as_host_int64(values, name):
 
 def _connect(client, name):
     """A Client: `client` itself, a new session at the target it names, or
-    one at $PAGEALLOC_TARGET when it is None."""
+    one at $PAGEALLOC_TARGET when it is None, else where the daemon listens
+    by default (Client.connect)."""
     if isinstance(client, Client):
         return client
     target = client if client is not None else os.environ.get(
         "PAGEALLOC_TARGET")
-    if not target:
-        raise ValueError(
-            "no pagealloc daemon: pass client= (a pagealloc.Client or a "
-            "target such as unix:///run/pagealloc/gpu0.sock) or set "
-            "PAGEALLOC_TARGET")
-    return Client.connect(str(target), name=name)
+    return Client.connect(str(target) if target else None, name=name)
 
 
 class _Base:
@@ -497,15 +493,23 @@ class _Base:
     def _alloc_call(self, num_tokens):
         """Stage 1 of alloc: one request of `num_tokens` tokens."""
         self._tokens[0] = num_tokens
-        return self._client._alloc_at, (self._tokens_address, 1)
+        return self._client._alloc_at, (self._tokens_address, 1), num_tokens
 
-    def _call(self, method, args):
+    def _call(self, method, args, slots=None):
         """Runs an allocation call (a Client._alloc*_at and its arguments
         less the options); on a full ring, waits for the oldest kept
-        allocation's readers, releases it and tries once more."""
+        allocation's readers, releases it and tries once more. `slots`
+        (the call's slots, or a function that counts them): a call of more
+        slots than the ring holds returns None, SGLang's answer, since no
+        release makes it fit (the default ring holds the whole pool, so
+        such a call is one the pool cannot serve either)."""
         try:
             return method(*args, self._options)
         except ResourceExhaustedError:
+            if slots is not None:
+                needed = slots() if callable(slots) else slots
+                if needed > self._client.ring.capacity_slots:
+                    return None
             # Only the ring can be full here (a short pool refuses the
             # requests, it does not raise). On the GPU the newest event
             # says when every kept result has been read; on the host the
@@ -520,6 +524,8 @@ class _Base:
     def _result(self, allocation):
         """SGLang's result of one call: None when refused for want of
         pages, else the slots (see the module's docstring)."""
+        if allocation is None:  # _call: more slots than the ring holds
+            return None
         if allocation.num_refused or allocation._num_slots <= 0:
             return self._other_result(allocation)
         out = self._out(allocation, self._order(allocation))
@@ -723,7 +729,7 @@ class PagedTokenToKVPoolAllocator(_Base):
             return None
         return self._client._alloc_extend_at, (
             prefix_address, prefix.size, seq_address, seq.size,
-            last_address, last.size)
+            last_address, last.size), lambda: int((seq - prefix).sum())
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
         """One new token per request: seq_lens[i] counts it, last_loc[i] is
@@ -743,8 +749,8 @@ class PagedTokenToKVPoolAllocator(_Base):
         last, last_address = self._host_input(last_loc, "last_loc", _LAST)
         if seq.size == 0:
             return None
-        return self._client._alloc_decode_at, (seq_address, seq.size,
-                                               last_address, last.size)
+        return self._client._alloc_decode_at, (
+            seq_address, seq.size, last_address, last.size), seq.size
 
     def _free_slots_now(self, slots):
         self._client.free(slots, order=_ASCENDING)

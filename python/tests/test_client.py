@@ -8,9 +8,12 @@ as 1..num_pages (docs/design.md section 1).
 
 import gc
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import weakref
 
@@ -47,6 +50,10 @@ def address_of(slots):
 def test_package_reports_versions_and_library():
     assert pagealloc.__version__ == "0.1.0"
     assert pagealloc.ABI_VERSION >> 16 == 1
+    # The readable form the docs use ("1.1"), from the same number.
+    assert pagealloc.ABI_VERSION_TEXT == "%d.%d" % (
+        pagealloc.ABI_VERSION >> 16, pagealloc.ABI_VERSION & 0xFFFF)
+    assert pagealloc.ABI_VERSION_TEXT == "1.1"
     assert os.path.exists(pagealloc.LIBRARY_PATH)
 
 
@@ -79,9 +86,39 @@ def test_connect_to_nothing_is_unavailable(tmp_path):
     assert caught.value.message
 
 
+def test_connect_without_a_target_looks_where_the_daemon_listens(
+        daemon, monkeypatch):
+    # No target: /run/pagealloc/gpu0.sock, else
+    # $XDG_RUNTIME_DIR/pagealloc/gpu0.sock (an unprivileged daemon's), the
+    # daemon's own order; with neither, the error names both.
+    if os.path.exists("/run/pagealloc/gpu0.sock"):
+        pytest.skip("a daemon listens on /run/pagealloc/gpu0.sock here")
+    # Unix socket paths are limited to 107 bytes: a short directory.
+    runtime = pathlib.Path(tempfile.mkdtemp(prefix="pagealloc-xdg-",
+                                            dir="/tmp"))
+    try:
+        (runtime / "pagealloc").mkdir()
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+        fallback = runtime / "pagealloc" / "gpu0.sock"
+        for target in (None, ""):
+            with pytest.raises(pagealloc.UnavailableError) as caught:
+                pagealloc.Client.connect(target)
+            assert ("looked at /run/pagealloc/gpu0.sock (No such file or "
+                    "directory), %s (No such file or directory)" % fallback
+                    ) in str(caught.value)
+        # The daemon's socket (and its memory socket beside it) where an
+        # unprivileged daemon would put them.
+        socket = daemon.target[len("unix://"):]
+        os.symlink(socket, fallback)
+        os.symlink(socket + ".fd", str(fallback) + ".fd")
+        with pagealloc.Client.connect() as client:
+            assert client.alloc([4]).check().counts.tolist() == [4]
+        assert pagealloc.get_free_lists(None).free_count == 16
+    finally:
+        shutil.rmtree(runtime)
+
+
 def test_connect_refuses_bad_options():
-    with pytest.raises(pagealloc.InvalidArgumentError, match="target"):
-        pagealloc.Client.connect("")
     with pytest.raises(pagealloc.InvalidArgumentError, match="call_timeout"):
         pagealloc.Client.connect("unix:///x.sock", call_timeout=-1)
 
@@ -475,8 +512,6 @@ def test_clear_pool_is_refused_while_pages_are_owned(daemon):
         assert client.stats().used_pages == 2
         client.clear_session()
         assert pagealloc.clear_pool(daemon.target) == 0
-    with pytest.raises(pagealloc.InvalidArgumentError, match="target"):
-        pagealloc.clear_pool("")
 
 
 def test_forced_clear_pool_frees_every_page(make_daemon):
@@ -637,6 +672,9 @@ def test_close_ends_the_session(daemon):
         client.free_pages([1])
     with pytest.raises(pagealloc.FailedPreconditionError):
         client.checkpoint()
+    # docs/python.md: the pool reads need no session and still answer.
+    assert client.stats().used_pages == 0
+    assert client.free_lists(4).free_count == 16
     assert observer.stats().used_pages == 0
     assert observer.stats().sessions_active == 1
     # The views stay mapped after close (no crash reading them).

@@ -528,3 +528,31 @@ def test_inputs_of_every_form_give_the_same_slots(make_daemon):
         # alloc(n) reuses one input buffer: sizes change call to call.
         assert host(allocator.alloc(8)).size == 8
         assert host(allocator.alloc(4)).size == 4
+
+
+def test_none_whatever_limit_a_call_hits_first(make_daemon):
+    # docs/python.md's profile: the pool is 2^20 slots, and the default
+    # ring holds the whole pool. A call longer than the pool is None,
+    # whether the ring or the pool refuses it first.
+    daemon = start(make_daemon, 16, 65536, "lifo")
+    size = 65536 * 16
+    with daemon.connect() as client:
+        assert client.ring.capacity_slots >= size
+        allocator = sglang.make_allocator(client)
+        assert allocator.alloc(size + 16) is None
+        assert allocator.alloc(2 * size) is None
+        none = allocator.alloc_extend([0], [0], [size + 16], [size + 16],
+                                      [-1], size + 16)
+        assert none is None
+        assert client.stats().used_pages == 0
+        whole = host(allocator.alloc(size))  # the whole pool still serves
+        assert whole.size == size
+        allocator.free(whole)
+    # A ring smaller than the pool: a call of more slots than it holds is
+    # None as well (no release can make it fit), and smaller calls serve.
+    with daemon.connect(ring_capacity_slots=1024) as client:
+        allocator = sglang.make_allocator(client)
+        assert allocator.alloc(2048) is None
+        assert allocator.alloc_extend([0, 0], [0, 0], [1024, 16], [1024, 16],
+                                      [-1, -1], 1040) is None
+        assert host(allocator.alloc(1024)).size == 1024
