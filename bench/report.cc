@@ -111,10 +111,10 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
     const LatencyHistogram& inline_decode = floors.echo.inline_decode.histogram;
     const LatencyHistogram& handed_off = floors.echo.handed_off.histogram;
     echo_ratios = absl::StrFormat(
-        ", \"decode_p50_vs_echo_inline_p50\": %.3f, "
-        "\"decode_p99_vs_echo_inline_p99\": %.3f, "
-        "\"decode_p50_vs_echo_handed_off_p50\": %.3f, "
-        "\"decode_p99_vs_echo_handed_off_p99\": %.3f",
+        ", \"decode_p50_vs_echo_inline_p50\": %.6g, "
+        "\"decode_p99_vs_echo_inline_p99\": %.6g, "
+        "\"decode_p50_vs_echo_handed_off_p50\": %.6g, "
+        "\"decode_p99_vs_echo_handed_off_p99\": %.6g",
         Ratio(decode.Percentile(0.5), inline_decode.Percentile(0.5)),
         Ratio(decode.Percentile(0.99), inline_decode.Percentile(0.99)),
         Ratio(decode.Percentile(0.5), handed_off.Percentile(0.5)),
@@ -135,10 +135,10 @@ std::string PhaseJson(const PhaseResult& p, const Floors& floors) {
       "\"server_metrics\": {\"alloc_decode_rpc_mean_us\": %.3f, "
       "\"queue_wait_mean_us\": %.3f, \"execute_mean_us\": %.3f, "
       "\"complete_mean_us\": %.3f, \"batch_requests_mean\": %.3f}, "
-      "\"ratios\": {\"decode_p50_vs_health_p50\": %.3f, "
-      "\"decode_p99_vs_health_p99\": %.3f, "
-      "\"decode_p50_vs_in_process_p50\": %.3f, "
-      "\"decode_p99_vs_in_process_p99\": %.3f%s}, "
+      "\"ratios\": {\"decode_p50_vs_health_p50\": %.6g, "
+      "\"decode_p99_vs_health_p99\": %.6g, "
+      "\"decode_p50_vs_in_process_p50\": %.6g, "
+      "\"decode_p99_vs_in_process_p99\": %.6g%s}, "
       "\"rpcs\": {%s}}",
       p.clients, p.workload.mode(),
       p.workload.async_completion ? "true" : "false",
@@ -244,10 +244,10 @@ std::string EchoJson(const EchoFloor& echo) {
       "    \"health_check\": {%s, %s},\n"
       "    \"alloc_decode_inline\": {%s, %s},\n"
       "    \"alloc_decode_handed_off\": {%s, %s},\n"
-      "    \"ratios\": {\"inline_p50_vs_health_p50\": %.3f, "
-      "\"inline_p99_vs_health_p99\": %.3f, "
-      "\"handed_off_p50_vs_health_p50\": %.3f, "
-      "\"handed_off_p99_vs_health_p99\": %.3f},\n"
+      "    \"ratios\": {\"inline_p50_vs_health_p50\": %.6g, "
+      "\"inline_p99_vs_health_p99\": %.6g, "
+      "\"handed_off_p50_vs_health_p50\": %.6g, "
+      "\"handed_off_p99_vs_health_p99\": %.6g},\n"
       "    \"clients_handed_off\": {\"clients\": %d, \"seconds\": %.3f, "
       "\"calls_per_s\": %.1f, %s, %s}}",
       absl::ToDoubleMicroseconds(echo.handoff_spin), LatencyJson(empty),
