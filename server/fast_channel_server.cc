@@ -92,6 +92,11 @@ struct FastChannelServer::Channel {
   std::unique_ptr<ChannelReply> reply;
   // Its session_ended word is set (Close or Stop; under mu_).
   bool ended = false;
+  // The reserve's reclaim (AskForReserves): when the daemon last
+  // asked this channel for its reserve, and that ask while unanswered by a
+  // return call (absl::ToUnixNanos; 0: none).
+  std::atomic<int64_t> last_ask_ns{0};
+  std::atomic<int64_t> pending_ask_ns{0};
 
   // Abuse (poller only, but early_posts, which replies count). The ring
   // balance is the rings drained minus the calls taken since the last ring
@@ -128,7 +133,8 @@ struct FastChannelServer::Channel {
 // client.
 class FastChannelServer::ChannelReply final : public AllocReply {
  public:
-  explicit ChannelReply(Channel* channel) : channel_(channel) {}
+  ChannelReply(FastChannelServer* server, Channel* channel)
+      : server_(server), channel_(channel) {}
 
   // Starts a call: keeps the channel alive until Complete.
   void Begin(std::shared_ptr<Channel> self, uint32_t seq) {
@@ -146,6 +152,7 @@ class FastChannelServer::ChannelReply final : public AllocReply {
     const AllocResult* const results = answer.results.data();
     const int64_t* const ring_offsets = answer.ring_offsets.data();
     codec.BeginResults();
+    int64_t exhausted = 0;
     for (int32_t i = 0; i < n; ++i) {
       const AllocResult& result = results[i];
       if (result.status.ok()) {
@@ -153,8 +160,12 @@ class FastChannelServer::ChannelReply final : public AllocReply {
                        result.num_new_pages);
       } else {
         codec.Refused(i, result.status);
+        exhausted += result.status.code() == absl::StatusCode::kResourceExhausted;
       }
     }
+    // Sharing: the pool could not serve this session, so the others are
+    // asked for their unused reserve before it retries.
+    if (exhausted > 0) server_->AskForReserves(channel_->session_id, exhausted);
     codec.FinishResults(n, answer.ring_end, answer.pages_freed_first,
                         answer.launch->batch_requests, answer.launch->launch_id,
                         answer.launch->completion_value);
@@ -182,6 +193,7 @@ class FastChannelServer::ChannelReply final : public AllocReply {
   }
 
  private:
+  FastChannelServer* const server_;
   Channel* const channel_;
   std::shared_ptr<Channel> self_;
   uint32_t seq_ = 0;
@@ -278,7 +290,7 @@ absl::Status FastChannelServer::Open(uint64_t session_id,
       std::make_shared<Channel>(session_id, session_token, std::move(region),
                                 std::move(doorbell), capacity);
   channel->codec.Initialize();
-  channel->reply = std::make_unique<ChannelReply>(channel.get());
+  channel->reply = std::make_unique<ChannelReply>(this, channel.get());
   absl::MutexLock lock(&mu_);
   channel->poller = next_poller_++ % static_cast<int>(pollers_.size());
   // The poller may be asleep: its epoll set takes the doorbell now, and the
@@ -391,6 +403,7 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
       return;
     case CallKind::kFreeSlots:
     case CallKind::kFreePages: {
+      NoteReturn(c);
       const uint32_t order_bits =
           call.options &
           (fast_channel::kFreeAscending | fast_channel::kFreeFirstAppearance);
@@ -678,6 +691,54 @@ int FastChannelServer::pollers_asleep() const {
 absl::Duration FastChannelServer::poller_spin_budget(int index) const {
   return absl::Nanoseconds(
       pollers_[index]->spin_budget_ns.load(std::memory_order_relaxed));
+}
+
+// ---- Session page reserves.
+
+int FastChannelServer::AskForReserves(uint64_t starving, int64_t pages) {
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  const int64_t interval = absl::ToInt64Nanoseconds(kReclaimInterval);
+  int asked = 0;
+  absl::MutexLock lock(&mu_);
+  for (auto& [session_id, channel] : channels_) {
+    if (session_id == starving || channel->ended) continue;
+    // The interval bounds what a starving session's retries cost the
+    // others: one wake of each reserve thread per interval.
+    int64_t last = channel->last_ask_ns.load(std::memory_order_relaxed);
+    if (now - last < interval ||
+        !channel->last_ask_ns.compare_exchange_strong(
+            last, now, std::memory_order_relaxed)) {
+      continue;
+    }
+    int64_t unset = 0;
+    channel->pending_ask_ns.compare_exchange_strong(unset, now,
+                                                    std::memory_order_relaxed);
+    channel->codec.AskForReserve(pages);
+    ++asked;
+  }
+  reclaim_asks_.fetch_add(asked, std::memory_order_relaxed);
+  return asked;
+}
+
+void FastChannelServer::NoteReturn(Channel& channel) {
+  const int64_t asked =
+      channel.pending_ask_ns.exchange(0, std::memory_order_relaxed);
+  if (asked == 0) return;
+  reclaim_returns_.fetch_add(1, std::memory_order_relaxed);
+  reclaim_latency_.Observe(
+      static_cast<double>(absl::ToUnixNanos(absl::Now()) - asked) * 1e-9);
+}
+
+std::vector<FastChannelServer::SessionReserve>
+FastChannelServer::SessionReserves() {
+  std::vector<SessionReserve> reserves;
+  absl::MutexLock lock(&mu_);
+  reserves.reserve(channels_.size());
+  for (const auto& [session_id, channel] : channels_) {
+    const ChannelCodec::ReserveHints hints = channel->codec.ReadReserveHints();
+    reserves.push_back({session_id, hints.pages, hints.refills, hints.returns});
+  }
+  return reserves;
 }
 
 }  // namespace pagealloc
