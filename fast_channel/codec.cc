@@ -199,8 +199,8 @@ void ChannelCodec::AskForReserve(int64_t pages) {
 
 ChannelCodec::ReserveHints ChannelCodec::ReadReserveHints() const {
   ReserveHints hints;
-  hints.pages =
-      std::max<int64_t>(0, header_->reserve_pages.load(std::memory_order_relaxed));
+  hints.pages = std::max<int64_t>(
+      0, header_->reserve_pages.load(std::memory_order_relaxed));
   hints.refills = std::max<int64_t>(
       0, header_->reserve_refills.load(std::memory_order_relaxed));
   hints.returns = std::max<int64_t>(

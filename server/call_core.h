@@ -189,6 +189,11 @@ class SessionObserver {
   // Called once per session, from whichever thread ended it; `reason` is
   // what the log says ("closed by client", "lost its lease", ...).
   virtual void SessionClosed(uint64_t session_id, absl::string_view reason) = 0;
+  // Called after an allocation call of `session_id` had `requests`
+  // requests refused with RESOURCE_EXHAUSTED (the pool short, or the
+  // session's quota), before its answer goes out; from the thread that
+  // answers it. Sessions' page reserves are asked back from here.
+  virtual void PoolShort(uint64_t session_id, int64_t requests) {}
 };
 
 class CallCore {
@@ -333,6 +338,10 @@ class CallCore {
   void SubmitOp(Reply* reply, Method method, Transport transport,
                 absl::Time start, uint64_t session_id,
                 std::function<absl::Status()> op);
+  // Tells the observers when `results` refused requests with
+  // RESOURCE_EXHAUSTED (SessionObserver::PoolShort).
+  void NotePoolShort(uint64_t session_id,
+                     absl::Span<const AllocResult> results);
   // Records the call's code and latency, then completes the reply.
   void Answer(Reply* reply, Method method, Transport transport,
               absl::Time start, const absl::Status& status);

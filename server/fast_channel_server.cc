@@ -133,8 +133,7 @@ struct FastChannelServer::Channel {
 // client.
 class FastChannelServer::ChannelReply final : public AllocReply {
  public:
-  ChannelReply(FastChannelServer* server, Channel* channel)
-      : server_(server), channel_(channel) {}
+  explicit ChannelReply(Channel* channel) : channel_(channel) {}
 
   // Starts a call: keeps the channel alive until Complete.
   void Begin(std::shared_ptr<Channel> self, uint32_t seq) {
@@ -152,7 +151,6 @@ class FastChannelServer::ChannelReply final : public AllocReply {
     const AllocResult* const results = answer.results.data();
     const int64_t* const ring_offsets = answer.ring_offsets.data();
     codec.BeginResults();
-    int64_t exhausted = 0;
     for (int32_t i = 0; i < n; ++i) {
       const AllocResult& result = results[i];
       if (result.status.ok()) {
@@ -160,12 +158,8 @@ class FastChannelServer::ChannelReply final : public AllocReply {
                        result.num_new_pages);
       } else {
         codec.Refused(i, result.status);
-        exhausted += result.status.code() == absl::StatusCode::kResourceExhausted;
       }
     }
-    // Sharing: the pool could not serve this session, so the others are
-    // asked for their unused reserve before it retries.
-    if (exhausted > 0) server_->AskForReserves(channel_->session_id, exhausted);
     codec.FinishResults(n, answer.ring_end, answer.pages_freed_first,
                         answer.launch->batch_requests, answer.launch->launch_id,
                         answer.launch->completion_value);
@@ -193,7 +187,6 @@ class FastChannelServer::ChannelReply final : public AllocReply {
   }
 
  private:
-  FastChannelServer* const server_;
   Channel* const channel_;
   std::shared_ptr<Channel> self_;
   uint32_t seq_ = 0;
@@ -290,7 +283,7 @@ absl::Status FastChannelServer::Open(uint64_t session_id,
       std::make_shared<Channel>(session_id, session_token, std::move(region),
                                 std::move(doorbell), capacity);
   channel->codec.Initialize();
-  channel->reply = std::make_unique<ChannelReply>(this, channel.get());
+  channel->reply = std::make_unique<ChannelReply>(channel.get());
   absl::MutexLock lock(&mu_);
   channel->poller = next_poller_++ % static_cast<int>(pollers_.size());
   // The poller may be asleep: its epoll set takes the doorbell now, and the
@@ -705,9 +698,8 @@ int FastChannelServer::AskForReserves(uint64_t starving, int64_t pages) {
     // The interval bounds what a starving session's retries cost the
     // others: one wake of each reserve thread per interval.
     int64_t last = channel->last_ask_ns.load(std::memory_order_relaxed);
-    if (now - last < interval ||
-        !channel->last_ask_ns.compare_exchange_strong(
-            last, now, std::memory_order_relaxed)) {
+    if (now - last < interval || !channel->last_ask_ns.compare_exchange_strong(
+                                     last, now, std::memory_order_relaxed)) {
       continue;
     }
     int64_t unset = 0;
@@ -730,7 +722,7 @@ void FastChannelServer::NoteReturn(Channel& channel) {
 }
 
 std::vector<FastChannelServer::SessionReserve>
-FastChannelServer::SessionReserves() {
+FastChannelServer::SessionReserves() const {
   std::vector<SessionReserve> reserves;
   absl::MutexLock lock(&mu_);
   reserves.reserve(channels_.size());

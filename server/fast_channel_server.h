@@ -140,6 +140,11 @@ class FastChannelServer final : public SessionObserver {
   void SessionClosed(uint64_t session_id, absl::string_view reason) override {
     Close(session_id, reason);
   }
+  // SessionObserver: the pool could not serve a call of `session_id` (on
+  // either transport): the others are asked for their unused reserves.
+  void PoolShort(uint64_t session_id, int64_t requests) override {
+    AskForReserves(session_id, requests);
+  }
   // Sets every channel's session_ended word ("the daemon is shutting
   // down") and stops the pollers: calls posted afterwards are never
   // answered (clients see the memory socket close, or their deadline).
@@ -179,8 +184,7 @@ class FastChannelServer final : public SessionObserver {
   // reserve (the reclaim protocol, fast_channel/layout.h), `pages` being a
   // hint of what it lacks; a channel asked less than kReclaimInterval ago
   // is skipped. Returns the channels asked.
-  int AskForReserves(uint64_t starving, int64_t pages)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  int AskForReserves(uint64_t starving, int64_t pages) ABSL_LOCKS_EXCLUDED(mu_);
   // One session's reserve as its client reports it (hints, for metrics).
   struct SessionReserve {
     uint64_t session_id = 0;
@@ -188,7 +192,7 @@ class FastChannelServer final : public SessionObserver {
     int64_t refills = 0;
     int64_t returns = 0;
   };
-  std::vector<SessionReserve> SessionReserves() ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<SessionReserve> SessionReserves() const ABSL_LOCKS_EXCLUDED(mu_);
   // Asks sent since start, asks answered by a return call, and the time
   // from an ask to the asked session's return call being taken.
   int64_t reclaim_asks() const {
@@ -243,7 +247,7 @@ class FastChannelServer final : public SessionObserver {
   const Options options_;
   CallCore* const core_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Channel>> channels_
       ABSL_GUARDED_BY(mu_);
   // Bumped on every Open / Close so the poller refreshes its list.
