@@ -243,6 +243,18 @@ absl::Status PageReserve::Take(int64_t n, std::vector<int64_t>* out) {
     return absl::InvalidArgumentError(
         absl::StrFormat("Take of %d pages (must be >= 0)", n));
   }
+  const size_t before = out->size();
+  out->resize(before + n);
+  const absl::Status taken = Take(n, out->data() + before);
+  if (!taken.ok()) out->resize(before);
+  return taken;
+}
+
+absl::Status PageReserve::Take(int64_t n, int64_t* out) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Take of %d pages (must be >= 0)", n));
+  }
   const absl::Time give_up = absl::Now() + options_.starved_wait;
   bool grew = false;
   for (;;) {
@@ -253,7 +265,7 @@ absl::Status PageReserve::Take(int64_t n, std::vector<int64_t>* out) {
       const int64_t size = reserve_.size();
       if (size >= n) {
         for (int64_t i = 0; i < n; ++i) {
-          out->push_back(reserve_.front());
+          out[i] = reserve_.front();
           handed_out_.insert(reserve_.front());
           reserve_.pop_front();
         }

@@ -115,6 +115,8 @@ class PageReserve {
   // them; the session's error when it is gone. n >= 0.
   absl::Status Take(int64_t n, std::vector<int64_t>* out)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The same into `out[0..n)` (left as it was on failure).
+  absl::Status Take(int64_t n, int64_t* out) ABSL_LOCKS_EXCLUDED(mu_);
   // Puts pages the caller took back into the reserve; they stay the
   // session's. INVALID_ARGUMENT naming the page, and nothing changes, when
   // one is not handed out by this reserve (or is named twice).
