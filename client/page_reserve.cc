@@ -1,6 +1,7 @@
 #include "client/page_reserve.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -105,7 +106,7 @@ void PageReserve::Loop() {
 
 int64_t PageReserve::QuotaRoom() const {
   const int64_t quota = client_->quota_pages();
-  if (quota <= 0) return max_pages_;
+  if (quota <= 0) return std::numeric_limits<int64_t>::max();
   // The session may own pages the reserve never saw (thin-path calls); the
   // daemon's quota check refuses what passes it, and a smaller refill then
   // follows.
