@@ -43,6 +43,7 @@ PageReserve::PageReserve(Client* client, const PageReserveOptions& options,
       max_pages_(max_pages),
       page_size_(client->pool().page_size()),
       batch_(std::min(options.initial_batch, max_pages)) {
+  handed_.assign(client->pool().num_pages() + 1, 0);
   if (const fast_channel::ChannelCodec* channel = client_->reserve_channel()) {
     // Asks made before this reserve existed were for pages it never had.
     absl::MutexLock lock(&maintain_mu_);
@@ -111,7 +112,7 @@ int64_t PageReserve::QuotaRoom() const {
   // daemon's quota check refuses what passes it, and a smaller refill then
   // follows.
   return std::max<int64_t>(
-      0, quota - static_cast<int64_t>(reserve_.size() + handed_out_.size()));
+      0, quota - static_cast<int64_t>(reserve_.size()) - handed_out_);
 }
 
 absl::Status PageReserve::Refill(int64_t n, std::vector<int64_t>* out) {
@@ -130,8 +131,16 @@ absl::Status PageReserve::Refill(int64_t n, std::vector<int64_t>* out) {
         absl::StrFormat("a refill of %d pages came back with %d slots, not %d",
                         n, slots.count, tokens));
   }
-  for (int64_t i = 0; i < n; ++i) {
-    out->push_back(slots.slots[i * page_size_] / page_size_);
+  const int64_t num_pages = client_->pool().num_pages();
+  // Reversed: the reserve is a stack, and the refill's first page is the
+  // next handed out.
+  for (int64_t i = n - 1; i >= 0; --i) {
+    const int64_t page = slots.slots[i * page_size_] / page_size_;
+    if (page < 1 || page > num_pages) {
+      return absl::InternalError(absl::StrFormat(
+          "a refill came back with page %d, outside [1, %d]", page, num_pages));
+    }
+    out->push_back(page);
   }
   return absl::OkStatus();
 }
@@ -142,10 +151,10 @@ absl::Status PageReserve::Return(absl::Span<const int64_t> pages) {
 }
 
 std::vector<int64_t> PageReserve::PopForReturn(int64_t n) {
-  // From the back: the front is what Take hands out next (the hottest).
+  // From the bottom: the top is what Take hands out next (the hottest).
   n = std::min<int64_t>(n, reserve_.size());
-  std::vector<int64_t> pages(reserve_.end() - n, reserve_.end());
-  reserve_.erase(reserve_.end() - n, reserve_.end());
+  std::vector<int64_t> pages(reserve_.begin(), reserve_.begin() + n);
+  reserve_.erase(reserve_.begin(), reserve_.begin() + n);
   return pages;
 }
 
@@ -174,7 +183,7 @@ absl::Status PageReserve::Maintain() {
       const absl::Status returned = Return(back);
       absl::MutexLock lock(&mu_);
       if (!returned.ok()) {
-        reserve_.insert(reserve_.end(), back.begin(), back.end());
+        reserve_.insert(reserve_.begin(), back.begin(), back.end());
         return returned;
       }
       answered_seq_ = seq;
@@ -214,7 +223,7 @@ absl::Status PageReserve::Maintain() {
     const absl::Status returned = Return(back);
     absl::MutexLock lock(&mu_);
     if (!returned.ok()) {
-      reserve_.insert(reserve_.end(), back.begin(), back.end());
+      reserve_.insert(reserve_.begin(), back.begin(), back.end());
       return returned;
     }
     ++stats_.returns;
@@ -266,10 +275,12 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
       const int64_t size = reserve_.size();
       if (size >= n) {
         for (int64_t i = 0; i < n; ++i) {
-          out[i] = reserve_.front();
-          handed_out_.insert(reserve_.front());
-          reserve_.pop_front();
+          const int64_t page = reserve_[size - 1 - i];
+          out[i] = page;
+          handed_[page] = 1;
         }
+        reserve_.resize(size - n);
+        handed_out_ += n;
         ++stats_.takes;
         ++takes_since_tick_;
         low = static_cast<int64_t>(reserve_.size()) < batch_;
@@ -321,19 +332,25 @@ absl::Status PageReserve::Put(absl::Span<const int64_t> pages) {
   bool high = false;
   {
     absl::MutexLock lock(&mu_);
-    absl::flat_hash_set<int64_t> seen;
-    seen.reserve(pages.size());
+    const int64_t limit = static_cast<int64_t>(handed_.size());
+    // Each page named is marked 2 as it is checked, so a second naming is
+    // seen; a refusal puts the marks back.
     for (size_t i = 0; i < pages.size(); ++i) {
-      if (!handed_out_.contains(pages[i]) || !seen.insert(pages[i]).second) {
+      const int64_t page = pages[i];
+      const uint8_t state = page >= 1 && page < limit ? handed_[page] : 0;
+      if (state != 1) {
+        for (size_t j = 0; j < i; ++j) handed_[pages[j]] = 1;
         return absl::InvalidArgumentError(absl::StrFormat(
-            "pages[%d] (%d) was not handed out by this reserve%s", i, pages[i],
-            handed_out_.contains(pages[i]) ? " (named twice)" : ""));
+            "pages[%d] (%d) was not handed out by this reserve%s", i, page,
+            state == 2 ? " (named twice)" : ""));
       }
+      handed_[page] = 2;
     }
     for (const int64_t page : pages) {
-      handed_out_.erase(page);
-      reserve_.push_front(page);
+      handed_[page] = 0;
+      reserve_.push_back(page);
     }
+    handed_out_ -= pages.size();
     high = static_cast<int64_t>(reserve_.size()) >
            std::min(4 * batch_, max_pages_);
     Report();
@@ -347,14 +364,14 @@ PageReserveStats PageReserve::stats() const {
   absl::MutexLock lock(&mu_);
   PageReserveStats stats = stats_;
   stats.pages = reserve_.size();
-  stats.handed_out = handed_out_.size();
+  stats.handed_out = handed_out_;
   stats.batch = batch_;
   return stats;
 }
 
 std::vector<int64_t> PageReserve::pages() const {
   absl::MutexLock lock(&mu_);
-  return std::vector<int64_t>(reserve_.begin(), reserve_.end());
+  return std::vector<int64_t>(reserve_.rbegin(), reserve_.rend());
 }
 
 }  // namespace pagealloc
