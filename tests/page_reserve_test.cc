@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -358,6 +359,68 @@ TEST_F(PageReserveTest, BookkeepingMatchesTheModelOverRandomTraces) {
   for (const Live& live : sessions) reclaims += live.reserve->stats().reclaims;
   EXPECT_GT(reclaims, 0);
   EXPECT_GT(server_->server().fast_channels()->reclaim_asks(), 0);
+}
+
+// The same with every reserve's thread running and each session's steps on
+// a thread of their own, the pool small enough that the sessions take
+// pages from each other: once the reserves are gone (their pages
+// returned), each session owns exactly the pages its steps hold.
+TEST_F(PageReserveTest, ConcurrentSessionsNeverLoseOrShareAPage) {
+  constexpr int kSessions = 3;
+  constexpr int kSteps = 400;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::unique_ptr<PageReserve>> reserves;
+  for (int s = 0; s < kSessions; ++s) {
+    clients.push_back(Connect());
+    ASSERT_NE(clients.back(), nullptr);
+    PageReserveOptions options;
+    options.initial_batch = 2;
+    options.max_pages = 16;
+    options.idle_ticks = 3;
+    options.starved_wait = absl::Milliseconds(2);
+    ASSERT_OK_AND_ASSIGN(auto reserve,
+                         PageReserve::Create(clients.back().get(), options));
+    reserves.push_back(std::move(reserve));
+  }
+  std::vector<std::vector<int64_t>> held(kSessions);
+  std::vector<std::thread> steps;
+  for (int s = 0; s < kSessions; ++s) {
+    steps.emplace_back([&, s] {
+      std::mt19937_64 rng(7 + s);
+      for (int step = 0; step < kSteps; ++step) {
+        if (rng() % 2 == 0) {
+          std::vector<int64_t> pages;
+          const absl::Status taken = reserves[s]->Take(1 + rng() % 4, &pages);
+          if (taken.ok()) {
+            held[s].insert(held[s].end(), pages.begin(), pages.end());
+          } else {
+            EXPECT_EQ(taken.code(), absl::StatusCode::kResourceExhausted)
+                << taken;
+          }
+        } else if (!held[s].empty()) {
+          const size_t n = 1 + rng() % held[s].size();
+          std::vector<int64_t> back(held[s].end() - n, held[s].end());
+          EXPECT_OK(reserves[s]->Put(back));
+          held[s].resize(held[s].size() - n);
+        }
+        // Never more than 20 held, so the pool always has room to share.
+        while (held[s].size() > 20) {
+          EXPECT_OK(reserves[s]->Put({held[s].back()}));
+          held[s].pop_back();
+        }
+      }
+    });
+  }
+  for (std::thread& thread : steps) thread.join();
+  reserves.clear();  // each returns its reserve
+  for (int s = 0; s < kSessions; ++s) {
+    EXPECT_EQ(OwnedBy(clients[s]->session_id()),
+              static_cast<int64_t>(held[s].size()));
+    for (const int64_t page : held[s]) {
+      EXPECT_EQ(server_->pool().OwnerOf(page), clients[s]->session_id());
+    }
+  }
+  ASSERT_OK(server_->pool().CheckInvariants());
 }
 
 // With the reserves' threads running: one session's reserve holds the
