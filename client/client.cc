@@ -234,6 +234,7 @@ absl::Status Client::Register(v1::RegisterResponse* response) {
   session_token_ = response->session_token();
   pool_ = response->pool();
   lease_ms_ = response->lease_ms();
+  quota_pages_ = response->quota_pages();
   return absl::OkStatus();
 }
 
@@ -749,6 +750,10 @@ const int64_t* Client::ring_slots() const { return ring_->slots(); }
 int64_t Client::ring_capacity_slots() const { return ring_->capacity_slots(); }
 
 bool Client::ring_on_device() const { return ring_->on_device(); }
+
+const fast_channel::ChannelCodec* Client::reserve_channel() const {
+  return fast_ != nullptr ? &fast_->codec() : nullptr;
+}
 
 absl::Status Client::CopyToHost(const int64_t* slots, int64_t count,
                                 int64_t* out) const {

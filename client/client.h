@@ -166,6 +166,7 @@ class CompletionCounter;  // the mapped completion counter (ditto)
 class FastChannelClient;  // client/fast_channel_client.h
 namespace fast_channel {
 enum class CallKind : uint32_t;  // fast_channel/layout.h
+class ChannelCodec;              // fast_channel/codec.h
 }  // namespace fast_channel
 
 class Client {
@@ -255,6 +256,11 @@ class Client {
   const std::string& session_token() const { return session_token_; }
   const v1::PoolInfo& pool() const { return pool_; }
   int64_t lease_ms() const { return lease_ms_; }
+  // The session's quota in pages, as the daemon set it (0: none).
+  int64_t quota_pages() const { return quota_pages_; }
+  // The session's fast channel, for the words of its page reserve
+  // (client/page_reserve.h); null without a fast channel.
+  const fast_channel::ChannelCodec* reserve_channel() const;
   // For calls made with async_completion on the CUDA backend: makes
   // `cuda_stream` (a cudaStream_t; null is the legacy default stream) wait,
   // on the GPU, until the launch that wrote `allocation`'s slots is done:
@@ -366,6 +372,7 @@ class Client {
   std::string session_token_;
   v1::PoolInfo pool_;
   int64_t lease_ms_ = 0;
+  int64_t quota_pages_ = 0;
   std::unique_ptr<RingView> ring_;
   // The pool's completion counter (CUDA backend; null on the CPU backend).
   std::unique_ptr<CompletionCounter> completion_counter_;

@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "client/admin.h"
 #include "client/client.h"
+#include "client/page_reserve.h"
 #include "common/status_macros.h"
 #include "common/version.h"
 
@@ -29,6 +30,10 @@ struct pagealloc_client {
   // The target it was connected to, for the calls that need no session
   // (pagealloc_get_free_lists).
   std::string target;
+};
+
+struct pagealloc_reserve {
+  std::unique_ptr<pagealloc::PageReserve> reserve;
 };
 
 struct pagealloc_allocation {
@@ -965,3 +970,102 @@ int32_t pagealloc_kv_copy_from_slab(const pagealloc_client* client, void* dst,
 }
 
 }  // extern "C"
+
+void pagealloc_reserve_options_init(pagealloc_reserve_options* options,
+                                    size_t struct_size) {
+  if (options == nullptr) return;
+  const pagealloc::PageReserveOptions cpp;
+  pagealloc_reserve_options defaults;
+  std::memset(&defaults, 0, sizeof(defaults));
+  defaults.struct_size = struct_size;
+  defaults.initial_batch = cpp.initial_batch;
+  defaults.max_pages = cpp.max_pages;
+  defaults.tick_us = absl::ToInt64Microseconds(cpp.tick);
+  defaults.idle_ticks = cpp.idle_ticks;
+  defaults.starved_wait_us = absl::ToInt64Microseconds(cpp.starved_wait);
+  pagealloc::WriteVersioned(defaults, struct_size, options);
+}
+
+int32_t pagealloc_reserve_create(pagealloc_client* client,
+                                 const pagealloc_reserve_options* options,
+                                 pagealloc_reserve** reserve,
+                                 pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    pagealloc_reserve_options in;
+    pagealloc_reserve_options_init(&in, sizeof(in));
+    if (options != nullptr) {
+      RETURN_IF_ERROR(
+          pagealloc::ReadVersioned(options, "pagealloc_reserve_options", &in));
+    }
+    pagealloc::PageReserveOptions cpp;
+    cpp.initial_batch = in.initial_batch;
+    cpp.max_pages = in.max_pages;
+    cpp.tick = absl::Microseconds(in.tick_us);
+    cpp.idle_ticks = in.idle_ticks;
+    cpp.starved_wait = absl::Microseconds(in.starved_wait_us);
+    ASSIGN_OR_RETURN(std::unique_ptr<pagealloc::PageReserve> made,
+                     pagealloc::PageReserve::Create(client->client.get(), cpp));
+    *reserve = new pagealloc_reserve{std::move(made)};
+    return absl::OkStatus();
+  });
+}
+
+void pagealloc_reserve_destroy(pagealloc_reserve* reserve) { delete reserve; }
+
+int32_t pagealloc_reserve_take(pagealloc_reserve* reserve, int64_t n,
+                               int64_t* pages, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    if (pages == nullptr && n != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pages is NULL with %d entries", n));
+    }
+    return reserve->reserve->Take(n, pages);
+  });
+}
+
+int32_t pagealloc_reserve_put(pagealloc_reserve* reserve, const int64_t* pages,
+                              size_t n, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    RETURN_IF_ERROR(pagealloc::CheckArray(pages, n, "pages"));
+    return reserve->reserve->Put(absl::MakeConstSpan(pages, n));
+  });
+}
+
+int32_t pagealloc_reserve_get_stats(const pagealloc_reserve* reserve,
+                                    pagealloc_reserve_stats* stats,
+                                    pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    RETURN_IF_ERROR(
+        pagealloc::CheckOutStruct(stats, "stats", "pagealloc_reserve_stats"));
+    const pagealloc::PageReserveStats cpp = reserve->reserve->stats();
+    pagealloc_reserve_stats out;
+    std::memset(&out, 0, sizeof(out));
+    out.pages = cpp.pages;
+    out.handed_out = cpp.handed_out;
+    out.batch = cpp.batch;
+    out.refills = cpp.refills;
+    out.pages_refilled = cpp.pages_refilled;
+    out.returns = cpp.returns;
+    out.pages_returned = cpp.pages_returned;
+    out.reclaims = cpp.reclaims;
+    out.sync_refills = cpp.sync_refills;
+    out.takes = cpp.takes;
+    const size_t size = stats->struct_size;
+    out.struct_size = std::min(size, sizeof(out));
+    pagealloc::WriteVersioned(out, size, stats);
+    return absl::OkStatus();
+  });
+}

@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 1
+#define PAGEALLOC_ABI_VERSION_MINOR 2
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -635,6 +635,77 @@ int32_t pagealloc_kv_copy_to_slab(const pagealloc_client* client, void* dst,
                                   pagealloc_error* error);
 int32_t pagealloc_kv_copy_from_slab(const pagealloc_client* client, void* dst,
                                     const void* src, int64_t bytes,
+                                    pagealloc_error* error);
+
+/* ------------------------------------------------------------------------
+ * Page reserves (ABI 1.2; client/page_reserve.h, docs/design.md section
+ * 12): whole pages the daemon records as the session's, held in this
+ * process, so that a step takes its pages without a round trip. The
+ * reserve's own thread refills it below its low mark and returns pages
+ * above its high mark; the daemon asks for its unused pages when another
+ * session finds the pool short. A reserve handle may be used from several
+ * threads at once; destroy it before its client.
+ * ------------------------------------------------------------------------ */
+
+typedef struct pagealloc_reserve pagealloc_reserve;
+
+typedef struct pagealloc_reserve_options {
+  size_t struct_size;      /* sizeof(pagealloc_reserve_options), by _init */
+  int64_t initial_batch;   /* the first low mark, >= 1 (8) */
+  int64_t max_pages;       /* the most it holds (0: a quarter of the quota,
+                              or of the pool) */
+  int64_t tick_us;         /* the thread's longest sleep (1000) */
+  int64_t idle_ticks;      /* ticks without a take that halve the batch
+                              (100) */
+  int64_t starved_wait_us; /* how long a take the pool cannot serve retries
+                              while other sessions return pages (20000) */
+} pagealloc_reserve_options;
+
+/* Fills `*options` with the defaults. */
+void pagealloc_reserve_options_init(pagealloc_reserve_options* options,
+                                    size_t struct_size);
+
+/* Starts a reserve for `client`'s session (`options` may be NULL: the
+ * defaults). INVALID_ARGUMENT for options out of range. */
+int32_t pagealloc_reserve_create(pagealloc_client* client,
+                                 const pagealloc_reserve_options* options,
+                                 pagealloc_reserve** reserve,
+                                 pagealloc_error* error);
+
+/* Stops the reserve's thread and returns its pages to the daemon; pages
+ * taken and not put back stay the session's. NULL is a no-op. */
+void pagealloc_reserve_destroy(pagealloc_reserve* reserve);
+
+/* Writes `n` page ids of the session to `pages[0..n)`: from the reserve,
+ * without a round trip when it holds them (else one refill on this
+ * thread). Token slot t of page p is p * page_size + t. RESOURCE_EXHAUSTED,
+ * nothing taken, when the pool or the session's quota cannot supply them. */
+int32_t pagealloc_reserve_take(pagealloc_reserve* reserve, int64_t n,
+                               int64_t* pages, pagealloc_error* error);
+
+/* Puts `n` pages taken from this reserve back into it (they stay the
+ * session's). INVALID_ARGUMENT naming the page, and nothing changes, when
+ * one was not taken from it or is named twice. */
+int32_t pagealloc_reserve_put(pagealloc_reserve* reserve, const int64_t* pages,
+                              size_t n, pagealloc_error* error);
+
+/* A reserve's counts, filled by pagealloc_reserve_get_stats. */
+typedef struct pagealloc_reserve_stats {
+  size_t struct_size; /* set by the caller */
+  int64_t pages;      /* in the reserve now */
+  int64_t handed_out; /* taken and not put back */
+  int64_t batch;      /* the low mark now */
+  int64_t refills;    /* refill calls */
+  int64_t pages_refilled;
+  int64_t returns; /* return calls (high mark and the daemon's asks) */
+  int64_t pages_returned;
+  int64_t reclaims;     /* the daemon's asks answered */
+  int64_t sync_refills; /* refills on a taker's thread: its round trips */
+  int64_t takes;        /* takes answered */
+} pagealloc_reserve_stats;
+
+int32_t pagealloc_reserve_get_stats(const pagealloc_reserve* reserve,
+                                    pagealloc_reserve_stats* stats,
                                     pagealloc_error* error);
 
 #ifdef __cplusplus

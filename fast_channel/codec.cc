@@ -191,6 +191,37 @@ void ChannelCodec::EndSession(absl::string_view reason) {
   FutexWakeAll(&header_->response_seq);
 }
 
+void ChannelCodec::AskForReserve(int64_t pages) {
+  header_->reclaim_pages.store(pages, std::memory_order_relaxed);
+  header_->reclaim_seq.fetch_add(1, std::memory_order_seq_cst);
+  RingReserveBell();
+}
+
+ChannelCodec::ReserveHints ChannelCodec::ReadReserveHints() const {
+  ReserveHints hints;
+  hints.pages = std::max<int64_t>(
+      0, header_->reserve_pages.load(std::memory_order_relaxed));
+  hints.refills = std::max<int64_t>(
+      0, header_->reserve_refills.load(std::memory_order_relaxed));
+  hints.returns = std::max<int64_t>(
+      0, header_->reserve_returns.load(std::memory_order_relaxed));
+  hints.answered = header_->reclaim_answered.load(std::memory_order_relaxed) ==
+                   header_->reclaim_seq.load(std::memory_order_relaxed);
+  return hints;
+}
+
+void ChannelCodec::RingReserveBell() const {
+  header_->reserve_bell.fetch_add(1, std::memory_order_seq_cst);
+  FutexWakeAll(&header_->reserve_bell);
+}
+
+void ChannelCodec::ReportReserve(int64_t pages, int64_t refills,
+                                 int64_t returns) const {
+  header_->reserve_pages.store(pages, std::memory_order_relaxed);
+  header_->reserve_refills.store(refills, std::memory_order_relaxed);
+  header_->reserve_returns.store(returns, std::memory_order_relaxed);
+}
+
 absl::Status ChannelCodec::CheckHeader() const {
   if (header_->magic != kMagic || header_->version != kVersion ||
       header_->max_requests != capacity_.max_requests ||

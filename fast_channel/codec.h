@@ -129,6 +129,19 @@ class ChannelCodec {
   // a sleeping client. Call before any of the session's pages is freed,
   // and at most once per channel.
   void EndSession(absl::string_view reason);
+  // The reserve's reclaim (layout.h): asks the client for its unused
+  // reserve (`pages` wanted, a hint) and wakes its reserve thread.
+  void AskForReserve(int64_t pages);
+  // What the client reports of its reserve: hints for metrics, clamped to
+  // >= 0, never used for a decision about pages.
+  struct ReserveHints {
+    int64_t pages = 0;
+    int64_t refills = 0;
+    int64_t returns = 0;
+    // Whether the client has answered the latest ask.
+    bool answered = true;
+  };
+  ReserveHints ReadReserveHints() const;
 
   // ---- Client side.
 
@@ -161,6 +174,29 @@ class ChannelCodec {
   }
   // Why the daemon ended the session ("" while it lives).
   std::string EndReason() const;
+
+  // The reserve's words (layout.h), for the client's reserve thread. These
+  // may be called from any thread of the client.
+  // The word the reserve thread sleeps on (FutexWait), and a wake of it.
+  std::atomic<uint32_t>* reserve_bell() const { return &header_->reserve_bell; }
+  void RingReserveBell() const;
+  // The daemon's latest ask: its sequence number and pages wanted (a hint).
+  uint32_t ReclaimSeq() const {
+    return header_->reclaim_seq.load(std::memory_order_seq_cst);
+  }
+  int64_t ReclaimPages() const {
+    return header_->reclaim_pages.load(std::memory_order_relaxed);
+  }
+  // Whether ask `seq` has been answered, and its answer (after the
+  // return call).
+  bool ReclaimAnswered(uint32_t seq) const {
+    return header_->reclaim_answered.load(std::memory_order_acquire) == seq;
+  }
+  void AnswerReclaim(uint32_t seq) const {
+    header_->reclaim_answered.store(seq, std::memory_order_release);
+  }
+  // Reports the reserve's size and counts (hints for the daemon's metrics).
+  void ReportReserve(int64_t pages, int64_t refills, int64_t returns) const;
 
  private:
   template <typename T>

@@ -303,6 +303,33 @@ TEST_F(CodecTest, ClientClampsAHostileEndReasonLength) {
   }
 }
 
+TEST_F(CodecTest, AnAskForTheReserveIsSeenAndAnswered) {
+  const uint32_t bell = client_.reserve_bell()->load();
+  EXPECT_TRUE(client_.ReclaimAnswered(client_.ReclaimSeq()));
+  daemon_.AskForReserve(12);
+  EXPECT_NE(client_.reserve_bell()->load(), bell);
+  const uint32_t seq = client_.ReclaimSeq();
+  EXPECT_EQ(seq, 1u);
+  EXPECT_EQ(client_.ReclaimPages(), 12);
+  EXPECT_FALSE(client_.ReclaimAnswered(seq));
+  EXPECT_FALSE(daemon_.ReadReserveHints().answered);
+  client_.ReportReserve(5, 2, 1);
+  client_.AnswerReclaim(seq);
+  const ChannelCodec::ReserveHints hints = daemon_.ReadReserveHints();
+  EXPECT_TRUE(hints.answered);
+  EXPECT_EQ(hints.pages, 5);
+  EXPECT_EQ(hints.refills, 2);
+  EXPECT_EQ(hints.returns, 1);
+}
+
+TEST_F(CodecTest, DaemonClampsHostileReserveHints) {
+  client_.ReportReserve(-7, std::numeric_limits<int64_t>::min(), -1);
+  const ChannelCodec::ReserveHints hints = daemon_.ReadReserveHints();
+  EXPECT_EQ(hints.pages, 0);
+  EXPECT_EQ(hints.refills, 0);
+  EXPECT_EQ(hints.returns, 0);
+}
+
 }  // namespace
 }  // namespace fast_channel
 }  // namespace pagealloc

@@ -42,6 +42,22 @@
 // A client that gives up waiting (its deadline) must not reuse the
 // channel: the daemon may still answer into it.
 //
+// The reserve's reclaim (client/page_reserve.h keeps pages the session
+// owns but has not handed to its caller). When an allocation call of one
+// session is refused for want of pages, the daemon asks the others:
+//   daemon: in each other channel with a live client: reclaim_pages =
+//           the pages wanted (a hint); reclaim_seq += 1; reserve_bell += 1
+//           (seq_cst); futex_wake(reserve_bell). At most one ask per
+//           channel per ReclaimInterval.
+//   client: its reserve thread (asleep on reserve_bell, at most its tick)
+//           sees reclaim_seq != reclaim_answered; returns its unused
+//           reserve above its low mark, and at least half of it, with an
+//           ordinary FreePages call; then reclaim_answered = reclaim_seq.
+// Nothing here moves a page: pages change hands only through calls the
+// daemon validates, so a client that ignores an ask only keeps pages it
+// owns (within its quota), and one that writes these words at random
+// only skews its own metrics.
+//
 // The stale-answer fence. An answer can wait in the channel while its
 // client is paused (stopped, swapped out, descheduled) past its lease; by
 // the time the client reads it, the daemon may have reclaimed the session's
@@ -71,7 +87,7 @@ namespace fast_channel {
 
 inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
 // Bumped whenever a field's meaning or offset changes; both ends check it.
-inline constexpr uint32_t kVersion = 7;
+inline constexpr uint32_t kVersion = 8;
 
 // What a call is (the gRPC method it stands for).
 enum class CallKind : uint32_t {
@@ -162,6 +178,29 @@ struct alignas(64) ChannelHeader {
   // end_reason_bytes bytes of end_reason, written before session_ended.
   alignas(64) int32_t end_reason_bytes;
   char end_reason[kEndReasonBytes];
+
+  // The session's page reserve (client/page_reserve.h; the reclaim
+  // protocol above). Words the daemon writes and never reads back:
+  //   reclaim_seq, reclaim_pages.
+  // Words the client writes, which the daemon reads as hints for metrics
+  // only (never for a decision about pages):
+  //   reclaim_answered, reserve_pages, reserve_refills, reserve_returns.
+  // reserve_bell is written by both and read by neither for its value: the
+  // client's reserve thread sleeps on it (futex), the daemon bumps it after
+  // an ask, the client's own threads when the reserve crosses a mark.
+  alignas(64) std::atomic<uint32_t> reserve_bell;
+  // Bumped by the daemon for each ask for this session's unused reserve.
+  std::atomic<uint32_t> reclaim_seq;
+  // The last reclaim_seq the client's reserve thread answered.
+  std::atomic<uint32_t> reclaim_answered;
+  uint32_t reserve_padding;
+  // Pages the session whose allocation starved asked for (the latest ask).
+  std::atomic<int64_t> reclaim_pages;
+  // Pages in the client's reserve now, and refills and returns since the
+  // session began, as the client reports them.
+  std::atomic<int64_t> reserve_pages;
+  std::atomic<int64_t> reserve_refills;
+  std::atomic<int64_t> reserve_returns;
 };
 
 // The layout is shared between separately built processes: pin it.
@@ -191,7 +230,17 @@ static_assert(offsetof(ChannelHeader, pages_freed_first) == 176);
 static_assert(offsetof(ChannelHeader, completion_value) == 184);
 static_assert(offsetof(ChannelHeader, end_reason_bytes) == 192);
 static_assert(offsetof(ChannelHeader, end_reason) == 196);
-static_assert(sizeof(ChannelHeader) == 320);
+static_assert(std::atomic<int64_t>::is_always_lock_free,
+              "the reserve's words are shared between processes");
+static_assert(sizeof(std::atomic<int64_t>) == 8);
+static_assert(offsetof(ChannelHeader, reserve_bell) == 320);
+static_assert(offsetof(ChannelHeader, reclaim_seq) == 324);
+static_assert(offsetof(ChannelHeader, reclaim_answered) == 328);
+static_assert(offsetof(ChannelHeader, reclaim_pages) == 336);
+static_assert(offsetof(ChannelHeader, reserve_pages) == 344);
+static_assert(offsetof(ChannelHeader, reserve_refills) == 352);
+static_assert(offsetof(ChannelHeader, reserve_returns) == 360);
+static_assert(sizeof(ChannelHeader) == 384);
 
 // Byte offsets of a channel's parts, from its capacity. Each part starts on
 // its own cache line.
@@ -225,9 +274,9 @@ struct ChannelLayout {
   }
 };
 
-static_assert(ChannelLayout(1, 64).in0 == 320);
+static_assert(ChannelLayout(1, 64).in0 == 384);
 static_assert(ChannelLayout(8192, 65536).total_bytes ==
-              320 + 7 * 8192 * 8 + 8192 * 4 + 65536);
+              384 + 7 * 8192 * 8 + 8192 * 4 + 65536);
 
 }  // namespace fast_channel
 }  // namespace pagealloc

@@ -228,9 +228,22 @@ void AllocReply::Done(absl::Span<const AllocResult> results,
   answer.ring_end = ring_end_;
   answer.pages_freed_first = pages_freed_first_;
   answer.launch = &launch;
+  core_->NotePoolShort(session_->id(), results);
   Deliver(answer);
   session_.reset();
   core_->Answer(this, method_, transport_, start_, absl::OkStatus());
+}
+
+void CallCore::NotePoolShort(uint64_t session_id,
+                             absl::Span<const AllocResult> results) {
+  int64_t exhausted = 0;
+  for (const AllocResult& result : results) {
+    exhausted += result.status.code() == absl::StatusCode::kResourceExhausted;
+  }
+  if (exhausted == 0) return;
+  for (SessionObserver* observer : observers_) {
+    observer->PoolShort(session_id, exhausted);
+  }
 }
 
 void CallCore::SubmitPrepared(std::vector<AllocCall> calls) {

@@ -324,6 +324,10 @@ class CallCore {
   void SubmitOp(Reply* reply, Method method, Transport transport,
                 absl::Time start, uint64_t session_id,
                 std::function<absl::Status()> op);
+  // Tells the observers when `results` refused requests with
+  // RESOURCE_EXHAUSTED (SessionObserver::PoolShort).
+  void NotePoolShort(uint64_t session_id,
+                     absl::Span<const AllocResult> results);
   // Records the call's code and latency, then completes the reply.
   void Answer(Reply* reply, Method method, Transport transport,
               absl::Time start, const absl::Status& status);

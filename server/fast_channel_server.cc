@@ -92,6 +92,11 @@ struct FastChannelServer::Channel {
   std::unique_ptr<ChannelReply> reply;
   // Its session_ended word is set (Close or Stop; under mu_).
   bool ended = false;
+  // The reserve's reclaim (AskForReserves): when the daemon last
+  // asked this channel for its reserve, and that ask while unanswered by a
+  // return call (absl::ToUnixNanos; 0: none).
+  std::atomic<int64_t> last_ask_ns{0};
+  std::atomic<int64_t> pending_ask_ns{0};
 
   // Abuse (poller only, but early_posts, which replies count). The ring
   // balance is the rings drained minus the calls taken since the last ring
@@ -388,6 +393,7 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
       return;
     case CallKind::kFreeSlots:
     case CallKind::kFreePages: {
+      NoteReturn(c);
       const uint32_t order_bits =
           call.options &
           (fast_channel::kFreeAscending | fast_channel::kFreeFirstAppearance);
@@ -675,6 +681,53 @@ int FastChannelServer::pollers_asleep() const {
 absl::Duration FastChannelServer::poller_spin_budget(int index) const {
   return absl::Nanoseconds(
       pollers_[index]->spin_budget_ns.load(std::memory_order_relaxed));
+}
+
+// ---- Session page reserves.
+
+int FastChannelServer::AskForReserves(uint64_t starving, int64_t pages) {
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  const int64_t interval = absl::ToInt64Nanoseconds(kReclaimInterval);
+  int asked = 0;
+  absl::MutexLock lock(&mu_);
+  for (auto& [session_id, channel] : channels_) {
+    if (session_id == starving || channel->ended) continue;
+    // The interval bounds what a starving session's retries cost the
+    // others: one wake of each reserve thread per interval.
+    int64_t last = channel->last_ask_ns.load(std::memory_order_relaxed);
+    if (now - last < interval || !channel->last_ask_ns.compare_exchange_strong(
+                                     last, now, std::memory_order_relaxed)) {
+      continue;
+    }
+    int64_t unset = 0;
+    channel->pending_ask_ns.compare_exchange_strong(unset, now,
+                                                    std::memory_order_relaxed);
+    channel->codec.AskForReserve(pages);
+    ++asked;
+  }
+  reclaim_asks_.fetch_add(asked, std::memory_order_relaxed);
+  return asked;
+}
+
+void FastChannelServer::NoteReturn(Channel& channel) {
+  const int64_t asked =
+      channel.pending_ask_ns.exchange(0, std::memory_order_relaxed);
+  if (asked == 0) return;
+  reclaim_returns_.fetch_add(1, std::memory_order_relaxed);
+  reclaim_latency_.Observe(
+      static_cast<double>(absl::ToUnixNanos(absl::Now()) - asked) * 1e-9);
+}
+
+std::vector<FastChannelServer::SessionReserve>
+FastChannelServer::SessionReserves() const {
+  std::vector<SessionReserve> reserves;
+  absl::MutexLock lock(&mu_);
+  reserves.reserve(channels_.size());
+  for (const auto& [session_id, channel] : channels_) {
+    const ChannelCodec::ReserveHints hints = channel->codec.ReadReserveHints();
+    reserves.push_back({session_id, hints.pages, hints.refills, hints.returns});
+  }
+  return reserves;
 }
 
 }  // namespace pagealloc

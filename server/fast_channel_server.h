@@ -66,6 +66,7 @@
 #include "memory/shared_region.h"
 #include "memory/unique_fd.h"
 #include "server/call_core.h"
+#include "server/histogram.h"
 #include "server/session_hooks.h"
 
 namespace pagealloc {
@@ -140,6 +141,11 @@ class FastChannelServer final : public SessionChannels {
   void SessionClosed(uint64_t session_id, absl::string_view reason) override {
     Close(session_id, reason);
   }
+  // SessionObserver: the pool could not serve a call of `session_id` (on
+  // either transport): the others are asked for their unused reserves.
+  void PoolShort(uint64_t session_id, int64_t requests) override {
+    AskForReserves(session_id, requests);
+  }
   // Sets every channel's session_ended word ("the daemon is shutting
   // down") and stops the pollers: calls posted afterwards are never
   // answered (clients see the memory socket close, or their deadline).
@@ -170,6 +176,33 @@ class FastChannelServer final : public SessionChannels {
   int64_t throttled_now() const {
     return throttled_now_.load(std::memory_order_relaxed);
   }
+
+  // ---- Session page reserves (client/page_reserve.h).
+
+  // The least time between two asks to one channel for its reserve.
+  static constexpr absl::Duration kReclaimInterval = absl::Microseconds(100);
+  // Asks every session with a channel but `starving` for its unused
+  // reserve (the reclaim protocol, fast_channel/layout.h), `pages` being a
+  // hint of what it lacks; a channel asked less than kReclaimInterval ago
+  // is skipped. Returns the channels asked.
+  int AskForReserves(uint64_t starving, int64_t pages) ABSL_LOCKS_EXCLUDED(mu_);
+  // One session's reserve as its client reports it (hints, for metrics).
+  struct SessionReserve {
+    uint64_t session_id = 0;
+    int64_t pages = 0;
+    int64_t refills = 0;
+    int64_t returns = 0;
+  };
+  std::vector<SessionReserve> SessionReserves() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks sent since start, asks answered by a return call, and the time
+  // from an ask to the asked session's return call being taken.
+  int64_t reclaim_asks() const {
+    return reclaim_asks_.load(std::memory_order_relaxed);
+  }
+  int64_t reclaim_returns() const {
+    return reclaim_returns_.load(std::memory_order_relaxed);
+  }
+  const AtomicHistogram& reclaim_latency() const { return reclaim_latency_; }
 
  private:
   struct Channel;
@@ -209,11 +242,13 @@ class FastChannelServer final : public SessionChannels {
   void SetThrottled(Channel& channel, bool throttled);
   // Logs a throttle, at most once a second (the rest are counted).
   void LogThrottle(const Channel& channel, Abuse abuse, int64_t strikes);
+  // A return call taken from `channel`: times the ask it answers, if any.
+  void NoteReturn(Channel& channel);
 
   const Options options_;
   CallCore* const core_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Channel>> channels_
       ABSL_GUARDED_BY(mu_);
   // Bumped on every Open / Close so the poller refreshes its list.
@@ -224,6 +259,9 @@ class FastChannelServer final : public SessionChannels {
   std::atomic<int64_t> throttled_[kNumAbuses] = {};
   std::atomic<int64_t> dropped_[kNumAbuses] = {};
   std::atomic<int64_t> throttled_now_{0};
+  std::atomic<int64_t> reclaim_asks_{0};
+  std::atomic<int64_t> reclaim_returns_{0};
+  AtomicHistogram reclaim_latency_{AtomicHistogram::Exponential(1e-5, 2, 16)};
   absl::Mutex log_mu_;
   absl::Time last_throttle_log_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
   int64_t unlogged_throttles_ ABSL_GUARDED_BY(log_mu_) = 0;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -84,6 +85,82 @@ MetricFamily Histogram(std::string name, std::string help,
       Family(std::move(name), std::move(help), MetricType::Histogram);
   AddHistogram(family, histogram);
   return family;
+}
+
+void AddReserveFamilies(const FastChannelServer* fast_channels,
+                        const std::vector<std::shared_ptr<Session>>& sessions,
+                        std::vector<MetricFamily>& families) {
+  // Session page reserves (client/page_reserve.h): what each client
+  // reports of its reserve is a hint, shown as such (summed by client
+  // name, as pagealloc_session_pages); the asks and their latency are the
+  // daemon's own.
+  std::map<uint64_t, std::string> names;
+  std::set<std::string> labels;
+  for (const std::shared_ptr<Session>& session : sessions) {
+    std::string name = session->client_name();
+    if (!labels.count(name) &&
+        static_cast<int>(labels.size()) >= MetricsExporter::kMaxClientLabels) {
+      name = "other";
+    }
+    labels.insert(name);
+    names[session->id()] = name;
+  }
+  struct Figures {
+    double pages = 0, refills = 0, returns = 0;
+  };
+  std::map<std::string, Figures> by_client;
+  int64_t reclaim_asks = 0;
+  int64_t reclaim_returns = 0;
+  if (fast_channels != nullptr) {
+    for (const FastChannelServer::SessionReserve& reserve :
+         fast_channels->SessionReserves()) {
+      auto it = names.find(reserve.session_id);
+      if (it == names.end()) continue;  // ended meanwhile
+      Figures& figures = by_client[it->second];
+      figures.pages += reserve.pages;
+      figures.refills += reserve.refills;
+      figures.returns += reserve.returns;
+    }
+    reclaim_asks = fast_channels->reclaim_asks();
+    reclaim_returns = fast_channels->reclaim_returns();
+  }
+  MetricFamily pages =
+      Family("pagealloc_session_reserve_pages",
+             "Pages in the sessions' reserves, by client name, as the "
+             "clients report them (a hint).",
+             MetricType::Gauge);
+  MetricFamily refills =
+      Family("pagealloc_session_reserve_refills",
+             "Refills of the live sessions' reserves, by client name, as the "
+             "clients report them.",
+             MetricType::Gauge);
+  MetricFamily returns =
+      Family("pagealloc_session_reserve_returns",
+             "Returns from the live sessions' reserves, by client name, as "
+             "the clients report them.",
+             MetricType::Gauge);
+  for (const auto& [name, figures] : by_client) {
+    AddGauge(pages, figures.pages, {{"client", name}});
+    AddGauge(refills, figures.refills, {{"client", name}});
+    AddGauge(returns, figures.returns, {{"client", name}});
+  }
+  families.push_back(std::move(pages));
+  families.push_back(std::move(refills));
+  families.push_back(std::move(returns));
+  families.push_back(Counter(
+      "pagealloc_reserve_reclaim_asks_total",
+      "Asks sent to sessions for their unused reserve (another session's "
+      "allocation found the pool short).",
+      reclaim_asks));
+  families.push_back(Counter(
+      "pagealloc_reserve_reclaim_returns_total",
+      "Asks answered by a return call of the asked session.", reclaim_returns));
+  if (fast_channels != nullptr) {
+    families.push_back(Histogram(
+        "pagealloc_reserve_reclaim_seconds",
+        "Time from an ask for a session's reserve to its return call.",
+        fast_channels->reclaim_latency()));
+  }
 }
 
 }  // namespace
@@ -400,7 +477,9 @@ std::string MetricsExporter::Render() const {
   AddPoolFamilies(stats, *backend_, &families);
   AddBuildInfo(*backend_, pool_->free_policy(), &families);
   AddAllocationFamilies(stats, batcher_->launches(), &families);
-  AddSessionFamilies(stats, sessions_->List(), core_->counters(), &families);
+  const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();
+  AddSessionFamilies(stats, sessions, core_->counters(), &families);
+  AddReserveFamilies(fast_channels_, sessions, families);
   AddAbuseFamilies(fast_channels_, &families);
   AddRpcFamilies(core_->rpc_metrics(), &families);
   AddBatchFamilies(batcher_->metrics(), &families);

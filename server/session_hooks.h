@@ -25,6 +25,11 @@ class SessionObserver {
   // Called once per session, from whichever thread ended it; `reason` is
   // what the log says ("closed by client", "lost its lease", ...).
   virtual void SessionClosed(uint64_t session_id, absl::string_view reason) = 0;
+  // Called after an allocation call of `session_id` had `requests`
+  // requests refused with RESOURCE_EXHAUSTED (the pool short, or the
+  // session's quota), before its answer goes out; from the thread that
+  // answers it. Sessions' page reserves are asked back from here.
+  virtual void PoolShort(uint64_t session_id, int64_t requests) {}
 };
 
 // What a session's channel beside gRPC carries at most, as Register

@@ -313,6 +313,64 @@ TEST_F(PageallocCApiTest, FreeCheckpointRollback) {
   pagealloc_allocation_destroy(later);
 }
 
+TEST_F(PageallocCApiTest, AReserveHandsOutTheSessionsPages) {
+  pagealloc_reserve_options options;
+  pagealloc_reserve_options_init(&options, sizeof(options));
+  EXPECT_EQ(options.initial_batch, 8);
+  options.initial_batch = 2;
+  options.max_pages = 8;
+  options.tick_us = 0;
+  pagealloc_reserve* reserve = nullptr;
+  ASSERT_EQ(pagealloc_reserve_create(client_, &options, &reserve, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "tick (0) > 0"), nullptr);
+  options.tick_us = 1000;
+  ASSERT_EQ(pagealloc_reserve_create(client_, &options, &reserve, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+
+  int64_t pages[3] = {0, 0, 0};
+  ASSERT_EQ(pagealloc_reserve_take(reserve, 3, pages, &error_), PAGEALLOC_OK)
+      << error_.message;
+  for (const int64_t page : pages) {
+    EXPECT_GE(page, 1);
+    EXPECT_LE(page, 16);
+  }
+  // The pages are the session's: its own free of one is accepted by the
+  // daemon (the reserve no longer holds it).
+  int64_t freed = -1;
+  ASSERT_EQ(pagealloc_free_pages(client_, &pages[2], 1, &freed, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(freed, 1);
+  ASSERT_EQ(pagealloc_reserve_put(reserve, pages, 2, &error_), PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(pagealloc_reserve_put(reserve, pages, 1, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "not handed out"), nullptr);
+
+  pagealloc_reserve_stats stats;
+  stats.struct_size = sizeof(stats);
+  ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &stats, &error_),
+            PAGEALLOC_OK);
+  // The page freed straight to the daemon is still counted as handed out:
+  // the reserve only knows what passed through it.
+  EXPECT_EQ(stats.handed_out, 1);
+  EXPECT_EQ(stats.takes, 1);
+  EXPECT_GE(stats.refills, 1);
+  // A smaller (older) structure gets the fields that fit.
+  pagealloc_reserve_stats small;
+  std::memset(&small, 0xff, sizeof(small));
+  small.struct_size = offsetof(pagealloc_reserve_stats, batch);
+  ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &small, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(small.handed_out, 1);
+  EXPECT_EQ(small.batch, -1);  // untouched
+
+  pagealloc_reserve_destroy(reserve);  // its pages go back to the pool
+  EXPECT_EQ(Stats().used_pages, 0);
+}
+
 TEST_F(PageallocCApiTest, ReleaseLetsTheRingBeReused) {
   pagealloc_client* small = nullptr;
   ASSERT_EQ(Connect(&small, /*ring_slots=*/16), PAGEALLOC_OK);

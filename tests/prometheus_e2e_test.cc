@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/page_reserve.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -320,9 +321,37 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
       client->Release(alloc);
     }
   }
+  // A page reserve (client/page_reserve.h): refills, a return above its
+  // high mark, and below, its answer to the daemon's ask when the fast
+  // session's refused call finds the pool short.
+  ClientOptions reserve_options;
+  reserve_options.client_name = "e2e-reserve";
+  ASSERT_OK_AND_ASSIGN(auto reserved, server->Connect(reserve_options));
+  PageReserveOptions page_reserve_options;
+  page_reserve_options.initial_batch = 4;
+  page_reserve_options.max_pages = 32;
+  page_reserve_options.idle_ticks = 1 << 30;  // steady but for the steps
+  ASSERT_OK_AND_ASSIGN(
+      auto reserve, PageReserve::Create(reserved.get(), page_reserve_options));
+  {
+    std::vector<int64_t> pages;
+    ASSERT_OK(reserve->Take(12, &pages));  // the batch grows to 12
+    ASSERT_TRUE(testing::WaitFor([&] { return reserve->stats().pages == 24; },
+                                 absl::Seconds(30)));
+    ASSERT_OK(reserve->Put(pages));  // 36 > 32: the thread returns 12
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          const PageReserveStats stats = reserve->stats();
+          return stats.returns == 1 && stats.pages == 24;
+        },
+        absl::Seconds(30)));
+  }
   // Refusals: one request larger than the free pool, one over a quota.
   {
-    const int64_t free_pages = server->pool().Stats().free_pages;
+    // Parked pages (the reserve's return parked some) count: an
+    // allocation merges them.
+    const PoolStats before = server->pool().Stats();
+    const int64_t free_pages = before.free_pages + before.parked_pages;
     ASSERT_OK_AND_ASSIGN(Allocation refused,
                          fast->Alloc({16 * (free_pages + 1)}));
     EXPECT_THAT(
@@ -335,6 +364,10 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
     const PoolStats stats = server->pool().Stats();
     ASSERT_GT(stats.out_of_pages_refusals, 0);
     ASSERT_GT(stats.quota_refusals, 0);
+    // The shortage asked the reserve back; it returned half of it.
+    ASSERT_TRUE(testing::WaitFor([&] { return reserve->stats().reclaims >= 1; },
+                                 absl::Seconds(30)));
+    ASSERT_GT(server->server().fast_channels()->reclaim_returns(), 0);
   }
   // Failed calls: freeing a page the session does not own. A code's series
   // appears with its first occurrence, which rate() cannot see (it has no

@@ -15,8 +15,9 @@ docs/python.md is the guide.
 
 from pagealloc import _native
 from pagealloc.client import (Allocation, Client, CudaSlots, FreeGroup,
-                              FreeLists, KvBuffer, PoolInfo, RequestResult,
-                              RingInfo, Stats, clear_pool, get_free_lists)
+                              FreeLists, KvBuffer, PageReserve, PoolInfo,
+                              RequestResult, RingInfo, Stats, clear_pool,
+                              get_free_lists)
 from pagealloc.errors import (AbortedError, AlreadyExistsError,
                               CancelledError, DataLossError,
                               DeadlineExceededError, FailedPreconditionError,

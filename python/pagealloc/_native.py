@@ -11,7 +11,7 @@ import ctypes
 import os
 
 ABI_VERSION_MAJOR = 1  # the pagealloc.h this module mirrors
-ABI_VERSION_MINOR = 1  # the least minor version it calls into
+ABI_VERSION_MINOR = 2  # the least minor version it calls into
 ERROR_MESSAGE_BYTES = 1024
 
 _LIBRARY_NAME = "libpagealloc_client.so"
@@ -73,6 +73,25 @@ class AllocationView(ctypes.Structure):
         ("all_slots", ctypes.c_void_p),
         ("num_slots", ctypes.c_int64),
         ("completion_value", ctypes.c_uint64),
+    ]
+
+
+class ReserveOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("initial_batch", ctypes.c_int64),
+        ("max_pages", ctypes.c_int64),
+        ("tick_us", ctypes.c_int64),
+        ("idle_ticks", ctypes.c_int64),
+        ("starved_wait_us", ctypes.c_int64),
+    ]
+
+
+class ReserveStats(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [
+        (name, ctypes.c_int64) for name in (
+            "pages", "handed_out", "batch", "refills", "pages_refilled",
+            "returns", "pages_returned", "reclaims", "sync_refills", "takes")
     ]
 
 
@@ -235,6 +254,17 @@ def _declare(lib):
         "pagealloc_kv_copy_to_slab": (i32, [c_client, ptr, ptr, i64, p_error]),
         "pagealloc_kv_copy_from_slab":
             (i32, [c_client, ptr, ptr, i64, p_error]),
+        # ABI 1.2
+        "pagealloc_reserve_options_init":
+            (None, [ctypes.POINTER(ReserveOptions), size]),
+        "pagealloc_reserve_create":
+            (i32, [c_client, ctypes.POINTER(ReserveOptions),
+                   ctypes.POINTER(ctypes.c_void_p), p_error]),
+        "pagealloc_reserve_destroy": (None, [ptr]),
+        "pagealloc_reserve_take": (i32, [ptr, i64, ptr, p_error]),
+        "pagealloc_reserve_put": (i32, [ptr, ptr, size, p_error]),
+        "pagealloc_reserve_get_stats":
+            (i32, [ptr, ctypes.POINTER(ReserveStats), p_error]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)

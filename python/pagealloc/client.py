@@ -14,7 +14,8 @@ from typing import List, Optional
 import numpy as np
 
 from pagealloc import _native
-from pagealloc.errors import (InvalidArgumentError, PageallocError,
+from pagealloc.errors import (FailedPreconditionError, InvalidArgumentError,
+                              PageallocError,
                               StatusCode, error_for)
 
 _lib = _native.lib
@@ -450,12 +451,17 @@ class FreeGroup:
 
 
 def _seconds_to_ms(value, name):
+    return _seconds_in(value, name, 1000)
+
+
+def _seconds_in(value, name, per_second):
+    """`value` seconds in units of 1 / per_second (0 for None)."""
     if value is None:
         return 0
-    ms = int(round(value * 1000))
-    if ms < 0:
+    units = int(round(value * per_second))
+    if units < 0:
         raise InvalidArgumentError("%s (%r s) is negative" % (name, value))
-    return ms
+    return units
 
 
 _FREE_ORDERS = {None: 0, "ascending": 1, "first_appearance": 2}
@@ -778,6 +784,109 @@ class KvBuffer:
                                    self.stride_bytes, self.on_device))
 
 
+class PageReserve:
+    """A session's reserve of whole pages in this process
+    (client/page_reserve.h): the pages are the session's in the daemon's
+    pool; take() hands them out without a round trip while the reserve
+    holds them, and the reserve's thread refills and returns in the
+    background. Thread-safe. Close it (or leave the `with` block) before
+    its client; its pages go back to the daemon then.
+
+        with client.reserve(initial_batch=16) as reserve:
+            pages = reserve.take(4)    # int64 page ids, NumPy
+            ...
+            reserve.put(pages)         # back into the reserve
+    """
+
+    def __init__(self, client, *, initial_batch=None, max_pages=None,
+                 tick=None, idle_ticks=None, starved_wait=None):
+        options = _native.ReserveOptions()
+        _lib.pagealloc_reserve_options_init(ctypes.byref(options),
+                                            ctypes.sizeof(options))
+        for field, value in (("initial_batch", initial_batch),
+                             ("max_pages", max_pages),
+                             ("idle_ticks", idle_ticks)):
+            if value is not None:
+                setattr(options, field, _whole(value, field))
+        for field, value, name in (("tick_us", tick, "tick"),
+                                   ("starved_wait_us", starved_wait,
+                                    "starved_wait")):
+            if value is not None:
+                setattr(options, field, _seconds_in(value, name, 10**6))
+        handle = ctypes.c_void_p()
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_create(
+            client._handle, ctypes.byref(options), ctypes.byref(handle),
+            ctypes.byref(error)), error)
+        self._client = client  # outlives the reserve
+        self._handle = handle.value
+        self.page_size = client.pool.page_size
+
+    def take(self, n):
+        """`n` page ids of the session (an int64 NumPy array). Raises
+        ResourceExhaustedError, taking nothing, when the pool or the
+        session's quota cannot supply them."""
+        n = _whole(n, "n")
+        pages = np.empty(n, dtype=np.int64)
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_take(self._live(), n, _address(pages),
+                                           ctypes.byref(error)), error)
+        return pages
+
+    def put(self, pages):
+        """Puts pages taken from this reserve back into it. Raises
+        InvalidArgumentError, changing nothing, for a page it did not hand
+        out."""
+        array = _int64_array(pages, "pages")
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_put(self._live(), _address(array),
+                                          array.size, ctypes.byref(error)),
+               error)
+
+    def stats(self):
+        """The reserve's counts, as a dict (pages, handed_out, batch,
+        refills, pages_refilled, returns, pages_returned, reclaims,
+        sync_refills, takes)."""
+        raw = _native.ReserveStats()
+        raw.struct_size = ctypes.sizeof(raw)
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_get_stats(
+            self._live(), ctypes.byref(raw), ctypes.byref(error)), error)
+        return {name: getattr(raw, name)
+                for name, _ in _native.ReserveStats._fields_[1:]}
+
+    def close(self):
+        """Returns the reserve's pages to the daemon and stops its thread.
+        Closing twice is fine."""
+        handle, self._handle = self._handle, None
+        if handle:
+            _lib.pagealloc_reserve_destroy(handle)
+
+    def _live(self):
+        if not self._handle:
+            raise FailedPreconditionError("the page reserve is closed")
+        return self._handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        if getattr(self, "_handle", None) and _lib is not None:
+            _lib.pagealloc_reserve_destroy(self._handle)
+
+
+def _whole(value, name):
+    if (not isinstance(value, (int, np.integer)) or isinstance(value, bool)
+            or value < 0):
+        raise InvalidArgumentError("%s (%r) must be an integer >= 0" %
+                                   (name, value))
+    return int(value)
+
+
 class Client:
     """A session with a pagealloc daemon. Thread-safe, like the C++ Client.
 
@@ -1045,6 +1154,15 @@ class Client:
             self._handle, _address(array), array.size, code,
             ctypes.byref(freed), ctypes.byref(error)), error)
         return freed.value
+
+    def reserve(self, *, initial_batch=None, max_pages=None, tick=None,
+                idle_ticks=None, starved_wait=None):
+        """A PageReserve of this session: whole pages held in this process
+        (docs/python.md, "Page reserves"). Times are in seconds; None keeps
+        the library's default."""
+        return PageReserve(self, initial_batch=initial_batch,
+                           max_pages=max_pages, tick=tick,
+                           idle_ticks=idle_ticks, starved_wait=starved_wait)
 
     def free_group(self, order=None):
         """A FreeGroup: `with client.free_group() as g: g.add(slots) ...`;

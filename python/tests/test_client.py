@@ -848,3 +848,38 @@ def test_cuda_slots_are_zero_copy_for_cupy(daemon):
         array = cupy.asarray(a.slots)
         assert array.data.ptr == a.slots.ptr
         assert array.get().tolist() == list(range(4, 12))
+
+
+# ------------------------------------------------------------ page reserves
+
+def test_reserve_hands_out_the_sessions_pages(daemon):
+    with daemon.connect(name="reserve") as client, \
+            daemon.connect(name="other") as other:
+        with pytest.raises(pagealloc.InvalidArgumentError, match="tick"):
+            client.reserve(tick=0)
+        with client.reserve(initial_batch=2, max_pages=8) as reserve:
+            pages = reserve.take(3)
+            assert pages.dtype == np.int64 and pages.size == 3
+            assert len(set(pages.tolist())) == 3
+            assert all(1 <= p <= 16 for p in pages.tolist())
+            # The pages are the session's in the daemon's pool: another
+            # session naming them is refused and nothing changes.
+            used = client.stats().used_pages
+            with pytest.raises(pagealloc.PermissionDeniedError,
+                               match="belongs to another session"):
+                other.free_pages(pages)
+            assert client.stats().used_pages == used
+            reserve.put(pages[:2])
+            with pytest.raises(pagealloc.InvalidArgumentError,
+                               match="not handed out"):
+                reserve.put(pages[:1])
+            stats = reserve.stats()
+            assert stats["handed_out"] == 1 and stats["takes"] == 1
+            assert stats["refills"] >= 1
+            with pytest.raises(pagealloc.ResourceExhaustedError):
+                reserve.take(17)            # more than the pool holds
+            assert reserve.stats()["handed_out"] == 1
+        with pytest.raises(pagealloc.FailedPreconditionError, match="closed"):
+            reserve.take(1)
+        # Closing returned the reserve; the page taken stays the session's.
+        assert client.stats().used_pages == 1

@@ -1,0 +1,185 @@
+// PageReserve: a session's reserve of whole pages in the client process, so
+// that a scheduler's step takes its new pages without a round trip to the
+// daemon (tcmalloc's per-CPU cache over its central free list).
+//
+//   ASSIGN_OR_RETURN(auto reserve, pagealloc::PageReserve::Create(client));
+//   std::vector<int64_t> pages;
+//   RETURN_IF_ERROR(reserve->Take(4, &pages));  // no round trip, mostly
+//   ...
+//   RETURN_IF_ERROR(reserve->Put(pages));       // back into the reserve
+//
+// What a reserve page is. Every page in the reserve is owned by the session
+// in the daemon's pool (docs/design.md, "Session page reserves"): a refill
+// is an ordinary allocation of whole pages and a return an ordinary free,
+// both validated by the daemon. So no page is ever free and reserved at
+// once, a dead session's reserve comes back with its other pages, and a
+// client that names pages it was never given is refused by the daemon and
+// changes nothing. The reserve is only which of the session's pages the
+// library has not handed to its caller.
+//
+// Marks. The reserve aims at `2 * batch` pages: below `batch` (the low
+// mark) its thread refills up to the aim, above `4 * batch` (the high
+// mark) it returns down to it. `batch` adapts to the session's rate: it
+// doubles when a Take finds the reserve short, and halves after
+// PageReserveOptions::idle_ticks ticks without a Take. The reserve never
+// holds more than max_pages, nor asks for pages past the session's quota.
+//
+// Off the step's path. Refills and returns are made by the reserve's own
+// thread, which sleeps on the channel's reserve bell (the daemon rings it
+// when it asks for the reserve, a Take or Put rings it when the reserve
+// crosses a mark) at most one tick at a time. Only a Take that finds the
+// reserve short of what it needs refills on the caller's thread.
+//
+// Sharing. When the pool cannot serve an allocation of some session, the
+// daemon asks the other sessions for their unused reserve (the reclaim
+// protocol, fast_channel/layout.h). The thread answers within one tick
+// (it is woken at once; the tick bounds a missed wake): it returns its
+// reserve above the low mark, and at least half of it, and halves `batch`.
+//
+// This class is thread-safe.
+
+#ifndef PAGEALLOC_CLIENT_PAGE_RESERVE_H_
+#define PAGEALLOC_CLIENT_PAGE_RESERVE_H_
+
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+
+namespace pagealloc {
+
+struct PageReserveOptions {
+  // The first batch (the low mark); >= 1.
+  int64_t initial_batch = 8;
+  // The most pages the reserve holds (0: a quarter of the session's quota,
+  // or of the pool without one).
+  int64_t max_pages = 0;
+  // The longest the thread sleeps between looks at the marks and the
+  // daemon's asks (it is woken at once when either needs it).
+  absl::Duration tick = absl::Milliseconds(1);
+  // Ticks without a Take after which the batch halves.
+  int64_t idle_ticks = 100;
+  // How long a Take the pool cannot serve keeps retrying while the other
+  // sessions answer the daemon's asks, before RESOURCE_EXHAUSTED.
+  absl::Duration starved_wait = absl::Milliseconds(20);
+  // Run the thread. Without it the reserve refills and returns only in
+  // Take and in Maintain (tests that step it by hand).
+  bool background = true;
+};
+
+// A snapshot of a reserve's counts.
+struct PageReserveStats {
+  int64_t pages = 0;       // in the reserve now
+  int64_t handed_out = 0;  // taken by the caller and not put back
+  int64_t batch = 0;       // the low mark now
+  int64_t refills = 0;     // refill calls that brought pages
+  int64_t pages_refilled = 0;
+  int64_t returns = 0;  // return calls (marks and reclaims)
+  int64_t pages_returned = 0;
+  int64_t reclaims = 0;      // asks of the daemon answered
+  int64_t sync_refills = 0;  // refills on the caller's thread (round trips)
+  int64_t takes = 0;         // Take calls answered
+};
+
+class PageReserve {
+ public:
+  // Starts a reserve for `client`'s session (and its thread, unless
+  // options.background is off). It is empty until the first refill.
+  // INVALID_ARGUMENT for options out of range. `client` must outlive it.
+  static absl::StatusOr<std::unique_ptr<PageReserve>> Create(
+      Client* client, const PageReserveOptions& options = {});
+
+  // Stops the thread and returns the reserve's pages to the daemon (when
+  // the session is gone the daemon has reclaimed them already). Pages
+  // handed out stay the session's.
+  ~PageReserve();
+
+  PageReserve(const PageReserve&) = delete;
+  PageReserve& operator=(const PageReserve&) = delete;
+
+  // Appends `n` page ids of the session to `out`, taken from the reserve:
+  // no round trip when it holds them. When it does not, refills on this
+  // thread (a round trip), retrying for options.starved_wait while the pool
+  // is short and other sessions return their reserves. RESOURCE_EXHAUSTED
+  // (nothing taken) when the pool or the session's quota cannot supply
+  // them; the session's error when it is gone. n >= 0.
+  absl::Status Take(int64_t n, std::vector<int64_t>* out)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The same into `out[0..n)` (left as it was on failure).
+  absl::Status Take(int64_t n, int64_t* out) ABSL_LOCKS_EXCLUDED(mu_);
+  // Puts pages the caller took back into the reserve; they stay the
+  // session's. INVALID_ARGUMENT naming the page, and nothing changes, when
+  // one is not handed out by this reserve (or is named twice).
+  absl::Status Put(absl::Span<const int64_t> pages) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Runs the thread's work once: answers the daemon's ask, refills below
+  // the low mark, returns above the high mark. The thread calls it every
+  // tick; without the thread, tests call it. Returns the first error of a
+  // call to the daemon (the reserve is unchanged then).
+  absl::Status Maintain() ABSL_LOCKS_EXCLUDED(mu_, maintain_mu_);
+
+  PageReserveStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The pages in the reserve now, in the order Take hands them out.
+  std::vector<int64_t> pages() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  PageReserve(Client* client, const PageReserveOptions& options,
+              int64_t max_pages);
+  void Loop();
+  // Asks the daemon for `n` whole pages; appends their ids to `out`.
+  absl::Status Refill(int64_t n, std::vector<int64_t>* out);
+  // Hands `pages` back to the daemon.
+  absl::Status Return(absl::Span<const int64_t> pages);
+  // Takes up to `n` pages off the back of the reserve for a return.
+  std::vector<int64_t> PopForReturn(int64_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the daemon's metrics what the reserve holds (a hint).
+  void Report() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the thread (a mark crossed).
+  void Ring() const;
+  int64_t Aim() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::min(2 * batch_, max_pages_);
+  }
+  // Pages the session may still ask for without passing its quota.
+  int64_t QuotaRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Client* const client_;
+  const PageReserveOptions options_;
+  const int64_t max_pages_;
+  const int64_t page_size_;
+
+  mutable absl::Mutex mu_;
+  // The reserve as a stack: Take pops from the back, Put pushes there (a
+  // page just freed is the next handed out, warm in caches), returns take
+  // the bottom.
+  std::vector<int64_t> reserve_ ABSL_GUARDED_BY(mu_);
+  // Per page id (1..num_pages): 1 while handed out by this reserve. A
+  // byte per page of the pool: no hashing on the step's path.
+  std::vector<uint8_t> handed_ ABSL_GUARDED_BY(mu_);
+  int64_t handed_out_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t batch_ ABSL_GUARDED_BY(mu_);
+  int64_t takes_since_tick_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t idle_ticks_ ABSL_GUARDED_BY(mu_) = 0;
+  PageReserveStats stats_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Without a fast channel the thread sleeps on this instead of the bell.
+  mutable absl::CondVar wake_;
+
+  // One Maintain at a time (the thread's, or a test's).
+  absl::Mutex maintain_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  uint32_t answered_seq_ ABSL_GUARDED_BY(maintain_mu_) = 0;
+
+  std::thread thread_;
+};
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_CLIENT_PAGE_RESERVE_H_

@@ -1,0 +1,474 @@
+// Session page reserves (client/page_reserve.h) against a real daemon on
+// the CPU backend: the reserve's bookkeeping checked page by page against
+// the daemon's pool over long random traces with several sessions, a
+// session that ends with a full reserve, rebalancing when the pool is
+// short (the daemon's reclaim asks), and a client that names pages it was
+// never given.
+
+#include "client/page_reserve.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "server/fast_channel_server.h"
+#include "server/server.h"
+#include "tests/in_process_server.h"
+#include "tests/status_matchers.h"
+#include "tests/wait_for.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::InProcessServer;
+using ::pagealloc::testing::StatusIs;
+
+constexpr int64_t kPages = 64;
+constexpr int64_t kPageSize = 4;
+
+class PageReserveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.backend = "cpu";
+    options.pool = {kPages, kPageSize, FreePolicy::kLifo};
+    options.sessions.lease = absl::Seconds(30);
+    options.sessions.default_ring_capacity_slots = 1024;
+    options.debug_checks = true;
+    ASSERT_OK_AND_ASSIGN(server_, InProcessServer::Start(options));
+  }
+
+  void TearDown() override { server_.reset(); }
+
+  std::unique_ptr<Client> Connect(int64_t quota_pages = 0) {
+    ClientOptions options;
+    options.client_name = "reserve";
+    options.quota_pages = quota_pages;
+    absl::StatusOr<std::unique_ptr<Client>> client = server_->Connect(options);
+    EXPECT_OK(client.status());
+    if (!client.ok()) return nullptr;
+    EXPECT_TRUE((*client)->uses_fast_channel());
+    return *std::move(client);
+  }
+
+  // Pages of the pool the daemon records as `session`'s.
+  int64_t OwnedBy(uint64_t session) {
+    int64_t owned = 0;
+    for (int64_t p = 1; p <= kPages; ++p) {
+      owned += server_->pool().OwnerOf(p) == session;
+    }
+    return owned;
+  }
+
+  std::unique_ptr<InProcessServer> server_;
+};
+
+PageReserveOptions Manual(int64_t batch, int64_t max_pages = 0) {
+  PageReserveOptions options;
+  options.initial_batch = batch;
+  options.max_pages = max_pages;
+  options.background = false;
+  options.starved_wait = absl::ZeroDuration();
+  return options;
+}
+
+TEST_F(PageReserveTest, RefusesOptionsOutOfRange) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  PageReserveOptions options;
+  options.initial_batch = 0;
+  EXPECT_THAT(PageReserve::Create(client.get(), options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("initial_batch (0)")));
+  options.initial_batch = 4;
+  options.tick = absl::ZeroDuration();
+  EXPECT_THAT(PageReserve::Create(client.get(), options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("tick (0) > 0")));
+}
+
+TEST_F(PageReserveTest, TakesFromTheReserveWithoutARoundTrip) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), Manual(4, 16)));
+  ASSERT_OK(reserve->Maintain());  // below the low mark: refills to 2 * 4
+  EXPECT_EQ(reserve->stats().pages, 8);
+  EXPECT_EQ(OwnedBy(client->session_id()), 8);
+
+  std::vector<int64_t> pages;
+  ASSERT_OK(reserve->Take(3, &pages));
+  ASSERT_EQ(pages.size(), 3u);
+  PageReserveStats stats = reserve->stats();
+  EXPECT_EQ(stats.sync_refills, 0);
+  EXPECT_EQ(stats.refills, 1);
+  EXPECT_EQ(stats.pages, 5);
+  EXPECT_EQ(stats.handed_out, 3);
+  for (const int64_t page : pages) {
+    EXPECT_EQ(server_->pool().OwnerOf(page), client->session_id());
+  }
+  // The session owns the reserve and what it handed out, nothing more.
+  EXPECT_EQ(OwnedBy(client->session_id()), 8);
+
+  // Put back, the pages are the reserve's again (and still the session's).
+  ASSERT_OK(reserve->Put(pages));
+  EXPECT_EQ(reserve->stats().pages, 8);
+  EXPECT_EQ(reserve->pages().front(), pages.back());
+  EXPECT_EQ(OwnedBy(client->session_id()), 8);
+
+  // Short of what a Take needs: one refill on the caller's thread, and the
+  // batch doubles.
+  pages.clear();
+  ASSERT_OK(reserve->Take(10, &pages));
+  stats = reserve->stats();
+  EXPECT_EQ(stats.sync_refills, 1);
+  EXPECT_EQ(stats.batch, 10);
+  EXPECT_EQ(OwnedBy(client->session_id()), 10);
+
+  // The reserve's pages go back to the pool with it; handed-out pages stay.
+  reserve.reset();
+  EXPECT_EQ(OwnedBy(client->session_id()), 10);
+}
+
+TEST_F(PageReserveTest, ReturnsAboveTheHighMark) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), Manual(2, 32)));
+  std::vector<int64_t> first;
+  ASSERT_OK(reserve->Take(12, &first));  // short: the batch grows to 12
+  EXPECT_EQ(reserve->stats().batch, 12);
+  ASSERT_OK(reserve->Maintain());  // below the low mark: refills to 24
+  EXPECT_EQ(reserve->stats().pages, 24);
+  std::vector<int64_t> second;
+  ASSERT_OK(reserve->Take(24, &second));
+  ASSERT_OK(reserve->Put(second));
+  ASSERT_OK(reserve->Put(first));
+  // 36 pages, above the high mark (min(4 * 12, 32)): back down to the aim.
+  EXPECT_EQ(reserve->stats().pages, 36);
+  ASSERT_OK(reserve->Maintain());
+  EXPECT_EQ(reserve->stats().pages, 24);
+  EXPECT_EQ(reserve->stats().returns, 1);
+  EXPECT_EQ(reserve->stats().pages_returned, 12);
+  EXPECT_EQ(OwnedBy(client->session_id()), 24);
+}
+
+TEST_F(PageReserveTest, TheQuotaIsNeverPassed) {
+  std::unique_ptr<Client> client = Connect(/*quota_pages=*/10);
+  ASSERT_NE(client, nullptr);
+  ASSERT_EQ(client->quota_pages(), 10);
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), Manual(8, 64)));
+  ASSERT_OK(reserve->Maintain());
+  EXPECT_LE(reserve->stats().pages, 10);
+  std::vector<int64_t> pages;
+  EXPECT_THAT(reserve->Take(11, &pages),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::HasSubstr("quota (10 pages)")));
+  EXPECT_TRUE(pages.empty());
+  ASSERT_OK(reserve->Take(10, &pages));
+  EXPECT_EQ(OwnedBy(client->session_id()), 10);
+  ASSERT_OK(reserve->Maintain());  // no room left: asks for nothing
+  EXPECT_EQ(OwnedBy(client->session_id()), 10);
+}
+
+TEST_F(PageReserveTest, ASessionEndedWithAFullReserveGivesItAllBack) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(
+      auto reserve, PageReserve::Create(client.get(), Manual(kPages, kPages)));
+  ASSERT_OK(reserve->Maintain());
+  ASSERT_EQ(reserve->stats().pages, kPages);
+  EXPECT_EQ(server_->pool().Stats().free_pages, 0);
+  // The session ends with its reserve full (as when its process dies: the
+  // daemon reclaims the session's pages, the reserve's among them).
+  ASSERT_OK(client->Close());
+  EXPECT_EQ(server_->pool().Stats().free_pages, kPages);
+  EXPECT_EQ(OwnedBy(client->session_id()), 0);
+  reserve.reset();  // nothing left to return
+  EXPECT_EQ(server_->pool().Stats().free_pages, kPages);
+  ASSERT_OK(server_->pool().CheckInvariants());
+}
+
+TEST_F(PageReserveTest, AClientThatNamesPagesItWasNeverGivenIsRefused) {
+  std::unique_ptr<Client> owner = Connect();
+  std::unique_ptr<Client> liar = Connect();
+  ASSERT_NE(owner, nullptr);
+  ASSERT_NE(liar, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(owner.get(), Manual(8, 16)));
+  ASSERT_OK(reserve->Maintain());
+  const std::vector<int64_t> theirs = reserve->pages();
+  ASSERT_EQ(theirs.size(), 16u);
+
+  // Returning another session's reserve pages as its own: refused by the
+  // daemon, and nothing changes.
+  const PoolStats before = server_->pool().Stats();
+  EXPECT_THAT(liar->FreePages(theirs),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       ::testing::HasSubstr(absl::StrFormat(
+                           "page %d belongs to another session", theirs[0]))));
+  EXPECT_EQ(server_->pool().Stats().free_pages, before.free_pages);
+  for (const int64_t page : theirs) {
+    EXPECT_EQ(server_->pool().OwnerOf(page), owner->session_id());
+  }
+  // Pages that are free in the pool: refused too.
+  std::vector<int64_t> free_pages;
+  for (int64_t p = 1; p <= kPages && free_pages.size() < 2; ++p) {
+    if (server_->pool().OwnerOf(p) == kNoOwner) free_pages.push_back(p);
+  }
+  EXPECT_THAT(liar->FreePages(free_pages),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::HasSubstr(
+                           absl::StrFormat("pages[0] (%d)", free_pages[0]))));
+  EXPECT_EQ(server_->pool().Stats().free_pages, before.free_pages);
+
+  // Its own reserve refuses what it never handed out, and changes nothing.
+  ASSERT_OK_AND_ASSIGN(auto liars_reserve,
+                       PageReserve::Create(liar.get(), Manual(2, 4)));
+  ASSERT_OK(liars_reserve->Maintain());
+  std::vector<int64_t> taken;
+  ASSERT_OK(liars_reserve->Take(1, &taken));
+  EXPECT_THAT(liars_reserve->Put({taken[0], theirs[0]}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("pages[1]")));
+  EXPECT_THAT(liars_reserve->Put({taken[0], taken[0]}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("named twice")));
+  EXPECT_EQ(liars_reserve->stats().handed_out, 1);
+  EXPECT_EQ(liars_reserve->stats().pages, 3);
+  ASSERT_OK(server_->pool().CheckInvariants());
+}
+
+// Several sessions with reserves, stepped by hand, against a model: after
+// every operation each page is free in the pool, in exactly one live
+// session's reserve, or handed out by exactly one live session's reserve,
+// and the daemon's owner of it says the same.
+TEST_F(PageReserveTest, BookkeepingMatchesTheModelOverRandomTraces) {
+  constexpr int kSessions = 3;
+  constexpr int kSteps = 3000;
+  std::mt19937_64 rng(20261201);
+  struct Live {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<PageReserve> reserve;
+    std::vector<int64_t> handed;  // pages the "caller" holds
+  };
+  std::vector<Live> sessions(kSessions);
+  auto start = [&](Live& live) {
+    live.client = Connect();
+    ASSERT_NE(live.client, nullptr);
+    PageReserveOptions options = Manual(1 + rng() % 6, 8 + rng() % 24);
+    options.idle_ticks = 1 + rng() % 4;
+    ASSERT_OK_AND_ASSIGN(live.reserve,
+                         PageReserve::Create(live.client.get(), options));
+    live.handed.clear();
+  };
+  for (Live& live : sessions) start(live);
+
+  auto check = [&](int step) {
+    std::map<int64_t, uint64_t> expected;  // page -> session
+    for (const Live& live : sessions) {
+      const uint64_t id = live.client->session_id();
+      for (const int64_t page : live.reserve->pages()) {
+        ASSERT_TRUE(expected.emplace(page, id).second)
+            << "step " << step << ": page " << page << " twice";
+      }
+      for (const int64_t page : live.handed) {
+        ASSERT_TRUE(expected.emplace(page, id).second)
+            << "step " << step << ": page " << page << " twice";
+      }
+      const PageReserveStats stats = live.reserve->stats();
+      ASSERT_EQ(stats.handed_out, static_cast<int64_t>(live.handed.size()));
+    }
+    for (int64_t p = 1; p <= kPages; ++p) {
+      auto it = expected.find(p);
+      const uint64_t want = it == expected.end() ? kNoOwner : it->second;
+      ASSERT_EQ(server_->pool().OwnerOf(p), want)
+          << "step " << step << ": page " << p;
+    }
+  };
+
+  for (int step = 0; step < kSteps; ++step) {
+    Live& live = sessions[rng() % kSessions];
+    switch (rng() % 8) {
+      case 0:
+      case 1:
+      case 2: {  // a step takes pages
+        std::vector<int64_t> pages;
+        const int64_t n = rng() % 6;
+        const absl::Status taken = live.reserve->Take(n, &pages);
+        if (taken.ok()) {
+          ASSERT_EQ(pages.size(), static_cast<size_t>(n));
+          live.handed.insert(live.handed.end(), pages.begin(), pages.end());
+        } else {
+          ASSERT_EQ(taken.code(), absl::StatusCode::kResourceExhausted)
+              << taken;
+          ASSERT_TRUE(pages.empty());
+        }
+        break;
+      }
+      case 3:
+      case 4: {  // requests finish: some pages go back
+        std::shuffle(live.handed.begin(), live.handed.end(), rng);
+        const size_t n = rng() % (live.handed.size() + 1);
+        std::vector<int64_t> back(live.handed.end() - n, live.handed.end());
+        ASSERT_OK(live.reserve->Put(back));
+        live.handed.resize(live.handed.size() - n);
+        break;
+      }
+      case 5:
+      case 6: {  // the reserve's thread runs
+        const absl::Status kept = live.reserve->Maintain();
+        ASSERT_TRUE(kept.ok() ||
+                    kept.code() == absl::StatusCode::kResourceExhausted)
+            << kept;
+        break;
+      }
+      case 7:
+        if (rng() % 16 == 0) {  // the session ends, reserve and all
+          const uint64_t ended = live.client->session_id();
+          ASSERT_OK(live.client->Close());
+          EXPECT_EQ(OwnedBy(ended), 0);
+          live.reserve.reset();
+          live.client.reset();
+          start(live);
+        } else {  // the thread again (after another's refusal, an ask)
+          const absl::Status kept = live.reserve->Maintain();
+          ASSERT_TRUE(kept.ok() ||
+                      kept.code() == absl::StatusCode::kResourceExhausted)
+              << kept;
+        }
+        break;
+    }
+    check(step);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  ASSERT_OK(server_->pool().CheckInvariants());
+  // The trace ran the pool short, so the daemon's asks were answered (by
+  // the sessions alive at the end, at least).
+  int64_t reclaims = 0;
+  for (const Live& live : sessions) reclaims += live.reserve->stats().reclaims;
+  EXPECT_GT(reclaims, 0);
+  EXPECT_GT(server_->server().fast_channels()->reclaim_asks(), 0);
+}
+
+// The same with every reserve's thread running and each session's steps on
+// a thread of their own, the pool small enough that the sessions take
+// pages from each other: once the reserves are gone (their pages
+// returned), each session owns exactly the pages its steps hold.
+TEST_F(PageReserveTest, ConcurrentSessionsNeverLoseOrShareAPage) {
+  constexpr int kSessions = 3;
+  constexpr int kSteps = 400;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::unique_ptr<PageReserve>> reserves;
+  for (int s = 0; s < kSessions; ++s) {
+    clients.push_back(Connect());
+    ASSERT_NE(clients.back(), nullptr);
+    PageReserveOptions options;
+    options.initial_batch = 2;
+    options.max_pages = 16;
+    options.idle_ticks = 3;
+    options.starved_wait = absl::Milliseconds(2);
+    ASSERT_OK_AND_ASSIGN(auto reserve,
+                         PageReserve::Create(clients.back().get(), options));
+    reserves.push_back(std::move(reserve));
+  }
+  std::vector<std::vector<int64_t>> held(kSessions);
+  std::vector<std::thread> steps;
+  for (int s = 0; s < kSessions; ++s) {
+    steps.emplace_back([&, s] {
+      std::mt19937_64 rng(7 + s);
+      for (int step = 0; step < kSteps; ++step) {
+        if (rng() % 2 == 0) {
+          std::vector<int64_t> pages;
+          const absl::Status taken = reserves[s]->Take(1 + rng() % 4, &pages);
+          if (taken.ok()) {
+            held[s].insert(held[s].end(), pages.begin(), pages.end());
+          } else {
+            EXPECT_EQ(taken.code(), absl::StatusCode::kResourceExhausted)
+                << taken;
+          }
+        } else if (!held[s].empty()) {
+          const size_t n = 1 + rng() % held[s].size();
+          std::vector<int64_t> back(held[s].end() - n, held[s].end());
+          EXPECT_OK(reserves[s]->Put(back));
+          held[s].resize(held[s].size() - n);
+        }
+        // Never more than 20 held, so the pool always has room to share.
+        while (held[s].size() > 20) {
+          EXPECT_OK(reserves[s]->Put({held[s].back()}));
+          held[s].pop_back();
+        }
+      }
+    });
+  }
+  for (std::thread& thread : steps) thread.join();
+  reserves.clear();  // each returns its reserve
+  for (int s = 0; s < kSessions; ++s) {
+    EXPECT_EQ(OwnedBy(clients[s]->session_id()),
+              static_cast<int64_t>(held[s].size()));
+    for (const int64_t page : held[s]) {
+      EXPECT_EQ(server_->pool().OwnerOf(page), clients[s]->session_id());
+    }
+  }
+  ASSERT_OK(server_->pool().CheckInvariants());
+}
+
+// With the reserves' threads running: one session's reserve holds the
+// whole pool, another needs pages; the daemon asks the first for its
+// reserve and the second gets them.
+TEST_F(PageReserveTest, PagesFollowDemandAcrossSessions) {
+  std::unique_ptr<Client> rich = Connect();
+  std::unique_ptr<Client> poor = Connect();
+  ASSERT_NE(rich, nullptr);
+  ASSERT_NE(poor, nullptr);
+  PageReserveOptions options;
+  options.initial_batch = kPages / 2;
+  options.max_pages = kPages;
+  options.idle_ticks = 1 << 30;  // it would keep its reserve but for asks
+  options.tick = absl::Milliseconds(5);
+  ASSERT_OK_AND_ASSIGN(auto rich_reserve,
+                       PageReserve::Create(rich.get(), options));
+  ASSERT_TRUE(::pagealloc::testing::WaitFor(
+      [&] { return rich_reserve->stats().pages == kPages; },
+      absl::Seconds(30)));
+  EXPECT_EQ(server_->pool().Stats().free_pages, 0);
+
+  PageReserveOptions poor_options;
+  poor_options.initial_batch = 4;
+  poor_options.max_pages = kPages;
+  // A bound on a wait that normally ends within a tick of the rich
+  // reserve's thread, never a measured time.
+  poor_options.starved_wait = absl::Seconds(30);
+  ASSERT_OK_AND_ASSIGN(auto poor_reserve,
+                       PageReserve::Create(poor.get(), poor_options));
+  std::vector<int64_t> pages;
+  ASSERT_OK(poor_reserve->Take(8, &pages));
+  EXPECT_EQ(pages.size(), 8u);
+  for (const int64_t page : pages) {
+    EXPECT_EQ(server_->pool().OwnerOf(page), poor->session_id());
+  }
+  // The rich thread counts its answer once its return call is answered,
+  // which may be after the poor session's retry got the pages.
+  EXPECT_TRUE(::pagealloc::testing::WaitFor(
+      [&] { return rich_reserve->stats().reclaims >= 1; }, absl::Seconds(30)));
+  EXPECT_GE(server_->server().fast_channels()->reclaim_asks(), 1);
+  EXPECT_GE(server_->server().fast_channels()->reclaim_returns(), 1);
+
+  // The rich session keeps working from what it has left.
+  std::vector<int64_t> rich_pages;
+  ASSERT_OK(rich_reserve->Take(4, &rich_pages));
+  ASSERT_OK(server_->pool().CheckInvariants());
+}
+
+}  // namespace
+}  // namespace pagealloc
