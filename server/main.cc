@@ -24,7 +24,9 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -37,6 +39,8 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "memory/kv_layout.h"
+#include "server/descriptors.h"
+#include "server/memory_budget.h"
 #include "server/server.h"
 
 ABSL_FLAG(int, gpu, 0, "CUDA device ordinal whose KV pool this daemon owns.");
@@ -180,7 +184,18 @@ ABSL_FLAG(int64_t, lease_ms, 10000,
 ABSL_FLAG(int64_t, ring_capacity_slots, 1 << 20,
           "Default output ring size per session (8 bytes a slot, in GPU "
           "memory on the CUDA backend).");
-ABSL_FLAG(int64_t, max_sessions, 256, "Most sessions at once.");
+ABSL_FLAG(int64_t, max_sessions, 256,
+          "Most sessions at once; at most what the open-files limit holds "
+          "(4 descriptors a session; docs/operations.md, \"Descriptors\").");
+ABSL_FLAG(std::string, session_memory, "",
+          "Budget of host memory for sessions' rings (CPU backend) and fast "
+          "channels: a size (512MiB, 4GiB). Empty: three quarters of what "
+          "the memory cgroup's limit (else the host's available memory) "
+          "leaves after the KV slab (docs/operations.md, \"Memory "
+          "budget\").");
+ABSL_FLAG(std::string, session_gpu_memory, "",
+          "Budget of GPU memory for sessions' rings (CUDA backend): a size. "
+          "Empty: an eighth of the GPU memory free after the KV slab.");
 ABSL_FLAG(int64_t, max_session_quota_pages, 0,
           "Cap on any session's page quota (0: no cap).");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
@@ -216,6 +231,8 @@ const CommandLineSpec kCommandLine = {
         {"memory and sessions",
          {{"ring_capacity_slots", "slots of 8 bytes"},
           {"max_sessions", "sessions"},
+          {"session_memory", "bytes"},
+          {"session_gpu_memory", "bytes"},
           {"max_session_quota_pages", "pages"},
           {"lease_ms", "milliseconds"}}},
         {"transport",
@@ -292,17 +309,25 @@ absl::Status CheckRange(absl::string_view flag, int64_t value, int64_t min,
       absl::StrCat(min, "..", max, unit.empty() ? "" : " ", unit));
 }
 
-// Memory the kernel says can be given to a new process without swapping
-// (/proc/meminfo MemAvailable), or -1 when unknown.
-int64_t AvailableHostBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (meminfo >> key >> kib) {
-    std::getline(meminfo, unit);
-    if (key == "MemAvailable:") return kib * 1024;
+// --session_memory and --session_gpu_memory: a size each, or empty for
+// the budget derived from what the daemon can have (-1).
+absl::Status SessionMemoryFromFlags(ServerOptions* options) {
+  const std::tuple<const char*, std::string, int64_t*> flags[] = {
+      {"session_memory", absl::GetFlag(FLAGS_session_memory),
+       &options->session_memory},
+      {"session_gpu_memory", absl::GetFlag(FLAGS_session_gpu_memory),
+       &options->session_gpu_memory}};
+  for (const auto& [name, text, bytes] : flags) {
+    if (text.empty()) continue;
+    absl::StatusOr<KvMemoryBudget> size = ParseKvMemory(text);
+    if (!size.ok() || size->bytes <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--%s=%s is not a size (accepted: 512MiB, 4GiB, 1000000000)", name,
+          text));
+    }
+    *bytes = size->bytes;
   }
-  return -1;
+  return absl::OkStatus();
 }
 
 // The flags as ServerOptions; INVALID_ARGUMENT naming the flag, its value
@@ -365,17 +390,18 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
         absl::StrFormat("%s needs --kv_layout",
                         kv_memory.empty() ? "--kv_scrub" : "--kv_memory"));
   }
-  const int64_t available = AvailableHostBytes();
+  const HostMemory host = AvailableHostMemory();
+  const int64_t available = host.bytes;
   const double needed =
       static_cast<double>(options.pool.num_pages) * kHostBytesPerPage;
   if (available >= 0 && needed > available) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a pool of %d pages (--num_pages or --pool_tokens) needs %s of host "
         "memory for its bookkeeping (%d bytes a page); this host has %s "
-        "available. Size the pool to the engine's KV buffers "
+        "(%s). Size the pool to the engine's KV buffers "
         "(docs/operations.md, \"Sizing the pool\")",
         options.pool.num_pages, Bytes(needed), kHostBytesPerPage,
-        Bytes(available)));
+        Bytes(available), host.source()));
   }
   absl::StatusOr<FreePolicy> policy =
       ParseFreePolicy(absl::GetFlag(FLAGS_free_policy));
@@ -571,6 +597,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
                              int64_t{1} << 30, "slots"));
   options.sessions.max_ring_capacity_slots = std::max<int64_t>(
       options.sessions.default_ring_capacity_slots, int64_t{1} << 26);
+  RETURN_IF_ERROR(SessionMemoryFromFlags(&options));
   options.sessions.max_quota_pages =
       absl::GetFlag(FLAGS_max_session_quota_pages);
   // A pool sized by its KV budget (num_pages 0 here) is checked against
@@ -594,6 +621,39 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
         "0.0.0.0 or 127.0.0.1)");
   }
   return options;
+}
+
+// Checks --max_sessions against the open-files limit (raised to its hard
+// limit already): a value given on the command line that does not fit
+// stops the daemon (INVALID_ARGUMENT naming both numbers); the default
+// value (given or not) is lowered to what fits, with a warning.
+absl::Status FitSessionsToDescriptors(ServerOptions* options) {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0 ||
+      files.rlim_cur == RLIM_INFINITY) {
+    return absl::OkStatus();
+  }
+  const int64_t limit = static_cast<int64_t>(files.rlim_cur);
+  const int64_t fits = SessionsWithin(limit);
+  int64_t& sessions = options->sessions.max_sessions;
+  if (sessions <= fits) return absl::OkStatus();
+  const std::string why = absl::StrFormat(
+      "the open-files limit (RLIMIT_NOFILE) is %d, which holds %d sessions "
+      "at %d descriptors a session beside the daemon's own",
+      limit, fits, kDescriptorsPerSession);
+  if (sessions !=
+          std::stoll(
+              absl::FindCommandLineFlag("max_sessions")->DefaultValue()) ||
+      fits < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--max_sessions=%d does not fit: %s; raise the limit (LimitNOFILE=, "
+        "ulimit -n) or lower --max_sessions",
+        sessions, why));
+  }
+  Logger("server")->warn("--max_sessions lowered from {} to {}: {}", sessions,
+                         fits, why);
+  sessions = fits;
+  return absl::OkStatus();
 }
 
 // spdlog's level for --log_level, in any case; INVALID_ARGUMENT for a name
@@ -649,6 +709,9 @@ int Main() {
     if (setrlimit(RLIMIT_NOFILE, &files) == 0) {
       log->info("open files limit raised from {} to {}", soft, files.rlim_max);
     }
+  }
+  if (absl::Status fits = FitSessionsToDescriptors(&*options); !fits.ok()) {
+    ExitUsage(kCommandLine.program, fits.message());
   }
   // Signals go to one watcher thread, never to a gRPC or batcher thread.
   sigset_t signals;

@@ -43,7 +43,8 @@ absl::StatusOr<MemoryBudget::Charge> MemoryBudget::Take(
   if (bytes > limit_ - used_) {
     refusals_.fetch_add(1, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "session memory budget exhausted: %s needs %s (%d bytes) of %s; %d "
+        "session memory budget exhausted: %s needs %s (%d bytes) of %s "
+        "memory; %d "
         "bytes are in use of a budget of %d (%s, %s)",
         what, FormatBytes(bytes), bytes, name_, used_, limit_,
         FormatBytes(limit_), flag_));
@@ -130,6 +131,26 @@ std::optional<int64_t> CgroupMemoryLimit(const std::string& proc_self_cgroup,
     }
   }
   return tightest;
+}
+
+HostMemory AvailableHostMemory() {
+  HostMemory memory;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") {
+      memory.bytes = kib * 1024;
+      break;
+    }
+  }
+  const std::optional<int64_t> limit = CgroupMemoryLimit();
+  if (limit.has_value() && (memory.bytes < 0 || *limit < memory.bytes)) {
+    memory.bytes = *limit;
+    memory.cgroup_limit = true;
+  }
+  return memory;
 }
 
 int64_t DefaultSessionBudget(BudgetMemory memory, int64_t room, int64_t taken) {

@@ -54,8 +54,8 @@ class MemoryBudget {
     int64_t bytes_ = 0;
   };
 
-  // `name` names the memory and the flag that sets the budget, for
-  // messages ("host memory", "--session_memory"). REQUIRES: limit >= 0.
+  // `name` names the memory ("host", "gpu": the metrics' label) and `flag`
+  // the flag that sets the budget, for messages. REQUIRES: limit >= 0.
   MemoryBudget(std::string name, std::string flag, int64_t limit_bytes);
   MemoryBudget(const MemoryBudget&) = delete;
   MemoryBudget& operator=(const MemoryBudget&) = delete;
@@ -93,6 +93,20 @@ class MemoryBudget {
 std::optional<int64_t> CgroupMemoryLimit(
     const std::string& proc_self_cgroup = "/proc/self/cgroup",
     const std::string& cgroup_root = "/sys/fs/cgroup");
+
+// What the daemon may have of the host's memory: the kernel's
+// MemAvailable, or its memory cgroup's limit where that is smaller (a
+// cgroup over its limit answers with the OOM killer, whatever the host has
+// free). `bytes` is -1 when neither can be read.
+struct HostMemory {
+  int64_t bytes = -1;
+  bool cgroup_limit = false;  // `bytes` is the cgroup's limit
+  // "available", "the memory cgroup's limit": for messages.
+  const char* source() const {
+    return cgroup_limit ? "the memory cgroup's limit" : "available";
+  }
+};
+HostMemory AvailableHostMemory();
 
 // The default budget of sessions' memory given `room`, what the daemon may
 // have of that memory in all (the cgroup's limit or the host's available

@@ -19,7 +19,7 @@ using ::testing::HasSubstr;
 using ::testing::Optional;
 
 TEST(MemoryBudgetTest, ChargesWholeOrNotAtAllAndGivesBackOnDestruction) {
-  MemoryBudget budget("host memory", "--session_memory", 100);
+  MemoryBudget budget("host", "--session_memory", 100);
   absl::StatusOr<MemoryBudget::Charge> first = budget.Take(60, "a ring");
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(budget.used(), 60);

@@ -92,14 +92,19 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
                                  CallCore* core, Batcher* batcher,
                                  Backend* backend,
                                  const FastChannelServer* fast_channels,
-                                 const HandoffThreads* grpc_answer_senders)
+                                 const HandoffThreads* grpc_answer_senders,
+                                 std::vector<const MemoryBudget*> budgets)
     : pool_(pool),
       sessions_(sessions),
       core_(core),
       batcher_(batcher),
       backend_(backend),
       fast_channels_(fast_channels),
-      grpc_answer_senders_(grpc_answer_senders) {}
+      grpc_answer_senders_(grpc_answer_senders) {
+  for (const MemoryBudget* budget : budgets) {
+    if (budget != nullptr) budgets_.push_back(budget);
+  }
+}
 
 std::string MetricsExporter::Render() const {
   const PoolStats stats = pool_->Stats();
@@ -221,6 +226,30 @@ std::string MetricsExporter::Render() const {
       Counter("pagealloc_pages_reclaimed_total",
               "Pages freed because their session's lease ran out.",
               counters.pages_reclaimed));
+  // Sessions' memory budgets, by memory ("host"; "gpu" on CUDA).
+  MetricFamily budget_bytes = Family(
+      "pagealloc_session_memory_budget_bytes",
+      "Budget of the memory sessions make the daemon allocate (rings, fast "
+      "channels), by memory.",
+      MetricType::Gauge);
+  MetricFamily budget_used =
+      Family("pagealloc_session_memory_used_bytes",
+             "Memory charged to the sessions' budget now, by memory.",
+             MetricType::Gauge);
+  MetricFamily budget_refusals =
+      Family("pagealloc_session_memory_refusals_total",
+             "Rings and fast channels refused for want of budget, by memory.",
+             MetricType::Counter);
+  for (const MemoryBudget* budget : budgets_) {
+    const std::vector<ClientMetric::Label> memory = {
+        {"memory", budget->name()}};
+    AddGauge(budget_bytes, budget->limit(), memory);
+    AddGauge(budget_used, budget->used(), memory);
+    AddCounter(budget_refusals, budget->refusals(), memory);
+  }
+  families.push_back(std::move(budget_bytes));
+  families.push_back(std::move(budget_used));
+  families.push_back(std::move(budget_refusals));
   // Fast-channel abuse, by reason; both reasons from the start.
   MetricFamily throttled =
       Family("pagealloc_sessions_throttled_total",
