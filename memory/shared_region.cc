@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -96,8 +97,11 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
       new SharedRegion(std::move(fd), base, bytes, /*owner=*/true));
 }
 
-void SharedRegion::Discard() {
-  if (owner_) madvise(base_, bytes_, MADV_REMOVE);
+void SharedRegion::Discard(size_t keep_bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t keep = (keep_bytes + page - 1) / page * page;
+  if (!owner_ || keep >= bytes_) return;
+  madvise(static_cast<char*>(base_) + keep, bytes_ - keep, MADV_REMOVE);
 }
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::FromFd(

@@ -69,12 +69,13 @@ class SharedRegion {
   // been handed over, the daemon need not hold it.
   void CloseFd() { fd_.reset(); }
 
-  // Frees the memory's pages now (MADV_REMOVE: the memory reads as zeros
-  // afterwards, in every mapping), even while another process still maps
-  // it or holds its descriptor: memory that was charged to this process
-  // must not stay charged after it is let go. Best effort; a region made
-  // by FromFd or mapped read-only is left as it is.
-  void Discard();
+  // Frees the memory's pages past the first `keep_bytes` (rounded up to a
+  // page) now (MADV_REMOVE: they read as zeros afterwards, in every
+  // mapping), even while another process still maps the memory or holds
+  // its descriptor: memory that was charged to this process must not stay
+  // charged after it is let go. Best effort; a region made by FromFd is
+  // left as it is.
+  void Discard(size_t keep_bytes = 0);
 
  private:
   SharedRegion(UniqueFd fd, void* base, size_t bytes, bool owner)

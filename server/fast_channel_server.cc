@@ -76,8 +76,10 @@ struct FastChannelServer::Channel {
         codec(region->base(), capacity) {}
 
   // Frees the memory even where the client still maps it, before the
-  // charge is given back.
-  ~Channel() { region->Discard(); }
+  // charge is given back: all but the header, whose session_ended word
+  // and end_reason the client reads after the end (the stale-answer
+  // fence). That page stays until the client unmaps it.
+  ~Channel() { region->Discard(sizeof(fast_channel::ChannelHeader)); }
 
   const uint64_t session_id;
   const std::string token;
