@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -24,7 +25,7 @@ bool OutOfMemory(int error) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
-    absl::string_view name, size_t bytes) {
+    absl::string_view name, size_t bytes, Access handed_out) {
   const std::string text(name);
   if (bytes == 0) {
     return absl::InvalidArgumentError(
@@ -70,8 +71,37 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
                         absl::StrFormat("mmap of shared memory %s failed: %s",
                                         text, std::strerror(error)));
   }
+  if (handed_out == Access::kReadOnly) {
+    // Reopening the memfd through /proc gives a new open file of the same
+    // memory with the access we ask for; the kernel checks writes, writable
+    // mappings, ftruncate and fallocate against that open file's mode.
+    // (A process can still reopen a read-only memfd of its own read-write
+    // through its /proc/self/fd; a seal would stop that, but F_SEAL_WRITE
+    // refuses our writable mapping and F_SEAL_FUTURE_WRITE our own
+    // Discard, so we take the mode's protection and the budget's bound.)
+    const std::string path = absl::StrFormat("/proc/self/fd/%d", fd.get());
+    UniqueFd read_only(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!read_only.valid()) {
+      const int error = errno;
+      munmap(base, bytes);
+      return absl::Status(OutOfMemory(error)
+                              ? absl::StatusCode::kResourceExhausted
+                              : absl::StatusCode::kInternal,
+                          absl::StrFormat("reopening shared memory %s "
+                                          "read-only (%s) failed: %s",
+                                          text, path, std::strerror(error)));
+    }
+    fd = std::move(read_only);
+  }
   return std::unique_ptr<SharedRegion>(
-      new SharedRegion(std::move(fd), base, bytes));
+      new SharedRegion(std::move(fd), base, bytes, /*owner=*/true));
+}
+
+void SharedRegion::Discard(size_t keep_bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t keep = (keep_bytes + page - 1) / page * page;
+  if (!owner_ || keep >= bytes_) return;
+  madvise(static_cast<char*>(base_) + keep, bytes_ - keep, MADV_REMOVE);
 }
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::FromFd(
@@ -108,7 +138,7 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::FromFd(
   }
   // The mapping holds the memory; the descriptor is not needed any more.
   return std::unique_ptr<SharedRegion>(
-      new SharedRegion(UniqueFd(), base, bytes));
+      new SharedRegion(UniqueFd(), base, bytes, /*owner=*/false));
 }
 
 SharedRegion::~SharedRegion() { munmap(base_, bytes_); }

@@ -31,7 +31,7 @@ enum class BackendKind { kCpu, kCuda };
 struct RingDescription {
   // How the client maps `fd`.
   enum class Memory {
-    kMemfd,    // CPU: a memfd, mapped read-only with mmap
+    kMemfd,    // CPU: a memfd, handed over read-only, mapped with mmap
     kCudaVmm,  // CUDA: a cuMemCreate allocation exported as a POSIX fd
   };
   int64_t capacity_slots = 0;
@@ -86,6 +86,10 @@ class RingMemory {
   virtual int64_t capacity_slots() const = 0;
   // What a client needs to map the ring.
   virtual RingDescription Describe() const = 0;
+  // Closes the daemon's descriptor of the ring's memory once the client
+  // holds its own (Describe's fd is -1 afterwards); a backend whose ring
+  // needs its descriptor keeps it.
+  virtual void CloseDescriptor() {}
 };
 
 // This class is thread-safe: CreateRing may be called from any handler

@@ -15,12 +15,16 @@
 #include "kernels/cpu_executor.h"
 #include "memory/shared_region.h"
 #include "server/backend.h"
+#include "server/memory_budget.h"
 
 namespace pagealloc {
 namespace {
 
 // A ring in a memfd: reserved at creation (so a ring too large for the
-// host's memory is refused at Register, not a SIGBUS when it fills).
+// host's memory is refused at Register, not a SIGBUS when it fills). The
+// client only reads its ring, so it gets a read-only descriptor: it cannot
+// write the daemon's answers or punch holes in the reservation. The pages
+// are freed when the ring goes, even if the client still maps them.
 class MemfdRing final : public RingMemory {
  public:
   static absl::StatusOr<std::unique_ptr<MemfdRing>> Create(uint64_t session_id,
@@ -28,13 +32,17 @@ class MemfdRing final : public RingMemory {
     ASSIGN_OR_RETURN(
         std::unique_ptr<SharedRegion> region,
         SharedRegion::Create(absl::StrFormat("pagealloc-ring.%d", session_id),
-                             capacity * sizeof(int64_t)));
+                             capacity * sizeof(int64_t),
+                             SharedRegion::Access::kReadOnly));
     return std::unique_ptr<MemfdRing>(
         new MemfdRing(std::move(region), capacity));
   }
 
+  ~MemfdRing() override { region_->Discard(); }
+
   int64_t* slots() override { return static_cast<int64_t*>(region_->base()); }
   int64_t capacity_slots() const override { return capacity_; }
+  void CloseDescriptor() override { region_->CloseFd(); }
   RingDescription Describe() const override {
     RingDescription ring;
     ring.capacity_slots = capacity_;
@@ -86,11 +94,16 @@ class CpuBackend final : public Backend {
     return static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   }
 
-  // MemAvailable: what the kernel can give without swapping. A memfd is
-  // charged to the daemon's memory cgroup too; posix_fallocate in
-  // SharedRegion::Create refuses the slab at start when that is smaller.
+  // MemAvailable, or the memory cgroup's limit where smaller: a memfd is
+  // charged to the daemon's cgroup, whose limit is met with the OOM killer.
   absl::StatusOr<int64_t> KvAvailableBytes() override {
-    return AvailableHostBytes();
+    const HostMemory memory = AvailableHostMemory();
+    if (memory.bytes < 0) {
+      return absl::InternalError(
+          "/proc/meminfo has no MemAvailable and no memory cgroup limit is "
+          "readable");
+    }
+    return memory.bytes;
   }
 
   absl::Status CreateKvSlab(const KvLayout& layout,

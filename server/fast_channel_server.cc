@@ -65,17 +65,27 @@ using fast_channel::ChannelCodec;
 using fast_channel::ChannelLayout;
 
 struct FastChannelServer::Channel {
-  Channel(uint64_t id, std::string session_token,
+  Channel(uint64_t id, std::string session_token, MemoryBudget::Charge charged,
           std::unique_ptr<SharedRegion> shared, UniqueFd bell,
           const Capacity& capacity)
       : session_id(id),
         token(std::move(session_token)),
+        charge(std::move(charged)),
         region(std::move(shared)),
         doorbell(std::move(bell)),
         codec(region->base(), capacity) {}
 
+  // Frees the memory even where the client still maps it, before the
+  // charge is given back: all but the header, whose session_ended word
+  // and end_reason the client reads after the end (the stale-answer
+  // fence). That page stays until the client unmaps it.
+  ~Channel() { region->Discard(sizeof(fast_channel::ChannelHeader)); }
+
   const uint64_t session_id;
   const std::string token;
+  // The region's memory in the sessions' budget; declared first, so that
+  // it is given back last.
+  MemoryBudget::Charge charge;
   const std::unique_ptr<SharedRegion> region;
   // The eventfd its client writes when the poller sleeps.
   const UniqueFd doorbell;
@@ -271,14 +281,23 @@ absl::StatusOr<ChannelCapacity> FastChannelServer::SessionOpened(
     uint64_t session_id, const std::string& session_token) {
   const Capacity capacity{options_.max_requests, options_.message_bytes};
   const ChannelLayout layout(capacity.max_requests, capacity.message_bytes);
+  MemoryBudget::Charge charge;
+  if (options_.budget != nullptr) {
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    ASSIGN_OR_RETURN(
+        charge,
+        options_.budget->Take(
+            (static_cast<int64_t>(layout.total_bytes) + page - 1) / page * page,
+            "a fast channel"));
+  }
   ASSIGN_OR_RETURN(
       std::unique_ptr<SharedRegion> region,
       SharedRegion::Create(absl::StrFormat("pagealloc-channel.%d", session_id),
                            layout.total_bytes));
   ASSIGN_OR_RETURN(UniqueFd doorbell, NewEventFd());
-  auto channel =
-      std::make_shared<Channel>(session_id, session_token, std::move(region),
-                                std::move(doorbell), capacity);
+  auto channel = std::make_shared<Channel>(session_id, session_token,
+                                           std::move(charge), std::move(region),
+                                           std::move(doorbell), capacity);
   channel->codec.Initialize();
   channel->reply = std::make_unique<ChannelReply>(channel.get());
   absl::MutexLock lock(&mu_);
@@ -313,11 +332,21 @@ absl::StatusOr<FastChannelServer::ChannelFds> FastChannelServer::ExportFds(
         absl::StrFormat("session %d has no fast channel", session_id));
   }
   const Channel& channel = *it->second;
+  if (channel.region->fd() < 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "session %d's fast channel was handed over already", session_id));
+  }
   ChannelFds fds;
   ASSIGN_OR_RETURN(fds.memory, Duplicate(channel.region->fd()));
   fds.bytes = channel.region->bytes();
   ASSIGN_OR_RETURN(fds.doorbell, Duplicate(channel.doorbell.get()));
   return fds;
+}
+
+void FastChannelServer::CloseMemoryDescriptor(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = channels_.find(session_id);
+  if (it != channels_.end()) it->second->region->CloseFd();
 }
 
 void FastChannelServer::Close(uint64_t session_id, absl::string_view reason) {

@@ -67,6 +67,7 @@
 #include "memory/unique_fd.h"
 #include "server/call_core.h"
 #include "server/histogram.h"
+#include "server/memory_budget.h"
 #include "server/session_hooks.h"
 
 namespace pagealloc {
@@ -94,6 +95,9 @@ class FastChannelServer final : public SessionChannels {
     // strike.
     absl::Duration throttled_interval = absl::Milliseconds(10);
     absl::Duration throttle_time = absl::Seconds(1);
+    // Charged each channel's memory, when not null (it must outlive the
+    // server): a channel past it is refused.
+    MemoryBudget* budget = nullptr;
   };
 
   // Why a session was throttled or dropped: most of its strikes were
@@ -131,6 +135,10 @@ class FastChannelServer final : public SessionChannels {
   // cannot be duplicated (out of descriptors).
   absl::StatusOr<ChannelFds> ExportFds(uint64_t session_id)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Closes the daemon's descriptor of a session's channel memory once its
+  // client holds it (the mapping stays); ExportFds then answers
+  // FAILED_PRECONDITION.
+  void CloseMemoryDescriptor(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Drops a session's channel (calls in flight still complete), after
   // setting its session_ended word with `reason`.

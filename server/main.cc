@@ -24,7 +24,9 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -34,11 +36,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/command_line.h"
-#include "common/host_memory.h"
 #include "common/logging.h"
 #include "common/socket_location.h"
 #include "common/status_macros.h"
 #include "memory/kv_layout.h"
+#include "server/descriptors.h"
+#include "server/memory_budget.h"
 #include "server/server.h"
 
 ABSL_FLAG(int, gpu, 0, "CUDA device ordinal whose KV pool this daemon owns.");
@@ -182,9 +185,20 @@ ABSL_FLAG(int64_t, lease_ms, 10000,
 ABSL_FLAG(int64_t, ring_capacity_slots, 0,
           "Default output ring size per session (8 bytes a slot, in GPU "
           "memory on the CUDA backend). 0: the pool's slots (num_pages * "
-          "page_size), at least 1048576, so that any call the pool can "
-          "serve fits.");
-ABSL_FLAG(int64_t, max_sessions, 256, "Most sessions at once.");
+          "page_size, at least 1048576), so that any call the pool can "
+          "serve fits, within an eighth of the sessions' ring budget.");
+ABSL_FLAG(int64_t, max_sessions, 256,
+          "Most sessions at once; at most what the open-files limit holds "
+          "(4 descriptors a session; docs/operations.md, \"Descriptors\").");
+ABSL_FLAG(std::string, session_memory, "",
+          "Budget of host memory for sessions' rings (CPU backend) and fast "
+          "channels: a size (512MiB, 4GiB). Empty: three quarters of what "
+          "the memory cgroup's limit (else the host's available memory) "
+          "leaves after the KV slab (docs/operations.md, \"Memory "
+          "budget\").");
+ABSL_FLAG(std::string, session_gpu_memory, "",
+          "Budget of GPU memory for sessions' rings (CUDA backend): a size. "
+          "Empty: an eighth of the GPU memory free after the KV slab.");
 ABSL_FLAG(int64_t, max_session_quota_pages, 0,
           "Cap on any session's page quota (0: no cap).");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
@@ -220,6 +234,8 @@ const CommandLineSpec kCommandLine = {
         {"memory and sessions",
          {{"ring_capacity_slots", "slots of 8 bytes"},
           {"max_sessions", "sessions"},
+          {"session_memory", "bytes"},
+          {"session_gpu_memory", "bytes"},
           {"max_session_quota_pages", "pages"},
           {"lease_ms", "milliseconds"}}},
         {"transport",
@@ -299,6 +315,27 @@ absl::Status CheckRange(absl::string_view flag, int64_t value, int64_t min,
 // The most pages a pool of `page_size` may have: 2^40 slots, page 0 reserved.
 int64_t MaxPages(int64_t page_size) { return kMaxSlots / page_size - 1; }
 
+// --session_memory and --session_gpu_memory: a size each, or empty for
+// the budget derived from what the daemon can have (-1).
+absl::Status SessionMemoryFromFlags(ServerOptions* options) {
+  const std::tuple<const char*, std::string, int64_t*> flags[] = {
+      {"session_memory", absl::GetFlag(FLAGS_session_memory),
+       &options->session_memory},
+      {"session_gpu_memory", absl::GetFlag(FLAGS_session_gpu_memory),
+       &options->session_gpu_memory}};
+  for (const auto& [name, text, bytes] : flags) {
+    if (text.empty()) continue;
+    absl::StatusOr<KvMemoryBudget> size = ParseKvMemory(text);
+    if (!size.ok() || size->bytes <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--%s=%s is not a size (accepted: 512MiB, 4GiB, 1000000000)", name,
+          text));
+    }
+    *bytes = size->bytes;
+  }
+  return absl::OkStatus();
+}
+
 // The flags of one group into `options`; INVALID_ARGUMENT naming the flag,
 // its value and what is accepted for the first one that is out of range.
 // Each group reads only flags and what the groups before it set.
@@ -375,17 +412,18 @@ absl::Status KvFlags(ServerOptions* options) {
 // The pool's bookkeeping against this host's memory.
 absl::Status CheckHostMemory(ServerOptions* options) {
   // Unknown (no /proc): not checked.
-  const int64_t available = AvailableHostBytes().value_or(-1);
+  const HostMemory host = AvailableHostMemory();
+  const int64_t available = host.bytes;
   const double needed =
       static_cast<double>(options->pool.num_pages) * kHostBytesPerPage;
   if (available >= 0 && needed > available) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a pool of %d pages (--num_pages or --pool_tokens) needs %s of host "
         "memory for its bookkeeping (%d bytes a page); this host has %s "
-        "available. Size the pool to the engine's KV buffers "
+        "(%s). Size the pool to the engine's KV buffers "
         "(docs/operations.md, \"Sizing the pool\")",
         options->pool.num_pages, Bytes(needed), kHostBytesPerPage,
-        Bytes(available)));
+        Bytes(available), host.source()));
   }
   return absl::OkStatus();
 }
@@ -619,6 +657,7 @@ absl::Status SessionFlags(ServerOptions* options) {
                              int64_t{1} << 30, "slots; 0: the pool's slots"));
   options->sessions.max_ring_capacity_slots = std::max<int64_t>(
       options->sessions.default_ring_capacity_slots, int64_t{1} << 26);
+  RETURN_IF_ERROR(SessionMemoryFromFlags(options));
   options->sessions.max_quota_pages =
       absl::GetFlag(FLAGS_max_session_quota_pages);
   // A pool sized by its KV budget (num_pages 0 here) is checked against
@@ -660,6 +699,39 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     RETURN_IF_ERROR(group(&options));
   }
   return options;
+}
+
+// Checks --max_sessions against the open-files limit (raised to its hard
+// limit already): a value given on the command line that does not fit
+// stops the daemon (INVALID_ARGUMENT naming both numbers); the default
+// value (given or not) is lowered to what fits, with a warning.
+absl::Status FitSessionsToDescriptors(ServerOptions* options) {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0 ||
+      files.rlim_cur == RLIM_INFINITY) {
+    return absl::OkStatus();
+  }
+  const int64_t limit = static_cast<int64_t>(files.rlim_cur);
+  const int64_t fits = SessionsWithin(limit);
+  int64_t& sessions = options->sessions.max_sessions;
+  if (sessions <= fits) return absl::OkStatus();
+  const std::string why = absl::StrFormat(
+      "the open-files limit (RLIMIT_NOFILE) is %d, which holds %d sessions "
+      "at %d descriptors a session beside the daemon's own",
+      limit, fits, kDescriptorsPerSession);
+  if (sessions !=
+          std::stoll(
+              absl::FindCommandLineFlag("max_sessions")->DefaultValue()) ||
+      fits < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--max_sessions=%d does not fit: %s; raise the limit (LimitNOFILE=, "
+        "ulimit -n) or lower --max_sessions",
+        sessions, why));
+  }
+  Logger("server")->warn("--max_sessions lowered from {} to {}: {}", sessions,
+                         fits, why);
+  sessions = fits;
+  return absl::OkStatus();
 }
 
 // spdlog's level for --log_level, in any case; INVALID_ARGUMENT for a name
@@ -715,6 +787,9 @@ int Main() {
     if (setrlimit(RLIMIT_NOFILE, &files) == 0) {
       log->info("open files limit raised from {} to {}", soft, files.rlim_max);
     }
+  }
+  if (absl::Status fits = FitSessionsToDescriptors(&*options); !fits.ok()) {
+    ExitUsage(kCommandLine.program, fits.message());
   }
   // Signals go to one watcher thread, never to a gRPC or batcher thread.
   sigset_t signals;

@@ -269,6 +269,11 @@ void MemorySocketServer::Serve() {
     connected_.fetch_add(1, std::memory_order_relaxed);
     log->info("session {}: memory ({} descriptors) handed to pid {}", id,
               fds.size(), connection.pid);
+    // The client holds its memory now and a session has one connection:
+    // the daemon keeps its mappings but not their descriptors (two fewer a
+    // session; server/descriptors.h).
+    (*session)->ring_memory().CloseDescriptor();
+    if (fast_channels_ != nullptr) fast_channels_->CloseMemoryDescriptor(id);
   };
 
   // A connected session's connection woke: the client went away (EOF), or

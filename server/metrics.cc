@@ -294,6 +294,34 @@ void AddSessionFamilies(const PoolStats& stats,
                          counters.pages_reclaimed));
 }
 
+// Sessions' memory budgets, by memory ("host"; "gpu" on CUDA).
+void AddBudgetFamilies(const std::vector<const MemoryBudget*>& budgets,
+                       Families* out) {
+  MetricFamily budget_bytes = Family(
+      "pagealloc_session_memory_budget_bytes",
+      "Budget of the memory sessions make the daemon allocate (rings, fast "
+      "channels), by memory.",
+      MetricType::Gauge);
+  MetricFamily budget_used =
+      Family("pagealloc_session_memory_used_bytes",
+             "Memory charged to the sessions' budget now, by memory.",
+             MetricType::Gauge);
+  MetricFamily budget_refusals =
+      Family("pagealloc_session_memory_refusals_total",
+             "Rings and fast channels refused for want of budget, by memory.",
+             MetricType::Counter);
+  for (const MemoryBudget* budget : budgets) {
+    const std::vector<ClientMetric::Label> memory = {
+        {"memory", budget->name()}};
+    AddGauge(budget_bytes, budget->limit(), memory);
+    AddGauge(budget_used, budget->used(), memory);
+    AddCounter(budget_refusals, budget->refusals(), memory);
+  }
+  out->push_back(std::move(budget_bytes));
+  out->push_back(std::move(budget_used));
+  out->push_back(std::move(budget_refusals));
+}
+
 // Fast-channel abuse, by reason; both reasons from the start (0 without a
 // fast channel).
 void AddAbuseFamilies(const FastChannelServer* fast_channels, Families* out) {
@@ -462,14 +490,19 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
                                  CallCore* core, Batcher* batcher,
                                  Backend* backend,
                                  const FastChannelServer* fast_channels,
-                                 const HandoffThreads* grpc_answer_senders)
+                                 const HandoffThreads* grpc_answer_senders,
+                                 std::vector<const MemoryBudget*> budgets)
     : pool_(pool),
       sessions_(sessions),
       core_(core),
       batcher_(batcher),
       backend_(backend),
       fast_channels_(fast_channels),
-      grpc_answer_senders_(grpc_answer_senders) {}
+      grpc_answer_senders_(grpc_answer_senders) {
+  for (const MemoryBudget* budget : budgets) {
+    if (budget != nullptr) budgets_.push_back(budget);
+  }
+}
 
 std::string MetricsExporter::Render() const {
   const PoolStats stats = pool_->Stats();
@@ -480,6 +513,7 @@ std::string MetricsExporter::Render() const {
   const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();
   AddSessionFamilies(stats, sessions, core_->counters(), &families);
   AddReserveFamilies(fast_channels_, sessions, families);
+  AddBudgetFamilies(budgets_, &families);
   AddAbuseFamilies(fast_channels_, &families);
   AddRpcFamilies(core_->rpc_metrics(), &families);
   AddBatchFamilies(batcher_->metrics(), &families);

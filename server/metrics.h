@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "allocator/page_pool.h"
@@ -24,6 +25,7 @@
 #include "server/batcher.h"
 #include "server/call_core.h"
 #include "server/fast_channel_server.h"
+#include "server/memory_budget.h"
 #include "server/session.h"
 
 namespace pagealloc {
@@ -41,7 +43,8 @@ class MetricsExporter {
   MetricsExporter(PagePool* pool, SessionRegistry* sessions, CallCore* core,
                   Batcher* batcher, Backend* backend,
                   const FastChannelServer* fast_channels = nullptr,
-                  const HandoffThreads* grpc_answer_senders = nullptr);
+                  const HandoffThreads* grpc_answer_senders = nullptr,
+                  std::vector<const MemoryBudget*> budgets = {});
 
   // The exposition, text format 0.0.4.
   std::string Render() const;
@@ -54,6 +57,8 @@ class MetricsExporter {
   Backend* const backend_;
   const FastChannelServer* const fast_channels_;
   const HandoffThreads* const grpc_answer_senders_;
+  // Sessions' memory budgets (nulls left out).
+  std::vector<const MemoryBudget*> budgets_;
 };
 
 // A small HTTP server (cpp-httplib) for GET /metrics and GET /healthz.

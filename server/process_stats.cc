@@ -1,7 +1,5 @@
 #include "server/process_stats.h"
 
-#include <dirent.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "server/descriptors.h"
 
 namespace pagealloc {
 namespace {
@@ -29,25 +28,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-// Counts the open descriptors listed in /proc/self/fd, leaving out the one
-// that lists them.
-absl::StatusOr<int> CountOpenFds() {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) {
-    return absl::UnavailableError(
-        absl::StrFormat("cannot list /proc/self/fd: %s", std::strerror(errno)));
-  }
-  const std::string own = std::to_string(dirfd(dir));
-  int count = 0;
-  while (const dirent* entry = readdir(dir)) {
-    const absl::string_view name = entry->d_name;
-    if (name == "." || name == ".." || name == own) continue;
-    ++count;
-  }
-  closedir(dir);
-  return count;
 }
 
 }  // namespace
@@ -105,12 +85,9 @@ absl::StatusOr<ProcessStats> ReadProcessStats() {
   ASSIGN_OR_RETURN(ProcessStats stats,
                    ParseProcStat(stat, sysconf(_SC_CLK_TCK),
                                  sysconf(_SC_PAGESIZE), boot_time));
-  ASSIGN_OR_RETURN(const int open_fds, CountOpenFds());
-  stats.open_fds = open_fds;
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
-    stats.max_fds = static_cast<double>(limit.rlim_cur);
-  }
+  ASSIGN_OR_RETURN(const DescriptorCount descriptors, CountDescriptors());
+  stats.open_fds = static_cast<double>(descriptors.open);
+  stats.max_fds = static_cast<double>(descriptors.limit);
   return stats;
 }
 

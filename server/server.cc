@@ -29,12 +29,14 @@
 #include "common/logging.h"
 #include "common/socket_location.h"
 #include "common/status_macros.h"
+#include "fast_channel/layout.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "memory/memory_socket.h"
 #include "memory/unique_fd.h"
+#include "server/descriptors.h"
 
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "server/cuda_backend.h"
@@ -479,8 +481,9 @@ absl::StatusOr<KvSlabGeometry> SizeKvSlab(const ServerOptions& options,
   const int64_t page_size = options.pool.page_size;
   ASSIGN_OR_RETURN(const int64_t alignment, backend.KvAlignment());
   ASSIGN_OR_RETURN(const int64_t available, backend.KvAvailableBytes());
-  const char* where =
-      backend.kind() == BackendKind::kCuda ? "free on the GPU" : "available";
+  const char* where = backend.kind() == BackendKind::kCuda
+                          ? "free on the GPU"
+                          : AvailableHostMemory().source();
   std::optional<int64_t> budget;
   if (options.kv.budget.has_value()) {
     budget = options.kv.budget->Resolve(available);
@@ -544,12 +547,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
       PagePool::Create(pool_options, server->backend_->executor()));
   // A ring smaller than the pool would refuse, for its size, a call the
   // pool could serve: by default a ring holds the whole pool (8 bytes a
-  // token, against the token's KV bytes); docs/design.md section 5.
-  const SessionRegistry::Options session_options =
+  // token, against the token's KV bytes), within the sessions' memory
+  // budget (MakeBudgets); docs/design.md section 5.
+  const bool pool_sized_ring =
+      options.sessions.default_ring_capacity_slots == 0;
+  server->options_.sessions =
       options.sessions.ForPool(pool_options.num_pages * pool_options.page_size);
-  server->options_.sessions = session_options;
-  server->sessions_ = std::make_unique<SessionRegistry>(session_options,
-                                                        server->backend_.get());
+  RETURN_IF_ERROR(server->MakeBudgets(pool_sized_ring));
+  server->sessions_ = std::make_unique<SessionRegistry>(
+      server->options_.sessions, server->backend_.get(),
+      server->gpu_budget_ != nullptr ? server->gpu_budget_.get()
+                                     : server->host_budget_.get());
   Batcher::Options batcher_options = options.batcher;
   batcher_options.debug_checks =
       batcher_options.debug_checks || options.debug_checks;
@@ -572,6 +580,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     fast.throttle_strikes = options.fast_channel_throttle_strikes;
     fast.drop_strikes = options.fast_channel_drop_strikes;
     fast.throttle_time = options.fast_channel_throttle_time;
+    fast.budget = server->host_budget_.get();
     ASSIGN_OR_RETURN(server->fast_channels_,
                      FastChannelServer::Create(fast, server->core_.get()));
   }
@@ -593,8 +602,85 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->metrics_ = std::make_unique<MetricsExporter>(
       server->pool_.get(), server->sessions_.get(), server->core_.get(),
       server->batcher_.get(), server->backend_.get(),
-      server->fast_channels_.get(), server->grpc_answer_senders_.get());
+      server->fast_channels_.get(), server->grpc_answer_senders_.get(),
+      std::vector<const MemoryBudget*>{server->host_budget_.get(),
+                                       server->gpu_budget_.get()});
   return server;
+}
+
+absl::Status Server::MakeBudgets(bool pool_sized_ring) {
+  const KvSlab* slab = backend_->kv_slab();
+  const int64_t slab_bytes = slab != nullptr ? slab->geometry.total_bytes : 0;
+  const bool cuda = backend_->kind() == BackendKind::kCuda;
+  auto log = Logger("server");
+  // Host memory: the cgroup's limit holds the CPU backend's slab; the
+  // host's MemAvailable, read now, has it taken already.
+  int64_t host = options_.session_memory;
+  if (host < 0) {
+    const HostMemory room = AvailableHostMemory();
+    host = DefaultSessionBudget(BudgetMemory::kHost,
+                                std::max<int64_t>(0, room.bytes),
+                                !cuda && room.cgroup_limit ? slab_bytes : 0);
+    log->info("sessions' host memory budget: {} (from {}, {}{})",
+              FormatBytes(host), FormatBytes(room.bytes), room.source(),
+              !cuda && room.cgroup_limit ? ", less the KV slab" : "");
+  }
+  host_budget_ =
+      std::make_unique<MemoryBudget>("host", "--session_memory", host);
+  if (cuda) {
+    // The GPU's free memory now, the slab made: what is left of it at
+    // start.
+    int64_t gpu = options_.session_gpu_memory;
+    if (gpu < 0) {
+      ASSIGN_OR_RETURN(const int64_t free_now, backend_->KvAvailableBytes());
+      gpu = DefaultSessionBudget(BudgetMemory::kGpu, free_now, 0);
+      log->info(
+          "sessions' GPU memory budget: {} (an eighth of the {} free after "
+          "the KV slab; the rest is left to other processes)",
+          FormatBytes(gpu), FormatBytes(free_now));
+    }
+    gpu_budget_ =
+        std::make_unique<MemoryBudget>("gpu", "--session_gpu_memory", gpu);
+  }
+  // One session must fit: its default ring in the ring budget, and its
+  // fast channel in host memory beside a CPU ring.
+  MemoryBudget& rings = cuda ? *gpu_budget_ : *host_budget_;
+  SessionRegistry::Options& sessions = options_.sessions;
+  if (pool_sized_ring) {
+    // A pool-sized ring takes at most an eighth of the ring budget, so that
+    // a big pool leaves room for several sessions; it never goes below the
+    // smallest default ring (a budget that cannot hold that is refused
+    // below).
+    sessions.default_ring_capacity_slots = std::max(
+        SessionRegistry::kMinDefaultRingCapacitySlots,
+        std::min(sessions.default_ring_capacity_slots, rings.limit() / 64));
+  }
+  ASSIGN_OR_RETURN(const int64_t granularity, backend_->KvAlignment());
+  const int64_t ring_bytes =
+      (sessions.default_ring_capacity_slots * 8 + granularity - 1) /
+      granularity * granularity;
+  const int64_t channel_bytes =
+      options_.fast_channel
+          ? static_cast<int64_t>(fast_channel::ChannelLayout(
+                                     options_.batcher.max_batch_requests,
+                                     FastChannelServer::Options().message_bytes)
+                                     .total_bytes)
+          : 0;
+  if (ring_bytes + (cuda ? 0 : channel_bytes) > rings.limit() ||
+      channel_bytes > host_budget_->limit()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the sessions' memory budget cannot hold one session: its ring of "
+        "%d slots (--ring_capacity_slots) takes %s and its fast channel %s, "
+        "and the budget is %s of host memory (--session_memory)%s",
+        sessions.default_ring_capacity_slots, FormatBytes(ring_bytes),
+        FormatBytes(channel_bytes), FormatBytes(host_budget_->limit()),
+        cuda ? absl::StrFormat(" and %s of GPU memory (--session_gpu_memory)",
+                               FormatBytes(gpu_budget_->limit()))
+             : std::string()));
+  }
+  sessions.max_ring_capacity_slots =
+      std::min(sessions.max_ring_capacity_slots, rings.limit() / 8);
+  return absl::OkStatus();
 }
 
 void ApplyGrpcServerSettings(const ServerOptions& options,
@@ -838,7 +924,13 @@ absl::Status Server::CheckTcpAddresses() const {
 
 absl::Status Server::Health() const {
   if (core_->draining()) return absl::UnavailableError("draining");
-  if (acceptor_ != nullptr) return acceptor_->health();
+  if (acceptor_ != nullptr) RETURN_IF_ERROR(acceptor_->health());
+  // Short of descriptors for one more session: Register refuses, and so
+  // does the daemon's health.
+  const absl::Status descriptors = CheckDescriptorsFree(kDescriptorsPerSession);
+  if (!descriptors.ok()) {
+    return absl::UnavailableError(descriptors.message());
+  }
   return absl::OkStatus();
 }
 

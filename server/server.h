@@ -34,6 +34,7 @@
 #include "server/connection_acceptor.h"
 #include "server/fast_channel_server.h"
 #include "server/grpc_service.h"
+#include "server/memory_budget.h"
 #include "server/memory_socket_server.h"
 #include "server/metrics.h"
 #include "server/session.h"
@@ -112,6 +113,13 @@ struct ServerOptions {
   // client reconnects on its next call). A session's KeepAlive stream is a
   // call open for the session's life, so sessions are never idle.
   absl::Duration max_connection_idle = absl::Minutes(5);
+  // Budgets of the memory sessions make the daemon allocate
+  // (server/memory_budget.h), in bytes; -1: derived from what the daemon
+  // can have (DefaultSessionBudget). Host memory holds the CPU backend's
+  // rings and every fast channel; GPU memory the CUDA backend's rings.
+  // Each session's ring is capped by its budget too.
+  int64_t session_memory = -1;
+  int64_t session_gpu_memory = -1;
   // Plain TCP (no TLS) on an address other than loopback: Start refuses it
   // unless this is set, and then logs a warning.
   bool allow_insecure_tcp = false;
@@ -194,9 +202,20 @@ class Server {
   // allow_insecure_tcp and TLS.
   absl::Status CheckTcpAddresses() const;
 
+  // Sets up host_budget_ and gpu_budget_ (Create, after the KV slab), and
+  // caps options_.sessions' ring sizes by them; with `pool_sized_ring`
+  // (--ring_capacity_slots=0) the default ring shrinks to an eighth of the
+  // ring budget where the pool is larger. INVALID_ARGUMENT naming
+  // the numbers when a budget cannot hold one session's default ring and
+  // channel.
+  absl::Status MakeBudgets(bool pool_sized_ring);
+
   // As given, but pool.num_pages as the KV slab sized it (Create).
   ServerOptions options_;
   std::unique_ptr<Backend> backend_;
+  // Sessions' memory; before everything that charges them.
+  std::unique_ptr<MemoryBudget> host_budget_;
+  std::unique_ptr<MemoryBudget> gpu_budget_;  // CUDA backend only
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SessionRegistry> sessions_;
   // Send gRPC answers of shared launches (GrpcService); declared before

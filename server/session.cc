@@ -1,23 +1,27 @@
 #include "server/session.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include <sys/random.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "server/descriptors.h"
 
 namespace pagealloc {
 
 Session::Session(uint64_t id, std::string token, std::string client_name,
-                 int64_t quota_pages, std::unique_ptr<RingMemory> ring)
+                 int64_t quota_pages, std::unique_ptr<RingMemory> ring,
+                 MemoryBudget::Charge ring_charge)
     : id_(id),
       token_(std::move(token)),
       client_name_(std::move(client_name)),
       quota_pages_(quota_pages),
+      ring_charge_(std::move(ring_charge)),
       ring_memory_(std::move(ring)),
       ring_(ring_memory_->capacity_slots()) {}
 
@@ -62,15 +66,19 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 
 namespace {
 
-// 32 bytes from the kernel's CSPRNG.
+// 32 bytes from the kernel's CSPRNG. getrandom takes no descriptor, so a
+// daemon short of them still makes tokens.
 absl::StatusOr<std::string> RandomToken() {
   std::string token(32, '\0');
-  const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::InternalError("cannot open /dev/urandom");
-  const ssize_t n = read(fd, token.data(), token.size());
-  close(fd);
-  if (n != static_cast<ssize_t>(token.size())) {
-    return absl::InternalError("short read from /dev/urandom");
+  size_t got = 0;
+  while (got < token.size()) {
+    const ssize_t n = getrandom(token.data() + got, token.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InternalError(
+          absl::StrFormat("getrandom failed: %s", std::strerror(errno)));
+    }
+    got += n;
   }
   return token;
 }
@@ -89,8 +97,9 @@ SessionRegistry::Options SessionRegistry::Options::ForPool(
   return sized;
 }
 
-SessionRegistry::SessionRegistry(const Options& options, Backend* backend)
-    : options_(options), backend_(backend) {
+SessionRegistry::SessionRegistry(const Options& options, Backend* backend,
+                                 MemoryBudget* ring_budget)
+    : options_(options), backend_(backend), ring_budget_(ring_budget) {
   // Session ids start at a random point so that a restarted daemon does not
   // hand a returning client its old id.
   std::random_device random;
@@ -182,11 +191,26 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     RETURN_IF_ERROR(check_room());
     id = next_id_++;
   }
+  // Descriptors and memory are checked before the ring is made: running
+  // out of either must be a refusal that says so, never a failure deep in
+  // the kernel (EMFILE from memfd_create, the OOM killer at fallocate).
+  RETURN_IF_ERROR(CheckDescriptorsFree(kDescriptorsPerSession));
+  MemoryBudget::Charge charge;
+  if (ring_budget_ != nullptr) {
+    ASSIGN_OR_RETURN(const int64_t granularity, backend_->KvAlignment());
+    const int64_t bytes =
+        (ring_capacity_slots * static_cast<int64_t>(sizeof(int64_t)) +
+         granularity - 1) /
+        granularity * granularity;
+    ASSIGN_OR_RETURN(charge, ring_budget_->Take(
+                                 bytes, absl::StrFormat("a ring of %d slots",
+                                                        ring_capacity_slots)));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<RingMemory> ring,
                    backend_->CreateRing(id, ring_capacity_slots));
-  auto session =
-      std::make_shared<Session>(id, std::move(token), std::move(client_name),
-                                quota_pages, std::move(ring));
+  auto session = std::make_shared<Session>(id, std::move(token),
+                                           std::move(client_name), quota_pages,
+                                           std::move(ring), std::move(charge));
   session->Renew(absl::Now(), options_.lease);
   absl::MutexLock lock(&mu_);
   // The ring was made outside the lock, so other Opens may have filled the

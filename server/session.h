@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/backend.h"
+#include "server/memory_budget.h"
 #include "server/ring_space.h"
 
 namespace pagealloc {
@@ -26,8 +27,11 @@ namespace pagealloc {
 // This class is thread-safe.
 class Session {
  public:
+  // `ring_charge` is the ring's memory charged to the sessions' budget; it
+  // is given back once the ring is gone.
   Session(uint64_t id, std::string token, std::string client_name,
-          int64_t quota_pages, std::unique_ptr<RingMemory> ring);
+          int64_t quota_pages, std::unique_ptr<RingMemory> ring,
+          MemoryBudget::Charge ring_charge = {});
 
   uint64_t id() const { return id_; }
   const std::string& token() const { return token_; }
@@ -50,6 +54,9 @@ class Session {
   const std::string token_;
   const std::string client_name_;
   const int64_t quota_pages_;
+  // Declared before the ring, so that it is given back after the ring's
+  // memory is released.
+  MemoryBudget::Charge ring_charge_;
   const std::unique_ptr<RingMemory> ring_memory_;
 
   mutable absl::Mutex mu_;
@@ -83,12 +90,18 @@ class SessionRegistry {
     Options ForPool(int64_t pool_slots) const;
   };
 
-  SessionRegistry(const Options& options, Backend* backend);
+  // `ring_budget`, when not null, is charged each ring's memory (rounded up
+  // to the backend's allocation granularity) and must outlive the
+  // registry.
+  SessionRegistry(const Options& options, Backend* backend,
+                  MemoryBudget* ring_budget = nullptr);
 
   // Opens a session with a fresh id and a random 32-byte token, and creates
-  // its ring. Returns RESOURCE_EXHAUSTED at --max_sessions,
-  // INVALID_ARGUMENT for a bad ring size or quota, or a client name that
-  // is longer than 128 bytes or fails CheckClientName.
+  // its ring. Returns RESOURCE_EXHAUSTED at --max_sessions, when the ring
+  // does not fit the ring budget (asked, in use, budget) and when the
+  // daemon is short of descriptors ("descriptors exhausted: N open of
+  // limit M"); INVALID_ARGUMENT for a bad ring size or quota, or a client
+  // name that is longer than 128 bytes or fails CheckClientName.
   absl::StatusOr<std::shared_ptr<Session>> Open(std::string client_name,
                                                 int64_t ring_capacity_slots,
                                                 int64_t quota_pages)
@@ -114,6 +127,7 @@ class SessionRegistry {
  private:
   const Options options_;
   Backend* const backend_;
+  MemoryBudget* const ring_budget_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_

@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <set>
@@ -52,6 +53,16 @@ using ::pagealloc::testing::WaitFor;
 using ::testing::HasSubstr;
 namespace fc = ::pagealloc::fast_channel;
 namespace ms = ::pagealloc::memory_socket;
+
+// Mappings of this process whose file is `target` (/proc/self/maps).
+int MappingsOf(const std::string& target) {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (absl::EndsWith(line, " " + target)) ++count;
+  }
+  return count;
+}
 
 class FastChannelTest : public InProcessServerTest {
  protected:
@@ -462,9 +473,11 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   const uint64_t id = raw.registered.session_id();
   const std::string channel_memory =
       absl::StrFormat("/memfd:pagealloc-channel.%d (deleted)", id);
-  // The daemon's own (the copy it handed over may take a moment to go).
-  EXPECT_TRUE(WaitFor([&] { return DescriptorsTo(channel_memory) == 1; },
+  // Handed over, the daemon keeps its mapping but no descriptor; the raw
+  // client maps it too.
+  EXPECT_TRUE(WaitFor([&] { return DescriptorsTo(channel_memory) == 0; },
                       absl::Seconds(10)));
+  EXPECT_EQ(MappingsOf(channel_memory), 2);
   v1::KeepAliveRequest close;
   close.mutable_session()->set_session_id(id);
   close.mutable_session()->set_session_token(raw.registered.session_token());
@@ -482,7 +495,7 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   EXPECT_THAT(
       ms::ReadSessionEnd(raw.memory.connection.get()),
       StatusIs(absl::StatusCode::kNotFound, HasSubstr("closed by client")));
-  EXPECT_TRUE(WaitFor([&] { return DescriptorsTo(channel_memory) == 0; },
+  EXPECT_TRUE(WaitFor([&] { return MappingsOf(channel_memory) == 1; },
                       absl::Seconds(10)));
   // The other session is untouched.
   EXPECT_OK(client->Alloc({4}).status());

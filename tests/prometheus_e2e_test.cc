@@ -226,11 +226,11 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
 }
 
 // Every query of the dashboard, against a real Prometheus scraping a
-// daemon that served load through both transports, refused requests for
-// lack of pages and by quota, failed a call, sorted its free list, ended
-// KeepAlive streams, throttled and dropped a session that spammed its
-// doorbell, and reclaimed a session whose lease ran out: each returns at
-// least one finite, non-zero value.
+// daemon that served load through both transports, refused a ring past
+// its memory budget and requests for lack of pages and by quota, failed a call,
+// sorted its free list, ended KeepAlive streams, throttled and dropped a
+// session that spammed its doorbell, and reclaimed a session whose lease ran
+// out: each returns at least one finite, non-zero value.
 TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   ServerOptions options;
   options.backend = "cpu";
@@ -249,6 +249,8 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   // (honest clients never earn one).
   options.fast_channel_throttle_strikes = 1;
   options.fast_channel_drop_strikes = 2;
+  // Room for the sessions below, not for a ring of 80 MiB beside them.
+  options.session_memory = 96 << 20;
   ASSERT_OK_AND_ASSIGN(auto server, testing::InProcessServer::Start(options));
   ASSERT_OK_AND_ASSIGN(Prometheus prometheus,
                        StartPrometheus(server->server().metrics_port()));
@@ -346,7 +348,17 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
         },
         absl::Seconds(30)));
   }
-  // Refusals: one request larger than the free pool, one over a quota.
+  // Refusals: a ring past the sessions' memory budget, one request larger
+  // than the free pool, one over a quota.
+  {
+    ClientOptions big_ring;
+    big_ring.client_name = "e2e-big-ring";
+    big_ring.ring_capacity_slots = int64_t{10} << 20;  // 80 MiB
+    EXPECT_THAT(server->Connect(big_ring).status(),
+                testing::StatusIs(
+                    absl::StatusCode::kResourceExhausted,
+                    ::testing::HasSubstr("session memory budget exhausted")));
+  }
   {
     // Parked pages (the reserve's return parked some) count: an
     // allocation merges them.

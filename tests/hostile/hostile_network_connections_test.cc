@@ -35,6 +35,7 @@
 #include "memory/unique_fd.h"
 #include "tests/daemon_process.h"
 #include "tests/daemon_stats.h"
+#include "tests/hostile/hostile_daemon.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
 #include "tests/wait_for.h"
@@ -46,56 +47,6 @@ using ::testing::HasSubstr;
 
 // Bounds on waits that normally end within milliseconds (CI has 2 cores).
 constexpr absl::Duration kWait = absl::Seconds(30);
-
-std::unique_ptr<Client> ConnectTo(const Daemon& daemon,
-                                  const std::string& name) {
-  ClientOptions options;
-  options.target = daemon.target;
-  options.client_name = name;
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
-  EXPECT_OK(client.status());
-  return client.ok() ? *std::move(client) : nullptr;
-}
-
-// Allocates a page and frees it: the session works end to end.
-absl::Status RoundTrip(Client& client) {
-  absl::StatusOr<Allocation> allocation = client.Alloc({16});
-  if (!allocation.ok()) return allocation.status();
-  if (!allocation->status().ok()) return allocation->status();
-  int64_t slot = 0;
-  if (absl::Status copied = client.CopyToHost((*allocation)[0].slots, 1, &slot);
-      !copied.ok()) {
-    return copied;
-  }
-  return client.FreeSlots({slot}).status();
-}
-
-// The metrics port the daemon logged ("metrics on http://H:P/metrics"), or
-// -1 while it has not.
-int MetricsPort(const Daemon& daemon) {
-  const std::string log = ReadLog(daemon.log_path);
-  const size_t at = log.find("metrics on http://");
-  if (at == std::string::npos) return -1;
-  absl::string_view rest = absl::string_view(log).substr(at);
-  const size_t colon = rest.find(':', std::strlen("metrics on http://"));
-  const size_t slash = rest.find('/', colon);
-  int port = -1;
-  if (colon == absl::string_view::npos || slash == absl::string_view::npos ||
-      !absl::SimpleAtoi(rest.substr(colon + 1, slash - colon - 1), &port)) {
-    return -1;
-  }
-  return port;
-}
-
-// GET `path` on the daemon's metrics port: status and body, or status -1.
-std::pair<int, std::string> Get(int port, const std::string& path) {
-  httplib::Client http("127.0.0.1", port);
-  http.set_connection_timeout(5);
-  http.set_read_timeout(5);
-  httplib::Result result = http.Get(path.c_str());
-  if (!result) return {-1, httplib::to_string(result.error())};
-  return {result->status, result->body};
-}
 
 // The sum of pagealloc_requests_total's series for `rpc` and `code`.
 int64_t RequestsTotal(int port, absl::string_view rpc, absl::string_view code) {
@@ -113,32 +64,6 @@ int64_t RequestsTotal(int port, absl::string_view rpc, absl::string_view code) {
     }
   }
   return total;
-}
-
-// A raw connection to the daemon's gRPC socket that sends nothing.
-UniqueFd RawConnect(const Daemon& daemon) {
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, daemon.socket_path.c_str(),
-              daemon.socket_path.size() + 1);
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&address),
-              sizeof(address)) != 0) {
-    fd.reset();
-  }
-  return fd;
-}
-
-// What the daemon did with a raw connection: gRPC speaks first (its HTTP/2
-// settings), so a connection it serves becomes readable with data; one the
-// daemon refused is closed without a byte.
-enum class Fate { kPending, kServed, kClosedAtOnce };
-Fate FateOf(int fd) {
-  char byte;
-  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0) return Fate::kServed;
-  if (n == 0) return Fate::kClosedAtOnce;
-  return Fate::kPending;
 }
 
 // Whether the daemon has closed `fd` (everything it sent read, then end of
@@ -259,16 +184,8 @@ TEST(HostileNetworkConnectionsTest, DescriptorExhaustionIsReportedAndHealed) {
   ASSERT_OK(RoundTrip(*session));
   EXPECT_EQ(Get(port, "/healthz").first, 200);
 
-  std::vector<UniqueFd> flood;
-  Fate fate = Fate::kServed;
-  while (fate == Fate::kServed && flood.size() < 400) {
-    flood.push_back(RawConnect(daemon));
-    ASSERT_TRUE(flood.back().valid()) << "the test ran out of descriptors";
-    const int fd = flood.back().get();
-    ASSERT_TRUE(
-        WaitFor([&] { return (fate = FateOf(fd)) != Fate::kPending; }, kWait));
-  }
-  ASSERT_EQ(fate, Fate::kClosedAtOnce) << "400 connections and none refused";
+  ASSERT_OK_AND_ASSIGN(std::vector<UniqueFd> flood,
+                       FloodUntilRefused(daemon, 400));
 
   // Unhealthy, and says why; the descriptors it kept serve /healthz, and
   // the session it has keeps working.

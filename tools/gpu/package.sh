@@ -49,6 +49,7 @@ targets=(
   //tests/gpu:cuda_executor_test
   //tests/gpu:completion_counter_test
   //tests/gpu:kv_slab_gpu_test
+  //tests/gpu:ring_flood_test
   //memory:cuda_vmm_test
   //tests:kv_slab_test
   //tests:kv_writer

@@ -16,6 +16,9 @@
 #      kernel on each writer's stream, ordered only by the completion
 #      counter, with and without --kv_scrub), and what the scrub kernel
 #      costs per page (kv_scrub_gpu_benchmark: its table ends the summary)
+#   3b. ring_flood_test: a client's flood of the largest rings stops at the
+#      daemon's GPU budget, and another process allocates the rest of the
+#      GPU
 #   4. a soak: 8 load_client processes (4 sync, 4 async completion) for 10 s
 #      against one CUDA daemon with --debug_checks, sharing a claim table
 #      that catches a slot handed to two clients; then every page must be
@@ -30,6 +33,7 @@ gpu_setup "$@"
 need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
   tests/multi_client_test tests/server_process_test tests/stress_test \
   tests/gpu/completion_counter_test tests/gpu/kv_slab_gpu_test tests/kv_slab_test \
+  tests/gpu/ring_flood_test \
   memory/cuda_vmm_test \
   tests/kv_writer client/kv_example bench/kv_scrub_gpu_benchmark
 
@@ -48,6 +52,17 @@ grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |slots read on the GPU|Failure|kernel
 if grep -q "SKIPPED" "$OUT/completion_counter_test.log"; then
   note_step "completion_counter_test (no skips)" "FAILED" \
     "a GPU test skipped on a GPU host: completion_counter_test.log"
+fi
+
+# A flood of the largest rings stops at the GPU budget; another process
+# allocates the rest of the GPU.
+run_step ring_flood_test 240 "$OUT/ring_flood_test.log" tests/gpu/ring_flood_test
+add_detail "$(gtest_counts "$OUT/ring_flood_test.log")"
+grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |ring flood:|Failure" \
+  "$OUT/ring_flood_test.log" | tail -n 20
+if grep -q "SKIPPED" "$OUT/ring_flood_test.log"; then
+  note_step "ring_flood_test (no skips)" "FAILED" \
+    "a GPU test skipped on a GPU host: ring_flood_test.log"
 fi
 
 # CUDA VMM memory shared as file descriptors: export/import aliasing,
