@@ -125,6 +125,19 @@ ABSL_FLAG(
     absl::ToInt64Milliseconds(pagealloc::ServerOptions().keepalive_timeout),
     "A ping not answered within this closes the connection (a hung or "
     "vanished peer).");
+ABSL_FLAG(int64_t, memory_socket_hello_timeout_ms,
+          absl::ToInt64Milliseconds(
+              pagealloc::MemorySocketServer::Options().hello_timeout),
+          "A memory socket connection that has not sent its Hello within "
+          "this is closed.");
+ABSL_FLAG(int, memory_socket_max_pending,
+          pagealloc::MemorySocketServer::Options().max_pending,
+          "Memory socket connections waiting for their Hello, in all; a new "
+          "one over it closes the oldest.");
+ABSL_FLAG(int, memory_socket_max_pending_per_peer,
+          pagealloc::MemorySocketServer::Options().max_pending_per_peer,
+          "The same per peer process; a new one over it closes that "
+          "process's oldest.");
 ABSL_FLAG(bool, allow_insecure_tcp, false,
           "Allow --listen on a TCP address other than loopback without TLS "
           "(refused otherwise).");
@@ -231,7 +244,10 @@ const CommandLineSpec kCommandLine = {
          {{"max_connections", "connections"},
           {"max_connection_idle_ms", "milliseconds"},
           {"keepalive_time_ms", "milliseconds"},
-          {"keepalive_timeout_ms", "milliseconds"}}},
+          {"keepalive_timeout_ms", "milliseconds"},
+          {"memory_socket_hello_timeout_ms", "milliseconds"},
+          {"memory_socket_max_pending", "connections"},
+          {"memory_socket_max_pending_per_peer", "connections"}}},
         {"security",
          {{"socket_mode", "octal mode"},
           {"socket_group", "group name"},
@@ -451,11 +467,26 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
         {"keepalive_time_ms", absl::GetFlag(FLAGS_keepalive_time_ms),
          &options.keepalive_time},
         {"keepalive_timeout_ms", absl::GetFlag(FLAGS_keepalive_timeout_ms),
-         &options.keepalive_timeout}}) {
+         &options.keepalive_timeout},
+        {"memory_socket_hello_timeout_ms",
+         absl::GetFlag(FLAGS_memory_socket_hello_timeout_ms),
+         &options.memory_socket.hello_timeout}}) {
     RETURN_IF_ERROR(CheckRange(
         flag, value, 100, std::numeric_limits<int>::max(), "milliseconds"));
     *field = absl::Milliseconds(value);
   }
+  options.memory_socket.max_pending =
+      absl::GetFlag(FLAGS_memory_socket_max_pending);
+  options.memory_socket.max_pending_per_peer =
+      absl::GetFlag(FLAGS_memory_socket_max_pending_per_peer);
+  RETURN_IF_ERROR(CheckRange("memory_socket_max_pending",
+                             options.memory_socket.max_pending, 1, 1 << 16,
+                             "connections"));
+  RETURN_IF_ERROR(
+      CheckRange("memory_socket_max_pending_per_peer",
+                 options.memory_socket.max_pending_per_peer, 1,
+                 options.memory_socket.max_pending,
+                 "connections, at most --memory_socket_max_pending"));
 
   // Security.
   const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);

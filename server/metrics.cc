@@ -92,6 +92,7 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
                                  CallCore* core, Batcher* batcher,
                                  Backend* backend,
                                  const FastChannelServer* fast_channels,
+                                 const MemorySocketServer* memory_socket,
                                  const HandoffThreads* grpc_answer_senders)
     : pool_(pool),
       sessions_(sessions),
@@ -99,6 +100,7 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
       batcher_(batcher),
       backend_(backend),
       fast_channels_(fast_channels),
+      memory_socket_(memory_socket),
       grpc_answer_senders_(grpc_answer_senders) {}
 
 std::string MetricsExporter::Render() const {
@@ -243,6 +245,25 @@ std::string MetricsExporter::Render() const {
   }
   families.push_back(std::move(throttled));
   families.push_back(std::move(dropped));
+
+  // The memory socket's unauthenticated connections (memory_socket_server.h).
+  families.push_back(
+      Gauge("pagealloc_memory_socket_pending_hellos",
+            "Memory socket connections waiting for their Hello now.",
+            memory_socket_ != nullptr ? memory_socket_->pending_hellos() : 0));
+  MetricFamily shed =
+      Family("pagealloc_memory_socket_shed_total",
+             "Memory socket connections closed before their Hello, by reason: "
+             "over the per-peer or the total bound, or past the deadline.",
+             MetricType::Counter);
+  for (int r = 0; r < MemorySocketServer::kNumShedReasons; ++r) {
+    const auto reason = static_cast<MemorySocketServer::Shed>(r);
+    AddCounter(
+        shed,
+        memory_socket_ != nullptr ? memory_socket_->shed_total(reason) : 0,
+        {{"reason", std::string(MemorySocketServer::ShedName(reason))}});
+  }
+  families.push_back(std::move(shed));
 
   // Calls by method, transport and code, and their latency. A method's
   // series exist from the start (OK at 0, an empty histogram) for each

@@ -24,6 +24,7 @@
 #include "server/batcher.h"
 #include "server/call_core.h"
 #include "server/fast_channel_server.h"
+#include "server/memory_socket_server.h"
 #include "server/session.h"
 
 namespace pagealloc {
@@ -37,10 +38,12 @@ class MetricsExporter {
   static constexpr int kMaxClientLabels = 64;
 
   // Every pointer must outlive the exporter; `fast_channels` is null when
-  // the daemon offers none (its counters are exported as 0).
+  // the daemon offers none, `memory_socket` when it has none (their
+  // counters are exported as 0).
   MetricsExporter(PagePool* pool, SessionRegistry* sessions, CallCore* core,
                   Batcher* batcher, Backend* backend,
                   const FastChannelServer* fast_channels = nullptr,
+                  const MemorySocketServer* memory_socket = nullptr,
                   const HandoffThreads* grpc_answer_senders = nullptr);
 
   // The exposition, text format 0.0.4.
@@ -53,6 +56,7 @@ class MetricsExporter {
   Batcher* const batcher_;
   Backend* const backend_;
   const FastChannelServer* const fast_channels_;
+  const MemorySocketServer* const memory_socket_;
   const HandoffThreads* const grpc_answer_senders_;
 };
 

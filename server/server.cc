@@ -562,7 +562,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->memory_socket_path_ = MemorySocketPathFor(options.listen);
   if (!server->memory_socket_path_.empty()) {
     server->memory_socket_ = std::make_unique<MemorySocketServer>(
-        server->core_.get(), server->fast_channels_.get());
+        server->core_.get(), server->fast_channels_.get(),
+        options.memory_socket);
   }
   // Only a spinning batcher thread takes gRPC calls over (GrpcService): it
   // hands the answers of shared launches to threads of their own.
@@ -577,7 +578,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->metrics_ = std::make_unique<MetricsExporter>(
       server->pool_.get(), server->sessions_.get(), server->core_.get(),
       server->batcher_.get(), server->backend_.get(),
-      server->fast_channels_.get(), server->grpc_answer_senders_.get());
+      server->fast_channels_.get(), server->memory_socket_.get(),
+      server->grpc_answer_senders_.get());
   return server;
 }
 

@@ -112,6 +112,9 @@ struct ServerOptions {
   // client reconnects on its next call). A session's KeepAlive stream is a
   // call open for the session's life, so sessions are never idle.
   absl::Duration max_connection_idle = absl::Minutes(5);
+  // The memory socket's bounds on connections that have not sent their
+  // Hello (MemorySocketServer::Options; docs/design.md, section 9).
+  MemorySocketServer::Options memory_socket;
   // Plain TCP (no TLS) on an address other than loopback: Start refuses it
   // unless this is set, and then logs a warning.
   bool allow_insecure_tcp = false;

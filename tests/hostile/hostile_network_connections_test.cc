@@ -24,17 +24,14 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "httplib.h"
 #include "memory/unique_fd.h"
 #include "tests/daemon_process.h"
 #include "tests/daemon_stats.h"
+#include "tests/hostile/hostile_daemon.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
 #include "tests/wait_for.h"
@@ -44,89 +41,18 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Bounds on waits that normally end within milliseconds (CI has 2 cores).
-constexpr absl::Duration kWait = absl::Seconds(30);
-
-std::unique_ptr<Client> ConnectTo(const Daemon& daemon,
-                                  const std::string& name) {
-  ClientOptions options;
-  options.target = daemon.target;
-  options.client_name = name;
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
-  EXPECT_OK(client.status());
-  return client.ok() ? *std::move(client) : nullptr;
-}
-
-// Allocates a page and frees it: the session works end to end.
-absl::Status RoundTrip(Client& client) {
-  absl::StatusOr<Allocation> allocation = client.Alloc({16});
-  if (!allocation.ok()) return allocation.status();
-  if (!allocation->status().ok()) return allocation->status();
-  int64_t slot = 0;
-  if (absl::Status copied = client.CopyToHost((*allocation)[0].slots, 1, &slot);
-      !copied.ok()) {
-    return copied;
-  }
-  return client.FreeSlots({slot}).status();
-}
-
-// The metrics port the daemon logged ("metrics on http://H:P/metrics"), or
-// -1 while it has not.
-int MetricsPort(const Daemon& daemon) {
-  const std::string log = ReadLog(daemon.log_path);
-  const size_t at = log.find("metrics on http://");
-  if (at == std::string::npos) return -1;
-  absl::string_view rest = absl::string_view(log).substr(at);
-  const size_t colon = rest.find(':', std::strlen("metrics on http://"));
-  const size_t slash = rest.find('/', colon);
-  int port = -1;
-  if (colon == absl::string_view::npos || slash == absl::string_view::npos ||
-      !absl::SimpleAtoi(rest.substr(colon + 1, slash - colon - 1), &port)) {
-    return -1;
-  }
-  return port;
-}
-
-// GET `path` on the daemon's metrics port: status and body, or status -1.
-std::pair<int, std::string> Get(int port, const std::string& path) {
-  httplib::Client http("127.0.0.1", port);
-  http.set_connection_timeout(5);
-  http.set_read_timeout(5);
-  httplib::Result result = http.Get(path.c_str());
-  if (!result) return {-1, httplib::to_string(result.error())};
-  return {result->status, result->body};
-}
+constexpr absl::Duration kWait = kHostileWait;
 
 // The sum of pagealloc_requests_total's series for `rpc` and `code`.
 int64_t RequestsTotal(int port, absl::string_view rpc, absl::string_view code) {
-  const auto [status, body] = Get(port, "/metrics");
-  int64_t total = 0;
-  for (absl::string_view line : absl::StrSplit(body, '\n')) {
-    if (!absl::StartsWith(line, "pagealloc_requests_total{") ||
-        !absl::StrContains(line, absl::StrCat("rpc=\"", rpc, "\"")) ||
-        !absl::StrContains(line, absl::StrCat("code=\"", code, "\""))) {
-      continue;
-    }
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
-      total += static_cast<int64_t>(value);
-    }
-  }
-  return total;
+  return static_cast<int64_t>(MetricSum(port, "pagealloc_requests_total",
+                                        {absl::StrCat("rpc=\"", rpc, "\""),
+                                         absl::StrCat("code=\"", code, "\"")}));
 }
 
 // A raw connection to the daemon's gRPC socket that sends nothing.
 UniqueFd RawConnect(const Daemon& daemon) {
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, daemon.socket_path.c_str(),
-              daemon.socket_path.size() + 1);
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&address),
-              sizeof(address)) != 0) {
-    fd.reset();
-  }
-  return fd;
+  return ConnectUnix(daemon.socket_path, SOCK_STREAM);
 }
 
 // What the daemon did with a raw connection: gRPC speaks first (its HTTP/2
@@ -141,17 +67,6 @@ Fate FateOf(int fd) {
   return Fate::kPending;
 }
 
-// Whether the daemon has closed `fd` (everything it sent read, then end of
-// file).
-bool ClosedByDaemon(int fd) {
-  char buffer[4096];
-  while (true) {
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
-    if (n == 0) return true;
-    if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK;
-  }
-}
-
 TEST(HostileNetworkConnectionsTest, SilentConnectionsAreClosedSessionsAreNot) {
   ASSERT_OK_AND_ASSIGN(Daemon daemon,
                        StartDaemon("idle", {"--max_connection_idle_ms=300",
@@ -163,7 +78,7 @@ TEST(HostileNetworkConnectionsTest, SilentConnectionsAreClosedSessionsAreNot) {
   // Connects and never sends a byte: closed once idle for 300 ms.
   UniqueFd silent = RawConnect(daemon);
   ASSERT_TRUE(silent.valid());
-  EXPECT_TRUE(WaitFor([&] { return ClosedByDaemon(silent.get()); }, kWait))
+  EXPECT_TRUE(WaitFor([&] { return ClosedByPeer(silent.get()); }, kWait))
       << "a silent connection was never closed";
 
   // The session was idle as long, but its KeepAlive stream is a call in
