@@ -156,7 +156,8 @@ ABSL_FLAG(int, metrics_port, 9464,
           "HTTP port for /metrics (Prometheus) and /healthz; 0 picks a free "
           "port, -1 turns metrics off.");
 ABSL_FLAG(std::string, metrics_host, pagealloc::ServerOptions().metrics_host,
-          "Address the metrics port binds.");
+          "Address the metrics port binds (loopback by default; 0.0.0.0 or "
+          "the pod IP to be scraped from elsewhere).");
 ABSL_FLAG(int64_t, max_batch_requests, 8192,
           "Most requests in one kernel launch, and in one call.");
 ABSL_FLAG(int64_t, max_batch_tokens, 1 << 21,

@@ -4,7 +4,8 @@
 // Gauges come from snapshots taken at scrape time (the pool's stats, the
 // session list); counters and histograms are atomics the hot path bumps
 // without locks (RpcMetrics, BatcherMetrics, SessionCounters), and the
-// process's figures are read from /proc at scrape time (ProcessStats). Names
+// process's figures are read from /proc at scrape time (ProcessStats).
+// server/metrics_http_server.h serves them. Names
 // start with pagealloc_, except the standard process_* ones; counters end
 // in _total, times are in seconds. docs/operations.md lists every metric
 // (a test checks that it does).
@@ -12,10 +13,8 @@
 #ifndef PAGEALLOC_SERVER_METRICS_H_
 #define PAGEALLOC_SERVER_METRICS_H_
 
-#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "allocator/page_pool.h"
@@ -58,29 +57,6 @@ class MetricsExporter {
   const FastChannelServer* const fast_channels_;
   const MemorySocketServer* const memory_socket_;
   const HandoffThreads* const grpc_answer_senders_;
-};
-
-// A small HTTP server (cpp-httplib) for GET /metrics and GET /healthz.
-// This class is thread-safe.
-class MetricsHttpServer {
- public:
-  // Binds `host`:`port` (port 0 picks a free one) and serves from a thread
-  // of its own. `render` produces /metrics; /healthz answers 200
-  // "serving" while `health()` is OK, and 503 with its message otherwise
-  // ("draining", or why the daemon cannot accept connections).
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& host, int port, std::function<std::string()> render,
-      std::function<absl::Status()> health);
-  ~MetricsHttpServer();
-
-  int port() const { return port_; }
-  void Stop();
-
- private:
-  struct Impl;
-  explicit MetricsHttpServer(std::unique_ptr<Impl> impl, int port);
-  std::unique_ptr<Impl> impl_;
-  const int port_;
 };
 
 }  // namespace pagealloc

@@ -36,6 +36,7 @@
 #include "server/grpc_service.h"
 #include "server/memory_socket_server.h"
 #include "server/metrics.h"
+#include "server/metrics_http_server.h"
 #include "server/session.h"
 
 namespace pagealloc {
@@ -69,9 +70,10 @@ struct ServerOptions {
   // Let ClearPool be forced while sessions hold pages (CallCore::Options).
   bool allow_forced_clear = false;
   // HTTP /metrics and /healthz: host and port (0: any free port; -1: off;
-  // pagealloc-server's flag defaults to 9464). Every address by default, so
-  // that Prometheus on another host can scrape.
-  std::string metrics_host = "0.0.0.0";
+  // pagealloc-server's flag defaults to 9464). Loopback by default: the
+  // port answers anyone who reaches it, so a deployment that scrapes from
+  // elsewhere names the address (the pod IP, 0.0.0.0) itself.
+  std::string metrics_host = "127.0.0.1";
   int metrics_port = -1;
   // The KV memory the daemon owns (docs/design.md, section 11). Without a
   // layout the daemon hands out slot indices only.
