@@ -34,6 +34,7 @@
 #include "grpcpp/support/server_interceptor.h"
 #include "memory/memory_socket.h"
 #include "memory/unique_fd.h"
+#include "server/heap_return.h"
 
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "server/cuda_backend.h"
@@ -831,8 +832,23 @@ absl::Status Server::Health() const {
 void Server::ReapLeases() {
   const absl::Duration period = std::clamp(
       options_.sessions.lease / 4, absl::Milliseconds(5), absl::Seconds(1));
+  // Every few seconds, freed heap memory past a threshold goes back to the
+  // kernel (server/heap_return.h says why): resident memory follows load
+  // down after a burst of sessions or streams.
+  constexpr absl::Duration kHeapReturnPeriod = absl::Seconds(5);
+  constexpr int64_t kHeapReturnThreshold = 16 << 20;
+  absl::Time next_heap_return = absl::Now() + kHeapReturnPeriod;
   while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
-    core_->ReclaimExpired(absl::Now());
+    const absl::Time now = absl::Now();
+    core_->ReclaimExpired(now);
+    if (now >= next_heap_return) {
+      next_heap_return = now + kHeapReturnPeriod;
+      const HeapReturn returned = ReturnFreeHeapMemory(kHeapReturnThreshold);
+      if (returned.trimmed) {
+        Logger("server")->debug("returned free heap memory ({} MiB free)",
+                                returned.free_bytes >> 20);
+      }
+    }
   }
 }
 
