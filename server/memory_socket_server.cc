@@ -1,7 +1,6 @@
 #include "server/memory_socket_server.h"
 
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -20,15 +20,6 @@ namespace pagealloc {
 namespace {
 
 namespace ms = memory_socket;
-
-// epoll data: the wake-up eventfd, the listener, then connections by serial.
-constexpr uint64_t kWakeTag = 0;
-constexpr uint64_t kListenerTag = 1;
-constexpr uint64_t kFirstConnection = 2;
-
-// How long the listener rests when the daemon is out of descriptors, so
-// that a full descriptor table does not spin the thread on accept.
-constexpr absl::Duration kAcceptPause = absl::Milliseconds(100);
 
 absl::Span<const char> BytesOf(const ms::DaemonMessage& message) {
   return absl::MakeConstSpan(reinterpret_cast<const char*>(&message),
@@ -80,31 +71,11 @@ MemorySocketServer::MemorySocketServer(CallCore* core,
       fast_channels_(fast_channels),
       options_(options),
       log_(Logger("session")),
-      next_serial_(kFirstConnection) {
+      next_serial_(EpollListener::kFirstTag) {
   core_->AddSessionObserver(this);
 }
 
 MemorySocketServer::~MemorySocketServer() { Stop(); }
-
-absl::Status MemorySocketServer::Prepare() {
-  epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
-  wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!epoll_.valid() || !wake_.valid()) {
-    return absl::InternalError(absl::StrFormat(
-        "memory socket: epoll or eventfd failed: %s", std::strerror(errno)));
-  }
-  auto add = [this](int fd, uint64_t tag) {
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.u64 = tag;
-    return epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &event) == 0;
-  };
-  if (!add(wake_.get(), kWakeTag) || !add(listener_.get(), kListenerTag)) {
-    return absl::InternalError(absl::StrFormat(
-        "memory socket: epoll_ctl failed: %s", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status MemorySocketServer::Start(UniqueFd listener, std::string path) {
   absl::MutexLock lock(&mu_);
@@ -113,9 +84,10 @@ absl::Status MemorySocketServer::Start(UniqueFd listener, std::string path) {
   }
   listener_ = std::move(listener);
   path_ = std::move(path);
-  if (absl::Status prepared = Prepare(); !prepared.ok()) {
+  if (absl::Status prepared = events_.Init(listener_.get()); !prepared.ok()) {
     unlink(path_.c_str());
-    return prepared;
+    return absl::Status(prepared.code(),
+                        absl::StrCat("memory socket: ", prepared.message()));
   }
   started_ = true;
   thread_ = std::thread([this] { Serve(); });
@@ -129,8 +101,7 @@ void MemorySocketServer::Stop() {
     stopping_ = true;
     if (!started_) return;
   }
-  const uint64_t one = 1;
-  (void)!write(wake_.get(), &one, sizeof(one));
+  events_.Wake();
   thread_.join();
   listener_.reset();
   unlink(path_.c_str());
@@ -141,22 +112,18 @@ void MemorySocketServer::SessionClosed(uint64_t session_id,
   absl::MutexLock lock(&mu_);
   if (!started_ || stopping_) return;
   ended_.emplace_back(session_id, std::string(reason));
-  const uint64_t one = 1;
-  (void)!write(wake_.get(), &one, sizeof(one));
+  events_.Wake();
 }
 
 void MemorySocketServer::Serve() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   while (true) {
-    const int n =
-        epoll_wait(epoll_.get(), events, kMaxEvents, WaitMs(absl::Now()));
+    const int n = events_.Wait(events, kMaxEvents, NextDeadline());
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = events[i].data.u64;
-      if (tag == kWakeTag) {
-        uint64_t count;
-        (void)!read(wake_.get(), &count, sizeof(count));
-      } else if (tag == kListenerTag) {
+      if (tag == EpollListener::kWakeTag) continue;
+      if (tag == EpollListener::kListenerTag) {
         AcceptAll();
       } else if (auto it = connections_.find(tag); it != connections_.end()) {
         if (it->second.session_id == 0) {
@@ -188,44 +155,29 @@ void MemorySocketServer::Serve() {
   connected_.store(0, std::memory_order_relaxed);
 }
 
-int MemorySocketServer::WaitMs(absl::Time now) const {
+absl::Time MemorySocketServer::NextDeadline() const {
   absl::Time until = absl::InfiniteFuture();
   if (!pending_.empty()) {
     // The oldest waiting connection is the first to miss its deadline.
     until = connections_.at(pending_.begin()->first).accepted +
             options_.hello_timeout;
   }
-  until = std::min(until, listener_paused_until_ == absl::InfinitePast()
-                              ? absl::InfiniteFuture()
-                              : listener_paused_until_);
   for (int64_t count : unlogged_shed_) {
     if (count > 0) until = std::min(until, last_shed_log_ + kShedLogInterval);
   }
-  if (until == absl::InfiniteFuture()) return -1;
-  // Rounded up, so that the wake-up finds the deadline passed.
-  return static_cast<int>(std::clamp<int64_t>(
-      absl::ToInt64Milliseconds(until - now) + 1, 0, 1 << 30));
+  return until;
 }
 
 void MemorySocketServer::AcceptAll() {
-  while (true) {
-    UniqueFd fd(accept4(listener_.get(), nullptr, nullptr,
-                        SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (fd.valid()) {
-      Admit(std::move(fd));
-      continue;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
-        errno == ENOMEM) {
-      log_->warn("memory socket: accept failed ({}); pausing {} ms",
-                 std::strerror(errno), absl::ToInt64Milliseconds(kAcceptPause));
-      epoll_event event{};
-      event.data.u64 = kListenerTag;
-      epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listener_.get(), &event);
-      listener_paused_until_ = absl::Now() + kAcceptPause;
-    }
-    return;
+  bool out_of_descriptors = false;
+  for (UniqueFd fd;
+       (fd = events_.Accept(nullptr, &out_of_descriptors)).valid();) {
+    Admit(std::move(fd));
+  }
+  if (out_of_descriptors) {
+    log_->warn("memory socket: accept failed ({}); pausing {} ms",
+               std::strerror(errno),
+               absl::ToInt64Milliseconds(EpollListener::kAcceptPause));
   }
 }
 
@@ -242,10 +194,7 @@ void MemorySocketServer::Admit(UniqueFd fd) {
     ShedOldest(std::nullopt, Shed::kTotalBound);
   }
   const uint64_t serial = next_serial_++;
-  epoll_event event{};
-  event.events = EPOLLIN | EPOLLRDHUP;
-  event.data.u64 = serial;
-  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd.get(), &event) != 0) return;
+  if (!events_.Add(fd.get(), serial, EPOLLIN | EPOLLRDHUP)) return;
   Connection& connection = connections_[serial];
   connection.fd = std::move(fd);
   connection.accepted = absl::Now();
@@ -414,14 +363,6 @@ void MemorySocketServer::EndSessions() {
 }
 
 void MemorySocketServer::Tick(absl::Time now) {
-  if (listener_paused_until_ != absl::InfinitePast() &&
-      now >= listener_paused_until_) {
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.u64 = kListenerTag;
-    epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listener_.get(), &event);
-    listener_paused_until_ = absl::InfinitePast();
-  }
   // pending_ is in accept order: the late ones are at its front.
   while (!pending_.empty()) {
     const uint64_t serial = pending_.begin()->first;

@@ -50,6 +50,7 @@
 #include "common/logging.h"
 #include "memory/unique_fd.h"
 #include "server/call_core.h"
+#include "server/epoll_listener.h"
 #include "server/fast_channel_server.h"
 
 namespace pagealloc {
@@ -127,15 +128,13 @@ class MemorySocketServer final : public SessionObserver {
     uid_t uid = 0;
   };
 
-  // Sets up the epoll set for Serve.
-  absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   // The serving thread: waits, dispatches, repeats until Stop; then tells
   // every session that the daemon is shutting down. Everything from here
   // to the end of the class is the serving thread's alone.
   void Serve();
-  // How long the next epoll_wait may sleep (-1: until woken).
-  int WaitMs(absl::Time now) const;
+  // When the serving thread must wake up at the latest: the oldest Hello
+  // deadline, the next shed log line.
+  absl::Time NextDeadline() const;
   // Accepts every connection the listener has; pauses the listener when
   // the daemon is out of descriptors.
   void AcceptAll();
@@ -156,8 +155,8 @@ class MemorySocketServer final : public SessionObserver {
   // Tells the sessions SessionClosed named why, and closes their
   // connections.
   void EndSessions() ABSL_LOCKS_EXCLUDED(mu_);
-  // Sheds connections past their Hello deadline; resumes a paused
-  // listener; writes the shed log line when due.
+  // Sheds connections past their Hello deadline; writes the shed log line
+  // when due.
   void Tick(absl::Time now);
   void Refuse(uint64_t serial, const absl::Status& status);
   void ShedConnection(uint64_t serial, Shed reason);
@@ -169,8 +168,7 @@ class MemorySocketServer final : public SessionObserver {
   const Options options_;
   // Set by Start before the serving thread starts, then only read (and
   // the listener closed by Stop after the thread is joined).
-  UniqueFd epoll_;
-  UniqueFd wake_;  // eventfd: SessionClosed and Stop ring it
+  EpollListener events_;  // SessionClosed and Stop wake it
   UniqueFd listener_;
   std::string path_;
   std::thread thread_;
@@ -190,7 +188,6 @@ class MemorySocketServer final : public SessionObserver {
   std::map<uint64_t, pid_t> pending_;
   absl::flat_hash_map<pid_t, int> pending_of_peer_;
   uint64_t next_serial_;
-  absl::Time listener_paused_until_ = absl::InfinitePast();
   // Sheds since the last log line, by reason, and the last peer shed.
   std::array<int64_t, kNumShedReasons> unlogged_shed_{};
   pid_t last_shed_pid_ = 0;

@@ -3,7 +3,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,19 +29,13 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "memory/unique_fd.h"
+#include "server/epoll_listener.h"
 
 namespace pagealloc {
 namespace {
 
-// epoll data: the wake-up eventfd, the listener, then connections by serial.
-constexpr uint64_t kWakeTag = 0;
-constexpr uint64_t kListenerTag = 1;
-constexpr uint64_t kFirstConnection = 2;
-
 // How often at most the log says what it closed.
 constexpr absl::Duration kLogInterval = absl::Seconds(10);
-// How long the listener rests when the daemon is out of descriptors.
-constexpr absl::Duration kAcceptPause = absl::Milliseconds(100);
 
 // The client's address without its port: what the per-address bound counts.
 std::string AddressOf(const sockaddr_storage& peer) {
@@ -123,9 +116,10 @@ class MetricsHttpServer::Impl {
   void StartWriting(uint64_t serial, std::string out);
   void Write(uint64_t serial);
   void Close(uint64_t serial);
-  // Closes connections past their deadline; resumes a paused listener.
+  // Closes connections past their deadline.
   void Tick(absl::Time now);
-  int WaitMs(absl::Time now) const;
+  // The earliest deadline of a connection.
+  absl::Time NextDeadline() const;
   // Takes the renderings the render thread finished into their
   // connections.
   void TakeRendered() ABSL_LOCKS_EXCLUDED(mu_);
@@ -143,8 +137,7 @@ class MetricsHttpServer::Impl {
   const Options options_;
   std::shared_ptr<spdlog::logger> log_;
   UniqueFd listener_;
-  UniqueFd epoll_;
-  UniqueFd wake_;
+  EpollListener events_;  // Stop and the render thread wake it
   std::thread event_thread_;
   std::thread render_thread_;
 
@@ -157,8 +150,7 @@ class MetricsHttpServer::Impl {
   // The event thread's alone.
   std::map<uint64_t, Connection> connections_;  // by serial, oldest first
   absl::flat_hash_map<std::string, int> reading_of_address_;
-  uint64_t next_serial_ = kFirstConnection;
-  absl::Time listener_paused_until_ = absl::InfinitePast();
+  uint64_t next_serial_ = EpollListener::kFirstTag;
   int64_t unlogged_timed_out_ = 0;
   int64_t unlogged_shed_ = 0;
   absl::Time last_log_ = absl::InfinitePast();
@@ -210,17 +202,8 @@ absl::StatusOr<int> MetricsHttpServer::Impl::Bind(const std::string& host,
           ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
           : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
 
-  epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
-  wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!epoll_.valid() || !wake_.valid()) return fail("epoll: ", errno);
-  for (const auto& [fd, tag] : {std::pair<int, uint64_t>{wake_.get(), kWakeTag},
-                                {listener_.get(), kListenerTag}}) {
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.u64 = tag;
-    if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &event) != 0) {
-      return fail("epoll_ctl: ", errno);
-    }
+  if (absl::Status ready = events_.Init(listener_.get()); !ready.ok()) {
+    return fail(absl::StrCat(ready.message()), 0);
   }
   return bound_port;
 }
@@ -231,8 +214,7 @@ void MetricsHttpServer::Impl::Stop() {
     if (stopping_) return;
     stopping_ = true;
   }
-  const uint64_t one = 1;
-  (void)!write(wake_.get(), &one, sizeof(one));
+  events_.Wake();
   if (event_thread_.joinable()) event_thread_.join();
   if (render_thread_.joinable()) render_thread_.join();
   connections_.clear();
@@ -243,14 +225,11 @@ void MetricsHttpServer::Impl::Serve() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   while (true) {
-    const int n =
-        epoll_wait(epoll_.get(), events, kMaxEvents, WaitMs(absl::Now()));
+    const int n = events_.Wait(events, kMaxEvents, NextDeadline());
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = events[i].data.u64;
-      if (tag == kWakeTag) {
-        uint64_t count;
-        (void)!read(wake_.get(), &count, sizeof(count));
-      } else if (tag == kListenerTag) {
+      if (tag == EpollListener::kWakeTag) continue;
+      if (tag == EpollListener::kListenerTag) {
         AcceptAll();
       } else if (auto it = connections_.find(tag); it != connections_.end()) {
         if (it->second.phase == Phase::kWriting) {
@@ -272,43 +251,22 @@ void MetricsHttpServer::Impl::Serve() {
   LogClosed(absl::InfiniteFuture());
 }
 
-int MetricsHttpServer::Impl::WaitMs(absl::Time now) const {
+absl::Time MetricsHttpServer::Impl::NextDeadline() const {
   absl::Time until = absl::InfiniteFuture();
   for (const auto& [serial, connection] : connections_) {
     if (connection.phase != Phase::kRendering) {
       until = std::min(until, connection.deadline);
     }
   }
-  if (listener_paused_until_ != absl::InfinitePast()) {
-    until = std::min(until, listener_paused_until_);
-  }
-  if (until == absl::InfiniteFuture()) return -1;
-  // Rounded up, so that the wake-up finds the deadline passed.
-  return static_cast<int>(std::clamp<int64_t>(
-      absl::ToInt64Milliseconds(until - now) + 1, 0, 1 << 30));
+  return until;
 }
 
 void MetricsHttpServer::Impl::AcceptAll() {
-  while (true) {
-    sockaddr_storage peer{};
-    socklen_t size = sizeof(peer);
-    UniqueFd fd(accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer),
-                        &size, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (fd.valid()) {
-      Admit(std::move(fd), AddressOf(peer));
-      continue;
-    }
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
-        errno == ENOMEM) {
-      // Rest rather than spin on a full descriptor table; the gRPC side's
-      // acceptor reports it in /healthz.
-      epoll_event event{};
-      event.data.u64 = kListenerTag;
-      epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listener_.get(), &event);
-      listener_paused_until_ = absl::Now() + kAcceptPause;
-    }
-    return;
+  // Out of descriptors, the listener rests; the gRPC side's acceptor
+  // reports it in /healthz.
+  sockaddr_storage peer{};
+  for (UniqueFd fd; (fd = events_.Accept(&peer)).valid();) {
+    Admit(std::move(fd), AddressOf(peer));
   }
 }
 
@@ -328,10 +286,7 @@ void MetricsHttpServer::Impl::Admit(UniqueFd fd, std::string address) {
     return;
   }
   const uint64_t serial = next_serial_++;
-  epoll_event event{};
-  event.events = EPOLLIN | EPOLLRDHUP;
-  event.data.u64 = serial;
-  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd.get(), &event) != 0) return;
+  if (!events_.Add(fd.get(), serial, EPOLLIN | EPOLLRDHUP)) return;
   Connection& connection = connections_[serial];
   connection.fd = std::move(fd);
   connection.deadline = absl::Now() + options_.header_timeout;
@@ -488,9 +443,8 @@ void MetricsHttpServer::Impl::Answer(uint64_t serial, absl::string_view method,
   }
   connection.phase = Phase::kRendering;
   connection.head_only = head_only;
-  epoll_event event{};
-  event.data.u64 = serial;  // nothing to hear until the rendering is in
-  epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, connection.fd.get(), &event);
+  // Nothing to hear until the rendering is in.
+  events_.Modify(connection.fd.get(), serial, 0);
   absl::MutexLock lock(&mu_);
   to_render_.push_back(serial);
 }
@@ -506,10 +460,7 @@ void MetricsHttpServer::Impl::StartWriting(uint64_t serial, std::string out) {
   connection.out = std::move(out);
   connection.written = 0;
   connection.deadline = absl::Now() + options_.write_timeout;
-  epoll_event event{};
-  event.events = EPOLLOUT;
-  event.data.u64 = serial;
-  epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, connection.fd.get(), &event);
+  events_.Modify(connection.fd.get(), serial, EPOLLOUT);
   Write(serial);
 }
 
@@ -543,14 +494,6 @@ void MetricsHttpServer::Impl::Close(uint64_t serial) {
 }
 
 void MetricsHttpServer::Impl::Tick(absl::Time now) {
-  if (listener_paused_until_ != absl::InfinitePast() &&
-      now >= listener_paused_until_) {
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.u64 = kListenerTag;
-    epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listener_.get(), &event);
-    listener_paused_until_ = absl::InfinitePast();
-  }
   std::vector<uint64_t> late;
   for (const auto& [serial, connection] : connections_) {
     if (connection.phase != Phase::kRendering && now > connection.deadline) {
@@ -594,8 +537,7 @@ void MetricsHttpServer::Impl::RenderScrapes() {
       absl::MutexLock lock(&mu_);
       rendered_.emplace_back(std::move(serials), std::move(body));
     }
-    const uint64_t one = 1;
-    (void)!write(wake_.get(), &one, sizeof(one));
+    events_.Wake();
   }
 }
 
