@@ -129,8 +129,8 @@ class MemorySocketServer final : public SessionObserver {
   };
 
   // The serving thread: waits, dispatches, repeats until Stop; then tells
-  // every session that the daemon is shutting down. Everything from here
-  // to the end of the class is the serving thread's alone.
+  // every session that the daemon is shutting down. The functions below
+  // run on it alone.
   void Serve();
   // When the serving thread must wake up at the latest: the oldest Hello
   // deadline, the next shed log line.
@@ -143,7 +143,7 @@ class MemorySocketServer final : public SessionObserver {
   // Sheds the oldest connection waiting for its Hello, among the peer's
   // when `pid` is set; a candidate whose Hello has arrived is served
   // instead (which also takes it off the waiting list) and the next
-  // oldest tried, until one is shed or the scope is empty.
+  // oldest tried, until one is shed, there is room, or the scope is empty.
   void ShedOldest(std::optional<pid_t> pid, Shed reason);
   // A connection's first message: authenticate, then hand the memory over.
   void ReadHello(uint64_t serial);
