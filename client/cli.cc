@@ -11,13 +11,16 @@
 // `alloc` opens its own session, allocates whole pages and prints them; the
 // pages return to the pool when the CLI exits (after --hold_s, or at once on
 // Ctrl-C or SIGTERM), or earlier through `free` from another shell, which
-// reads the session file `alloc` wrote. Usage errors exit 2, failures 1.
+// reads the session file `alloc` wrote. A hold the daemon's death (or the
+// session's end) cuts short says so and exits 1. Usage errors exit 2,
+// failures 1.
 
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -340,11 +343,19 @@ sigset_t BlockTerminationSignals() {
   return signals;
 }
 
-// Waits `hold`, or until SIGINT or SIGTERM; returns the signal, or 0.
-int Hold(const sigset_t& signals, absl::Duration hold) {
+// How often Hold looks at the session: the client library learns of the
+// daemon's death at once (its memory socket closes) and says so in
+// session_status(), which has no waiter to block on; a tenth of a second
+// is soon enough for a person and costs nothing.
+constexpr absl::Duration kHoldCheck = absl::Milliseconds(100);
+
+// Waits `hold`, until SIGINT or SIGTERM, or until the session ends under
+// it (the daemon died or ended it). Returns the signal, or 0.
+int Hold(const sigset_t& signals, absl::Duration hold, const Client& client) {
   const absl::Time until = absl::Now() + hold;
-  while (absl::Now() < until) {
-    const timespec wait = absl::ToTimespec(until - absl::Now());
+  while (absl::Now() < until && client.session_status().ok()) {
+    const timespec wait =
+        absl::ToTimespec(std::min(until - absl::Now(), kHoldCheck));
     const int signal = sigtimedwait(&signals, nullptr, &wait);
     if (signal > 0) return signal;
   }
@@ -421,8 +432,16 @@ int Alloc() {
     std::printf("holding the pages for %llds (Ctrl-C returns them)\n",
                 static_cast<long long>(hold));
     std::fflush(stdout);
-    if (const int signal = Hold(signals, absl::Seconds(hold)); signal != 0) {
+    if (const int signal = Hold(signals, absl::Seconds(hold), **client);
+        signal != 0) {
       std::printf("%s: closing the session\n", strsignal(signal));
+    }
+    if (const absl::Status ended = (*client)->session_status(); !ended.ok()) {
+      remove_files();
+      std::cerr << "alloc: session " << (*client)->session_id()
+                << " ended during the hold: " << ended
+                << " (its pages are no longer held)\n";
+      return kExitFailure;
     }
   }
   // Ends the session now: its pages go back to the pool at once rather

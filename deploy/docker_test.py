@@ -190,6 +190,9 @@ def main():
     for arg in argv[1:]:
         name = arg[2:].split("=")[0]
         check(name in flags, f"entrypoint flag --{name} is not a server flag")
+    check("--metrics_host=0.0.0.0" in argv,
+          f"entrypoint {argv} leaves metrics on loopback, out of reach of "
+          "EXPOSE")
     exposed = [a for k, a in body if k == "EXPOSE"]
     check(exposed == ["9464"], f"EXPOSE {exposed}, want the metrics port 9464")
 

@@ -138,6 +138,13 @@ def main():
         readiness = daemon["readinessProbe"]["exec"]["command"]
         check(f"--target={socket}" in readiness,
               f"{where}: readiness probe asks another socket: {readiness}")
+        check("--metrics_host=$(POD_IP)" in args,
+              f"{where}: metrics not on the pod's address (the daemon "
+              f"defaults to loopback, which kubelet cannot probe): {args}")
+        pod_ip = [e for e in daemon.get("env", []) if e["name"] == "POD_IP"]
+        check(pod_ip and pod_ip[0].get("valueFrom", {}).get("fieldRef", {})
+              .get("fieldPath") == "status.podIP",
+              f"{where}: POD_IP is not the downward API's status.podIP")
         metrics = [a for a in args if a.startswith("--metrics_port=")]
         ports = {p["name"]: p["containerPort"] for p in daemon["ports"]}
         check(metrics and int(metrics[0].split("=")[1]) == ports.get("metrics"),

@@ -121,8 +121,12 @@ def check_settings(sections):
     argv = shlex.split(exec_start[0])
     check(argv[0] == BINARY_IN_UNIT, f"ExecStart runs {argv[0]}")
     for flag in ("--gpu=%i", "--listen=unix:///run/pagealloc/gpu%i.sock",
+                 "--metrics_host=${PAGEALLOC_METRICS_HOST}",
                  "--metrics_port=${PAGEALLOC_METRICS_PORT}"):
         check(flag in argv, f"ExecStart lacks {flag}: {argv}")
+    check("PAGEALLOC_METRICS_HOST=0.0.0.0" in values(sections, s, "Environment"),
+          "the unit does not set PAGEALLOC_METRICS_HOST=0.0.0.0 (the daemon "
+          "defaults to loopback, which a remote Prometheus cannot scrape)")
     check("WantedBy" in dict(sections.get("Install", [])),
           "no [Install] WantedBy: systemctl enable would do nothing")
 
@@ -248,7 +252,8 @@ def main():
     env["PAGEALLOC_METRICS_PORT"] = "9467"  # as gpu3.env would say
     argv = expand_exec(values(sections, "Service", "ExecStart")[0], "3", env)
     for flag in ("--gpu=3", "--listen=unix:///run/pagealloc/gpu3.sock",
-                 "--metrics_port=9467", "--page_size=16"):
+                 "--metrics_host=0.0.0.0", "--metrics_port=9467",
+                 "--page_size=16"):
         check(flag in argv, f"expanded ExecStart lacks {flag}: {argv}")
     argv[0] = server_binary
     run_expanded(argv, tmp)

@@ -130,6 +130,19 @@ ABSL_FLAG(
     absl::ToInt64Milliseconds(pagealloc::ServerOptions().keepalive_timeout),
     "A ping not answered within this closes the connection (a hung or "
     "vanished peer).");
+ABSL_FLAG(int64_t, memory_socket_hello_timeout_ms,
+          absl::ToInt64Milliseconds(
+              pagealloc::MemorySocketServer::Options().hello_timeout),
+          "A memory socket connection that has not sent its Hello within "
+          "this is closed.");
+ABSL_FLAG(int, memory_socket_max_pending,
+          pagealloc::MemorySocketServer::Options().max_pending,
+          "Memory socket connections waiting for their Hello, in all; a new "
+          "one over it closes the oldest.");
+ABSL_FLAG(int, memory_socket_max_pending_per_peer,
+          pagealloc::MemorySocketServer::Options().max_pending_per_peer,
+          "The same per peer process; a new one over it closes that "
+          "process's oldest.");
 ABSL_FLAG(bool, allow_insecure_tcp, false,
           "Allow --listen on a TCP address other than loopback without TLS "
           "(refused otherwise).");
@@ -148,7 +161,8 @@ ABSL_FLAG(int, metrics_port, 9464,
           "HTTP port for /metrics (Prometheus) and /healthz; 0 picks a free "
           "port, -1 turns metrics off.");
 ABSL_FLAG(std::string, metrics_host, pagealloc::ServerOptions().metrics_host,
-          "Address the metrics port binds.");
+          "Address the metrics port binds (loopback by default; 0.0.0.0 or "
+          "the pod IP to be scraped from elsewhere).");
 ABSL_FLAG(int64_t, max_batch_requests, 8192,
           "Most requests in one kernel launch, and in one call.");
 ABSL_FLAG(int64_t, max_batch_tokens, 1 << 21,
@@ -251,7 +265,10 @@ const CommandLineSpec kCommandLine = {
          {{"max_connections", "connections"},
           {"max_connection_idle_ms", "milliseconds"},
           {"keepalive_time_ms", "milliseconds"},
-          {"keepalive_timeout_ms", "milliseconds"}}},
+          {"keepalive_timeout_ms", "milliseconds"},
+          {"memory_socket_hello_timeout_ms", "milliseconds"},
+          {"memory_socket_max_pending", "connections"},
+          {"memory_socket_max_pending_per_peer", "connections"}}},
         {"security",
          {{"socket_mode", "octal mode"},
           {"socket_group", "group name"},
@@ -517,11 +534,26 @@ absl::Status ConnectionFlags(ServerOptions* options) {
         {"keepalive_time_ms", absl::GetFlag(FLAGS_keepalive_time_ms),
          &options->keepalive_time},
         {"keepalive_timeout_ms", absl::GetFlag(FLAGS_keepalive_timeout_ms),
-         &options->keepalive_timeout}}) {
+         &options->keepalive_timeout},
+        {"memory_socket_hello_timeout_ms",
+         absl::GetFlag(FLAGS_memory_socket_hello_timeout_ms),
+         &options->memory_socket.hello_timeout}}) {
     RETURN_IF_ERROR(CheckRange(
         flag, value, 100, std::numeric_limits<int>::max(), "milliseconds"));
     *field = absl::Milliseconds(value);
   }
+  options->memory_socket.max_pending =
+      absl::GetFlag(FLAGS_memory_socket_max_pending);
+  options->memory_socket.max_pending_per_peer =
+      absl::GetFlag(FLAGS_memory_socket_max_pending_per_peer);
+  RETURN_IF_ERROR(CheckRange("memory_socket_max_pending",
+                             options->memory_socket.max_pending, 1, 1 << 16,
+                             "connections"));
+  RETURN_IF_ERROR(
+      CheckRange("memory_socket_max_pending_per_peer",
+                 options->memory_socket.max_pending_per_peer, 1,
+                 options->memory_socket.max_pending,
+                 "connections, at most --memory_socket_max_pending"));
   return absl::OkStatus();
 }
 

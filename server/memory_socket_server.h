@@ -11,41 +11,77 @@
 // (closed, lease lost, daemon shutting down) is told why, then its
 // connection is closed, which is how its client learns at once.
 //
-// Bounds: a connection has kHelloTimeout to send its Hello, at most
-// kMaxPendingHellos wait for theirs, and a session has one connection.
+// Bounds (Options): a connection that has not sent its Hello yet is
+// unauthenticated, and costs the daemon a descriptor and nothing more. It
+// has hello_timeout to send it; at most max_pending_per_peer of them wait
+// per peer process (SO_PEERCRED's pid) and max_pending in all. A new
+// connection over either bound sheds the oldest waiting connection in its
+// scope (the peer's own, or everyone's) rather than being refused, so that
+// an honest client, which sends its Hello as soon as it connects, gets
+// through a flood of silent connections: a connection whose Hello is
+// already waiting is served, not shed. Every shed is counted by reason
+// (shed_total) and logged, at most once a second with the counts. A
+// session has one connection.
 //
 // This class is thread-safe.
 
 #ifndef PAGEALLOC_SERVER_MEMORY_SOCKET_SERVER_H_
 #define PAGEALLOC_SERVER_MEMORY_SOCKET_SERVER_H_
 
+#include <sys/types.h>
+
+#include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/logging.h"
 #include "memory/unique_fd.h"
 #include "server/call_core.h"
+#include "server/epoll_listener.h"
 #include "server/fast_channel_server.h"
 
 namespace pagealloc {
 
+// MemorySocketServer's bounds on connections that have not sent their Hello
+// (outside the class, so that its defaults can serve as a default argument).
+struct MemorySocketOptions {
+  // How long a connection may take to send its Hello (an honest client
+  // sends it right after connecting).
+  absl::Duration hello_timeout = absl::Seconds(2);
+  // Connections waiting for their Hello, in all and per peer process.
+  int max_pending = 256;
+  int max_pending_per_peer = 16;
+};
+
 class MemorySocketServer final : public SessionObserver {
  public:
-  static constexpr absl::Duration kHelloTimeout = absl::Seconds(5);
-  static constexpr int kMaxPendingHellos = 256;
+  using Options = MemorySocketOptions;
+
+  // Why a connection that sent no Hello was closed.
+  enum class Shed : int { kPeerBound = 0, kTotalBound, kHelloTimeout };
+  static constexpr int kNumShedReasons = 3;
+  // "peer_bound", "total_bound", "hello_timeout": the metric's label.
+  static absl::string_view ShedName(Shed reason);
 
   // `core` and `fast_channels` (null when the daemon offers no fast
   // channels) must outlive this. Registers as an observer of the core's
-  // session ends: construct it before serving.
-  MemorySocketServer(CallCore* core, FastChannelServer* fast_channels);
+  // session ends: construct it before serving. REQUIRES: the bounds are
+  // at least 1 and hello_timeout is positive (the flags check them).
+  MemorySocketServer(CallCore* core, FastChannelServer* fast_channels,
+                     Options options = Options());
   // Stops (Stop).
   ~MemorySocketServer() override;
   MemorySocketServer(const MemorySocketServer&) = delete;
@@ -73,21 +109,66 @@ class MemorySocketServer final : public SessionObserver {
   }
   // Hellos refused since start.
   int64_t refusals() const { return refusals_.load(std::memory_order_relaxed); }
+  // Connections waiting for their Hello now.
+  int64_t pending_hellos() const {
+    return pending_count_.load(std::memory_order_relaxed);
+  }
+  // Connections closed without a Hello since start, for `reason`.
+  int64_t shed_total(Shed reason) const {
+    return shed_[static_cast<int>(reason)].load(std::memory_order_relaxed);
+  }
+  const Options& options() const { return options_; }
 
  private:
-  struct Connection;
+  struct Connection {
+    UniqueFd fd;
+    uint64_t session_id = 0;  // 0 until its Hello was accepted
+    absl::Time accepted;
+    pid_t pid = 0;
+    uid_t uid = 0;
+  };
 
-  // The serving thread.
+  // The serving thread: waits, dispatches, repeats until Stop; then tells
+  // every session that the daemon is shutting down. The functions below
+  // run on it alone.
   void Serve();
-  // Sets up the epoll set for Serve.
-  absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When the serving thread must wake up at the latest: the oldest Hello
+  // deadline, the next shed log line.
+  absl::Time NextDeadline() const;
+  // Accepts every connection the listener has; pauses the listener when
+  // the daemon is out of descriptors.
+  void AcceptAll();
+  // Takes an accepted connection in, shedding within the bounds first.
+  void Admit(UniqueFd fd);
+  // Sheds the oldest connection waiting for its Hello, among the peer's
+  // when `pid` is set; a candidate whose Hello has arrived is served
+  // instead (which also takes it off the waiting list) and the next
+  // oldest tried, until one is shed, there is room, or the scope is empty.
+  void ShedOldest(std::optional<pid_t> pid, Shed reason);
+  // A connection's first message: authenticate, then hand the memory over.
+  void ReadHello(uint64_t serial);
+  // Sends the session its memory's descriptors; false when that failed.
+  bool HandOver(Connection& connection, Session& session);
+  // A connected session's connection woke: the client went away (EOF) or
+  // broke the protocol (anything sent after its Hello).
+  void Watch(uint64_t serial);
+  // Tells the sessions SessionClosed named why, and closes their
+  // connections.
+  void EndSessions() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sheds connections past their Hello deadline; writes the shed log line
+  // when due.
+  void Tick(absl::Time now);
+  void Refuse(uint64_t serial, const absl::Status& status);
+  void ShedConnection(uint64_t serial, Shed reason);
+  void Forget(uint64_t serial);
+  void LogShedding(absl::Time now, bool force);
 
   CallCore* const core_;
   FastChannelServer* const fast_channels_;
+  const Options options_;
   // Set by Start before the serving thread starts, then only read (and
   // the listener closed by Stop after the thread is joined).
-  UniqueFd epoll_;
-  UniqueFd wake_;  // eventfd: SessionClosed and Stop ring it
+  EpollListener events_;  // SessionClosed and Stop wake it
   UniqueFd listener_;
   std::string path_;
   std::thread thread_;
@@ -98,8 +179,25 @@ class MemorySocketServer final : public SessionObserver {
   // Sessions ended since the serving thread last looked, and why.
   std::vector<std::pair<uint64_t, std::string>> ended_ ABSL_GUARDED_BY(mu_);
 
+  // The serving thread's state (see Serve).
+  std::shared_ptr<spdlog::logger> log_;
+  std::map<uint64_t, Connection> connections_;  // by serial, oldest first
+  absl::flat_hash_map<uint64_t, uint64_t> serial_of_;  // by session id
+  // Serials of the connections waiting for their Hello, oldest first, and
+  // how many each peer process has.
+  std::map<uint64_t, pid_t> pending_;
+  absl::flat_hash_map<pid_t, int> pending_of_peer_;
+  uint64_t next_serial_;
+  // Sheds since the last log line, by reason, and the last peer shed.
+  std::array<int64_t, kNumShedReasons> unlogged_shed_{};
+  pid_t last_shed_pid_ = 0;
+  uid_t last_shed_uid_ = 0;
+  absl::Time last_shed_log_ = absl::InfinitePast();
+
   std::atomic<int64_t> connected_{0};
   std::atomic<int64_t> refusals_{0};
+  std::atomic<int64_t> pending_count_{0};
+  std::array<std::atomic<int64_t>, kNumShedReasons> shed_{};
 };
 
 }  // namespace pagealloc

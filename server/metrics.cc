@@ -1,10 +1,5 @@
 #include "server/metrics.h"
 
-#include <sys/socket.h>
-
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 #include <map>
 #include <set>
 #include <utility>
@@ -13,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/version.h"
-#include "httplib.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
 #include "server/process_stats.h"
@@ -348,6 +342,27 @@ void AddAbuseFamilies(const FastChannelServer* fast_channels, Families* out) {
   out->push_back(std::move(dropped));
 }
 
+// The memory socket's unauthenticated connections (memory_socket_server.h).
+void AddMemorySocketFamilies(const MemorySocketServer* memory_socket,
+                             Families* out) {
+  out->push_back(
+      Gauge("pagealloc_memory_socket_pending_hellos",
+            "Memory socket connections waiting for their Hello now.",
+            memory_socket != nullptr ? memory_socket->pending_hellos() : 0));
+  MetricFamily shed =
+      Family("pagealloc_memory_socket_shed_total",
+             "Memory socket connections closed before their Hello, by reason: "
+             "over the per-peer or the total bound, or past the deadline.",
+             MetricType::Counter);
+  for (int r = 0; r < MemorySocketServer::kNumShedReasons; ++r) {
+    const auto reason = static_cast<MemorySocketServer::Shed>(r);
+    AddCounter(shed,
+               memory_socket != nullptr ? memory_socket->shed_total(reason) : 0,
+               {{"reason", std::string(MemorySocketServer::ShedName(reason))}});
+  }
+  out->push_back(std::move(shed));
+}
+
 // Calls by method, transport and code, and their latency. A method's
 // series exist from the start (OK at 0, an empty histogram) for each
 // transport that carries it, so that rates and ratios have a base; other
@@ -490,6 +505,7 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
                                  CallCore* core, Batcher* batcher,
                                  Backend* backend,
                                  const FastChannelServer* fast_channels,
+                                 const MemorySocketServer* memory_socket,
                                  const HandoffThreads* grpc_answer_senders,
                                  std::vector<const MemoryBudget*> budgets)
     : pool_(pool),
@@ -498,6 +514,7 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
       batcher_(batcher),
       backend_(backend),
       fast_channels_(fast_channels),
+      memory_socket_(memory_socket),
       grpc_answer_senders_(grpc_answer_senders) {
   for (const MemoryBudget* budget : budgets) {
     if (budget != nullptr) budgets_.push_back(budget);
@@ -515,93 +532,12 @@ std::string MetricsExporter::Render() const {
   AddReserveFamilies(fast_channels_, sessions, families);
   AddBudgetFamilies(budgets_, &families);
   AddAbuseFamilies(fast_channels_, &families);
+  AddMemorySocketFamilies(memory_socket_, &families);
   AddRpcFamilies(core_->rpc_metrics(), &families);
   AddBatchFamilies(batcher_->metrics(), &families);
   AddThreadFamilies(*batcher_, fast_channels_, grpc_answer_senders_, &families);
   AddProcessFamilies(&families);
   return prometheus::TextSerializer().Serialize(families);
-}
-
-namespace {
-
-// See MetricsHttpServer::Start.
-constexpr std::chrono::seconds kHttpIoTimeout(2);
-constexpr size_t kHttpWorkers = 64;
-
-}  // namespace
-
-struct MetricsHttpServer::Impl {
-  httplib::Server http;
-  std::thread thread;
-};
-
-absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& host, int port, std::function<std::string()> render,
-    std::function<absl::Status()> health) {
-  auto impl = std::make_unique<Impl>();
-  // SO_REUSEADDR (a restarted daemon can bind while old connections linger
-  // in TIME_WAIT) but not httplib's default SO_REUSEPORT, with which a
-  // second daemon on the same port starts silently and scrapes alternate
-  // between two pools.
-  impl->http.set_socket_options([](int sock) {
-    const int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  // Anyone who can reach the port is untrusted: a client that drips its
-  // request or never reads the answer holds a worker for at most these
-  // timeouts (per read or write), and there are enough workers that a few
-  // such clients cannot keep /healthz from answering.
-  impl->http.set_read_timeout(kHttpIoTimeout);
-  impl->http.set_write_timeout(kHttpIoTimeout);
-  impl->http.set_keep_alive_timeout(
-      absl::ToInt64Seconds(absl::FromChrono(kHttpIoTimeout)));
-  impl->http.set_keep_alive_max_count(100);
-  impl->http.new_task_queue = [] {
-    return new httplib::ThreadPool(kHttpWorkers);
-  };
-  impl->http.Get("/metrics", [render](const httplib::Request&,
-                                      httplib::Response& response) {
-    response.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  impl->http.Get("/healthz", [health](const httplib::Request&,
-                                      httplib::Response& response) {
-    const absl::Status status = health();
-    response.status = status.ok() ? 200 : 503;
-    response.set_content(status.ok() ? std::string("serving\n")
-                                     : absl::StrCat(status.message(), "\n"),
-                         "text/plain");
-  });
-  int bound = port;
-  if (port == 0) {
-    bound = impl->http.bind_to_any_port(host);
-  } else if (!impl->http.bind_to_port(host, port)) {
-    bound = -1;
-  }
-  if (bound < 0) {
-    const int error = errno;
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot listen for metrics on %s:%d: %s (another process, perhaps "
-        "another pagealloc-server, holds the port; choose another with "
-        "--metrics_port, or -1 to turn metrics off)",
-        host, port, error != 0 ? std::strerror(error) : "bind failed"));
-  }
-  impl->thread =
-      std::thread([http = &impl->http] { http->listen_after_bind(); });
-  // Until the thread is in its accept loop, httplib's stop() does nothing
-  // (and a Stop right after Start would then wait forever for the join).
-  while (!impl->http.is_running()) std::this_thread::yield();
-  return std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(std::move(impl), bound));
-}
-
-MetricsHttpServer::MetricsHttpServer(std::unique_ptr<Impl> impl, int port)
-    : impl_(std::move(impl)), port_(port) {}
-
-MetricsHttpServer::~MetricsHttpServer() { Stop(); }
-
-void MetricsHttpServer::Stop() {
-  impl_->http.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 }  // namespace pagealloc

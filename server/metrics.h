@@ -4,7 +4,8 @@
 // Gauges come from snapshots taken at scrape time (the pool's stats, the
 // session list); counters and histograms are atomics the hot path bumps
 // without locks (RpcMetrics, BatcherMetrics, SessionCounters), and the
-// process's figures are read from /proc at scrape time (ProcessStats). Names
+// process's figures are read from /proc at scrape time (ProcessStats).
+// server/metrics_http_server.h serves them. Names
 // start with pagealloc_, except the standard process_* ones; counters end
 // in _total, times are in seconds. docs/operations.md lists every metric
 // (a test checks that it does).
@@ -12,7 +13,6 @@
 #ifndef PAGEALLOC_SERVER_METRICS_H_
 #define PAGEALLOC_SERVER_METRICS_H_
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -26,6 +26,7 @@
 #include "server/call_core.h"
 #include "server/fast_channel_server.h"
 #include "server/memory_budget.h"
+#include "server/memory_socket_server.h"
 #include "server/session.h"
 
 namespace pagealloc {
@@ -39,10 +40,12 @@ class MetricsExporter {
   static constexpr int kMaxClientLabels = 64;
 
   // Every pointer must outlive the exporter; `fast_channels` is null when
-  // the daemon offers none (its counters are exported as 0).
+  // the daemon offers none, `memory_socket` when it has none (their
+  // counters are exported as 0).
   MetricsExporter(PagePool* pool, SessionRegistry* sessions, CallCore* core,
                   Batcher* batcher, Backend* backend,
                   const FastChannelServer* fast_channels = nullptr,
+                  const MemorySocketServer* memory_socket = nullptr,
                   const HandoffThreads* grpc_answer_senders = nullptr,
                   std::vector<const MemoryBudget*> budgets = {});
 
@@ -56,32 +59,10 @@ class MetricsExporter {
   Batcher* const batcher_;
   Backend* const backend_;
   const FastChannelServer* const fast_channels_;
+  const MemorySocketServer* const memory_socket_;
   const HandoffThreads* const grpc_answer_senders_;
   // Sessions' memory budgets (nulls left out).
   std::vector<const MemoryBudget*> budgets_;
-};
-
-// A small HTTP server (cpp-httplib) for GET /metrics and GET /healthz.
-// This class is thread-safe.
-class MetricsHttpServer {
- public:
-  // Binds `host`:`port` (port 0 picks a free one) and serves from a thread
-  // of its own. `render` produces /metrics; /healthz answers 200
-  // "serving" while `health()` is OK, and 503 with its message otherwise
-  // ("draining", or why the daemon cannot accept connections).
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& host, int port, std::function<std::string()> render,
-      std::function<absl::Status()> health);
-  ~MetricsHttpServer();
-
-  int port() const { return port_; }
-  void Stop();
-
- private:
-  struct Impl;
-  explicit MetricsHttpServer(std::unique_ptr<Impl> impl, int port);
-  std::unique_ptr<Impl> impl_;
-  const int port_;
 };
 
 }  // namespace pagealloc

@@ -1,21 +1,26 @@
 // The metrics HTTP server against clients that misbehave: a second daemon
-// on the same port, and clients that open connections and never finish
-// their request.
+// on the same port, clients that open connections and never finish their
+// request, requests that are not ours to answer, and slow scrapes.
+
+#include "server/metrics_http_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "server/metrics.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
@@ -87,12 +92,10 @@ TEST(MetricsHttpServerTest, StalledClientsDoNotBlockHealthz) {
     ASSERT_GE(sock, 0);
     stalled.push_back(sock);
   }
-  // Each stalled client holds a worker until the server's read timeout; a
-  // server with fewer workers than stalled clients would not answer this
-  // within the client's own timeout.
+  // Stalled clients hold nothing /healthz needs: no worker, no queue.
   httplib::Client client("127.0.0.1", server->port());
   client.set_connection_timeout(10);
-  client.set_read_timeout(1);
+  client.set_read_timeout(10);
   httplib::Result health = client.Get("/healthz");
   ASSERT_TRUE(health) << httplib::to_string(health.error());
   EXPECT_EQ(health->status, 200);
@@ -100,6 +103,138 @@ TEST(MetricsHttpServerTest, StalledClientsDoNotBlockHealthz) {
   ASSERT_TRUE(metrics);
   EXPECT_THAT(metrics->body, HasSubstr("pagealloc_up 1"));
   for (int sock : stalled) close(sock);
+}
+
+// A request's head must arrive whole within the header deadline: one that
+// drips is closed, however steadily it drips.
+TEST(MetricsHttpServerTest, AClientDrippingItsHeadIsClosedAtTheDeadline) {
+  MetricsHttpServer::Options options;
+  options.header_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(
+          "127.0.0.1", 0, [] { return std::string(); },
+          [] { return absl::OkStatus(); }, options);
+  ASSERT_OK(server.status());
+  const int sock = DripOneLine((*server)->port());
+  ASSERT_GE(sock, 0);
+  // One more header byte every 50 ms (well within any per-read timeout)
+  // until the server closes it; bounded at 30 s.
+  bool closed = false;
+  for (int i = 0; i < 600 && !closed; ++i) {
+    closed = send(sock, "X", 1, MSG_NOSIGNAL) < 0;
+    char byte;
+    closed = closed || recv(sock, &byte, 1, MSG_DONTWAIT) == 0;
+    usleep(50000);
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_EQ((*server)->timed_out(), 1);
+  close(sock);
+}
+
+// Over the per-address bound, a newcomer closes the oldest connection
+// still sending its request: the probe gets in.
+TEST(MetricsHttpServerTest, ANewConnectionOverTheBoundClosesTheOldest) {
+  MetricsHttpServer::Options options;
+  options.max_connections_per_address = 4;
+  options.header_timeout = absl::Hours(1);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(
+          "127.0.0.1", 0, [] { return std::string(); },
+          [] { return absl::OkStatus(); }, options);
+  ASSERT_OK(server.status());
+  std::vector<int> stalled;
+  for (int i = 0; i < 8; ++i) stalled.push_back(DripOneLine((*server)->port()));
+  httplib::Client client("127.0.0.1", (*server)->port());
+  httplib::Result health = client.Get("/healthz");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  // 8 stalled and the probe, 4 at a time: the 5 oldest were closed.
+  EXPECT_EQ((*server)->shed(), 5);
+  for (int i = 0; i < 8; ++i) {
+    // Closed (end of file, or a reset: it had sent bytes never read).
+    char byte;
+    const ssize_t n = recv(stalled[i], &byte, 1, MSG_DONTWAIT);
+    const bool gone = n == 0 || (n < 0 && errno != EAGAIN);
+    EXPECT_EQ(gone, i < 5) << "connection " << i;
+    close(stalled[i]);
+  }
+}
+
+// What is not a GET of /metrics or /healthz gets the right code at once.
+TEST(MetricsHttpServerTest, OtherRequestsGetTheirCodes) {
+  std::unique_ptr<MetricsHttpServer> server = StartOn(0);
+  ASSERT_NE(server, nullptr);
+  httplib::Client client("127.0.0.1", server->port());
+  httplib::Result missing = client.Get("/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  httplib::Result post = client.Post("/metrics", "x", "text/plain");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 405);
+  // A body over the bound is refused from its Content-Length alone.
+  const int sock = DripOneLine(server->port());
+  ASSERT_GE(sock, 0);
+  const std::string rest = "Content-Length: 1048576\r\n\r\n";
+  ASSERT_EQ(write(sock, rest.data(), rest.size()), ssize_t(rest.size()));
+  std::string answer;
+  char buffer[512];
+  for (ssize_t n; (n = read(sock, buffer, sizeof(buffer))) > 0;) {
+    answer.append(buffer, n);
+  }
+  close(sock);
+  EXPECT_THAT(answer, HasSubstr("413 Payload Too Large"));
+  EXPECT_THAT(answer, HasSubstr("body of 1048576 bytes, over 65536"));
+  httplib::Result query = client.Get("/healthz?verbose=1");
+  ASSERT_TRUE(query);
+  EXPECT_EQ(query->status, 200);
+  httplib::Result head = client.Head("/metrics");
+  ASSERT_TRUE(head);
+  EXPECT_EQ(head->status, 200);
+  EXPECT_EQ(head->body, "");
+}
+
+// /healthz is answered while a scrape renders, and scrapes that queue
+// meanwhile share the next rendering.
+TEST(MetricsHttpServerTest, HealthIsAnsweredAheadOfASlowScrape) {
+  absl::Notification rendering, release;
+  std::atomic<int> renders{0};
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(
+          "127.0.0.1", 0,
+          [&] {
+            if (renders.fetch_add(1) == 0) {
+              rendering.Notify();
+              release.WaitForNotification();
+            }
+            return std::string("pagealloc_up 1\n");
+          },
+          [] { return absl::OkStatus(); });
+  ASSERT_OK(server.status());
+  const int port = (*server)->port();
+  std::vector<std::thread> scrapes;
+  std::atomic<int> scraped{0};
+  scrapes.emplace_back([&] {
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(60);
+    if (auto r = client.Get("/metrics"); r && r->status == 200) ++scraped;
+  });
+  rendering.WaitForNotification();
+  for (int i = 0; i < 3; ++i) {
+    scrapes.emplace_back([&] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(60);
+      if (auto r = client.Get("/metrics"); r && r->status == 200) ++scraped;
+    });
+  }
+  // The first scrape is stuck in its rendering; health does not wait.
+  httplib::Client client("127.0.0.1", port);
+  httplib::Result health = client.Get("/healthz");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  release.Notify();
+  for (std::thread& scrape : scrapes) scrape.join();
+  EXPECT_EQ(scraped, 4);
+  EXPECT_LE(renders, 4);
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include "memory/memory_socket.h"
 #include "memory/unique_fd.h"
 #include "server/descriptors.h"
+#include "server/heap_return.h"
 
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "server/cuda_backend.h"
@@ -587,7 +588,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->memory_socket_path_ = MemorySocketPathFor(options.listen);
   if (!server->memory_socket_path_.empty()) {
     server->memory_socket_ = std::make_unique<MemorySocketServer>(
-        server->core_.get(), server->fast_channels_.get());
+        server->core_.get(), server->fast_channels_.get(),
+        options.memory_socket);
   }
   // Only a spinning batcher thread takes gRPC calls over (GrpcService): it
   // hands the answers of shared launches to threads of their own.
@@ -602,7 +604,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->metrics_ = std::make_unique<MetricsExporter>(
       server->pool_.get(), server->sessions_.get(), server->core_.get(),
       server->batcher_.get(), server->backend_.get(),
-      server->fast_channels_.get(), server->grpc_answer_senders_.get(),
+      server->fast_channels_.get(), server->memory_socket_.get(),
+      server->grpc_answer_senders_.get(),
       std::vector<const MemoryBudget*>{server->host_budget_.get(),
                                        server->gpu_budget_.get()});
   return server;
@@ -937,8 +940,23 @@ absl::Status Server::Health() const {
 void Server::ReapLeases() {
   const absl::Duration period = std::clamp(
       options_.sessions.lease / 4, absl::Milliseconds(5), absl::Seconds(1));
+  // Every few seconds, freed heap memory past a threshold goes back to the
+  // kernel (server/heap_return.h says why): resident memory follows load
+  // down after a burst of sessions or streams.
+  constexpr absl::Duration kHeapReturnPeriod = absl::Seconds(5);
+  constexpr int64_t kHeapReturnThreshold = 16 << 20;
+  absl::Time next_heap_return = absl::Now() + kHeapReturnPeriod;
   while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
-    core_->ReclaimExpired(absl::Now());
+    const absl::Time now = absl::Now();
+    core_->ReclaimExpired(now);
+    if (now >= next_heap_return) {
+      next_heap_return = now + kHeapReturnPeriod;
+      const HeapReturn returned = ReturnFreeHeapMemory(kHeapReturnThreshold);
+      if (returned.trimmed) {
+        Logger("server")->debug("returned free heap memory ({} MiB free)",
+                                returned.free_bytes >> 20);
+      }
+    }
   }
 }
 

@@ -37,6 +37,7 @@
 #include "server/memory_budget.h"
 #include "server/memory_socket_server.h"
 #include "server/metrics.h"
+#include "server/metrics_http_server.h"
 #include "server/session.h"
 
 namespace pagealloc {
@@ -70,9 +71,10 @@ struct ServerOptions {
   // Let ClearPool be forced while sessions hold pages (CallCore::Options).
   bool allow_forced_clear = false;
   // HTTP /metrics and /healthz: host and port (0: any free port; -1: off;
-  // pagealloc-server's flag defaults to 9464). Every address by default, so
-  // that Prometheus on another host can scrape.
-  std::string metrics_host = "0.0.0.0";
+  // pagealloc-server's flag defaults to 9464). Loopback by default: the
+  // port answers anyone who reaches it, so a deployment that scrapes from
+  // elsewhere names the address (the pod IP, 0.0.0.0) itself.
+  std::string metrics_host = "127.0.0.1";
   int metrics_port = -1;
   // The KV memory the daemon owns (docs/design.md, section 11). Without a
   // layout the daemon hands out slot indices only.
@@ -120,6 +122,9 @@ struct ServerOptions {
   // Each session's ring is capped by its budget too.
   int64_t session_memory = -1;
   int64_t session_gpu_memory = -1;
+  // The memory socket's bounds on connections that have not sent their
+  // Hello (MemorySocketServer::Options; docs/design.md, section 9).
+  MemorySocketServer::Options memory_socket;
   // Plain TCP (no TLS) on an address other than loopback: Start refuses it
   // unless this is set, and then logs a warning.
   bool allow_insecure_tcp = false;

@@ -1,4 +1,5 @@
 // pagealloc-cli against a real daemon: Ctrl-C ends alloc's session at once,
+// the daemon's death ends its hold with a message and exit code 1,
 // free acts through the session file alloc wrote and says whether a page
 // was never allocated or already freed, and stats and watch print
 // GetStatsResponse as JSON and list each session's transport and lease age.
@@ -143,6 +144,25 @@ TEST_P(CliSignalTest, EndsTheHoldAndReturnsThePagesAtOnce) {
 
 INSTANTIATE_TEST_SUITE_P(SigintAndSigterm, CliSignalTest,
                          ::testing::Values(SIGINT, SIGTERM));
+
+// The daemon dies under a hold: alloc says so at once and exits 1, and the
+// session file (of a session that no longer exists) is gone.
+TEST(CliTest, AHoldEndsWithAMessageWhenTheDaemonDies) {
+  ASSERT_OK_AND_ASSIGN(Daemon daemon, StartDaemon("dies", {kLongLease}));
+  const std::string session_file = TempPath("dying-session");
+  ASSERT_OK_AND_ASSIGN(
+      Holder holder,
+      StartHolder(daemon, 16, {"--session_file=" + session_file}));
+  daemon.process.Signal(SIGKILL);
+  // The hold is 600 s: only the daemon's death ends it within this bound.
+  ASSERT_OK_AND_ASSIGN(int status, holder.process.Wait(absl::Seconds(30)));
+  EXPECT_EQ(DescribeWaitStatus(status), "exited 1") << ReadLog(holder.log);
+  EXPECT_THAT(ReadLog(holder.log),
+              HasSubstr("ended during the hold: UNAVAILABLE: "));
+  EXPECT_THAT(ReadLog(holder.log), HasSubstr("its pages are no longer held"));
+  struct stat st;
+  EXPECT_NE(stat(session_file.c_str(), &st), 0) << "the session file stayed";
+}
 
 TEST(CliTest, FreeActsThroughTheSessionFileAndSaysWhyAPageIsFree) {
   ASSERT_OK_AND_ASSIGN(

@@ -6,9 +6,12 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -28,6 +31,7 @@
 #include "httplib.h"
 #include "memory/kv_layout.h"
 #include "memory/memory_socket.h"
+#include "memory/unique_fd.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
 #include "tests/daemon_process.h"
@@ -227,10 +231,11 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
 
 // Every query of the dashboard, against a real Prometheus scraping a
 // daemon that served load through both transports, refused a ring past
-// its memory budget and requests for lack of pages and by quota, failed a call,
-// sorted its free list, ended KeepAlive streams, throttled and dropped a
-// session that spammed its doorbell, and reclaimed a session whose lease ran
-// out: each returns at least one finite, non-zero value.
+// its memory budget and requests for lack of pages and by quota, failed a
+// call, sorted its free list, ended KeepAlive streams, throttled and
+// dropped a session that spammed its doorbell, reclaimed a session whose
+// lease ran out, and shed a silent memory socket connection (another still
+// waits): each returns at least one finite, non-zero value.
 TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   ServerOptions options;
   options.backend = "cpu";
@@ -251,6 +256,10 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   options.fast_channel_drop_strikes = 2;
   // Room for the sessions below, not for a ring of 80 MiB beside them.
   options.session_memory = 96 << 20;
+  // One silent memory socket connection per process waits for its Hello
+  // (for an hour: to the end of the test); a second sheds the first.
+  options.memory_socket.hello_timeout = absl::Hours(1);
+  options.memory_socket.max_pending_per_peer = 1;
   ASSERT_OK_AND_ASSIGN(auto server, testing::InProcessServer::Start(options));
   ASSERT_OK_AND_ASSIGN(Prometheus prometheus,
                        StartPrometheus(server->server().metrics_port()));
@@ -437,6 +446,7 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   }
   // A session that never renews its lease, holding pages: registered and
   // served through a bare stub, then abandoned.
+  std::vector<UniqueFd> silent_hellos;
   {
     std::unique_ptr<v1::PageAllocator::Stub> stub = server->NewStub();
     grpc::ClientContext register_context;
@@ -445,6 +455,20 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
     v1::RegisterResponse registered;
     ASSERT_TRUE(
         stub->Register(&register_context, register_request, &registered).ok());
+    // Two connections to the memory socket that never say Hello.
+    for (int i = 0; i < 2; ++i) {
+      UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+      sockaddr_un address{};
+      address.sun_family = AF_UNIX;
+      const std::string& path = registered.memory_socket();
+      ASSERT_LT(path.size(), sizeof(address.sun_path));
+      std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+      ASSERT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&address),
+                        sizeof(address)),
+                0)
+          << path << ": " << std::strerror(errno);
+      silent_hellos.push_back(std::move(fd));
+    }
     grpc::ClientContext alloc_context;
     v1::AllocRequest alloc;
     alloc.mutable_session()->set_session_id(registered.session_id());
@@ -460,10 +484,14 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
       [&] {
         return core.counters().sessions_reclaimed > 0 &&
                core.counters().pages_reclaimed > 0 &&
+               server->server().memory_socket()->shed_total(
+                   MemorySocketServer::Shed::kPeerBound) > 0 &&
+               server->server().memory_socket()->pending_hellos() > 0 &&
                core.rpc_metrics().keepalive_stream().Take().count > 0;
       },
       absl::Seconds(60)))
-      << "no session was reclaimed, or no KeepAlive stream ended";
+      << "no session was reclaimed, no KeepAlive stream ended, or no "
+         "memory socket connection was shed or waits";
   // Everything above happened before the reclaim: once Prometheus has the
   // reclaimed pages, it has the rest.
   const std::string reclaimed = absl::StrFormat(

@@ -97,9 +97,16 @@ spec:
             - --backend=cuda
             - --listen=unix:///run/pagealloc/gpu{gpu}.sock
             - --metrics_port=9464
+            # The pod's own address, which kubelet probes and Prometheus
+            # scrapes (the daemon's default is loopback).
+            - --metrics_host=$(POD_IP)
             - --page_size=16
             - --num_pages=65536
           env:
+            - name: POD_IP
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.podIP
             - name: NVIDIA_VISIBLE_DEVICES
               value: all
           ports:

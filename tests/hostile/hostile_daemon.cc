@@ -28,9 +28,6 @@
 namespace pagealloc::testing {
 namespace {
 
-// Bounds on waits that normally end within milliseconds (CI has 2 cores).
-constexpr absl::Duration kWait = absl::Seconds(30);
-
 std::string ReadText(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -87,11 +84,12 @@ int MetricsPort(const Daemon& daemon) {
   return port;
 }
 
-// GET `path` on the daemon's metrics port: status and body, or status -1.
-std::pair<int, std::string> Get(int port, const std::string& path) {
+std::pair<int, std::string> Get(int port, const std::string& path,
+                                absl::Duration timeout) {
   httplib::Client http("127.0.0.1", port);
-  http.set_connection_timeout(5);
-  http.set_read_timeout(5);
+  const int64_t usec = absl::ToInt64Microseconds(timeout);
+  http.set_connection_timeout(usec / 1000000, usec % 1000000);
+  http.set_read_timeout(usec / 1000000, usec % 1000000);
   httplib::Result result = http.Get(path.c_str());
   if (!result) return {-1, httplib::to_string(result.error())};
   return {result->status, result->body};
@@ -107,18 +105,51 @@ double MetricValue(int port, const std::string& series) {
   return -1;
 }
 
-// A raw connection to the daemon's gRPC socket that sends nothing.
-UniqueFd RawConnect(const Daemon& daemon) {
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+double MetricSum(int port, absl::string_view name,
+                 std::initializer_list<absl::string_view> labels) {
+  const auto [status, body] = Get(port, "/metrics");
+  if (status != 200) return -1;
+  double total = 0;
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (!absl::StartsWith(line, name)) continue;
+    const absl::string_view rest = line.substr(name.size());
+    if (rest.empty() || (rest[0] != '{' && rest[0] != ' ')) continue;
+    bool matches = true;
+    for (absl::string_view label : labels) {
+      matches = matches && absl::StrContains(rest, label);
+    }
+    double value = 0;
+    if (matches && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+      total += value;
+    }
+  }
+  return total;
+}
+
+UniqueFd ConnectUnix(const std::string& path, int type) {
+  UniqueFd fd(socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, daemon.socket_path.c_str(),
-              daemon.socket_path.size() + 1);
+  if (!fd.valid() || path.size() >= sizeof(address.sun_path)) return UniqueFd();
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&address),
               sizeof(address)) != 0) {
     fd.reset();
   }
   return fd;
+}
+
+bool ClosedByPeer(int fd) {
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK;
+  }
+}
+
+UniqueFd RawConnect(const Daemon& daemon) {
+  return ConnectUnix(daemon.socket_path, SOCK_STREAM);
 }
 
 Fate FateOf(int fd) {
@@ -140,7 +171,7 @@ absl::StatusOr<std::vector<UniqueFd>> FloodUntilRefused(const Daemon& daemon,
     }
     const int fd = flood.back().get();
     if (!WaitFor([&] { return (fate = FateOf(fd)) != Fate::kPending; },
-                 kWait)) {
+                 kHostileWait)) {
       return absl::FailedPreconditionError("a connection was left pending");
     }
   }
@@ -251,7 +282,8 @@ ChildMemoryCgroup::~ChildMemoryCgroup() {
   if (dir_.empty()) return;
   // The daemon is reaped by its Subprocess before this runs; a cgroup
   // empties a moment after its last process exits.
-  WaitFor([&] { return rmdir(dir_.c_str()) == 0 || errno != EBUSY; }, kWait);
+  WaitFor([&] { return rmdir(dir_.c_str()) == 0 || errno != EBUSY; },
+          kHostileWait);
 }
 
 std::vector<std::string> ChildMemoryCgroup::Wrapper() const {

@@ -1,12 +1,14 @@
 // Helpers for the hostile tests that run the real pagealloc-server
 // (tests/daemon_process.h): honest clients and their round trips, the
 // metrics port and HTTP reads, raw gRPC connections and floods of them,
-// raw Registers, and a child memory cgroup to run a daemon in.
+// raw Registers and raw Unix-socket connections, and a child memory cgroup
+// to run a daemon in.
 
 #ifndef PAGEALLOC_TESTS_HOSTILE_HOSTILE_DAEMON_H_
 #define PAGEALLOC_TESTS_HOSTILE_HOSTILE_DAEMON_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,12 +17,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "memory/unique_fd.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "tests/daemon_process.h"
 
 namespace pagealloc::testing {
+
+// Bounds on waits that normally end within milliseconds (CI has 2 cores).
+inline constexpr absl::Duration kHostileWait = absl::Seconds(30);
 
 // An honest client of the client library (fast channel on), or null (with
 // a test failure) when it cannot connect.
@@ -34,12 +41,28 @@ absl::Status RoundTrip(Client& client);
 // -1 while it has not.
 int MetricsPort(const Daemon& daemon);
 
-// GET `path` on the daemon's metrics port: status and body, or status -1.
-std::pair<int, std::string> Get(int port, const std::string& path);
+// GET `path` on 127.0.0.1:`port`: status and body, or status -1 and the
+// error, within `timeout` for the connect and for each read.
+std::pair<int, std::string> Get(int port, const std::string& path,
+                                absl::Duration timeout = absl::Seconds(5));
 
 // The value of the series `series` (name and labels, as exported) on
 // /metrics, or -1 when it is not there.
 double MetricValue(int port, const std::string& series);
+
+// The sum of the series of metric `name` whose labels contain every one of
+// `labels` (e.g. {"rpc=\"KeepAlive\"", "code=\"OK\""}), read from
+// /metrics; -1 when the scrape fails.
+double MetricSum(int port, absl::string_view name,
+                 std::initializer_list<absl::string_view> labels = {});
+
+// A raw connection of `type` (SOCK_STREAM, SOCK_SEQPACKET) to the Unix
+// socket at `path`, that sends nothing; invalid when connect fails.
+UniqueFd ConnectUnix(const std::string& path, int type);
+
+// Whether the peer has closed `fd` (everything it sent read, then end of
+// file).
+bool ClosedByPeer(int fd);
 
 // A raw connection to the daemon's gRPC socket that sends nothing.
 UniqueFd RawConnect(const Daemon& daemon);
