@@ -15,7 +15,10 @@
 // The free list is kept in a ring of capacity num_pages: allocation pops from
 // the front (the head moves forward), kLifo frees push to the front (the head
 // moves back). The executor mirrors every write to the ring, so a plan only
-// needs the head position to find a batch's pages.
+// needs the head position to find a batch's pages. Where a free goes and
+// when parked pages are merged is the FreeListPolicy's decision
+// (free_list_policy.h); the pool moves the pages. A launch's plan is built
+// by a PlanBuilder (plan_builder.h) as admission accepts requests.
 //
 // This class is thread-safe.
 
@@ -341,8 +344,8 @@ class PagePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Allocate's passes, in the order it runs them. Each reads and writes
-  // scratch_; only MakeRoomForBatch (a sort of the free list) and
-  // CommitPlan change the pool.
+  // scratch_; only the merges (MakeRoomForBatch, MakeRoomForCall: a sort
+  // of the free list) and CommitPlan change the pool.
   //
   // Checks everything about each request that does not depend on admission
   // order: its shape, its owner, its length against the pool, its
