@@ -4,38 +4,16 @@
 #include <string>
 #include <utility>
 
+#include "absl/base/attributes.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
 namespace pagealloc {
 
-absl::StatusOr<FreePolicy> ParseFreePolicy(absl::string_view name) {
-  if (name == "lifo") return FreePolicy::kLifo;
-  if (name == "sorted") return FreePolicy::kSorted;
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "free_policy \"%s\" is not one of \"lifo\", \"sorted\"", name));
-}
-
-absl::string_view FreePolicyName(FreePolicy policy) {
-  return policy == FreePolicy::kLifo ? "lifo" : "sorted";
-}
-
-absl::StatusOr<Semantics> ParseSemantics(absl::string_view name) {
-  if (name == "pagealloc") return Semantics::kPagealloc;
-  if (name == "sglang") return Semantics::kSglang;
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "semantics \"%s\" is not one of \"pagealloc\", \"sglang\"", name));
-}
-
-absl::string_view SemanticsName(Semantics semantics) {
-  return semantics == Semantics::kPagealloc ? "pagealloc" : "sglang";
-}
-
 PagePool::PagePool(const PoolOptions& options, PlanExecutor* executor)
     : geometry_{options.page_size, options.num_pages},
-      policy_(options.free_policy),
-      semantics_(options.semantics),
+      policy_(options.free_policy, options.semantics, geometry_),
       scrub_(options.scrub),
       ring_copies_(options.page_size == 1 && options.ring_copy_plans),
       capacity_(options.num_pages),
@@ -287,47 +265,20 @@ int64_t PagePool::ValidateRequestsOf(absl::Span<const AllocRequest> requests,
 }
 
 absl::Status PagePool::MakeRoomForBatch(int64_t batch_pages) {
-  // Once per launch, and only when the launch cannot fit otherwise: a merge
-  // costs a sort of the free list. (Semantics::kSglang decides per call, in
-  // AdmitAndPlan.)
-  if (semantics_ == Semantics::kPagealloc && policy_ == FreePolicy::kSorted &&
-      batch_pages > free_count_ && !parked_.empty()) {
+  if (policy_.MergeBeforeBatch(batch_pages, free_count_, parked_.size())) {
     return MergeParkedAndSort(/*keep=*/0);
   }
   return absl::OkStatus();
 }
 
-absl::Status PagePool::MakeRoomForCall(
-    absl::Span<const AllocRequest> requests) {
-  if (semantics_ != Semantics::kSglang || policy_ != FreePolicy::kSorted ||
-      parked_.empty() || requests.empty()) {
-    return absl::OkStatus();
+absl::Status PagePool::MakeRoomForCall(absl::Span<const AllocRequest> call,
+                                       int64_t planned_pages) {
+  if (policy_.MergeBeforeCall(call, free_count_ - planned_pages,
+                              parked_.size())) {
+    // The pages the earlier calls take stay where they are.
+    return MergeParkedAndSort(/*keep=*/planned_pages);
   }
-  const int64_t ps = geometry_.page_size;
-  const int64_t available = free_count_ - scratch_.plan.num_new_pages;
-  // SGLang's figures count every request of its batch. Lengths are clamped
-  // to the pool's slot range, which keeps the sums from overflowing and
-  // leaves every comparison below as it was: a clamped request alone
-  // exceeds the free pages.
-  int64_t num_requests = requests.size();
-  int64_t slots = 0;
-  int64_t pages = 0;
-  for (const AllocRequest& r : requests) {
-    if (!IsValidShape(r, geometry_)) continue;
-    ExtendShape shape = ToExtendShape(r);
-    shape.seq_len = std::min(shape.seq_len, geometry_.slot_limit());
-    shape.prefix_len = std::min(shape.prefix_len, shape.seq_len);
-    slots += shape.num_slots();
-    pages += NewPagesNeeded(shape, ps);
-  }
-  int64_t estimate = pages;  // alloc, and the token allocator (page_size 1)
-  if (ps > 1 && requests.front().kind == RequestKind::kExtend) {
-    estimate = slots / ps + num_requests + 1;
-  } else if (ps > 1 && requests.front().kind == RequestKind::kDecode) {
-    estimate = num_requests;
-  }
-  if (estimate <= available) return absl::OkStatus();
-  return MergeParkedAndSort(/*keep=*/scratch_.plan.num_new_pages);
+  return absl::OkStatus();
 }
 
 void PagePool::RefuseRestOfCall(absl::Span<const AllocRequest> requests,
@@ -350,215 +301,153 @@ void PagePool::RefuseRestOfCall(absl::Span<const AllocRequest> requests,
   }
 }
 
+// The owner of the current run of requests, for admission: its state and
+// its pages planned so far in this batch. A call's requests share an owner,
+// so the two lookups happen once per run; entries of pages_by_owner are only
+// added when the owner changes, so the pointer stays valid within a run.
+struct PagePool::OwnerCursor {
+  OwnerId owner = kNoOwner;
+  const OwnerState* state = nullptr;
+  int64_t* batch_pages = nullptr;
+};
+
+namespace {
+
+// Refusal messages, out of the admission loop's way.
+ABSL_ATTRIBUTE_NOINLINE absl::Status OutOfPagesError(
+    const AllocRequest& request, int64_t pages, int64_t available) {
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s request %d: out of pages: needs %d pages, %d free",
+      RequestKindName(request.kind), request.index, pages, available));
+}
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status OverQuotaError(const AllocRequest& request,
+                                                    int64_t pages, int64_t held,
+                                                    int64_t quota_pages) {
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s request %d: over quota: needs %d pages, owner %d holds %d of its %d",
+      RequestKindName(request.kind), request.index, pages, request.owner, held,
+      quota_pages));
+}
+
+}  // namespace
+
+// AdmitCall, AdmitRequest and PlanScrub are always inlined into
+// AdmitAndPlan, so that its PlanBuilder stays on its stack and its totals in
+// registers (plan_builder.h says why that matters).
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void PagePool::PlanScrub(
+    OwnerId owner, int64_t pages, PlanBuilder& builder) {
+  // The request's pages are the next ones at the free list's front.
+  const int64_t first = builder.planned_pages();
+  for (int64_t k = 0; k < pages; ++k) {
+    const int64_t page = RingAt(first + k);
+    const OwnerId last = last_owner_[page];
+    if (last != kNoOwner && last != owner) builder.AddScrubPage(page);
+  }
+}
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PagePool::AdmitRequest(
+    size_t index, const AllocRequest& request, AllocResult& result,
+    PlanBuilder& builder, OwnerCursor& cursor) {
+  const int64_t pages = scratch_.pages_needed[index];
+  const int64_t available = free_count_ - builder.planned_pages();
+  if (request.owner != cursor.owner) {
+    cursor.owner = request.owner;
+    cursor.state = &owners_.at(request.owner);
+    cursor.batch_pages = &scratch_.pages_by_owner[request.owner];
+  }
+  if (pages > available) {
+    ++counters_.out_of_pages_refusals;
+    result.status = OutOfPagesError(request, pages, available);
+    return false;
+  }
+  const OwnerState& owner = *cursor.state;
+  const int64_t held = owner.pages_owned + *cursor.batch_pages;
+  if (owner.quota_pages > 0 && held + pages > owner.quota_pages) {
+    ++counters_.quota_refusals;
+    result.status = OverQuotaError(request, pages, held, owner.quota_pages);
+    return false;
+  }
+  *cursor.batch_pages += pages;
+  if (scrub_) PlanScrub(request.owner, pages, builder);
+  result.num_slots = ring_copies_
+                         ? builder.AddRingCopy(index, request.owner,
+                                               request.destination, pages)
+                         : builder.AddRequest(index, scratch_.shapes[index],
+                                              request.destination, pages);
+  result.num_new_pages = pages;
+  return true;
+}
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PagePool::AdmitCall(
+    absl::Span<const AllocRequest> requests, size_t begin, size_t end,
+    bool all_or_nothing, PlanBuilder& builder, OwnerCursor& cursor,
+    absl::Span<AllocResult> results) {
+  builder.BeginCall();
+  const absl::Status room = MakeRoomForCall(
+      requests.subspan(begin, end - begin), builder.planned_pages());
+  if (!room.ok()) {
+    // The free list's mirror is broken: launch nothing.
+    for (AllocResult& result : results) {
+      if (result.status.ok()) result = AllocResult{room, 0, 0};
+    }
+    return false;
+  }
+  if (all_or_nothing) {
+    // A request refused by validation decides for the whole call.
+    for (size_t k = begin; k < end; ++k) {
+      if (results[k].status.ok()) continue;
+      RefuseRestOfCall(requests, results, begin, end, k);
+      return true;
+    }
+  }
+  for (size_t i = begin; i < end; ++i) {
+    if (!results[i].status.ok()) continue;
+    if (AdmitRequest(i, requests[i], results[i], builder, cursor) ||
+        !all_or_nothing) {
+      continue;
+    }
+    // Take back what the call's earlier requests were planned to get (they
+    // are the plan's last entries), then refuse them all.
+    for (size_t k : builder.call_admitted()) {
+      scratch_.pages_by_owner[requests[k].owner] -= scratch_.pages_needed[k];
+      results[k].num_slots = 0;
+      results[k].num_new_pages = 0;
+    }
+    builder.TakeBackCall();
+    RefuseRestOfCall(requests, results, begin, end, i);
+    // The owner's running count has changed: look it up again.
+    cursor = OwnerCursor{};
+    return true;
+  }
+  return true;
+}
+
 bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
                             absl::Span<const CallSpan> calls,
                             absl::Span<AllocResult> results) {
-  const std::vector<ExtendShape>& shapes = scratch_.shapes;
-  const std::vector<int64_t>& pages_needed = scratch_.pages_needed;
-  BatchPlan& plan = scratch_.plan;
-  plan.page_size = geometry_.page_size;
-  plan.free_ring_head = head_;
-  plan.free_ring_capacity = capacity_;
-  plan.num_new_pages = 0;
-  plan.num_slots = 0;
-  plan.requests.clear();
-  plan.ring_copies.clear();
-  plan.scrub_pages.clear();
-  if (!ring_copies_) plan.requests.reserve(requests.size());
-  std::vector<size_t>& admitted = scratch_.admitted;
-  admitted.clear();
-  admitted.reserve(requests.size());
-  std::vector<BatchScratch::OwnerRun>& owner_runs = scratch_.owner_runs;
-  owner_runs.clear();
-  // With ring copies, where the plan stood when the current call began, so
-  // that an all-or-nothing refusal can take the call's part back in O(1)
-  // (a run may have grown across the call's start).
-  struct RunMark {
-    size_t copies = 0;
-    int64_t last_copy_count = 0;
-    size_t owner_runs = 0;
-    int64_t last_owner_run_pages = 0;
-  };
-  RunMark call_mark;
-  // The plan's running totals, kept in locals: stores through the plan's
-  // fields were reloaded after every store to a result (they may alias, to
-  // the compiler), a tenth of this loop by perf. MakeRoomForCall reads
-  // plan.num_new_pages, so it is written back before each call.
-  int64_t planned_pages = 0;
-  int64_t planned_slots = 0;
-  // With page_size 1 a request's slots are its new pages.
-  const bool unit_pages = geometry_.page_size == 1;
-  absl::flat_hash_map<OwnerId, int64_t>& batch_pages_by_owner =
-      scratch_.pages_by_owner;
-  batch_pages_by_owner.clear();
-  // The current run's owner and its batch count (entries are only added
-  // when the owner changes, so the pointers stay valid within a run).
-  OwnerId run_owner = kNoOwner;
-  const OwnerState* owner_state = nullptr;
-  int64_t* owner_batch_pages_ptr = nullptr;
-  size_t call_end = 0;
-  size_t call_begin = 0;
-  bool all_or_nothing = false;
-  // Where the current call's pages to scrub begin in plan.scrub_pages.
-  size_t call_scrub_begin = 0;
-  size_t next_call = 0;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    while (i == call_end) {
-      // The next call begins (an empty call begins and ends here).
-      call_begin = i;
-      call_end = i + calls[next_call].num_requests;
-      all_or_nothing = calls[next_call].all_or_nothing;
-      call_scrub_begin = plan.scrub_pages.size();
-      if (ring_copies_) {
-        call_mark.copies = plan.ring_copies.size();
-        call_mark.last_copy_count =
-            plan.ring_copies.empty() ? 0 : plan.ring_copies.back().count;
-        call_mark.owner_runs = owner_runs.size();
-        call_mark.last_owner_run_pages =
-            owner_runs.empty() ? 0 : owner_runs.back().pages;
-      }
-      ++next_call;
-      plan.num_new_pages = planned_pages;
-      const absl::Status room =
-          MakeRoomForCall(requests.subspan(call_begin, call_end - call_begin));
-      if (!room.ok()) {
-        // The free list's mirror is broken: launch nothing.
-        for (AllocResult& result : results) {
-          if (result.status.ok()) result = AllocResult{room, 0, 0};
-        }
-        return false;
-      }
-      if (all_or_nothing) {
-        // A request refused by validation decides for the whole call.
-        for (size_t k = call_begin; k < call_end; ++k) {
-          if (results[k].status.ok()) continue;
-          RefuseRestOfCall(requests, results, call_begin, call_end, k);
-          break;
-        }
-      }
+  PlanBuilder builder(&scratch_.plan_storage, geometry_.page_size, head_,
+                      capacity_, ring_copies_, requests.size());
+  scratch_.pages_by_owner.clear();
+  OwnerCursor cursor;
+  size_t begin = 0;
+  for (const CallSpan& call : calls) {
+    const size_t end = begin + call.num_requests;
+    if (!AdmitCall(requests, begin, end, call.all_or_nothing, builder, cursor,
+                   results)) {
+      return false;
     }
-    AllocResult& result = results[i];
-    if (!result.status.ok()) continue;
-    const AllocRequest& request = requests[i];
-    const int64_t available = free_count_ - planned_pages;
-    if (request.owner != run_owner) {
-      run_owner = request.owner;
-      owner_state = &owners_.at(request.owner);
-      owner_batch_pages_ptr = &batch_pages_by_owner[request.owner];
-    }
-    const OwnerState& owner = *owner_state;
-    int64_t& owner_batch_pages = *owner_batch_pages_ptr;
-    if (pages_needed[i] > available) {
-      ++counters_.out_of_pages_refusals;
-      result.status = absl::ResourceExhaustedError(absl::StrFormat(
-          "%s request %d: out of pages: needs %d pages, %d free",
-          RequestKindName(request.kind), request.index, pages_needed[i],
-          available));
-    } else if (owner.quota_pages > 0 &&
-               owner.pages_owned + owner_batch_pages + pages_needed[i] >
-                   owner.quota_pages) {
-      ++counters_.quota_refusals;
-      result.status = absl::ResourceExhaustedError(absl::StrFormat(
-          "%s request %d: over quota: needs %d pages, owner %d holds %d of "
-          "its %d",
-          RequestKindName(request.kind), request.index, pages_needed[i],
-          request.owner, owner.pages_owned + owner_batch_pages,
-          owner.quota_pages));
-    }
-    if (!result.status.ok()) {
-      if (all_or_nothing) {
-        // Take back what the call's earlier requests were planned to get
-        // (they are the plan's last entries), then refuse them all.
-        while (!admitted.empty() && admitted.back() >= call_begin) {
-          const size_t k = admitted.back();
-          admitted.pop_back();
-          if (!ring_copies_) plan.requests.pop_back();
-          planned_pages -= pages_needed[k];
-          planned_slots -= results[k].num_slots;
-          batch_pages_by_owner[requests[k].owner] -= pages_needed[k];
-          results[k].num_slots = 0;
-          results[k].num_new_pages = 0;
-        }
-        plan.scrub_pages.resize(call_scrub_begin);
-        if (ring_copies_) {
-          plan.ring_copies.resize(call_mark.copies);
-          if (!plan.ring_copies.empty()) {
-            plan.ring_copies.back().count = call_mark.last_copy_count;
-          }
-          owner_runs.resize(call_mark.owner_runs);
-          if (!owner_runs.empty()) {
-            owner_runs.back().pages = call_mark.last_owner_run_pages;
-          }
-        }
-        RefuseRestOfCall(requests, results, call_begin, call_end, i);
-        i = call_end - 1;  // the loop's ++i starts the next call
-        // The owner's running count may have changed: look it up again.
-        run_owner = kNoOwner;
-      }
-      continue;
-    }
-    owner_batch_pages += pages_needed[i];
-    if (ring_copies_) {
-      // page_size 1: the request's slots are its pages, the next
-      // pages_needed[i] ring entries. A request whose destination follows
-      // the last run's end extends the run (a call's requests write one
-      // contiguous range), as does its owner's run.
-      const int64_t n = pages_needed[i];
-      if (n > 0) {
-        if (!plan.ring_copies.empty() &&
-            plan.ring_copies.back().destination +
-                    plan.ring_copies.back().count ==
-                request.destination) {
-          plan.ring_copies.back().count += n;
-        } else {
-          plan.ring_copies.push_back(
-              RingCopy{planned_pages, n, request.destination});
-        }
-        if (!owner_runs.empty() && owner_runs.back().owner == request.owner) {
-          owner_runs.back().pages += n;
-        } else {
-          owner_runs.push_back({request.owner, n});
-        }
-      }
-    } else {
-      // Fields written in place: building a temporary and copying it cost
-      // a store-forwarding stall per request (a third of this loop, by
-      // perf).
-      PlannedRequest& planned = plan.requests.emplace_back();
-      planned.prefix_len = shapes[i].prefix_len;
-      planned.seq_len = shapes[i].seq_len;
-      planned.last_loc = shapes[i].last_loc;
-      planned.first_new_page = planned_pages;
-      planned.output_offset = planned_slots;
-      planned.destination = request.destination;
-    }
-    if (scrub_) {
-      // The request's pages are the next ones at the free list's front.
-      for (int64_t k = 0; k < pages_needed[i]; ++k) {
-        const int64_t page = RingAt(planned_pages + k);
-        const OwnerId last = last_owner_[page];
-        if (last != kNoOwner && last != request.owner) {
-          plan.scrub_pages.push_back(page);
-        }
-      }
-    }
-    const int64_t num_slots =
-        unit_pages ? pages_needed[i] : shapes[i].num_slots();
-    planned_pages += pages_needed[i];
-    planned_slots += num_slots;
-    result.num_slots = num_slots;
-    result.num_new_pages = pages_needed[i];
-    admitted.push_back(i);
+    begin = end;
   }
-  plan.num_new_pages = planned_pages;
-  plan.num_slots = planned_slots;
-  return !admitted.empty();
+  builder.Finish();
+  return !builder.empty();
 }
 
 bool PagePool::ExecutePlan(absl::Span<AllocResult> results) {
-  const absl::Status executed = executor_->Execute(scratch_.plan);
+  const PlanStorage& storage = scratch_.plan_storage;
+  const absl::Status executed = executor_->Execute(storage.plan);
   if (executed.ok()) return true;
-  for (size_t i : scratch_.admitted) {
+  for (size_t i : storage.admitted) {
     results[i] = AllocResult{executed, 0, 0};
   }
   return false;
@@ -584,7 +473,8 @@ inline void PagePool::GivePages(OwnerId owner, OwnerState& state, int64_t count,
 }
 
 void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
-  const BatchPlan& plan = scratch_.plan;
+  const PlanStorage& storage = scratch_.plan_storage;
+  const BatchPlan& plan = storage.plan;
   // The batch's pages leave the front of the free list, in admission order.
   int64_t position = head_;
   OwnerId commit_owner = kNoOwner;
@@ -592,7 +482,7 @@ void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
   if (ring_copies_) {
     // Pages by runs of one owner: one owner lookup and one tight loop per
     // run, whatever the number of requests.
-    for (const BatchScratch::OwnerRun& run : scratch_.owner_runs) {
+    for (const OwnerRun& run : storage.owner_runs) {
       if (run.owner != commit_owner) {
         commit_owner = run.owner;
         commit_state = &owners_.at(commit_owner);
@@ -601,7 +491,7 @@ void PagePool::CommitPlan(absl::Span<const AllocRequest> requests) {
     }
   } else {
     const std::vector<int64_t>& pages_needed = scratch_.pages_needed;
-    for (size_t i : scratch_.admitted) {
+    for (size_t i : storage.admitted) {
       // Most decodes continue a page and take none.
       if (pages_needed[i] == 0) continue;
       if (requests[i].owner != commit_owner) {
@@ -691,7 +581,7 @@ absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
     }
     pages.push_back(page);
   }
-  if (ResolveOrder(order, values_are_slots) == FreeOrder::kAscending) {
+  if (policy_.ResolveOrder(order, values_are_slots) == FreeOrder::kAscending) {
     std::sort(pages.begin(), pages.end());
   }
   RETURN_IF_ERROR(ReleasePages(it->second, pages));
@@ -703,11 +593,16 @@ absl::Status PagePool::ReleasePages(OwnerState& state,
   for (int64_t page : pages) owner_of_[page] = kNoOwner;
   state.pages_owned -= pages.size();
   counters_.pages_freed += pages.size();
-  if (policy_ == FreePolicy::kSorted) {
-    parked_.insert(parked_.end(), pages.begin(), pages.end());
-    return absl::OkStatus();
+  switch (policy_.release_target()) {
+    case ReleaseTarget::kPark:
+      parked_.insert(parked_.end(), pages.begin(), pages.end());
+      return absl::OkStatus();
+    case ReleaseTarget::kBack:
+      return PushBack(pages);
+    case ReleaseTarget::kFront:
+      break;
   }
-  return FreesToBack() ? PushBack(pages) : PushFront(pages);
+  return PushFront(pages);
 }
 
 absl::StatusOr<uint64_t> PagePool::Checkpoint(OwnerId owner) {

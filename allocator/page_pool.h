@@ -15,7 +15,10 @@
 // The free list is kept in a ring of capacity num_pages: allocation pops from
 // the front (the head moves forward), kLifo frees push to the front (the head
 // moves back). The executor mirrors every write to the ring, so a plan only
-// needs the head position to find a batch's pages.
+// needs the head position to find a batch's pages. Where a free goes and
+// when parked pages are merged is the FreeListPolicy's decision
+// (free_list_policy.h); the pool moves the pages. A launch's plan is built
+// by a PlanBuilder (plan_builder.h) as admission accepts requests.
 //
 // This class is thread-safe.
 
@@ -34,55 +37,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "allocator/executor.h"
+#include "allocator/free_list_policy.h"
+#include "allocator/plan_builder.h"
 #include "allocator/requests.h"
 
 namespace pagealloc {
-
-enum class FreePolicy : uint8_t {
-  // Freed pages go to the front of the free list in the order given, so the
-  // hottest pages are reused first.
-  kLifo,
-  // Freed pages are parked; when an allocation does not fit, parked pages
-  // are merged into the free list and the list is sorted ascending (SGLang's
-  // need_sort).
-  kSorted,
-};
-
-// Parses "lifo" or "sorted".
-absl::StatusOr<FreePolicy> ParseFreePolicy(absl::string_view name);
-absl::string_view FreePolicyName(FreePolicy policy);
-
-// What the pool is exact to where SGLang's single-process allocator and the
-// daemon's own contract differ (docs/design.md, "SGLang compatibility").
-// Ownership checks, refusing double frees and rollbacks that leave later
-// frees alone hold under both.
-enum class Semantics : uint8_t {
-  // The daemon's own contract: slot frees put their pages back in order of
-  // first appearance; under kSorted, parked pages are merged when a launch
-  // as a whole does not fit.
-  kPagealloc,
-  // SGLang's allocators: slot frees put the distinct pages back ascending
-  // (its free's torch.unique), with page_size 1 in the order given and at
-  // the back of the free list (its token allocator); under kSorted, parked
-  // pages are merged when SGLang's over-estimate for the call says so.
-  kSglang,
-};
-
-// Parses "pagealloc" or "sglang".
-absl::StatusOr<Semantics> ParseSemantics(absl::string_view name);
-absl::string_view SemanticsName(Semantics semantics);
-
-// The order in which a free puts a call's distinct pages back.
-enum class FreeOrder : uint8_t {
-  // The pool's default: kAscending for slot frees under Semantics::kSglang
-  // with page_size > 1, kFirstAppearance otherwise.
-  kDefault,
-  // Ascending page ids (SGLang's free: torch.unique of slot // page_size).
-  kAscending,
-  // In order of first appearance (SGLang's free_segment path, one slot per
-  // page in the sequence's order, and its token allocator).
-  kFirstAppearance,
-};
 
 struct PoolOptions {
   int64_t num_pages = 0;  // usable pages, >= 1
@@ -171,8 +130,8 @@ class PagePool {
   static constexpr int kMaxCheckpoints = 64;
 
   const PoolGeometry& geometry() const { return geometry_; }
-  FreePolicy free_policy() const { return policy_; }
-  Semantics semantics() const { return semantics_; }
+  FreePolicy free_policy() const { return policy_.policy(); }
+  Semantics semantics() const { return policy_.semantics(); }
   PlanExecutor* executor() const { return executor_; }
 
   // Registers an owner. quota_pages 0 means no quota. Returns
@@ -342,19 +301,6 @@ class PagePool {
   // REQUIRES: 0 <= keep <= free_count_.
   absl::Status MergeParkedAndSort(int64_t keep)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether kLifo frees go to the back of the free list (SGLang's token
-  // allocator: page_size 1 under Semantics::kSglang).
-  bool FreesToBack() const {
-    return semantics_ == Semantics::kSglang && geometry_.page_size == 1;
-  }
-  // Resolves FreeOrder::kDefault for a slot (or page-id) free.
-  FreeOrder ResolveOrder(FreeOrder order, bool values_are_slots) const {
-    if (order != FreeOrder::kDefault) return order;
-    return values_are_slots && semantics_ == Semantics::kSglang &&
-                   geometry_.page_size > 1
-               ? FreeOrder::kAscending
-               : FreeOrder::kFirstAppearance;
-  }
   // The pages `owner` holds, ascending (a scan of the owner table).
   std::vector<int64_t> PagesOf(OwnerId owner, int64_t count) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -398,8 +344,8 @@ class PagePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Allocate's passes, in the order it runs them. Each reads and writes
-  // scratch_; only MakeRoomForBatch (a sort of the free list) and
-  // CommitPlan change the pool.
+  // scratch_; only the merges (MakeRoomForBatch, MakeRoomForCall: a sort
+  // of the free list) and CommitPlan change the pool.
   //
   // Checks everything about each request that does not depend on admission
   // order: its shape, its owner, its length against the pool, its
@@ -419,32 +365,59 @@ class PagePool {
   int64_t ValidateRequestsOf(absl::Span<const AllocRequest> requests,
                              absl::Span<AllocResult> results)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Under kSorted and Semantics::kPagealloc, merges the parked pages into
-  // the free list and sorts it when `batch_pages` exceed the free pages and
-  // some pages are parked; otherwise changes nothing. Returns the
-  // executor's error when the mirror write fails.
+  // Merges the parked pages into the free list and sorts it when the
+  // policy's per-batch trigger says so for a batch needing `batch_pages`
+  // (FreeListPolicy::MergeBeforeBatch); otherwise changes nothing. Returns
+  // the executor's error when the mirror write fails.
   absl::Status MakeRoomForBatch(int64_t batch_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Under kSorted and Semantics::kSglang, merges the parked pages into the
-  // free list past the pages planned so far when SGLang's over-estimate for
-  // the call `requests` exceeds the free pages left (see Allocate).
-  absl::Status MakeRoomForCall(absl::Span<const AllocRequest> requests)
+  // Merges the parked pages into the free list past the `planned_pages`
+  // the launch's earlier calls take, and sorts that part, when the policy's
+  // per-call trigger says so for `call` (FreeListPolicy::MergeBeforeCall).
+  absl::Status MakeRoomForCall(absl::Span<const AllocRequest> call,
+                               int64_t planned_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Admission: AdmitAndPlan runs AdmitCall per call, which runs
+  // AdmitRequest per request; a PlanBuilder on AdmitAndPlan's stack
+  // collects the plan. None changes page or owner state; the free list only
+  // by MakeRoomForCall's merges.
+  //
   // Admits the requests ValidateRequests accepted, in order, against the
-  // free pages and their owners' quotas, and builds scratch_.plan (reading
-  // from the current head of the free list) and scratch_.admitted (the
+  // free pages and their owners' quotas, and builds scratch_.plan_storage
+  // (the plan, reading from the current head of the free list, and the
   // admitted requests' indices). Sets a refused request's status to
   // RESOURCE_EXHAUSTED and counts the refusal; fills an admitted request's
   // num_slots and num_new_pages. Refuses an all-or-nothing call whole (see
-  // Allocate). Changes no page or owner state; the free list only by
-  // MakeRoomForCall's merges. Returns false when no request was admitted
-  // (nothing to launch), or with every admitted result set to the error
-  // when a merge's mirror write failed.
+  // Allocate). Returns false when no request was admitted (nothing to
+  // launch), or with every admitted result set to the error when a merge's
+  // mirror write failed.
   // REQUIRES: ValidateRequests (and MakeRoomForBatch) ran on `requests`;
   // `calls` adds up to requests.size().
   bool AdmitAndPlan(absl::Span<const AllocRequest> requests,
                     absl::Span<const CallSpan> calls,
                     absl::Span<AllocResult> results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The owner of the run of requests being admitted (page_pool.cc).
+  struct OwnerCursor;
+  // Admits the call of requests [begin, end): makes room for it, then
+  // admits its requests in order; an all-or-nothing call that loses a
+  // request is taken back out of `builder` and refused whole. Returns false
+  // when a merge's mirror write failed, with every result still OK set to
+  // the error.
+  bool AdmitCall(absl::Span<const AllocRequest> requests, size_t begin,
+                 size_t end, bool all_or_nothing, PlanBuilder& builder,
+                 OwnerCursor& cursor, absl::Span<AllocResult> results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admits request `index` against the free pages `builder` leaves and its
+  // owner's quota, into `builder` (with its pages to scrub). Returns false,
+  // with `result.status` set and the refusal counted, when it does not fit.
+  bool AdmitRequest(size_t index, const AllocRequest& request,
+                    AllocResult& result, PlanBuilder& builder,
+                    OwnerCursor& cursor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lists, in `builder`, the `pages` pages `owner` takes next from the
+  // front of the free list whose last owner is another (PoolOptions.scrub).
+  void PlanScrub(OwnerId owner, int64_t pages, PlanBuilder& builder)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Refuses every request of the call [begin, end) that is still OK after
   // request `decider` was refused (all_or_nothing).
@@ -452,9 +425,9 @@ class PagePool {
                         absl::Span<AllocResult> results, size_t begin,
                         size_t end, size_t decider)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Launches scratch_.plan on the executor. Returns true when the launch
-  // succeeded. On failure nothing has been committed, so the batch rolls
-  // back by refusing it: every admitted request's result becomes the
+  // Launches scratch_.plan_storage's plan on the executor. Returns true when
+  // the launch succeeded. On failure nothing has been committed, so the batch
+  // rolls back by refusing it: every admitted request's result becomes the
   // executor's status with no slots and no pages, and the call returns
   // false. REQUIRES: AdmitAndPlan returned true.
   bool ExecutePlan(absl::Span<AllocResult> results)
@@ -471,8 +444,8 @@ class PagePool {
                  int64_t* position_in_out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PoolGeometry geometry_;
-  const FreePolicy policy_;
-  const Semantics semantics_;
+  // Where frees go, in which order, and when parked pages are merged.
+  const FreeListPolicy policy_;
   const bool scrub_;
   // page_size 1 and PoolOptions.ring_copy_plans.
   const bool ring_copies_;
@@ -506,16 +479,8 @@ class PagePool {
   struct BatchScratch {
     std::vector<ExtendShape> shapes;
     std::vector<int64_t> pages_needed;
-    std::vector<size_t> admitted;
     absl::flat_hash_map<OwnerId, int64_t> pages_by_owner;
-    // With ring copies: the admitted requests' pages as runs of one owner,
-    // in ring order (CommitPlan's input in place of per-request counts).
-    struct OwnerRun {
-      OwnerId owner = kNoOwner;
-      int64_t pages = 0;
-    };
-    std::vector<OwnerRun> owner_runs;
-    BatchPlan plan;
+    PlanStorage plan_storage;
   };
   BatchScratch scratch_ ABSL_GUARDED_BY(mu_);
 };

@@ -992,6 +992,54 @@ TEST_F(PagePoolTest, ScrubOfAFailedLaunchCommitsNothing) {
   EXPECT_EQ(pool->LastOwnerOf(1), kBob);
 }
 
+// An all-or-nothing call refused after some of its requests were planned
+// lists none of their pages for scrubbing; the next call of the launch plans
+// from where the refused one began. In both plan forms at page size 1.
+TEST_F(PagePoolTest, ScrubOfARefusedAllOrNothingCallListsNothing) {
+  for (bool ring_copies : {true, false}) {
+    SCOPED_TRACE(ring_copies ? "ring copies" : "request plans");
+    FakeExecutor executor;
+    PoolOptions options{4, 1, FreePolicy::kLifo};
+    options.scrub = true;
+    options.ring_copy_plans = ring_copies;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
+                         PagePool::Create(options, &executor));
+    ASSERT_OK(pool->AddOwner(kAlice, 0));
+    ASSERT_OK(pool->AddOwner(kBob, 0));
+    std::vector<int64_t> out(6, -7);
+    AllocRequest first = Alloc(kAlice, 2);
+    first.destination = out.data();
+    ASSERT_OK(pool->Allocate({first})[0].status);
+    // Alice's pages 1 and 2 go back to the front: the list is 1, 2, 3, 4.
+    ASSERT_THAT(pool->FreePages(kAlice, {1, 2}), IsOkAndHolds(2));
+    // Bob's first call would take 1, 2 and then 3 more of the 2 left: it
+    // is refused whole. His second call takes page 1, Alice's: scrubbed.
+    std::vector<AllocRequest> batch = {Alloc(kBob, 2), Alloc(kBob, 3),
+                                       Alloc(kBob, 1)};
+    batch[0].destination = out.data();
+    batch[1].destination = out.data() + 2;
+    batch[2].destination = out.data() + 5;
+    const std::vector<AllocResult> results =
+        pool->Allocate(batch, {{2, true}, {1, false}});
+    EXPECT_THAT(results[0].status,
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("refused with its all-or-nothing call")));
+    EXPECT_THAT(results[1].status,
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("needs 3 pages, 2 free")));
+    ASSERT_OK(results[2].status);
+    EXPECT_EQ(results[0].num_slots, 0);
+    EXPECT_EQ(out[5], 1);
+    EXPECT_THAT(executor.scrubbed_pages(), ElementsAre(1));
+    EXPECT_EQ(pool->Stats().pages_scrubbed, 1);
+    EXPECT_EQ(pool->OwnerOf(1), kBob);
+    EXPECT_EQ(pool->OwnerOf(2), kNoOwner);
+    EXPECT_EQ(pool->LastOwnerOf(2), kAlice);
+    EXPECT_THAT(pool->FreeList(), ElementsAre(2, 3, 4));
+    EXPECT_OK(pool->CheckInvariants());
+  }
+}
+
 // Without PoolOptions.scrub nothing is tracked or listed.
 TEST_F(PagePoolTest, NoScrubWithoutTheOption) {
   MakePool(2, 1);
