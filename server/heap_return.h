@@ -16,6 +16,22 @@
 
 namespace pagealloc {
 
+// Whether malloc is glibc's, whose free memory ReturnFreeHeapMemory sees
+// and gives back. The sanitizers' runtimes bring allocators of their own:
+// mallinfo2 then reports nothing free and malloc_trim has nothing to trim.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kGlibcMalloc = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+inline constexpr bool kGlibcMalloc = false;
+#else
+inline constexpr bool kGlibcMalloc = true;
+#endif
+#else
+inline constexpr bool kGlibcMalloc = true;
+#endif
+
 struct HeapReturn {
   int64_t free_bytes = 0;  // free in malloc's arenas before (mallinfo2)
   bool trimmed = false;    // malloc_trim ran
