@@ -101,9 +101,11 @@ def doc_install_commands(python_md):
     return block
 
 
-def run_doc_install(commands, wheel, server, scratch, as_user):
+def run_doc_install(commands, wheel, server, scratch, as_user, preload):
     """Runs `commands` in a copy of the repository's wheel layout, as root
-    or as nobody, then the smoke test with the environment's python."""
+    or as nobody, then the smoke test with the environment's python.
+    `preload`: the sanitizer runtimes the library needs (a --config=asan
+    build), preloaded into the commands' interpreters."""
     who = "nobody" if as_user else "self"
     home = os.path.join(scratch, "home-" + who)
     repo = os.path.join(scratch, "repo-" + who)
@@ -126,6 +128,9 @@ def run_doc_install(commands, wheel, server, scratch, as_user):
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
            "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PIP_NO_CACHE_DIR": "1"}
+    if preload:
+        env["LD_PRELOAD"] = preload
+        env["ASAN_OPTIONS"] = "detect_leaks=0"
     script = "set -euxo pipefail\n" + "\n".join(commands) + "\n"
     done = subprocess.run(prefix + ["/bin/bash", "-c", script], cwd=repo,
                           env=env, capture_output=True, text=True)
@@ -189,9 +194,13 @@ def main():
                     "--no-deps", "--target", site, wheel], check=True, env=env)
     env["PYTHONPATH"] = site
     smoke(server, ["/usr/bin/python3"], site, scratch, env, [], "daemon")
-    run_doc_install(commands, wheel, server, scratch, as_user=False)
+    preload = sanitizer_preload(
+        os.path.join(site, "pagealloc", "libpagealloc_client.so"))
+    run_doc_install(commands, wheel, server, scratch, as_user=False,
+                    preload=preload)
     if os.geteuid() == 0:
-        run_doc_install(commands, wheel, server, scratch, as_user=True)
+        run_doc_install(commands, wheel, server, scratch, as_user=True,
+                        preload=preload)
     shutil.rmtree(scratch)
 
 if __name__ == "__main__":
