@@ -345,9 +345,11 @@ void MetricsHttpServer::Impl::Read(uint64_t serial) {
       const size_t taken = std::min(connection.body_left, size_t(n));
       connection.body_left -= taken;
       if (connection.body_left == 0) {
+        // The request line was checked (three words) before the body.
         const std::string head = std::move(connection.in);
+        const std::string line = head.substr(0, head.find("\r\n"));
         const std::vector<absl::string_view> request_line =
-            absl::StrSplit(head.substr(0, head.find("\r\n")), ' ');
+            absl::StrSplit(line, ' ');
         return Answer(serial, request_line[0], request_line[1]);
       }
       continue;
