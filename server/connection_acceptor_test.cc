@@ -176,9 +176,11 @@ TEST(ConnectionAcceptorTest, KeepsTheLastDescriptorsAndRecoversByItself) {
   std::vector<UniqueFd> clients;
   bool refused = false;
   while (!refused && clients.size() < 200) {
+    // Counted before connecting: the acceptor may hand the connection over
+    // before Connect returns.
+    const int before = served.size();
     clients.push_back(Connect(address));
     ASSERT_TRUE(clients.back().valid()) << "the test ran out of descriptors";
-    const int before = served.size();
     const int fd = clients.back().get();
     ASSERT_TRUE(WaitFor(
         [&] {
