@@ -22,9 +22,21 @@
 
 namespace pagealloc {
 
+RequestSlots Allocation::operator[](size_t i) const {
+  RequestSlots request;
+  if (codes_[i] != 0) {
+    request.status =
+        absl::Status(static_cast<absl::StatusCode>(codes_[i]), messages_[i]);
+  }
+  request.slots = slots_[i];
+  request.count = counts_[i];
+  request.new_pages = new_pages_[i];
+  return request;
+}
+
 absl::Status Allocation::status() const {
-  for (const RequestSlots& request : requests_) {
-    if (!request.status.ok()) return request.status;
+  for (size_t i = 0; i < codes_.size(); ++i) {
+    if (codes_[i] != 0) return (*this)[i].status;
   }
   return absl::OkStatus();
 }
@@ -388,46 +400,68 @@ absl::StatusOr<Allocation> Client::ToAllocation(
         answer.ring_offsets.size(), answer.counts.size(),
         answer.new_pages.size()));
   }
-  allocation.requests_.resize(n);
+  allocation.codes_.assign(n, 0);
+  allocation.slots_.assign(n, nullptr);
+  allocation.counts_.assign(n, 0);
+  allocation.new_pages_.assign(answer.new_pages.begin(),
+                               answer.new_pages.end());
+  allocation.messages_.resize(n);
   allocation.inline_slots_.assign(answer.inline_slots.begin(),
                                   answer.inline_slots.end());
   size_t next_message = 0;
   int64_t inline_at = 0;
+  const int64_t* run_start = nullptr;
+  const int64_t* run_end = nullptr;
+  bool one_run = true;
   for (int i = 0; i < n; ++i) {
-    RequestSlots& out = allocation.requests_[i];
     if (answer.codes[i] != 0) {
       if (next_message >= answer.messages.size()) {
         return malformed(
             absl::StrFormat("no message for refused request %d", i));
       }
-      out.status = absl::Status(static_cast<absl::StatusCode>(answer.codes[i]),
-                                answer.messages[next_message++]);
+      allocation.codes_[i] = answer.codes[i];
+      allocation.messages_[i] = std::string(answer.messages[next_message++]);
+      ++allocation.num_refused_;
       continue;
     }
-    out.count = answer.counts[i];
-    out.new_pages = answer.new_pages[i];
+    const int64_t count = answer.counts[i];
+    const int64_t* slots = nullptr;
     if (options.return_inline) {
-      if (out.count < 0 ||
-          inline_at + out.count >
+      if (count < 0 ||
+          inline_at + count >
               static_cast<int64_t>(allocation.inline_slots_.size())) {
         return malformed(absl::StrFormat(
-            "request %d claims %d inline slots past the %d sent", i, out.count,
+            "request %d claims %d inline slots past the %d sent", i, count,
             allocation.inline_slots_.size()));
       }
-      out.slots = allocation.inline_slots_.data() + inline_at;
-      inline_at += out.count;
+      slots = allocation.inline_slots_.data() + inline_at;
+      inline_at += count;
     } else {
       const int64_t offset = answer.ring_offsets[i];
-      if (offset < 0 || out.count < 0 ||
-          offset + out.count > ring_->capacity_slots()) {
+      if (offset < 0 || count < 0 || offset + count > ring_->capacity_slots()) {
         return absl::InternalError(absl::StrFormat(
             "the daemon answered request %d with ring range [%d, %d) outside "
             "the %d-slot ring",
-            i, offset, offset + out.count, ring_->capacity_slots()));
+            i, offset, offset + count, ring_->capacity_slots()));
       }
-      out.slots = ring_->slots() + offset;
+      slots = ring_->slots() + offset;
     }
+    allocation.slots_[i] = slots;
+    allocation.counts_[i] = count;
+    // The accepted requests' slots as one run when each (non-empty) one
+    // starts where the one before ended.
+    if (count == 0) continue;
+    if (run_start == nullptr) {
+      run_start = slots;
+    } else if (slots != run_end) {
+      one_run = false;
+    }
+    run_end = slots + count;
   }
+  allocation.all_slots_ = one_run ? run_start : nullptr;
+  allocation.num_slots_ = !one_run               ? -1
+                          : run_start == nullptr ? 0
+                                                 : run_end - run_start;
   return allocation;
 }
 

@@ -119,7 +119,7 @@ struct CallOptions {
   bool all_or_nothing = false;
 };
 
-// One request's result.
+// One request's result, as Allocation::operator[] reads it.
 struct RequestSlots {
   absl::Status status;  // OK, or why this request alone was refused
   // `count` slots: into the mapped ring (a device pointer on the CUDA
@@ -129,15 +129,46 @@ struct RequestSlots {
   int64_t new_pages = 0;
 };
 
-// The result of one allocation call. Ring slots stay valid until the
-// Allocation is released (Client::Release), which lets the daemon reuse that
-// ring space.
+// The result of one allocation call: one answer shape from the daemon's
+// reply to the C ABI, a struct of arrays with one entry per request, over
+// the ring (or the Allocation's own host storage for inline results). The
+// C ABI's pagealloc_allocation_view points at these arrays. Ring slots stay
+// valid until the Allocation is released (Client::Release), which lets the
+// daemon reuse that ring space.
 class Allocation {
  public:
-  size_t size() const { return requests_.size(); }
-  const RequestSlots& operator[](size_t i) const { return requests_[i]; }
+  Allocation() = default;
+  // Move-only: slots_ may point into inline_slots_, whose buffer a move
+  // keeps and a copy would not.
+  Allocation(Allocation&&) = default;
+  Allocation& operator=(Allocation&&) = default;
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+
+  size_t size() const { return codes_.size(); }
+  // Request i's result, built from the arrays.
+  RequestSlots operator[](size_t i) const;
   // OK when every request succeeded; else the first refusal.
   absl::Status status() const;
+
+  // Per request: 0 when it got its slots, else the absl::StatusCode it was
+  // refused with.
+  absl::Span<const int32_t> codes() const { return codes_; }
+  // Per request: its first slot (null when refused).
+  absl::Span<const int64_t* const> slots() const { return slots_; }
+  // Per request: its slot count (0 when refused).
+  absl::Span<const int64_t> counts() const { return counts_; }
+  // Per request: the pages it was given.
+  absl::Span<const int64_t> new_pages() const { return new_pages_; }
+  // Per request: why it was refused ("" when accepted).
+  const std::vector<std::string>& messages() const { return messages_; }
+  int64_t num_refused() const { return num_refused_; }
+  // The accepted requests' slots as one run, when they lie one after
+  // another in memory (always when none was refused, and inline): its
+  // start (null when empty) and length; -1 when they do not.
+  const int64_t* all_slots() const { return all_slots_; }
+  int64_t num_slots() const { return num_slots_; }
+
   // Ring position after this call's region (0 for inline results).
   int64_t ring_end() const { return ring_end_; }
   // Requests in the launch that carried this call (the batching factor).
@@ -152,8 +183,17 @@ class Allocation {
 
  private:
   friend class Client;
-  std::vector<RequestSlots> requests_;
+  std::vector<int32_t> codes_;
+  std::vector<const int64_t*> slots_;
+  std::vector<int64_t> counts_;
+  std::vector<int64_t> new_pages_;
+  std::vector<std::string> messages_;
+  // Inline results' slots; slots_ points into it. Its buffer does not move
+  // when the Allocation does.
   std::vector<int64_t> inline_slots_;
+  int64_t num_refused_ = 0;
+  const int64_t* all_slots_ = nullptr;
+  int64_t num_slots_ = 0;
   int64_t ring_end_ = 0;
   int64_t pages_freed_first_ = 0;
   uint64_t completion_value_ = 0;

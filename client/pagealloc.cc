@@ -38,12 +38,8 @@ struct pagealloc_reserve {
 
 struct pagealloc_allocation {
   pagealloc::Allocation allocation;
-  // The view's arrays; `view` points into them.
-  std::vector<int32_t> codes;
-  std::vector<const int64_t*> slots;
-  std::vector<int64_t> counts;
-  std::vector<int64_t> new_pages;
-  std::vector<std::string> message_storage;
+  // The messages as C strings (into the allocation's); `view` points at
+  // the allocation's arrays and these.
   std::vector<const char*> messages;
   pagealloc_allocation_view view{};
 };
@@ -199,60 +195,25 @@ std::unique_ptr<pagealloc_allocation> MakeHandle(Allocation allocation) {
   auto handle = std::make_unique<pagealloc_allocation>();
   handle->allocation = std::move(allocation);
   const Allocation& a = handle->allocation;
-  const size_t n = a.size();
-  handle->codes.resize(n);
-  handle->slots.resize(n);
-  handle->counts.resize(n);
-  handle->new_pages.resize(n);
-  handle->message_storage.resize(n);
-  handle->messages.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const RequestSlots& request = a[i];
-    handle->codes[i] = static_cast<int32_t>(request.status.code());
-    handle->slots[i] = request.status.ok() ? request.slots : nullptr;
-    handle->counts[i] = request.status.ok() ? request.count : 0;
-    handle->new_pages[i] = request.new_pages;
-    handle->message_storage[i] = std::string(request.status.message());
-  }
-  // Pointers into the strings only once none of them moves any more.
-  for (size_t i = 0; i < n; ++i) {
-    handle->messages[i] = handle->message_storage[i].c_str();
+  handle->messages.reserve(a.size());
+  for (const std::string& message : a.messages()) {
+    handle->messages.push_back(message.c_str());
   }
   pagealloc_allocation_view& view = handle->view;
-  view.num_requests = static_cast<int64_t>(n);
-  view.codes = handle->codes.data();
-  view.slots = handle->slots.data();
-  view.counts = handle->counts.data();
-  view.new_pages = handle->new_pages.data();
+  view.num_requests = static_cast<int64_t>(a.size());
+  view.codes = a.codes().data();
+  view.slots = a.slots().data();
+  view.counts = a.counts().data();
+  view.new_pages = a.new_pages().data();
   view.messages = handle->messages.data();
   view.ring_end = a.ring_end();
   view.pages_freed_first = a.pages_freed_first();
   view.batch_requests = a.batch_requests();
   view.on_device = a.on_device() ? 1 : 0;
   view.completion_value = a.completion_value();
-  // The accepted requests' slots as one run when each (non-empty) one
-  // starts where the one before ended.
-  const int64_t* run_start = nullptr;
-  const int64_t* run_end = nullptr;
-  bool one_run = true;
-  for (size_t i = 0; i < n; ++i) {
-    if (handle->codes[i] != 0) {
-      ++view.num_refused;
-      continue;
-    }
-    if (handle->counts[i] == 0) continue;
-    const int64_t* slots = handle->slots[i];
-    if (run_start == nullptr) {
-      run_start = slots;
-    } else if (slots != run_end) {
-      one_run = false;
-    }
-    run_end = slots + handle->counts[i];
-  }
-  view.all_slots = one_run ? run_start : nullptr;
-  view.num_slots = !one_run               ? -1
-                   : run_start == nullptr ? 0
-                                          : run_end - run_start;
+  view.num_refused = a.num_refused();
+  view.all_slots = a.all_slots();
+  view.num_slots = a.num_slots();
   return handle;
 }
 
