@@ -277,6 +277,9 @@ absl::Status ChannelCodec::CallStatus() const {
 
 std::string ChannelCodec::EndReason() const {
   if (!SessionEnded()) return "";
+  if (header_->session_ended.load(std::memory_order_seq_cst) == 0) {
+    return "the daemon has freed the channel of the ended session";
+  }
   const int32_t n =
       std::clamp<int32_t>(header_->end_reason_bytes, 0, kEndReasonBytes);
   return std::string(header_->end_reason, n);

@@ -169,8 +169,14 @@ class ChannelCodec {
   // The stale-answer fence (layout.h): whether the daemon has ended the
   // session. Load it after reading an answer; when true, the answer must
   // not be believed.
+  // A header that reads zeros ended too: the daemon frees an ended
+  // session's header page after a while, even where the client still maps
+  // it (server/retired_channel_headers.h), and only the kernel writes the
+  // zeros (hence the volatile read of the magic).
   bool SessionEnded() const {
-    return header_->session_ended.load(std::memory_order_seq_cst) != 0;
+    return header_->session_ended.load(std::memory_order_seq_cst) != 0 ||
+           *static_cast<const volatile uint32_t*>(&header_->magic) !=
+               fast_channel::kMagic;
   }
   // Why the daemon ended the session ("" while it lives).
   std::string EndReason() const;

@@ -294,6 +294,17 @@ TEST_F(CodecTest, EndingTheSessionIsSeenAfterAnyAnswer) {
   EXPECT_EQ(client_.EndReason(), std::string(kEndReasonBytes, 'r'));
 }
 
+TEST_F(CodecTest, AHeaderTheDaemonFreedReadsAsAnEndedSession) {
+  daemon_.WriteOpValue(3);
+  daemon_.Publish(1);
+  // The daemon frees an ended session's header page after a while, even
+  // where the client still maps it: the client's mapping reads zeros.
+  std::memset(memory_.get(), 0, bytes_);
+  EXPECT_TRUE(client_.SessionEnded());
+  EXPECT_EQ(client_.EndReason(),
+            "the daemon has freed the channel of the ended session");
+}
+
 TEST_F(CodecTest, ClientClampsAHostileEndReasonLength) {
   daemon_.EndSession("closed by client");
   for (const int32_t bytes :

@@ -67,30 +67,38 @@ using fast_channel::ChannelLayout;
 struct FastChannelServer::Channel {
   Channel(uint64_t id, std::string session_token, MemoryBudget::Charge charged,
           std::unique_ptr<SharedRegion> shared, UniqueFd bell,
-          const Capacity& capacity)
+          const Capacity& capacity,
+          std::shared_ptr<RetiredChannelHeaders> retired)
       : session_id(id),
         token(std::move(session_token)),
         charge(std::move(charged)),
         region(std::move(shared)),
         doorbell(std::move(bell)),
-        codec(region->base(), capacity) {}
+        codec(region->base(), capacity),
+        retired_headers(std::move(retired)) {}
 
   // Frees the memory even where the client still maps it, before the
   // charge is given back: all but the header, whose session_ended word
   // and end_reason the client reads after the end (the stale-answer
-  // fence). That page stays until the client unmaps it.
-  ~Channel() { region->Discard(sizeof(fast_channel::ChannelHeader)); }
+  // fence), which waits among the retired headers until their bounds free
+  // it too.
+  ~Channel() {
+    retired_headers->Retire(std::move(region),
+                            sizeof(fast_channel::ChannelHeader), absl::Now());
+  }
 
   const uint64_t session_id;
   const std::string token;
   // The region's memory in the sessions' budget; declared first, so that
   // it is given back last.
   MemoryBudget::Charge charge;
-  const std::unique_ptr<SharedRegion> region;
+  // Moved to the retired headers when the channel goes.
+  std::unique_ptr<SharedRegion> region;
   // The eventfd its client writes when the poller sleeps.
   const UniqueFd doorbell;
   // The capacity is the daemon's own record, never the header's.
   ChannelCodec codec;
+  const std::shared_ptr<RetiredChannelHeaders> retired_headers;
   int poller = 0;  // the poller that serves this channel
   // Poller only: the last request_seq taken, and the call copied out of
   // shared memory (its arrays reused from call to call).
@@ -236,7 +244,16 @@ absl::StatusOr<std::unique_ptr<FastChannelServer>> FastChannelServer::Create(
 FastChannelServer::FastChannelServer(
     const Options& options, CallCore* core,
     std::vector<std::unique_ptr<Poller>> pollers)
-    : options_(options), core_(core), pollers_(std::move(pollers)) {
+    : options_(options),
+      core_(core),
+      retired_headers_(std::make_shared<RetiredChannelHeaders>(
+          RetiredChannelHeaders::Options{options.retired_headers_max,
+                                         options.retired_header_life,
+                                         options.budget})),
+      pollers_(std::move(pollers)) {
+  // The first poller frees the retired headers when due: a first one kept
+  // wakes it to learn when.
+  retired_headers_->SetFirstKept([this] { Wake(0); });
   for (size_t i = 0; i < pollers_.size(); ++i) {
     pollers_[i]->thread = std::thread([this, i] { Poll(i); });
   }
@@ -257,6 +274,9 @@ const char* FastChannelServer::AbuseName(Abuse abuse) {
 void FastChannelServer::Wake(int index) { Ring(pollers_[index]->wake.get()); }
 
 void FastChannelServer::Stop() {
+  // A channel that outlives the server (a reply holding it) retires its
+  // header with no poller to wake.
+  retired_headers_->SetFirstKept(nullptr);
   {
     absl::MutexLock lock(&mu_);
     if (!stopped_) {
@@ -295,9 +315,9 @@ absl::StatusOr<ChannelCapacity> FastChannelServer::SessionOpened(
       SharedRegion::Create(absl::StrFormat("pagealloc-channel.%d", session_id),
                            layout.total_bytes));
   ASSIGN_OR_RETURN(UniqueFd doorbell, NewEventFd());
-  auto channel = std::make_shared<Channel>(session_id, session_token,
-                                           std::move(charge), std::move(region),
-                                           std::move(doorbell), capacity);
+  auto channel = std::make_shared<Channel>(
+      session_id, session_token, std::move(charge), std::move(region),
+      std::move(doorbell), capacity, retired_headers_);
   channel->codec.Initialize();
   channel->reply = std::make_unique<ChannelReply>(channel.get());
   absl::MutexLock lock(&mu_);
@@ -666,11 +686,21 @@ void FastChannelServer::Poll(int index) {
     if (!pending && !stop_.load()) {
       sleeps_.fetch_add(1, std::memory_order_relaxed);
       // Throttled channels are not in the epoll set: wake for their turn.
-      const int timeout_ms =
+      int timeout_ms =
           me.throttled > 0
               ? std::max<int>(
                     1, absl::ToInt64Milliseconds(options_.throttled_interval))
               : -1;
+      // The first poller frees the ended sessions' header pages when due.
+      if (index == 0) {
+        const absl::Time due = retired_headers_->next_expiry();
+        if (due != absl::InfiniteFuture()) {
+          const int until_due = static_cast<int>(std::clamp<int64_t>(
+              absl::ToInt64Milliseconds(due - absl::Now()) + 1, 1, 60000));
+          timeout_ms =
+              timeout_ms < 0 ? until_due : std::min(timeout_ms, until_due);
+        }
+      }
       me.asleep.store(true, std::memory_order_relaxed);
       const int woken =
           epoll_wait(me.epoll.get(), events, kMaxEvents, timeout_ms);
@@ -689,6 +719,7 @@ void FastChannelServer::Poll(int index) {
         CountRings(*it->second);
         Police(*it->second, absl::Now());
       }
+      if (index == 0) retired_headers_->FreeExpired(absl::Now());
     }
     for (const std::shared_ptr<Channel>& channel : channels) {
       channel->codec.SetPollerSleeping(false);

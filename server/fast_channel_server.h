@@ -68,6 +68,7 @@
 #include "server/call_core.h"
 #include "server/histogram.h"
 #include "server/memory_budget.h"
+#include "server/retired_channel_headers.h"
 #include "server/session_hooks.h"
 
 namespace pagealloc {
@@ -98,6 +99,11 @@ class FastChannelServer final : public SessionChannels {
     // Charged each channel's memory, when not null (it must outlive the
     // server): a channel past it is refused.
     MemoryBudget* budget = nullptr;
+    // Ended sessions' header pages kept for clients that still map their
+    // channel (server/retired_channel_headers.h): at most this many, each
+    // for at most this long.
+    int64_t retired_headers_max = 1024;
+    absl::Duration retired_header_life = absl::Seconds(10);
   };
 
   // Why a session was throttled or dropped: most of its strikes were
@@ -255,6 +261,9 @@ class FastChannelServer final : public SessionChannels {
 
   const Options options_;
   CallCore* const core_;
+  // Shared with every channel, whose end retires its header here (a
+  // channel may outlive the server while a reply holds it).
+  const std::shared_ptr<RetiredChannelHeaders> retired_headers_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Channel>> channels_

@@ -582,6 +582,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     fast.drop_strikes = options.fast_channel_drop_strikes;
     fast.throttle_time = options.fast_channel_throttle_time;
     fast.budget = server->host_budget_.get();
+    fast.retired_header_life = options.fast_channel_ended_header_life;
     ASSIGN_OR_RETURN(server->fast_channels_,
                      FastChannelServer::Create(fast, server->core_.get()));
   }

@@ -97,6 +97,9 @@ struct ServerOptions {
   bool fast_channel = true;
   absl::Duration fast_channel_spin = absl::Microseconds(200);
   int fast_channel_pollers = 1;
+  // How long an ended session's channel header page is kept for a client
+  // that still maps it (server/retired_channel_headers.h).
+  absl::Duration fast_channel_ended_header_life = absl::Seconds(10);
   // Threads that send the gRPC answers of launches that carried several
   // calls, taken in turn, where the batcher thread spins (0: the batcher
   // thread sends them itself).

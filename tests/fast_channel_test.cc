@@ -78,6 +78,8 @@ class FastChannelTest : public InProcessServerTest {
     options.batcher.max_batch_tokens = 4096;
     options.fast_channel_spin = spin;
     options.fast_channel_pollers = pollers;
+    // Ended sessions' header pages go within a test's wait.
+    options.fast_channel_ended_header_life = absl::Seconds(1);
     options.batcher.spin = batcher_spin;
     options.debug_checks = true;
     StartServer(options);
@@ -490,13 +492,17 @@ TEST_F(FastChannelTest, ClosingTheSessionRemovesItsChannel) {
   while (stream->Read(&ignored)) {
   }
   (void)stream->Finish();
-  // The memory socket says why, then closes; the daemon lets go of the
-  // channel's memory (the raw client's mapping stays valid).
+  // The memory socket says why, then closes; the daemon frees the
+  // channel's memory but its header page, which the raw client still reads
+  // (the session ended, and why), and then lets go of that too (the raw
+  // client's mapping stays valid, and reads zeros: an ended session).
   EXPECT_THAT(
       ms::ReadSessionEnd(raw.memory.connection.get()),
       StatusIs(absl::StatusCode::kNotFound, HasSubstr("closed by client")));
+  EXPECT_EQ(raw.header->session_ended.load(), 1u);
   EXPECT_TRUE(WaitFor([&] { return MappingsOf(channel_memory) == 1; },
                       absl::Seconds(10)));
+  EXPECT_EQ(raw.header->magic, 0u);
   // The other session is untouched.
   EXPECT_OK(client->Alloc({4}).status());
   EXPECT_EQ(server_->server().memory_socket()->connected_sessions(), 1);
