@@ -121,9 +121,13 @@ def _as_host_int64(values, name):
     """`values` (a tensor on any device, a NumPy array, a list, a ring view)
     as a new or existing contiguous int64 NumPy array on the host."""
     if torch is not None and isinstance(values, torch.Tensor):
-        # A CUDA tensor is copied to the host here: the daemon reads host
-        # memory (this synchronises with the tensor's stream).
-        values = values.detach().to("cpu", torch.int64).numpy()
+        if (values.device.type == "cpu" and values.dtype is torch.int64 and
+                not values.requires_grad):
+            values = values.numpy()  # a view
+        else:
+            # A CUDA tensor is copied to the host here: the daemon reads
+            # host memory (this synchronises with the tensor's stream).
+            values = values.detach().to("cpu", torch.int64).numpy()
     elif isinstance(values, _client_module.CudaSlots):
         values = values.copy_to_host()
     array = np.ascontiguousarray(np.asarray(values).reshape(-1))
@@ -295,6 +299,7 @@ class _Base:
         self._held = []
         self._num_held = 0
         self._slot_offsets = np.arange(self.page_size, dtype=np.int64)
+        self._scratch = np.zeros(self.num_pages + 1, dtype=np.int64)
         self._staging = None  # _PinnedStaging for a CUDA device, lazily
         if self._use_reserve:
             self._open_reserve()
@@ -484,22 +489,19 @@ class _Base:
             self._staging = _PinnedStaging(self._torch_device)
         return self._staging.copy(slots)
 
-    def _release_pages(self, pages):
+    def _release_pages(self, pages, checked=False):
         """Gives pages of this session back, the first the next handed out:
         into the reserve (or held back, as SGLang holds them) when the
         reserve handed them all out, else to the daemon (_thin_free).
         Raises, and nothing is freed, for a page named twice or one the
-        daemon refuses."""
-        in_range = (pages >= 1) & (pages <= self.num_pages)
-        if self._reserve is None or not in_range.all() or not self._taken[
-                pages].all():
+        daemon refuses. `checked`: _whole_pages found them distinct."""
+        if (self._reserve is None or pages.min() < 1 or
+                pages.max() > self.num_pages or
+                not self._taken[pages].all()):
             self._thin_free(self._client.free_pages, pages, _IN_ORDER)
             return
-        ordered = np.sort(pages)
-        twice = np.flatnonzero(ordered[1:] == ordered[:-1])
-        if twice.size:
-            raise InvalidArgumentError("free names page %d twice" %
-                                       ordered[twice[0]])
+        if not checked:
+            self._check_distinct(pages, "free")
         self._taken[pages] = False
         if self.need_sort or self.page_size == 1:
             self._held.append(pages.copy())
@@ -507,6 +509,17 @@ class _Base:
         else:
             # The reserve is a stack: the first page goes on last.
             self._reserve.put(pages[::-1])
+
+    def _check_distinct(self, pages, what):
+        """Raises InvalidArgumentError for a page named twice in `pages`
+        (ids in [1, num_pages]): each writes its index into a scratch
+        array, and an earlier one overwritten names a page again."""
+        index = np.arange(pages.size)
+        self._scratch[pages] = index
+        again = np.flatnonzero(self._scratch[pages] != index)
+        if again.size:
+            raise InvalidArgumentError("%s names page %d twice" %
+                                       (what, pages[again[0]]))
 
     def _thin_free(self, method, values, order):
         """A free through the daemon (Client.free or free_pages). The
@@ -518,40 +531,61 @@ class _Base:
         method(values, order=order)
 
     def _whole_pages(self, slots, what="free_index"):
-        """The pages of `slots` when they are whole pages of the reserve
-        (page_size slots per page, each page's in order): their ids in the
-        order given, or None for slots of no reserve page (the daemon's).
-        Raises InvalidArgumentError, changing nothing, for a partial or
-        malformed page of the reserve (SGLang's check of complete page
-        blocks) or a page named twice."""
-        ps = self.page_size
+        """The pages of `slots` when they are whole, distinct pages the
+        reserve handed out (page_size slots per page, each page's in
+        order): their ids in the order given; None when the slots name no
+        such page (the daemon's to check). Raises InvalidArgumentError,
+        changing nothing, for a partial or malformed page of the reserve
+        (SGLang's check of complete page blocks) or a page named twice."""
         if self._reserve is None:
             return None
+        ps = self.page_size
+        if ps == 1:
+            pages = slots
+        elif slots.size % ps == 0:
+            blocks = slots.reshape(-1, ps)
+            pages = blocks[:, 0] // ps
+            if not np.array_equal(blocks,
+                                  (pages * ps)[:, None] + self._slot_offsets):
+                return self._not_whole(slots, what)
+        else:
+            return self._not_whole(slots, what)
+        if pages.min() < 1 or pages.max() > self.num_pages:
+            return self._not_whole(slots, what)
+        taken = self._taken[pages]
+        if not taken.any():
+            return None
+        self._check_distinct(pages, what)
+        return pages
+
+    def _not_whole(self, slots, what):
+        """_whole_pages of slots that are not whole pages of the pool:
+        None when none lies in a page the reserve handed out, else the
+        error that names the first partial page."""
+        ps = self.page_size
         page_of = slots // ps
-        in_range = (slots >= 0) & (page_of <= self.num_pages)
+        in_range = (page_of >= 1) & (page_of <= self.num_pages)
         touched = np.zeros(slots.size, dtype=bool)
         touched[in_range] = self._taken[page_of[in_range]]
         if not touched.any():
             return None
+        outside = np.flatnonzero(~in_range)
+        if outside.size:
+            raise InvalidArgumentError(
+                "%s[%d] (%d) lies outside the pool's slots [%d, %d)" %
+                (what, outside[0], slots[outside[0]], ps,
+                 (self.num_pages + 1) * ps))
         if slots.size % ps:
             raise InvalidArgumentError(
                 "%s requires complete page blocks: numel=%d, page_size=%d" %
                 (what, slots.size, ps))
         blocks = slots.reshape(-1, ps)
-        pages = blocks[:, 0] // ps
-        wrong = np.any(blocks != (pages * ps)[:, None] + self._slot_offsets,
-                       axis=1)
-        if wrong.any():
-            bad = int(np.flatnonzero(wrong)[0])
-            raise InvalidArgumentError(
-                "%s[%d:%d] (%s) is not one whole page of %d slots" %
-                (what, bad * ps, bad * ps + ps, blocks[bad].tolist(), ps))
-        ordered = np.sort(pages)
-        twice = np.flatnonzero(ordered[1:] == ordered[:-1])
-        if twice.size:
-            raise InvalidArgumentError("%s names page %d twice" %
-                                       (what, ordered[twice[0]]))
-        return pages
+        bad = int(np.flatnonzero(np.any(
+            blocks != (blocks[:, :1] // ps * ps) + self._slot_offsets,
+            axis=1))[0])
+        raise InvalidArgumentError(
+            "%s[%d:%d] (%s) is not one whole page of %d slots" %
+            (what, bad * ps, bad * ps + ps, blocks[bad].tolist(), ps))
 
     # --------------------------------------------------------- free lists
 
@@ -612,11 +646,13 @@ class _Base:
             return
         # Partial pages of the reserve are refused here, before a group
         # keeps them (SGLang's check).
-        self._whole_pages(slots)
+        pages = self._whole_pages(slots)
         if self.free_group is not None:
             self.free_group.append(slots.copy())
-            return
-        self._free_slots_now(slots)
+        elif pages is not None:
+            self._release_pages(pages, checked=True)
+        else:
+            self._free_slots_now(slots)
 
     def free_page_ids(self, page_ids):
         """Frees pages by id (SGLang's free_page_ids), the first the next
@@ -1087,7 +1123,7 @@ class PagedTokenToKVPoolAllocator(_Base):
         if pages is None:
             self._thin_free(self._client.free, slots, _ASCENDING)
         else:
-            self._release_pages(pages)
+            self._release_pages(pages, checked=True)
 
     def free_segment(self, free_index, start_pos=0):
         """Frees kv_row[start_pos : start_pos + n] of one request: one page

@@ -316,7 +316,11 @@ def test_a_starving_session_gets_the_other_sessions_reserve(make_daemon):
         out = host(b.alloc(32 * 4))
         assert out is not None
         assert len(np.unique(out // 4)) == 32
-        assert a.reserve.stats()["reclaims"] >= 1
+        # A answered the daemon's ask (its counts follow the return's
+        # round trip).
+        wait_until(lambda: a.reserve.stats()["reclaims"] >= 1,
+                   what="A's reserve to count the ask it answered")
+        assert a.reserve.stats()["pages_returned"] >= 16
         # No page is both B's and in A's reserve: the daemon's books.
         stats = cb.stats()
         assert stats.free_pages + stats.used_pages == 64
@@ -378,6 +382,9 @@ def test_frees_of_slots_never_given_out_change_nothing(make_daemon):
             (mine[1:5], pagealloc.InvalidArgumentError, "whole page"),
             (np.array([4, 5, 6, 7, 4, 5, 6, 7]),
              pagealloc.InvalidArgumentError, "twice"),
+            # With a slot outside the pool.
+            (np.concatenate((mine[:4], [68, 69, 70, 71])),
+             pagealloc.InvalidArgumentError, "outside the pool"),
         ]
         for slots, error, words in bad:
             with pytest.raises(error, match=words):
@@ -408,3 +415,29 @@ def test_frees_of_slots_never_given_out_change_nothing(make_daemon):
         assert allocator.available_size() == 16 * 4
         allocator.close()
         other.close()
+
+
+# -------------------------------------------------------------- the bench
+
+
+def test_alloc_bench_reports_every_row(make_daemon, tmp_path):
+    """python/bench/sglang_alloc_bench.py in a tiny configuration: every
+    row is there and the reserve's steps make no round trip once warm (no
+    time is checked)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "bench"))
+    import sglang_alloc_bench
+    targets = [start(make_daemon, 1, 1024).target,
+               start(make_daemon, 16, 64).target]
+    args = []
+    for target in targets:
+        args += ["--target", target]
+    rows = sglang_alloc_bench.main(args + [
+        "--iterations", "20", "--warmup", "5", "--json",
+        str(tmp_path / "rows.json")])
+    assert sorted((row["page_size"], row["reserve"]) for row in rows) == [
+        (1, False), (1, True), (16, False), (16, True)]
+    for row in rows:
+        assert row["alloc_p50_us"] > 0 and row["free_p50_us"] > 0
+        if row["reserve"]:
+            assert row["round_trips_per_step"] <= 1 / 25
