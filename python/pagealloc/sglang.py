@@ -5,8 +5,8 @@
 classes of the same names (``sglang.srt.mem_cache.allocator``): the same
 constructor arguments plus the daemon to use, ``None`` for a batch that does
 not fit (and nothing changes), int64 slot tensors otherwise. The free list
-lives in the daemon, shared with every other session of its pool, so these
-classes hold no list of their own: each call is one call to the daemon.
+lives in the daemon, shared with every other session of its pool; these
+classes keep no list of their own beyond the session's page reserve (below).
 
 The daemon must run with ``--semantics=sglang`` and the free policy SGLang's
 ``need_sort`` names (``--free_policy=sorted`` for ``need_sort=True``, else
@@ -25,7 +25,9 @@ SGLang's (docs/design.md section 10); docs/python.md, "The SGLang
 allocator", lists where a pool shared by several processes cannot behave
 as SGLang's single-process allocator, and what these classes do instead.
 
-What comes back:
+What comes back from the daemon's calls (a reserve's ``alloc`` returns a
+NumPy array, a CPU tensor over it, or a tensor copied to the CUDA device on
+the current stream from a pinned buffer, asynchronously):
 
 * With PyTorch importable: an int64 ``torch.Tensor`` on the allocator's
   ``device``. On the daemon's CUDA backend it aliases the session's output
@@ -340,7 +342,8 @@ class _Base:
         """Free slots of the pool as SGLang counts them: the daemon's free
         and parked pages (GetStats), this session's reserve and the pages
         it holds back for a merge. Other sessions of the pool change it
-        between two reads."""
+        between two reads, and a refill the reserve's thread has in flight
+        is in neither count for its round trip."""
         reserve = self._reserve
         for _ in range(3):
             before = reserve.stats() if reserve is not None else None

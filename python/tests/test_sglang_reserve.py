@@ -11,6 +11,7 @@ sessions sharing one pool through the reclaim protocol; a killed process's
 reserve; and frees of slots the allocator never gave out.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,43 +24,17 @@ import pagealloc
 from pagealloc import sglang
 from pagealloc.sglang_model import make_allocator_model
 
-from conftest import BACKEND, wait_until
-
-pytestmark = pytest.mark.skipif(
-    BACKEND != "cpu", reason="the CPU backend's traces (GPU: "
-    "test_sglang_gpu.py)")
+import test_sglang
+from conftest import wait_until
+# The CPU-backend mark, and the fixture that runs every test with and
+# without PyTorch's tensors.
+from test_sglang import host, pytestmark, results_as  # noqa: F401
 
 TRACE_OPS = int(os.environ.get("PAGEALLOC_SGLANG_TRACE_OPS", "600"))
 
-try:
-    import torch as _torch
-except ImportError:  # pragma: no cover - depends on the host
-    _torch = None
-
-
-@pytest.fixture(autouse=True,
-                params=["numpy"] + (["torch"] if _torch is not None else []))
-def results_as(request, monkeypatch):
-    """With PyTorch importable, every test also runs as if it were missing
-    (results are NumPy arrays then)."""
-    if request.param == "numpy":
-        monkeypatch.setattr(sglang, "torch", None)
-    return request.param
-
-
-def host(values):
-    if values is None:
-        return None
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(values, torch.Tensor):
-        return values.detach().cpu().numpy().astype(np.int64)
-    return np.array(values, dtype=np.int64)
-
 
 def start(make_daemon, page_size, num_pages, policy="lifo"):
-    return make_daemon("--semantics=sglang", "--page_size=%d" % page_size,
-                       "--num_pages=%d" % num_pages,
-                       "--free_policy=%s" % policy)
+    return test_sglang.start(make_daemon, page_size, num_pages, policy)
 
 
 def whole_pool(num_pages):
@@ -70,6 +45,18 @@ def whole_pool(num_pages):
 
 def pages_of(slots, page_size):
     return np.asarray(slots)[::page_size] // page_size
+
+
+@contextlib.contextmanager
+def lone(make_daemon, page_size, num_pages, policy="lifo"):
+    """An allocator of the only session on a new daemon, its reserve the
+    whole pool."""
+    daemon = start(make_daemon, page_size, num_pages, policy)
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, reserve_options=whole_pool(num_pages))
+        yield allocator
+        allocator.close()
 
 
 # ------------------------------------------------------- SGLang's contract
@@ -183,10 +170,7 @@ def test_trace_matches_sglangs_current_contract(make_daemon, page_size,
 
 
 def test_alloc_is_whole_pages_in_order_and_none_when_short(make_daemon):
-    daemon = start(make_daemon, 16, 8)
-    with daemon.connect() as client:
-        allocator = sglang.make_allocator(client,
-                                          reserve_options=whole_pool(8))
+    with lone(make_daemon, 16, 8) as allocator:
         out = host(allocator.alloc(32))
         np.testing.assert_array_equal(out, np.arange(16, 48))
         before = allocator.available_size()
@@ -195,25 +179,17 @@ def test_alloc_is_whole_pages_in_order_and_none_when_short(make_daemon):
         # need_size is floored to whole pages, as SGLang's paged alloc does
         # outside its debug mode.
         assert host(allocator.alloc(20)).tolist() == list(range(48, 64))
-        allocator.close()
 
 
 def test_paged_free_puts_pages_back_in_the_order_given(make_daemon):
-    daemon = start(make_daemon, 4, 4)
-    with daemon.connect() as client:
-        allocator = sglang.make_allocator(client,
-                                          reserve_options=whole_pool(4))
+    with lone(make_daemon, 4, 4) as allocator:
         out = host(allocator.alloc(8))  # pages 1, 2
         allocator.free(np.concatenate((out[4:], out[:4])))
         assert pages_of(host(allocator.alloc(16)), 4).tolist() == [2, 1, 3, 4]
-        allocator.close()
 
 
 def test_sorted_policy_parks_frees_until_the_free_list_is_short(make_daemon):
-    daemon = start(make_daemon, 4, 4, "sorted")
-    with daemon.connect() as client:
-        allocator = sglang.make_allocator(client,
-                                          reserve_options=whole_pool(4))
+    with lone(make_daemon, 4, 4, "sorted") as allocator:
         out = host(allocator.alloc(8))  # pages 1, 2
         allocator.free(out[4:])
         allocator.free(out[:4])
@@ -221,20 +197,15 @@ def test_sorted_policy_parks_frees_until_the_free_list_is_short(make_daemon):
         # Pages 3, 4 are still free: the parked pages wait.
         assert pages_of(host(allocator.alloc(8)), 4).tolist() == [3, 4]
         assert pages_of(host(allocator.alloc(8)), 4).tolist() == [1, 2]
-        allocator.close()
 
 
 def test_token_allocator_queues_frees_behind_its_free_list(make_daemon):
-    daemon = start(make_daemon, 1, 6)
-    with daemon.connect() as client:
-        allocator = sglang.make_allocator(client,
-                                          reserve_options=whole_pool(6))
+    with lone(make_daemon, 1, 6) as allocator:
         first = host(allocator.alloc(2))
         assert first.tolist() == [1, 2]
         allocator.free(first[::-1])
         assert host(allocator.alloc(4)).tolist() == [3, 4, 5, 6]
         assert host(allocator.alloc(2)).tolist() == [2, 1]
-        allocator.close()
 
 
 # ------------------------------------------------------------ round trips
@@ -259,7 +230,9 @@ def test_steady_state_makes_no_synchronous_refill(make_daemon, page_size,
         stats = allocator.reserve.stats()
         assert stats["sync_refills"] == warm["sync_refills"] <= 1
         assert stats["takes"] >= warm["takes"] + 200  # merges take too
-        assert allocator.available_size() == client.pool.num_pages * page_size
+        # A refill the reserve's thread has in flight is in neither count.
+        wait_until(lambda: allocator.available_size() == client.pool.num_pages
+                   * page_size, what="every page to count as available")
         allocator.close()
 
 
@@ -278,10 +251,7 @@ def test_use_reserve_false_is_the_thin_path(make_daemon):
 def test_a_thin_call_short_of_pages_takes_the_reserve_back(make_daemon):
     """alloc_extend (SGLang's legacy path, through the daemon) still gets
     the whole pool when the reserve holds it."""
-    daemon = start(make_daemon, 4, 8)
-    with daemon.connect() as client:
-        allocator = sglang.make_allocator(client,
-                                          reserve_options=whole_pool(8))
+    with lone(make_daemon, 4, 8) as allocator:
         assert allocator.reserve.stats()["pages"] == 8
         prefix = np.zeros(8, dtype=np.int64)
         seq = np.full(8, 4, dtype=np.int64)  # a page each
@@ -294,7 +264,6 @@ def test_a_thin_call_short_of_pages_takes_the_reserve_back(make_daemon):
         # The next alloc opens the reserve again.
         assert len(host(allocator.alloc(32))) == 32
         assert allocator.reserve is not None
-        allocator.close()
 
 
 # ---------------------------------------------------------------- sharing
