@@ -300,6 +300,7 @@ class _Base:
         # its free list, and with need_sort they are parked until a merge.
         self._held = []
         self._num_held = 0
+        self._hold_limit = max(64, self.num_pages // 8)
         self._slot_offsets = np.arange(self.page_size, dtype=np.int64)
         self._scratch = np.zeros(self.num_pages + 1, dtype=np.int64)
         self._staging = None  # _PinnedStaging for a CUDA device, lazily
@@ -509,6 +510,13 @@ class _Base:
         if self.need_sort or self.page_size == 1:
             self._held.append(pages.copy())
             self._num_held += pages.size
+            # The token allocator's queue merges at any time without
+            # changing an order (its pages go behind the free list either
+            # way): bounded, so that the reserve's thread can give them to
+            # a starving session. need_sort's parked pages wait for the
+            # merge SGLang makes.
+            if not self.need_sort and self._num_held > self._hold_limit:
+                self._merge_held()
         else:
             # The reserve is a stack: the first page goes on last.
             self._reserve.put(pages[::-1])
