@@ -454,7 +454,14 @@ class _Base:
         in (need_sort), and puts the whole list back in that order."""
         reserve = self._reserve
         held = np.concatenate(self._held)
-        front = reserve.take(min(reserve.stats()["pages"], self.num_pages))
+        try:
+            front = reserve.take(min(reserve.stats()["pages"],
+                                     self.num_pages))
+        except ResourceExhaustedError:
+            # The reserve's thread returned pages between the two calls
+            # and the pool could not make up for them: the held pages go
+            # on top of what the reserve holds.
+            front = np.zeros(0, dtype=np.int64)
         merged = np.concatenate((front, held))
         if self.need_sort:
             merged.sort()
