@@ -303,6 +303,7 @@ class _Base:
         self._hold_limit = max(64, self.num_pages // 8)
         self._slot_offsets = np.arange(self.page_size, dtype=np.int64)
         self._scratch = np.zeros(self.num_pages + 1, dtype=np.int64)
+        self._index = np.arange(self.num_pages + 1, dtype=np.int64)
         self._staging = None  # _PinnedStaging for a CUDA device, lazily
         if self._use_reserve:
             self._open_reserve()
@@ -505,13 +506,14 @@ class _Base:
         into the reserve (or held back, as SGLang holds them) when the
         reserve handed them all out, else to the daemon (_thin_free).
         Raises, and nothing is freed, for a page named twice or one the
-        daemon refuses. `checked`: _whole_pages found them distinct."""
-        if (self._reserve is None or pages.min() < 1 or
-                pages.max() > self.num_pages or
-                not self._taken[pages].all()):
-            self._thin_free(self._client.free_pages, pages, _IN_ORDER)
-            return
+        daemon refuses. `checked`: _whole_pages found them distinct pages
+        the reserve handed out."""
         if not checked:
+            if (self._reserve is None or pages.min() < 1 or
+                    pages.max() > self.num_pages or
+                    not self._taken[pages].all()):
+                self._thin_free(self._client.free_pages, pages, _IN_ORDER)
+                return
             self._check_distinct(pages, "free")
         self._taken[pages] = False
         if self.need_sort or self.page_size == 1:
@@ -532,12 +534,14 @@ class _Base:
         """Raises InvalidArgumentError for a page named twice in `pages`
         (ids in [1, num_pages]): each writes its index into a scratch
         array, and an earlier one overwritten names a page again."""
-        index = np.arange(pages.size)
+        index = (self._index[:pages.size] if pages.size <= self._index.size
+                 else np.arange(pages.size))
         self._scratch[pages] = index
-        again = np.flatnonzero(self._scratch[pages] != index)
-        if again.size:
-            raise InvalidArgumentError("%s names page %d twice" %
-                                       (what, pages[again[0]]))
+        same = self._scratch[pages] == index
+        if not same.all():
+            raise InvalidArgumentError(
+                "%s names page %d twice" %
+                (what, pages[np.flatnonzero(~same)[0]]))
 
     def _thin_free(self, method, values, order):
         """A free through the daemon (Client.free or free_pages). The
@@ -551,8 +555,8 @@ class _Base:
     def _whole_pages(self, slots, what="free_index"):
         """The pages of `slots` when they are whole, distinct pages the
         reserve handed out (page_size slots per page, each page's in
-        order): their ids in the order given; None when the slots name no
-        such page (the daemon's to check). Raises InvalidArgumentError,
+        order): their ids in the order given; None when they are not all
+        such pages (the daemon's to check). Raises InvalidArgumentError,
         changing nothing, for a partial or malformed page of the reserve
         (SGLang's check of complete page blocks) or a page named twice."""
         if self._reserve is None:
@@ -563,15 +567,17 @@ class _Base:
         elif slots.size % ps == 0:
             blocks = slots.reshape(-1, ps)
             pages = blocks[:, 0] // ps
-            if not np.array_equal(blocks,
-                                  (pages * ps)[:, None] + self._slot_offsets):
+            if not (blocks == (pages * ps)[:, None] +
+                    self._slot_offsets).all():
                 return self._not_whole(slots, what)
         else:
             return self._not_whole(slots, what)
         if pages.min() < 1 or pages.max() > self.num_pages:
             return self._not_whole(slots, what)
         taken = self._taken[pages]
-        if not taken.any():
+        if not taken.all():
+            # None of the reserve's, or some only (the daemon frees them
+            # all, the reserve's given back first).
             return None
         self._check_distinct(pages, what)
         return pages

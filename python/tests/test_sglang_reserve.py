@@ -369,6 +369,9 @@ def test_frees_of_slots_never_given_out_change_nothing(make_daemon):
         with pytest.raises(pagealloc.InvalidArgumentError, match="twice"):
             allocator.free_page_ids([1, 1])
         unchanged()
+        with pytest.raises(pagealloc.InvalidArgumentError, match="twice"):
+            allocator.free(np.tile(mine[:4], 20))  # more pages than the pool
+        unchanged()
         # Pages the reserve holds, or never gave: the daemon refuses them
         # (the reserve's pages go back to the pool first, so it can).
         for pages in ([3], [2, 16], [17], [0]):
