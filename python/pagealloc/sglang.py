@@ -19,9 +19,13 @@ frees of whole pages it handed out (``free``, ``free_page_ids``, free
 groups) put them back, with no call to the daemon in steady state.
 ``alloc_extend`` / ``alloc_decode`` (SGLang's legacy path), partial pages
 and pages the reserve did not hand out go through the daemon as before.
-``use_reserve=False`` sends every call to the daemon. With one session on the
-pool, the slots, the ``None``s and the free list after every call are
-SGLang's (docs/design.md section 10); docs/python.md, "The SGLang
+``use_reserve=False`` sends every call to the daemon.
+
+With one session on the pool and ``use_reserve=False``, the slots, the
+``None``s and the free list after every call are SGLang's; on a reserve
+that holds the whole pool, the slots and the ``None``s are
+(docs/design.md section 10, which also says what order holds with a
+smaller reserve or several sessions); docs/python.md, "The SGLang
 allocator", lists where a pool shared by several processes cannot behave
 as SGLang's single-process allocator, and what these classes do instead.
 
