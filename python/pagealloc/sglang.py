@@ -722,8 +722,9 @@ class _Base:
         pending, self.free_group = self.free_group, None
         reps, self.free_page_reps_group = self.free_page_reps_group, []
         if self._reserve is not None and reps:
-            # Whole-page slots and one slot per page do not mix in one
-            # free: the pages of free_segment / free_page_ids go after.
+            # free_segment calls made before the reserve opened (one slot
+            # per page) do not mix with whole-page slots in one free:
+            # their pages go after.
             if pending:
                 self._free_slots_now(np.concatenate(pending))
             self._release_pages(np.concatenate(reps) // self.page_size)
@@ -1156,7 +1157,8 @@ class PagedTokenToKVPoolAllocator(_Base):
     def free_segment(self, free_index, start_pos=0):
         """Frees kv_row[start_pos : start_pos + n] of one request: one page
         per page of the segment, in the segment's order (no sort). Inside a
-        free group the pages are freed with the group's slots at its end."""
+        free group the pages are freed with the group's slots at its end
+        (on the reserve, in call order with them)."""
         slots = _as_host_int64(free_index, "free_index")
         if slots.size == 0:
             return
@@ -1166,6 +1168,17 @@ class PagedTokenToKVPoolAllocator(_Base):
         else:
             reps = np.concatenate(
                 (slots[:1], slots[self.page_size - offset::self.page_size]))
+        if self._reserve is not None:
+            # SGLang's current free_segment is its free of the segment's
+            # pages: inside a group, in call order with the group's frees.
+            pages = reps // self.page_size
+            if self.free_group is not None:
+                self.free_group.append(
+                    (pages[:, None] * self.page_size +
+                     self._slot_offsets).reshape(-1))
+            else:
+                self._release_pages(pages)
+            return
         if self.free_group is not None:
             self.free_page_reps_group.append(reps)
             return

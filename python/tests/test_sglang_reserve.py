@@ -190,6 +190,19 @@ def test_paged_free_puts_pages_back_in_the_order_given(make_daemon):
         assert pages_of(host(allocator.alloc(16)), 4).tolist() == [2, 1, 3, 4]
 
 
+def test_free_segment_puts_the_segments_pages_back_in_order(make_daemon):
+    with lone(make_daemon, 4, 8) as allocator:
+        row = host(allocator.alloc(12))  # pages 1, 2, 3
+        allocator.free_group_begin()
+        allocator.free(host(allocator.alloc(4)))  # page 4
+        allocator.free_segment(row[4:], start_pos=4)  # pages 2, 3
+        allocator.free_group_end()
+        # The group's slots first, then the segment's pages, in order.
+        assert pages_of(host(allocator.alloc(12)), 4).tolist() == [4, 2, 3]
+        allocator.free_segment(row[:4], start_pos=0)
+        assert pages_of(host(allocator.alloc(4)), 4).tolist() == [1]
+
+
 def test_sorted_policy_parks_frees_until_the_free_list_is_short(make_daemon):
     with lone(make_daemon, 4, 4, "sorted") as allocator:
         out = host(allocator.alloc(8))  # pages 1, 2
