@@ -40,7 +40,8 @@ token.py``; its tests ``test_allocator_page_aligned_free.py``,
   ``page_size``; anything else is refused before any change, also inside a
   free group) and puts back one page per block, ``free_index[::page_size] //
   page_size``, in the order given (no sort). ``free_page_ids`` frees pages
-  by id the same way; at page size 1 it is ``free``.
+  by id the same way; at page size 1 it is ``free``. ``free_segment`` takes
+  a page-aligned start and is the ``free`` of the segment's pages.
 * The token allocator's lazy free (freed slots staged until an ``alloc``
   finds the free list short) hands out the same slots as its eager append,
   so the model states the append.
@@ -307,6 +308,16 @@ class PagedAllocatorModel(_Base):
         if free_index.size == 0:
             return
         ps = self.page_size
+        if self.page_aligned_free:
+            # SGLang's current free_segment: a page-aligned start, and the
+            # free of the segment's pages (the last one whole).
+            if int(start_pos) % ps:
+                raise ValueError("segment start %d is not page-aligned" %
+                                 start_pos)
+            pages = free_index[::ps] // ps
+            self.free((pages[:, None] * ps +
+                       np.arange(ps, dtype=np.int64)).reshape(-1))
+            return
         offset = int(start_pos) % ps
         if offset == 0:
             reps = free_index[::ps]

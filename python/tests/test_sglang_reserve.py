@@ -72,8 +72,9 @@ def test_capability_attributes():
 
 class ContractTrace:
     """A scheduler on SGLang's main path: whole-page allocations, freed
-    whole (free), page by page in any order (free_page_ids), or several in
-    a free group; the allocator and the model get the same calls."""
+    whole (free), page by page in any order (free_page_ids), as a
+    page-aligned tail and its head (free_segment, free), or several in a
+    free group; the allocator and the model get the same calls."""
 
     def __init__(self, allocator, model, page_size, num_pages, rng):
         self.a, self.m = allocator, model
@@ -127,12 +128,27 @@ class ContractTrace:
             self.a.free_page_ids(part)
             self.m.free_page_ids(part)
 
+    def op_free_segment(self):
+        """A request's row freed as a page-aligned tail (free_segment)
+        and its head (free)."""
+        slots = self.take()
+        if slots is None or not slots:
+            return
+        row = np.array(slots, dtype=np.int64)
+        start = int(self.rng.integers(0, row.size // self.ps)) * self.ps
+        self.a.free_segment(row[start:], start_pos=start)
+        self.m.free_segment(row[start:], start)
+        self.a.free(row[:start])
+        self.m.free(row[:start])
+
     def op_group(self):
         self.a.free_group_begin()
         self.m.free_group_begin()
+        ops = [self.op_free, self.op_free_shuffled, self.op_free_page_ids]
+        if self.ps > 1:
+            ops.append(self.op_free_segment)
         for _ in range(int(self.rng.integers(0, 4))):
-            [self.op_free, self.op_free_shuffled,
-             self.op_free_page_ids][int(self.rng.integers(3))]()
+            ops[int(self.rng.integers(len(ops)))]()
         self.a.free_group_end()
         self.m.free_group_end()
 
@@ -140,6 +156,8 @@ class ContractTrace:
         table = [(self.op_alloc, 6), (self.op_free, 2),
                  (self.op_free_shuffled, 1), (self.op_free_page_ids, 1),
                  (self.op_group, 1)]
+        if self.ps > 1:
+            table.append((self.op_free_segment, 1))
         weights = np.array([w for _, w in table], dtype=float)
         for step in range(ops):
             table[int(self.rng.choice(len(table),
