@@ -87,7 +87,7 @@ def main():
 
     client = pagealloc.Client.connect(args.target, name="sglang-bench")
     page_size = client.pool.page_size
-    allocator = sglang.make_allocator(client)
+    allocator = sglang.make_allocator(client, use_reserve=False)
     bs = args.requests
     if page_size == 1:
         def call():

@@ -819,8 +819,19 @@ class PageReserve:
             client._handle, ctypes.byref(options), ctypes.byref(handle),
             ctypes.byref(error)), error)
         self._client = client  # outlives the reserve
-        self._handle = handle.value
+        # The handle, shared with the client, which destroys the reserve
+        # first when it goes (a garbage-collected cycle finalizes its
+        # objects in no set order, and the reserve uses the client).
+        self._box = [handle.value]
+        boxes = client.__dict__.setdefault("_reserve_boxes", [])
+        boxes[:] = [box for box in boxes if box[0]]
+        boxes.append(self._box)
         self.page_size = client.pool.page_size
+
+    @property
+    def _handle(self):
+        box = getattr(self, "_box", None)
+        return box[0] if box else None
 
     def take(self, n):
         """`n` page ids of the session (an int64 NumPy array). Raises
@@ -858,9 +869,7 @@ class PageReserve:
     def close(self):
         """Returns the reserve's pages to the daemon and stops its thread.
         Closing twice is fine."""
-        handle, self._handle = self._handle, None
-        if handle:
-            _lib.pagealloc_reserve_destroy(handle)
+        _destroy_reserve(self._box)
 
     def _live(self):
         if not self._handle:
@@ -875,8 +884,14 @@ class PageReserve:
         return False
 
     def __del__(self):
-        if getattr(self, "_handle", None) and _lib is not None:
-            _lib.pagealloc_reserve_destroy(self._handle)
+        if getattr(self, "_box", None) and _lib is not None:
+            _destroy_reserve(self._box)
+
+
+def _destroy_reserve(box):
+    handle, box[0] = box[0], None
+    if handle:
+        _lib.pagealloc_reserve_destroy(handle)
 
 
 def _whole(value, name):
@@ -970,6 +985,8 @@ class Client:
     def __del__(self):
         handle, self._handle = getattr(self, "_handle", None), None
         if handle and _lib is not None:
+            for box in self.__dict__.get("_reserve_boxes", ()):
+                _destroy_reserve(box)
             _lib.pagealloc_client_destroy(handle)
 
     def __enter__(self):

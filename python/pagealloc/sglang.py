@@ -5,18 +5,33 @@
 classes of the same names (``sglang.srt.mem_cache.allocator``): the same
 constructor arguments plus the daemon to use, ``None`` for a batch that does
 not fit (and nothing changes), int64 slot tensors otherwise. The free list
-lives in the daemon, shared with every other session of its pool, so these
-classes hold no list of their own: each call is one call to the daemon.
+lives in the daemon, shared with every other session of its pool; these
+classes keep no list of their own beyond the session's page reserve (below).
 
 The daemon must run with ``--semantics=sglang`` and the free policy SGLang's
 ``need_sort`` names (``--free_policy=sorted`` for ``need_sort=True``, else
-``lifo``); the constructor refuses another pool. With one session on the
-pool, the slots, the ``None``s and the free list after every call are
-SGLang's (docs/design.md section 10); docs/python.md, "The SGLang
+``lifo``); the constructor refuses another pool.
+
+The session's page reserve (``Client.reserve()``, docs/design.md section
+12) serves SGLang's main path by default (``use_reserve=True``):
+``alloc(need_size)`` takes whole pages from the reserve in this process and
+frees of whole pages it handed out (``free``, ``free_page_ids``, free
+groups) put them back, with no call to the daemon in steady state.
+``alloc_extend`` / ``alloc_decode`` (SGLang's legacy path), partial pages
+and pages the reserve did not hand out go through the daemon as before.
+``use_reserve=False`` sends every call to the daemon.
+
+With one session on the pool and ``use_reserve=False``, the slots, the
+``None``s and the free list after every call are SGLang's; on a reserve
+that holds the whole pool, the slots and the ``None``s are
+(docs/design.md section 10, which also says what order holds with a
+smaller reserve or several sessions); docs/python.md, "The SGLang
 allocator", lists where a pool shared by several processes cannot behave
 as SGLang's single-process allocator, and what these classes do instead.
 
-What comes back:
+What comes back from the daemon's calls (a reserve's ``alloc`` returns a
+NumPy array, a CPU tensor over it, or a tensor copied to the CUDA device on
+the current stream from a pinned buffer, asynchronously):
 
 * With PyTorch importable: an int64 ``torch.Tensor`` on the allocator's
   ``device``. On the daemon's CUDA backend it aliases the session's output
@@ -42,13 +57,15 @@ buffer the allocator reuses (the copy waits for that stream).
 import collections
 import dataclasses
 import os
+import time
 import warnings
 
 import numpy as np
 
 from pagealloc import client as _client_module
 from pagealloc.client import Client
-from pagealloc.errors import ResourceExhaustedError, StatusCode
+from pagealloc.errors import (InvalidArgumentError, ResourceExhaustedError,
+                              StatusCode)
 
 __all__ = [
     "AllocatorState",
@@ -91,6 +108,10 @@ def _raw_stream_function():
 _ASCENDING = "ascending"
 _IN_ORDER = "first_appearance"
 
+# Pinned host buffers that stage reserve results for their copy to the GPU,
+# used round robin: one is written again only after its copy has run.
+_STAGING_DEPTH = 8
+
 
 @dataclasses.dataclass(frozen=True)
 class AllocatorState:
@@ -106,9 +127,13 @@ def _as_host_int64(values, name):
     """`values` (a tensor on any device, a NumPy array, a list, a ring view)
     as a new or existing contiguous int64 NumPy array on the host."""
     if torch is not None and isinstance(values, torch.Tensor):
-        # A CUDA tensor is copied to the host here: the daemon reads host
-        # memory (this synchronises with the tensor's stream).
-        values = values.detach().to("cpu", torch.int64).numpy()
+        if (values.device.type == "cpu" and values.dtype is torch.int64 and
+                not values.requires_grad):
+            values = values.numpy()  # a view
+        else:
+            # A CUDA tensor is copied to the host here: the daemon reads
+            # host memory (this synchronises with the tensor's stream).
+            values = values.detach().to("cpu", torch.int64).numpy()
     elif isinstance(values, _client_module.CudaSlots):
         values = values.copy_to_host()
     array = np.ascontiguousarray(np.asarray(values).reshape(-1))
@@ -131,12 +156,57 @@ def _connect(client, name):
     return Client.connect(str(target) if target else None, name=name)
 
 
+class _PinnedStaging:
+    """Reserve results on their way to a CUDA device: each is written into
+    a pinned host buffer and copied on the current stream, asynchronously.
+    _STAGING_DEPTH buffers are used in turn, each written again only once
+    the copy that read it has run (an event, queried; the host waits only
+    when the GPU is that many copies behind)."""
+
+    def __init__(self, device):
+        self._device = device
+        self._buffers = [None] * _STAGING_DEPTH  # (tensor, NumPy view)
+        self._events = [None] * _STAGING_DEPTH
+        self._next = 0
+
+    def copy(self, slots):
+        i = self._next
+        self._next = (i + 1) % _STAGING_DEPTH
+        event = self._events[i]
+        if event is not None and not event.query():
+            event.synchronize()
+        count = slots.size
+        buffer = self._buffers[i]
+        if buffer is None or buffer[1].size < count:
+            tensor = torch.empty((max(count, 4096),), dtype=torch.int64,
+                                 pin_memory=True)
+            buffer = (tensor, tensor.numpy())
+            self._buffers[i] = buffer
+        buffer[1][:count] = slots
+        out = torch.empty((count,), dtype=torch.int64, device=self._device)
+        out.copy_(buffer[0][:count], non_blocking=True)
+        if event is None:
+            event = torch.cuda.Event()
+            self._events[i] = event
+        event.record(torch.cuda.current_stream(self._device))
+        return out
+
+
 class _Base:
     """What the token and the paged allocator share: the session, the
     results' conversion and lazy release, groups, states, lists."""
 
+    # SGLang's capability attributes (sglang/srt/mem_cache/allocator/
+    # base.py and the allocators' own): alloc(need_size) serves whole pages
+    # for any multiple of page_size, the page-aligned contract its scheduler
+    # plans with; alloc_extend / alloc_decode stay for the legacy path.
+    uses_legacy_real_length_alloc = False
+    supports_page_aligned_alloc = True
+    supports_spec_page_aligned_alloc = True
+
     def __init__(self, size, page_size, dtype, device, kvcache, need_sort,
-                 client, keep_allocations, client_name):
+                 client, keep_allocations, client_name, use_reserve=True,
+                 reserve_options=None):
         self._client = _connect(client, client_name)
         pool = self._client.pool
         semantics = getattr(pool, "semantics", None)
@@ -221,6 +291,27 @@ class _Base:
         self._pending = collections.deque()
         self._ring = None  # the whole ring as one tensor or array, lazily
 
+        # The session's page reserve (None: closed, opened again by the
+        # next alloc) and what this allocator did with its pages.
+        self._use_reserve = bool(use_reserve)
+        self._reserve_options = dict(reserve_options or {})
+        self._reserve = None
+        # Per page id: True while taken from the open reserve and not put
+        # back (the pages a free may put back without a round trip).
+        self._taken = np.zeros(self.num_pages + 1, dtype=bool)
+        # Pages freed but held back from the reserve, oldest first, as
+        # SGLang holds them: the token allocator's freed slots queue behind
+        # its free list, and with need_sort they are parked until a merge.
+        self._held = []
+        self._num_held = 0
+        self._hold_limit = max(64, self.num_pages // 8)
+        self._slot_offsets = np.arange(self.page_size, dtype=np.int64)
+        self._scratch = np.zeros(self.num_pages + 1, dtype=np.int64)
+        self._index = np.arange(self.num_pages + 1, dtype=np.int64)
+        self._staging = None  # _PinnedStaging for a CUDA device, lazily
+        if self._use_reserve:
+            self._open_reserve()
+
     # ------------------------------------------------------------ session
 
     @property
@@ -254,11 +345,27 @@ class _Base:
                                    stats.used_pages, stats.sessions_active))
 
     def available_size(self):
-        """Free slots of the pool, parked pages included, as SGLang counts
-        them. Read from the daemon (GetStats): other sessions of the pool
-        change it between two reads."""
-        stats = self._client.stats()
-        return (stats.free_pages + stats.parked_pages) * self.page_size
+        """Free slots of the pool as SGLang counts them: the daemon's free
+        and parked pages (GetStats), this session's reserve and the pages
+        it holds back for a merge. Other sessions of the pool change it
+        between two reads, and a refill the reserve's thread has in flight
+        is in neither count for its round trip."""
+        reserve = self._reserve
+        for _ in range(3):
+            before = reserve.stats() if reserve is not None else None
+            stats = self._client.stats()
+            if reserve is None:
+                break
+            after = reserve.stats()
+            # A refill or a return between the two reads moves pages
+            # between the counts: read again.
+            if (before["refills"], before["returns"]) == (after["refills"],
+                                                          after["returns"]):
+                break
+        pages = stats.free_pages + stats.parked_pages + self._num_held
+        if reserve is not None:
+            pages += after["pages"]
+        return pages * self.page_size
 
     # SGLang's scheduler hooks (newer SGLang calls these on every
     # allocator); they need SGLang's own cache code, imported on use.
@@ -282,6 +389,231 @@ class _Base:
     def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
         return self._kvcache.load_cpu_copy(kv_cache_cpu, indices,
                                            mamba_indices=mamba_indices)
+
+    # ------------------------------------------------------------ reserve
+
+    @property
+    def reserve(self):
+        """The session's pagealloc.PageReserve this allocator takes its
+        pages from (None with use_reserve=False, or until the next alloc
+        after the thin path took its pages back)."""
+        return self._reserve
+
+    def _open_reserve(self):
+        """Opens the session's reserve. One that may hold the whole pool
+        (reserve_options max_pages >= num_pages) on a pool with every page
+        free starts with all of them in the pool's order, so that a lone
+        scheduler's slots are SGLang's (docs/design.md section 10)."""
+        self._reserve = self._client.reserve(**self._reserve_options)
+        self._taken[:] = False
+        if self._reserve_options.get("max_pages", 0) < self.num_pages:
+            return
+        # The reserve's thread may be refilling meanwhile (its pages are in
+        # neither count while in flight): a few tries, after which another
+        # session holds pages and the reserve stays a plain one.
+        for _ in range(200):
+            stats = self._client.stats()
+            free = stats.free_pages + stats.parked_pages
+            if free + self._reserve.stats()["pages"] != self.num_pages:
+                time.sleep(0.001)
+                continue
+            try:
+                pages = self._reserve.take(self.num_pages)
+            except ResourceExhaustedError:
+                time.sleep(0.001)
+                continue
+            self._reserve.put(pages[::-1])
+            return
+
+    def _live_reserve(self):
+        if self._reserve is None:
+            self._open_reserve()
+        return self._reserve
+
+    def _close_reserve(self):
+        """Returns the reserve's pages and those held back to the daemon;
+        the pages handed out stay the session's and are freed through the
+        daemon from here on. Returns whether any page went back."""
+        reserve = self._reserve
+        if reserve is None:
+            return False
+        self._flush_held()
+        moved = reserve.stats()["pages"] > 0
+        self._reserve = None
+        reserve.close()
+        self._taken[:] = False
+        return moved
+
+    def _flush_held(self):
+        """Puts the held-back pages into the reserve (unordered)."""
+        if not self._held:
+            return
+        held = np.concatenate(self._held)
+        self._held, self._num_held = [], 0
+        self._reserve.put(held[::-1])
+
+    def _merge_held(self):
+        """SGLang's merge of what it holds back into its free list, on the
+        reserve: takes the reserve's pages (its free list, front first),
+        appends the held pages (the token allocator's queue) or sorts them
+        in (need_sort), and puts the whole list back in that order."""
+        reserve = self._reserve
+        held = np.concatenate(self._held)
+        try:
+            front = reserve.take(min(reserve.stats()["pages"],
+                                     self.num_pages))
+        except ResourceExhaustedError:
+            # The reserve's thread returned pages between the two calls
+            # and the pool could not make up for them: the held pages go
+            # on top of what the reserve holds.
+            front = np.zeros(0, dtype=np.int64)
+        merged = np.concatenate((front, held))
+        if self.need_sort:
+            merged.sort()
+        self._held, self._num_held = [], 0
+        reserve.put(merged[::-1])
+
+    def _alloc_pages(self, num_pages):
+        """`num_pages` whole pages from the reserve as the slots of those
+        pages, or None when the pool (after SGLang's merge) cannot supply
+        them."""
+        reserve = self._live_reserve()
+        if self._num_held and num_pages > reserve.stats()["pages"]:
+            self._merge_held()
+        try:
+            pages = reserve.take(num_pages)
+        except ResourceExhaustedError:
+            return None
+        self._taken[pages] = True
+        if self.page_size == 1:
+            slots = pages
+        else:
+            slots = (pages[:, None] * self.page_size +
+                     self._slot_offsets).reshape(-1)
+        return self._slots_result(slots)
+
+    def _slots_result(self, slots):
+        """Host slots as the caller's result: a NumPy array without
+        PyTorch, a CPU tensor over the same memory, or a tensor on the
+        CUDA device filled by one copy on the current stream (no host
+        synchronisation)."""
+        if torch is None:
+            return slots
+        if self._torch_device.type == "cpu":
+            return torch.from_numpy(slots)
+        if self._staging is None:
+            self._staging = _PinnedStaging(self._torch_device)
+        return self._staging.copy(slots)
+
+    def _release_pages(self, pages, checked=False):
+        """Gives pages of this session back, the first the next handed out:
+        into the reserve (or held back, as SGLang holds them) when the
+        reserve handed them all out, else to the daemon (_thin_free).
+        Raises, and nothing is freed, for a page named twice or one the
+        daemon refuses. `checked`: _whole_pages found them distinct pages
+        the reserve handed out."""
+        if not checked:
+            if (self._reserve is None or pages.min() < 1 or
+                    pages.max() > self.num_pages or
+                    not self._taken[pages].all()):
+                self._thin_free(self._client.free_pages, pages, _IN_ORDER)
+                return
+            self._check_distinct(pages, "free")
+        self._taken[pages] = False
+        if self.need_sort or self.page_size == 1:
+            self._held.append(pages.copy())
+            self._num_held += pages.size
+            # The token allocator's queue merges at any time without
+            # changing an order (its pages go behind the free list either
+            # way): bounded, so that the reserve's thread can give them to
+            # a starving session. need_sort's parked pages wait for the
+            # merge SGLang makes.
+            if not self.need_sort and self._num_held > self._hold_limit:
+                self._merge_held()
+        else:
+            # The reserve is a stack: the first page goes on last.
+            self._reserve.put(pages[::-1])
+
+    def _check_distinct(self, pages, what):
+        """Raises InvalidArgumentError for a page named twice in `pages`
+        (ids in [1, num_pages]): each writes its index into a scratch
+        array, and an earlier one overwritten names a page again."""
+        index = (self._index[:pages.size] if pages.size <= self._index.size
+                 else np.arange(pages.size))
+        self._scratch[pages] = index
+        same = self._scratch[pages] == index
+        if not same.all():
+            raise InvalidArgumentError(
+                "%s names page %d twice" %
+                (what, pages[np.flatnonzero(~same)[0]]))
+
+    def _thin_free(self, method, values, order):
+        """A free through the daemon (Client.free or free_pages). The
+        reserve's pages are the session's in the daemon's books, so the
+        daemon could not refuse one named by mistake: with a reserve open
+        they go back to the daemon first, which then refuses any page not
+        handed out."""
+        self._close_reserve()
+        method(values, order=order)
+
+    def _whole_pages(self, slots, what="free_index"):
+        """The pages of `slots` when they are whole, distinct pages the
+        reserve handed out (page_size slots per page, each page's in
+        order): their ids in the order given; None when they are not all
+        such pages (the daemon's to check). Raises InvalidArgumentError,
+        changing nothing, for a partial or malformed page of the reserve
+        (SGLang's check of complete page blocks) or a page named twice."""
+        if self._reserve is None:
+            return None
+        ps = self.page_size
+        if ps == 1:
+            pages = slots
+        elif slots.size % ps == 0:
+            blocks = slots.reshape(-1, ps)
+            pages = blocks[:, 0] // ps
+            if not (blocks == (pages * ps)[:, None] +
+                    self._slot_offsets).all():
+                return self._not_whole(slots, what)
+        else:
+            return self._not_whole(slots, what)
+        if pages.min() < 1 or pages.max() > self.num_pages:
+            return self._not_whole(slots, what)
+        taken = self._taken[pages]
+        if not taken.all():
+            # None of the reserve's, or some only (the daemon frees them
+            # all, the reserve's given back first).
+            return None
+        self._check_distinct(pages, what)
+        return pages
+
+    def _not_whole(self, slots, what):
+        """_whole_pages of slots that are not whole pages of the pool:
+        None when none lies in a page the reserve handed out, else the
+        error that names the first partial page."""
+        ps = self.page_size
+        page_of = slots // ps
+        in_range = (page_of >= 1) & (page_of <= self.num_pages)
+        touched = np.zeros(slots.size, dtype=bool)
+        touched[in_range] = self._taken[page_of[in_range]]
+        if not touched.any():
+            return None
+        outside = np.flatnonzero(~in_range)
+        if outside.size:
+            raise InvalidArgumentError(
+                "%s[%d] (%d) lies outside the pool's slots [%d, %d)" %
+                (what, outside[0], slots[outside[0]], ps,
+                 (self.num_pages + 1) * ps))
+        if slots.size % ps:
+            raise InvalidArgumentError(
+                "%s requires complete page blocks: numel=%d, page_size=%d" %
+                (what, slots.size, ps))
+        blocks = slots.reshape(-1, ps)
+        bad = int(np.flatnonzero(np.any(
+            blocks != (blocks[:, :1] // ps * ps) + self._slot_offsets,
+            axis=1))[0])
+        raise InvalidArgumentError(
+            "%s[%d:%d] (%s) is not one whole page of %d slots" %
+            (what, bad * ps, bad * ps + ps, blocks[bad].tolist(), ps))
 
     # --------------------------------------------------------- free lists
 
@@ -320,6 +652,10 @@ class _Base:
         do meanwhile."""
         if not self.need_sort:
             return
+        if self._reserve is not None:
+            if self._held:
+                self._merge_held()
+            return
         allocation = self._client.alloc(
             [(self.num_pages + 1) * self.page_size], all_or_nothing=True)
         self._client.release(allocation)
@@ -336,10 +672,27 @@ class _Base:
         slots = _as_host_int64(free_index, "free_index")
         if slots.size == 0:
             return
+        # Partial pages of the reserve are refused here, before a group
+        # keeps them (SGLang's check).
+        pages = self._whole_pages(slots)
         if self.free_group is not None:
-            self.free_group.append(slots)
+            self.free_group.append(slots.copy())
+        elif pages is not None:
+            self._release_pages(pages, checked=True)
+        else:
+            self._free_slots_now(slots)
+
+    def free_page_ids(self, page_ids):
+        """Frees pages by id (SGLang's free_page_ids), the first the next
+        handed out; inside a free group, at free_group_end."""
+        pages = _as_host_int64(page_ids, "page_ids")
+        if pages.size == 0:
             return
-        self._free_slots_now(slots)
+        if self.free_group is not None:
+            self.free_group.append((pages[:, None] * self.page_size +
+                                    self._slot_offsets).reshape(-1))
+            return
+        self._release_pages(pages)
 
     def free_full(self, free_index):
         self.free(free_index)
@@ -364,9 +717,18 @@ class _Base:
         self.free_page_reps_group = []
 
     def free_group_end(self):
-        """Frees what the group collected, as one call to the daemon."""
+        """Frees what the group collected: the reserve's pages back into
+        it, the daemon's as one call to the daemon."""
         pending, self.free_group = self.free_group, None
         reps, self.free_page_reps_group = self.free_page_reps_group, []
+        if self._reserve is not None and reps:
+            # free_segment calls made before the reserve opened (one slot
+            # per page) do not mix with whole-page slots in one free:
+            # their pages go after.
+            if pending:
+                self._free_slots_now(np.concatenate(pending))
+            self._release_pages(np.concatenate(reps) // self.page_size)
+            return
         parts = (pending or []) + reps
         if parts:
             self._free_slots_now(np.concatenate(parts))
@@ -374,7 +736,10 @@ class _Base:
     # ------------------------------------------------------------- states
 
     def backup_state(self):
-        """Takes a checkpoint of the session; returns it as a value."""
+        """Takes a checkpoint of the session; returns it as a value. The
+        reserve's pages go back to the daemon first (a rollback returns
+        what the session was given since, which a reserve's refills are)."""
+        self._close_reserve()
         return AllocatorState(checkpoint_id=int(self._client.checkpoint()),
                               session_id=self._client.session_id)
 
@@ -388,6 +753,7 @@ class _Base:
                             type(state).__name__)
         if state.session_id != self._client.session_id:
             raise ValueError("state %r is another session's" % (state,))
+        self._close_reserve()
         self._client.rollback(state.checkpoint_id)
 
     def clear(self):
@@ -396,6 +762,7 @@ class _Base:
         self.free_group = None
         self.free_page_reps_group = []
         self._release_all()
+        self._close_reserve()
         self._client.clear_session()
 
     # ------------------------------------------------------------ results
@@ -551,6 +918,16 @@ class _Base:
         allocation.slots  # raises: the served slots are not one run
         raise AssertionError("unreachable: %r" % (allocation,))
 
+    def _thin_result(self, call):
+        """_result of a call through the daemon; one refused for want of
+        pages gives the reserve's pages (and those held back) to the daemon
+        and runs once more, so that a lone scheduler can use the whole
+        pool. The reserve opens again at the next alloc."""
+        out = self._result(self._call(*call))
+        if out is None and self._close_reserve():
+            out = self._result(self._call(*call))
+        return out
+
     def _order(self, allocation):
         """The current stream, ordered on the GPU after the daemon's kernel
         that writes `allocation`'s slots: (device index, cudaStream_t), or
@@ -630,6 +1007,7 @@ class _Base:
     def close(self):
         """Ends the session (the daemon frees its pages)."""
         self._release_all()
+        self._close_reserve()
         self._client.close()
 
 
@@ -644,18 +1022,23 @@ class TokenToKVPoolAllocator(_Base):
     def __init__(self, size, dtype=None, device=None, kvcache=None,
                  need_sort=None, *, client=None,
                  keep_allocations=DEFAULT_KEEP_ALLOCATIONS,
-                 client_name="sglang-token-allocator"):
+                 client_name="sglang-token-allocator", use_reserve=True,
+                 reserve_options=None):
         super().__init__(size, 1, dtype, device, kvcache, need_sort, client,
-                         keep_allocations, client_name)
+                         keep_allocations, client_name, use_reserve,
+                         reserve_options)
 
     def alloc(self, need_size):
+        """need_size slots from the front of the free list, or None."""
         need_size = int(need_size)
         if need_size <= 0:
             return self._empty()
+        if self._use_reserve:
+            return self._alloc_pages(need_size)
         return self._result(self._call(*self._alloc_call(need_size)))
 
     def _free_slots_now(self, slots):
-        self._client.free(slots, order=_IN_ORDER)
+        self._release_pages(slots)
 
     def free_segment(self, free_index, start_pos=0):
         # Slot == page: the plain free is exact.
@@ -672,18 +1055,24 @@ class PagedTokenToKVPoolAllocator(_Base):
     ``client``: a pagealloc.Client, a target to connect to, or None for
     $PAGEALLOC_TARGET. ``size`` must be the pool's slots (num_pages *
     page_size; None takes them from the daemon). ``keep_allocations``: see
-    the module's docstring.
+    the module's docstring. ``use_reserve``: alloc and whole-page frees on
+    the session's page reserve (the default), else through the daemon;
+    ``reserve_options``: Client.reserve()'s keyword arguments (a
+    ``max_pages`` of the whole pool makes a lone scheduler's slots
+    SGLang's).
     """
 
     def __init__(self, size, page_size, dtype=None, device=None,
                  kvcache=None, need_sort=None, *, client=None,
                  keep_allocations=DEFAULT_KEEP_ALLOCATIONS,
-                 client_name="sglang-paged-allocator"):
+                 client_name="sglang-paged-allocator", use_reserve=True,
+                 reserve_options=None):
         if int(page_size) < 2:
             raise ValueError("page_size %d: use TokenToKVPoolAllocator (or "
                              "make_allocator) at page size 1" % page_size)
         super().__init__(size, page_size, dtype, device, kvcache, need_sort,
-                         client, keep_allocations, client_name)
+                         client, keep_allocations, client_name, use_reserve,
+                         reserve_options)
 
     def alloc(self, need_size):
         """Whole pages: need_size // page_size of them, their slots in page
@@ -691,6 +1080,8 @@ class PagedTokenToKVPoolAllocator(_Base):
         num_pages = int(need_size) // self.page_size
         if num_pages <= 0:
             return self._empty()
+        if self._use_reserve:
+            return self._alloc_pages(num_pages)
         return self._result(
             self._call(*self._alloc_call(num_pages * self.page_size)))
 
@@ -706,7 +1097,7 @@ class PagedTokenToKVPoolAllocator(_Base):
                                  seq_lens_cpu, last_loc, extend_num_tokens)
         if call is None:
             return self._empty()
-        return self._result(self._call(*call))
+        return self._thin_result(call)
 
     def _extend_call(self, prefix_lens, prefix_lens_cpu, seq_lens,
                      seq_lens_cpu, last_loc, extend_num_tokens):
@@ -738,7 +1129,7 @@ class PagedTokenToKVPoolAllocator(_Base):
         call = self._decode_call(seq_lens, seq_lens_cpu, last_loc)
         if call is None:
             return self._empty()
-        return self._result(self._call(*call))
+        return self._thin_result(call)
 
     def _decode_call(self, seq_lens, seq_lens_cpu, last_loc):
         """Stage 1 of alloc_decode: the call's method and host inputs, or
@@ -753,12 +1144,21 @@ class PagedTokenToKVPoolAllocator(_Base):
             seq_address, seq.size, last_address, last.size), seq.size
 
     def _free_slots_now(self, slots):
-        self._client.free(slots, order=_ASCENDING)
+        """Whole pages of the reserve go back to it in the order given
+        (SGLang's page-aligned free); other slots go to the daemon, which
+        frees their distinct pages ascending (SGLang's free of partial
+        pages from the legacy path)."""
+        pages = self._whole_pages(slots)
+        if pages is None:
+            self._thin_free(self._client.free, slots, _ASCENDING)
+        else:
+            self._release_pages(pages, checked=True)
 
     def free_segment(self, free_index, start_pos=0):
         """Frees kv_row[start_pos : start_pos + n] of one request: one page
         per page of the segment, in the segment's order (no sort). Inside a
-        free group the pages are freed with the group's slots at its end."""
+        free group the pages are freed with the group's slots at its end
+        (on the reserve, in call order with them)."""
         slots = _as_host_int64(free_index, "free_index")
         if slots.size == 0:
             return
@@ -768,31 +1168,44 @@ class PagedTokenToKVPoolAllocator(_Base):
         else:
             reps = np.concatenate(
                 (slots[:1], slots[self.page_size - offset::self.page_size]))
+        if self._reserve is not None:
+            # SGLang's current free_segment is its free of the segment's
+            # pages: inside a group, in call order with the group's frees.
+            pages = reps // self.page_size
+            if self.free_group is not None:
+                self.free_group.append(
+                    (pages[:, None] * self.page_size +
+                     self._slot_offsets).reshape(-1))
+            else:
+                self._release_pages(pages)
+            return
         if self.free_group is not None:
             self.free_page_reps_group.append(reps)
             return
-        self._client.free_pages(reps // self.page_size, order=_IN_ORDER)
+        self._release_pages(reps // self.page_size)
 
 
 def make_allocator(client=None, *, size=None, page_size=None, dtype=None,
                    device=None, kvcache=None, need_sort=None,
-                   keep_allocations=DEFAULT_KEEP_ALLOCATIONS):
+                   keep_allocations=DEFAULT_KEEP_ALLOCATIONS, use_reserve=True,
+                   reserve_options=None):
     """SGLang's choice of allocator for the daemon's pool: the token one at
     page size 1, the paged one otherwise. Every argument left None is the
     pool's (page size, slots, free policy) or the backend's device.
 
     `client`: a pagealloc.Client, a target, or None for $PAGEALLOC_TARGET.
+    `use_reserve`, `reserve_options`: see PagedTokenToKVPoolAllocator.
     """
     session = _connect(client, "sglang-allocator")
     if page_size is None:
         page_size = session.pool.page_size
+    options = dict(client=session, keep_allocations=keep_allocations,
+                   use_reserve=use_reserve, reserve_options=reserve_options)
     if int(page_size) == 1:
         return TokenToKVPoolAllocator(size, dtype, device, kvcache, need_sort,
-                                      client=session,
-                                      keep_allocations=keep_allocations)
+                                      **options)
     return PagedTokenToKVPoolAllocator(size, page_size, dtype, device,
-                                       kvcache, need_sort, client=session,
-                                       keep_allocations=keep_allocations)
+                                       kvcache, need_sort, **options)
 
 
 def register_with_sglang():

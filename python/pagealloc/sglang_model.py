@@ -30,6 +30,22 @@ What it states, as SGLang does it:
   call; ``backup_state`` returns a value that ``restore_state`` restores, as
   often as wanted; ``clear`` starts over.
 
+SGLang's current page-aligned contract (``allocator/base.py``'s
+``uses_legacy_real_length_alloc``, ``allocator/paged.py``, ``allocator/
+token.py``; its tests ``test_allocator_page_aligned_free.py``,
+``test_allocator_oot_contract.py``, ``test_allocator_lazy_free.py``), with
+``page_aligned_free=True``:
+
+* The paged ``free`` takes complete page blocks only (``numel`` a multiple of
+  ``page_size``; anything else is refused before any change, also inside a
+  free group) and puts back one page per block, ``free_index[::page_size] //
+  page_size``, in the order given (no sort). ``free_page_ids`` frees pages
+  by id the same way; at page size 1 it is ``free``. ``free_segment`` takes
+  a page-aligned start and is the ``free`` of the segment's pages.
+* The token allocator's lazy free (freed slots staged until an ``alloc``
+  finds the free list short) hands out the same slots as its eager append,
+  so the model states the append.
+
 SGLang's debug checks (alignment of ``last_loc``, unique outputs) are not
 restated: a caller of this model is expected to pass what SGLang's scheduler
 passes. Where SGLang's kernel reads past the free list before it returns
@@ -59,6 +75,7 @@ class _Base:
     """What both allocators share: the two lists, groups, states."""
 
     def __init__(self, page_size, num_pages, need_sort):
+        self.page_aligned_free = False
         self.page_size = int(page_size)
         self.num_pages = int(num_pages)
         self.need_sort = bool(need_sort)
@@ -139,6 +156,10 @@ class TokenAllocatorModel(_Base):
         # Token == page: nothing to deduplicate, the plain free is exact.
         self.free(free_index)
 
+    def free_page_ids(self, page_ids):
+        # Page size 1: page ids are slots.
+        self.free(page_ids)
+
     def alloc_extend(self, *args, **kwargs):
         raise NotImplementedError("alloc_extend is only for paged allocator")
 
@@ -149,9 +170,13 @@ class TokenAllocatorModel(_Base):
 class PagedAllocatorModel(_Base):
     """SGLang's PagedTokenToKVPoolAllocator."""
 
-    def __init__(self, size, page_size, need_sort=False):
+    def __init__(self, size, page_size, need_sort=False,
+                 page_aligned_free=False):
         super().__init__(page_size, int(size) // int(page_size), need_sort)
         self.size = int(size)
+        # SGLang's current free (complete page blocks, in order) instead of
+        # its legacy one (the distinct pages, ascending).
+        self.page_aligned_free = bool(page_aligned_free)
 
     def alloc(self, need_size):
         num_pages = int(need_size) // self.page_size
@@ -255,10 +280,25 @@ class PagedAllocatorModel(_Base):
         free_index = _as_int64(free_index)
         if free_index.size == 0:
             return
+        if self.page_aligned_free and free_index.size % self.page_size:
+            raise ValueError(
+                "free requires complete page blocks: numel=%d, page_size=%d" %
+                (free_index.size, self.page_size))
         if not self.is_not_in_free_group:
             self.free_group.append(free_index)
             return
-        self._put_back(np.unique(free_index // self.page_size))
+        if self.page_aligned_free:
+            self._put_back(free_index[::self.page_size] // self.page_size)
+        else:
+            self._put_back(np.unique(free_index // self.page_size))
+
+    def free_page_ids(self, page_ids):
+        """SGLang's free_page_ids: the pages, in the order given."""
+        page_ids = _as_int64(page_ids)
+        if page_ids.size == 0:
+            return
+        self.free(page_ids[:, None] * self.page_size +
+                  np.arange(self.page_size, dtype=np.int64))
 
     def free_segment(self, free_index, start_pos):
         """SGLang's free_segment: `free_index` is kv_row[start_pos : start_pos
@@ -268,6 +308,16 @@ class PagedAllocatorModel(_Base):
         if free_index.size == 0:
             return
         ps = self.page_size
+        if self.page_aligned_free:
+            # SGLang's current free_segment: a page-aligned start, and the
+            # free of the segment's pages (the last one whole).
+            if int(start_pos) % ps:
+                raise ValueError("segment start %d is not page-aligned" %
+                                 start_pos)
+            pages = free_index[::ps] // ps
+            self.free((pages[:, None] * ps +
+                       np.arange(ps, dtype=np.int64)).reshape(-1))
+            return
         offset = int(start_pos) % ps
         if offset == 0:
             reps = free_index[::ps]
@@ -281,9 +331,11 @@ class PagedAllocatorModel(_Base):
         self._put_back(reps // ps)
 
 
-def make_allocator_model(size, page_size, need_sort=False):
+def make_allocator_model(size, page_size, need_sort=False,
+                         page_aligned_free=False):
     """SGLang's choice: the token allocator at page size 1, else the paged
-    one. `size` is in tokens."""
+    one. `size` is in tokens; `page_aligned_free`: the paged allocator's
+    current free (PagedAllocatorModel)."""
     if int(page_size) == 1:
         return TokenAllocatorModel(size, need_sort)
-    return PagedAllocatorModel(size, page_size, need_sort)
+    return PagedAllocatorModel(size, page_size, need_sort, page_aligned_free)

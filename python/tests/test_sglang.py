@@ -1,4 +1,5 @@
-"""pagealloc.sglang against the NumPy statement of SGLang's allocators.
+"""pagealloc.sglang's thin path (use_reserve=False: every call to the
+daemon) against the NumPy statement of SGLang's allocators.
 
 Each configuration (page size 1, 4, 16, 64; lifo and sorted) starts one
 daemon with --semantics=sglang and runs one long random trace through the
@@ -301,7 +302,7 @@ def test_trace_matches_the_model(make_daemon, page_size, policy):
     daemon = start(make_daemon, page_size, num_pages, policy)
     need_sort = policy == "sorted"
     with daemon.connect(name="trace") as client:
-        allocator = sglang.make_allocator(client)
+        allocator = sglang.make_allocator(client, use_reserve=False)
         assert type(allocator) is (sglang.TokenToKVPoolAllocator
                                    if page_size == 1 else
                                    sglang.PagedTokenToKVPoolAllocator)
@@ -337,7 +338,8 @@ def test_golden_vector(make_daemon):
     daemon = start(make_daemon, 4, 16, "lifo")
     with daemon.connect() as client:
         allocator = sglang.PagedTokenToKVPoolAllocator(
-            64, 4, None, "cpu", None, False, client=client)
+            64, 4, None, "cpu", None, False, client=client,
+            use_reserve=False)
         np.testing.assert_array_equal(host(allocator.alloc(4)), [4, 5, 6, 7])
         np.testing.assert_array_equal(
             host(allocator.alloc_extend([0], [0], [2], [2], [-1], 2)), [8, 9])
@@ -357,7 +359,7 @@ def test_free_orders(make_daemon):
     segment's order, the token allocator's free in the order given."""
     daemon = start(make_daemon, 4, 16, "lifo")
     with daemon.connect() as client:
-        allocator = sglang.make_allocator(client)
+        allocator = sglang.make_allocator(client, use_reserve=False)
         a = host(allocator.alloc(8))        # pages 1, 2
         b = host(allocator.alloc(8))        # pages 3, 4
         allocator.free(np.concatenate((b, a)))
@@ -369,7 +371,7 @@ def test_free_orders(make_daemon):
 
     daemon = start(make_daemon, 1, 8, "lifo")
     with daemon.connect() as client:
-        allocator = sglang.make_allocator(client)
+        allocator = sglang.make_allocator(client, use_reserve=False)
         slots = host(allocator.alloc(3))
         np.testing.assert_array_equal(slots, [1, 2, 3])
         allocator.free(slots[::-1].copy())  # appended: FIFO reuse
@@ -380,7 +382,7 @@ def test_free_orders(make_daemon):
 def test_merge_and_sort_free_takes_no_page(make_daemon):
     daemon = start(make_daemon, 4, 8, "sorted")
     with daemon.connect() as client:
-        allocator = sglang.make_allocator(client)
+        allocator = sglang.make_allocator(client, use_reserve=False)
         slots = host(allocator.alloc(16))   # pages 1..4
         allocator.free(slots[8:])           # parks 3, 4
         allocator.free(slots[:4])           # parks 1
@@ -399,7 +401,7 @@ def test_merge_and_sort_free_takes_no_page(make_daemon):
 def test_states_are_values(make_daemon):
     daemon = start(make_daemon, 4, 16, "lifo")
     with daemon.connect() as client:
-        allocator = sglang.make_allocator(client)
+        allocator = sglang.make_allocator(client, use_reserve=False)
         first = allocator.backup_state()
         a = host(allocator.alloc(8))
         second = allocator.backup_state()
@@ -435,8 +437,8 @@ def test_shared_pool_clear_and_views(make_daemon):
     the other session's pages."""
     daemon = start(make_daemon, 4, 8, "lifo")
     with daemon.connect(name="a") as ca, daemon.connect(name="b") as cb:
-        a = sglang.make_allocator(ca)
-        b = sglang.make_allocator(cb)
+        a = sglang.make_allocator(ca, use_reserve=False)
+        b = sglang.make_allocator(cb, use_reserve=False)
         a.alloc(8)                              # pages 1, 2
         b.alloc(4)                              # page 3
         assert a.available_size() == 5 * 4
@@ -477,7 +479,8 @@ def test_results_stay_for_keep_allocations_calls(make_daemon):
     keep_allocations=0 each result is a copy."""
     daemon = start(make_daemon, 4, 64, "lifo")
     with daemon.connect(ring_capacity_slots=64) as client:
-        allocator = sglang.make_allocator(client, keep_allocations=2)
+        allocator = sglang.make_allocator(client, use_reserve=False,
+                                          keep_allocations=2)
         first = allocator.alloc(16)
         kept = host(first).copy()
         allocator.alloc(16)
@@ -488,7 +491,8 @@ def test_results_stay_for_keep_allocations_calls(make_daemon):
         client.flush_release()
         assert not np.array_equal(host(first), kept)
     with daemon.connect(ring_capacity_slots=64) as client:
-        allocator = sglang.make_allocator(client, keep_allocations=0)
+        allocator = sglang.make_allocator(client, use_reserve=False,
+                                          keep_allocations=0)
         first = allocator.alloc(16)
         kept = host(first).copy()
         for _ in range(8):
@@ -503,7 +507,7 @@ def test_inputs_of_every_form_give_the_same_slots(make_daemon):
     call gives the same slots either way; a float array is refused."""
     daemon = start(make_daemon, 4, 16, "lifo")
     with daemon.connect() as client:
-        allocator = sglang.make_allocator(client)
+        allocator = sglang.make_allocator(client, use_reserve=False)
         first = host(allocator.alloc_extend([0, 0], [0, 0], [1, 1], [1, 1],
                                             [-1, -1], 2))
         seq = np.array([2, 2], np.int64)
@@ -538,7 +542,7 @@ def test_none_whatever_limit_a_call_hits_first(make_daemon):
     size = 65536 * 16
     with daemon.connect() as client:
         assert client.ring.capacity_slots >= size
-        allocator = sglang.make_allocator(client)
+        allocator = sglang.make_allocator(client, use_reserve=False)
         assert allocator.alloc(size + 16) is None
         assert allocator.alloc(2 * size) is None
         none = allocator.alloc_extend([0], [0], [size + 16], [size + 16],
@@ -551,7 +555,7 @@ def test_none_whatever_limit_a_call_hits_first(make_daemon):
     # A ring smaller than the pool: a call of more slots than it holds is
     # None as well (no release can make it fit), and smaller calls serve.
     with daemon.connect(ring_capacity_slots=1024) as client:
-        allocator = sglang.make_allocator(client)
+        allocator = sglang.make_allocator(client, use_reserve=False)
         assert allocator.alloc(2048) is None
         assert allocator.alloc_extend([0, 0], [0, 0], [1024, 16], [1024, 16],
                                       [-1, -1], 1040) is None

@@ -131,7 +131,8 @@ def test_slots_equal_sglangs_kernels(make_daemon, page_size, policy):
                          "--free_policy=%s" % policy)
     rng = np.random.default_rng(page_size)
     with daemon.connect(name="gpu-trace") as client:
-        allocator = sglang.make_allocator(client, device="cuda")
+        allocator = sglang.make_allocator(client, device="cuda",
+                                          use_reserve=False)
         model = make_allocator_model(num_pages * page_size, page_size,
                                      policy == "sorted")
         ref = TritonReference(model, page_size)
@@ -210,7 +211,8 @@ def test_stream_reads_slots_after_the_daemon_without_host_sync(make_daemon):
     daemon = make_daemon("--semantics=sglang", "--page_size=16",
                          "--num_pages=1024")
     with daemon.connect() as client:
-        allocator = sglang.make_allocator(client, device="cuda")
+        allocator = sglang.make_allocator(client, device="cuda",
+                                          use_reserve=False)
         allocator.alloc(16)  # builds the ring's tensor outside the timing
         # The first launch of a kernel loads its module (CUDA's lazy
         # loading), which waits for the device: load the multiply's now.
@@ -226,3 +228,33 @@ def test_stream_reads_slots_after_the_daemon_without_host_sync(make_daemon):
         stream.synchronize()
         want = np.arange(2, 258, dtype=np.int64) * 16
         np.testing.assert_array_equal(doubled.cpu().numpy(), want * 2)
+
+
+def test_reserve_alloc_reaches_the_device_without_host_sync(make_daemon):
+    """alloc(n) from the page reserve: the slots come to the CUDA device in
+    one copy on the current stream, queued behind a long kernel (about a
+    second) without the call waiting for it, and they are the pool's first
+    pages in order (one session, the reserve the whole pool)."""
+    from pagealloc import sglang
+
+    daemon = make_daemon("--semantics=sglang", "--page_size=16",
+                         "--num_pages=64")
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, device="cuda", reserve_options=dict(
+                max_pages=64, initial_batch=64, starved_wait=0))
+        # Loads the copy's path and puts page 1 back on top.
+        allocator.free(allocator.alloc(16))
+        (torch.ones(1, dtype=torch.int64, device="cuda") * 2).cpu()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(2_000_000_000)
+            outs = [allocator.alloc(32) for _ in range(4)]
+            doubled = [out * 2 for out in outs]  # queued behind the sleep
+            assert not stream.query(), "the call waited for the stream"
+        stream.synchronize()
+        for i, out in enumerate(doubled):
+            assert out.device.type == "cuda"
+            want = np.arange(16 + 32 * i, 48 + 32 * i, dtype=np.int64)
+            np.testing.assert_array_equal(out.cpu().numpy(), want * 2)
+        allocator.close()

@@ -195,3 +195,35 @@ def test_random_traces_keep_every_slot_unique_and_accounted():
                     listed(model.release_pages))
                 assert not pages & free
                 assert len(pages) + len(free) == 64
+
+
+def test_page_aligned_free_puts_whole_pages_back_in_the_order_given():
+    m = PagedAllocatorModel(16, 4, page_aligned_free=True)
+    out = m.alloc(8)  # pages 1, 2
+    with pytest.raises(ValueError, match="complete page blocks"):
+        m.free(out[:3])
+    m.free_group_begin()
+    with pytest.raises(ValueError, match="complete page blocks"):
+        m.free(out[:3])
+    m.free_group_end()
+    assert m.free_pages.tolist() == [3, 4]
+    m.free(np.concatenate((out[4:], out[:4])))
+    assert m.free_pages.tolist() == [2, 1, 3, 4]
+
+
+def test_page_aligned_free_with_need_sort_parks_in_order():
+    m = PagedAllocatorModel(16, 4, need_sort=True, page_aligned_free=True)
+    m.free(m.alloc(8))
+    assert m.free_pages.tolist() == [3, 4]
+    assert m.release_pages.tolist() == [1, 2]
+
+
+def test_free_page_ids_frees_pages_by_id():
+    m = PagedAllocatorModel(16, 4, page_aligned_free=True)
+    m.alloc(16)
+    m.free_page_ids([3, 1])
+    assert m.free_pages.tolist() == [3, 1]
+    token = TokenAllocatorModel(4)
+    token.alloc(4)
+    token.free_page_ids([2, 4])
+    assert token.free_pages.tolist() == [2, 4]

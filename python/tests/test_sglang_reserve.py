@@ -1,0 +1,448 @@
+"""pagealloc.sglang on the session's page reserve (the default).
+
+SGLang's current page-aligned contract, restated in pagealloc.sglang_model
+with page_aligned_free=True (from SGLang's allocator/base.py, paged.py,
+token.py and its tests test_allocator_page_aligned_free.py,
+test_allocator_oot_contract.py, test_allocator_lazy_free.py), compared slot
+for slot with the allocator over random traces of alloc, free,
+free_page_ids and free groups, one session whose reserve may hold the
+whole pool; the reserve's round trips in a steady alloc/free loop; two
+sessions sharing one pool through the reclaim protocol; a killed process's
+reserve; and frees of slots the allocator never gave out.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pagealloc
+from pagealloc import sglang
+from pagealloc.sglang_model import make_allocator_model
+
+import test_sglang
+from conftest import wait_until
+# The CPU-backend mark, and the fixture that runs every test with and
+# without PyTorch's tensors.
+from test_sglang import host, pytestmark, results_as  # noqa: F401
+
+TRACE_OPS = int(os.environ.get("PAGEALLOC_SGLANG_TRACE_OPS", "600"))
+
+
+def start(make_daemon, page_size, num_pages, policy="lifo"):
+    return test_sglang.start(make_daemon, page_size, num_pages, policy)
+
+
+def whole_pool(num_pages):
+    """Reserve options under which one session's reserve is the whole pool
+    (no refill or return ever moves a page; a short pool is None at once)."""
+    return dict(max_pages=num_pages, initial_batch=num_pages, starved_wait=0)
+
+
+def pages_of(slots, page_size):
+    return np.asarray(slots)[::page_size] // page_size
+
+
+@contextlib.contextmanager
+def lone(make_daemon, page_size, num_pages, policy="lifo"):
+    """An allocator of the only session on a new daemon, its reserve the
+    whole pool."""
+    daemon = start(make_daemon, page_size, num_pages, policy)
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, reserve_options=whole_pool(num_pages))
+        yield allocator
+        allocator.close()
+
+
+# ------------------------------------------------------- SGLang's contract
+
+
+def test_capability_attributes():
+    for cls in (sglang.PagedTokenToKVPoolAllocator,
+                sglang.TokenToKVPoolAllocator):
+        assert cls.uses_legacy_real_length_alloc is False
+        assert cls.supports_page_aligned_alloc is True
+        assert cls.supports_spec_page_aligned_alloc is True
+
+
+class ContractTrace:
+    """A scheduler on SGLang's main path: whole-page allocations, freed
+    whole (free), page by page in any order (free_page_ids), as a
+    page-aligned tail and its head (free_segment, free), or several in a
+    free group; the allocator and the model get the same calls."""
+
+    def __init__(self, allocator, model, page_size, num_pages, rng):
+        self.a, self.m = allocator, model
+        self.ps, self.num_pages, self.rng = page_size, num_pages, rng
+        self.held = []  # allocations as slot lists
+
+    def same(self, got, want, what):
+        got = host(got)
+        if want is None:
+            assert got is None, "%s: model None, allocator %s" % (what, got)
+            return
+        assert got is not None, "%s: allocator None, model %s" % (what, want)
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        self.held.append(list(want))
+
+    def op_alloc(self):
+        pages = int(self.rng.integers(0, max(2, self.num_pages // 3)))
+        self.same(self.a.alloc(pages * self.ps), self.m.alloc(pages * self.ps),
+                  "alloc(%d)" % (pages * self.ps))
+
+    def take(self):
+        if not self.held:
+            return None
+        return self.held.pop(int(self.rng.integers(len(self.held))))
+
+    def op_free(self):
+        slots = self.take()
+        if slots is not None:
+            self.a.free(np.array(slots, dtype=np.int64))
+            self.m.free(slots)
+
+    def op_free_shuffled(self):
+        """Whole pages in a shuffled order: SGLang puts them back in the
+        order given, the first the next handed out."""
+        slots = self.take()
+        if slots is None:
+            return
+        blocks = np.array(slots, dtype=np.int64).reshape(-1, self.ps)
+        self.rng.shuffle(blocks)
+        self.a.free(blocks.reshape(-1))
+        self.m.free(blocks.reshape(-1))
+
+    def op_free_page_ids(self):
+        slots = self.take()
+        if slots is None:
+            return
+        pages = pages_of(slots, self.ps)
+        self.rng.shuffle(pages)
+        cut = int(self.rng.integers(0, pages.size + 1))
+        for part in (pages[:cut], pages[cut:]):
+            self.a.free_page_ids(part)
+            self.m.free_page_ids(part)
+
+    def op_free_segment(self):
+        """A request's row freed as a page-aligned tail (free_segment)
+        and its head (free)."""
+        slots = self.take()
+        if slots is None or not slots:
+            return
+        row = np.array(slots, dtype=np.int64)
+        start = int(self.rng.integers(0, row.size // self.ps)) * self.ps
+        self.a.free_segment(row[start:], start_pos=start)
+        self.m.free_segment(row[start:], start)
+        self.a.free(row[:start])
+        self.m.free(row[:start])
+
+    def op_group(self):
+        self.a.free_group_begin()
+        self.m.free_group_begin()
+        ops = [self.op_free, self.op_free_shuffled, self.op_free_page_ids]
+        if self.ps > 1:
+            ops.append(self.op_free_segment)
+        for _ in range(int(self.rng.integers(0, 4))):
+            ops[int(self.rng.integers(len(ops)))]()
+        self.a.free_group_end()
+        self.m.free_group_end()
+
+    def run(self, ops):
+        table = [(self.op_alloc, 6), (self.op_free, 2),
+                 (self.op_free_shuffled, 1), (self.op_free_page_ids, 1),
+                 (self.op_group, 1)]
+        if self.ps > 1:
+            table.append((self.op_free_segment, 1))
+        weights = np.array([w for _, w in table], dtype=float)
+        for step in range(ops):
+            table[int(self.rng.choice(len(table),
+                                      p=weights / weights.sum()))][0]()
+            assert self.a.available_size() == self.m.available_size(), step
+        while self.held:
+            self.op_free()
+        self.same(self.a.alloc(self.num_pages * self.ps),
+                  self.m.alloc(self.num_pages * self.ps), "the whole pool")
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("policy", ["lifo", "sorted"])
+def test_trace_matches_sglangs_current_contract(make_daemon, page_size,
+                                                policy):
+    # At page size 1 the pool is large enough for the allocator to merge
+    # the frees it holds back before an alloc finds the list short.
+    num_pages = 512 if page_size == 1 else 48
+    daemon = start(make_daemon, page_size, num_pages, policy)
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, reserve_options=whole_pool(num_pages))
+        model = make_allocator_model(num_pages * page_size, page_size,
+                                     need_sort=policy == "sorted",
+                                     page_aligned_free=True)
+        rng = np.random.default_rng(1000 * page_size + len(policy))
+        ContractTrace(allocator, model, page_size, num_pages,
+                      rng).run(TRACE_OPS)
+        allocator.close()
+
+
+def test_alloc_is_whole_pages_in_order_and_none_when_short(make_daemon):
+    with lone(make_daemon, 16, 8) as allocator:
+        out = host(allocator.alloc(32))
+        np.testing.assert_array_equal(out, np.arange(16, 48))
+        before = allocator.available_size()
+        assert allocator.alloc(16 * 7) is None  # 6 pages left
+        assert allocator.available_size() == before
+        # need_size is floored to whole pages, as SGLang's paged alloc does
+        # outside its debug mode.
+        assert host(allocator.alloc(20)).tolist() == list(range(48, 64))
+
+
+def test_paged_free_puts_pages_back_in_the_order_given(make_daemon):
+    with lone(make_daemon, 4, 4) as allocator:
+        out = host(allocator.alloc(8))  # pages 1, 2
+        allocator.free(np.concatenate((out[4:], out[:4])))
+        assert pages_of(host(allocator.alloc(16)), 4).tolist() == [2, 1, 3, 4]
+
+
+def test_free_segment_puts_the_segments_pages_back_in_order(make_daemon):
+    with lone(make_daemon, 4, 8) as allocator:
+        row = host(allocator.alloc(12))  # pages 1, 2, 3
+        allocator.free_group_begin()
+        allocator.free(host(allocator.alloc(4)))  # page 4
+        allocator.free_segment(row[4:], start_pos=4)  # pages 2, 3
+        allocator.free_group_end()
+        # The group's slots first, then the segment's pages, in order.
+        assert pages_of(host(allocator.alloc(12)), 4).tolist() == [4, 2, 3]
+        allocator.free_segment(row[:4], start_pos=0)
+        assert pages_of(host(allocator.alloc(4)), 4).tolist() == [1]
+
+
+def test_sorted_policy_parks_frees_until_the_free_list_is_short(make_daemon):
+    with lone(make_daemon, 4, 4, "sorted") as allocator:
+        out = host(allocator.alloc(8))  # pages 1, 2
+        allocator.free(out[4:])
+        allocator.free(out[:4])
+        assert allocator.available_size() == 16
+        # Pages 3, 4 are still free: the parked pages wait.
+        assert pages_of(host(allocator.alloc(8)), 4).tolist() == [3, 4]
+        assert pages_of(host(allocator.alloc(8)), 4).tolist() == [1, 2]
+
+
+def test_token_allocator_queues_frees_behind_its_free_list(make_daemon):
+    with lone(make_daemon, 1, 6) as allocator:
+        first = host(allocator.alloc(2))
+        assert first.tolist() == [1, 2]
+        allocator.free(first[::-1])
+        assert host(allocator.alloc(4)).tolist() == [3, 4, 5, 6]
+        assert host(allocator.alloc(2)).tolist() == [2, 1]
+
+
+# ------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize("page_size,need_size", [(1, 256), (16, 256)])
+def test_steady_state_makes_no_synchronous_refill(make_daemon, page_size,
+                                                  need_size):
+    # The default reserve (a quarter of the pool at most) is enough for
+    # one allocation, so after the first Take the loop never finds it
+    # short, whatever the reserve's thread does meanwhile.
+    daemon = start(make_daemon, page_size, 4096 // page_size * 4)
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(client)
+        for _ in range(8):  # warm-up
+            allocator.free(allocator.alloc(need_size))
+        warm = allocator.reserve.stats()
+        for _ in range(200):
+            out = allocator.alloc(need_size)
+            assert out is not None and len(out) == need_size
+            allocator.free(out)
+        stats = allocator.reserve.stats()
+        assert stats["sync_refills"] == warm["sync_refills"] <= 1
+        assert stats["takes"] >= warm["takes"] + 200  # merges take too
+        # A refill the reserve's thread has in flight is in neither count.
+        wait_until(lambda: allocator.available_size() == client.pool.num_pages
+                   * page_size, what="every page to count as available")
+        allocator.close()
+
+
+def test_use_reserve_false_is_the_thin_path(make_daemon):
+    daemon = start(make_daemon, 4, 16)
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(client, use_reserve=False)
+        assert allocator.reserve is None
+        out = host(allocator.alloc(8))
+        assert client.stats().used_pages == 2
+        allocator.free(out)
+        assert client.stats().used_pages == 0
+        allocator.close()
+
+
+def test_a_thin_call_short_of_pages_takes_the_reserve_back(make_daemon):
+    """alloc_extend (SGLang's legacy path, through the daemon) still gets
+    the whole pool when the reserve holds it."""
+    with lone(make_daemon, 4, 8) as allocator:
+        assert allocator.reserve.stats()["pages"] == 8
+        prefix = np.zeros(8, dtype=np.int64)
+        seq = np.full(8, 4, dtype=np.int64)  # a page each
+        last = np.full(8, -1, dtype=np.int64)
+        out = host(allocator.alloc_extend(prefix, prefix, seq, seq, last, 32))
+        assert out is not None and len(np.unique(out // 4)) == 8
+        assert allocator.reserve is None
+        allocator.free(out)
+        assert allocator.available_size() == 32
+        # The next alloc opens the reserve again.
+        assert len(host(allocator.alloc(32))) == 32
+        assert allocator.reserve is not None
+
+
+# ---------------------------------------------------------------- sharing
+
+
+def test_a_starving_session_gets_the_other_sessions_reserve(make_daemon):
+    daemon = start(make_daemon, 4, 64)
+    with daemon.connect(name="a") as ca, daemon.connect(name="b") as cb:
+        a = sglang.make_allocator(ca, reserve_options=dict(
+            max_pages=48, initial_batch=16))
+        # B waits as long as it takes the other session to answer: the
+        # bound is for a hung test, not a timing the test relies on.
+        a.free(a.alloc(48 * 4))  # A's reserve holds 48 pages now
+        # A refill the reserve's thread had in flight comes back above the
+        # high mark and is returned: wait for the reserve to settle.
+        wait_until(lambda: a.reserve.stats()["pages"] == 48 and ca.stats(
+        ).free_pages == 16, what="A's reserve to hold its 48 pages")
+        b = sglang.make_allocator(cb, reserve_options=dict(starved_wait=60))
+        out = host(b.alloc(32 * 4))
+        assert out is not None
+        assert len(np.unique(out // 4)) == 32
+        # A answered the daemon's ask (its counts follow the return's
+        # round trip).
+        wait_until(lambda: a.reserve.stats()["reclaims"] >= 1,
+                   what="A's reserve to count the ask it answered")
+        assert a.reserve.stats()["pages_returned"] >= 16
+        # No page is both B's and in A's reserve: the daemon's books.
+        stats = cb.stats()
+        assert stats.free_pages + stats.used_pages == 64
+        b.free(out)
+        a.close()
+        b.close()
+
+
+CHILD = r"""
+import sys
+from pagealloc import sglang
+allocator = sglang.make_allocator(sys.argv[1], reserve_options=dict(
+    max_pages=32, initial_batch=32))
+held = allocator.alloc(4 * 8)
+print(allocator.reserve.stats()["pages"], len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_process_gives_back_its_whole_reserve(make_daemon):
+    daemon = start(make_daemon, 4, 32)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, daemon.target],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env=os.environ.copy())
+    try:
+        reserve_pages, held = child.stdout.readline().split()
+        assert int(reserve_pages) + int(held) // 4 == 32
+        with daemon.connect() as client:
+            assert client.stats().free_pages == 0
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=20)
+            wait_until(lambda: client.stats().free_pages == 32,
+                       what="the dead session's pages to come back")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+# ---------------------------------------------------------- hostile frees
+
+
+def test_frees_of_slots_never_given_out_change_nothing(make_daemon):
+    daemon = start(make_daemon, 4, 16)
+    with daemon.connect(name="a") as ca, daemon.connect(name="b") as cb:
+        allocator = sglang.make_allocator(ca, reserve_options=whole_pool(16))
+        other = sglang.make_allocator(cb, use_reserve=False)
+        mine = host(allocator.alloc(8))  # pages 1, 2
+        assert mine.tolist() == list(range(4, 12))
+        allocator.free(allocator.alloc(4))  # page 3 back in the reserve
+
+        def unchanged():
+            assert allocator.available_size() == 14 * 4
+            assert ca.stats().used_pages == 16
+
+        bad = [
+            # A partial page of the reserve's (SGLang's complete blocks).
+            (mine[:3], pagealloc.InvalidArgumentError, "complete page"),
+            (mine[1:5], pagealloc.InvalidArgumentError, "whole page"),
+            (np.array([4, 5, 6, 7, 4, 5, 6, 7]),
+             pagealloc.InvalidArgumentError, "twice"),
+            # With a slot outside the pool.
+            (np.concatenate((mine[:4], [68, 69, 70, 71])),
+             pagealloc.InvalidArgumentError, "outside the pool"),
+        ]
+        for slots, error, words in bad:
+            with pytest.raises(error, match=words):
+                allocator.free(slots)
+            unchanged()
+            allocator.free_group_begin()
+            with pytest.raises(error, match=words):
+                allocator.free(slots)
+            allocator.free_group_end()
+            unchanged()
+        with pytest.raises(pagealloc.InvalidArgumentError, match="twice"):
+            allocator.free_page_ids([1, 1])
+        unchanged()
+        with pytest.raises(pagealloc.InvalidArgumentError, match="twice"):
+            allocator.free(np.tile(mine[:4], 20))  # more pages than the pool
+        unchanged()
+        # Pages the reserve holds, or never gave: the daemon refuses them
+        # (the reserve's pages go back to the pool first, so it can).
+        for pages in ([3], [2, 16], [17], [0]):
+            with pytest.raises(pagealloc.PageallocError):
+                allocator.free_page_ids(pages)
+            assert allocator.available_size() == 14 * 4
+        # Another session's page.
+        theirs = host(other.alloc(4))
+        with pytest.raises(pagealloc.PageallocError):
+            allocator.free(theirs)
+        assert cb.stats().used_pages >= 1
+        other.free(theirs)
+        # What the allocator did give out is still freed.
+        allocator.free(mine)
+        assert allocator.available_size() == 16 * 4
+        allocator.close()
+        other.close()
+
+
+# -------------------------------------------------------------- the bench
+
+
+def test_alloc_bench_reports_every_row(make_daemon, tmp_path):
+    """python/bench/sglang_alloc_bench.py in a tiny configuration: every
+    row is there and the reserve's steps make no round trip once warm (no
+    time is checked)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "bench"))
+    import sglang_alloc_bench
+    targets = [start(make_daemon, 1, 1024).target,
+               start(make_daemon, 16, 64).target]
+    args = []
+    for target in targets:
+        args += ["--target", target]
+    rows = sglang_alloc_bench.main(args + [
+        "--iterations", "20", "--warmup", "5", "--json",
+        str(tmp_path / "rows.json")])
+    assert sorted((row["page_size"], row["reserve"]) for row in rows) == [
+        (1, False), (1, True), (16, False), (16, True)]
+    for row in rows:
+        assert row["alloc_p50_us"] > 0 and row["free_p50_us"] > 0
+        if row["reserve"]:
+            assert row["round_trips_per_step"] <= 1 / 25
