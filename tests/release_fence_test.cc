@@ -19,7 +19,9 @@
 #include "client/page_reserve.h"
 #include "fast_channel/codec.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
 #include "tests/in_process_server.h"
 #include "tests/status_matchers.h"
@@ -255,6 +257,28 @@ TEST_F(ReleaseFenceTest, ClearAndRollbackTakePendingPagesOutOfTheQueue) {
   core().PollReleases();
   EXPECT_EQ(OwnedBy(a->session_id()), 4);
   EXPECT_OK(server_->pool().CheckInvariants());
+}
+
+TEST_F(ReleaseFenceTest, AFenceOverGrpcHoldsAsOneOnTheChannel) {
+  std::unique_ptr<Client> a = Connect();
+  ASSERT_NE(a, nullptr);
+  const std::vector<int64_t> pages = TakePages(*a, 2);
+  std::unique_ptr<v1::PageAllocator::Stub> stub = server_->NewStub();
+  v1::FreeRequest request;
+  request.mutable_session()->set_session_id(a->session_id());
+  request.mutable_session()->set_session_token(a->session_token());
+  request.mutable_pages()->Add(pages.begin(), pages.end());
+  request.set_release_value(3);
+  v1::FreeResponse response;
+  grpc::ClientContext context;
+  const grpc::Status status = stub->Free(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.pages_freed(), 2);
+  EXPECT_EQ(core().release_pending_pages(), 2);
+  EXPECT_EQ(OwnedBy(a->session_id()), 2);
+  Word(*a).store(3);
+  EXPECT_TRUE(WaitFor([&] { return OwnedBy(a->session_id()) == 0; },
+                      absl::Seconds(30), absl::Milliseconds(1)));
 }
 
 TEST_F(ReleaseFenceTest, AFenceWithoutAFastChannelIsRefusedAndChangesNothing) {
