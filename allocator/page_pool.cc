@@ -539,12 +539,27 @@ absl::StatusOr<int64_t> PagePool::FreePages(OwnerId owner,
   return FreeDistinct(owner, pages, /*values_are_slots=*/false, order);
 }
 
+absl::StatusOr<std::vector<int64_t>> PagePool::CheckFree(
+    OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots,
+    FreeOrder order) const {
+  absl::MutexLock lock(&mu_);
+  return ResolveFree(owner, values, values_are_slots, order);
+}
+
 absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
                                                absl::Span<const int64_t> values,
                                                bool values_are_slots,
                                                FreeOrder order) {
-  auto it = owners_.find(owner);
-  if (it == owners_.end()) {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> pages,
+                   ResolveFree(owner, values, values_are_slots, order));
+  RETURN_IF_ERROR(ReleasePages(owners_.find(owner)->second, pages));
+  return static_cast<int64_t>(pages.size());
+}
+
+absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
+    OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots,
+    FreeOrder order) const {
+  if (!owners_.contains(owner)) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
   }
   const char* field = values_are_slots ? "slots" : "pages";
@@ -584,8 +599,7 @@ absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
   if (policy_.ResolveOrder(order, values_are_slots) == FreeOrder::kAscending) {
     std::sort(pages.begin(), pages.end());
   }
-  RETURN_IF_ERROR(ReleasePages(it->second, pages));
-  return static_cast<int64_t>(pages.size());
+  return pages;
 }
 
 absl::Status PagePool::ReleasePages(OwnerState& state,

@@ -202,6 +202,16 @@ class PagePool {
                                     FreeOrder order = FreeOrder::kDefault)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Checks a free of `values` (slots when `values_are_slots`, else page
+  // ids) exactly as FreeSlots / FreePages would, with the same errors, and
+  // returns its distinct pages in the order that free would put them back;
+  // changes nothing. (A free whose pages stay owned until a fence passes is
+  // checked now and done later with FreePages of these pages in this
+  // order, FreeOrder::kFirstAppearance.)
+  absl::StatusOr<std::vector<int64_t>> CheckFree(
+      OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots,
+      FreeOrder order = FreeOrder::kDefault) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Pushes a checkpoint on `owner`'s stack and returns its id (per owner,
   // from 1, never reused). From then on the pool records the pages the
   // owner is given. At kMaxCheckpoints active checkpoints the oldest ends.
@@ -339,6 +349,10 @@ class PagePool {
                                        absl::Span<const int64_t> values,
                                        bool values_are_slots, FreeOrder order)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FreeDistinct's checks: the distinct pages of `values`, in `order`.
+  absl::StatusOr<std::vector<int64_t>> ResolveFree(
+      OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots,
+      FreeOrder order) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `pages` free and returns them under the pool's policy.
   absl::Status ReleasePages(OwnerState& state, absl::Span<const int64_t> pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

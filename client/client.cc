@@ -149,6 +149,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                                std::move(memory.doorbell));
     if (fast.ok()) client->fast_ = *std::move(fast);
   }
+  if (client->fast_ != nullptr) {
+    // Without it fenced frees fail and say why; the rest works.
+    absl::StatusOr<std::unique_ptr<ReleaseWordWriter>> writer =
+        MapReleaseWord(client->pool_, client->fast_->codec().release_word());
+    if (writer.ok()) {
+      client->release_writer_ = *std::move(writer);
+    } else {
+      client->release_writer_status_ = writer.status();
+    }
+  } else {
+    client->release_writer_status_ = absl::FailedPreconditionError(
+        "this session has no fast channel (the daemon's memory socket is "
+        "out of reach, or fast_channel is off): it has no release word, so "
+        "frees cannot be fenced on a stream; free after the work that "
+        "reads the pages is done");
+  }
   if (memory.connection.valid()) {
     client->stop_watching_.reset(eventfd(0, EFD_CLOEXEC));
     if (!client->stop_watching_.valid()) {
@@ -507,7 +523,8 @@ absl::Status Client::PostFastCall(uint32_t kind, uint32_t option_bits,
                                   absl::Span<const int64_t> in0,
                                   absl::Span<const int64_t> in1,
                                   absl::Span<const int64_t> in2,
-                                  absl::Span<const int64_t> free_first) {
+                                  absl::Span<const int64_t> free_first,
+                                  uint64_t release_value) {
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
   // A channel whose session ended is answered no more: fail at once.
   RETURN_IF_ERROR(Fence());
@@ -518,6 +535,7 @@ absl::Status Client::PostFastCall(uint32_t kind, uint32_t option_bits,
   call.in1 = in1;
   call.in2 = in2;
   call.free_first = free_first;
+  call.release_value = release_value;
   {
     absl::MutexLock lock(&mu_);
     call.release_ring_up_to = release_up_to_;
@@ -534,15 +552,16 @@ absl::Status Client::PostFastCall(uint32_t kind, uint32_t option_bits,
 
 std::optional<absl::StatusOr<int64_t>> Client::FastOp(
     fast_channel::CallKind kind, absl::Span<const int64_t> values,
-    uint32_t option_bits) {
+    uint32_t option_bits, uint64_t release_value) {
   if (fast_ == nullptr ||
       values.size() > static_cast<size_t>(fast_->max_requests())) {
     return std::nullopt;
   }
   absl::MutexLock fast_lock(&fast_mu_);
   if (fast_abandoned_) return std::nullopt;
-  if (absl::Status posted = PostFastCall(static_cast<uint32_t>(kind),
-                                         option_bits, {}, values, {}, {});
+  if (absl::Status posted =
+          PostFastCall(static_cast<uint32_t>(kind), option_bits, {}, values, {},
+                       {}, release_value);
       !posted.ok()) {
     return posted;
   }
@@ -631,26 +650,79 @@ absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages) {
 
 absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots,
                                           v1::FreeOrder order) {
-  if (auto fast = FastOp(fast_channel::CallKind::kFreeSlots, slots,
-                         FreeOrderBits(order))) {
-    return *std::move(fast);
-  }
-  v1::FreeRequest request;
-  request.mutable_slots()->Add(slots.begin(), slots.end());
-  request.set_order(order);
-  return SendFree(request);
+  return Free(/*slots=*/true, slots, order, /*release_value=*/0);
 }
 
 absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages,
                                           v1::FreeOrder order) {
-  if (auto fast = FastOp(fast_channel::CallKind::kFreePages, pages,
-                         FreeOrderBits(order))) {
+  return Free(/*slots=*/false, pages, order, /*release_value=*/0);
+}
+
+absl::StatusOr<int64_t> Client::Free(bool slots,
+                                     absl::Span<const int64_t> values,
+                                     v1::FreeOrder order,
+                                     uint64_t release_value) {
+  if (auto fast = FastOp(slots ? fast_channel::CallKind::kFreeSlots
+                               : fast_channel::CallKind::kFreePages,
+                         values, FreeOrderBits(order), release_value)) {
     return *std::move(fast);
   }
   v1::FreeRequest request;
-  request.mutable_pages()->Add(pages.begin(), pages.end());
+  (slots ? request.mutable_slots() : request.mutable_pages())
+      ->Add(values.begin(), values.end());
   request.set_order(order);
+  request.set_release_value(release_value);
   return SendFree(request);
+}
+
+absl::StatusOr<uint64_t> Client::QueueRelease(void* cuda_stream) {
+  if (release_writer_ == nullptr) return release_writer_status_;
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  // Values reach the stream in the order they are handed out.
+  absl::MutexLock lock(&release_mu_);
+  const uint64_t value =
+      last_release_value_.load(std::memory_order_relaxed) + 1;
+  RETURN_IF_ERROR(release_writer_->Write(value, cuda_stream));
+  last_release_value_.store(value, std::memory_order_relaxed);
+  return value;
+}
+
+absl::StatusOr<int64_t> Client::FreePages(absl::Span<const int64_t> pages,
+                                          void* cuda_stream,
+                                          v1::FreeOrder order) {
+  ASSIGN_OR_RETURN(const uint64_t value, QueueRelease(cuda_stream));
+  return Free(/*slots=*/false, pages, order, value);
+}
+
+absl::StatusOr<int64_t> Client::FreeSlots(absl::Span<const int64_t> slots,
+                                          void* cuda_stream,
+                                          v1::FreeOrder order) {
+  ASSIGN_OR_RETURN(const uint64_t value, QueueRelease(cuda_stream));
+  return Free(/*slots=*/true, slots, order, value);
+}
+
+absl::StatusOr<int64_t> Client::FreePagesAfter(absl::Span<const int64_t> pages,
+                                               uint64_t release_value,
+                                               v1::FreeOrder order) {
+  return Free(/*slots=*/false, pages, order, release_value);
+}
+
+absl::StatusOr<int64_t> Client::FreeSlotsAfter(absl::Span<const int64_t> slots,
+                                               uint64_t release_value,
+                                               v1::FreeOrder order) {
+  return Free(/*slots=*/true, slots, order, release_value);
+}
+
+void Client::WaitForReleases() {
+  if (release_writer_ == nullptr) return;
+  const uint64_t last = last_release_value_.load(std::memory_order_relaxed);
+  if (last == 0) return;
+  // The stream passes its writes on its own; a host poll of a few
+  // microseconds at a time, once, at close.
+  const absl::Time deadline = absl::Now() + options_.call_timeout;
+  while (release_writer_->Read() < last && absl::Now() < deadline) {
+    absl::SleepFor(absl::Microseconds(50));
+  }
 }
 
 absl::StatusOr<int64_t> Client::FreeGroup::End() {
@@ -752,6 +824,9 @@ absl::Status Client::Close() {
   // A Connect that failed before Register succeeded has nothing to close
   // (and, without a target, no stub to close it with).
   if (session_token_.empty()) return absl::OkStatus();
+  // The daemon reclaims pages still waiting for the release fence with the
+  // session: first let this process's queued work on them finish.
+  WaitForReleases();
   StopKeepAlive();
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));

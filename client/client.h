@@ -203,6 +203,7 @@ class Allocation {
 
 class RingView;           // the mapped output ring (client/ring_view.h)
 class CompletionCounter;  // the mapped completion counter (ditto)
+class ReleaseWordWriter;  // the session's release word (ditto)
 class FastChannelClient;  // client/fast_channel_client.h
 namespace fast_channel {
 enum class CallKind : uint32_t;  // fast_channel/layout.h
@@ -243,6 +244,47 @@ class Client {
                                     v1::FreeOrder order);
   absl::StatusOr<int64_t> FreePages(absl::Span<const int64_t> pages,
                                     v1::FreeOrder order);
+
+  // The release fence (docs/design.md, "The release fence"): frees ordered
+  // after the GPU work that reads the pages. The frees above are ordered
+  // as the host calls them, which is what a caller whose work on the pages
+  // is done (a host sync, the CPU backend) needs.
+  //
+  // Queues on `cuda_stream` (a cudaStream_t; null: the legacy default
+  // stream) the write of the session's next release value to its release
+  // word, behind the work queued there, and returns that value; the host
+  // does not wait. On the CPU backend the word is written at once. A free
+  // carrying the value (FreePagesAfter) keeps its pages the session's
+  // until the stream has passed the write. The word is one per session: it
+  // orders frees after one stream. Frees fenced on several streams must
+  // make those streams wait for each other first (a later value passing
+  // on one stream passes every earlier one). FAILED_PRECONDITION without
+  // a fast channel (the word lives in it) or when CUDA cannot write host
+  // memory from a stream here; INTERNAL when CUDA refuses the write.
+  absl::StatusOr<uint64_t> QueueRelease(void* cuda_stream)
+      ABSL_LOCKS_EXCLUDED(release_mu_);
+  // Frees the pages / the distinct pages of the slots once the work queued
+  // on `cuda_stream` before this call is done: QueueRelease, then the free
+  // carrying its value. Returns the pages freed (pending until then).
+  absl::StatusOr<int64_t> FreePages(
+      absl::Span<const int64_t> pages, void* cuda_stream,
+      v1::FreeOrder order = v1::FREE_ORDER_DEFAULT);
+  absl::StatusOr<int64_t> FreeSlots(
+      absl::Span<const int64_t> slots, void* cuda_stream,
+      v1::FreeOrder order = v1::FREE_ORDER_DEFAULT);
+  // A free whose pages stay the session's, pending, until its release word
+  // reaches `release_value` (a value QueueRelease returned, or the largest
+  // of several); 0 is an ordinary free. Checked at once like any free.
+  absl::StatusOr<int64_t> FreePagesAfter(
+      absl::Span<const int64_t> pages, uint64_t release_value,
+      v1::FreeOrder order = v1::FREE_ORDER_DEFAULT);
+  absl::StatusOr<int64_t> FreeSlotsAfter(
+      absl::Span<const int64_t> slots, uint64_t release_value,
+      v1::FreeOrder order = v1::FREE_ORDER_DEFAULT);
+  // The last value QueueRelease returned (0: none yet).
+  uint64_t last_release_value() const {
+    return last_release_value_.load(std::memory_order_relaxed);
+  }
 
   // Collects the frees of one scheduler step into one call.
   class FreeGroup {
@@ -358,7 +400,17 @@ class Client {
   // count (pages freed or returned); nullopt when it cannot carry it.
   std::optional<absl::StatusOr<int64_t>> FastOp(
       fast_channel::CallKind kind, absl::Span<const int64_t> values,
-      uint32_t option_bits = 0) ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+      uint32_t option_bits = 0, uint64_t release_value = 0)
+      ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+  // A free of slots or pages on either transport, with a release value
+  // (0: none).
+  absl::StatusOr<int64_t> Free(bool slots, absl::Span<const int64_t> values,
+                               v1::FreeOrder order, uint64_t release_value);
+  // Before the session closes: waits, up to the call timeout, until the
+  // release word has reached the last value queued, so that the pages
+  // freed with a fence (which the daemon reclaims with the session) are no
+  // longer read by this process's queued work.
+  void WaitForReleases() ABSL_LOCKS_EXCLUDED(release_mu_);
   // Posts a call on the fast channel and waits for its answer; then its
   // whole-call status (observed for session loss). A transport error
   // (deadline, session gone) abandons the channel.
@@ -366,7 +418,8 @@ class Client {
                             absl::Span<const int64_t> in0,
                             absl::Span<const int64_t> in1,
                             absl::Span<const int64_t> in2,
-                            absl::Span<const int64_t> free_first)
+                            absl::Span<const int64_t> free_first,
+                            uint64_t release_value = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Turns an answer's per-request arrays into an Allocation (both paths).
   struct AnswerArrays {
@@ -441,6 +494,14 @@ class Client {
   // Set when a call gave up waiting: the channel may still be answered
   // into, so later calls go through gRPC.
   bool fast_abandoned_ ABSL_GUARDED_BY(fast_mu_) = false;
+  // The release word's writer (null without a fast channel; declared after
+  // fast_, whose mapping holds the word, so that it goes first), or why
+  // there is none.
+  std::unique_ptr<ReleaseWordWriter> release_writer_;
+  absl::Status release_writer_status_;
+  // Values are handed out and queued in one order (QueueRelease).
+  absl::Mutex release_mu_;
+  std::atomic<uint64_t> last_release_value_{0};
 };
 
 }  // namespace pagealloc

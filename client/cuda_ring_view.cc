@@ -1,6 +1,7 @@
 #include "client/cuda_ring_view.h"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <string>
 #include <utility>
@@ -100,6 +101,54 @@ absl::StatusOr<std::unique_ptr<CompletionCounter>> MapCudaCompletionCounter(
       std::unique_ptr<cuda_vmm::Mapping> mapping,
       Import(device_uuid, std::move(fd), bytes, "the completion counter"));
   return std::make_unique<CudaCompletionCounter>(std::move(mapping));
+}
+
+namespace {
+
+class CudaReleaseWord final : public ReleaseWordWriter {
+ public:
+  CudaReleaseWord(std::atomic<uint64_t>* word, void* page, void* device_word)
+      : word_(word), page_(page), device_word_(device_word) {}
+  ~CudaReleaseWord() override { cudaHostUnregister(page_); }
+
+  absl::Status Write(uint64_t value, void* stream) const override {
+    // The write waits for the work queued on `stream` before it, and
+    // carries a memory barrier: once the daemon reads `value` that work is
+    // done, its reads of the freed pages included.
+    return cuda_vmm::StreamWriteValue(stream, device_word_, value);
+  }
+  uint64_t Read() const override {
+    return word_->load(std::memory_order_acquire);
+  }
+
+ private:
+  std::atomic<uint64_t>* const word_;
+  void* const page_;
+  void* const device_word_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReleaseWordWriter>> MapCudaReleaseWord(
+    std::atomic<uint64_t>* word) {
+  const uintptr_t page_bytes = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  void* page = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(word) /
+                                       page_bytes * page_bytes);
+  // The channel's memory is a shared file mapping the daemon also maps;
+  // registering pins the page and maps it for the GPU.
+  RETURN_IF_ERROR(CudaStatus(
+      cudaHostRegister(page, page_bytes,
+                       cudaHostRegisterMapped | cudaHostRegisterPortable),
+      "cudaHostRegister(the release word's page)"));
+  void* device_word = nullptr;
+  const absl::Status mapped =
+      CudaStatus(cudaHostGetDevicePointer(&device_word, word, 0),
+                 "cudaHostGetDevicePointer(the release word)");
+  if (!mapped.ok()) {
+    cudaHostUnregister(page);
+    return mapped;
+  }
+  return std::make_unique<CudaReleaseWord>(word, page, device_word);
 }
 
 }  // namespace pagealloc

@@ -6,6 +6,7 @@
 #ifndef PAGEALLOC_CLIENT_CUDA_RING_VIEW_H_
 #define PAGEALLOC_CLIENT_CUDA_RING_VIEW_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,6 +32,15 @@ absl::StatusOr<std::unique_ptr<RingView>> MapCudaRing(
 // legacy default stream is the current device's).
 absl::StatusOr<std::unique_ptr<CompletionCounter>> MapCudaCompletionCounter(
     const std::string& device_uuid, UniqueFd fd, uint64_t bytes);
+
+// The release word's writer on the CUDA backend: registers the host page
+// holding `word` with CUDA (cudaHostRegister, mapped and portable, so every
+// context may use it) and writes it with cuStreamWriteValue64 through its
+// device address. FAILED_PRECONDITION where no GPU is usable or the device
+// does not support stream memory operations on host memory, INTERNAL
+// when CUDA refuses the registration.
+absl::StatusOr<std::unique_ptr<ReleaseWordWriter>> MapCudaReleaseWord(
+    std::atomic<uint64_t>* word);
 
 }  // namespace pagealloc
 

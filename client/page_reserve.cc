@@ -44,6 +44,7 @@ PageReserve::PageReserve(Client* client, const PageReserveOptions& options,
       page_size_(client->pool().page_size()),
       batch_(std::min(options.initial_batch, max_pages)) {
   handed_.assign(client->pool().num_pages() + 1, 0);
+  release_tags_.assign(client->pool().num_pages() + 1, 0);
   if (const fast_channel::ChannelCodec* channel = client_->reserve_channel()) {
     // Asks made before this reserve existed were for pages it never had.
     absl::MutexLock lock(&maintain_mu_);
@@ -67,9 +68,7 @@ PageReserve::~PageReserve() {
     Report();
   }
   // When the session is gone its pages were reclaimed with it.
-  if (!rest.empty() && client_->session_status().ok()) {
-    (void)client_->FreePages(rest);
-  }
+  if (!rest.empty() && client_->session_status().ok()) (void)Return(rest);
 }
 
 void PageReserve::Ring() const {
@@ -147,7 +146,19 @@ absl::Status PageReserve::Refill(int64_t n, std::vector<int64_t>* out) {
 
 absl::Status PageReserve::Return(absl::Span<const int64_t> pages) {
   if (pages.empty()) return absl::OkStatus();
-  return client_->FreePages(pages).status();
+  // Pages put back behind a stream's work go back to the daemon behind
+  // the latest of those fences (the release word is monotonic).
+  uint64_t fence = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const int64_t page : pages) {
+      fence = std::max(fence, release_tags_[page]);
+    }
+  }
+  RETURN_IF_ERROR(client_->FreePagesAfter(pages, fence).status());
+  absl::MutexLock lock(&mu_);
+  for (const int64_t page : pages) release_tags_[page] = 0;
+  return absl::OkStatus();
 }
 
 std::vector<int64_t> PageReserve::PopForReturn(int64_t n) {
@@ -278,6 +289,8 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
           const int64_t page = reserve_[size - 1 - i];
           out[i] = page;
           handed_[page] = 1;
+          // The session's own work on it is ordered by its own streams.
+          release_tags_[page] = 0;
         }
         reserve_.resize(size - n);
         handed_out_ += n;
@@ -329,6 +342,17 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
 }
 
 absl::Status PageReserve::Put(absl::Span<const int64_t> pages) {
+  return PutTagged(pages, /*release_value=*/0);
+}
+
+absl::Status PageReserve::Put(absl::Span<const int64_t> pages,
+                              void* cuda_stream) {
+  ASSIGN_OR_RETURN(const uint64_t value, client_->QueueRelease(cuda_stream));
+  return PutTagged(pages, value);
+}
+
+absl::Status PageReserve::PutTagged(absl::Span<const int64_t> pages,
+                                    uint64_t release_value) {
   bool high = false;
   {
     absl::MutexLock lock(&mu_);
@@ -348,6 +372,7 @@ absl::Status PageReserve::Put(absl::Span<const int64_t> pages) {
     }
     for (const int64_t page : pages) {
       handed_[page] = 0;
+      release_tags_[page] = release_value;
       reserve_.push_back(page);
     }
     handed_out_ -= pages.size();

@@ -119,6 +119,16 @@ class PageReserve {
   // session's. INVALID_ARGUMENT naming the page, and nothing changes, when
   // one is not handed out by this reserve (or is named twice).
   absl::Status Put(absl::Span<const int64_t> pages) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same for pages the caller's work on `cuda_stream` (a cudaStream_t;
+  // null: the legacy default stream) may still read: the session's next
+  // release value is queued on the stream (Client::QueueRelease) and the
+  // pages are tagged with it, so that a return of them to the daemon
+  // carries the largest tag among the pages returned (the release fence,
+  // docs/design.md). A Take hands them out again at once: the session's
+  // own work is ordered by its own streams. Client::QueueRelease's errors
+  // (nothing is put back then).
+  absl::Status Put(absl::Span<const int64_t> pages, void* cuda_stream)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs the thread's work once: answers the daemon's ask, refills below
   // the low mark, returns above the high mark. The thread calls it every
@@ -136,8 +146,12 @@ class PageReserve {
   void Loop();
   // Asks the daemon for `n` whole pages; appends their ids to `out`.
   absl::Status Refill(int64_t n, std::vector<int64_t>* out);
-  // Hands `pages` back to the daemon.
-  absl::Status Return(absl::Span<const int64_t> pages);
+  // Hands `pages` back to the daemon, behind the largest release tag among
+  // them (0: an ordinary free).
+  absl::Status Return(absl::Span<const int64_t> pages) ABSL_LOCKS_EXCLUDED(mu_);
+  // Put, tagging the pages with `release_value` (0: none).
+  absl::Status PutTagged(absl::Span<const int64_t> pages,
+                         uint64_t release_value) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes up to `n` pages off the back of the reserve for a return.
   std::vector<int64_t> PopForReturn(int64_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -165,6 +179,8 @@ class PageReserve {
   // byte per page of the pool: no hashing on the step's path.
   std::vector<uint8_t> handed_ ABSL_GUARDED_BY(mu_);
   int64_t handed_out_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per page id: the release value it was put back behind (0: none).
+  std::vector<uint64_t> release_tags_ ABSL_GUARDED_BY(mu_);
   int64_t batch_ ABSL_GUARDED_BY(mu_);
   int64_t takes_since_tick_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t idle_ticks_ ABSL_GUARDED_BY(mu_) = 0;

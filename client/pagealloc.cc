@@ -387,20 +387,47 @@ int32_t GuardedValue(pagealloc_client* client, T* out, pagealloc_error* error,
   });
 }
 
+// How a free of the C ABI is fenced (the release fence).
+struct FreeFence {
+  bool on_stream = false;  // queue a release on `stream` first
+  void* stream = nullptr;
+  uint64_t release_value = 0;  // or carry this value (0: none)
+};
+
 int32_t FreeValues(pagealloc_client* client, const int64_t* values,
                    size_t count, bool pages, int32_t order,
-                   int64_t* pages_freed, pagealloc_error* error) {
+                   int64_t* pages_freed, pagealloc_error* error,
+                   FreeFence fence = {}) {
   return Guarded(error, [&]() -> absl::Status {
     RETURN_IF_ERROR(CheckClient(client));
     RETURN_IF_ERROR(CheckArray(values, count, pages ? "pages" : "slots"));
     ASSIGN_OR_RETURN(const pagealloc::v1::FreeOrder free_order,
                      pagealloc::ReadFreeOrder(order));
-    ASSIGN_OR_RETURN(
-        const int64_t freed,
-        pages ? client->client->FreePages(Span(values, count), free_order)
-              : client->client->FreeSlots(Span(values, count), free_order));
+    pagealloc::Client& c = *client->client;
+    if (fence.on_stream) {
+      ASSIGN_OR_RETURN(fence.release_value, c.QueueRelease(fence.stream));
+    }
+    ASSIGN_OR_RETURN(const int64_t freed,
+                     pages ? c.FreePagesAfter(Span(values, count),
+                                              fence.release_value, free_order)
+                           : c.FreeSlotsAfter(Span(values, count),
+                                              fence.release_value, free_order));
     if (pages_freed != nullptr) *pages_freed = freed;
     return absl::OkStatus();
+  });
+}
+
+// pagealloc_reserve_put and its stream-fenced form.
+int32_t PutPages(pagealloc_reserve* reserve, const int64_t* pages, size_t n,
+                 bool on_stream, void* stream, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    RETURN_IF_ERROR(CheckArray(pages, n, "pages"));
+    const absl::Span<const int64_t> span = absl::MakeConstSpan(pages, n);
+    return on_stream ? reserve->reserve->Put(span, stream)
+                     : reserve->reserve->Put(span);
   });
 }
 
@@ -412,6 +439,7 @@ using pagealloc::CheckClient;
 using pagealloc::CheckOutStruct;
 using pagealloc::FreeValues;
 using pagealloc::Guarded;
+using pagealloc::PutPages;
 using pagealloc::Span;
 
 extern "C" {
@@ -735,6 +763,45 @@ int32_t pagealloc_free_pages_in_order(pagealloc_client* client,
                     pages_freed, error);
 }
 
+int32_t pagealloc_queue_release(pagealloc_client* client, void* cuda_stream,
+                                uint64_t* release_value,
+                                pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    ASSIGN_OR_RETURN(const uint64_t value,
+                     client->client->QueueRelease(cuda_stream));
+    if (release_value != nullptr) *release_value = value;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_free_slots_on_stream(pagealloc_client* client,
+                                       const int64_t* slots, size_t num_slots,
+                                       int32_t order, void* cuda_stream,
+                                       int64_t* pages_freed,
+                                       pagealloc_error* error) {
+  return FreeValues(client, slots, num_slots, /*pages=*/false, order,
+                    pages_freed, error, {true, cuda_stream, 0});
+}
+
+int32_t pagealloc_free_pages_on_stream(pagealloc_client* client,
+                                       const int64_t* pages, size_t num_pages,
+                                       int32_t order, void* cuda_stream,
+                                       int64_t* pages_freed,
+                                       pagealloc_error* error) {
+  return FreeValues(client, pages, num_pages, /*pages=*/true, order,
+                    pages_freed, error, {true, cuda_stream, 0});
+}
+
+int32_t pagealloc_free_pages_after(pagealloc_client* client,
+                                   const int64_t* pages, size_t num_pages,
+                                   int32_t order, uint64_t release_value,
+                                   int64_t* pages_freed,
+                                   pagealloc_error* error) {
+  return FreeValues(client, pages, num_pages, /*pages=*/true, order,
+                    pages_freed, error, {false, nullptr, release_value});
+}
+
 int32_t pagealloc_checkpoint_id(pagealloc_client* client,
                                 uint64_t* checkpoint_id,
                                 pagealloc_error* error) {
@@ -993,13 +1060,14 @@ int32_t pagealloc_reserve_take(pagealloc_reserve* reserve, int64_t n,
 
 int32_t pagealloc_reserve_put(pagealloc_reserve* reserve, const int64_t* pages,
                               size_t n, pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    if (reserve == nullptr) {
-      return absl::InvalidArgumentError("reserve is NULL");
-    }
-    RETURN_IF_ERROR(pagealloc::CheckArray(pages, n, "pages"));
-    return reserve->reserve->Put(absl::MakeConstSpan(pages, n));
-  });
+  return PutPages(reserve, pages, n, /*on_stream=*/false, nullptr, error);
+}
+
+int32_t pagealloc_reserve_put_on_stream(pagealloc_reserve* reserve,
+                                        const int64_t* pages, size_t n,
+                                        void* cuda_stream,
+                                        pagealloc_error* error) {
+  return PutPages(reserve, pages, n, /*on_stream=*/true, cuda_stream, error);
 }
 
 int32_t pagealloc_reserve_get_stats(const pagealloc_reserve* reserve,

@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 2
+#define PAGEALLOC_ABI_VERSION_MINOR 3
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -446,6 +446,46 @@ int32_t pagealloc_free_pages_in_order(pagealloc_client* client,
                                       int32_t order, int64_t* pages_freed,
                                       pagealloc_error* error);
 
+/* ABI 1.3. The release fence (docs/design.md section 6, "The release
+ * fence"): frees ordered after the GPU work that reads the pages, without a
+ * host sync. The frees above are ordered as the host calls them (right for
+ * a caller that synchronized, and for the CPU backend).
+ *
+ * pagealloc_queue_release queues on `cuda_stream` (a cudaStream_t; NULL:
+ * the legacy default stream) the write of the session's next release value
+ * to its release word, behind the work queued there, and stores the value
+ * in `*release_value` (may be NULL); the host does not wait. On the CPU
+ * backend the word is written at once. FAILED_PRECONDITION when the session
+ * has no fast channel (the word lives in it) or CUDA cannot write host
+ * memory from a stream here. The word orders frees after one stream: frees
+ * fenced on several streams need those streams to wait for each other
+ * first. */
+int32_t pagealloc_queue_release(pagealloc_client* client, void* cuda_stream,
+                                uint64_t* release_value,
+                                pagealloc_error* error);
+/* Frees slots' pages / pages (as pagealloc_free_*_in_order) once the work
+ * queued on `cuda_stream` before the call is done: pagealloc_queue_release,
+ * then a free carrying its value. The daemon checks the free at once; the
+ * pages stay the session's until the stream passes the write. */
+int32_t pagealloc_free_slots_on_stream(pagealloc_client* client,
+                                       const int64_t* slots, size_t num_slots,
+                                       int32_t order, void* cuda_stream,
+                                       int64_t* pages_freed,
+                                       pagealloc_error* error);
+int32_t pagealloc_free_pages_on_stream(pagealloc_client* client,
+                                       const int64_t* pages, size_t num_pages,
+                                       int32_t order, void* cuda_stream,
+                                       int64_t* pages_freed,
+                                       pagealloc_error* error);
+/* A free of pages that stay the session's until its release word reaches
+ * `release_value` (a value pagealloc_queue_release gave, or the largest of
+ * several); 0 is an ordinary free. */
+int32_t pagealloc_free_pages_after(pagealloc_client* client,
+                                   const int64_t* pages, size_t num_pages,
+                                   int32_t order, uint64_t release_value,
+                                   int64_t* pages_freed,
+                                   pagealloc_error* error);
+
 /* Pushes a checkpoint on the session's stack (docs/design.md sections 3
  * and 10: at most 64; a 65th ends the oldest): the pages the session is
  * given from now on are recorded. */
@@ -688,6 +728,17 @@ int32_t pagealloc_reserve_take(pagealloc_reserve* reserve, int64_t n,
  * one was not taken from it or is named twice. */
 int32_t pagealloc_reserve_put(pagealloc_reserve* reserve, const int64_t* pages,
                               size_t n, pagealloc_error* error);
+
+/* ABI 1.3. pagealloc_reserve_put for pages the caller's work on
+ * `cuda_stream` (NULL: the legacy default stream) may still read: the
+ * session's next release value is queued on the stream and the pages are
+ * tagged with it, so a return of them to the daemon waits for that work
+ * (the release fence). pagealloc_queue_release's errors, nothing put back
+ * then. */
+int32_t pagealloc_reserve_put_on_stream(pagealloc_reserve* reserve,
+                                        const int64_t* pages, size_t n,
+                                        void* cuda_stream,
+                                        pagealloc_error* error);
 
 /* A reserve's counts, filled by pagealloc_reserve_get_stats. */
 typedef struct pagealloc_reserve_stats {

@@ -103,4 +103,39 @@ absl::StatusOr<std::unique_ptr<CompletionCounter>> MapCompletionCounter(
 #endif
 }
 
+namespace {
+
+// The CPU backend's: the daemon reads the word after the store, and the
+// caller's work on the pages is done by then (program order).
+class HostReleaseWord final : public ReleaseWordWriter {
+ public:
+  explicit HostReleaseWord(std::atomic<uint64_t>* word) : word_(word) {}
+  absl::Status Write(uint64_t value, void* /*stream*/) const override {
+    word_->store(value, std::memory_order_release);
+    return absl::OkStatus();
+  }
+  uint64_t Read() const override {
+    return word_->load(std::memory_order_acquire);
+  }
+
+ private:
+  std::atomic<uint64_t>* const word_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReleaseWordWriter>> MapReleaseWord(
+    const v1::PoolInfo& pool, std::atomic<uint64_t>* word) {
+  if (pool.backend() != v1::BACKEND_CUDA) {
+    return std::make_unique<HostReleaseWord>(word);
+  }
+#ifdef PAGEALLOC_HAVE_CUDA
+  return MapCudaReleaseWord(word);
+#else
+  return absl::FailedPreconditionError(
+      "the daemon serves a CUDA pool but this client library was built "
+      "without CUDA: frees cannot be fenced on a stream");
+#endif
+}
+
 }  // namespace pagealloc

@@ -1,10 +1,14 @@
-// RingView: a client's mapping of its session's output ring; and
+// RingView: a client's mapping of its session's output ring;
 // CompletionCounter: its mapping of the pool's completion counter (CUDA
-// backend), which orders a stream's work after the daemon's launches.
+// backend), which orders a stream's work after the daemon's launches; and
+// ReleaseWordWriter: its session's release word (the release fence,
+// fast_channel/layout.h), which orders the daemon's reuse of freed pages
+// after a stream's work.
 
 #ifndef PAGEALLOC_CLIENT_RING_VIEW_H_
 #define PAGEALLOC_CLIENT_RING_VIEW_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -56,6 +60,29 @@ class CompletionCounter {
 // without CUDA, or when the GPU is not visible here.
 absl::StatusOr<std::unique_ptr<CompletionCounter>> MapCompletionCounter(
     const v1::PoolInfo& pool, UniqueFd fd, uint64_t bytes);
+
+// Writes a session's release word (in its fast channel's header, which
+// stays mapped while this lives) in order with a stream's work. This class
+// is thread-safe.
+class ReleaseWordWriter {
+ public:
+  virtual ~ReleaseWordWriter() = default;
+  // Queues on `stream` (a cudaStream_t; null: the legacy default stream)
+  // the write of `value` to the word, behind the work queued there before
+  // (CUDA backend: cuStreamWriteValue64 on the word's host page, registered
+  // with CUDA); returns without waiting. On the CPU backend program order
+  // is the order: the word is written at once and `stream` is ignored.
+  virtual absl::Status Write(uint64_t value, void* stream) const = 0;
+  // The word as the host sees it now.
+  virtual uint64_t Read() const = 0;
+};
+
+// The writer of `word` for `pool`'s backend. On the CUDA backend the
+// word's page is registered with CUDA (mapped, portable); FAILED_PRECONDITION
+// in a client built without CUDA or where the GPU is not visible, INTERNAL
+// when CUDA refuses the registration.
+absl::StatusOr<std::unique_ptr<ReleaseWordWriter>> MapReleaseWord(
+    const v1::PoolInfo& pool, std::atomic<uint64_t>* word);
 
 }  // namespace pagealloc
 

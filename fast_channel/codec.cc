@@ -74,6 +74,7 @@ absl::Status ChannelCodec::TakeCall(TakenCall* call) const {
   const uint32_t options = h->options;
   const int64_t release_up_to = h->release_ring_up_to;
   const int32_t num_free_first = h->num_free_first;
+  const uint64_t release_value = h->release_value;
   if (!IsKnownKind(kind)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("fast channel: unknown call kind %d", kind));
@@ -98,6 +99,9 @@ absl::Status ChannelCodec::TakeCall(TakenCall* call) const {
   call->kind = static_cast<CallKind>(kind);
   call->options = options;
   call->release_ring_up_to = release_up_to;
+  const bool is_free =
+      call->kind == CallKind::kFreeSlots || call->kind == CallKind::kFreePages;
+  call->release_value = is_free ? release_value : 0;
   call->num_requests = has_requests ? n : 0;
   auto copy = [this](bool used, size_t offset, int32_t count,
                      std::vector<int64_t>* storage) {
@@ -116,6 +120,10 @@ absl::Status ChannelCodec::TakeCall(TakenCall* call) const {
       copy(arrays.free_first, layout_.free_first,
            arrays.free_first ? num_free_first : 0, &call->free_storage);
   return absl::OkStatus();
+}
+
+uint64_t ChannelCodec::ReadReleaseWord() const {
+  return header_->release_word.load(std::memory_order_acquire);
 }
 
 void ChannelCodec::AddMessage(absl::string_view text, bool length_prefixed) {
@@ -262,6 +270,7 @@ absl::Status ChannelCodec::PostCall(const CallView& call, uint32_t seq) {
   header_->num_requests = static_cast<int32_t>(n);
   header_->options = call.options;
   header_->release_ring_up_to = call.release_ring_up_to;
+  header_->release_value = call.release_value;
   header_->request_seq.store(seq, std::memory_order_seq_cst);
   return absl::OkStatus();
 }

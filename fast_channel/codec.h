@@ -42,6 +42,8 @@ struct CallView {
   int64_t release_ring_up_to = 0;
   absl::Span<const int64_t> in0, in1, in2;
   absl::Span<const int64_t> free_first;
+  // kFreeSlots / kFreePages: the release fence's value (layout.h); 0: none.
+  uint64_t release_value = 0;
 };
 
 // A call as the daemon took it: copied out of shared memory, checked for
@@ -51,6 +53,9 @@ struct TakenCall {
   CallKind kind = CallKind::kDecode;
   uint32_t options = 0;
   int64_t release_ring_up_to = 0;
+  // kFreeSlots / kFreePages: the release fence's value (0: none); 0 for
+  // every other kind, whatever the header says.
+  uint64_t release_value = 0;
   int32_t num_requests = 0;
   // The arrays the kind uses hold num_requests values; the others are
   // empty spans. free_first holds num_free_first page ids.
@@ -142,6 +147,9 @@ class ChannelCodec {
     bool answered = true;
   };
   ReserveHints ReadReserveHints() const;
+  // The release fence (layout.h): the client's release word, one load. The
+  // caller keeps the monotonic maximum; the value is the client's word.
+  uint64_t ReadReleaseWord() const;
 
   // ---- Client side.
 
@@ -201,6 +209,9 @@ class ChannelCodec {
   void AnswerReclaim(uint32_t seq) const {
     header_->reclaim_answered.store(seq, std::memory_order_release);
   }
+  // The release fence's word (layout.h), which the client's stream writes
+  // (any thread of the client).
+  std::atomic<uint64_t>* release_word() const { return &header_->release_word; }
   // Reports the reserve's size and counts (hints for the daemon's metrics).
   void ReportReserve(int64_t pages, int64_t refills, int64_t returns) const;
 

@@ -93,6 +93,26 @@ TEST_F(CodecTest, ExtendCallRoundTrips) {
   EXPECT_THAT(call.free_first, ElementsAre(5));
 }
 
+TEST_F(CodecTest, AFreeCarriesItsReleaseValueAndNoOtherKindDoes) {
+  const std::vector<int64_t> pages = {2, 3};
+  CallView free_call{CallKind::kFreePages, 0, 0, {}, pages, {}, {}};
+  free_call.release_value = 41;
+  ASSERT_OK(client_.PostCall(free_call, 1));
+  TakenCall call;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_EQ(call.release_value, 41u);
+  // A value left in the header means nothing to an allocation call.
+  const std::vector<int64_t> seq = {3}, last = {7};
+  ASSERT_OK(client_.PostCall({CallKind::kDecode, 0, 0, {}, seq, last, {}}, 2));
+  daemon_.header()->release_value = 99;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_EQ(call.release_value, 0u);
+  // The word the client's stream writes is what the daemon reads.
+  EXPECT_EQ(daemon_.ReadReleaseWord(), 0u);
+  client_.release_word()->store(7);
+  EXPECT_EQ(daemon_.ReadReleaseWord(), 7u);
+}
+
 TEST_F(CodecTest, TakenCallIsACopyTheClientCannotChange) {
   const std::vector<int64_t> seq = {3}, last = {7};
   ASSERT_OK(client_.PostCall({CallKind::kDecode, 0, 0, {}, seq, last, {}}, 1));

@@ -58,6 +58,23 @@
 // owns (within its quota), and one that writes these words at random
 // only skews its own metrics.
 //
+// The release fence. A page a session frees may still be read by GPU work
+// the session queued before the free; it must not reach another session
+// before that work is done. So a free may carry a release value:
+//   client: release_word's next value v = the last one queued + 1; queues
+//           the write of v to release_word on the stream that reads the
+//           pages (CUDA backend: cuStreamWriteValue64, after the work
+//           queued before it; CPU backend: a store at once); posts the
+//           free with release_value = v.
+//   daemon: checks the free as any other (all or nothing); keeps its pages
+//           owned by the session, pending, until release_word >= v, then
+//           frees them into the pool. It looks at the word before each
+//           launch and at a bounded interval.
+// The word is the client's: one that never advances keeps only its own
+// session's pages (within its quota), one that jumps ahead frees only its
+// own pages early. Pending pages are reclaimed with the session's others
+// when it ends.
+//
 // The stale-answer fence. An answer can wait in the channel while its
 // client is paused (stopped, swapped out, descheduled) past its lease; by
 // the time the client reads it, the daemon may have reclaimed the session's
@@ -87,7 +104,7 @@ namespace fast_channel {
 
 inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
 // Bumped whenever a field's meaning or offset changes; both ends check it.
-inline constexpr uint32_t kVersion = 8;
+inline constexpr uint32_t kVersion = 9;
 
 // What a call is (the gRPC method it stands for).
 enum class CallKind : uint32_t {
@@ -150,6 +167,10 @@ struct alignas(64) ChannelHeader {
   int64_t release_ring_up_to;
   // AllocOptions.free_pages_first: this many page ids in free_first.
   int32_t num_free_first;
+  // kFreeSlots / kFreePages: the release fence (FreeRequest.release_value).
+  // Not 0: the pages leave the session only once its release_word >= this
+  // value. 0: at once.
+  uint64_t release_value;
 
   // The answer (daemon writes, then sets response_seq = request_seq).
   alignas(64) std::atomic<uint32_t> response_seq;
@@ -201,6 +222,13 @@ struct alignas(64) ChannelHeader {
   std::atomic<int64_t> reserve_pages;
   std::atomic<int64_t> reserve_refills;
   std::atomic<int64_t> reserve_returns;
+
+  // The release fence (the protocol above). Written by the client, on its
+  // GPU stream on the CUDA backend (the library registers this header's
+  // page with CUDA and queues cuStreamWriteValue64 behind the work that
+  // reads the pages it frees); read by the daemon with plain loads, as a
+  // monotonic maximum (a value lower than one seen before is ignored).
+  alignas(64) std::atomic<uint64_t> release_word;
 };
 
 // The layout is shared between separately built processes: pin it.
@@ -217,6 +245,7 @@ static_assert(offsetof(ChannelHeader, num_requests) == 72);
 static_assert(offsetof(ChannelHeader, options) == 76);
 static_assert(offsetof(ChannelHeader, release_ring_up_to) == 80);
 static_assert(offsetof(ChannelHeader, num_free_first) == 88);
+static_assert(offsetof(ChannelHeader, release_value) == 96);
 static_assert(offsetof(ChannelHeader, response_seq) == 128);
 static_assert(offsetof(ChannelHeader, client_waiting) == 132);
 static_assert(offsetof(ChannelHeader, call_code) == 136);
@@ -240,7 +269,10 @@ static_assert(offsetof(ChannelHeader, reclaim_pages) == 336);
 static_assert(offsetof(ChannelHeader, reserve_pages) == 344);
 static_assert(offsetof(ChannelHeader, reserve_refills) == 352);
 static_assert(offsetof(ChannelHeader, reserve_returns) == 360);
-static_assert(sizeof(ChannelHeader) == 384);
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "the release word is shared with another process and a GPU");
+static_assert(offsetof(ChannelHeader, release_word) == 384);
+static_assert(sizeof(ChannelHeader) == 448);
 
 // Byte offsets of a channel's parts, from its capacity. Each part starts on
 // its own cache line.
@@ -274,9 +306,9 @@ struct ChannelLayout {
   }
 };
 
-static_assert(ChannelLayout(1, 64).in0 == 384);
+static_assert(ChannelLayout(1, 64).in0 == 448);
 static_assert(ChannelLayout(8192, 65536).total_bytes ==
-              384 + 7 * 8192 * 8 + 8192 * 4 + 65536);
+              448 + 7 * 8192 * 8 + 8192 * 4 + 65536);
 
 }  // namespace fast_channel
 }  // namespace pagealloc

@@ -377,6 +377,7 @@ void Batcher::RunBatch(std::vector<Work>* batch) {
 
 void Batcher::Launch(std::vector<Work>* pending) {
   if (pending->empty()) return;
+  if (before_launch_) before_launch_();
   const absl::Time start = absl::Now();
   std::vector<AllocRequest>& requests = launch_requests_;
   requests.clear();

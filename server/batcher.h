@@ -43,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -208,6 +209,14 @@ class Batcher {
   absl::Status SubmitOp(uint64_t session_id, std::function<void()> op)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Sets work the driving thread runs before each launch's admission, in
+  // order with everything else it drives (the call core frees the pages
+  // whose release fence has passed there, so a starving allocation sees
+  // them). Set before any work is submitted.
+  void SetBeforeLaunch(std::function<void()> hook) {
+    before_launch_ = std::move(hook);
+  }
+
   // Refuses new work, finishes everything queued, and joins the thread.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -306,6 +315,8 @@ class Batcher {
   std::atomic<int64_t> spin_budget_ns_;
   bool thread_asleep_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> thread_sleeps_{0};
+  // SetBeforeLaunch's hook (read by the driver only).
+  std::function<void()> before_launch_;
   // Launch's buffers, kept between launches (the driver only).
   std::vector<AllocRequest> launch_requests_;
   std::vector<CallSpan> launch_calls_;

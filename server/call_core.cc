@@ -26,7 +26,9 @@ CallCore::CallCore(const Options& options, PagePool* pool, Backend* backend,
       backend_(backend),
       sessions_(sessions),
       batcher_(batcher),
-      log_(Logger("session")) {}
+      log_(Logger("session")) {
+  batcher_->SetBeforeLaunch([this] { ReleasePassed(); });
+}
 
 absl::StatusOr<std::shared_ptr<Session>> CallCore::OpenSession(
     const SessionRequest& request, absl::string_view peer) {
@@ -69,6 +71,11 @@ void CallCore::FreeSessionPages(std::shared_ptr<Session> session,
   // lives until the last piece of it is done.
   auto free_pages = [this, session, reclaimed, reason,
                      freed_callback = std::move(freed_callback)] {
+    // Pages waiting for the session's release fence go with its others:
+    // its client's queued work is gone with its process (death, lost
+    // lease) or was fenced by its library before it closed
+    // (docs/design.md, "The release fence").
+    releases_.Forget(session->id());
     absl::StatusOr<int64_t> freed = pool_->RemoveOwner(session->id());
     const int64_t pages = freed.ok() ? *freed : 0;
     if (reclaimed) {
@@ -195,8 +202,13 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
 absl::Status AllocReply::Before() {
   const uint64_t owner = session_->id();
   if (!free_pages_first_.empty()) {
+    const absl::Status none_pending =
+        core_->releases_.any_pending()
+            ? core_->releases_.CheckNotPending(owner, free_pages_first_)
+            : absl::OkStatus();
     absl::StatusOr<int64_t> freed =
-        core_->pool_->FreePages(owner, free_pages_first_);
+        none_pending.ok() ? core_->pool_->FreePages(owner, free_pages_first_)
+                          : absl::StatusOr<int64_t>(none_pending);
     if (!freed.ok()) {
       // Free's message names pages[i]; here they are these pages.
       return absl::Status(
@@ -278,7 +290,8 @@ void CallCore::Answer(Reply* reply, Method method, Transport transport,
 
 void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
                           FreeUnit unit, absl::Span<const int64_t> values,
-                          Transport transport, Reply* reply, FreeOrder order) {
+                          Transport transport, Reply* reply, FreeOrder order,
+                          uint64_t release_value) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
@@ -288,7 +301,12 @@ void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kFree, transport, start, owner,
-           [this, owner, unit, values, reply, order]() -> absl::Status {
+           [this, owner, unit, values, reply, order,
+            release_value]() -> absl::Status {
+             if (release_value != 0 || releases_.any_pending()) {
+               return FreeFenced(owner, unit, values, order, release_value,
+                                 reply);
+             }
              ASSIGN_OR_RETURN(const int64_t freed,
                               unit == FreeUnit::kSlots
                                   ? pool_->FreeSlots(owner, values, order)
@@ -296,6 +314,94 @@ void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
              reply->set_value(freed);
              return absl::OkStatus();
            });
+}
+
+absl::Status CallCore::FreeFenced(uint64_t owner, FreeUnit unit,
+                                  absl::Span<const int64_t> values,
+                                  FreeOrder order, uint64_t release_value,
+                                  Reply* reply) {
+  // The pool's own checks (range, double free, another session's page),
+  // with its messages; then none of the pages may be pending already.
+  ASSIGN_OR_RETURN(
+      std::vector<int64_t> pages,
+      pool_->CheckFree(owner, values, unit == FreeUnit::kSlots, order));
+  RETURN_IF_ERROR(releases_.CheckNotPending(owner, pages));
+  const int64_t n = static_cast<int64_t>(pages.size());
+  if (release_value == 0) {
+    // A plain free while other pages are pending: as FreePages of the
+    // checked pages, in the order the check resolved.
+    ASSIGN_OR_RETURN(
+        const int64_t freed,
+        pool_->FreePages(owner, pages, FreeOrder::kFirstAppearance));
+    reply->set_value(freed);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(
+      releases_.Add(owner, release_value, std::move(pages), absl::Now()));
+  reply->set_value(n);
+  // A fence that has passed already (the CPU backend's, whose client
+  // writes its word before it posts the free) frees at once.
+  ReleasePassed();
+  if (releases_.any_pending()) {
+    absl::MutexLock lock(&poller_mu_);
+    poller_wake_.Signal();
+  }
+  return absl::OkStatus();
+}
+
+void CallCore::ReleasePassed() {
+  for (ReleaseQueues::Released& released :
+       releases_.TakeReleased(absl::Now())) {
+    release_wait_.Observe(absl::ToDoubleSeconds(released.waited));
+    // The pages were checked when the free arrived and have stayed the
+    // session's since (pending pages leave the queue when a rollback or a
+    // clear gives them back, and with their session).
+    absl::StatusOr<int64_t> freed = pool_->FreePages(
+        released.owner, released.pages, FreeOrder::kFirstAppearance);
+    if (freed.ok()) {
+      pages_released_.fetch_add(*freed, std::memory_order_relaxed);
+    } else {
+      log_->error(
+          "session {}: {} pages whose release fence passed could not "
+          "be freed: {}",
+          released.owner, released.pages.size(), freed.status().ToString());
+    }
+  }
+}
+
+void CallCore::PollReleases() {
+  if (!releases_.any_pending()) return;
+  // Ordered with the sessions' work on the batcher; refused only while it
+  // stops, when the sessions' pages are reclaimed anyway.
+  batcher_->SubmitOp(0, [this] { ReleasePassed(); }).IgnoreError();
+}
+
+void CallCore::RunReleasePoller() {
+  poller_mu_.Lock();
+  while (!poller_stop_) {
+    if (!releases_.any_pending()) {
+      // A fenced free that leaves pages pending signals after they count.
+      poller_wake_.Wait(&poller_mu_);
+      continue;
+    }
+    poller_wake_.WaitWithTimeout(&poller_mu_, kReleasePollInterval);
+    if (poller_stop_) break;
+    poller_mu_.Unlock();
+    PollReleases();
+    poller_mu_.Lock();
+  }
+  poller_mu_.Unlock();
+}
+
+void CallCore::StopReleasePoller() {
+  absl::MutexLock lock(&poller_mu_);
+  poller_stop_ = true;
+  poller_wake_.Signal();
+}
+
+absl::Status CallCore::AttachReleaseWord(uint64_t session_id,
+                                         ReleaseQueues::Word word) {
+  return releases_.Attach(session_id, std::move(word));
 }
 
 void CallCore::SubmitCheckpoint(uint64_t session_id, absl::string_view token,
@@ -332,6 +438,12 @@ void CallCore::SubmitRollback(uint64_t session_id, absl::string_view token,
            [this, owner, reply, checkpoint_id]() -> absl::Status {
              ASSIGN_OR_RETURN(const int64_t returned,
                               pool_->Rollback(owner, checkpoint_id));
+             // Pending pages the rollback gave back leave the queue.
+             if (releases_.any_pending()) {
+               releases_.Retain(owner, [this, owner](int64_t page) {
+                 return pool_->OwnerOf(page) == owner;
+               });
+             }
              reply->set_value(returned);
              return absl::OkStatus();
            });
@@ -351,6 +463,8 @@ void CallCore::SubmitClearSession(uint64_t session_id, absl::string_view token,
   SubmitOp(reply, Method::kClearSession, transport, start, owner,
            [this, owner, reply]() -> absl::Status {
              ASSIGN_OR_RETURN(const int64_t freed, pool_->ClearOwner(owner));
+             // Its pending pages were among those cleared.
+             releases_.Retain(owner, [](int64_t) { return false; });
              reply->set_value(freed);
              return absl::OkStatus();
            });
@@ -374,6 +488,10 @@ void CallCore::SubmitClearPool(bool force, Transport transport, Reply* reply) {
   SubmitOp(reply, Method::kClearPool, transport, start, /*session_id=*/0,
            [this, reply, force]() -> absl::Status {
              ASSIGN_OR_RETURN(const int64_t freed, pool_->ClearPool(force));
+             // A forced clear freed the pending pages too.
+             for (const std::shared_ptr<Session>& session : sessions_->List()) {
+               releases_.Retain(session->id(), [](int64_t) { return false; });
+             }
              reply->set_value(freed);
              log_->warn("pool cleared{}: {} pages freed",
                         force ? " (forced)" : "", freed);

@@ -29,12 +29,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocator/page_pool.h"
 #include "server/backend.h"
 #include "server/batcher.h"
+#include "server/histogram.h"
+#include "server/release_queue.h"
 #include "server/request_decoding.h"
 #include "server/rpc_metrics.h"
 #include "server/session.h"
@@ -260,9 +263,16 @@ class CallCore {
 
   // Frees `values` (slots or pages) of the session, putting the pages back
   // in `order` (PagePool::FreeSlots); the reply's value is the pages freed.
+  // With a `release_value` (the release fence, not 0) the free is checked
+  // now, as any other, but its pages stay the session's, pending, until
+  // the session's release word reaches the value (ReleaseQueues); the
+  // reply's value counts them. FAILED_PRECONDITION for a release value on
+  // a session without a release word (no fast channel). A page pending
+  // already is a double free (FAILED_PRECONDITION), fenced or not.
   void SubmitFree(uint64_t session_id, absl::string_view token, FreeUnit unit,
                   absl::Span<const int64_t> values, Transport transport,
-                  Reply* reply, FreeOrder order = FreeOrder::kDefault);
+                  Reply* reply, FreeOrder order = FreeOrder::kDefault,
+                  uint64_t release_value = 0);
   // Pushes a checkpoint; the reply's value is its id.
   void SubmitCheckpoint(uint64_t session_id, absl::string_view token,
                         Transport transport, Reply* reply);
@@ -292,6 +302,37 @@ class CallCore {
                                       absl::string_view token, int64_t up_to,
                                       Transport transport);
 
+  // ---- The release fence (docs/design.md, "The release fence").
+
+  // Gives session `session_id` its release word (in its fast channel); the
+  // pointer keeps that memory mapped until the session ends. Errors:
+  // ReleaseQueues::Attach's.
+  absl::Status AttachReleaseWord(uint64_t session_id, ReleaseQueues::Word word);
+  // Frees the pending pages whose fence has passed, on the batcher's
+  // driving thread (queued as an operation; nothing when none is
+  // pending). The batcher also looks before each launch.
+  void PollReleases();
+  // The release poller, on a thread of the server's until
+  // StopReleasePoller: while any page is pending it calls PollReleases
+  // every kReleasePollInterval; otherwise it sleeps until a fenced free
+  // leaves pages pending. So a passed fence frees its pages within about
+  // one interval, or at the next launch if that comes first.
+  void RunReleasePoller() ABSL_LOCKS_EXCLUDED(poller_mu_);
+  void StopReleasePoller() ABSL_LOCKS_EXCLUDED(poller_mu_);
+  static constexpr absl::Duration kReleasePollInterval = absl::Milliseconds(1);
+  // Pages freed with a fence that has not passed yet (owned by their
+  // sessions): all, and session `session_id`'s.
+  int64_t release_pending_pages() const { return releases_.pending_pages(); }
+  int64_t release_pending_pages(uint64_t session_id) const {
+    return releases_.pending_pages(session_id);
+  }
+  // Pages freed into the pool once their fence passed, since start, and
+  // the time each fenced free waited for its fence.
+  int64_t pages_released() const {
+    return pages_released_.load(std::memory_order_relaxed);
+  }
+  const AtomicHistogram& release_wait() const { return release_wait_; }
+
   // ---- What the core knows, for stats and metrics.
 
   PoolDescription DescribePool() const;
@@ -319,6 +360,15 @@ class CallCore {
   void FreeSessionPages(std::shared_ptr<Session> session, bool reclaimed,
                         std::string reason,
                         std::function<void()> freed = nullptr);
+  // Frees into the pool the pending pages whose fence has passed. Runs on
+  // the batcher's driving thread only (before a launch, or as an
+  // operation), so it is ordered with every session's work.
+  void ReleasePassed();
+  // A fenced free's op: checks it, queues its pages, frees at once what
+  // has passed. Driving thread.
+  absl::Status FreeFenced(uint64_t owner, FreeUnit unit,
+                          absl::Span<const int64_t> values, FreeOrder order,
+                          uint64_t release_value, Reply* reply);
   // Queues `op` for `session_id` on the batcher, in order with the session's
   // other work; `reply` completes with its status.
   void SubmitOp(Reply* reply, Method method, Transport transport,
@@ -342,6 +392,13 @@ class CallCore {
   std::atomic<bool> draining_{false};
   SessionCounters counters_;
   RpcMetrics rpc_metrics_;
+  ReleaseQueues releases_;
+  std::atomic<int64_t> pages_released_{0};
+  // The release poller's sleep (RunReleasePoller).
+  absl::Mutex poller_mu_;
+  absl::CondVar poller_wake_;
+  bool poller_stop_ ABSL_GUARDED_BY(poller_mu_) = false;
+  AtomicHistogram release_wait_{AtomicHistogram::Exponential(1e-5, 2, 20)};
   std::shared_ptr<spdlog::logger> log_;
 };
 

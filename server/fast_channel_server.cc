@@ -333,6 +333,11 @@ absl::StatusOr<ChannelCapacity> FastChannelServer::SessionOpened(
     return absl::InternalError(
         absl::StrFormat("epoll_ctl failed: %s", std::strerror(errno)));
   }
+  // The session's release word lives in its channel's header (the release
+  // fence, fast_channel/layout.h); the core's pointer keeps the channel
+  // mapped until the session ends.
+  RETURN_IF_ERROR(core_->AttachReleaseWord(
+      session_id, ReleaseQueues::Word(channel, channel->codec.release_word())));
   channels_[session_id] = std::move(channel);
   generation_.fetch_add(1);
   return ChannelCapacity{capacity.max_requests, capacity.message_bytes};
@@ -462,7 +467,8 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
       core_->SubmitFree(c.session_id, c.token,
                         call.kind == CallKind::kFreeSlots ? FreeUnit::kSlots
                                                           : FreeUnit::kPages,
-                        call.in1, Transport::kFastChannel, &reply, order);
+                        call.in1, Transport::kFastChannel, &reply, order,
+                        call.release_value);
       return;
     }
     case CallKind::kCheckpoint:

@@ -490,7 +490,7 @@ grpc::ServerUnaryReactor* GrpcService::Free(
       new OpReply(
           reactor,
           [response](int64_t freed) { response->set_pages_freed(freed); }),
-      FromWire(request->order()));
+      FromWire(request->order()), request->release_value());
   return reactor;
 }
 
@@ -549,6 +549,8 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
   response->set_free_list_sorts_total(stats.free_list_sorts);
   response->set_launches_total(core_->launches());
   response->set_kv_pages_scrubbed_total(stats.pages_scrubbed);
+  response->set_release_pending_pages(core_->release_pending_pages());
+  response->set_pages_released_total(core_->pages_released());
   const std::vector<std::shared_ptr<Session>> sessions = core_->Sessions();
   response->set_sessions_active(sessions.size());
   if (request->include_sessions()) {
@@ -566,6 +568,8 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
       out->set_quota_pages(session->quota_pages());
       out->set_ring_capacity_slots(session->ring_memory().capacity_slots());
       out->set_ring_reserved_slots(session->ring_reserved());
+      out->set_release_pending_pages(
+          core_->release_pending_pages(session->id()));
       out->set_fast_channel(channels_ != nullptr &&
                             channels_->HasChannel(session->id()));
       // Every renewal sets the deadline to renewal time + lease.

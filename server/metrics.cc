@@ -288,6 +288,23 @@ void AddSessionFamilies(const PoolStats& stats,
                          counters.pages_reclaimed));
 }
 
+// The release fence: pages waiting for their session's fence, and how
+// long fenced frees waited.
+void AddReleaseFamilies(const CallCore& core, Families* out) {
+  out->push_back(Gauge("pagealloc_release_pending_pages",
+                       "Pages freed with a release fence that has not passed "
+                       "yet (still owned by their sessions).",
+                       core.release_pending_pages()));
+  out->push_back(Counter("pagealloc_pages_released_total",
+                         "Pages freed into the pool once their release fence "
+                         "passed.",
+                         core.pages_released()));
+  out->push_back(Histogram("pagealloc_release_fence_wait_seconds",
+                           "Time from a fenced free's arrival to its release "
+                           "fence being seen to pass.",
+                           core.release_wait()));
+}
+
 // Sessions' memory budgets, by memory ("host"; "gpu" on CUDA).
 void AddBudgetFamilies(const std::vector<const MemoryBudget*>& budgets,
                        Families* out) {
@@ -530,6 +547,7 @@ std::string MetricsExporter::Render() const {
   const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();
   AddSessionFamilies(stats, sessions, core_->counters(), &families);
   AddReserveFamilies(fast_channels_, sessions, families);
+  AddReleaseFamilies(*core_, &families);
   AddBudgetFamilies(budgets_, &families);
   AddAbuseFamilies(fast_channels_, &families);
   AddMemorySocketFamilies(memory_socket_, &families);

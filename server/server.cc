@@ -844,6 +844,7 @@ absl::Status Server::Start() {
               metrics_http_->port());
   }
   reaper_ = std::thread([this] { ReapLeases(); });
+  release_poller_ = std::thread([this] { core_->RunReleasePoller(); });
   started_ = true;
   log->info(
       "serving on {}{}: backend {}, {} pages of {} tokens ({} policy, {} "
@@ -998,6 +999,8 @@ void Server::Shutdown() {
   if (memory_socket_ != nullptr) memory_socket_->Stop();
   stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
+  core_->StopReleasePoller();
+  if (release_poller_.joinable()) release_poller_.join();
   for (const std::string& path : socket_paths_) unlink(path.c_str());
   if (metrics_http_ != nullptr) metrics_http_->Stop();
   log->info("stopped");

@@ -248,6 +248,8 @@ class Server {
   std::vector<std::string> socket_paths_;
   std::thread reaper_;
   absl::Notification stop_reaper_;
+  // Frees pages whose release fence passed (CallCore::RunReleasePoller).
+  std::thread release_poller_;
   absl::Notification shut_down_;
 
   mutable absl::Mutex mu_;

@@ -313,6 +313,43 @@ TEST_F(PageallocCApiTest, FreeCheckpointRollback) {
   pagealloc_allocation_destroy(later);
 }
 
+TEST_F(PageallocCApiTest, FreesFencedOnAStreamWaitForTheSessionsReleaseWord) {
+  pagealloc_allocation* allocation = Alloc({8});  // pages 1, 2
+  const int64_t page_one[] = {1}, page_two[] = {2};
+  int64_t freed = -1;
+  // Value 5 has not been queued: page 1 stays the session's, pending.
+  ASSERT_EQ(
+      pagealloc_free_pages_after(client_, page_one, 1, 0, 5, &freed, &error_),
+      PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(freed, 1);
+  EXPECT_EQ(Stats().used_pages, 2);
+  EXPECT_EQ(pagealloc_free_pages(client_, page_one, 1, &freed, &error_),
+            PAGEALLOC_FAILED_PRECONDITION);
+  EXPECT_NE(std::strstr(error_.message, "double free"), nullptr);
+  // On the CPU backend a stream free writes the word (1) at once.
+  ASSERT_EQ(pagealloc_free_pages_on_stream(client_, page_two, 1, 0, nullptr,
+                                           &freed, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(Stats().used_pages, 1);
+  uint64_t value = 0;
+  for (uint64_t expected = 2; expected <= 5; ++expected) {
+    ASSERT_EQ(pagealloc_queue_release(client_, nullptr, &value, &error_),
+              PAGEALLOC_OK);
+    EXPECT_EQ(value, expected);
+  }
+  // The word is at 5: the next launch frees page 1 first and hands it out.
+  pagealloc_allocation* again = Alloc({4});
+  EXPECT_EQ(HostSlots(again), Range(4, 8));
+  EXPECT_EQ(Stats().used_pages, 1);
+  EXPECT_EQ(pagealloc_free_pages_on_stream(client_, page_two, 1, 7, nullptr,
+                                           &freed, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  pagealloc_allocation_destroy(allocation);
+  pagealloc_allocation_destroy(again);
+}
+
 TEST_F(PageallocCApiTest, AReserveHandsOutTheSessionsPages) {
   pagealloc_reserve_options options;
   pagealloc_reserve_options_init(&options, sizeof(options));
@@ -347,6 +384,10 @@ TEST_F(PageallocCApiTest, AReserveHandsOutTheSessionsPages) {
       << error_.message;
   EXPECT_EQ(pagealloc_reserve_put(reserve, pages, 1, &error_),
             PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "not handed out"), nullptr);
+  EXPECT_EQ(
+      pagealloc_reserve_put_on_stream(reserve, pages, 1, nullptr, &error_),
+      PAGEALLOC_INVALID_ARGUMENT);
   EXPECT_NE(std::strstr(error_.message, "not handed out"), nullptr);
 
   pagealloc_reserve_stats stats;

@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/page_reserve.h"
+#include "fast_channel/codec.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -408,6 +409,23 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
       absl::Seconds(60), absl::Milliseconds(250)))
       << "its targets: " << Targets(api);
   EXPECT_FALSE(grpc->FreePages({not_owned}).ok());
+
+  // The release fence: a page freed behind a fence that passes (released
+  // after a wait) and one behind a fence that never does (pending while
+  // Prometheus looks; reclaimed with its session at the end).
+  {
+    CallOptions inline_options;
+    inline_options.return_inline = true;
+    ASSERT_OK_AND_ASSIGN(Allocation two, fast->Alloc({32}, inline_options));
+    ASSERT_OK(two.status());
+    const int64_t first = two[0].slots[0] / 16, second = two[0].slots[16] / 16;
+    ASSERT_OK(fast->FreePagesAfter({first}, 1).status());
+    ASSERT_OK(fast->FreePagesAfter({second}, 1000).status());
+    fast->reserve_channel()->release_word()->store(1);  // as a stream would
+    ASSERT_TRUE(testing::WaitFor(
+        [&] { return server->server().core().pages_released() == 1; },
+        absl::Seconds(60), absl::Milliseconds(1)));
+  }
 
   // A KeepAlive stream ends: a session closes.
   {

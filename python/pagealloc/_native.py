@@ -11,7 +11,7 @@ import ctypes
 import os
 
 ABI_VERSION_MAJOR = 1  # the pagealloc.h this module mirrors
-ABI_VERSION_MINOR = 2  # the least minor version it calls into
+ABI_VERSION_MINOR = 3  # the least minor version it calls into
 ERROR_MESSAGE_BYTES = 1024
 
 _LIBRARY_NAME = "libpagealloc_client.so"
@@ -265,6 +265,18 @@ def _declare(lib):
         "pagealloc_reserve_put": (i32, [ptr, ptr, size, p_error]),
         "pagealloc_reserve_get_stats":
             (i32, [ptr, ctypes.POINTER(ReserveStats), p_error]),
+        # ABI 1.3
+        "pagealloc_queue_release":
+            (i32, [c_client, ptr, ctypes.POINTER(ctypes.c_uint64), p_error]),
+        "pagealloc_free_slots_on_stream":
+            (i32, [c_client, ptr, size, i32, ptr, p_i64, p_error]),
+        "pagealloc_free_pages_on_stream":
+            (i32, [c_client, ptr, size, i32, ptr, p_i64, p_error]),
+        "pagealloc_free_pages_after":
+            (i32, [c_client, ptr, size, i32, ctypes.c_uint64, p_i64,
+                   p_error]),
+        "pagealloc_reserve_put_on_stream":
+            (i32, [ptr, ptr, size, ptr, p_error]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)

@@ -844,15 +844,23 @@ class PageReserve:
                                            ctypes.byref(error)), error)
         return pages
 
-    def put(self, pages):
+    def put(self, pages, stream=None):
         """Puts pages taken from this reserve back into it. Raises
         InvalidArgumentError, changing nothing, for a page it did not hand
-        out."""
+        out. With a `stream` (as Client.free_pages') the pages are tagged
+        with a release value queued on it, so that their return to the
+        daemon waits for the work queued there before (the release
+        fence)."""
         array = _int64_array(pages, "pages")
         error = _error_buffer()
-        _check(_lib.pagealloc_reserve_put(self._live(), _address(array),
-                                          array.size, ctypes.byref(error)),
-               error)
+        if stream is None:
+            _check(_lib.pagealloc_reserve_put(
+                self._live(), _address(array), array.size,
+                ctypes.byref(error)), error)
+        else:
+            _check(_lib.pagealloc_reserve_put_on_stream(
+                self._live(), _address(array), array.size,
+                _stream_handle(stream) or None, ctypes.byref(error)), error)
 
     def stats(self):
         """The reserve's counts, as a dict (pages, handed_out, batch,
@@ -1141,7 +1149,7 @@ class Client:
         _check(_lib.pagealloc_flush_release(self._handle, ctypes.byref(error)),
                error)
 
-    def free(self, slots, *, order=None):
+    def free(self, slots, stream=None, *, order=None):
         """Frees the distinct pages of `slots`; returns the pages freed. All
         or nothing: FailedPreconditionError for a double free,
         PermissionDeniedError for another session's page,
@@ -1150,26 +1158,67 @@ class Client:
         `order` is where the pages go back in the free list: None (the
         pool's default: "ascending" under --semantics=sglang with a page
         size above 1, "first_appearance" otherwise), "ascending" (SGLang's
-        free) or "first_appearance" (SGLang's free_segment)."""
-        array = _int64_array(slots, "slots")
+        free) or "first_appearance" (SGLang's free_segment). `stream`: as
+        free_pages' (the release fence)."""
+        return self._free_at(slots, "slots", stream, order)
+
+    def free_pages(self, pages, stream=None, *, order=None):
+        """Frees page ids; returns the pages freed (as free(); the pool's
+        default order for page ids is first appearance).
+
+        With a `stream` (a torch.cuda.Stream, a CuPy stream, or a
+        cudaStream_t as an int, 0 being the legacy default stream) the free
+        is fenced on it (docs/design.md, "The release fence"): the pages
+        stay the session's until the work queued on the stream before this
+        call is done, with no host synchronisation. None: freed as the host
+        calls it (right after a host sync, and on the CPU backend).
+        FailedPreconditionError for a stream on a session without a fast
+        channel."""
+        return self._free_at(pages, "pages", stream, order)
+
+    def _free_at(self, values, name, stream, order):
+        array = _int64_array(values, name)
         code = _free_order(order)
         freed = ctypes.c_int64()
         error = _error_buffer()
-        _check(_lib.pagealloc_free_slots_in_order(
-            self._handle, _address(array), array.size, code,
-            ctypes.byref(freed), ctypes.byref(error)), error)
+        if stream is None:
+            function = (_lib.pagealloc_free_pages_in_order if name == "pages"
+                        else _lib.pagealloc_free_slots_in_order)
+            _check(function(self._handle, _address(array), array.size, code,
+                            ctypes.byref(freed), ctypes.byref(error)), error)
+        else:
+            function = (_lib.pagealloc_free_pages_on_stream
+                        if name == "pages"
+                        else _lib.pagealloc_free_slots_on_stream)
+            _check(function(self._handle, _address(array), array.size, code,
+                            _stream_handle(stream) or None,
+                            ctypes.byref(freed), ctypes.byref(error)), error)
         return freed.value
 
-    def free_pages(self, pages, *, order=None):
-        """Frees page ids; returns the pages freed (as free(); the pool's
-        default order for page ids is first appearance)."""
+    def queue_release(self, stream=None):
+        """Queues on `stream` (as free_pages'; None: the legacy default
+        stream) the write of the session's next release value behind the
+        work queued there and returns the value (docs/design.md, "The
+        release fence"). On the CPU backend the value is written at once."""
+        value = ctypes.c_uint64()
+        error = _error_buffer()
+        _check(_lib.pagealloc_queue_release(
+            self._handle, _stream_handle(stream) or None,
+            ctypes.byref(value), ctypes.byref(error)), error)
+        return value.value
+
+    def free_pages_after(self, pages, release_value, *, order=None):
+        """Frees page ids that stay the session's until its release word
+        reaches `release_value` (a value queue_release returned); 0 is an
+        ordinary free."""
         array = _int64_array(pages, "pages")
         code = _free_order(order)
         freed = ctypes.c_int64()
         error = _error_buffer()
-        _check(_lib.pagealloc_free_pages_in_order(
+        _check(_lib.pagealloc_free_pages_after(
             self._handle, _address(array), array.size, code,
-            ctypes.byref(freed), ctypes.byref(error)), error)
+            _whole(release_value, "release_value"), ctypes.byref(freed),
+            ctypes.byref(error)), error)
         return freed.value
 
     def reserve(self, *, initial_batch=None, max_pages=None, tick=None,

@@ -50,10 +50,10 @@ def address_of(slots):
 def test_package_reports_versions_and_library():
     assert pagealloc.__version__ == "0.1.0"
     assert pagealloc.ABI_VERSION >> 16 == 1
-    # The readable form the docs use ("1.2"), from the same number.
+    # The readable form the docs use ("1.3"), from the same number.
     assert pagealloc.ABI_VERSION_TEXT == "%d.%d" % (
         pagealloc.ABI_VERSION >> 16, pagealloc.ABI_VERSION & 0xFFFF)
-    assert pagealloc.ABI_VERSION_TEXT == "1.2"
+    assert pagealloc.ABI_VERSION_TEXT == "1.3"
     assert os.path.exists(pagealloc.LIBRARY_PATH)
 
 
@@ -851,6 +851,36 @@ def test_cuda_slots_are_zero_copy_for_cupy(daemon):
 
 
 # ------------------------------------------------------------ page reserves
+
+def test_frees_fenced_on_a_stream_wait_for_the_release_word(daemon):
+    with daemon.connect(name="fence") as client, \
+            daemon.connect(name="grpc", fast_channel=False) as slow:
+        with client.reserve(initial_batch=2, max_pages=8) as reserve:
+            pages = reserve.take(3)
+            used = client.stats().used_pages
+            # Value 5 is not queued yet: the page stays the session's.
+            assert client.free_pages_after(pages[:1], 5) == 1
+            assert client.stats().used_pages == used
+            with pytest.raises(pagealloc.FailedPreconditionError,
+                               match="double free"):
+                client.free_pages(pages[:1])
+            # On the CPU backend a stream free writes the word (1) at once.
+            assert client.free_pages(pages[1:2], stream=0) == 1
+            assert client.stats().used_pages == used - 1
+            assert [client.queue_release() for _ in range(4)] == [2, 3, 4, 5]
+            # The release poller frees page 1 (a bound on a wait).
+            wait_until(lambda: client.stats().used_pages == used - 2,
+                       what="the fenced page to be freed")
+            reserve.put(pages[2:], stream=0)
+            # The two pages freed straight to the daemon stay counted as
+            # handed out: the reserve knows only what passed through it.
+            assert reserve.stats()["handed_out"] == 2
+        slow_pages = slow.reserve(initial_batch=1, max_pages=2).take(1)
+        with pytest.raises(pagealloc.FailedPreconditionError,
+                           match="no release word"):
+            slow.free_pages(slow_pages, stream=0)
+        assert slow.free_pages(slow_pages) == 1
+
 
 def test_reserve_hands_out_the_sessions_pages(daemon):
     with daemon.connect(name="reserve") as client, \

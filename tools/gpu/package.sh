@@ -48,6 +48,7 @@ fi
 targets=(
   //tests/gpu:cuda_executor_test
   //tests/gpu:completion_counter_test
+  //tests/gpu:release_fence_test
   //tests/gpu:kv_slab_gpu_test
   //tests/gpu:ring_flood_test
   //memory:cuda_vmm_test

@@ -16,6 +16,9 @@
 #      kernel on each writer's stream, ordered only by the completion
 #      counter, with and without --kv_scrub), and what the scrub kernel
 #      costs per page (kv_scrub_gpu_benchmark: its table ends the summary)
+#   3a. release_fence_test: a session's queued read of pages it freed
+#      fenced on its stream never sees the KV of the session that gets them
+#      next (asserted, 4 runs); with a plain free the hazard is reported
 #   3b. ring_flood_test: a client's flood of the largest rings stops at the
 #      daemon's GPU budget, and another process allocates the rest of the
 #      GPU
@@ -33,7 +36,7 @@ gpu_setup "$@"
 need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
   tests/multi_client_test tests/server_process_test tests/stress_test \
   tests/gpu/completion_counter_test tests/gpu/kv_slab_gpu_test tests/kv_slab_test \
-  tests/gpu/ring_flood_test \
+  tests/gpu/ring_flood_test tests/gpu/release_fence_test \
   memory/cuda_vmm_test \
   tests/kv_writer client/kv_example bench/kv_scrub_gpu_benchmark
 
@@ -52,6 +55,18 @@ grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |slots read on the GPU|Failure|kernel
 if grep -q "SKIPPED" "$OUT/completion_counter_test.log"; then
   note_step "completion_counter_test (no skips)" "FAILED" \
     "a GPU test skipped on a GPU host: completion_counter_test.log"
+fi
+
+# Frees fenced on the freeing session's stream: its queued read sees only
+# its own KV; a plain free's hazard is printed per run, not asserted.
+run_step release_fence_test 240 "$OUT/release_fence_test.log" \
+  tests/gpu/release_fence_test
+add_detail "$(gtest_counts "$OUT/release_fence_test.log")"
+grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |free, run|hazard showed|Failure" \
+  "$OUT/release_fence_test.log" | tail -n 20
+if grep -q "SKIPPED" "$OUT/release_fence_test.log"; then
+  note_step "release_fence_test (no skips)" "FAILED" \
+    "a GPU test skipped on a GPU host: release_fence_test.log"
 fi
 
 # A flood of the largest rings stops at the GPU budget; another process
