@@ -9,103 +9,36 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/page_reserve.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/server.h"
 #include "tests/in_process_server.h"
+#include "tests/local_expansion_reference.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::ConnectSession;
+using ::pagealloc::testing::ExpansionBatch;
 using ::pagealloc::testing::InProcessServer;
+using ::pagealloc::testing::MakeExpansionBatch;
+using ::pagealloc::testing::ManualReserve;
+using ::pagealloc::testing::StartExpansionDaemon;
 using ::pagealloc::testing::StatusIs;
+using ::pagealloc::testing::ThinSlotsOnFreeList;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int64_t kPages = 256;
 constexpr int64_t kPoison = -0x5a5a5a5a5a5a5a5b;
-
-std::unique_ptr<InProcessServer> StartDaemon(int64_t page_size) {
-  ServerOptions options;
-  options.backend = "cpu";
-  options.pool = {kPages, page_size, FreePolicy::kLifo};
-  options.sessions.lease = absl::Seconds(30);
-  options.sessions.default_ring_capacity_slots = int64_t{1} << 16;
-  options.debug_checks = true;
-  absl::StatusOr<std::unique_ptr<InProcessServer>> server =
-      InProcessServer::Start(options);
-  EXPECT_OK(server.status());
-  return server.ok() ? *std::move(server) : nullptr;
-}
-
-std::unique_ptr<Client> ConnectTo(InProcessServer& server,
-                                  int64_t quota_pages = 0) {
-  ClientOptions options;
-  options.client_name = "local";
-  options.quota_pages = quota_pages;
-  absl::StatusOr<std::unique_ptr<Client>> client = server.Connect(options);
-  EXPECT_OK(client.status());
-  return client.ok() ? *std::move(client) : nullptr;
-}
-
-PageReserveOptions Manual(int64_t batch, int64_t max_pages) {
-  PageReserveOptions options;
-  options.initial_batch = batch;
-  options.max_pages = max_pages;
-  options.background = false;
-  options.starved_wait = absl::ZeroDuration();
-  return options;
-}
-
-// One random batch in extend form (a decode has prefix_len seq_len - 1).
-struct Batch {
-  bool decode = false;
-  std::vector<int64_t> prefix_lens;
-  std::vector<int64_t> seq_lens;
-  std::vector<int64_t> last_locs;
-  int64_t slots = 0;
-};
-
-// The session's prefixes: `n` pages taken from the reserve, one per request
-// whose prefix is not empty, holding its last token.
-Batch MakeBatch(bool decode, int64_t page_size,
-                const std::vector<int64_t>& prefix_pages, int64_t max_new_pages,
-                std::mt19937_64& rng) {
-  Batch batch;
-  batch.decode = decode;
-  int64_t pages = 0;
-  for (int64_t prefix_page : prefix_pages) {
-    const bool empty = rng() % 8 == 0;
-    // Within half the pool, so that no request is longer than the pool.
-    const int64_t prefix =
-        empty ? 0
-              : 1 + static_cast<int64_t>(
-                        rng() % std::min<int64_t>(500, kPages * page_size / 2));
-    int64_t extend = decode ? 1 : static_cast<int64_t>(rng() % 100);
-    if (!decode && rng() % 10 == 0) extend = 0;  // no new slots
-    ExtendShape shape{prefix, prefix + extend, -1};
-    const int64_t need = NewPagesNeeded(shape, page_size);
-    if (pages + need > max_new_pages) break;
-    pages += need;
-    batch.prefix_lens.push_back(prefix);
-    batch.seq_lens.push_back(prefix + extend);
-    batch.last_locs.push_back(
-        prefix == 0 ? -1 : prefix_page * page_size + (prefix - 1) % page_size);
-    batch.slots += extend;
-  }
-  return batch;
-}
 
 class LocalExpansionTest : public ::testing::TestWithParam<int64_t> {};
 
@@ -119,24 +52,24 @@ TEST_P(LocalExpansionTest, SlotsEqualTheThinPathsOnTheSameFreeList) {
   const uint64_t seed = std::random_device{}();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE(absl::StrFormat("page_size %d seed %d", page_size, seed));
-  std::unique_ptr<InProcessServer> local_daemon = StartDaemon(page_size);
-  std::unique_ptr<InProcessServer> thin_daemon = StartDaemon(page_size);
+  std::unique_ptr<InProcessServer> local_daemon =
+      StartExpansionDaemon(kPages, page_size);
+  std::unique_ptr<InProcessServer> thin_daemon =
+      StartExpansionDaemon(kPages, page_size);
   ASSERT_NE(local_daemon, nullptr);
   ASSERT_NE(thin_daemon, nullptr);
-  std::unique_ptr<Client> local = ConnectTo(*local_daemon);
-  std::unique_ptr<Client> thin = ConnectTo(*thin_daemon);
+  std::unique_ptr<Client> local = ConnectSession(*local_daemon);
+  std::unique_ptr<Client> thin = ConnectSession(*thin_daemon);
   ASSERT_NE(local, nullptr);
   ASSERT_NE(thin, nullptr);
   ASSERT_OK_AND_ASSIGN(
       std::unique_ptr<PageReserve> reserve,
-      PageReserve::Create(local.get(), Manual(kPages / 2, kPages)));
+      PageReserve::Create(local.get(), ManualReserve(kPages / 2, kPages)));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<LocalExpander> expander,
                        LocalExpander::Create(*local, reserve.get()));
   ASSERT_OK(reserve->Maintain());  // the whole pool, in the daemon's order
   ASSERT_EQ(reserve->stats().pages, kPages);
 
-  std::vector<int64_t> all_pages(kPages);
-  std::iota(all_pages.begin(), all_pages.end(), 1);
   for (int trial = 0; trial < 24; ++trial) {
     const bool decode = trial % 2 == 1;
     SCOPED_TRACE(
@@ -145,41 +78,13 @@ TEST_P(LocalExpansionTest, SlotsEqualTheThinPathsOnTheSameFreeList) {
     const int64_t requests = 1 + static_cast<int64_t>(rng() % 24);
     std::vector<int64_t> prefix_pages;
     ASSERT_OK(reserve->Take(requests, &prefix_pages));
-    const Batch batch =
-        MakeBatch(decode, page_size, prefix_pages, /*max_new_pages=*/96, rng);
+    const ExpansionBatch batch =
+        MakeExpansionBatch(decode, page_size, kPages * page_size, prefix_pages,
+                           /*max_new_pages=*/96, rng);
     const std::vector<int64_t> order = reserve->pages();
-
-    // The thin path: T's session owns the prefix pages, its free list
-    // starts with `order`.
-    ASSERT_OK_AND_ASSIGN(Allocation everything,
-                         thin->Alloc({kPages * page_size}));
-    ASSERT_OK(everything.status());
-    thin->Release(everything);
-    absl::flat_hash_set<int64_t> keep(prefix_pages.begin(), prefix_pages.end());
-    keep.insert(order.begin(), order.end());
-    std::vector<int64_t> rest;
-    for (int64_t page : all_pages) {
-      if (!keep.contains(page)) rest.push_back(page);
-    }
-    if (!rest.empty()) {
-      ASSERT_OK(thin->FreePages(rest).status());
-    }
-    ASSERT_OK(thin->FreePages(order).status());
-    std::vector<int64_t> thin_slots;
-    {
-      absl::StatusOr<Allocation> a =
-          decode ? thin->AllocDecode(batch.seq_lens, batch.last_locs)
-                 : thin->AllocExtend(batch.prefix_lens, batch.seq_lens,
-                                     batch.last_locs);
-      ASSERT_OK(a.status());
-      ASSERT_OK(a->status());
-      for (size_t i = 0; i < a->size(); ++i) {
-        const RequestSlots& r = (*a)[i];
-        thin_slots.insert(thin_slots.end(), r.slots, r.slots + r.count);
-      }
-      thin->Release(*a);
-    }
-    ASSERT_OK(thin->ClearSession().status());
+    ASSERT_OK_AND_ASSIGN(
+        const std::vector<int64_t> thin_slots,
+        ThinSlotsOnFreeList(*thin, kPages, prefix_pages, order, batch));
 
     // The in-process path.
     std::vector<int64_t> local_slots(batch.slots + 1, kPoison);
@@ -216,12 +121,12 @@ class LocalExpansionRefusalTest : public ::testing::Test {
   static constexpr int64_t kPageSize = 16;
 
   void SetUp() override {
-    daemon_ = StartDaemon(kPageSize);
+    daemon_ = StartExpansionDaemon(kPages, kPageSize);
     ASSERT_NE(daemon_, nullptr);
-    client_ = ConnectTo(*daemon_, /*quota_pages=*/32);
+    client_ = ConnectSession(*daemon_, /*quota_pages=*/32);
     ASSERT_NE(client_, nullptr);
-    ASSERT_OK_AND_ASSIGN(reserve_,
-                         PageReserve::Create(client_.get(), Manual(4, 8)));
+    ASSERT_OK_AND_ASSIGN(
+        reserve_, PageReserve::Create(client_.get(), ManualReserve(4, 8)));
     ASSERT_OK_AND_ASSIGN(expander_,
                          LocalExpander::Create(*client_, reserve_.get()));
     // Two pages of the session hold prefixes.
@@ -396,12 +301,12 @@ TEST_F(LocalExpansionRefusalTest, HostileRequestsAreRefusedWithTheirValues) {
 }
 
 TEST(LocalExpanderCreateTest, RefusesOptionsOutOfRange) {
-  std::unique_ptr<InProcessServer> daemon = StartDaemon(16);
+  std::unique_ptr<InProcessServer> daemon = StartExpansionDaemon(kPages, 16);
   ASSERT_NE(daemon, nullptr);
-  std::unique_ptr<Client> client = ConnectTo(*daemon);
+  std::unique_ptr<Client> client = ConnectSession(*daemon);
   ASSERT_NE(client, nullptr);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PageReserve> reserve,
-                       PageReserve::Create(client.get(), Manual(4, 8)));
+                       PageReserve::Create(client.get(), ManualReserve(4, 8)));
   LocalExpanderOptions options;
   options.staging_buffers = 1;
   EXPECT_THAT(LocalExpander::Create(*client, reserve.get(), options).status(),
