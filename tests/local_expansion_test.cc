@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -68,7 +69,9 @@ TEST_P(LocalExpansionTest, SlotsEqualTheThinPathsOnTheSameFreeList) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<LocalExpander> expander,
                        LocalExpander::Create(*local, reserve.get()));
   ASSERT_OK(reserve->Maintain());  // the whole pool, in the daemon's order
-  ASSERT_EQ(reserve->stats().pages, kPages);
+  std::vector<int64_t> fresh(kPages);
+  std::iota(fresh.begin(), fresh.end(), 1);
+  ASSERT_EQ(reserve->pages(), fresh);
 
   for (int trial = 0; trial < 24; ++trial) {
     const bool decode = trial % 2 == 1;
