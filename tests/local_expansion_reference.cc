@@ -44,6 +44,31 @@ PageReserveOptions ManualReserve(int64_t batch, int64_t max_pages) {
   return options;
 }
 
+absl::Status StartExpansionPair(int64_t num_pages, int64_t page_size,
+                                ExpansionPair* pair) {
+  pair->local_daemon = StartExpansionDaemon(num_pages, page_size);
+  pair->thin_daemon = StartExpansionDaemon(num_pages, page_size);
+  if (pair->local_daemon == nullptr || pair->thin_daemon == nullptr) {
+    return absl::InternalError("a daemon did not start");
+  }
+  pair->local = ConnectSession(*pair->local_daemon);
+  pair->thin = ConnectSession(*pair->thin_daemon);
+  if (pair->local == nullptr || pair->thin == nullptr) {
+    return absl::InternalError("a session did not connect");
+  }
+  ASSIGN_OR_RETURN(pair->reserve, PageReserve::Create(
+                                      pair->local.get(),
+                                      ManualReserve(num_pages / 2, num_pages)));
+  return pair->reserve->Maintain();  // the whole pool, in the daemon's order
+}
+
+absl::Status PutBackBatch(PageReserve& reserve, absl::Span<const int64_t> order,
+                          absl::Span<const int64_t> prefix_pages) {
+  const size_t used = order.size() - reserve.pages().size();
+  RETURN_IF_ERROR(reserve.Put(order.subspan(0, used)));
+  return reserve.Put(prefix_pages);
+}
+
 ExpansionBatch MakeExpansionBatch(bool decode, int64_t page_size,
                                   int64_t usable_slots,
                                   const std::vector<int64_t>& prefix_pages,

@@ -34,6 +34,29 @@ std::unique_ptr<Client> ConnectSession(InProcessServer& daemon,
 // never waits for other sessions' pages.
 PageReserveOptions ManualReserve(int64_t batch, int64_t max_pages);
 
+// Two daemons of the same pool for the identity tests: `local`'s session
+// has `reserve` (ManualReserve), filled with the whole pool in the daemon's
+// order; `thin`'s session owns nothing. Members go in reverse order:
+// reserve, clients, then daemons.
+struct ExpansionPair {
+  std::unique_ptr<InProcessServer> local_daemon;
+  std::unique_ptr<InProcessServer> thin_daemon;
+  std::unique_ptr<Client> local;
+  std::unique_ptr<Client> thin;
+  std::unique_ptr<PageReserve> reserve;
+};
+
+// Starts `pair` with pools of `num_pages` pages of `page_size` tokens;
+// returns the first error.
+absl::Status StartExpansionPair(int64_t num_pages, int64_t page_size,
+                                ExpansionPair* pair);
+
+// Puts back into `reserve` the pages a batch took (the first pages of
+// `order`, the reserve's pages before the batch, that it no longer holds)
+// and the batch's `prefix_pages`.
+absl::Status PutBackBatch(PageReserve& reserve, absl::Span<const int64_t> order,
+                          absl::Span<const int64_t> prefix_pages);
+
 // One batch in extend form (a decode's prefix_lens are seq_lens - 1).
 struct ExpansionBatch {
   bool decode = false;

@@ -29,10 +29,13 @@ namespace {
 
 using ::pagealloc::testing::ConnectSession;
 using ::pagealloc::testing::ExpansionBatch;
+using ::pagealloc::testing::ExpansionPair;
 using ::pagealloc::testing::InProcessServer;
 using ::pagealloc::testing::MakeExpansionBatch;
 using ::pagealloc::testing::ManualReserve;
+using ::pagealloc::testing::PutBackBatch;
 using ::pagealloc::testing::StartExpansionDaemon;
+using ::pagealloc::testing::StartExpansionPair;
 using ::pagealloc::testing::StatusIs;
 using ::pagealloc::testing::ThinSlotsOnFreeList;
 using ::testing::AllOf;
@@ -53,22 +56,12 @@ TEST_P(LocalExpansionTest, SlotsEqualTheThinPathsOnTheSameFreeList) {
   const uint64_t seed = std::random_device{}();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE(absl::StrFormat("page_size %d seed %d", page_size, seed));
-  std::unique_ptr<InProcessServer> local_daemon =
-      StartExpansionDaemon(kPages, page_size);
-  std::unique_ptr<InProcessServer> thin_daemon =
-      StartExpansionDaemon(kPages, page_size);
-  ASSERT_NE(local_daemon, nullptr);
-  ASSERT_NE(thin_daemon, nullptr);
-  std::unique_ptr<Client> local = ConnectSession(*local_daemon);
-  std::unique_ptr<Client> thin = ConnectSession(*thin_daemon);
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(thin, nullptr);
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<PageReserve> reserve,
-      PageReserve::Create(local.get(), ManualReserve(kPages / 2, kPages)));
+  ExpansionPair pair;
+  ASSERT_OK(StartExpansionPair(kPages, page_size, &pair));
+  PageReserve* const reserve = pair.reserve.get();
+  Client& thin = *pair.thin;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<LocalExpander> expander,
-                       LocalExpander::Create(*local, reserve.get()));
-  ASSERT_OK(reserve->Maintain());  // the whole pool, in the daemon's order
+                       LocalExpander::Create(*pair.local, reserve));
   std::vector<int64_t> fresh(kPages);
   std::iota(fresh.begin(), fresh.end(), 1);
   ASSERT_EQ(reserve->pages(), fresh);
@@ -87,7 +80,7 @@ TEST_P(LocalExpansionTest, SlotsEqualTheThinPathsOnTheSameFreeList) {
     const std::vector<int64_t> order = reserve->pages();
     ASSERT_OK_AND_ASSIGN(
         const std::vector<int64_t> thin_slots,
-        ThinSlotsOnFreeList(*thin, kPages, prefix_pages, order, batch));
+        ThinSlotsOnFreeList(thin, kPages, prefix_pages, order, batch));
 
     // The in-process path.
     std::vector<int64_t> local_slots(batch.slots + 1, kPoison);
@@ -105,11 +98,7 @@ TEST_P(LocalExpansionTest, SlotsEqualTheThinPathsOnTheSameFreeList) {
     if (HasFailure()) return;
 
     // The batch's pages back into the reserve, for the next trial.
-    const int64_t used = static_cast<int64_t>(order.size()) -
-                         static_cast<int64_t>(reserve->pages().size());
-    std::vector<int64_t> taken(order.begin(), order.begin() + used);
-    ASSERT_OK(reserve->Put(taken));
-    ASSERT_OK(reserve->Put(prefix_pages));
+    ASSERT_OK(PutBackBatch(*reserve, order, prefix_pages));
   }
 }
 

@@ -22,6 +22,7 @@
 #include "client/page_reserve.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/skip_without_gpu.h"
 #include "tests/local_expansion_reference.h"
 #include "tests/status_matchers.h"
 
@@ -30,22 +31,16 @@ namespace {
 
 using ::pagealloc::testing::ConnectSession;
 using ::pagealloc::testing::ExpansionBatch;
+using ::pagealloc::testing::ExpansionPair;
 using ::pagealloc::testing::InProcessServer;
 using ::pagealloc::testing::MakeExpansionBatch;
 using ::pagealloc::testing::ManualReserve;
+using ::pagealloc::testing::PutBackBatch;
 using ::pagealloc::testing::StartExpansionDaemon;
+using ::pagealloc::testing::StartExpansionPair;
 using ::pagealloc::testing::StatusIs;
 using ::pagealloc::testing::ThinSlotsOnFreeList;
 using ::testing::HasSubstr;
-
-#define SKIP_WITHOUT_GPU()                                         \
-  do {                                                             \
-    int count = 0;                                                 \
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) { \
-      cudaGetLastError();                                          \
-      GTEST_SKIP() << "skipped: this machine has no CUDA GPU";     \
-    }                                                              \
-  } while (0)
 
 constexpr int64_t kPages = 256;
 constexpr int64_t kPoison = -0x5a5a5a5a5a5a5a5b;
@@ -95,30 +90,19 @@ TEST_P(LocalExpansionGpuTest, DeviceSlotsEqualTheHostAndThinPaths) {
   const uint64_t seed = std::random_device{}();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE(absl::StrFormat("page_size %d seed %d", page_size, seed));
-  std::unique_ptr<InProcessServer> local_daemon =
-      StartExpansionDaemon(kPages, page_size);
-  std::unique_ptr<InProcessServer> thin_daemon =
-      StartExpansionDaemon(kPages, page_size);
-  ASSERT_NE(local_daemon, nullptr);
-  ASSERT_NE(thin_daemon, nullptr);
-  std::unique_ptr<Client> local = ConnectSession(*local_daemon);
-  std::unique_ptr<Client> thin = ConnectSession(*thin_daemon);
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(thin, nullptr);
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<PageReserve> reserve,
-      PageReserve::Create(local.get(), ManualReserve(kPages / 2, kPages)));
+  ExpansionPair pair;
+  ASSERT_OK(StartExpansionPair(kPages, page_size, &pair));
+  PageReserve* const reserve = pair.reserve.get();
+  Client& thin = *pair.thin;
   LocalExpanderOptions device_options;
   device_options.memory = ExpansionMemory::kDevice;
   // One buffer per batch: the calls never wait on the host for a buffer.
   device_options.staging_buffers = kBatches;
   ASSERT_OK_AND_ASSIGN(
       std::unique_ptr<LocalExpander> device,
-      LocalExpander::Create(*local, reserve.get(), device_options));
+      LocalExpander::Create(*pair.local, reserve, device_options));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<LocalExpander> host,
-                       LocalExpander::Create(*local, reserve.get()));
-  ASSERT_OK(reserve->Maintain());
-  ASSERT_EQ(reserve->stats().pages, kPages);
+                       LocalExpander::Create(*pair.local, reserve));
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
             cudaSuccess);
@@ -137,7 +121,7 @@ TEST_P(LocalExpansionGpuTest, DeviceSlotsEqualTheHostAndThinPaths) {
     const std::vector<int64_t> order = reserve->pages();
     ASSERT_OK_AND_ASSIGN(
         std::vector<int64_t> thin_batch,
-        ThinSlotsOnFreeList(*thin, kPages, prefix_pages, order, batch));
+        ThinSlotsOnFreeList(thin, kPages, prefix_pages, order, batch));
     thin_slots.push_back(std::move(thin_batch));
 
     auto device_batch = std::make_unique<DeviceBatch>();
@@ -170,9 +154,7 @@ TEST_P(LocalExpansionGpuTest, DeviceSlotsEqualTheHostAndThinPaths) {
     host_slots.push_back(std::move(expanded));
     // Everything back for the next batch (the device's staging has its own
     // copy of the page ids).
-    std::reverse(taken.begin(), taken.end());
-    ASSERT_OK(reserve->Put(taken));
-    ASSERT_OK(reserve->Put(prefix_pages));
+    ASSERT_OK(PutBackBatch(*reserve, order, prefix_pages));
   }
   // The only host sync between the calls and the check.
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
