@@ -225,10 +225,13 @@ absl::Status LocalExpander::InitDevice() {
                  "mapping the local expansion's error word"));
   for (int k = 0; k < options_.staging_buffers; ++k) {
     auto staging = std::make_unique<Staging>();
-    RETURN_IF_ERROR(CudaStatus(
+    const absl::Status created = CudaStatus(
         cudaEventCreateWithFlags(&staging->event, cudaEventDisableTiming),
-        "creating a staging event"));
+        "creating a staging event");
+    if (!created.ok()) return created;
     staging_.push_back(std::move(staging));
+    // Allocated here, so that the first calls allocate nothing.
+    RETURN_IF_ERROR(ResizeStaging(kInitialStagingBytes, staging_.back().get()));
   }
   return absl::OkStatus();
 }
@@ -269,25 +272,29 @@ absl::StatusOr<LocalExpander::Staging*> LocalExpander::FreeStaging(
   }
   if (found->bytes < bytes) {
     // A batch larger than any before: its event has completed, so the old
-    // buffers are unused.
-    const int64_t size =
-        std::max({bytes, 2 * found->bytes, kInitialStagingBytes});
-    if (found->host != nullptr) cudaFreeHost(found->host);
-    if (found->device != nullptr) cudaFree(found->device);
-    found->host = nullptr;
-    found->device = nullptr;
-    found->bytes = 0;
-    RETURN_IF_ERROR(
-        CudaStatus(cudaHostAlloc(reinterpret_cast<void**>(&found->host), size,
-                                 cudaHostAllocDefault),
-                   "allocating pinned staging"));
-    RETURN_IF_ERROR(
-        CudaStatus(cudaMalloc(reinterpret_cast<void**>(&found->device), size),
-                   "allocating device staging"));
-    found->bytes = size;
+    // buffers are unused. (Freeing them synchronizes the device: a price
+    // paid once per doubling.)
+    RETURN_IF_ERROR(ResizeStaging(std::max(bytes, 2 * found->bytes), found));
     ++stats_.staging_grows;
   }
   return found;
+}
+
+absl::Status LocalExpander::ResizeStaging(int64_t bytes, Staging* staging) {
+  if (staging->host != nullptr) cudaFreeHost(staging->host);
+  if (staging->device != nullptr) cudaFree(staging->device);
+  staging->host = nullptr;
+  staging->device = nullptr;
+  staging->bytes = 0;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaHostAlloc(reinterpret_cast<void**>(&staging->host), bytes,
+                               cudaHostAllocDefault),
+                 "allocating pinned staging"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(reinterpret_cast<void**>(&staging->device), bytes),
+                 "allocating device staging"));
+  staging->bytes = bytes;
+  return absl::OkStatus();
 }
 
 absl::Status LocalExpander::LaunchOnStream(const int64_t* last_loc,
@@ -353,6 +360,10 @@ absl::StatusOr<LocalExpander::Staging*> LocalExpander::FreeStaging(int64_t) {
 }
 
 absl::Status LocalExpander::LaunchOnStream(const int64_t*, void*) {
+  return absl::FailedPreconditionError("built without CUDA");
+}
+
+absl::Status LocalExpander::ResizeStaging(int64_t, Staging*) {
   return absl::FailedPreconditionError("built without CUDA");
 }
 

@@ -65,7 +65,8 @@ enum class ExpansionMemory : uint8_t {
 
 struct LocalExpanderOptions {
   ExpansionMemory memory = ExpansionMemory::kHost;
-  // kDevice: staging buffers, each with its event. A call takes one whose
+  // kDevice: staging buffers, each with its event (256 KB each to begin
+  // with, doubled for a batch that needs more). A call takes one whose
   // copy has run; it waits on the host only when every one is still queued
   // behind the stream's work (>= 2).
   int staging_buffers = 4;
@@ -153,6 +154,9 @@ class LocalExpander {
   absl::Status LaunchOnStream(const int64_t* last_loc, void* stream);
   // kDevice: a staging buffer whose copy has run, with room for `bytes`.
   absl::StatusOr<Staging*> FreeStaging(int64_t bytes);
+  // kDevice: replaces `staging`'s buffers (unused: its event has completed)
+  // with ones of `bytes`.
+  absl::Status ResizeStaging(int64_t bytes, Staging* staging);
 
   PageReserve* const reserve_;
   const PoolGeometry geometry_;

@@ -897,18 +897,15 @@ class PageReserve:
                 _native.path)
         n = seq.size
         total = max(total, 0)  # bad lengths: the library says which
-        interface = getattr(last_loc, "__cuda_array_interface__", None)
-        if interface is not None:
+        on_device, loc_address = _cuda_int64(last_loc, "last_loc", n, True)
+        if on_device:
             memory = _native.MEMORY_DEVICE
-            loc_address = _device_int64(interface, "last_loc", n, exact=True)
             if out is None:
                 out = _new_device_int64(last_loc, total)
-            out_interface = getattr(out, "__cuda_array_interface__", None)
-            if out_interface is None:
+            out_on_device, out_address = _cuda_int64(out, "out", total, False)
+            if not out_on_device:
                 raise InvalidArgumentError(
                     "out must be CUDA memory, as last_loc is")
-            out_address = _device_int64(out_interface, "out", total,
-                                        exact=False)
             stream_handle = _expansion_stream(stream, last_loc)
         else:
             memory = _native.MEMORY_HOST
@@ -966,6 +963,36 @@ class PageReserve:
             _lib.pagealloc_reserve_destroy(self._handle)
 
 
+def _cuda_int64(array, name, count, exact):
+    """(True, device address) for a one-dimensional, contiguous int64 CUDA
+    array of `count` entries (at least `count` unless `exact`), (False,
+    None) for anything not in CUDA memory. A torch tensor is read directly
+    (its __cuda_array_interface__ costs microseconds a call)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(array, torch.Tensor):
+        if not array.is_cuda:
+            return False, None
+        if (array.dtype != torch.int64 or array.dim() != 1 or
+                not array.is_contiguous()):
+            raise InvalidArgumentError(
+                "%s must be a one-dimensional, contiguous int64 CUDA tensor, "
+                "not %s of shape %s" % (name, array.dtype,
+                                        tuple(array.shape)))
+        _check_count(name, array.numel(), count, exact)
+        return True, array.data_ptr()
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None:
+        return False, None
+    return True, _device_int64(interface, name, count, exact)
+
+
+def _check_count(name, size, count, exact):
+    if size < count or (exact and size != count):
+        raise InvalidArgumentError("%s has %d entries; %s%d needed" %
+                                   (name, size, "" if exact else ">= ",
+                                    count))
+
+
 def _device_int64(interface, name, count, exact):
     """The device address of a one-dimensional, contiguous int64 CUDA array
     of `count` entries (at least `count` unless `exact`)."""
@@ -978,11 +1005,8 @@ def _device_int64(interface, name, count, exact):
     if strides is not None and tuple(strides) != (8,) and shape[0] > 1:
         raise InvalidArgumentError("%s must be contiguous (strides %s)" %
                                    (name, strides))
-    if shape[0] < count or (exact and shape[0] != count):
-        raise InvalidArgumentError("%s has %d entries; %s%d needed" %
-                                   (name, shape[0], "" if exact else ">= ",
-                                    count))
-    return interface["data"][0] or None
+    _check_count(name, shape[0], count, exact)
+    return interface["data"][0]
 
 
 def _new_device_int64(like, count):
@@ -1020,9 +1044,7 @@ def _host_out(out, count):
             not out.flags.writeable):
         raise InvalidArgumentError(
             "out must be a writable, contiguous, one-dimensional int64 array")
-    if out.size < count:
-        raise InvalidArgumentError("out has %d entries; >= %d needed" %
-                                   (out.size, count))
+    _check_count("out", out.size, count, False)
     return out
 
 
