@@ -394,6 +394,18 @@ PageReserveStats PageReserve::stats() const {
   return stats;
 }
 
+int64_t PageReserve::FirstNotHandedOut(absl::Span<const int64_t> pages) const {
+  absl::MutexLock lock(&mu_);
+  const int64_t limit = static_cast<int64_t>(handed_.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const int64_t page = pages[i];
+    if (page < 0 || page >= limit || handed_[page] != 1) {
+      return static_cast<int64_t>(i);
+    }
+  }
+  return -1;
+}
+
 std::vector<int64_t> PageReserve::pages() const {
   absl::MutexLock lock(&mu_);
   return std::vector<int64_t>(reserve_.rbegin(), reserve_.rend());

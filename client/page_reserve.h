@@ -139,6 +139,14 @@ class PageReserve {
   PageReserveStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // The pages in the reserve now, in the order Take hands them out.
   std::vector<int64_t> pages() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns the index in `pages` of the first page this reserve has not
+  // handed out (never, or put back since; any id outside the pool), or -1
+  // when it handed out all of them: the local expansion's check that a
+  // last_loc lies in a page of the session (client/local_expansion.h).
+  int64_t FirstNotHandedOut(absl::Span<const int64_t> pages) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Tokens per page of the session's pool.
+  int64_t page_size() const { return page_size_; }
 
  private:
   PageReserve(Client* client, const PageReserveOptions& options,

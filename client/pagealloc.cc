@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "client/admin.h"
 #include "client/client.h"
+#include "client/local_expansion.h"
 #include "client/page_reserve.h"
 #include "common/status_macros.h"
 #include "common/version.h"
@@ -34,6 +35,12 @@ struct pagealloc_client {
 
 struct pagealloc_reserve {
   std::unique_ptr<pagealloc::PageReserve> reserve;
+  // The session's client, for the expanders' pool geometry.
+  const pagealloc::Client* client = nullptr;
+  // The expanders of pagealloc_reserve_alloc_extend / _decode, made on
+  // first use, one per memory kind; `mu` serializes their calls.
+  absl::Mutex mu;
+  std::unique_ptr<pagealloc::LocalExpander> expanders[2] ABSL_GUARDED_BY(mu);
 };
 
 struct pagealloc_allocation {
@@ -1037,7 +1044,9 @@ int32_t pagealloc_reserve_create(pagealloc_client* client,
     cpp.starved_wait = absl::Microseconds(in.starved_wait_us);
     ASSIGN_OR_RETURN(std::unique_ptr<pagealloc::PageReserve> made,
                      pagealloc::PageReserve::Create(client->client.get(), cpp));
-    *reserve = new pagealloc_reserve{std::move(made)};
+    *reserve = new pagealloc_reserve;
+    (*reserve)->reserve = std::move(made);
+    (*reserve)->client = client->client.get();
     return absl::OkStatus();
   });
 }
@@ -1098,3 +1107,99 @@ int32_t pagealloc_reserve_get_stats(const pagealloc_reserve* reserve,
     return absl::OkStatus();
   });
 }
+
+namespace pagealloc {
+namespace {
+
+// The expander of `reserve` for `memory`, made on first use.
+absl::StatusOr<LocalExpander*> ExpanderFor(pagealloc_reserve* reserve,
+                                           int32_t memory)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(reserve->mu) {
+  if (memory != PAGEALLOC_MEMORY_HOST && memory != PAGEALLOC_MEMORY_DEVICE) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("memory (%d) is neither PAGEALLOC_MEMORY_HOST (0) nor "
+                        "PAGEALLOC_MEMORY_DEVICE (1)",
+                        memory));
+  }
+  std::unique_ptr<LocalExpander>& expander = reserve->expanders[memory];
+  if (expander == nullptr) {
+    LocalExpanderOptions options;
+    options.memory = memory == PAGEALLOC_MEMORY_DEVICE
+                         ? ExpansionMemory::kDevice
+                         : ExpansionMemory::kHost;
+    ASSIGN_OR_RETURN(expander,
+                     LocalExpander::Create(*reserve->client,
+                                           reserve->reserve.get(), options));
+  }
+  return expander.get();
+}
+
+// Runs `call` on the reserve's expander for `memory` and stores the slots
+// it wrote in `*num_slots` (when not NULL).
+template <typename Call>
+int32_t Expand(pagealloc_reserve* reserve, int32_t memory, int64_t* num_slots,
+               pagealloc_error* error, Call call) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    absl::MutexLock lock(&reserve->mu);
+    ASSIGN_OR_RETURN(LocalExpander * expander, ExpanderFor(reserve, memory));
+    ASSIGN_OR_RETURN(const int64_t slots, call(*expander));
+    if (num_slots != nullptr) *num_slots = slots;
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+}  // namespace pagealloc
+
+extern "C" {
+
+int32_t pagealloc_reserve_alloc_extend(pagealloc_reserve* reserve,
+                                       int32_t memory, size_t n,
+                                       const int64_t* prefix_lens,
+                                       const int64_t* seq_lens,
+                                       const int64_t* last_loc, int64_t* out,
+                                       void* stream, int64_t* num_slots,
+                                       pagealloc_error* error) {
+  return pagealloc::Expand(
+      reserve, memory, num_slots, error,
+      [&](pagealloc::LocalExpander& expander) -> absl::StatusOr<int64_t> {
+        RETURN_IF_ERROR(pagealloc::CheckArray(prefix_lens, n, "prefix_lens"));
+        RETURN_IF_ERROR(pagealloc::CheckArray(seq_lens, n, "seq_lens"));
+        return expander.AllocExtend(absl::MakeConstSpan(prefix_lens, n),
+                                    absl::MakeConstSpan(seq_lens, n), last_loc,
+                                    out, stream);
+      });
+}
+
+int32_t pagealloc_reserve_alloc_decode(pagealloc_reserve* reserve,
+                                       int32_t memory, size_t n,
+                                       const int64_t* seq_lens,
+                                       const int64_t* last_loc, int64_t* out,
+                                       void* stream, int64_t* num_slots,
+                                       pagealloc_error* error) {
+  return pagealloc::Expand(
+      reserve, memory, num_slots, error,
+      [&](pagealloc::LocalExpander& expander) -> absl::StatusOr<int64_t> {
+        RETURN_IF_ERROR(pagealloc::CheckArray(seq_lens, n, "seq_lens"));
+        return expander.AllocDecode(absl::MakeConstSpan(seq_lens, n), last_loc,
+                                    out, stream);
+      });
+}
+
+int32_t pagealloc_reserve_take_device_error(pagealloc_reserve* reserve,
+                                            pagealloc_error* error) {
+  return pagealloc::Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    absl::MutexLock lock(&reserve->mu);
+    std::unique_ptr<pagealloc::LocalExpander>& device =
+        reserve->expanders[PAGEALLOC_MEMORY_DEVICE];
+    return device == nullptr ? absl::OkStatus() : device->TakeDeviceError();
+  });
+}
+
+}  // extern "C"

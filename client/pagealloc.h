@@ -759,6 +759,59 @@ int32_t pagealloc_reserve_get_stats(const pagealloc_reserve* reserve,
                                     pagealloc_reserve_stats* stats,
                                     pagealloc_error* error);
 
+/* ------------------------------------------------------------------------
+ * Slots expanded in this process (ABI 1.3; client/local_expansion.h,
+ * docs/design.md, "Slots expanded on the caller's stream"): SGLang's
+ * alloc_extend and alloc_decode planned here from host lengths, over new
+ * pages taken from the reserve (no round trip while it holds them), and
+ * written on the caller's CUDA stream from a device last_loc
+ * (PAGEALLOC_MEMORY_DEVICE) or on this thread from a host one
+ * (PAGEALLOC_MEMORY_HOST). A call refused takes nothing from the reserve.
+ * The calls of one reserve are serialized.
+ * ------------------------------------------------------------------------ */
+
+typedef enum pagealloc_memory {
+  PAGEALLOC_MEMORY_HOST = 0,  /* last_loc and out are host arrays */
+  PAGEALLOC_MEMORY_DEVICE = 1 /* CUDA device memory; stream is used */
+} pagealloc_memory;
+
+/* Extends request i from prefix_lens[i] to seq_lens[i] tokens (host
+ * arrays of n), last_loc[i] the slot of its last prefix token (-1 for an
+ * empty prefix): writes sum(seq_lens[i] - prefix_lens[i]) slots to `out`,
+ * request after request, and their number to `*num_slots` (may be NULL).
+ * `last_loc` and `out` are in `memory`; `stream` is a cudaStream_t for
+ * PAGEALLOC_MEMORY_DEVICE (NULL: the legacy default stream): the slots are
+ * written when the stream gets there, and the call returns without waiting
+ * for it. INVALID_ARGUMENT naming the request and its values,
+ * RESOURCE_EXHAUSTED (nothing taken) when the reserve cannot supply the
+ * pages, FAILED_PRECONDITION for device memory in a library built without
+ * CUDA. */
+int32_t pagealloc_reserve_alloc_extend(pagealloc_reserve* reserve,
+                                       int32_t memory, size_t n,
+                                       const int64_t* prefix_lens,
+                                       const int64_t* seq_lens,
+                                       const int64_t* last_loc, int64_t* out,
+                                       void* stream, int64_t* num_slots,
+                                       pagealloc_error* error);
+
+/* One new token for each of n requests whose sequences reach seq_lens[i]
+ * tokens with it: writes n slots to `out`. As
+ * pagealloc_reserve_alloc_extend with prefix_lens[i] = seq_lens[i] - 1. */
+int32_t pagealloc_reserve_alloc_decode(pagealloc_reserve* reserve,
+                                       int32_t memory, size_t n,
+                                       const int64_t* seq_lens,
+                                       const int64_t* last_loc, int64_t* out,
+                                       void* stream, int64_t* num_slots,
+                                       pagealloc_error* error);
+
+/* The first device last_loc the kernel refused since the last call of
+ * this (one outside the slab, in page 0, or without room in its page for
+ * the request's slots; those slots went to page 0, the padding page):
+ * INVALID_ARGUMENT naming the request's index in its batch and the value,
+ * else OK. Covers the calls whose streams the caller has synchronized. */
+int32_t pagealloc_reserve_take_device_error(pagealloc_reserve* reserve,
+                                            pagealloc_error* error);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

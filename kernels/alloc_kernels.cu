@@ -20,31 +20,61 @@ dim3 ChunkGrid(int64_t num_requests, int64_t max_request_slots) {
               static_cast<unsigned>(num_requests));
 }
 
-template <bool kPow2PageSize>
-cudaError_t Launch(const ExpandParams& params, int page_shift,
-                   cudaStream_t stream) {
+template <bool kPow2PageSize, class Source>
+cudaError_t Launch(const ExpandParams& params, const Source& source,
+                   int page_shift, cudaStream_t stream) {
   if (UsesPerRequestKernel(params.max_request_slots)) {
-    ExpandPerRequestKernel<kPow2PageSize>
+    ExpandPerRequestKernel<kPow2PageSize, Source>
         <<<static_cast<unsigned>(Blocks(params.num_requests)), kExpandThreads,
-           0, stream>>>(params, page_shift);
+           0, stream>>>(params, source, page_shift);
   } else if (UsesChunkKernel(params.num_requests, params.num_slots,
                              params.max_request_slots)) {
-    ExpandChunkKernel<kPow2PageSize>
+    ExpandChunkKernel<kPow2PageSize, Source>
         <<<ChunkGrid(params.num_requests, params.max_request_slots),
-           kExpandThreads, 0, stream>>>(params, page_shift);
+           kExpandThreads, 0, stream>>>(params, source, page_shift);
   } else if (TileSlotsPerThread(params.num_slots, kPow2PageSize) == 1) {
-    ExpandTileKernel<kPow2PageSize, 1>
+    ExpandTileKernel<kPow2PageSize, 1, Source>
         <<<static_cast<unsigned>(Blocks(params.num_slots)), kExpandThreads, 0,
-           stream>>>(params, page_shift);
+           stream>>>(params, source, page_shift);
   } else {
     constexpr int kPerThread =
         kPow2PageSize ? kManySlotsPerThread : kManySlotsPerThreadAnyPageSize;
-    ExpandTileKernel<kPow2PageSize, kPerThread>
+    ExpandTileKernel<kPow2PageSize, kPerThread, Source>
         <<<static_cast<unsigned>(
                Blocks((params.num_slots + kPerThread - 1) / kPerThread)),
-           kExpandThreads, 0, stream>>>(params, page_shift);
+           kExpandThreads, 0, stream>>>(params, source, page_shift);
   }
   return cudaGetLastError();
+}
+
+// LaunchExpandPlan's checks of `params`: cudaSuccess when they hold.
+cudaError_t CheckUploadedParams(const ExpandParams& params) {
+  const bool per_request = UsesPerRequestKernel(params.max_request_slots);
+  if (params.num_slots < 0 || params.num_requests < 1 ||
+      params.num_requests > params.num_slots || params.page_size < 1 ||
+      params.ring_capacity < 1 || params.max_request_slots < 1 ||
+      params.max_request_slots > params.num_slots ||
+      params.slot_begin == nullptr || params.partial_slots == nullptr ||
+      params.first_slot == nullptr || params.ring_start == nullptr ||
+      params.destination == nullptr || params.free_ring == nullptr ||
+      (!per_request && params.tile_first_request == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  // gridDim.x is below 2^31; the per-slot index math is 64-bit throughout.
+  const int64_t threads_needed =
+      per_request ? params.num_requests : params.num_slots;
+  if (threads_needed / kExpandThreads >= (int64_t{1} << 31) - 1) {
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+template <class Source>
+cudaError_t LaunchUploaded(const ExpandParams& params, const Source& source,
+                           cudaStream_t stream) {
+  const int page_shift = PageShift(params.page_size);
+  return page_shift >= 0 ? Launch<true>(params, source, page_shift, stream)
+                         : Launch<false>(params, source, 0, stream);
 }
 
 // The inline kernel for `header`, in size tier kWords, and its grid.
@@ -96,26 +126,22 @@ static_assert(offsetof(InlineExpandParams<kInlineTierWords[0]>, words) ==
 
 cudaError_t LaunchExpandPlan(const ExpandParams& params, cudaStream_t stream) {
   if (params.num_slots == 0) return cudaSuccess;
-  const bool per_request = UsesPerRequestKernel(params.max_request_slots);
-  if (params.num_slots < 0 || params.num_requests < 1 ||
-      params.num_requests > params.num_slots || params.page_size < 1 ||
-      params.ring_capacity < 1 || params.max_request_slots < 1 ||
-      params.max_request_slots > params.num_slots ||
-      params.slot_begin == nullptr || params.partial_slots == nullptr ||
-      params.first_slot == nullptr || params.ring_start == nullptr ||
-      params.destination == nullptr || params.free_ring == nullptr ||
-      (!per_request && params.tile_first_request == nullptr)) {
+  const cudaError_t checked = CheckUploadedParams(params);
+  if (checked != cudaSuccess) return checked;
+  return LaunchUploaded(params, UploadedSource{}, stream);
+}
+
+cudaError_t LaunchExpandPlanLastLoc(const ExpandParams& params,
+                                    const DeviceLastLoc& last_loc,
+                                    cudaStream_t stream) {
+  if (params.num_slots == 0) return cudaSuccess;
+  const cudaError_t checked = CheckUploadedParams(params);
+  if (checked != cudaSuccess) return checked;
+  if (last_loc.last_loc == nullptr || last_loc.error == nullptr ||
+      last_loc.slot_limit <= params.page_size) {
     return cudaErrorInvalidValue;
   }
-  // gridDim.x is below 2^31; the per-slot index math is 64-bit throughout.
-  const int64_t threads_needed =
-      per_request ? params.num_requests : params.num_slots;
-  if (threads_needed / kExpandThreads >= (int64_t{1} << 31) - 1) {
-    return cudaErrorInvalidValue;
-  }
-  const int page_shift = PageShift(params.page_size);
-  return page_shift >= 0 ? Launch<true>(params, page_shift, stream)
-                         : Launch<false>(params, 0, stream);
+  return LaunchUploaded(params, LastLocSource{last_loc}, stream);
 }
 
 cudaError_t LaunchExpandInlinePlan(const MaxInlineExpandParams& params,

@@ -25,41 +25,49 @@ inline constexpr int ChunkMinBlocksPerSm(bool pow2_page_size) {
 }
 
 // --- Plans uploaded as a struct-of-arrays block ---
+//
+// Source (expand_plan.h) says how a thread reads the block: UploadedSource
+// as packed, LastLocSource with each request's last_loc from the caller's
+// device array (the client library's local expansion).
 
 // One thread per packed request; for batches whose requests write at most
 // kPerRequestMaxSlots slots each.
 // Grid: ceil(params.num_requests / kExpandThreads) blocks of kExpandThreads.
-template <bool kPow2PageSize>
+template <bool kPow2PageSize, class Source>
 __global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
     ExpandPerRequestKernel(const ExpandParams params,  // arrays on device
+                           const Source source,
                            int page_shift) {  // log2(page_size) if kPow2
   ExpandRequestThread<kPow2PageSize>(
-      UploadedPlan(params), page_shift,
+      source.MakePlan(params), page_shift,
       static_cast<int64_t>(blockIdx.x) * kExpandThreads + threadIdx.x);
 }
 
 // One thread per slot, kSlotsPerThread slots each; for everything else.
 // Grid: ceil(params.num_slots / (kExpandTileSlots * kSlotsPerThread)) blocks
 // of kExpandThreads.
-template <bool kPow2PageSize, int kSlotsPerThread>
+template <bool kPow2PageSize, int kSlotsPerThread, class Source>
 __global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
     ExpandTileKernel(const ExpandParams params,  // arrays on device
-                     int page_shift) {           // log2(page_size) if kPow2
+                     const Source source,
+                     int page_shift) {  // log2(page_size) if kPow2
   ExpandTileThread<kPow2PageSize, kSlotsPerThread>(
-      UploadedPlan(params), page_shift, blockIdx.x,
+      source.MakePlan(params), page_shift, blockIdx.x,
       static_cast<int>(threadIdx.x));
 }
 
 // Block (c, r) writes chunk c of request r; for long extends
 // (UsesChunkKernel). Grid: ChunksPerRequest(params.max_request_slots) x
 // params.num_requests blocks of kExpandThreads.
-template <bool kPow2PageSize>
+template <bool kPow2PageSize, class Source>
 __global__ void __launch_bounds__(kExpandThreads,
                                   ChunkMinBlocksPerSm(kPow2PageSize))
     ExpandChunkKernel(const ExpandParams params,  // arrays on device
-                      int page_shift) {           // log2(page_size) if kPow2
-  ExpandChunkThread<kPow2PageSize>(UploadedPlan(params), page_shift, blockIdx.x,
-                                   blockIdx.y, static_cast<int>(threadIdx.x));
+                      const Source source,
+                      int page_shift) {  // log2(page_size) if kPow2
+  ExpandChunkThread<kPow2PageSize>(source.MakePlan(params), page_shift,
+                                   blockIdx.x, blockIdx.y,
+                                   static_cast<int>(threadIdx.x));
 }
 
 // --- Plans passed in the kernel parameters (kWords: the size tier) ---

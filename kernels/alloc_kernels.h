@@ -23,6 +23,16 @@ namespace pagealloc {
 // are written when the stream gets there. Allocates nothing.
 cudaError_t LaunchExpandPlan(const ExpandParams& params, cudaStream_t stream);
 
+// As LaunchExpandPlan, for a plan packed with each request's batch index
+// plus one as its first_slot: reads the request's last_loc from
+// `last_loc.last_loc` on the device, as LastLocPlan (expand_plan.h) says,
+// recording a refused value in `last_loc.error`. Also cudaErrorInvalidValue,
+// launching nothing, for a null array or error word, or a slot_limit not
+// above page_size.
+cudaError_t LaunchExpandPlanLastLoc(const ExpandParams& params,
+                                    const DeviceLastLoc& last_loc,
+                                    cudaStream_t stream);
+
 // As LaunchExpandPlan, for a plan packed into kernel parameters
 // (PackInlinePlan): the decode kernel when every request writes one slot,
 // else the per-request, chunk or tiled kernel as above. The launch passes the

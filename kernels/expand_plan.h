@@ -307,6 +307,88 @@ class InlinePlan {
   const InlineExpandParams<kWords>& p_;
 };
 
+// --- Plans whose last_loc stays on the device (client/local_expansion.h) ---
+//
+// The client library expands a session's batch on the caller's stream from
+// the caller's host lengths and its device last_loc, which the host never
+// reads. Such a plan is packed as any uploaded one, except that first_slot[r]
+// holds the request's index in the caller's batch plus one (the planner puts
+// the index where last_loc goes); LastLocPlan reads the request's last_loc
+// from the caller's array through it and checks it there.
+
+// The caller's last_loc array and what a refused value is reported to.
+struct DeviceLastLoc {
+  const int64_t* last_loc;  // [batch requests], in device memory
+  int64_t slot_limit;       // (num_pages + 1) * page_size: the slab's end
+  // [2], host-mapped, zero until a request is refused: then the first
+  // refused request's batch index plus one, and its last_loc.
+  unsigned long long* error;  // NOLINT(runtime/int): atomicCAS's type
+};
+
+// Records request `index`'s refused last_loc `value` in `error`, unless a
+// refusal is recorded already (the first one stays).
+PAGEALLOC_HOST_DEVICE void ReportBadLastLoc(unsigned long long* error,
+                                            int64_t index, int64_t value) {
+  const auto word = static_cast<unsigned long long>(index + 1);
+#if defined(__CUDA_ARCH__)
+  if (atomicCAS(error, 0ull, word) == 0ull) {
+    error[1] = static_cast<unsigned long long>(value);
+  }
+#else
+  if (error[0] == 0) {
+    error[0] = word;
+    error[1] = static_cast<unsigned long long>(value);
+  }
+#endif
+}
+
+// An uploaded plan whose first_slot(r) is last_loc[index] + 1 from the
+// caller's device array. A request that continues its prefix's page
+// (partial_slots(r) > 0) needs a last_loc in a page of the slab other than
+// page 0 whose page has room for those slots: loc >= page_size, loc <
+// slot_limit, loc % page_size + partial_slots(r) < page_size. Any other
+// value is recorded (ReportBadLastLoc) and the request's prefix-page slots
+// go to page 0, the padding page that is never handed out, so that no slot
+// of the batch points outside the slab or past the page the caller named.
+// Whether that page is the session's is the caller's to know (one slab is
+// one trust domain: docs/design.md, "Slots expanded on the caller's
+// stream").
+class LastLocPlan : public UploadedPlan {
+ public:
+  PAGEALLOC_HOST_DEVICE LastLocPlan(const ExpandParams& p,
+                                    const DeviceLastLoc& d)
+      : UploadedPlan(p), d_(d) {}
+  PAGEALLOC_HOST_DEVICE int64_t first_slot(int64_t r) const {
+    const int64_t partial = partial_slots(r);
+    if (partial == 0) return 0;  // not used
+    const int64_t index = UploadedPlan::first_slot(r) - 1;
+    const int64_t loc = d_.last_loc[index];
+    const int64_t ps = page_size();
+    if (loc >= ps && loc < d_.slot_limit && loc % ps + partial < ps) {
+      return loc + 1;
+    }
+    ReportBadLastLoc(d_.error, index, loc);
+    return 0;
+  }
+
+ private:
+  const DeviceLastLoc& d_;
+};
+
+// How an uploaded kernel reads its plan: as packed (UploadedSource), or with
+// first_slot from the caller's last_loc (DeviceLastLoc).
+struct UploadedSource {
+  PAGEALLOC_HOST_DEVICE UploadedPlan MakePlan(const ExpandParams& p) const {
+    return UploadedPlan(p);
+  }
+};
+struct LastLocSource {
+  DeviceLastLoc last_loc;
+  PAGEALLOC_HOST_DEVICE LastLocPlan MakePlan(const ExpandParams& p) const {
+    return LastLocPlan(p, last_loc);
+  }
+};
+
 // Returns the last request r in [lo, hi] with slot_begin(r) <= slot: the
 // request that writes batch slot `slot`.
 // REQUIRES: slot_begin(lo) <= slot < num_slots, lo <= hi < num_requests.

@@ -469,5 +469,140 @@ TEST_F(PlanPackingTest, TileMarksNameTheRequestOfEveryTilesFirstSlot) {
   EXPECT_EQ(slot_begin[3], 600);
 }
 
+// The local expansion's variant (LastLocPlan): the plan carries each
+// request's batch index where last_loc goes, and the kernel reads last_loc
+// from the caller's array. Emulated over random plans, every variant must
+// write what the reference writes from the plan with last_loc in it.
+class LastLocPlanTest : public PlanPackingTest {
+ protected:
+  // Runs `variant` over `batch` with its last_locs moved to an array and
+  // returns the whole output buffer; `error` receives the kernel's report.
+  std::vector<int64_t> RunLastLoc(RandomBatch& batch,
+                                  const std::vector<int64_t>& ring,
+                                  Variant variant, int64_t slot_limit,
+                                  bool pow2,
+                                  std::vector<int64_t>* last_locs_override,
+                                  unsigned long long error[2]) {
+    BatchPlan indexed = batch.plan;
+    std::vector<int64_t> last_locs;
+    for (size_t k = 0; k < indexed.requests.size(); ++k) {
+      last_locs.push_back(indexed.requests[k].last_loc);
+      indexed.requests[k].last_loc = static_cast<int64_t>(k);
+    }
+    if (last_locs_override != nullptr) last_locs = *last_locs_override;
+    std::vector<int64_t> actual(batch.output_words, kPoison);
+    RandomBatch bound = batch;
+    bound.plan = indexed;
+    BindDestinations(bound, actual.data());
+    std::vector<int64_t> block(
+        MaxPackedPlanBytes(indexed.requests.size(), indexed.num_slots) / 8);
+    const absl::StatusOr<PackedPlan> packed =
+        PackPlan(bound.plan, ring.size(), absl::MakeSpan(block));
+    EXPECT_TRUE(packed.ok()) << packed.status();
+    if (!packed.ok() || packed->num_requests == 0) return actual;
+    const ExpandParams params = MakeExpandParams(
+        *packed, block.data(), ring.data(), ring.size(), indexed.page_size);
+    const DeviceLastLoc device{last_locs.data(), slot_limit, error};
+    const LastLocPlan plan(params, device);
+    const int shift = PageShift(indexed.page_size);
+    if (pow2) {
+      EmulateLaunch<true>(plan, variant, shift, params.max_request_slots);
+    } else {
+      EmulateLaunch<false>(plan, variant, 0, params.max_request_slots);
+    }
+    return actual;
+  }
+};
+
+TEST_F(LastLocPlanTest, EmulatedKernelsMatchReferenceOnRandomPlans) {
+  const uint64_t seed = std::random_device{}();
+  rng_.seed(seed);
+  SCOPED_TRACE(absl::StrFormat("seed %d", seed));
+  for (const int64_t page_size : {1, 3, 16, 64}) {
+    for (int trial = 0; trial < 12; ++trial) {
+      RandomPlanSpec spec;
+      spec.page_size = page_size;
+      spec.num_requests = 1 + rng_() % 300;
+      spec.max_prefix = 1 + rng_() % 300;
+      spec.max_extend = trial % 3 == 0 ? 16 : 1 + rng_() % 3000;
+      spec.decode_fraction = trial % 4 == 0 ? 1.0 : 0.3;
+      spec.max_total_slots = 1 << 16;
+      const int64_t capacity = spec.max_total_slots + rng_() % 100;
+      std::vector<int64_t> ring = RandomRing(capacity, rng_);
+      RandomBatch batch = MakeRandomBatch(spec, capacity, rng_);
+      std::vector<int64_t> expected(batch.output_words, kPoison);
+      BindDestinations(batch, expected.data());
+      for (const PlannedRequest& request : batch.plan.requests) {
+        ExpandRequest(request, page_size, ring.data(), ring.size(),
+                      batch.plan.free_ring_head, request.destination);
+      }
+      int64_t max_slots = 0;
+      for (const PlannedRequest& r : batch.plan.requests) {
+        max_slots = std::max(max_slots, r.seq_len - r.prefix_len);
+      }
+      const int64_t slot_limit = (capacity + 2000) * page_size;
+      for (Variant variant : {Variant::kPerRequest, Variant::kTile1,
+                              Variant::kTile8, Variant::kChunk}) {
+        if (variant == Variant::kPerRequest &&
+            !UsesPerRequestKernel(max_slots)) {
+          continue;
+        }
+        for (const bool pow2 : {false, true}) {
+          if (pow2 && PageShift(page_size) < 0) continue;
+          SCOPED_TRACE(absl::StrFormat(
+              "page_size %d trial %d variant %d pow2 %d: %d requests",
+              page_size, trial, static_cast<int>(variant), pow2,
+              batch.plan.requests.size()));
+          unsigned long long error[2] = {0, 0};
+          EXPECT_EQ(RunLastLoc(batch, ring, variant, slot_limit, pow2, nullptr,
+                               error),
+                    expected);
+          EXPECT_EQ(error[0], 0u);
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(LastLocPlanTest, RefusedLastLocGoesToPageZeroAndIsReported) {
+  // Three extends at page size 16 continuing their prefix pages: prefix 5
+  // (last_loc at offset 4 of its page), 3 new slots each.
+  constexpr int64_t kPageSize = 16;
+  RandomBatch batch;
+  batch.plan.page_size = kPageSize;
+  batch.plan.free_ring_head = 0;
+  batch.plan.free_ring_capacity = 4;
+  for (int64_t k = 0; k < 3; ++k) {
+    PlannedRequest& r = batch.plan.requests.emplace_back();
+    r.prefix_len = 5;
+    r.seq_len = 8;
+    r.last_loc = (k + 1) * kPageSize + 4;
+    r.output_offset = 3 * k;
+    batch.destination_offset.push_back(3 * k);
+  }
+  batch.plan.num_slots = 9;
+  batch.output_words = 9;
+  const std::vector<int64_t> ring = {7, 8, 9, 10};
+  const int64_t slot_limit = 11 * kPageSize;
+  // Request 1 names page 0; request 2 an offset whose slots would cross
+  // into the next page (14 + 3 >= 16).
+  std::vector<int64_t> last_locs = {kPageSize + 4, 4, 3 * kPageSize + 14};
+  unsigned long long error[2] = {0, 0};
+  const std::vector<int64_t> out =
+      RunLastLoc(batch, ring, Variant::kPerRequest, slot_limit,
+                 /*pow2=*/true, &last_locs, error);
+  EXPECT_EQ(out, (std::vector<int64_t>{21, 22, 23, 0, 1, 2, 0, 1, 2}));
+  EXPECT_EQ(error[0], 2u);  // request 1, the first refused
+  EXPECT_EQ(error[1], 4u);
+  // Past the slab's end.
+  last_locs = {11 * kPageSize + 4, kPageSize + 4, kPageSize + 4};
+  error[0] = error[1] = 0;
+  RunLastLoc(batch, ring, Variant::kTile1, slot_limit, /*pow2=*/false,
+             &last_locs, error);
+  EXPECT_EQ(error[0], 1u);
+  EXPECT_EQ(error[1], static_cast<unsigned long long>(11 * kPageSize + 4));
+}
+
 }  // namespace
 }  // namespace pagealloc

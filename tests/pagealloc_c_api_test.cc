@@ -412,6 +412,91 @@ TEST_F(PageallocCApiTest, AReserveHandsOutTheSessionsPages) {
   EXPECT_EQ(Stats().used_pages, 0);
 }
 
+TEST_F(PageallocCApiTest, AReserveExpandsSlotsInProcess) {
+  pagealloc_allocation* probe = Alloc({4});
+  const bool on_device = pagealloc_allocation_get_view(probe)->on_device;
+  pagealloc_allocation_destroy(probe);
+  if (on_device) GTEST_SKIP() << "host last_loc and slots: CPU backend only";
+  pagealloc_reserve_options options;
+  pagealloc_reserve_options_init(&options, sizeof(options));
+  options.initial_batch = 2;
+  options.max_pages = 8;
+  pagealloc_reserve* reserve = nullptr;
+  ASSERT_EQ(pagealloc_reserve_create(client_, &options, &reserve, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  int64_t prefix_page = 0;
+  ASSERT_EQ(pagealloc_reserve_take(reserve, 1, &prefix_page, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+
+  // A 2-token prefix in prefix_page, extended to 11 tokens: 2 slots in the
+  // prefix's page, then two new pages of the reserve from their first slot.
+  const int64_t prefix[] = {2}, seq[] = {11}, last[] = {prefix_page * 4 + 1};
+  std::vector<int64_t> out(10, -7);
+  int64_t slots = -1;
+  ASSERT_EQ(pagealloc_reserve_alloc_extend(reserve, PAGEALLOC_MEMORY_HOST, 1,
+                                           prefix, seq, last, out.data(),
+                                           nullptr, &slots, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(slots, 9);
+  EXPECT_EQ(out[0], prefix_page * 4 + 2);
+  EXPECT_EQ(out[1], prefix_page * 4 + 3);
+  const int64_t q = out[2] / 4, r = out[6] / 4;
+  EXPECT_NE(q, prefix_page);
+  EXPECT_NE(r, q);
+  EXPECT_EQ(std::vector<int64_t>(out.begin() + 2, out.begin() + 9),
+            (std::vector<int64_t>{q * 4, q * 4 + 1, q * 4 + 2, q * 4 + 3, r * 4,
+                                  r * 4 + 1, r * 4 + 2}));
+  EXPECT_EQ(out[9], -7);
+  // A decode continues the last page.
+  const int64_t seqs[] = {12}, lasts[] = {r * 4 + 2};
+  ASSERT_EQ(pagealloc_reserve_alloc_decode(reserve, PAGEALLOC_MEMORY_HOST, 1,
+                                           seqs, lasts, out.data(), nullptr,
+                                           &slots, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(slots, 1);
+  EXPECT_EQ(out[0], r * 4 + 3);
+
+  // Refusals name the request and change nothing.
+  pagealloc_reserve_stats before;
+  before.struct_size = sizeof(before);
+  ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &before, &error_),
+            PAGEALLOC_OK);
+  const int64_t bad_prefix[] = {12};
+  slots = -1;
+  EXPECT_EQ(pagealloc_reserve_alloc_extend(reserve, PAGEALLOC_MEMORY_HOST, 1,
+                                           bad_prefix, seq, last, out.data(),
+                                           nullptr, &slots, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "seq_lens[0] (11) < prefix_lens[0]"),
+            nullptr)
+      << error_.message;
+  EXPECT_EQ(
+      pagealloc_reserve_alloc_decode(reserve, 7, 1, seqs, lasts, out.data(),
+                                     nullptr, &slots, &error_),
+      PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "memory (7)"), nullptr);
+  EXPECT_EQ(pagealloc_reserve_alloc_decode(reserve, PAGEALLOC_MEMORY_HOST, 1,
+                                           nullptr, lasts, out.data(), nullptr,
+                                           &slots, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_EQ(slots, -1);
+  pagealloc_reserve_stats after;
+  after.struct_size = sizeof(after);
+  ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &after, &error_),
+            PAGEALLOC_OK);
+  // (The reserve's own thread may refill meanwhile; what it handed out
+  // moves only with the caller's calls.)
+  EXPECT_EQ(after.handed_out, before.handed_out);
+  EXPECT_EQ(after.takes, before.takes);
+  EXPECT_EQ(pagealloc_reserve_take_device_error(reserve, &error_),
+            PAGEALLOC_OK);
+  pagealloc_reserve_destroy(reserve);
+}
+
 TEST_F(PageallocCApiTest, ReleaseLetsTheRingBeReused) {
   pagealloc_client* small = nullptr;
   ASSERT_EQ(Connect(&small, /*ring_slots=*/16), PAGEALLOC_OK);

@@ -102,6 +102,27 @@ static void TestAbiOneOne(void) {
                                        &error) == PAGEALLOC_INVALID_ARGUMENT);
 }
 
+/* ABI 1.3's local expansion: the calls refuse a NULL reserve. */
+static void TestAbiOneThree(void) {
+  pagealloc_error error;
+  const int64_t seq[] = {3};
+  const int64_t last[] = {-1};
+  int64_t out[1] = {0};
+  int64_t slots = -1;
+  EXPECT((pagealloc_abi_version() & 0xFFFF) >= 3);
+  EXPECT(PAGEALLOC_MEMORY_HOST == 0 && PAGEALLOC_MEMORY_DEVICE == 1);
+  EXPECT(pagealloc_reserve_alloc_decode(NULL, PAGEALLOC_MEMORY_HOST, 1, seq,
+                                        last, out, NULL, &slots,
+                                        &error) == PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(strstr(error.message, "reserve is NULL") != NULL);
+  EXPECT(pagealloc_reserve_alloc_extend(NULL, PAGEALLOC_MEMORY_DEVICE, 1, seq,
+                                        seq, last, out, NULL, &slots,
+                                        &error) == PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(pagealloc_reserve_take_device_error(NULL, &error) ==
+         PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT(slots == -1 && out[0] == 0);
+}
+
 static void TestConnectRefusals(void) {
   pagealloc_client_options options;
   pagealloc_client* client = (pagealloc_client*)&options; /* overwritten */
@@ -164,6 +185,7 @@ int main(void) {
   TestConnectRefusals();
   TestNullHandles();
   TestAbiOneOne();
+  TestAbiOneThree();
   if (failures != 0) {
     fprintf(stderr, "%d expectation(s) failed\n", failures);
     return 1;

@@ -278,6 +278,17 @@ def _declare(lib):
         "pagealloc_reserve_put_on_stream":
             (i32, [ptr, ptr, size, ptr, p_error]),
     }
+    # ABI 1.3: declared only when the library has them, so that a 1.2
+    # library still serves everything else.
+    if lib.pagealloc_abi_version() & 0xFFFF >= 3:
+        signatures.update({
+            "pagealloc_reserve_alloc_extend":
+                (i32, [ptr, i32, size, ptr, ptr, ptr, ptr, ptr, p_i64,
+                       p_error]),
+            "pagealloc_reserve_alloc_decode":
+                (i32, [ptr, i32, size, ptr, ptr, ptr, ptr, p_i64, p_error]),
+            "pagealloc_reserve_take_device_error": (i32, [ptr, p_error]),
+        })
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
         function.restype = restype
@@ -308,3 +319,8 @@ def load():
 
 
 lib, path = load()
+
+MEMORY_HOST = 0    # pagealloc_memory: host arrays
+MEMORY_DEVICE = 1  # CUDA device memory, on the caller's stream
+# Whether the library has ABI 1.3's in-process expansion.
+HAS_LOCAL_EXPANSION = lib.pagealloc_abi_version() & 0xFFFF >= 3

@@ -862,6 +862,90 @@ class PageReserve:
                 self._live(), _address(array), array.size,
                 _stream_handle(stream) or None, ctypes.byref(error)), error)
 
+    def alloc_extend(self, prefix_lens, seq_lens, last_loc, out=None, *,
+                     stream=None):
+        """SGLang's alloc_extend in this process (docs/python.md, "Slots
+        expanded in process"): request i grows from prefix_lens[i] to
+        seq_lens[i] tokens, its new pages taken from this reserve (no round
+        trip while it holds them). Returns the sum(seq_lens - prefix_lens)
+        slots, request after request, in `out` (made when None) or a
+        prefix of it.
+
+        The lengths are host arrays (SGLang's *_cpu tensors, lists, NumPy).
+        A `last_loc` in CUDA memory (a torch tensor, or anything with
+        __cuda_array_interface__) is read on the device: the slots are
+        written on `stream` (a torch/cupy stream or a cudaStream_t as an
+        int; None: torch's current stream for a torch tensor, else the
+        legacy default stream), into a CUDA `out`, and the call returns
+        without waiting for the stream. A host `last_loc` gives host slots.
+        Raises InvalidArgumentError naming the request and its values, and
+        ResourceExhaustedError when the reserve cannot supply the pages
+        (SGLang's None); nothing is taken then."""
+        prefix = _int64_array(prefix_lens, "prefix_lens")
+        seq = _int64_array(seq_lens, "seq_lens")
+        if prefix.size != seq.size:
+            raise InvalidArgumentError(
+                "prefix_lens has %d entries and seq_lens %d: one each per "
+                "request" % (prefix.size, seq.size))
+        total = int(seq.sum() - prefix.sum()) if seq.size else 0
+        return self._expand("pagealloc_reserve_alloc_extend", (prefix,), seq,
+                            last_loc, out, stream, total)
+
+    def alloc_decode(self, seq_lens, last_loc, out=None, *, stream=None):
+        """SGLang's alloc_decode in this process: one new token for each
+        request, whose sequence reaches seq_lens[i] tokens with it. Returns
+        len(seq_lens) slots. As alloc_extend with prefix_lens = seq_lens -
+        1."""
+        seq = _int64_array(seq_lens, "seq_lens")
+        return self._expand("pagealloc_reserve_alloc_decode", (), seq,
+                            last_loc, out, stream, seq.size)
+
+    def take_device_error(self):
+        """Raises InvalidArgumentError for the first device last_loc the
+        expansion kernel refused since the last call of this (its slots
+        went to page 0, the padding page); covers the calls whose streams
+        have been synchronized."""
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_take_device_error(
+            self._live(), ctypes.byref(error)), error)
+
+    def _expand(self, function, prefix, seq, last_loc, out, stream, total):
+        if not _native.HAS_LOCAL_EXPANSION:
+            raise FailedPreconditionError(
+                "%s has no in-process expansion (ABI 1.3 needed)" %
+                _native.path)
+        n = seq.size
+        total = max(total, 0)  # bad lengths: the library says which
+        on_device, loc_address = _cuda_int64(last_loc, "last_loc", n, True)
+        if on_device:
+            memory = _native.MEMORY_DEVICE
+            if out is None:
+                out = _new_device_int64(last_loc, total)
+            out_on_device, out_address = _cuda_int64(out, "out", total, False)
+            if not out_on_device:
+                raise InvalidArgumentError(
+                    "out must be CUDA memory, as last_loc is")
+            stream_handle = _expansion_stream(stream, last_loc)
+        else:
+            memory = _native.MEMORY_HOST
+            loc = _int64_array(last_loc, "last_loc")
+            if loc.size != n:
+                raise InvalidArgumentError(
+                    "last_loc has %d entries and seq_lens %d" % (loc.size, n))
+            if out is None:
+                out = np.empty(total, dtype=np.int64)
+            out_array = _host_out(out, total)
+            loc_address = _address(loc)
+            out_address = _address(out_array)
+            stream_handle = None
+        written = ctypes.c_int64(-1)
+        error = _error_buffer()
+        lengths = [_address(a) for a in prefix] + [_address(seq)]
+        _check(getattr(_lib, function)(
+            self._live(), memory, n, *lengths, loc_address, out_address,
+            stream_handle, ctypes.byref(written), ctypes.byref(error)), error)
+        return out if len(out) == written.value else out[:written.value]
+
     def stats(self):
         """The reserve's counts, as a dict (pages, handed_out, batch,
         refills, pages_refilled, returns, pages_returned, reclaims,
@@ -900,6 +984,91 @@ def _destroy_reserve(box):
     handle, box[0] = box[0], None
     if handle:
         _lib.pagealloc_reserve_destroy(handle)
+
+
+def _cuda_int64(array, name, count, exact):
+    """(True, device address) for a one-dimensional, contiguous int64 CUDA
+    array of `count` entries (at least `count` unless `exact`), (False,
+    None) for anything not in CUDA memory. A torch tensor is read directly
+    (its __cuda_array_interface__ costs microseconds a call)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(array, torch.Tensor):
+        if not array.is_cuda:
+            return False, None
+        if (array.dtype != torch.int64 or array.dim() != 1 or
+                not array.is_contiguous()):
+            raise InvalidArgumentError(
+                "%s must be a one-dimensional, contiguous int64 CUDA tensor, "
+                "not %s of shape %s" % (name, array.dtype,
+                                        tuple(array.shape)))
+        _check_count(name, array.numel(), count, exact)
+        return True, array.data_ptr()
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None:
+        return False, None
+    return True, _device_int64(interface, name, count, exact)
+
+
+def _check_count(name, size, count, exact):
+    if size < count or (exact and size != count):
+        raise InvalidArgumentError("%s has %d entries; %s%d needed" %
+                                   (name, size, "" if exact else ">= ",
+                                    count))
+
+
+def _device_int64(interface, name, count, exact):
+    """The device address of a one-dimensional, contiguous int64 CUDA array
+    of `count` entries (at least `count` unless `exact`)."""
+    shape = tuple(interface.get("shape", ()))
+    strides = interface.get("strides")
+    if interface.get("typestr") != "<i8" or len(shape) != 1:
+        raise InvalidArgumentError(
+            "%s must be a one-dimensional int64 CUDA array, not %s of shape "
+            "%s" % (name, interface.get("typestr"), shape))
+    if strides is not None and tuple(strides) != (8,) and shape[0] > 1:
+        raise InvalidArgumentError("%s must be contiguous (strides %s)" %
+                                   (name, strides))
+    _check_count(name, shape[0], count, exact)
+    return interface["data"][0]
+
+
+def _new_device_int64(like, count):
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(like, torch.Tensor):
+        raise InvalidArgumentError(
+            "out=None needs a torch last_loc (to make the CUDA output like "
+            "it); pass out, an int64 CUDA array of the batch's slots")
+    return torch.empty(count, dtype=torch.int64, device=like.device)
+
+
+def _expansion_stream(stream, like):
+    """The cudaStream_t (an int; 0: the legacy default stream) a device
+    expansion runs on: `stream`, or torch's current stream for a torch
+    `like`."""
+    if stream is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(like, torch.Tensor):
+            return torch.cuda.current_stream(like.device).cuda_stream
+    return _stream_handle(stream)
+
+
+def _host_out(out, count):
+    """`out` as a writable int64 NumPy array of >= count entries, sharing
+    its memory."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(out, torch.Tensor):
+        if out.device.type != "cpu":
+            raise InvalidArgumentError(
+                "out is a tensor on %s and last_loc host memory: pass both "
+                "on the same side" % out.device)
+        out = out.numpy()
+    if (not isinstance(out, np.ndarray) or out.dtype != np.int64 or
+            out.ndim != 1 or not out.flags.c_contiguous or
+            not out.flags.writeable):
+        raise InvalidArgumentError(
+            "out must be a writable, contiguous, one-dimensional int64 array")
+    _check_count("out", out.size, count, False)
+    return out
 
 
 def _whole(value, name):

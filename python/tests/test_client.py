@@ -913,3 +913,58 @@ def test_reserve_hands_out_the_sessions_pages(daemon):
             reserve.take(1)
         # Closing returned the reserve; the page taken stays the session's.
         assert client.stats().used_pages == 1
+
+
+# ------------------------------------------------- slots expanded in process
+
+def test_reserve_expands_extend_and_decode_in_process(daemon):
+    with daemon.connect(name="local") as client, \
+            client.reserve(initial_batch=2, max_pages=8) as reserve:
+        prefix_page = int(reserve.take(1)[0])
+        # A 2-token prefix in prefix_page, extended to 11 tokens and, in
+        # the same batch, an empty prefix to 3.
+        slots = reserve.alloc_extend([2, 0], [11, 3],
+                                     np.array([prefix_page * 4 + 1, -1]))
+        assert slots.dtype == np.int64 and slots.size == 12
+        assert slots[:2].tolist() == [prefix_page * 4 + 2, prefix_page * 4 + 3]
+        # Whole new pages from their first slot, none the prefix's: two for
+        # the first request (4 + 3 slots), one for the second (3 slots).
+        q, r, t = int(slots[2]) // 4, int(slots[6]) // 4, int(slots[9]) // 4
+        assert slots[2:].tolist() == ([q * 4 + k for k in range(4)] +
+                                      [r * 4 + k for k in range(3)] +
+                                      [t * 4 + k for k in range(3)])
+        assert len({prefix_page, q, r, t}) == 4
+        # A decode continues the last page; into a given buffer.
+        out = np.full(4, -7, dtype=np.int64)
+        got = reserve.alloc_decode([12], [int(slots[8])], out=out)
+        assert got.tolist() == [int(slots[8]) + 1]
+        assert out[1:].tolist() == [-7, -7, -7]
+        assert reserve.stats()["handed_out"] == 4
+
+
+def test_reserve_expansion_refusals_take_nothing(daemon):
+    with daemon.connect(name="local") as client, \
+            client.reserve(initial_batch=2, max_pages=8) as reserve:
+        prefix_page = int(reserve.take(1)[0])
+        handed = reserve.stats()["handed_out"]
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match=r"seq_lens\[1\] \(3\) < prefix_lens\[1\] "
+                                 r"\(5\)"):
+            reserve.alloc_extend([2, 5], [4, 3], [prefix_page * 4 + 1, 0])
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match=r"last_locs\[0\] \(%d\) lies in page %d" %
+                           (((prefix_page % 16) + 1) * 4 + 1,
+                            (prefix_page % 16) + 1)):
+            reserve.alloc_extend([2], [4], [((prefix_page % 16) + 1) * 4 + 1])
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match="prefix_lens has 1 entries and seq_lens 2"):
+            reserve.alloc_extend([1], [2, 3], [0, 0])
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match="out has 1 entries"):
+            reserve.alloc_extend([0], [3], [-1],
+                                 out=np.zeros(1, dtype=np.int64))
+        # More pages than the pool holds: SGLang's None.
+        with pytest.raises(pagealloc.ResourceExhaustedError):
+            reserve.alloc_extend([0], [17 * 4], [-1])
+        assert reserve.stats()["handed_out"] == handed
+        reserve.take_device_error()  # none: no device call was made

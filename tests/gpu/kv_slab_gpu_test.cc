@@ -13,19 +13,11 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu_executor.h"
 #include "kernels/cuda_executor.h"
+#include "tests/gpu/skip_without_gpu.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                         \
-  do {                                                             \
-    int count = 0;                                                 \
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) { \
-      cudaGetLastError();                                          \
-      GTEST_SKIP() << "skipped: this machine has no CUDA GPU";     \
-    }                                                              \
-  } while (0)
 
 // The scrub kernel zeroes exactly the listed pages in every buffer, as
 // ScrubPage does on the host, and runs before the expand kernel.

@@ -51,6 +51,7 @@ targets=(
   //tests/gpu:release_fence_test
   //tests/gpu:kv_slab_gpu_test
   //tests/gpu:ring_flood_test
+  //tests/gpu:local_expansion_test
   //memory:cuda_vmm_test
   //tests:kv_slab_test
   //tests:kv_writer

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA kernels on a GPU host, from a package made by package.sh:
 #   1. the GPU test (tests/gpu:cuda_executor_test), in full
+#   1b. the client library's expansion on the caller's stream
+#      (tests/gpu:local_expansion_test: last_loc on the device, slots
+#      against the host expansion and the thin path)
 #   2. kernel_benchmark: every case of the seed's Triton anchor benchmark,
 #      the empty-kernel floors and the GPU's write bandwidth (ours.json)
 #   3. with --anchor DIR (a directory holding the seed's triton_anchor.py and
@@ -18,7 +21,8 @@ STEP_KIND=kernels
 source "$(dirname "$0")/gpu_common.sh"
 gpu_setup "$@"
 [[ -z $ANCHOR && -d $PKG/anchor ]] && ANCHOR=$PKG/anchor
-need_binaries tests/gpu/cuda_executor_test bench/kernel_benchmark
+need_binaries tests/gpu/cuda_executor_test tests/gpu/local_expansion_test \
+  bench/kernel_benchmark
 
 nvidia-smi >>"$OUT/gpu_test.log" 2>&1
 run_step "GPU test" 90 "$OUT/gpu_test.log" "$BIN/tests/gpu/cuda_executor_test"
@@ -28,6 +32,14 @@ add_detail "$counts"
 # the GPU is the point, that is a failure.
 [[ $counts == *skipped* ]] &&
   note_step "GPU test ran on the GPU" "FAILED" "CUDA found no usable GPU"
+
+run_step "local expansion test" 120 "$OUT/local_expansion_test.log" \
+  "$BIN/tests/gpu/local_expansion_test"
+counts=$(gtest_counts "$OUT/local_expansion_test.log")
+add_detail "$counts"
+[[ $counts == *skipped* ]] &&
+  note_step "local expansion test ran on the GPU" "FAILED" \
+    "CUDA found no usable GPU"
 
 run_step "kernel_benchmark" 170 "$OUT/bench.log" \
   "$BIN/bench/kernel_benchmark" --json="$OUT/ours.json"
