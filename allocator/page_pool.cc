@@ -1044,6 +1044,7 @@ PoolStats PagePool::Stats() const {
   stats.cached_pages = shared.cached_pages;
   stats.pinned_pages = shared.pinned_pages;
   stats.evictable_pages = shared.evictable_pages;
+  stats.max_pinned_pages_per_owner = max_pins_;
   stats.used_pages =
       geometry_.num_pages - free_count_ - parked_.size() - index_.size();
   for (const auto& [id, state] : owners_) {

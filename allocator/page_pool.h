@@ -145,10 +145,11 @@ struct PoolStats {
   int64_t used_pages = 0;    // owned by some owner (shared pages excluded)
   // Shared prefix pages (their sum is the index's size; together with the
   // three above they make total_pages).
-  int64_t published_pages = 0;  // held by at least one reference
-  int64_t cached_pages = 0;     // held by none, KV still valid
-  int64_t pinned_pages = 0;     // pinned, published or cached
-  int64_t evictable_pages = 0;  // cached and not pinned
+  int64_t published_pages = 0;             // held by at least one reference
+  int64_t cached_pages = 0;                // held by none, KV still valid
+  int64_t pinned_pages = 0;                // pinned, published or cached
+  int64_t evictable_pages = 0;             // cached and not pinned
+  int64_t max_pinned_pages_per_owner = 0;  // PoolOptions'; fixed
   // Counters since start.
   int64_t slots_allocated = 0;
   int64_t pages_allocated = 0;

@@ -22,7 +22,7 @@ absl::StatusOr<PrefixKey> ParsePrefixKey(absl::string_view bytes,
 }
 
 absl::StatusOr<std::vector<PrefixKey>> ParsePrefixKeyChain(
-    absl::Span<const std::string> keys, absl::string_view field,
+    absl::Span<const absl::string_view> keys, absl::string_view field,
     int64_t max_keys) {
   if (static_cast<int64_t>(keys.size()) > max_keys) {
     return absl::InvalidArgumentError(

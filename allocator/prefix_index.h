@@ -56,7 +56,7 @@ absl::StatusOr<PrefixKey> ParsePrefixKey(absl::string_view bytes,
 // that appears twice (INVALID_ARGUMENT naming both indices) or more keys
 // than `max_keys` (a chain longer than the pool can hold).
 absl::StatusOr<std::vector<PrefixKey>> ParsePrefixKeyChain(
-    absl::Span<const std::string> keys, absl::string_view field,
+    absl::Span<const absl::string_view> keys, absl::string_view field,
     int64_t max_keys);
 // The key as bytes (what the KV-event sink and the wire carry).
 inline std::string PrefixKeyBytes(const PrefixKey& key) {

@@ -105,8 +105,8 @@ TEST(PrefixKeyTest, KeysOfAnotherSizeAreRefusedWithTheirIndex) {
 }
 
 TEST(PrefixKeyTest, ChainsWithRepeatsOrTooManyKeysAreRefused) {
-  const std::vector<std::string> repeated = {
-      std::string(32, 'a'), std::string(32, 'b'), std::string(32, 'a')};
+  const std::string a(32, 'a'), b(32, 'b');
+  const std::vector<absl::string_view> repeated = {a, b, a};
   EXPECT_THAT(ParsePrefixKeyChain(repeated, "keys", 8),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("keys[2] repeats keys[0]")));
