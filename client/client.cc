@@ -729,16 +729,6 @@ absl::StatusOr<int64_t> Client::UnpinPrefix(absl::Span<const int64_t> pages) {
   return response.pages_unpinned();
 }
 
-absl::StatusOr<int64_t> Client::ResetPrefixCache() {
-  v1::ResetPrefixCacheRequest request;
-  v1::ResetPrefixCacheResponse response;
-  auto context = NewContext();
-  absl::Status status = FromGrpcStatus(
-      stub_->ResetPrefixCache(context.get(), request, &response));
-  if (!status.ok()) return status;
-  return response.pages_evicted();
-}
-
 void Client::Release(const Allocation& allocation) {
   absl::MutexLock lock(&mu_);
   release_up_to_ = std::max(release_up_to_, allocation.ring_end());

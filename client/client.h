@@ -268,9 +268,8 @@ class Client {
       absl::Span<const std::string> keys, bool adopt = true);
   // Removes this session's pins from `pages`; returns the pins removed.
   absl::StatusOr<int64_t> UnpinPrefix(absl::Span<const int64_t> pages);
-  // An operator's call: evicts every cached, unpinned page; returns the
-  // pages evicted.
-  absl::StatusOr<int64_t> ResetPrefixCache();
+  // (An operator resets the cache with ResetDaemonPrefixCache,
+  // client/admin.h: it needs no session.)
 
   // Lets the daemon reuse the ring space of `allocation` and of every
   // allocation before it. Sent with the next allocation call, or now by

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "client/admin.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -153,7 +154,9 @@ TEST(PrefixServiceTest, ResetEvictsCachedPagesAndKeepsHeldOnes) {
   const std::vector<int64_t> pages = FillPages(*a, 3);
   ASSERT_OK(a->Publish(pages, Chain(1, 3), "", /*pin=*/false).status());
   ASSERT_OK(a->FreePages({pages[2]}).status());
-  EXPECT_THAT(a->ResetPrefixCache(), IsOkAndHolds(1));
+  AdminOptions admin;
+  admin.channel = server->channel();
+  EXPECT_THAT(ResetDaemonPrefixCache(admin), IsOkAndHolds(1));
   EXPECT_THAT(a->MatchPrefix(Chain(1, 3), false),
               IsOkAndHolds(ElementsAreArray({pages[0], pages[1]})));
   ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, a->GetStats());
