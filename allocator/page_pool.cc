@@ -803,6 +803,15 @@ absl::StatusOr<int64_t> PagePool::ClearPool(bool force) {
   return owned;
 }
 
+absl::Status PagePool::CheckChainLength(size_t num_keys) const {
+  if (static_cast<int64_t>(num_keys) <= geometry_.num_pages) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("keys has %d keys, more than the pool's %d pages",
+                      num_keys, geometry_.num_pages));
+}
+
 absl::StatusOr<PublishOutcome> PagePool::Publish(
     OwnerId owner, absl::Span<const int64_t> pages,
     absl::Span<const PrefixKey> keys, const PrefixKey* parent_key, bool pin) {
@@ -810,11 +819,7 @@ absl::StatusOr<PublishOutcome> PagePool::Publish(
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d pages and %d keys: one key per page", pages.size(), keys.size()));
   }
-  if (static_cast<int64_t>(keys.size()) > geometry_.num_pages) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("keys has %d keys, more than the pool's %d pages",
-                        keys.size(), geometry_.num_pages));
-  }
+  RETURN_IF_ERROR(CheckChainLength(keys.size()));
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
@@ -909,11 +914,7 @@ absl::StatusOr<PublishOutcome> PagePool::Publish(
 
 absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefix(
     OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt) {
-  if (static_cast<int64_t>(keys.size()) > geometry_.num_pages) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("keys has %d keys, more than the pool's %d pages",
-                        keys.size(), geometry_.num_pages));
-  }
+  RETURN_IF_ERROR(CheckChainLength(keys.size()));
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(owner);
   if (it == owners_.end()) {

@@ -464,6 +464,9 @@ class PagePool {
   // a chain is evicted first. REQUIRES: state holds a reference on each.
   void ReleaseRefs(OwnerState& state, absl::Span<const int64_t> pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT when a chain of `num_keys` keys is longer than the
+  // pool's pages (the index could never hold it).
+  absl::Status CheckChainLength(size_t num_keys) const;
   // Drops every reference and pin `state` holds (its pages stay shared).
   void DropShared(OwnerState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts up to `max_pages` cached pages, least recently used first, to
