@@ -29,17 +29,19 @@ struct BatchFixture {
 
 // Sets up a pool of pages of `page_size` with `num_requests` one-token
 // sequences and a batch of `kind` requests stepping each of them: a decode
-// of one token, or an extend (or alloc) of `tokens_per_request`.
+// of one token, or an extend (or alloc) of `tokens_per_request`. The pool
+// has `extra_pages` more pages than the batch needs, for other owners.
 template <typename Executor>
 std::unique_ptr<BatchFixture<Executor>> MakeBatchFixture(
     int64_t num_requests, int64_t tokens_per_request, int64_t page_size,
-    RequestKind kind) {
+    RequestKind kind, int64_t extra_pages = 0) {
   constexpr OwnerId kOwner = BatchFixture<Executor>::kOwner;
   auto f = std::make_unique<BatchFixture<Executor>>();
   f->page_size = page_size;
   const int64_t pages_per_request =
       CeilDiv(tokens_per_request + 1, page_size) + 1;
-  const int64_t num_pages = num_requests * pages_per_request * 2 + 64;
+  const int64_t num_pages =
+      num_requests * pages_per_request * 2 + 64 + extra_pages;
   f->pool = *PagePool::Create({num_pages, page_size, FreePolicy::kLifo},
                               &f->executor);
   (void)f->pool->AddOwner(kOwner, 0);

@@ -17,7 +17,10 @@ PagePool::PagePool(const PoolOptions& options, PlanExecutor* executor)
       scrub_(options.scrub),
       ring_copies_(options.page_size == 1 && options.ring_copy_plans),
       capacity_(options.num_pages),
-      executor_(executor) {}
+      executor_(executor),
+      max_pins_(options.max_pinned_pages_per_owner),
+      sink_(options.kv_event_sink),
+      index_(options.num_pages) {}
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
     const PoolOptions& options, PlanExecutor* executor) {
@@ -37,6 +40,11 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
   }
   if (executor == nullptr) {
     return absl::InvalidArgumentError("executor is null");
+  }
+  if (options.max_pinned_pages_per_owner < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_pinned_pages_per_owner (%d) is negative",
+                        options.max_pinned_pages_per_owner));
   }
   std::unique_ptr<PagePool> pool(new PagePool(options, executor));
   absl::MutexLock lock(&pool->mu_);
@@ -103,6 +111,10 @@ absl::Status PagePool::AddOwner(OwnerId owner, int64_t quota_pages) {
   if (owner == kNoOwner) {
     return absl::InvalidArgumentError("owner id 0 is reserved for free pages");
   }
+  if (owner == kSharedOwner) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "owner id %d is reserved for shared prefix pages", owner));
+  }
   if (quota_pages < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("quota_pages (%d) is negative", quota_pages));
@@ -123,6 +135,9 @@ absl::StatusOr<int64_t> PagePool::RemoveOwner(OwnerId owner) {
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
   }
+  // Its references and pins go; the pages it published stay cached, for
+  // its siblings and its successor.
+  DropShared(it->second);
   const std::vector<int64_t> pages = PagesOf(owner, it->second.pages_owned);
   RETURN_IF_ERROR(ReleasePages(it->second, pages));
   owners_.erase(it);
@@ -266,7 +281,18 @@ int64_t PagePool::ValidateRequestsOf(absl::Span<const AllocRequest> requests,
 
 absl::Status PagePool::MakeRoomForBatch(int64_t batch_pages) {
   if (policy_.MergeBeforeBatch(batch_pages, free_count_, parked_.size())) {
-    return MergeParkedAndSort(/*keep=*/0);
+    RETURN_IF_ERROR(MergeParkedAndSort(/*keep=*/0));
+  }
+  // One eviction decision per launch: the shortfall of the accepted
+  // requests together, before admission, so that admission itself only
+  // ever sees free pages. A launch some of whose requests are then refused
+  // (quota, all-or-nothing) may have evicted a little more than it took;
+  // those pages are free, not lost.
+  const int64_t shortfall =
+      batch_pages - free_count_ - static_cast<int64_t>(parked_.size());
+  if (shortfall > 0 && index_.Counts().evictable_pages > 0) {
+    ASSIGN_OR_RETURN(const int64_t evicted, Evict(shortfall));
+    counters_.prefix_evicted_for_allocation += evicted;
   }
   return absl::OkStatus();
 }
@@ -362,7 +388,9 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PagePool::AdmitRequest(
     return false;
   }
   const OwnerState& owner = *cursor.state;
-  const int64_t held = owner.pages_owned + *cursor.batch_pages;
+  const int64_t held = owner.pages_owned +
+                       static_cast<int64_t>(owner.refs.size()) +
+                       *cursor.batch_pages;
   if (owner.quota_pages > 0 && held + pages > owner.quota_pages) {
     ++counters_.quota_refusals;
     result.status = OverQuotaError(request, pages, held, owner.quota_pages);
@@ -521,6 +549,12 @@ absl::Status PagePool::CheckLastLocOwned(const AllocRequest& request,
     return absl::FailedPreconditionError(
         absl::StrFormat("%s: page %d %s", what, page, FreePageState(page)));
   }
+  if (actual == kSharedOwner) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s: page %d is a shared prefix page, read-only (copy it into a page "
+        "of the session's own first)",
+        what, page));
+  }
   return absl::PermissionDeniedError(
       absl::StrFormat("%s: page %d belongs to another session", what, page));
 }
@@ -543,23 +577,33 @@ absl::StatusOr<std::vector<int64_t>> PagePool::CheckFree(
     OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots,
     FreeOrder order) const {
   absl::MutexLock lock(&mu_);
-  return ResolveFree(owner, values, values_are_slots, order);
+  std::vector<int64_t> shared;
+  ASSIGN_OR_RETURN(
+      std::vector<int64_t> pages,
+      ResolveFree(owner, values, values_are_slots, order, &shared));
+  pages.insert(pages.end(), shared.begin(), shared.end());
+  return pages;
 }
 
 absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
                                                absl::Span<const int64_t> values,
                                                bool values_are_slots,
                                                FreeOrder order) {
-  ASSIGN_OR_RETURN(const std::vector<int64_t> pages,
-                   ResolveFree(owner, values, values_are_slots, order));
-  RETURN_IF_ERROR(ReleasePages(owners_.find(owner)->second, pages));
-  return static_cast<int64_t>(pages.size());
+  std::vector<int64_t> shared;
+  ASSIGN_OR_RETURN(
+      const std::vector<int64_t> pages,
+      ResolveFree(owner, values, values_are_slots, order, &shared));
+  OwnerState& state = owners_.find(owner)->second;
+  ReleaseRefs(state, shared);
+  RETURN_IF_ERROR(ReleasePages(state, pages));
+  return static_cast<int64_t>(pages.size() + shared.size());
 }
 
 absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
     OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots,
-    FreeOrder order) const {
-  if (!owners_.contains(owner)) {
+    FreeOrder order, std::vector<int64_t>* shared) const {
+  const auto it = owners_.find(owner);
+  if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
   }
   const char* field = values_are_slots ? "slots" : "pages";
@@ -568,6 +612,8 @@ absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
   pages.reserve(values_are_slots ? values.size() / ps + 1 : values.size());
   absl::flat_hash_set<int64_t> seen;
   seen.reserve(pages.capacity());
+  // Shared pages among them: the free drops the owner's reference.
+  shared->clear();
   for (size_t i = 0; i < values.size(); ++i) {
     const int64_t value = values[i];
     if (values_are_slots && (value < ps || value >= geometry_.slot_limit())) {
@@ -588,6 +634,16 @@ absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
       return absl::FailedPreconditionError(absl::StrFormat(
           "%s[%d] (%d): page %d %s%s", field, i, value, page,
           FreePageState(page), allocated_once_[page] ? " (double free)" : ""));
+    }
+    if (actual == kSharedOwner) {
+      if (!it->second.refs.contains(page)) {
+        return absl::PermissionDeniedError(absl::StrFormat(
+            "%s[%d] (%d): page %d is a shared prefix page the session holds "
+            "no reference on",
+            field, i, value, page));
+      }
+      shared->push_back(page);
+      continue;
     }
     if (actual != owner) {
       return absl::PermissionDeniedError(
@@ -722,6 +778,7 @@ absl::StatusOr<int64_t> PagePool::ClearOwner(OwnerId owner) {
   }
   OwnerState& state = it->second;
   EndCheckpoints(state);
+  DropShared(state);
   const std::vector<int64_t> pages = PagesOf(owner, state.pages_owned);
   RETURN_IF_ERROR(ReleasePages(state, pages));
   if (free_count_ + static_cast<int64_t>(parked_.size()) == capacity_) {
@@ -737,8 +794,9 @@ absl::StatusOr<int64_t> PagePool::ClearPool(bool force) {
   int64_t owned = 0;
   std::vector<std::pair<OwnerId, int64_t>> holders;
   for (const auto& [id, state] : owners_) {
-    owned += state.pages_owned;
-    if (state.pages_owned > 0) holders.emplace_back(id, state.pages_owned);
+    const int64_t held = state.pages_owned + state.refs.size();
+    owned += held;
+    if (held > 0) holders.emplace_back(id, held);
   }
   if (owned > 0 && !force) {
     std::sort(holders.begin(), holders.end());
@@ -754,11 +812,248 @@ absl::StatusOr<int64_t> PagePool::ClearPool(bool force) {
   }
   for (auto& [id, state] : owners_) {
     state.pages_owned = 0;
+    state.refs.clear();
+    state.pins.clear();
     EndCheckpoints(state);
   }
   counters_.pages_freed += owned;
+  if (index_.size() > 0) {
+    counters_.prefix_cleared += index_.size();
+    index_.Clear();
+    if (sink_ != nullptr) sink_->AllBlocksCleared();
+  }
   RETURN_IF_ERROR(InitFreeList());
   return owned;
+}
+
+absl::Status PagePool::CheckChainLength(size_t num_keys) const {
+  if (static_cast<int64_t>(num_keys) <= geometry_.num_pages) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("keys has %d keys, more than the pool's %d pages",
+                      num_keys, geometry_.num_pages));
+}
+
+absl::StatusOr<PublishOutcome> PagePool::Publish(
+    OwnerId owner, absl::Span<const int64_t> pages,
+    absl::Span<const PrefixKey> keys, const PrefixKey* parent_key, bool pin) {
+  if (pages.size() != keys.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d pages and %d keys: one key per page", pages.size(), keys.size()));
+  }
+  RETURN_IF_ERROR(CheckChainLength(keys.size()));
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  OwnerState& state = it->second;
+  // Validate everything first: a refused publish changes nothing.
+  PublishOutcome outcome;
+  outcome.pages.resize(keys.size());
+  outcome.existing.resize(keys.size());
+  absl::flat_hash_map<PrefixKey, size_t> key_seen;
+  absl::flat_hash_map<int64_t, size_t> page_seen;
+  key_seen.reserve(keys.size());
+  page_seen.reserve(keys.size());
+  int64_t new_pins = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const int64_t page = pages[i];
+    if (page < 1 || page > geometry_.num_pages) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pages[%d] (%d) is outside the usable pages [1, %d]",
+                          i, page, geometry_.num_pages));
+    }
+    if (const auto [k, fresh] = key_seen.try_emplace(keys[i], i); !fresh) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "keys[%d] repeats keys[%d]: a chain's keys are distinct", i,
+          k->second));
+    }
+    if (const auto [k, fresh] = page_seen.try_emplace(page, i); !fresh) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pages[%d] (%d) repeats pages[%d]: one page per key",
+                          i, page, k->second));
+    }
+    const int64_t existing = index_.Find(keys[i]);
+    outcome.existing[i] = existing != 0;
+    outcome.pages[i] = existing != 0 ? existing : page;
+    if (pin && !state.pins.contains(outcome.pages[i])) ++new_pins;
+    if (existing != 0) continue;
+    const OwnerId actual = owner_of_[page];
+    if (actual == owner) continue;
+    if (actual == kNoOwner) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pages[%d] (%d): page %d %s; a session publishes pages it owns", i,
+          page, page, FreePageState(page)));
+    }
+    if (actual == kSharedOwner) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pages[%d] (%d) is already shared under another key; a page is "
+          "published once",
+          i, page));
+    }
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "pages[%d] (%d): page %d belongs to another session", i, page, page));
+  }
+  if (pin && static_cast<int64_t>(state.pins.size()) + new_pins > max_pins_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "pinning %d more pages would put owner %d at %d pinned pages, over "
+        "its bound of %d",
+        new_pins, owner, state.pins.size() + new_pins, max_pins_));
+  }
+  // Commit. Runs of new keys go to the sink as one BlocksStored each.
+  StoredBlocks stored;
+  auto flush = [&] {
+    if (sink_ != nullptr && !stored.keys.empty()) sink_->BlocksStored(stored);
+    stored.keys.clear();
+  };
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const PrefixKey* parent = i == 0 ? parent_key : &keys[i - 1];
+    const int64_t page = outcome.pages[i];
+    if (!outcome.existing[i]) {
+      owner_of_[page] = kSharedOwner;
+      --state.pages_owned;
+      ++state.refs[page];
+      index_.Insert(page, keys[i], parent);
+      ++outcome.newly_published;
+      if (sink_ != nullptr) {
+        if (stored.keys.empty()) {
+          stored.parent_key = parent != nullptr ? PrefixKeyBytes(*parent) : "";
+          stored.block_size = geometry_.page_size;
+        }
+        stored.keys.push_back(PrefixKeyBytes(keys[i]));
+      }
+    } else {
+      flush();
+    }
+    if (pin && state.pins.insert(page).second) index_.Pin(page);
+  }
+  flush();
+  counters_.prefix_pages_published += outcome.newly_published;
+  counters_.prefix_publish_existing += keys.size() - outcome.newly_published;
+  return outcome;
+}
+
+absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefix(
+    OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt) {
+  RETURN_IF_ERROR(CheckChainLength(keys.size()));
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  OwnerState& state = it->second;
+  std::vector<int64_t> pages;
+  pages.reserve(keys.size());
+  int64_t new_refs = 0;
+  for (const PrefixKey& key : keys) {
+    const int64_t page = index_.Find(key);
+    if (page == 0) break;
+    pages.push_back(page);
+    if (adopt && !state.refs.contains(page)) ++new_refs;
+  }
+  counters_.prefix_lookup_pages += keys.size();
+  counters_.prefix_hit_pages += pages.size();
+  if (!adopt || pages.empty()) return pages;
+  const int64_t held = state.pages_owned + state.refs.size();
+  if (state.quota_pages > 0 && held + new_refs > state.quota_pages) {
+    ++counters_.quota_refusals;
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "adopting %d shared pages (%d new to owner %d) would put it over "
+        "quota: it holds %d of its %d",
+        pages.size(), new_refs, owner, held, state.quota_pages));
+  }
+  for (int64_t page : pages) {
+    ++state.refs[page];
+    index_.AddRef(page);
+  }
+  counters_.prefix_pages_adopted += pages.size();
+  return pages;
+}
+
+absl::StatusOr<int64_t> PagePool::Unpin(OwnerId owner,
+                                        absl::Span<const int64_t> pages) {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  OwnerState& state = it->second;
+  absl::flat_hash_set<int64_t> seen;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (!state.pins.contains(pages[i]) || !seen.insert(pages[i]).second) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pages[%d] (%d) is not a page owner %d pins%s", i, pages[i], owner,
+          seen.contains(pages[i]) ? " (repeated)" : ""));
+    }
+  }
+  for (int64_t page : pages) {
+    state.pins.erase(page);
+    index_.Unpin(page);
+  }
+  return static_cast<int64_t>(pages.size());
+}
+
+void PagePool::ReleaseRefs(OwnerState& state, absl::Span<const int64_t> pages) {
+  for (auto page = pages.rbegin(); page != pages.rend(); ++page) {
+    auto ref = state.refs.find(*page);
+    if (--ref->second == 0) state.refs.erase(ref);
+    index_.Release(*page);
+  }
+}
+
+void PagePool::DropShared(OwnerState& state) {
+  for (const auto& [page, count] : state.refs) {
+    for (int64_t k = 0; k < count; ++k) index_.Release(page);
+  }
+  state.refs.clear();
+  for (int64_t page : state.pins) index_.Unpin(page);
+  state.pins.clear();
+}
+
+absl::StatusOr<int64_t> PagePool::Evict(int64_t max_pages) {
+  std::vector<int64_t> pages;
+  std::vector<std::string> keys;
+  pages.reserve(std::min(max_pages, index_.Counts().evictable_pages));
+  index_.EvictLru(max_pages, &pages, sink_ != nullptr ? &keys : nullptr);
+  if (pages.empty()) return 0;
+  for (int64_t page : pages) owner_of_[page] = kNoOwner;
+  if (sink_ != nullptr) sink_->BlocksRemoved(keys);
+  RETURN_IF_ERROR(PushBack(pages));
+  return static_cast<int64_t>(pages.size());
+}
+
+absl::StatusOr<int64_t> PagePool::ResetPrefixCache() {
+  absl::MutexLock lock(&mu_);
+  const int64_t evictable = index_.Counts().evictable_pages;
+  std::vector<int64_t> pages;
+  std::vector<std::string> keys;
+  pages.reserve(evictable);
+  index_.EvictLru(evictable, &pages, sink_ != nullptr ? &keys : nullptr);
+  for (int64_t page : pages) owner_of_[page] = kNoOwner;
+  counters_.prefix_evicted_by_reset += pages.size();
+  if (sink_ != nullptr && !pages.empty()) {
+    // A router drops its whole view of the GPU on AllBlocksCleared; when
+    // published or pinned pages stay, it hears of each page removed.
+    if (index_.size() == 0) {
+      sink_->AllBlocksCleared();
+    } else {
+      sink_->BlocksRemoved(keys);
+    }
+  }
+  RETURN_IF_ERROR(PushBack(pages));
+  return static_cast<int64_t>(pages.size());
+}
+
+std::vector<int64_t> PagePool::EvictionOrder() const {
+  absl::MutexLock lock(&mu_);
+  return index_.LruOrder();
+}
+
+int64_t PagePool::SharedCount(int64_t page) const {
+  absl::MutexLock lock(&mu_);
+  return index_.Contains(page) ? index_.count(page) : 0;
 }
 
 PoolStats PagePool::Stats() const {
@@ -768,11 +1063,22 @@ PoolStats PagePool::Stats() const {
   stats.total_pages = geometry_.num_pages;
   stats.free_pages = free_count_;
   stats.parked_pages = parked_.size();
-  stats.used_pages = geometry_.num_pages - free_count_ - parked_.size();
+  const PrefixIndexCounts shared = index_.Counts();
+  stats.published_pages = shared.published_pages;
+  stats.cached_pages = shared.cached_pages;
+  stats.pinned_pages = shared.pinned_pages;
+  stats.evictable_pages = shared.evictable_pages;
+  stats.max_pinned_pages_per_owner = max_pins_;
+  stats.used_pages =
+      geometry_.num_pages - free_count_ - parked_.size() - index_.size();
   for (const auto& [id, state] : owners_) {
-    stats.owners[id] = OwnerStats{
-        state.pages_owned, state.quota_pages, !state.checkpoints.empty(),
-        static_cast<int64_t>(state.checkpoints.size())};
+    stats.owners[id] =
+        OwnerStats{state.pages_owned,
+                   state.quota_pages,
+                   !state.checkpoints.empty(),
+                   static_cast<int64_t>(state.checkpoints.size()),
+                   static_cast<int64_t>(state.refs.size()),
+                   static_cast<int64_t>(state.pins.size())};
   }
   return stats;
 }
@@ -841,8 +1147,40 @@ absl::Status PagePool::CheckInvariants() {
   if (owner_of_[0] != kNoOwner) {
     return absl::InternalError("page 0 has an owner");
   }
+  // References and pins the owners hold, per shared page.
+  absl::flat_hash_map<int64_t, int64_t> refs;
+  absl::flat_hash_map<int64_t, int64_t> pins;
+  for (const auto& [id, state] : owners_) {
+    for (const auto& [page, count] : state.refs) refs[page] += count;
+    for (int64_t page : state.pins) ++pins[page];
+  }
+  RETURN_IF_ERROR(index_.CheckInvariants());
+  int64_t shared = 0;
   for (int64_t p = 1; p <= n; ++p) {
-    if (seen[p]) continue;
+    if (seen[p]) {
+      if (index_.Contains(p)) {
+        return absl::InternalError(
+            absl::StrFormat("page %d is free and in the prefix index", p));
+      }
+      continue;
+    }
+    if ((owner_of_[p] == kSharedOwner) != index_.Contains(p)) {
+      return absl::InternalError(
+          absl::StrFormat("page %d: owner %d, %sin the prefix index", p,
+                          owner_of_[p], index_.Contains(p) ? "" : "not "));
+    }
+    if (owner_of_[p] == kSharedOwner) {
+      ++shared;
+      const int64_t held = refs.contains(p) ? refs[p] : 0;
+      const int64_t pinned = pins.contains(p) ? pins[p] : 0;
+      if (index_.count(p) != held || index_.pins(p) != pinned) {
+        return absl::InternalError(absl::StrFormat(
+            "shared page %d has count %d and %d pins; owners hold %d "
+            "references and %d pins",
+            p, index_.count(p), index_.pins(p), held, pinned));
+      }
+      continue;
+    }
     if (owner_of_[p] == kNoOwner) {
       return absl::InternalError(
           absl::StrFormat("page %d is neither free nor owned (lost)", p));
@@ -852,6 +1190,24 @@ absl::Status PagePool::CheckInvariants() {
           "page %d is owned by unregistered owner %d", p, owner_of_[p]));
     }
     ++counted[owner_of_[p]];
+  }
+  if (shared != index_.size()) {
+    return absl::InternalError(
+        absl::StrFormat("%d pages are shared, the prefix index holds %d",
+                        shared, index_.size()));
+  }
+  for (const auto& [page, count] : refs) {
+    if (!index_.Contains(page)) {
+      return absl::InternalError(absl::StrFormat(
+          "owners hold %d references on page %d, which is not shared", count,
+          page));
+    }
+  }
+  for (const auto& [page, count] : pins) {
+    if (!index_.Contains(page)) {
+      return absl::InternalError(
+          absl::StrFormat("owners pin page %d, which is not shared", page));
+    }
   }
   for (const auto& [id, state] : owners_) {
     const int64_t actual = counted.contains(id) ? counted[id] : 0;

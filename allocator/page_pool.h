@@ -7,7 +7,11 @@
 //
 // Invariants (CheckInvariants verifies them):
 //   - every page is free (in the free list or, under kSorted, parked) xor
-//     owned by exactly one registered owner; no page appears twice;
+//     owned by exactly one registered owner xor shared (published or
+//     cached in the prefix index, owner_of kSharedOwner); no page appears
+//     twice;
+//   - a shared page's count equals the references the owners hold on it,
+//     and its pins the owners' pins on it;
 //   - each owner's page count equals the pages the owner table gives it;
 //   - the executor's free-ring mirror equals the pool's ring.
 // A refused request or call changes nothing.
@@ -19,6 +23,15 @@
 // when parked pages are merged is the FreeListPolicy's decision
 // (free_list_policy.h); the pool moves the pages. A launch's plan is built
 // by a PlanBuilder (plan_builder.h) as admission accepts requests.
+//
+// Shared prefix pages (docs/design.md, "Shared prefix pages"): an owner
+// publishes pages it owns under content keys (Publish); any owner matches a
+// key chain and adopts the pages found, taking a reference (MatchPrefix);
+// freeing a shared page drops the owner's reference; a page no owner holds
+// stays cached in the PrefixIndex until a batch that the free list cannot
+// serve evicts it (least recently used first, once per launch, before
+// admission) or ResetPrefixCache does. Shared pages are read-only by
+// contract. Changes go to the PoolOptions.kv_event_sink, in order.
 //
 // This class is thread-safe.
 
@@ -32,6 +45,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -39,9 +53,15 @@
 #include "allocator/executor.h"
 #include "allocator/free_list_policy.h"
 #include "allocator/plan_builder.h"
+#include "allocator/prefix_index.h"
 #include "allocator/requests.h"
+#include "kv_events/sink.h"
 
 namespace pagealloc {
+
+// owner_of a shared page (published or cached): held by references, owned
+// by no single owner. Never a registered owner.
+inline constexpr OwnerId kSharedOwner = ~OwnerId{0};
 
 struct PoolOptions {
   int64_t num_pages = 0;  // usable pages, >= 1
@@ -60,6 +80,23 @@ struct PoolOptions {
   // instead of per request. Off: the general form, which tests compare
   // against. Ignored for other page sizes.
   bool ring_copy_plans = true;
+  // Most pages one owner may pin (Publish with pin); 0: pins are refused.
+  int64_t max_pinned_pages_per_owner = 0;
+  // Where prefix-cache changes are reported (BlocksStored, BlocksRemoved,
+  // AllBlocksCleared), under the pool's lock and in order; may be null.
+  // Must outlive the pool.
+  KvEventSink* kv_event_sink = nullptr;
+};
+
+// What Publish did with each key of its chain.
+struct PublishOutcome {
+  // pages[i]: the page published under keys[i] now: the caller's pages[i],
+  // or, when the key was already published or cached, the page that holds
+  // it (the caller's pages[i] stays the caller's, for it to free).
+  std::vector<int64_t> pages;
+  // existing[i]: keys[i] was already in the index.
+  std::vector<bool> existing;
+  int64_t newly_published = 0;  // keys published by this call
 };
 
 // One allocation call's requests within a batch: the next `num_requests`
@@ -84,6 +121,10 @@ struct OwnerStats {
   int64_t quota_pages = 0;  // 0: no quota beyond the pool itself
   bool checkpoint_active = false;
   int64_t checkpoints = 0;  // active checkpoints (the stack's depth)
+  // Shared pages the owner holds references on (distinct pages; they count
+  // towards its quota), and the pages it pins.
+  int64_t shared_pages = 0;
+  int64_t pinned_pages = 0;
 };
 
 // The free list and the parked pages, read together under the pool's lock
@@ -101,7 +142,14 @@ struct PoolStats {
   int64_t total_pages = 0;   // usable pages (page 0 excluded)
   int64_t free_pages = 0;    // in the free list, ready to hand out
   int64_t parked_pages = 0;  // freed under kSorted, not yet merged back
-  int64_t used_pages = 0;    // owned by some owner
+  int64_t used_pages = 0;    // owned by some owner (shared pages excluded)
+  // Shared prefix pages (their sum is the index's size; together with the
+  // three above they make total_pages).
+  int64_t published_pages = 0;             // held by at least one reference
+  int64_t cached_pages = 0;                // held by none, KV still valid
+  int64_t pinned_pages = 0;                // pinned, published or cached
+  int64_t evictable_pages = 0;             // cached and not pinned
+  int64_t max_pinned_pages_per_owner = 0;  // PoolOptions'; fixed
   // Counters since start.
   int64_t slots_allocated = 0;
   int64_t pages_allocated = 0;
@@ -111,6 +159,15 @@ struct PoolStats {
   int64_t free_list_sorts = 0;
   int64_t batches_executed = 0;
   int64_t pages_scrubbed = 0;  // listed for scrubbing (PoolOptions.scrub)
+  // Prefix cache counters since start.
+  int64_t prefix_pages_published = 0;         // keys newly published
+  int64_t prefix_publish_existing = 0;        // keys published that were there
+  int64_t prefix_lookup_pages = 0;            // keys looked up by MatchPrefix
+  int64_t prefix_hit_pages = 0;               // of them, found (the prefix)
+  int64_t prefix_pages_adopted = 0;           // references taken by adopts
+  int64_t prefix_evicted_for_allocation = 0;  // evicted inside a launch
+  int64_t prefix_evicted_by_reset = 0;        // by ResetPrefixCache
+  int64_t prefix_cleared = 0;                 // dropped by ClearPool
   absl::flat_hash_map<OwnerId, OwnerStats> owners;
 };
 
@@ -204,8 +261,9 @@ class PagePool {
 
   // Checks a free of `values` (slots when `values_are_slots`, else page
   // ids) exactly as FreeSlots / FreePages would, with the same errors, and
-  // returns its distinct pages in the order that free would put them back;
-  // changes nothing. (A free whose pages stay owned until a fence passes is
+  // returns its distinct pages in the order that free would put them back
+  // (shared prefix pages, whose free drops a reference, last); changes
+  // nothing. (A free whose pages stay owned until a fence passes is
   // checked now and done later with FreePages of these pages in this
   // order, FreeOrder::kFirstAppearance.)
   absl::StatusOr<std::vector<int64_t>> CheckFree(
@@ -250,6 +308,61 @@ class PagePool {
     return ClearPool(/*force=*/true).status();
   }
 
+  // Publishes `owner`'s pages[i] under keys[i], in chain order: keys[0]'s
+  // parent is `parent_key` (null at the start of a chain), keys[i]'s is
+  // keys[i - 1]. A page published becomes shared with one reference, the
+  // owner's (its free drops it), and leaves the owner's pages (a rollback
+  // does not return it). A key already in the index keeps its page, which
+  // the outcome names; the caller's page stays its own. With `pin` every
+  // key's page is pinned by the owner (never evicted while pinned; pins
+  // end with Unpin, ClearOwner or RemoveOwner), refused with
+  // RESOURCE_EXHAUSTED beyond PoolOptions.max_pinned_pages_per_owner.
+  //
+  // REQUIRES of the caller (not checkable here): the GPU work that fills
+  // the pages is complete; the pages are whole (page_size tokens each).
+  //
+  // All or nothing. Returns NOT_FOUND (unknown owner), INVALID_ARGUMENT
+  // (pages and keys of different lengths, more keys than the pool's pages,
+  // a key repeated in the call, a page out of range or repeated; naming the
+  // index), FAILED_PRECONDITION (a free page, or a shared page published
+  // under another key), PERMISSION_DENIED (another owner's page).
+  absl::StatusOr<PublishOutcome> Publish(OwnerId owner,
+                                         absl::Span<const int64_t> pages,
+                                         absl::Span<const PrefixKey> keys,
+                                         const PrefixKey* parent_key, bool pin)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Returns the pages of the longest prefix of `keys` that is published or
+  // cached, in chain order. With `adopt`, takes one reference for `owner`
+  // on each, atomically with the match (no eviction in between): cached
+  // pages become published; the owner frees them (FreePages/FreeSlots) to
+  // drop the references. Returns NOT_FOUND (unknown owner),
+  // INVALID_ARGUMENT (more keys than the pool's pages), or, for an adopt
+  // that would put the owner over its quota, RESOURCE_EXHAUSTED; a refused
+  // adopt changes nothing.
+  absl::StatusOr<std::vector<int64_t>> MatchPrefix(
+      OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Removes `owner`'s pins from `pages` (shared pages it pinned), all or
+  // nothing. Returns the pins removed, NOT_FOUND or INVALID_ARGUMENT (a
+  // page the owner has not pinned, naming pages[i]).
+  absl::StatusOr<int64_t> Unpin(OwnerId owner, absl::Span<const int64_t> pages)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Evicts every cached, unpinned page (the operator's reset) to the back
+  // of the free list, reporting them removed, or AllBlocksCleared when the
+  // cache ends empty. Published and pinned pages stay. Returns the pages
+  // evicted, or the executor's error when the free list's mirror write
+  // fails.
+  absl::StatusOr<int64_t> ResetPrefixCache() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The cached, unpinned pages, least recently used (evicted) first.
+  std::vector<int64_t> EvictionOrder() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The count of references on shared `page` (0 for a cached one, or a
+  // page that is not shared). REQUIRES: 0 <= page <= num_pages.
+  int64_t SharedCount(int64_t page) const ABSL_LOCKS_EXCLUDED(mu_);
+
   PoolStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The free list in order (parked pages not included), and the parked
@@ -288,6 +401,11 @@ class PagePool {
     // k; frees leave dead entries, which CompactLog drops.
     std::vector<int64_t> given_log;
     uint64_t next_checkpoint_id = 1;
+    // References on shared pages: page -> count (> 0). refs.size() counts
+    // towards the quota.
+    absl::flat_hash_map<int64_t, int64_t> refs;
+    // Shared pages the owner pins (one pin per page and owner).
+    absl::flat_hash_set<int64_t> pins;
   };
 
   PagePool(const PoolOptions& options, PlanExecutor* executor);
@@ -349,12 +467,31 @@ class PagePool {
                                        absl::Span<const int64_t> values,
                                        bool values_are_slots, FreeOrder order)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // FreeDistinct's checks: the distinct pages of `values`, in `order`.
+  // FreeDistinct's checks: the distinct owned pages of `values`, in
+  // `order`; the shared pages among them (whose free drops the owner's
+  // reference) into `shared`.
   absl::StatusOr<std::vector<int64_t>> ResolveFree(
       OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots,
-      FreeOrder order) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      FreeOrder order, std::vector<int64_t>* shared) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `pages` free and returns them under the pool's policy.
   absl::Status ReleasePages(OwnerState& state, absl::Span<const int64_t> pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops one of `state`'s references on each shared page of `pages`, the
+  // last page first, so that of the pages this makes cached the deepest of
+  // a chain is evicted first. REQUIRES: state holds a reference on each.
+  void ReleaseRefs(OwnerState& state, absl::Span<const int64_t> pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT when a chain of `num_keys` keys is longer than the
+  // pool's pages (the index could never hold it).
+  absl::Status CheckChainLength(size_t num_keys) const;
+  // Drops every reference and pin `state` holds (its pages stay shared).
+  void DropShared(OwnerState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts up to `max_pages` cached pages, least recently used first, to
+  // the back of the free list (the launch being admitted takes from its
+  // front up to the free count) and reports their keys removed. Returns
+  // the pages evicted, or the executor's error.
+  absl::StatusOr<int64_t> Evict(int64_t max_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Allocate's passes, in the order it runs them. Each reads and writes
@@ -381,8 +518,10 @@ class PagePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges the parked pages into the free list and sorts it when the
   // policy's per-batch trigger says so for a batch needing `batch_pages`
-  // (FreeListPolicy::MergeBeforeBatch); otherwise changes nothing. Returns
-  // the executor's error when the mirror write fails.
+  // (FreeListPolicy::MergeBeforeBatch); then, when the free and parked
+  // pages together still fall short, evicts the shortfall of cached pages
+  // once for the whole launch. Otherwise changes nothing. Returns the
+  // executor's error when the mirror write fails.
   absl::Status MakeRoomForBatch(int64_t batch_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges the parked pages into the free list past the `planned_pages`
@@ -465,6 +604,8 @@ class PagePool {
   const bool ring_copies_;
   const int64_t capacity_;  // ring capacity: num_pages
   PlanExecutor* const executor_;
+  const int64_t max_pins_;
+  KvEventSink* const sink_;
 
   mutable absl::Mutex mu_;
   // The free list is ring_[head_], ring_[head_ + 1], ... (modulo capacity_),
@@ -486,6 +627,8 @@ class PagePool {
   // empty otherwise). Freeing keeps it; so does Clear.
   std::vector<OwnerId> last_owner_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<OwnerId, OwnerState> owners_ ABSL_GUARDED_BY(mu_);
+  // The shared pages: the pages whose owner_of_ is kSharedOwner.
+  PrefixIndex index_ ABSL_GUARDED_BY(mu_);
   PoolStats counters_ ABSL_GUARDED_BY(mu_);  // only the counter fields
 
   // Allocate's working storage, kept between batches so that it stays warm

@@ -57,6 +57,21 @@ absl::StatusOr<int64_t> ClearDaemonPool(const AdminOptions& options,
   return response.pages_freed();
 }
 
+absl::StatusOr<int64_t> ResetDaemonPrefixCache(const AdminOptions& options) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      AdminChannel(options);
+  if (!channel.ok()) return channel.status();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+  v1::ResetPrefixCacheRequest request;
+  v1::ResetPrefixCacheResponse response;
+  const absl::Status status =
+      FromGrpcStatus(v1::PageAllocator::NewStub(*channel)->ResetPrefixCache(
+          &context, request, &response));
+  if (!status.ok()) return status;
+  return response.pages_evicted();
+}
+
 absl::StatusOr<v1::GetFreeListsResponse> GetDaemonFreeLists(
     const AdminOptions& options, int64_t max_pages) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =

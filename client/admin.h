@@ -47,6 +47,11 @@ absl::StatusOr<int64_t> ClearDaemonPool(const AdminOptions& options,
 absl::StatusOr<v1::GetFreeListsResponse> GetDaemonFreeLists(
     const AdminOptions& options, int64_t max_pages = 0);
 
+// The daemon's ResetPrefixCache: evicts every cached, unpinned shared
+// prefix page and returns the pages evicted; published and pinned pages
+// stay. Like ClearDaemonPool it needs no session.
+absl::StatusOr<int64_t> ResetDaemonPrefixCache(const AdminOptions& options);
+
 }  // namespace pagealloc
 
 #endif  // PAGEALLOC_CLIENT_ADMIN_H_

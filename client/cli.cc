@@ -7,6 +7,7 @@
 //   pagealloc-cli watch [--interval_ms=1000] [--count=N] [--output=json]
 //   pagealloc-cli alloc --tokens=64 [--hold_s=0] [--session_file=PATH]
 //   pagealloc-cli free --session_file=PATH --pages=3,4
+//   pagealloc-cli prefix stats [--output=json] | prefix reset
 //
 // `alloc` opens its own session, allocates whole pages and prints them; the
 // pages return to the pool when the CLI exits (after --hold_s, or at once on
@@ -89,7 +90,9 @@ const CommandLineSpec kCommandLine = {
     "[--output=json]\n"
     "  pagealloc-cli [--target=ADDRESS] alloc --tokens=N [--hold_s=S] "
     "[--session_file=F]\n"
-    "  pagealloc-cli free --session_file=F --pages=P1,P2",
+    "  pagealloc-cli free --session_file=F --pages=P1,P2\n"
+    "  pagealloc-cli [--target=ADDRESS] prefix stats [--output=json]\n"
+    "  pagealloc-cli [--target=ADDRESS] prefix reset",
     "client/cli.cc",
     {
         {"daemon", {{"target", "gRPC address"}, {"output", "text or json"}}},
@@ -230,6 +233,61 @@ int Stats() {
   } else {
     PrintStats(*stats);
   }
+  return 0;
+}
+
+// `prefix stats`: the shared prefix pages; `prefix reset`: evict every
+// cached, unpinned one.
+int Prefix(absl::string_view what) {
+  if (what == "reset") {
+    AdminOptions options;
+    options.target = DaemonTarget();
+    absl::StatusOr<int64_t> evicted = ResetDaemonPrefixCache(options);
+    if (!evicted.ok()) {
+      std::cerr << "prefix reset: " << evicted.status() << "\n";
+      return kExitFailure;
+    }
+    std::printf("prefix cache reset: %lld cached pages evicted\n",
+                static_cast<long long>(*evicted));
+    return 0;
+  }
+  absl::StatusOr<v1::GetStatsResponse> stats = FetchStats(false);
+  if (!stats.ok()) {
+    std::cerr << "prefix stats: " << stats.status() << "\n";
+    return kExitFailure;
+  }
+  const v1::PrefixStats& p = stats->prefix();
+  if (JsonOutput()) {
+    v1::GetStatsResponse only;
+    *only.mutable_prefix() = p;
+    *only.mutable_pool() = stats->pool();
+    std::printf("%s\n", Json(only).c_str());
+    return 0;
+  }
+  const int64_t page_size = stats->pool().page_size();
+  std::printf(
+      "shared pages %lld published, %lld cached, %lld pinned, %lld "
+      "evictable\n",
+      static_cast<long long>(p.published_pages()),
+      static_cast<long long>(p.cached_pages()),
+      static_cast<long long>(p.pinned_pages()),
+      static_cast<long long>(p.evictable_pages()));
+  std::printf("hits         %lld of %lld tokens looked up (%.1f%%)\n",
+              static_cast<long long>(p.hit_pages_total() * page_size),
+              static_cast<long long>(p.lookup_pages_total() * page_size),
+              p.lookup_pages_total() > 0
+                  ? 100.0 * p.hit_pages_total() / p.lookup_pages_total()
+                  : 0.0);
+  std::printf(
+      "totals       %lld published, %lld already there, %lld adopted; "
+      "evicted %lld by allocations, %lld by resets\n",
+      static_cast<long long>(p.published_total()),
+      static_cast<long long>(p.publish_existing_total()),
+      static_cast<long long>(p.adopted_pages_total()),
+      static_cast<long long>(p.evicted_for_allocation_total()),
+      static_cast<long long>(p.evicted_by_reset_total()));
+  std::printf("pin bound    %lld pages per session\n",
+              static_cast<long long>(p.max_pinned_pages_per_session()));
   return 0;
 }
 
@@ -551,9 +609,15 @@ int main(int argc, char** argv) {
     Usage(absl::StrFormat("--count=%d must be >= 0 (0: never stop)",
                           absl::GetFlag(FLAGS_count)));
   }
+  const bool prefix = args.size() >= 2 && std::string(args[1]) == "prefix";
+  if (prefix && (args.size() != 3 || (std::string(args[2]) != "stats" &&
+                                      std::string(args[2]) != "reset"))) {
+    Usage("prefix takes one of stats, reset");
+  }
+  if (prefix) return pagealloc::Prefix(args[2]);
   if (args.size() != 2) {
     Usage(args.size() < 2
-              ? "which command? stats, watch, alloc or free"
+              ? "which command? stats, watch, alloc, free or prefix"
               : absl::StrFormat("one command at a time; also got \"%s\"",
                                 args[2]));
   }
@@ -562,6 +626,6 @@ int main(int argc, char** argv) {
   if (command == "watch") return pagealloc::Watch();
   if (command == "alloc") return pagealloc::Alloc();
   if (command == "free") return pagealloc::Free();
-  Usage(absl::StrFormat("unknown command \"%s\" (stats, watch, alloc, free)",
-                        command));
+  Usage(absl::StrFormat(
+      "unknown command \"%s\" (stats, watch, alloc, free, prefix)", command));
 }

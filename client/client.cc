@@ -784,6 +784,57 @@ absl::StatusOr<int64_t> Client::ClearSession() {
   return response.pages_freed();
 }
 
+absl::StatusOr<Client::PublishResult> Client::Publish(
+    absl::Span<const int64_t> pages, absl::Span<const std::string> keys,
+    absl::string_view parent_key, bool pin) {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  v1::PublishRequest request;
+  *request.mutable_session() = Ref();
+  request.mutable_pages()->Add(pages.begin(), pages.end());
+  for (const std::string& key : keys) request.add_keys(key);
+  request.set_parent_key(std::string(parent_key));
+  request.set_pin(pin);
+  v1::PublishResponse response;
+  auto context = NewContext();
+  absl::Status status = Observe(
+      FromGrpcStatus(stub_->Publish(context.get(), request, &response)));
+  if (!status.ok()) return status;
+  PublishResult result;
+  result.pages.assign(response.pages().begin(), response.pages().end());
+  result.existing.assign(response.existing().begin(),
+                         response.existing().end());
+  result.newly_published = response.newly_published();
+  return result;
+}
+
+absl::StatusOr<std::vector<int64_t>> Client::MatchPrefix(
+    absl::Span<const std::string> keys, bool adopt) {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  v1::MatchPrefixRequest request;
+  *request.mutable_session() = Ref();
+  for (const std::string& key : keys) request.add_keys(key);
+  request.set_adopt(adopt);
+  v1::MatchPrefixResponse response;
+  auto context = NewContext();
+  absl::Status status = Observe(
+      FromGrpcStatus(stub_->MatchPrefix(context.get(), request, &response)));
+  if (!status.ok()) return status;
+  return std::vector<int64_t>(response.pages().begin(), response.pages().end());
+}
+
+absl::StatusOr<int64_t> Client::UnpinPrefix(absl::Span<const int64_t> pages) {
+  if (absl::Status alive = session_status(); !alive.ok()) return alive;
+  v1::UnpinPrefixRequest request;
+  *request.mutable_session() = Ref();
+  request.mutable_pages()->Add(pages.begin(), pages.end());
+  v1::UnpinPrefixResponse response;
+  auto context = NewContext();
+  absl::Status status = Observe(
+      FromGrpcStatus(stub_->UnpinPrefix(context.get(), request, &response)));
+  if (!status.ok()) return status;
+  return response.pages_unpinned();
+}
+
 void Client::Release(const Allocation& allocation) {
   absl::MutexLock lock(&mu_);
   release_up_to_ = std::max(release_up_to_, allocation.ring_end());

@@ -45,6 +45,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -318,6 +319,39 @@ class Client {
   // Frees every page of the session and ends its checkpoints; the session
   // stays. Returns the pages freed (see ClearSessionRequest).
   absl::StatusOr<int64_t> ClearSession();
+
+  // ---- Shared prefix pages (docs/integration.md, "Shared prefix pages").
+  // Keys are exactly 32 bytes each, computed by the caller (a chained block
+  // hash); pages shared are read-only for every session.
+
+  // What Publish did: pages[i] is the page keys[i] is published under now
+  // (the caller's pages[i], or the existing page when existing[i]: the
+  // caller's page stays its own, to free).
+  struct PublishResult {
+    std::vector<int64_t> pages;
+    std::vector<bool> existing;
+    int64_t newly_published = 0;
+  };
+  // Publishes pages this session owns under `keys` (keys[0]'s parent is
+  // `parent_key`, empty at a chain's start; keys[i]'s is keys[i - 1]); the
+  // session keeps one reference on each, dropped by FreePages/FreeSlots.
+  // REQUIRES: the GPU work that writes the pages' KV is complete
+  // (synchronize the stream that fills them first); whole pages only.
+  // With `pin` the pages are never evicted while pinned (a per-session
+  // bound: RESOURCE_EXHAUSTED beyond it). All or nothing.
+  absl::StatusOr<PublishResult> Publish(absl::Span<const int64_t> pages,
+                                        absl::Span<const std::string> keys,
+                                        absl::string_view parent_key = "",
+                                        bool pin = false);
+  // Returns the pages of the longest prefix of `keys` published or cached;
+  // with `adopt` the session takes a reference on each in the same step
+  // (FreePages drops them).
+  absl::StatusOr<std::vector<int64_t>> MatchPrefix(
+      absl::Span<const std::string> keys, bool adopt = true);
+  // Removes this session's pins from `pages`; returns the pins removed.
+  absl::StatusOr<int64_t> UnpinPrefix(absl::Span<const int64_t> pages);
+  // (An operator resets the cache with ResetDaemonPrefixCache,
+  // client/admin.h: it needs no session.)
 
   // Lets the daemon reuse the ring space of `allocation` and of every
   // allocation before it. Sent with the next allocation call, or now by

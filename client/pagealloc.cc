@@ -449,6 +449,28 @@ using pagealloc::Guarded;
 using pagealloc::PutPages;
 using pagealloc::Span;
 
+namespace pagealloc {
+namespace {
+
+// `count` keys of PAGEALLOC_PREFIX_KEY_BYTES at `bytes`, as strings.
+absl::StatusOr<std::vector<std::string>> KeysFromBytes(const uint8_t* bytes,
+                                                       size_t count) {
+  if (count > 0 && bytes == nullptr) {
+    return absl::InvalidArgumentError("keys is NULL");
+  }
+  std::vector<std::string> keys;
+  keys.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    keys.emplace_back(
+        reinterpret_cast<const char*>(bytes) + i * PAGEALLOC_PREFIX_KEY_BYTES,
+        PAGEALLOC_PREFIX_KEY_BYTES);
+  }
+  return keys;
+}
+
+}  // namespace
+}  // namespace pagealloc
+
 extern "C" {
 
 uint32_t pagealloc_abi_version(void) { return PAGEALLOC_ABI_VERSION; }
@@ -1199,6 +1221,84 @@ int32_t pagealloc_reserve_take_device_error(pagealloc_reserve* reserve,
     std::unique_ptr<pagealloc::LocalExpander>& device =
         reserve->expanders[PAGEALLOC_MEMORY_DEVICE];
     return device == nullptr ? absl::OkStatus() : device->TakeDeviceError();
+  });
+}
+
+}  // extern "C"
+
+// Shared prefix pages (ABI 1.4).
+extern "C" {
+
+int32_t pagealloc_publish(pagealloc_client* client, const int64_t* pages,
+                          const uint8_t* keys, size_t n,
+                          const uint8_t* parent_key, int32_t pin,
+                          int64_t* published_pages, uint8_t* existing,
+                          int64_t* newly_published, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    if (n > 0 && pages == nullptr) {
+      return absl::InvalidArgumentError("pages is NULL");
+    }
+    ASSIGN_OR_RETURN(const std::vector<std::string> chain,
+                     pagealloc::KeysFromBytes(keys, n));
+    const std::string parent =
+        parent_key == nullptr
+            ? std::string()
+            : std::string(reinterpret_cast<const char*>(parent_key),
+                          PAGEALLOC_PREFIX_KEY_BYTES);
+    ASSIGN_OR_RETURN(const pagealloc::Client::PublishResult result,
+                     client->client->Publish(absl::MakeConstSpan(pages, n),
+                                             chain, parent, pin != 0));
+    for (size_t i = 0; i < n && i < result.pages.size(); ++i) {
+      if (published_pages != nullptr) published_pages[i] = result.pages[i];
+      if (existing != nullptr) existing[i] = result.existing[i] ? 1 : 0;
+    }
+    if (newly_published != nullptr) *newly_published = result.newly_published;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_match_prefix(pagealloc_client* client, const uint8_t* keys,
+                               size_t num_keys, int32_t adopt, int64_t* pages,
+                               int64_t* num_matched, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    if (num_keys > 0 && pages == nullptr) {
+      return absl::InvalidArgumentError("pages is NULL");
+    }
+    ASSIGN_OR_RETURN(const std::vector<std::string> chain,
+                     pagealloc::KeysFromBytes(keys, num_keys));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> matched,
+                     client->client->MatchPrefix(chain, adopt != 0));
+    std::copy(matched.begin(), matched.end(), pages);
+    if (num_matched != nullptr) *num_matched = matched.size();
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_unpin_prefix(pagealloc_client* client, const int64_t* pages,
+                               size_t n, int64_t* unpinned,
+                               pagealloc_error* error) {
+  if (n > 0 && pages == nullptr) {
+    return Guarded(error,
+                   [] { return absl::InvalidArgumentError("pages is NULL"); });
+  }
+  return pagealloc::GuardedValue(
+      client, unpinned, error, [pages, n](pagealloc::Client& c) {
+        return c.UnpinPrefix(absl::MakeConstSpan(pages, n));
+      });
+}
+
+int32_t pagealloc_admin_reset_prefix_cache(
+    const pagealloc_admin_options* options, int64_t* pages_evicted,
+    pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const pagealloc::AdminOptions admin,
+                     pagealloc::ReadAdminOptions(options));
+    ASSIGN_OR_RETURN(const int64_t evicted,
+                     pagealloc::ResetDaemonPrefixCache(admin));
+    if (pages_evicted != nullptr) *pages_evicted = evicted;
+    return absl::OkStatus();
   });
 }
 

@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 3
+#define PAGEALLOC_ABI_VERSION_MINOR 4
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -811,6 +811,49 @@ int32_t pagealloc_reserve_alloc_decode(pagealloc_reserve* reserve,
  * else OK. Covers the calls whose streams the caller has synchronized. */
 int32_t pagealloc_reserve_take_device_error(pagealloc_reserve* reserve,
                                             pagealloc_error* error);
+ * Shared prefix pages (ABI 1.4; docs/design.md section 13,
+ * docs/integration.md "Shared prefix pages"). Keys are
+ * PAGEALLOC_PREFIX_KEY_BYTES opaque bytes per page, computed by the caller
+ * (a chained block hash), passed as one array of count * 32 bytes. Shared
+ * pages are read-only for every session.
+ * ------------------------------------------------------------------------ */
+
+#define PAGEALLOC_PREFIX_KEY_BYTES 32
+
+/* Publishes the session's `pages[0..n)` under `keys` (n * 32 bytes, in
+ * chain order; keys[0]'s parent is `parent_key`, 32 bytes, or NULL at a
+ * chain's start). Only after the GPU work that writes the pages' KV is
+ * complete, only whole pages. The session keeps one reference on each
+ * (pagealloc_free_pages drops it). `pin` nonzero pins them (a per-session
+ * bound). Out, each may be NULL: `published_pages[0..n)` the page each key
+ * is published under now (the existing page when `existing[i]` is 1: the
+ * caller's page stays its own, to free), `*newly_published`. All or
+ * nothing; INVALID_ARGUMENT naming keys[i] or pages[i]. */
+int32_t pagealloc_publish(pagealloc_client* client, const int64_t* pages,
+                          const uint8_t* keys, size_t n,
+                          const uint8_t* parent_key, int32_t pin,
+                          int64_t* published_pages, uint8_t* existing,
+                          int64_t* newly_published, pagealloc_error* error);
+
+/* Writes to `pages[0..*num_matched)` the pages of the longest prefix of the
+ * chain `keys` (num_keys * 32 bytes) that is published or cached; with
+ * `adopt` nonzero the session takes a reference on each in the same step.
+ * `pages` has room for num_keys entries. */
+int32_t pagealloc_match_prefix(pagealloc_client* client, const uint8_t* keys,
+                               size_t num_keys, int32_t adopt, int64_t* pages,
+                               int64_t* num_matched, pagealloc_error* error);
+
+/* Removes the session's pins from `pages[0..n)`; `*unpinned` (may be NULL)
+ * receives how many. */
+int32_t pagealloc_unpin_prefix(pagealloc_client* client, const int64_t* pages,
+                               size_t n, int64_t* unpinned,
+                               pagealloc_error* error);
+
+/* The daemon's ResetPrefixCache (no session): evicts every cached,
+ * unpinned page; `*pages_evicted` (may be NULL) receives how many. */
+int32_t pagealloc_admin_reset_prefix_cache(
+    const pagealloc_admin_options* options, int64_t* pages_evicted,
+    pagealloc_error* error);
 
 #ifdef __cplusplus
 } /* extern "C" */

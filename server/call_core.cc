@@ -1,5 +1,6 @@
 #include "server/call_core.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -495,6 +496,122 @@ void CallCore::SubmitClearPool(bool force, Transport transport, Reply* reply) {
              reply->set_value(freed);
              log_->warn("pool cleared{}: {} pages freed",
                         force ? " (forced)" : "", freed);
+             return absl::OkStatus();
+           });
+}
+
+namespace {
+
+// Parses a wire chain of keys for the pool. INVALID_ARGUMENT naming keys[i].
+absl::StatusOr<std::vector<PrefixKey>> ParseChain(
+    absl::Span<const absl::string_view> keys, const PagePool& pool) {
+  return ParsePrefixKeyChain(keys, "keys", pool.geometry().num_pages);
+}
+
+}  // namespace
+
+void CallCore::SubmitPublish(const PublishInput& input, Transport transport,
+                             PrefixReply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(input.session_id, input.session_token);
+  if (!session.ok()) {
+    return Answer(reply, Method::kPublish, transport, start, session.status());
+  }
+  absl::StatusOr<std::vector<PrefixKey>> keys = ParseChain(input.keys, *pool_);
+  if (!keys.ok()) {
+    return Answer(reply, Method::kPublish, transport, start, keys.status());
+  }
+  std::optional<PrefixKey> parent;
+  if (!input.parent_key.empty()) {
+    absl::StatusOr<PrefixKey> parsed =
+        ParsePrefixKey(input.parent_key, "parent_key", 0);
+    if (!parsed.ok()) {
+      return Answer(reply, Method::kPublish, transport, start,
+                    absl::InvalidArgumentError(absl::StrFormat(
+                        "parent_key is %d bytes; a prefix key is %d bytes",
+                        input.parent_key.size(), kPrefixKeyBytes)));
+    }
+    parent = *parsed;
+  }
+  const uint64_t owner = (*session)->id();
+  reply->set_value(0);
+  SubmitOp(reply, Method::kPublish, transport, start, owner,
+           [this, owner, pages = input.pages, keys = *std::move(keys), parent,
+            pin = input.pin, reply]() -> absl::Status {
+             ASSIGN_OR_RETURN(
+                 PublishOutcome outcome,
+                 pool_->Publish(owner, pages, keys,
+                                parent.has_value() ? &*parent : nullptr, pin));
+             reply->pages = std::move(outcome.pages);
+             reply->existing = std::move(outcome.existing);
+             reply->set_value(outcome.newly_published);
+             return absl::OkStatus();
+           });
+}
+
+void CallCore::SubmitMatchPrefix(uint64_t session_id, absl::string_view token,
+                                 absl::Span<const absl::string_view> keys,
+                                 bool adopt, Transport transport,
+                                 PrefixReply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(session_id, token);
+  if (!session.ok()) {
+    return Answer(reply, Method::kMatchPrefix, transport, start,
+                  session.status());
+  }
+  absl::StatusOr<std::vector<PrefixKey>> parsed = ParseChain(keys, *pool_);
+  if (!parsed.ok()) {
+    return Answer(reply, Method::kMatchPrefix, transport, start,
+                  parsed.status());
+  }
+  const uint64_t owner = (*session)->id();
+  reply->set_value(0);
+  SubmitOp(reply, Method::kMatchPrefix, transport, start, owner,
+           [this, owner, chain = *std::move(parsed), adopt,
+            reply]() -> absl::Status {
+             ASSIGN_OR_RETURN(reply->pages,
+                              pool_->MatchPrefix(owner, chain, adopt));
+             reply->set_value(reply->pages.size());
+             return absl::OkStatus();
+           });
+}
+
+void CallCore::SubmitUnpinPrefix(uint64_t session_id, absl::string_view token,
+                                 absl::Span<const int64_t> pages,
+                                 Transport transport, Reply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(session_id, token);
+  if (!session.ok()) {
+    return Answer(reply, Method::kUnpinPrefix, transport, start,
+                  session.status());
+  }
+  const uint64_t owner = (*session)->id();
+  reply->set_value(0);
+  SubmitOp(reply, Method::kUnpinPrefix, transport, start, owner,
+           [this, owner, pages, reply]() -> absl::Status {
+             ASSIGN_OR_RETURN(const int64_t unpinned,
+                              pool_->Unpin(owner, pages));
+             reply->set_value(unpinned);
+             return absl::OkStatus();
+           });
+}
+
+void CallCore::SubmitResetPrefixCache(Transport transport, Reply* reply) {
+  const absl::Time start = absl::Now();
+  reply->set_value(0);
+  if (draining_) {
+    return Answer(reply, Method::kResetPrefixCache, transport, start,
+                  DrainingError());
+  }
+  // As ClearPool: session 0, in order with the work queued before it.
+  SubmitOp(reply, Method::kResetPrefixCache, transport, start,
+           /*session_id=*/0, [this, reply]() -> absl::Status {
+             ASSIGN_OR_RETURN(const int64_t evicted, pool_->ResetPrefixCache());
+             reply->set_value(evicted);
+             log_->info("prefix cache reset: {} pages evicted", evicted);
              return absl::OkStatus();
            });
 }

@@ -143,6 +143,26 @@ class AllocReply : public Reply, private AllocCompletion {
   int64_t pages_freed_first_ = 0;
 };
 
+// A Publish or MatchPrefix call's answer, filled before Complete(OK):
+// Publish: PublishOutcome's pages, existing and newly_published (value());
+// MatchPrefix: the pages found.
+class PrefixReply : public Reply {
+ public:
+  std::vector<int64_t> pages;
+  std::vector<bool> existing;
+};
+
+// A Publish call as it arrived. The views must stay valid during
+// SubmitPublish only (the core parses the keys before it returns).
+struct PublishInput {
+  uint64_t session_id = 0;
+  absl::string_view session_token;
+  std::vector<int64_t> pages;
+  std::vector<absl::string_view> keys;
+  absl::string_view parent_key;  // empty: the chain starts here
+  bool pin = false;
+};
+
 // One allocation call as it arrived, from either transport.
 struct AllocCallInput {
   Method method = Method::kAllocDecode;
@@ -198,6 +218,8 @@ class CallCore {
     // (--register_secret_file): UNAUTHENTICATED otherwise.
     std::string register_secret;
   };
+  // (The per-session pin bound is the pool's:
+  // PoolOptions.max_pinned_pages_per_owner.)
 
   // GetFreeLists: pages of each list returned when the caller names no
   // bound, and the most it may ask for.
@@ -296,6 +318,30 @@ class CallCore {
   // over kMaxFreeListPages. A debug read: it needs no session.
   absl::StatusOr<FreeListsView> FreeLists(int64_t max_pages,
                                           Transport transport);
+  // ---- Shared prefix pages (PagePool::Publish, MatchPrefix, Unpin,
+  // ResetPrefixCache), each in order with the session's other work. Keys
+  // are parsed before anything is queued: a key of another size than
+  // kPrefixKeyBytes, a key repeated in the chain, or a chain longer than
+  // the pool's pages is INVALID_ARGUMENT naming keys[i].
+
+  // Publishes input.pages under input.keys; the reply holds the outcome.
+  void SubmitPublish(const PublishInput& input, Transport transport,
+                     PrefixReply* reply);
+  // Matches the chain `keys` (and with `adopt` takes the references); the
+  // reply's pages are the pages found.
+  void SubmitMatchPrefix(uint64_t session_id, absl::string_view token,
+                         absl::Span<const absl::string_view> keys, bool adopt,
+                         Transport transport, PrefixReply* reply);
+  // Removes the session's pins from `pages` (valid until the reply
+  // completes); the reply's value is the pins removed.
+  void SubmitUnpinPrefix(uint64_t session_id, absl::string_view token,
+                         absl::Span<const int64_t> pages, Transport transport,
+                         Reply* reply);
+  // Evicts every cached, unpinned page, in order with the work queued
+  // before it. An operator's call: it needs no session. The reply's value
+  // is the pages evicted.
+  void SubmitResetPrefixCache(Transport transport, Reply* reply);
+
   // Releases the session's ring up to `up_to`; returns the slots still
   // reserved.
   absl::StatusOr<int64_t> ReleaseRing(uint64_t session_id,

@@ -348,6 +348,32 @@ class OpReply final : public Reply {
   const std::function<void(int64_t)> fill_;
 };
 
+// Answers a Publish or MatchPrefix call: on OK, `fill` writes the reply's
+// pages (and what else it holds) into the response; then finishes the call
+// and deletes itself.
+class PrefixCallReply final : public PrefixReply {
+ public:
+  PrefixCallReply(grpc::ServerUnaryReactor* reactor,
+                  std::function<void(const PrefixReply&)> fill)
+      : reactor_(reactor), fill_(std::move(fill)) {}
+
+  void Complete(const absl::Status& status) override {
+    if (status.ok()) fill_(*this);
+    reactor_->Finish(ToGrpcStatus(status));
+    delete this;
+  }
+
+ private:
+  grpc::ServerUnaryReactor* const reactor_;
+  const std::function<void(const PrefixReply&)> fill_;
+};
+
+// The request's keys as views into it (it lives until the call finishes).
+std::vector<absl::string_view> KeyViews(
+    const google::protobuf::RepeatedPtrField<std::string>& keys) {
+  return std::vector<absl::string_view>(keys.begin(), keys.end());
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* GrpcService::Register(
@@ -551,6 +577,19 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
   response->set_kv_pages_scrubbed_total(stats.pages_scrubbed);
   response->set_release_pending_pages(core_->release_pending_pages());
   response->set_pages_released_total(core_->pages_released());
+  v1::PrefixStats* prefix = response->mutable_prefix();
+  prefix->set_published_pages(stats.published_pages);
+  prefix->set_cached_pages(stats.cached_pages);
+  prefix->set_pinned_pages(stats.pinned_pages);
+  prefix->set_evictable_pages(stats.evictable_pages);
+  prefix->set_published_total(stats.prefix_pages_published);
+  prefix->set_publish_existing_total(stats.prefix_publish_existing);
+  prefix->set_lookup_pages_total(stats.prefix_lookup_pages);
+  prefix->set_hit_pages_total(stats.prefix_hit_pages);
+  prefix->set_adopted_pages_total(stats.prefix_pages_adopted);
+  prefix->set_evicted_for_allocation_total(stats.prefix_evicted_for_allocation);
+  prefix->set_evicted_by_reset_total(stats.prefix_evicted_by_reset);
+  prefix->set_max_pinned_pages_per_session(stats.max_pinned_pages_per_owner);
   const std::vector<std::shared_ptr<Session>> sessions = core_->Sessions();
   response->set_sessions_active(sessions.size());
   if (request->include_sessions()) {
@@ -564,6 +603,8 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
         out->set_pages_owned(it->second.pages_owned);
         out->set_checkpoint_active(it->second.checkpoint_active);
         out->set_checkpoints(it->second.checkpoints);
+        out->set_shared_pages(it->second.shared_pages);
+        out->set_pinned_pages(it->second.pinned_pages);
       }
       out->set_quota_pages(session->quota_pages());
       out->set_ring_capacity_slots(session->ring_memory().capacity_slots());
@@ -625,6 +666,66 @@ grpc::ServerUnaryReactor* GrpcService::GetFreeLists(
   response->set_parked_count(view->parked_count);
   FillPoolInfo(core_->DescribePool(), response->mutable_pool());
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcService::Publish(
+    grpc::CallbackServerContext* context, const v1::PublishRequest* request,
+    v1::PublishResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  PublishInput input;
+  input.session_id = request->session().session_id();
+  input.session_token = request->session().session_token();
+  input.pages.assign(request->pages().begin(), request->pages().end());
+  input.keys = KeyViews(request->keys());
+  input.parent_key = request->parent_key();
+  input.pin = request->pin();
+  core_->SubmitPublish(
+      input, Transport::kGrpc,
+      new PrefixCallReply(reactor, [response](const PrefixReply& reply) {
+        response->mutable_pages()->Add(reply.pages.begin(), reply.pages.end());
+        for (bool existing : reply.existing) response->add_existing(existing);
+        response->set_newly_published(reply.value());
+      }));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcService::MatchPrefix(
+    grpc::CallbackServerContext* context, const v1::MatchPrefixRequest* request,
+    v1::MatchPrefixResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const std::vector<absl::string_view> keys = KeyViews(request->keys());
+  core_->SubmitMatchPrefix(
+      request->session().session_id(), request->session().session_token(), keys,
+      request->adopt(), Transport::kGrpc,
+      new PrefixCallReply(reactor, [response](const PrefixReply& reply) {
+        response->mutable_pages()->Add(reply.pages.begin(), reply.pages.end());
+      }));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcService::UnpinPrefix(
+    grpc::CallbackServerContext* context, const v1::UnpinPrefixRequest* request,
+    v1::UnpinPrefixResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  core_->SubmitUnpinPrefix(
+      request->session().session_id(), request->session().session_token(),
+      absl::MakeConstSpan(request->pages()), Transport::kGrpc,
+      new OpReply(reactor, [response](int64_t unpinned) {
+        response->set_pages_unpinned(unpinned);
+      }));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcService::ResetPrefixCache(
+    grpc::CallbackServerContext* context,
+    const v1::ResetPrefixCacheRequest* request,
+    v1::ResetPrefixCacheResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  core_->SubmitResetPrefixCache(
+      Transport::kGrpc, new OpReply(reactor, [response](int64_t evicted) {
+        response->set_pages_evicted(evicted);
+      }));
   return reactor;
 }
 

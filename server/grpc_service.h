@@ -51,6 +51,13 @@
 
 namespace pagealloc {
 
+// The shared prefix pages' methods.
+using PrefixMethods = v1::PageAllocator::WithCallbackMethod_Publish<
+    v1::PageAllocator::WithCallbackMethod_MatchPrefix<
+        v1::PageAllocator::WithCallbackMethod_UnpinPrefix<
+            v1::PageAllocator::WithCallbackMethod_ResetPrefixCache<
+                v1::PageAllocator::Service>>>>;
+
 using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
     v1::PageAllocator::WithRawCallbackMethod_KeepAlive<
         v1::PageAllocator::WithCallbackMethod_AllocExtend<
@@ -62,12 +69,10 @@ using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
                                 v1::PageAllocator::WithCallbackMethod_ReleaseRing<
                                     v1::PageAllocator::WithCallbackMethod_GetStats<
                                         v1::PageAllocator::WithCallbackMethod_ClearSession<
-                                            v1::PageAllocator::
-                                                WithCallbackMethod_ClearPool<
-                                                    v1::PageAllocator::
-                                                        WithCallbackMethod_GetFreeLists<
-                                                            v1::PageAllocator::
-                                                                Service>>>>>>>>>>>>>;
+                                            v1::PageAllocator::WithCallbackMethod_ClearPool<
+                                                v1::PageAllocator::
+                                                    WithCallbackMethod_GetFreeLists<
+                                                        PrefixMethods>>>>>>>>>>>>>;
 
 class GrpcService final : public PageAllocatorBase {
  public:
@@ -128,6 +133,21 @@ class GrpcService final : public PageAllocatorBase {
       grpc::CallbackServerContext* context,
       const v1::GetFreeListsRequest* request,
       v1::GetFreeListsResponse* response) override;
+  grpc::ServerUnaryReactor* Publish(grpc::CallbackServerContext* context,
+                                    const v1::PublishRequest* request,
+                                    v1::PublishResponse* response) override;
+  grpc::ServerUnaryReactor* MatchPrefix(
+      grpc::CallbackServerContext* context,
+      const v1::MatchPrefixRequest* request,
+      v1::MatchPrefixResponse* response) override;
+  grpc::ServerUnaryReactor* UnpinPrefix(
+      grpc::CallbackServerContext* context,
+      const v1::UnpinPrefixRequest* request,
+      v1::UnpinPrefixResponse* response) override;
+  grpc::ServerUnaryReactor* ResetPrefixCache(
+      grpc::CallbackServerContext* context,
+      const v1::ResetPrefixCacheRequest* request,
+      v1::ResetPrefixCacheResponse* response) override;
 
   // Interceptors for the server (ServerBuilder::experimental()) that turn
   // the answer to a unary call of this service whose request did not parse

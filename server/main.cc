@@ -86,6 +86,9 @@ ABSL_FLAG(std::string, semantics, "pagealloc",
 ABSL_FLAG(bool, allow_forced_clear, false,
           "Let ClearPool with force clear the pool while sessions hold pages "
           "(their slots become void). Off: a forced clear is refused.");
+ABSL_FLAG(int64_t, prefix_max_pinned_pages, 1024,
+          "Most shared prefix pages one session may pin (Publish with pin: "
+          "never evicted while pinned). 0: pins are refused.");
 ABSL_FLAG(std::vector<std::string>, listen, {},
           "Comma-separated gRPC addresses: unix:///path.sock and/or "
           "host:port. Default unix:///run/pagealloc/gpu<gpu>.sock, or "
@@ -240,7 +243,8 @@ const CommandLineSpec kCommandLine = {
           {"page_size", "tokens"},
           {"free_policy"},
           {"semantics"},
-          {"allow_forced_clear"}}},
+          {"allow_forced_clear"},
+          {"prefix_max_pinned_pages", "pages"}}},
         {"KV memory",
          {{"kv_layout", "layout"},
           {"kv_memory", "bytes or fraction"},
@@ -394,6 +398,11 @@ absl::Status PoolGeometryFlags(ServerOptions* options) {
   } else {
     options->pool.num_pages = 65536;
   }
+  options->pool.max_pinned_pages_per_owner =
+      absl::GetFlag(FLAGS_prefix_max_pinned_pages);
+  RETURN_IF_ERROR(CheckRange("prefix_max_pinned_pages",
+                             options->pool.max_pinned_pages_per_owner, 0,
+                             kMaxSlots, "pages"));
   return absl::OkStatus();
 }
 

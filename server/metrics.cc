@@ -203,6 +203,45 @@ void AddPoolFamilies(const PoolStats& stats, const Backend& backend,
               stats.pages_scrubbed));
 }
 
+// The shared prefix pages: by state, lookups and hits in tokens, pages
+// published, adopted and evicted by reason. Adopt latency is MatchPrefix's
+// pagealloc_rpc_duration_seconds.
+void AddPrefixFamilies(const PoolStats& stats, Families* out) {
+  MetricFamily pages = Family(
+      "pagealloc_prefix_pages",
+      "Shared prefix pages by state: published (held by a session), cached "
+      "(held by none, KV valid), pinned (never evicted; either state), "
+      "evictable (cached, not pinned).",
+      MetricType::Gauge);
+  AddGauge(pages, stats.published_pages, {{"state", "published"}});
+  AddGauge(pages, stats.cached_pages, {{"state", "cached"}});
+  AddGauge(pages, stats.pinned_pages, {{"state", "pinned"}});
+  AddGauge(pages, stats.evictable_pages, {{"state", "evictable"}});
+  out->push_back(std::move(pages));
+  out->push_back(Counter("pagealloc_prefix_lookup_tokens_total",
+                         "Tokens of the key chains MatchPrefix looked up.",
+                         stats.prefix_lookup_pages * stats.page_size));
+  out->push_back(Counter(
+      "pagealloc_prefix_hit_tokens_total",
+      "Tokens of the prefixes MatchPrefix found (over lookup: the hit rate).",
+      stats.prefix_hit_pages * stats.page_size));
+  out->push_back(Counter("pagealloc_prefix_published_pages_total",
+                         "Pages newly published under a key.",
+                         stats.prefix_pages_published));
+  out->push_back(Counter("pagealloc_prefix_adopted_pages_total",
+                         "References taken on shared pages by adopts.",
+                         stats.prefix_pages_adopted));
+  MetricFamily evicted = Family(
+      "pagealloc_prefix_evicted_pages_total",
+      "Cached pages evicted, by reason: allocation (a launch the free list "
+      "could not serve), reset (ResetPrefixCache).",
+      MetricType::Counter);
+  AddCounter(evicted, stats.prefix_evicted_for_allocation,
+             {{"reason", "allocation"}});
+  AddCounter(evicted, stats.prefix_evicted_by_reset, {{"reason", "reset"}});
+  out->push_back(std::move(evicted));
+}
+
 // pagealloc_build_info: always 1, its labels describe the daemon.
 void AddBuildInfo(const Backend& backend, FreePolicy free_policy,
                   Families* out) {
@@ -542,6 +581,7 @@ std::string MetricsExporter::Render() const {
   const PoolStats stats = pool_->Stats();
   Families families;
   AddPoolFamilies(stats, *backend_, &families);
+  AddPrefixFamilies(stats, &families);
   AddBuildInfo(*backend_, pool_->free_policy(), &families);
   AddAllocationFamilies(stats, batcher_->launches(), &families);
   const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();

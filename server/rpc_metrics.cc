@@ -4,9 +4,11 @@ namespace pagealloc {
 
 const char* MethodName(Method method) {
   static constexpr const char* kNames[kNumMethods] = {
-      "Register",     "KeepAlive",  "AllocExtend", "AllocDecode", "Alloc",
-      "Free",         "Checkpoint", "Rollback",    "ReleaseRing", "GetStats",
-      "ClearSession", "ClearPool",  "GetFreeLists"};
+      "Register",        "KeepAlive", "AllocExtend",  "AllocDecode",
+      "Alloc",           "Free",      "Checkpoint",   "Rollback",
+      "ReleaseRing",     "GetStats",  "ClearSession", "ClearPool",
+      "GetFreeLists",    "Publish",   "MatchPrefix",  "UnpinPrefix",
+      "ResetPrefixCache"};
   return kNames[static_cast<int>(method)];
 }
 

@@ -33,8 +33,12 @@ enum class Method : int {
   kClearSession,
   kClearPool,
   kGetFreeLists,
+  kPublish,
+  kMatchPrefix,
+  kUnpinPrefix,
+  kResetPrefixCache,
 };
-inline constexpr int kNumMethods = 13;
+inline constexpr int kNumMethods = 17;
 inline constexpr int kNumStatusCodes = 17;  // google.rpc.Code 0..16
 
 // The method name as in the .proto ("AllocExtend").

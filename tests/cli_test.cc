@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -263,6 +264,49 @@ TEST(CliTest, StatsAndWatchPrintJsonAndSessionColumns) {
       HasSubstr(parsed.sessions(0).fast_channel() ? "fast channel" : "gRPC"));
   holder.process.Signal(SIGINT);
   ASSERT_OK(holder.process.Wait(absl::Seconds(20)).status());
+}
+
+// `prefix stats` shows the shared pages, `prefix reset` evicts the cached
+// ones; a wrong subcommand is a usage error.
+TEST(CliTest, PrefixStatsAndResetShowAndEvictSharedPages) {
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon,
+      StartDaemon("prefix", {kLongLease, "--backend=cpu", "--page_size=16",
+                             "--num_pages=64", "--prefix_max_pinned_pages=8"}));
+  {
+    ClientOptions options;
+    options.target = daemon.target;
+    options.client_name = "publisher";
+    ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
+    ASSERT_OK_AND_ASSIGN(Allocation pages, client->Alloc({32}));
+    ASSERT_OK(pages.status());
+    std::vector<int64_t> ids(2);
+    ASSERT_OK(client->CopyToHost(pages[0].slots, 1, &ids[0]));
+    ASSERT_OK(client->CopyToHost(pages[0].slots + 16, 1, &ids[1]));
+    for (int64_t& id : ids) id /= 16;
+    ASSERT_OK(client->Publish(ids, {std::string(32, 'a'), std::string(32, 'b')})
+                  .status());
+    ASSERT_OK(client->Close());  // its published pages stay cached
+  }
+  Outcome stats = Cli({"--target=" + daemon.target, "prefix", "stats"});
+  ASSERT_EQ(stats.status, "exited 0") << stats.output;
+  EXPECT_THAT(stats.output, HasSubstr("0 published, 2 cached, 0 pinned, 2 "
+                                      "evictable"));
+  EXPECT_THAT(stats.output, HasSubstr("8 pages per session"));
+  Outcome json =
+      Cli({"--target=" + daemon.target, "prefix", "stats", "--output=json"});
+  ASSERT_EQ(json.status, "exited 0") << json.output;
+  v1::GetStatsResponse parsed;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json.output, &parsed).ok())
+      << json.output;
+  EXPECT_EQ(parsed.prefix().cached_pages(), 2);
+  Outcome reset = Cli({"--target=" + daemon.target, "prefix", "reset"});
+  ASSERT_EQ(reset.status, "exited 0") << reset.output;
+  EXPECT_THAT(reset.output, HasSubstr("2 cached pages evicted"));
+  Outcome wrong = Cli({"--target=" + daemon.target, "prefix", "drop"});
+  EXPECT_EQ(wrong.status, "exited 2") << wrong.output;
+  EXPECT_THAT(wrong.output, HasSubstr("prefix takes one of stats, reset"));
 }
 
 // Without --listen an unprivileged daemon listens under $XDG_RUNTIME_DIR;

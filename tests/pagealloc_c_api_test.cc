@@ -738,6 +738,68 @@ TEST_F(PageallocCApiTest, ClearSessionAndClearPool) {
   pagealloc_client_destroy(other);
 }
 
+// ABI 1.4: a session publishes its pages under 32-byte keys, another
+// matches and adopts them, frees them to the cache, and an operator's
+// reset evicts them; a key of another length cannot be passed (the count
+// is of keys), a repeated key is refused naming its index.
+TEST_F(PageallocCApiTest, PublishMatchAdoptAndResetSharedPages) {
+  pagealloc_client* other = nullptr;
+  ASSERT_EQ(Connect(&other), PAGEALLOC_OK);
+  pagealloc_allocation* allocation = Alloc({8});
+  const std::vector<int64_t> slots = HostSlots(allocation);
+  pagealloc_allocation_destroy(allocation);
+  const std::vector<int64_t> pages = {slots[0] / 4, slots[4] / 4};
+  std::vector<uint8_t> keys(2 * PAGEALLOC_PREFIX_KEY_BYTES, 0);
+  keys[0] = 1;
+  keys[PAGEALLOC_PREFIX_KEY_BYTES] = 2;
+  std::vector<int64_t> published(2, -1);
+  std::vector<uint8_t> existing(2, 9);
+  int64_t newly = -1;
+  ASSERT_EQ(
+      pagealloc_publish(client_, pages.data(), keys.data(), 2, nullptr, 0,
+                        published.data(), existing.data(), &newly, &error_),
+      PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(published, pages);
+  EXPECT_EQ(existing, (std::vector<uint8_t>{0, 0}));
+  EXPECT_EQ(newly, 2);
+  std::vector<int64_t> found(2, -1);
+  int64_t matched = -1;
+  ASSERT_EQ(pagealloc_match_prefix(other, keys.data(), 2, /*adopt=*/1,
+                                   found.data(), &matched, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(matched, 2);
+  EXPECT_EQ(found, pages);
+  int64_t freed = 0;
+  ASSERT_EQ(pagealloc_free_pages(other, found.data(), 2, &freed, &error_),
+            PAGEALLOC_OK);
+  ASSERT_EQ(pagealloc_free_pages(client_, pages.data(), 2, &freed, &error_),
+            PAGEALLOC_OK);
+  // keys[0] twice.
+  std::vector<uint8_t> repeated(2 * PAGEALLOC_PREFIX_KEY_BYTES, 0);
+  repeated[0] = repeated[PAGEALLOC_PREFIX_KEY_BYTES] = 1;
+  EXPECT_EQ(pagealloc_match_prefix(other, repeated.data(), 2, 0, found.data(),
+                                   &matched, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(error_.message).find("keys[1] repeats keys[0]"),
+            std::string::npos)
+      << error_.message;
+  pagealloc_admin_options admin;
+  pagealloc_admin_options_init(&admin, sizeof(admin));
+  admin.target = daemon_->target();
+  int64_t evicted = -1;
+  ASSERT_EQ(pagealloc_admin_reset_prefix_cache(&admin, &evicted, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(evicted, 2);
+  ASSERT_EQ(pagealloc_match_prefix(other, keys.data(), 2, 0, found.data(),
+                                   &matched, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(matched, 0);
+  pagealloc_client_destroy(other);
+}
+
 TEST_F(PageallocCApiTest, CompletionValuesGrowAndOrderAfterAcceptsThem) {
   pagealloc_allocation* first = Alloc({4});
   pagealloc_allocation* second = Alloc({4});

@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/admin.h"
 #include "client/client.h"
 #include "client/page_reserve.h"
 #include "fast_channel/codec.h"
@@ -243,6 +244,7 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   // The sorted policy, so that freed pages park and a later allocation
   // merges them back (a free-list sort).
   options.pool = {200, 16, FreePolicy::kSorted};
+  options.pool.max_pinned_pages_per_owner = 4;  // for the prefix panels
   options.metrics_port = 0;
   // Clients renew every third of it; the abandoned session below loses it.
   options.sessions.lease = absl::Seconds(5);
@@ -333,6 +335,34 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
       client->Release(alloc);
     }
   }
+  // Shared prefix pages: published (one pinned), adopted by a sibling, some
+  // freed to the cache, two evicted by a reset, one left cached.
+  {
+    ASSERT_OK_AND_ASSIGN(Allocation six, grpc->Alloc({6 * 16}));
+    ASSERT_OK(six.status());
+    std::vector<int64_t> pages(6);
+    for (int64_t k = 0; k < 6; ++k) {
+      ASSERT_OK(grpc->CopyToHost(six[0].slots + 16 * k, 1, &pages[k]));
+      pages[k] /= 16;
+    }
+    grpc->Release(six);
+    std::vector<std::string> keys;
+    for (int k = 0; k < 6; ++k)
+      keys.push_back(std::string(31, 'k') + static_cast<char>('0' + k));
+    ASSERT_OK(grpc->Publish({pages[0]}, {keys[0]}, "", /*pin=*/true).status());
+    ASSERT_OK(grpc->Publish(absl::MakeConstSpan(pages).subspan(1),
+                            absl::MakeConstSpan(keys).subspan(1), keys[0])
+                  .status());
+    ASSERT_OK_AND_ASSIGN(std::vector<int64_t> adopted,
+                         fast->MatchPrefix(keys, /*adopt=*/true));
+    ASSERT_EQ(adopted, pages);
+    ASSERT_OK(grpc->FreePages(absl::MakeConstSpan(pages).subspan(1)).status());
+    ASSERT_OK(fast->FreePages({pages[4], pages[5]}).status());
+    AdminOptions admin;
+    admin.channel = server->channel();
+    ASSERT_THAT(ResetDaemonPrefixCache(admin), testing::IsOkAndHolds(2));
+    ASSERT_OK(fast->FreePages({pages[3]}).status());
+  }
   // A page reserve (client/page_reserve.h): refills, a return above its
   // high mark, and below, its answer to the daemon's ask when the fast
   // session's refused call finds the pool short.
@@ -371,9 +401,10 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   }
   {
     // Parked pages (the reserve's return parked some) count: an
-    // allocation merges them.
+    // allocation merges them; so do cached prefix pages: it evicts them.
     const PoolStats before = server->pool().Stats();
-    const int64_t free_pages = before.free_pages + before.parked_pages;
+    const int64_t free_pages =
+        before.free_pages + before.parked_pages + before.evictable_pages;
     ASSERT_OK_AND_ASSIGN(Allocation refused,
                          fast->Alloc({16 * (free_pages + 1)}));
     EXPECT_THAT(

@@ -17,7 +17,7 @@ from pagealloc import _native
 from pagealloc.client import (Allocation, Client, CudaSlots, FreeGroup,
                               FreeLists, KvBuffer, PageReserve, PoolInfo,
                               RequestResult, RingInfo, Stats, clear_pool,
-                              get_free_lists)
+                              get_free_lists, reset_prefix_cache)
 from pagealloc.errors import (AbortedError, AlreadyExistsError,
                               CancelledError, DataLossError,
                               DeadlineExceededError, FailedPreconditionError,
@@ -29,7 +29,7 @@ from pagealloc.errors import (AbortedError, AlreadyExistsError,
                               UnknownError, error_for)
 
 __version__ = _native.lib.pagealloc_version().decode()
-# pagealloc_abi_version(): major << 16 | minor (65539 for 1.3), and the
+# pagealloc_abi_version(): major << 16 | minor (65540 for 1.4), and the
 # same as "major.minor", as the docs write it.
 ABI_VERSION = _native.lib.pagealloc_abi_version()
 ABI_VERSION_TEXT = "%d.%d" % (ABI_VERSION >> 16, ABI_VERSION & 0xFFFF)
@@ -38,7 +38,7 @@ LIBRARY_PATH = _native.path
 __all__ = [
     "ABI_VERSION", "ABI_VERSION_TEXT", "LIBRARY_PATH", "Allocation", "Client", "CudaSlots",
     "FreeGroup", "FreeLists", "KvBuffer", "PoolInfo", "RequestResult",
-    "RingInfo", "Stats", "clear_pool", "get_free_lists",
+    "RingInfo", "Stats", "clear_pool", "get_free_lists", "reset_prefix_cache",
     "AbortedError", "AlreadyExistsError", "CancelledError", "DataLossError",
     "DeadlineExceededError", "FailedPreconditionError", "InternalError",
     "InvalidArgumentError", "NotFoundError", "OutOfRangeError",

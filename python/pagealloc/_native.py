@@ -11,7 +11,7 @@ import ctypes
 import os
 
 ABI_VERSION_MAJOR = 1  # the pagealloc.h this module mirrors
-ABI_VERSION_MINOR = 3  # the least minor version it calls into
+ABI_VERSION_MINOR = 4  # the least minor version it calls into
 ERROR_MESSAGE_BYTES = 1024
 
 _LIBRARY_NAME = "libpagealloc_client.so"
@@ -277,6 +277,14 @@ def _declare(lib):
                    p_error]),
         "pagealloc_reserve_put_on_stream":
             (i32, [ptr, ptr, size, ptr, p_error]),
+        # ABI 1.4
+        "pagealloc_publish": (i32, [c_client, ptr, ptr, size, ptr, i32, ptr,
+                                    ptr, p_i64, p_error]),
+        "pagealloc_match_prefix":
+            (i32, [c_client, ptr, size, i32, ptr, p_i64, p_error]),
+        "pagealloc_unpin_prefix": (i32, [c_client, ptr, size, p_i64, p_error]),
+        "pagealloc_admin_reset_prefix_cache":
+            (i32, [ctypes.POINTER(AdminOptions), p_i64, p_error]),
     }
     # ABI 1.3: declared only when the library has them, so that a 1.2
     # library still serves everything else.

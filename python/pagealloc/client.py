@@ -601,6 +601,42 @@ def clear_pool(target, *, force=False, timeout=5.0) -> int:
     return freed.value
 
 
+def reset_prefix_cache(target, *, timeout=5.0) -> int:
+    """Evicts every cached, unpinned shared prefix page of the daemon at
+    `target` (an operator's call: it needs no session); returns the pages
+    evicted. Published and pinned pages stay."""
+    options = _admin_options(target, timeout)
+    evicted = ctypes.c_int64()
+    error = _error_buffer()
+    _check(_lib.pagealloc_admin_reset_prefix_cache(ctypes.byref(options),
+                                                   ctypes.byref(evicted),
+                                                   ctypes.byref(error)), error)
+    return evicted.value
+
+
+PREFIX_KEY_BYTES = 32
+
+
+def _key_chain(keys, name="keys"):
+    """`keys` (bytes-like, PREFIX_KEY_BYTES each) as one contiguous buffer.
+    InvalidArgumentError naming keys[i] for another size; the daemon
+    refuses repeats and chains longer than the pool."""
+    joined = bytearray()
+    for i, key in enumerate(keys):
+        try:
+            raw = bytes(key)
+        except TypeError:
+            raise InvalidArgumentError(
+                "%s[%d] is a %s, not bytes" % (name, i, type(key).__name__))
+        if len(raw) != PREFIX_KEY_BYTES:
+            raise InvalidArgumentError(
+                "%s[%d] is %d bytes; a prefix key is %d bytes" %
+                (name, i, len(raw), PREFIX_KEY_BYTES))
+        joined += raw
+    return np.frombuffer(bytes(joined), dtype=np.uint8), \
+        len(joined) // PREFIX_KEY_BYTES
+
+
 def get_free_lists(target, max_pages=4096, *, timeout=5.0):
     """Client.free_lists of the daemon at `target`, without a session."""
     options = _admin_options(target, timeout)
@@ -1389,6 +1425,62 @@ class Client:
             _whole(release_value, "release_value"), ctypes.byref(freed),
             ctypes.byref(error)), error)
         return freed.value
+
+    # ---- Shared prefix pages (docs/python.md, "Shared prefix pages").
+
+    def publish(self, pages, keys, *, parent_key=None, pin=False):
+        """Publishes pages this session owns under `keys` (bytes of 32 each,
+        one per page, in chain order: keys[0]'s parent is `parent_key`,
+        None at a chain's start). Call it only once the GPU work that
+        writes the pages' KV is done (synchronize that stream first), and
+        only for whole pages. The session keeps one reference on each
+        (free_pages drops it). Returns (pages, existing): the page each key
+        is published under now, and for each whether the key was there
+        already (then the page is the existing one and the caller's page
+        stays its own, to free). All or nothing."""
+        array = _int64_array(pages, "pages")
+        chain, count = _key_chain(keys)
+        if count != array.size:
+            raise InvalidArgumentError(
+                "%d pages and %d keys: one key per page" % (array.size, count))
+        parent = None
+        if parent_key is not None:
+            parent, _ = _key_chain([parent_key], "parent_key")
+        published = np.zeros(array.size, dtype=np.int64)
+        existing = np.zeros(array.size, dtype=np.uint8)
+        newly = ctypes.c_int64()
+        error = _error_buffer()
+        _check(_lib.pagealloc_publish(
+            self._handle, _address(array), _address(chain), count,
+            _address(parent) if parent is not None else None,
+            1 if pin else 0, _address(published), _address(existing),
+            ctypes.byref(newly), ctypes.byref(error)), error)
+        return published, existing.astype(bool)
+
+    def match_prefix(self, keys, adopt=True):
+        """The pages of the longest prefix of the chain `keys` (bytes of 32
+        each) that is published or cached, as an int64 array; with
+        adopt=True the session takes a reference on each in the same step
+        (free_pages drops them)."""
+        chain, count = _key_chain(keys)
+        pages = np.zeros(count, dtype=np.int64)
+        matched = ctypes.c_int64()
+        error = _error_buffer()
+        _check(_lib.pagealloc_match_prefix(
+            self._handle, _address(chain), count, 1 if adopt else 0,
+            _address(pages), ctypes.byref(matched), ctypes.byref(error)),
+            error)
+        return pages[:matched.value]
+
+    def unpin_prefix(self, pages) -> int:
+        """Removes this session's pins from `pages`; returns how many."""
+        array = _int64_array(pages, "pages")
+        unpinned = ctypes.c_int64()
+        error = _error_buffer()
+        _check(_lib.pagealloc_unpin_prefix(
+            self._handle, _address(array), array.size, ctypes.byref(unpinned),
+            ctypes.byref(error)), error)
+        return unpinned.value
 
     def reserve(self, *, initial_batch=None, max_pages=None, tick=None,
                 idle_ticks=None, starved_wait=None):

@@ -148,6 +148,10 @@ TEST_F(HostileNetworkMalformedTest, EveryUnaryMethodAnswersInvalidArgument) {
       {Method::kClearSession, "ClearSessionRequest"},
       {Method::kClearPool, "ClearPoolRequest"},
       {Method::kGetFreeLists, "GetFreeListsRequest"},
+      {Method::kPublish, "PublishRequest"},
+      {Method::kMatchPrefix, "MatchPrefixRequest"},
+      {Method::kUnpinPrefix, "UnpinPrefixRequest"},
+      {Method::kResetPrefixCache, "ResetPrefixCacheRequest"},
   };
   for (const auto& [method, request_type] : kUnary) {
     const std::string path =

@@ -1,0 +1,167 @@
+// PrefixIndex: the pool's shared prefix pages. It maps a content key to the
+// page that holds that content, and keeps per page its key, its parent's
+// key, its holder count, its pins and, for a page no session holds, its
+// place in the least-recently-used order of cached pages.
+//
+// States of a page the index knows (docs/design.md, "Shared prefix pages"):
+//   - published: count > 0 (the sessions' references on it);
+//   - cached: count == 0, its KV still valid, evictable unless pinned.
+// A page the index does not know is free or owned; the pool tracks those.
+//
+// Keys are opaque: kPrefixKeyBytes bytes the client computed (a chained
+// block hash, vLLM-style: the parent's key, the page's tokens, extra keys).
+// The index never hashes tokens and never interprets a key.
+//
+// Invariants (CheckInvariants verifies them):
+//   - each key maps to one page and that page's entry holds the key;
+//   - the index holds at most num_pages entries (one per page at most);
+//   - the LRU list holds exactly the entries with count 0 and no pin,
+//     least recently used first.
+// Every operation is O(1) per page (a hash lookup and list splices), except
+// CheckInvariants and Clear.
+//
+// This class is thread-compatible: the pool's lock guards it.
+
+#ifndef PAGEALLOC_ALLOCATOR_PREFIX_INDEX_H_
+#define PAGEALLOC_ALLOCATOR_PREFIX_INDEX_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace pagealloc {
+
+// 32 bytes: a SHA-256 digest, what vLLM's sha256 and sha256_cbor block
+// hashes are, and far enough from collisions that two schedulers (or a
+// hostile one) sharing a GPU's cache never map different content to one
+// key by accident. A client with a shorter hash pads it; longer ones are
+// refused rather than silently cut.
+inline constexpr size_t kPrefixKeyBytes = 32;
+using PrefixKey = std::array<uint8_t, kPrefixKeyBytes>;
+
+// Parses `bytes` as a key. Returns INVALID_ARGUMENT naming `field`[`index`]
+// and the size when it is not kPrefixKeyBytes long.
+absl::StatusOr<PrefixKey> ParsePrefixKey(absl::string_view bytes,
+                                         absl::string_view field,
+                                         int64_t index);
+// Parses every entry of `keys` (messages name `field`[i]) and refuses a key
+// that appears twice (INVALID_ARGUMENT naming both indices) or more keys
+// than `max_keys` (a chain longer than the pool can hold).
+absl::StatusOr<std::vector<PrefixKey>> ParsePrefixKeyChain(
+    absl::Span<const absl::string_view> keys, absl::string_view field,
+    int64_t max_keys);
+// The key as bytes (what the KV-event sink and the wire carry).
+inline std::string PrefixKeyBytes(const PrefixKey& key) {
+  return std::string(reinterpret_cast<const char*>(key.data()), key.size());
+}
+
+// Figures of the index, for PoolStats.
+struct PrefixIndexCounts {
+  int64_t published_pages = 0;  // count > 0
+  int64_t cached_pages = 0;     // count == 0
+  int64_t pinned_pages = 0;     // pin count > 0, either state
+  int64_t evictable_pages = 0;  // cached and not pinned: the LRU's length
+};
+
+class PrefixIndex {
+ public:
+  // An index for pages 1..num_pages. It allocates its per-page table on the
+  // first Insert, so that a pool that never shares a page pays nothing.
+  explicit PrefixIndex(int64_t num_pages);
+
+  PrefixIndex(const PrefixIndex&) = delete;
+  PrefixIndex& operator=(const PrefixIndex&) = delete;
+
+  // Returns the page published or cached under `key`, 0 when none.
+  int64_t Find(const PrefixKey& key) const {
+    auto it = pages_.find(key);
+    return it == pages_.end() ? 0 : it->second;
+  }
+  // Returns whether `page` is in the index. REQUIRES: 1 <= page <= num_pages.
+  bool Contains(int64_t page) const {
+    return !entries_.empty() && entries_[page].in_index;
+  }
+  int64_t count(int64_t page) const { return entries_[page].count; }
+  int32_t pins(int64_t page) const { return entries_[page].pins; }
+  const PrefixKey& key(int64_t page) const { return entries_[page].key; }
+  // The parent's key; has_parent(page) false at the start of a chain.
+  const PrefixKey& parent_key(int64_t page) const {
+    return entries_[page].parent;
+  }
+  bool has_parent(int64_t page) const { return entries_[page].has_parent; }
+  int64_t size() const { return static_cast<int64_t>(pages_.size()); }
+  int64_t num_pages() const { return num_pages_; }
+
+  // Publishes `page` under `key` with one reference (its publisher's).
+  // REQUIRES: the key is not in the index and the page is not.
+  void Insert(int64_t page, const PrefixKey& key, const PrefixKey* parent);
+  // Takes a reference on `page`; a cached page becomes published (and
+  // leaves the LRU). REQUIRES: Contains(page).
+  void AddRef(int64_t page);
+  // Drops a reference on `page`; at count 0 it becomes cached and, unless
+  // pinned, the most recently used entry of the LRU. REQUIRES: count > 0.
+  void Release(int64_t page);
+  // Adds or removes a pin. A page with a pin is never evicted.
+  // REQUIRES: Contains(page); Unpin only with pins(page) > 0.
+  void Pin(int64_t page);
+  void Unpin(int64_t page);
+
+  // Evicts up to `max_pages` cached, unpinned pages, least recently used
+  // first: removes them from the index and appends their ids to `pages`
+  // and their keys to `keys`. Returns the number evicted.
+  int64_t EvictLru(int64_t max_pages, std::vector<int64_t>* pages,
+                   std::vector<std::string>* keys);
+  // The LRU's pages, least recently used first (for tests and debugging).
+  std::vector<int64_t> LruOrder() const;
+
+  // Forgets every entry (the pool is cleared whole).
+  void Clear();
+
+  PrefixIndexCounts Counts() const { return counts_; }
+
+  // Verifies the invariants; INTERNAL describing the first violation.
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Entry {
+    PrefixKey key{};
+    PrefixKey parent{};
+    int64_t count = 0;
+    int32_t pins = 0;
+    bool in_index = false;
+    bool has_parent = false;
+    // The LRU links (page ids; 0 is the list's head sentinel).
+    int64_t prev = 0;
+    int64_t next = 0;
+  };
+
+  bool Evictable(const Entry& entry) const {
+    return entry.count == 0 && entry.pins == 0;
+  }
+  void LruAppend(int64_t page);
+  void LruUnlink(int64_t page);
+  // Removes the entry's contribution to counts_ (before a change) or adds
+  // it (after one).
+  void Uncount(const Entry& entry);
+  void Count(const Entry& entry);
+
+  const int64_t num_pages_;
+  absl::flat_hash_map<PrefixKey, int64_t> pages_;
+  // entries_[p] for p in 0..num_pages once allocated; entries_[0] is the
+  // LRU's sentinel: its next is the least recently used page, its prev the
+  // most recently used.
+  std::vector<Entry> entries_;
+  PrefixIndexCounts counts_;
+};
+
+}  // namespace pagealloc
+
+#endif  // PAGEALLOC_ALLOCATOR_PREFIX_INDEX_H_

@@ -1,0 +1,123 @@
+#include "allocator/prefix_index.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+PrefixKey Key(uint8_t tag) {
+  PrefixKey key{};
+  key[0] = tag;
+  key[31] = 0xa5;
+  return key;
+}
+
+class PrefixIndexTest : public ::testing::Test {
+ protected:
+  PrefixIndex index_{8};
+};
+
+TEST_F(PrefixIndexTest, InsertedPagesAreFoundAndPublished) {
+  const PrefixKey parent = Key(1);
+  index_.Insert(3, Key(1), nullptr);
+  index_.Insert(5, Key(2), &parent);
+  EXPECT_EQ(index_.Find(Key(1)), 3);
+  EXPECT_EQ(index_.Find(Key(2)), 5);
+  EXPECT_EQ(index_.Find(Key(3)), 0);
+  EXPECT_TRUE(index_.Contains(5));
+  EXPECT_FALSE(index_.Contains(4));
+  EXPECT_FALSE(index_.has_parent(3));
+  EXPECT_TRUE(index_.has_parent(5));
+  EXPECT_EQ(index_.parent_key(5), parent);
+  EXPECT_EQ(index_.Counts().published_pages, 2);
+  EXPECT_EQ(index_.Counts().evictable_pages, 0);
+  EXPECT_OK(index_.CheckInvariants());
+}
+
+TEST_F(PrefixIndexTest, LastReleaseCachesAndEvictionIsLeastRecentlyUsedFirst) {
+  for (int64_t page = 1; page <= 4; ++page) {
+    index_.Insert(page, Key(page), nullptr);
+  }
+  index_.AddRef(2);  // count 2
+  index_.Release(3);
+  index_.Release(1);
+  index_.Release(2);  // still held once
+  index_.Release(4);
+  EXPECT_THAT(index_.LruOrder(), ElementsAre(3, 1, 4));
+  index_.AddRef(1);   // adopted: leaves the LRU
+  index_.Release(1);  // back, most recently used
+  EXPECT_THAT(index_.LruOrder(), ElementsAre(3, 4, 1));
+  EXPECT_EQ(index_.Counts().cached_pages, 3);
+  EXPECT_EQ(index_.Counts().published_pages, 1);
+  std::vector<int64_t> pages;
+  std::vector<std::string> keys;
+  EXPECT_EQ(index_.EvictLru(2, &pages, &keys), 2);
+  EXPECT_THAT(pages, ElementsAre(3, 4));
+  EXPECT_THAT(keys,
+              ElementsAre(PrefixKeyBytes(Key(3)), PrefixKeyBytes(Key(4))));
+  EXPECT_EQ(index_.Find(Key(3)), 0);
+  EXPECT_FALSE(index_.Contains(3));
+  EXPECT_EQ(index_.size(), 2);
+  EXPECT_OK(index_.CheckInvariants());
+}
+
+TEST_F(PrefixIndexTest, PinnedPagesAreNeverEvicted) {
+  index_.Insert(1, Key(1), nullptr);
+  index_.Insert(2, Key(2), nullptr);
+  index_.Pin(1);
+  index_.Release(1);
+  index_.Release(2);
+  std::vector<int64_t> pages;
+  EXPECT_EQ(index_.EvictLru(8, &pages, nullptr), 1);
+  EXPECT_THAT(pages, ElementsAre(2));
+  EXPECT_EQ(index_.Counts().pinned_pages, 1);
+  EXPECT_EQ(index_.Counts().evictable_pages, 0);
+  index_.Unpin(1);
+  EXPECT_THAT(index_.LruOrder(), ElementsAre(1));
+  EXPECT_OK(index_.CheckInvariants());
+}
+
+TEST_F(PrefixIndexTest, ClearForgetsEverything) {
+  index_.Insert(1, Key(1), nullptr);
+  index_.Release(1);
+  index_.Clear();
+  EXPECT_EQ(index_.size(), 0);
+  EXPECT_TRUE(index_.LruOrder().empty());
+  EXPECT_EQ(index_.Counts().cached_pages, 0);
+  EXPECT_OK(index_.CheckInvariants());
+}
+
+TEST(PrefixKeyTest, KeysOfAnotherSizeAreRefusedWithTheirIndex) {
+  EXPECT_THAT(ParsePrefixKey(std::string(31, 'x'), "keys", 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("keys[4] is 31 bytes; a prefix key is 32")));
+  EXPECT_OK(ParsePrefixKey(std::string(32, 'x'), "keys", 0).status());
+}
+
+TEST(PrefixKeyTest, ChainsWithRepeatsOrTooManyKeysAreRefused) {
+  const std::string a(32, 'a'), b(32, 'b');
+  const std::vector<absl::string_view> repeated = {a, b, a};
+  EXPECT_THAT(ParsePrefixKeyChain(repeated, "keys", 8),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("keys[2] repeats keys[0]")));
+  EXPECT_THAT(ParsePrefixKeyChain(repeated, "keys", 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("3 keys, more than the pool's 2 pages")));
+  ASSERT_OK_AND_ASSIGN(
+      auto chain, ParsePrefixKeyChain(
+                      absl::MakeConstSpan(repeated).subspan(0, 2), "keys", 8));
+  EXPECT_EQ(chain.size(), 2u);
+}
+
+}  // namespace
+}  // namespace pagealloc
