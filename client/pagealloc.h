@@ -811,6 +811,8 @@ int32_t pagealloc_reserve_alloc_decode(pagealloc_reserve* reserve,
  * else OK. Covers the calls whose streams the caller has synchronized. */
 int32_t pagealloc_reserve_take_device_error(pagealloc_reserve* reserve,
                                             pagealloc_error* error);
+
+/* ------------------------------------------------------------------------
  * Shared prefix pages (ABI 1.4; docs/design.md section 13,
  * docs/integration.md "Shared prefix pages"). Keys are
  * PAGEALLOC_PREFIX_KEY_BYTES opaque bytes per page, computed by the caller
