@@ -112,8 +112,12 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
           publisher->router_.get(zmq::sockopt::last_endpoint);
     }
   } catch (const zmq::error_t& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot bind a KV-event socket to ", binding, ": ", e.what()));
+    const std::string message = absl::StrCat(
+        "cannot bind a KV-event socket to ", binding, ": ", e.what());
+    // An address in use is a failure at run time; others are the
+    // endpoint's fault.
+    if (e.num() == EADDRINUSE) return absl::UnavailableError(message);
+    return absl::InvalidArgumentError(message);
   }
   publisher->AllBlocksCleared();
   return publisher;

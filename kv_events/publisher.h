@@ -107,7 +107,7 @@ class KvEventPublisher final : public KvEventSink {
   // Binds the sockets and queues the first batch's AllBlocksCleared; the
   // thread that publishes starts with Start(). Returns INVALID_ARGUMENT
   // for options out of range and for an endpoint ZeroMQ cannot bind
-  // (naming it and ZeroMQ's reason).
+  // (naming it and ZeroMQ's reason), UNAVAILABLE for an address in use.
   static absl::StatusOr<std::unique_ptr<KvEventPublisher>> Create(
       const KvEventPublisherOptions& options);
 
