@@ -170,6 +170,9 @@ void KvEventPublisher::Push(KvEvent event) {
     absl::MutexLock lock(&mu_);
     if (queued_events_ >= options_.queue_events) {
       ++stats_.events_dropped;
+      // One number is skipped for a run of drops, when the next batch is
+      // numbered.
+      if (!gap_pending_) ++stats_.sequence_gaps;
       gap_pending_ = true;
       return;
     }
@@ -234,7 +237,6 @@ KvEventBatch KvEventPublisher::TakeLocked() {
       // Events were dropped between the batch taken so far and the next.
       if (!batch.events.empty()) break;
       ++next_sequence_;
-      ++stats_.sequence_gaps;
       queue_.pop_front();
       continue;
     }
@@ -248,7 +250,6 @@ KvEventBatch KvEventPublisher::TakeLocked() {
     // them.
     gap_pending_ = false;
     ++next_sequence_;
-    ++stats_.sequence_gaps;
   }
   batch.ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   return batch;

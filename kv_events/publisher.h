@@ -78,7 +78,8 @@ struct KvEventPublisherStats {
   int64_t batches_published = 0;
   // Events refused on a full queue.
   int64_t events_dropped = 0;
-  // Sequence numbers skipped for dropped events.
+  // Sequence numbers skipped for dropped events (one a run of drops),
+  // counted at the first drop of the run.
   int64_t sequence_gaps = 0;
   // Replay requests answered, those malformed (answered with the end marker
   // alone), and the batches replayed.

@@ -205,9 +205,7 @@ class Server {
   // KV-event publisher, or null when options.kv_events.endpoint is empty.
   // It lives as long as the server.
   KvEventSink* kv_event_sink() const { return kv_events_.get(); }
-  const KvEventPublisher* kv_event_publisher() const {
-    return kv_events_.get();
-  }
+  KvEventPublisher* kv_event_publisher() { return kv_events_.get(); }
 
  private:
   explicit Server(const ServerOptions& options) : options_(options) {}
