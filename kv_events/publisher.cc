@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "zmq.hpp"
 #include "zmq_addon.hpp"
 
 namespace pagealloc {
@@ -49,6 +50,12 @@ int ReplayHighWaterMark(int64_t replay_batches) {
 }
 
 }  // namespace
+
+struct KvEventPublisher::Sockets {
+  zmq::context_t context;
+  zmq::socket_t pub;     // null without an endpoint
+  zmq::socket_t router;  // null without a replay endpoint
+};
 
 absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
     const KvEventPublisherOptions& options) {
@@ -85,31 +92,29 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   std::unique_ptr<KvEventPublisher> publisher(
       new KvEventPublisher(options, wake_fd));
   // ZeroMQ reports failures as exceptions; they stop here.
+  Sockets& sockets = *publisher->sockets_;
   std::string binding;
   try {
     if (!options.endpoint.empty()) {
       binding = options.endpoint;
-      publisher->pub_ =
-          zmq::socket_t(publisher->context_, zmq::socket_type::pub);
-      publisher->pub_.set(zmq::sockopt::linger, 0);
-      publisher->pub_.set(zmq::sockopt::sndhwm, options.send_high_water_mark);
-      publisher->pub_.bind(options.endpoint);
-      publisher->pub_endpoint_ =
-          publisher->pub_.get(zmq::sockopt::last_endpoint);
+      sockets.pub = zmq::socket_t(sockets.context, zmq::socket_type::pub);
+      sockets.pub.set(zmq::sockopt::linger, 0);
+      sockets.pub.set(zmq::sockopt::sndhwm, options.send_high_water_mark);
+      sockets.pub.bind(options.endpoint);
+      publisher->pub_endpoint_ = sockets.pub.get(zmq::sockopt::last_endpoint);
     }
     if (!options.replay_endpoint.empty()) {
       binding = options.replay_endpoint;
-      publisher->router_ =
-          zmq::socket_t(publisher->context_, zmq::socket_type::router);
-      publisher->router_.set(zmq::sockopt::linger, 0);
-      publisher->router_.set(zmq::sockopt::sndhwm,
-                             ReplayHighWaterMark(options.replay_batches));
+      sockets.router = zmq::socket_t(sockets.context, zmq::socket_type::router);
+      sockets.router.set(zmq::sockopt::linger, 0);
+      sockets.router.set(zmq::sockopt::sndhwm,
+                         ReplayHighWaterMark(options.replay_batches));
       // A request is 8 bytes: a peer that sends more is cut off by ZeroMQ
       // before we buffer it.
-      publisher->router_.set(zmq::sockopt::maxmsgsize, int64_t{64});
-      publisher->router_.bind(options.replay_endpoint);
+      sockets.router.set(zmq::sockopt::maxmsgsize, int64_t{64});
+      sockets.router.bind(options.replay_endpoint);
       publisher->replay_endpoint_ =
-          publisher->router_.get(zmq::sockopt::last_endpoint);
+          sockets.router.get(zmq::sockopt::last_endpoint);
     }
   } catch (const zmq::error_t& e) {
     const std::string message = absl::StrCat(
@@ -125,7 +130,9 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
 
 KvEventPublisher::KvEventPublisher(const KvEventPublisherOptions& options,
                                    int wake_fd)
-    : options_(options), wake_fd_(wake_fd) {}
+    : options_(options),
+      wake_fd_(wake_fd),
+      sockets_(std::make_unique<Sockets>()) {}
 
 KvEventPublisher::~KvEventPublisher() {
   {
@@ -134,9 +141,9 @@ KvEventPublisher::~KvEventPublisher() {
   }
   Wake();
   if (thread_.joinable()) thread_.join();
-  pub_.close();
-  router_.close();
-  context_.close();
+  sockets_->pub.close();
+  sockets_->router.close();
+  sockets_->context.close();
   close(wake_fd_);
 }
 
@@ -258,8 +265,9 @@ KvEventBatch KvEventPublisher::TakeLocked() {
 void KvEventPublisher::Run() {
   std::vector<zmq::pollitem_t> items;
   items.push_back(zmq::pollitem_t{nullptr, wake_fd_, ZMQ_POLLIN, 0});
-  if (router_) {
-    items.push_back(zmq::pollitem_t{router_.handle(), -1, ZMQ_POLLIN, 0});
+  if (sockets_->router) {
+    items.push_back(
+        zmq::pollitem_t{sockets_->router.handle(), -1, ZMQ_POLLIN, 0});
   }
   while (true) {
     std::optional<KvEventBatch> batch;
@@ -305,7 +313,7 @@ void KvEventPublisher::Publish(KvEventBatch batch) {
   const int64_t events = static_cast<int64_t>(batch.events.size());
   const int64_t sequence = batch.sequence;
   published->batch = std::move(batch);
-  if (pub_) {
+  if (sockets_->pub) {
     const std::string sequence_bytes = BigEndian8(sequence);
     std::vector<zmq::const_buffer> frames = {zmq::buffer(options_.topic),
                                              zmq::buffer(sequence_bytes),
@@ -313,7 +321,7 @@ void KvEventPublisher::Publish(KvEventBatch batch) {
     try {
       // A PUB socket never blocks: past a subscriber's high-water mark it
       // drops that subscriber's copy.
-      zmq::send_multipart(pub_, frames, zmq::send_flags::dontwait);
+      zmq::send_multipart(sockets_->pub, frames, zmq::send_flags::dontwait);
     } catch (const zmq::error_t& e) {
       Logger("kv_events")
           ->error("sending KV-event batch {}: {}", sequence, e.what());
@@ -341,8 +349,9 @@ void KvEventPublisher::ServeReplay() {
     std::vector<zmq::message_t> frames;
     std::optional<size_t> received;
     try {
-      received = zmq::recv_multipart(router_, std::back_inserter(frames),
-                                     zmq::recv_flags::dontwait);
+      received =
+          zmq::recv_multipart(sockets_->router, std::back_inserter(frames),
+                              zmq::recv_flags::dontwait);
     } catch (const zmq::error_t& e) {
       Logger("kv_events")
           ->error("reading a KV-event replay request: {}", e.what());
@@ -383,12 +392,13 @@ void KvEventPublisher::ServeReplay() {
         std::vector<zmq::const_buffer> answer = {
             zmq::buffer(identity.data(), identity.size()), zmq::const_buffer(),
             zmq::buffer(sequence_bytes), zmq::buffer(batch->payload)};
-        zmq::send_multipart(router_, answer, zmq::send_flags::dontwait);
+        zmq::send_multipart(sockets_->router, answer,
+                            zmq::send_flags::dontwait);
       }
       std::vector<zmq::const_buffer> end = {
           zmq::buffer(identity.data(), identity.size()), zmq::const_buffer(),
           zmq::buffer(kEndOfReplay, sizeof(kEndOfReplay)), zmq::const_buffer()};
-      zmq::send_multipart(router_, end, zmq::send_flags::dontwait);
+      zmq::send_multipart(sockets_->router, end, zmq::send_flags::dontwait);
     } catch (const zmq::error_t& e) {
       Logger("kv_events")
           ->warn("answering a KV-event replay request: {}", e.what());

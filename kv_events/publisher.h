@@ -44,7 +44,6 @@
 #include "kv_events/event.h"
 #include "kv_events/msgpack_codec.h"
 #include "kv_events/sink.h"
-#include "zmq.hpp"
 
 namespace pagealloc {
 
@@ -180,10 +179,10 @@ class KvEventPublisher final : public KvEventSink {
   // An eventfd, written by producers when the thread may be asleep and
   // polled with the ROUTER socket; closed by the destructor.
   const int wake_fd_;
-  zmq::context_t context_;
-  // Used by the thread alone once it runs (by Create before).
-  zmq::socket_t pub_;
-  zmq::socket_t router_;
+  // The ZeroMQ context and sockets (publisher.cc): used by the thread alone
+  // once it runs (by Create before).
+  struct Sockets;
+  const std::unique_ptr<Sockets> sockets_;
   std::string pub_endpoint_;
   std::string replay_endpoint_;
   std::thread thread_;
