@@ -17,10 +17,9 @@
 #include "gtest/gtest.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "tests/in_process_server.h"
+#include "tests/kv_event_replay.h"
 #include "tests/status_matchers.h"
 #include "tests/wait_for.h"
-#include "zmq.hpp"
-#include "zmq_addon.hpp"
 
 namespace pagealloc {
 namespace {
@@ -95,21 +94,12 @@ TEST_F(KvEventsServerTest, PublishesFromTheSinkOnEveryWire) {
   EXPECT_THAT(metrics, HasSubstr("pagealloc_kv_events_dropped_total 0"));
 
   // vLLM's replay request on the ROUTER socket, from sequence 0.
-  zmq::context_t zmq_context;
-  zmq::socket_t dealer(zmq_context, zmq::socket_type::dealer);
-  dealer.set(zmq::sockopt::linger, 0);
-  dealer.set(zmq::sockopt::rcvtimeo,
-             static_cast<int>(absl::ToInt64Milliseconds(kPatience)));
-  dealer.connect(options.kv_events.replay_endpoint);
-  const std::string start(8, '\0');
-  std::vector<zmq::const_buffer> ask = {zmq::const_buffer(),
-                                        zmq::buffer(start)};
-  zmq::send_multipart(dealer, ask);
-  std::vector<zmq::message_t> frames;
-  ASSERT_TRUE(zmq::recv_multipart(dealer, std::back_inserter(frames)));
-  ASSERT_EQ(frames.size(), 3u);  // "", sequence, payload
-  EXPECT_EQ(frames[1].to_string(), std::string(8, '\0'));  // batch 0
-  EXPECT_THAT(frames[2].to_string(), HasSubstr("AllBlocksCleared"));
+  ASSERT_OK_AND_ASSIGN(auto replayed, testing::RequestKvEventReplay(
+                                          options.kv_events.replay_endpoint,
+                                          std::string(8, '\0')));
+  ASSERT_FALSE(replayed.empty());
+  EXPECT_EQ(replayed[0].first, std::string(8, '\0'));  // batch 0
+  EXPECT_THAT(replayed[0].second, HasSubstr("AllBlocksCleared"));
 
   context.TryCancel();
   while (reader->Read(&batch)) {

@@ -38,11 +38,10 @@
 #include "tests/daemon_process.h"
 #include "tests/grafana_dashboard.h"
 #include "tests/in_process_server.h"
+#include "tests/kv_event_replay.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
 #include "tests/wait_for.h"
-#include "zmq.hpp"
-#include "zmq_addon.hpp"
 
 namespace pagealloc {
 namespace {
@@ -318,25 +317,10 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   kv_events->Flush();
   for (int i = 0; i < 3; ++i) kv_events->BlocksStored(blocks);
   ASSERT_EQ(kv_events->stats().events_dropped, 1);
-  {
-    zmq::context_t zmq_context;
-    zmq::socket_t dealer(zmq_context, zmq::socket_type::dealer);
-    dealer.set(zmq::sockopt::linger, 0);
-    dealer.set(zmq::sockopt::rcvtimeo, 60000);
-    dealer.connect(options.kv_events.replay_endpoint);
-    for (const std::string& start :
-         {std::string(8, '\0'), std::string("bad")}) {
-      std::vector<zmq::const_buffer> request = {zmq::const_buffer(),
-                                                zmq::buffer(start)};
-      zmq::send_multipart(dealer, request);
-      // Answers up to the end marker (-1).
-      while (true) {
-        std::vector<zmq::message_t> frames;
-        ASSERT_TRUE(zmq::recv_multipart(dealer, std::back_inserter(frames)));
-        ASSERT_EQ(frames.size(), 3u);
-        if (frames[1].to_string() == std::string(8, '\xff')) break;
-      }
-    }
+  for (const std::string& start : {std::string(8, '\0'), std::string("bad")}) {
+    ASSERT_OK(
+        testing::RequestKvEventReplay(options.kv_events.replay_endpoint, start)
+            .status());
   }
   auto kv_stub = v1::KvEvents::NewStub(grpc::CreateChannel(
       server->target(), grpc::InsecureChannelCredentials()));
