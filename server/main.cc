@@ -39,6 +39,7 @@
 #include "common/logging.h"
 #include "common/socket_location.h"
 #include "common/status_macros.h"
+#include "kv_events/publisher.h"
 #include "memory/kv_layout.h"
 #include "server/descriptors.h"
 #include "server/memory_budget.h"
@@ -223,6 +224,37 @@ ABSL_FLAG(std::string, log_level, "info",
           "trace, debug, info, warn, error, critical or off (any case).");
 ABSL_FLAG(bool, debug_checks, false,
           "Check every pool invariant after each batch (slow).");
+ABSL_FLAG(std::string, kv_events_endpoint, "",
+          "Publish KV events for routers on a ZeroMQ PUB socket bound here, "
+          "in vLLM's shape: tcp://HOST:PORT or ipc://PATH (empty: no KV "
+          "events). docs/integration.md, \"KV events\".");
+ABSL_FLAG(std::string, kv_events_replay_endpoint, "",
+          "Answer vLLM's replay requests for missed KV-event batches on a "
+          "ZeroMQ ROUTER socket bound here (empty: none).");
+ABSL_FLAG(std::string, kv_events_topic, "",
+          "The topic frame of every KV-event message.");
+ABSL_FLAG(int64_t, kv_events_replay_batches,
+          pagealloc::KvEventPublisherOptions().replay_batches,
+          "KV-event batches kept for replay and for late SubscribeKvEvents "
+          "streams.");
+ABSL_FLAG(int64_t, kv_events_queue_events,
+          pagealloc::KvEventPublisherOptions().queue_events,
+          "KV events waiting to be sent before more are dropped (and the "
+          "sequence numbers show the gap).");
+ABSL_FLAG(int64_t, kv_events_batch_events,
+          pagealloc::KvEventPublisherOptions().max_batch_events,
+          "Most KV events in one batch.");
+ABSL_FLAG(int64_t, kv_events_batch_delay_us, 1000,
+          "Longest a KV event waits for others to join its batch.");
+ABSL_FLAG(std::string, kv_events_encoding, "map",
+          "Each KV event on the ZeroMQ wire: map (tagged under \"type\", "
+          "vLLM's current encoding) or array (the positional tagged array "
+          "of earlier vLLM).");
+ABSL_FLAG(std::string, kv_events_block_hash, "int",
+          "Block hashes on the ZeroMQ wire: int (the key's last 8 bytes, "
+          "big-endian, vLLM's default) or bytes (the whole key).");
+ABSL_FLAG(int, kv_events_data_parallel_rank, 0,
+          "The data_parallel_rank every KV-event batch carries.");
 
 namespace pagealloc {
 namespace {
@@ -291,6 +323,17 @@ const CommandLineSpec kCommandLine = {
         {"logging", {{"log_level"}, {"debug_checks"}}},
         {"metrics",
          {{"metrics_port", "TCP port"}, {"metrics_host", "address"}}},
+        {"KV events",
+         {{"kv_events_endpoint", "ZeroMQ endpoint"},
+          {"kv_events_replay_endpoint", "ZeroMQ endpoint"},
+          {"kv_events_topic", "bytes"},
+          {"kv_events_replay_batches", "batches"},
+          {"kv_events_queue_events", "events"},
+          {"kv_events_batch_events", "events"},
+          {"kv_events_batch_delay_us", "microseconds"},
+          {"kv_events_encoding"},
+          {"kv_events_block_hash"},
+          {"kv_events_data_parallel_rank", "rank"}}},
     },
     {}};
 
@@ -728,6 +771,52 @@ absl::Status MetricsFlags(ServerOptions* options) {
   return absl::OkStatus();
 }
 
+// --kv_events_*.
+absl::Status KvEventFlags(ServerOptions* options) {
+  KvEventPublisherOptions& kv = options->kv_events;
+  kv.endpoint = absl::GetFlag(FLAGS_kv_events_endpoint);
+  kv.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay_endpoint);
+  if (kv.endpoint.empty() && !kv.replay_endpoint.empty()) {
+    return absl::InvalidArgumentError(
+        "--kv_events_replay_endpoint needs --kv_events_endpoint");
+  }
+  kv.topic = absl::GetFlag(FLAGS_kv_events_topic);
+  kv.replay_batches = absl::GetFlag(FLAGS_kv_events_replay_batches);
+  RETURN_IF_ERROR(CheckRange("kv_events_replay_batches", kv.replay_batches, 0,
+                             10000000, "batches"));
+  kv.queue_events = absl::GetFlag(FLAGS_kv_events_queue_events);
+  RETURN_IF_ERROR(CheckRange("kv_events_queue_events", kv.queue_events, 1,
+                             100000000, "events"));
+  kv.max_batch_events = absl::GetFlag(FLAGS_kv_events_batch_events);
+  RETURN_IF_ERROR(CheckRange("kv_events_batch_events", kv.max_batch_events, 1,
+                             1000000, "events"));
+  const int64_t delay_us = absl::GetFlag(FLAGS_kv_events_batch_delay_us);
+  RETURN_IF_ERROR(CheckRange("kv_events_batch_delay_us", delay_us, 0, 1000000,
+                             "microseconds"));
+  kv.max_batch_delay = absl::Microseconds(delay_us);
+  const std::string encoding = absl::GetFlag(FLAGS_kv_events_encoding);
+  if (encoding == "map") {
+    kv.wire.encoding = KvEventEncoding::kTaggedMap;
+  } else if (encoding == "array") {
+    kv.wire.encoding = KvEventEncoding::kTaggedArray;
+  } else {
+    return NotOneOf("kv_events_encoding", encoding, "map, array");
+  }
+  const std::string block_hash = absl::GetFlag(FLAGS_kv_events_block_hash);
+  if (block_hash == "int") {
+    kv.wire.block_hash = BlockHashFormat::kUint64;
+  } else if (block_hash == "bytes") {
+    kv.wire.block_hash = BlockHashFormat::kBytes;
+  } else {
+    return NotOneOf("kv_events_block_hash", block_hash, "int, bytes");
+  }
+  kv.wire.data_parallel_rank =
+      absl::GetFlag(FLAGS_kv_events_data_parallel_rank);
+  RETURN_IF_ERROR(CheckRange("kv_events_data_parallel_rank",
+                             kv.wire.data_parallel_rank, 0, 65535, "rank"));
+  return absl::OkStatus();
+}
+
 // The flags as ServerOptions; INVALID_ARGUMENT naming the flag, its value
 // and what is accepted for the first one that is out of range.
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
@@ -736,7 +825,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
        {DeviceFlags, PoolGeometryFlags, KvFlags, CheckHostMemory,
         PoolPolicyFlags, ListenFlags, FastChannelFlags, ConnectionFlags,
         SocketFlags, RegisterSecretFlag, TlsFlags, BatchingFlags, SessionFlags,
-        MetricsFlags}) {
+        MetricsFlags, KvEventFlags}) {
     RETURN_IF_ERROR(group(&options));
   }
   return options;

@@ -555,6 +555,38 @@ void AddProcessFamilies(Families* out) {
   }
 }
 
+// The KV-event publisher's counters (zeros when the daemon publishes none).
+void AddKvEventFamilies(const KvEventPublisher* kv_events, Families* out) {
+  const KvEventPublisherStats stats =
+      kv_events != nullptr ? kv_events->stats() : KvEventPublisherStats{};
+  out->push_back(Counter("pagealloc_kv_events_published_total",
+                         "KV events sent to routers, in batches",
+                         stats.events_published));
+  out->push_back(Counter("pagealloc_kv_event_batches_published_total",
+                         "KV-event batches sent (each one sequence number)",
+                         stats.batches_published));
+  out->push_back(Counter("pagealloc_kv_events_dropped_total",
+                         "KV events dropped on a full queue",
+                         stats.events_dropped));
+  out->push_back(
+      Counter("pagealloc_kv_event_sequence_gaps_total",
+              "KV-event sequence numbers skipped where events were dropped",
+              stats.sequence_gaps));
+  out->push_back(Counter("pagealloc_kv_event_replay_requests_total",
+                         "KV-event replay requests on the ROUTER socket",
+                         stats.replay_requests));
+  out->push_back(Counter(
+      "pagealloc_kv_event_replay_requests_rejected_total",
+      "KV-event replay requests that were malformed (answered with the end "
+      "marker alone)",
+      stats.replay_requests_rejected));
+  out->push_back(Gauge("pagealloc_kv_event_subscribers",
+                       "SubscribeKvEvents streams open", stats.followers));
+  out->push_back(Gauge("pagealloc_kv_events_queued",
+                       "KV events waiting in the publisher's queue",
+                       stats.queued_events));
+}
+
 }  // namespace
 
 MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
@@ -563,7 +595,8 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
                                  const FastChannelServer* fast_channels,
                                  const MemorySocketServer* memory_socket,
                                  const HandoffThreads* grpc_answer_senders,
-                                 std::vector<const MemoryBudget*> budgets)
+                                 std::vector<const MemoryBudget*> budgets,
+                                 const KvEventPublisher* kv_events)
     : pool_(pool),
       sessions_(sessions),
       core_(core),
@@ -571,7 +604,8 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
       backend_(backend),
       fast_channels_(fast_channels),
       memory_socket_(memory_socket),
-      grpc_answer_senders_(grpc_answer_senders) {
+      grpc_answer_senders_(grpc_answer_senders),
+      kv_events_(kv_events) {
   for (const MemoryBudget* budget : budgets) {
     if (budget != nullptr) budgets_.push_back(budget);
   }
@@ -594,6 +628,7 @@ std::string MetricsExporter::Render() const {
   AddRpcFamilies(core_->rpc_metrics(), &families);
   AddBatchFamilies(batcher_->metrics(), &families);
   AddThreadFamilies(*batcher_, fast_channels_, grpc_answer_senders_, &families);
+  AddKvEventFamilies(kv_events_, &families);
   AddProcessFamilies(&families);
   return prometheus::TextSerializer().Serialize(families);
 }

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/page_pool.h"
 #include "common/handoff_thread.h"
+#include "kv_events/publisher.h"
 #include "server/backend.h"
 #include "server/batcher.h"
 #include "server/call_core.h"
@@ -40,14 +41,15 @@ class MetricsExporter {
   static constexpr int kMaxClientLabels = 64;
 
   // Every pointer must outlive the exporter; `fast_channels` is null when
-  // the daemon offers none, `memory_socket` when it has none (their
-  // counters are exported as 0).
+  // the daemon offers none, `memory_socket` when it has none, `kv_events`
+  // when it publishes no KV events (their counters are exported as 0).
   MetricsExporter(PagePool* pool, SessionRegistry* sessions, CallCore* core,
                   Batcher* batcher, Backend* backend,
                   const FastChannelServer* fast_channels = nullptr,
                   const MemorySocketServer* memory_socket = nullptr,
                   const HandoffThreads* grpc_answer_senders = nullptr,
-                  std::vector<const MemoryBudget*> budgets = {});
+                  std::vector<const MemoryBudget*> budgets = {},
+                  const KvEventPublisher* kv_events = nullptr);
 
   // The exposition, text format 0.0.4.
   std::string Render() const;
@@ -63,6 +65,7 @@ class MetricsExporter {
   const HandoffThreads* const grpc_answer_senders_;
   // Sessions' memory budgets (nulls left out).
   std::vector<const MemoryBudget*> budgets_;
+  const KvEventPublisher* const kv_events_;
 };
 
 }  // namespace pagealloc

@@ -525,6 +525,20 @@ absl::StatusOr<KvSlabGeometry> SizeKvSlab(const ServerOptions& options,
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     const ServerOptions& options) {
   std::unique_ptr<Server> server(new Server(options));
+  if (!options.kv_events.endpoint.empty()) {
+    // Before the pool, whose prefix cache reports to it: its first batch,
+    // AllBlocksCleared, tells routers this pool starts with none cached.
+    ASSIGN_OR_RETURN(server->kv_events_,
+                     KvEventPublisher::Create(options.kv_events));
+    server->kv_events_->Start();
+    Logger("server")->info(
+        "publishing KV events on {}{}{}", server->kv_events_->pub_endpoint(),
+        server->kv_events_->replay_endpoint().empty() ? "" : ", replay on ",
+        server->kv_events_->replay_endpoint());
+  } else if (!options.kv_events.replay_endpoint.empty()) {
+    return absl::InvalidArgumentError(
+        "--kv_events_replay_endpoint needs --kv_events_endpoint");
+  }
   ASSIGN_OR_RETURN(server->backend_, MakeBackend(options));
   PoolOptions pool_options = options.pool;
   if (options.kv.layout.has_value()) {
@@ -542,6 +556,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   } else if (options.kv.scrub) {
     return absl::InvalidArgumentError("--kv_scrub needs --kv_layout");
   }
+  // The prefix cache reports what it stores and removes to the KV-event
+  // publisher (null without --kv_events_endpoint).
+  pool_options.kv_event_sink = server->kv_events_.get();
   server->options_.pool = pool_options;
   ASSIGN_OR_RETURN(
       server->pool_,
@@ -608,7 +625,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
       server->fast_channels_.get(), server->memory_socket_.get(),
       server->grpc_answer_senders_.get(),
       std::vector<const MemoryBudget*>{server->host_budget_.get(),
-                                       server->gpu_budget_.get()});
+                                       server->gpu_budget_.get()},
+      server->kv_events_.get());
+  server->kv_events_service_ =
+      std::make_unique<KvEventsService>(server->kv_events_.get());
   return server;
 }
 
@@ -738,6 +758,7 @@ absl::Status Server::Start() {
   grpc::ServerBuilder builder;
   ApplyGrpcServerSettings(options_, &builder);
   builder.RegisterService(grpc_service_.get());
+  builder.RegisterService(kv_events_service_.get());
   // Shutdown waits for the unary RPCs in flight, and only for those.
   in_flight_rpcs_ = std::make_shared<InFlightRpcs>();
   std::vector<

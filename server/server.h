@@ -27,6 +27,8 @@
 #include "allocator/page_pool.h"
 #include "common/handoff_thread.h"
 #include "grpcpp/grpcpp.h"
+#include "kv_events/grpc_stream.h"
+#include "kv_events/publisher.h"
 #include "memory/kv_layout.h"
 #include "server/backend.h"
 #include "server/batcher.h"
@@ -137,6 +139,9 @@ struct ServerOptions {
   int64_t fast_channel_throttle_strikes = 100;
   int64_t fast_channel_drop_strikes = 1000;
   absl::Duration fast_channel_throttle_time = absl::Seconds(1);
+  // KV events for routers (docs/design.md, "KV events"): published when
+  // kv_events.endpoint is set, and served by SubscribeKvEvents then.
+  KvEventPublisherOptions kv_events;
 };
 
 // Applies the daemon's gRPC server settings from `options` to `builder`:
@@ -199,6 +204,11 @@ class Server {
   // The metrics port actually bound, or -1 when metrics are off.
   int metrics_port() const ABSL_LOCKS_EXCLUDED(mu_);
   const MetricsExporter& metrics() const { return *metrics_; }
+  // Where the pool's prefix cache reports what it stores and removes: the
+  // KV-event publisher, or null when options.kv_events.endpoint is empty.
+  // It lives as long as the server.
+  KvEventSink* kv_event_sink() const { return kv_events_.get(); }
+  KvEventPublisher* kv_event_publisher() { return kv_events_.get(); }
 
  private:
   explicit Server(const ServerOptions& options) : options_(options) {}
@@ -220,6 +230,9 @@ class Server {
 
   // As given, but pool.num_pages as the KV slab sized it (Create).
   ServerOptions options_;
+  // First: what reports to it (the pool) and follows it (the gRPC
+  // streams) are destroyed before it.
+  std::unique_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<Backend> backend_;
   // Sessions' memory; before everything that charges them.
   std::unique_ptr<MemoryBudget> host_budget_;
@@ -237,6 +250,7 @@ class Server {
   std::string memory_socket_path_;
   std::unique_ptr<MemorySocketServer> memory_socket_;
   std::unique_ptr<GrpcService> grpc_service_;
+  std::unique_ptr<KvEventsService> kv_events_service_;
   std::unique_ptr<MetricsExporter> metrics_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   // Shared with the gRPC server's interceptors, which may outlive Shutdown.

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -39,6 +40,7 @@
 #include "tests/daemon_process.h"
 #include "tests/grafana_dashboard.h"
 #include "tests/in_process_server.h"
+#include "tests/kv_event_replay.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
 #include "tests/wait_for.h"
@@ -263,6 +265,16 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   // (for an hour: to the end of the test); a second sheds the first.
   options.memory_socket.hello_timeout = absl::Hours(1);
   options.memory_socket.max_pending_per_peer = 1;
+  // KV events on ipc:// sockets, with a queue of 2 events and batches that
+  // wait an hour unless flushed: events stay queued and more are dropped.
+  char kv_events_dir[] = "/tmp/pagealloc-e2e-kv-XXXXXX";
+  ASSERT_NE(mkdtemp(kv_events_dir), nullptr);
+  options.kv_events.endpoint = absl::StrCat("ipc://", kv_events_dir, "/pub");
+  options.kv_events.replay_endpoint =
+      absl::StrCat("ipc://", kv_events_dir, "/replay");
+  options.kv_events.queue_events = 2;
+  options.kv_events.max_batch_events = 1000;
+  options.kv_events.max_batch_delay = absl::Hours(1);
   ASSERT_OK_AND_ASSIGN(auto server, testing::InProcessServer::Start(options));
   ASSERT_OK_AND_ASSIGN(Prometheus prometheus,
                        StartPrometheus(server->server().metrics_port()));
@@ -295,6 +307,31 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   ASSERT_OK_AND_ASSIGN(auto quota, server->Connect(quota_options));
   ASSERT_TRUE(fast->uses_fast_channel());
   ASSERT_FALSE(grpc->uses_fast_channel());
+
+  // The KV-event panels: a batch published (AllBlocksCleared and a store),
+  // two events left queued and one dropped on the full queue, a replay
+  // request and a malformed one, and a SubscribeKvEvents stream left open.
+  KvEventPublisher* kv_events = server->server().kv_event_publisher();
+  ASSERT_NE(kv_events, nullptr);
+  StoredBlocks blocks;
+  blocks.keys = {"e2e-key"};
+  blocks.block_size = 16;
+  kv_events->BlocksStored(blocks);
+  kv_events->Flush();
+  for (int i = 0; i < 3; ++i) kv_events->BlocksStored(blocks);
+  ASSERT_EQ(kv_events->stats().events_dropped, 1);
+  for (const std::string& start : {std::string(8, '\0'), std::string("bad")}) {
+    ASSERT_OK(
+        testing::RequestKvEventReplay(options.kv_events.replay_endpoint, start)
+            .status());
+  }
+  auto kv_stub = v1::KvEvents::NewStub(grpc::CreateChannel(
+      server->target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext kv_context;
+  v1::SubscribeKvEventsRequest kv_request;
+  auto kv_reader = kv_stub->SubscribeKvEvents(&kv_context, kv_request);
+  v1::KvEventBatch kv_batch;
+  ASSERT_TRUE(kv_reader->Read(&kv_batch));
 
   // A free-list sort: take every free page, free them all (they park), then
   // allocate one page, which finds the free list empty and merges.
@@ -599,6 +636,14 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   }
   EXPECT_EQ(checked, dashboard.queries.size());
   EXPECT_GT(checked, 30);
+
+  kv_context.TryCancel();
+  while (kv_reader->Read(&kv_batch)) {
+  }
+  kv_reader->Finish();
+  std::remove(absl::StrCat(kv_events_dir, "/pub").c_str());
+  std::remove(absl::StrCat(kv_events_dir, "/replay").c_str());
+  rmdir(kv_events_dir);
 }
 
 }  // namespace

@@ -32,9 +32,14 @@ package(default_visibility = ["//visibility:public"])
 
 cc_library(
     name = "{name}",
+    defines = {defines},
     linkopts = {linkopts},
 )
-""".format(name = repository_ctx.attr.target, linkopts = repr(linkopts)))
+""".format(
+        name = repository_ctx.attr.target,
+        defines = repr(repository_ctx.attr.defines),
+        linkopts = repr(linkopts),
+    ))
 
 system_library = repository_rule(
     implementation = _system_library_impl,
@@ -43,6 +48,7 @@ system_library = repository_rule(
         "pkg_config": attr.string_list(doc = "pkg-config modules whose --libs we link."),
         "linkopts": attr.string_list(doc = "Extra link flags, after pkg-config's."),
         "check_headers": attr.string_list(doc = "Headers under /usr/include that must exist."),
+        "defines": attr.string_list(doc = "Preprocessor definitions for every user of the library."),
     },
     environ = ["PKG_CONFIG_PATH"],
     local = True,
