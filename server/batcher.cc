@@ -10,23 +10,6 @@
 
 namespace pagealloc {
 
-Batcher::Options Batcher::DefaultsForMachine(unsigned cpus) {
-  // A spinning driver takes fast-channel calls while a launch runs and
-  // gathers more calls per launch with several clients (docs/performance.md
-  // has its throughput against the submitting thread driving), but on a
-  // small machine it takes a core the clients and the poller need. Only a
-  // spinning thread gathers cheaply: a sleeping one would take every launch
-  // over from the submitters, one wake-up each.
-  constexpr unsigned kMinCpusForSpinning = 8;
-  Options options;
-  options.min_batch_calls = 4;
-  if (cpus >= kMinCpusForSpinning) {
-    options.spin = absl::Microseconds(200);
-    options.batch_window = kDefaultBatchWindow;
-  }
-  return options;
-}
-
 absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(const Options& options,
                                                          PagePool* pool,
                                                          Backend* backend) {

@@ -135,6 +135,9 @@ struct AllocCall {
 
 class Batcher {
  public:
+  // The batcher's own settings. The daemon's defaults, and the rules
+  // between these fields and the other threads' settings, live in
+  // server/scheduling_policy.h, which fills this struct.
   struct Options {
     int64_t max_batch_requests = 8192;
     int64_t max_batch_tokens = 1 << 21;
@@ -166,15 +169,6 @@ class Batcher {
     // (a bug, never a bad request). Slow: for tests and debugging.
     bool debug_checks = false;
   };
-
-  // The defaults for a daemon on a machine with `cpus` CPUs: with 8 or
-  // more, a spinning batcher thread (200 us) that gathers calls for up to
-  // 100 us, waiting for at most 4 calls (or half the active sessions); on
-  // smaller machines, where a spinning thread would take a core the clients
-  // and the pollers need, the submitting thread drives and nothing waits.
-  static Options DefaultsForMachine(unsigned cpus);
-  // The gathering window of a spinning batcher thread by default.
-  static constexpr absl::Duration kDefaultBatchWindow = absl::Microseconds(100);
 
   // `pool` and `backend` must outlive the batcher. Creates the scratch
   // buffer for inline results (max_batch_tokens slots).
