@@ -19,6 +19,8 @@
 // AllocCall.submitter_is_dedicated): when one session alone has called
 // lately and nothing is queued or running, its submitter drives as above,
 // and the batcher thread, finding nothing to do, stops spinning.
+// The daemon chooses among these modes in one place,
+// server/scheduling_policy.h, which fills Options.
 //
 // Spinning adapts (common/adaptive_spin.h): Options.spin is the longest the
 // batcher thread spins after a launch; it spins about twice the gaps it
@@ -267,6 +269,23 @@ class Batcher {
   void RunBatch(std::vector<Work>* batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs the allocation calls gathered so far as one launch.
   void Launch(std::vector<Work>* pending) ABSL_LOCKS_EXCLUDED(mu_);
+  // Launch's steps. Collects the requests and call spans of `pending` into
+  // launch_requests_ and launch_calls_, pointing the destinations of
+  // return_inline calls into the scratch buffer.
+  void GatherRequests(std::vector<Work>* pending);
+  // Completes the launch the pool has just run (launch_results_): the
+  // backend's completion (a host wait when any call needs one), the launch
+  // id, execute time and metrics in `launch`. Returns the completion's
+  // status.
+  absl::Status CompleteLaunch(const std::vector<Work>& pending,
+                              absl::Time start, LaunchInfo* launch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands `work`'s call its results (launch_results_ from `first`): a
+  // failed completion fails its accepted requests, inline slots are copied
+  // to the host, then its completion's Done runs.
+  void FinishCall(const Work& work, size_t first,
+                  const absl::Status& completion, absl::Time start,
+                  LaunchInfo* launch);
 
   const Options options_;
   PagePool* const pool_;

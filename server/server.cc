@@ -880,8 +880,7 @@ absl::Status Server::Start() {
       std::string(FreePolicyName(options_.pool.free_policy)),
       std::string(SemanticsName(options_.pool.semantics)),
       absl::ToInt64Milliseconds(options_.sessions.lease), policy_->Summary());
-  log->debug("scheduling (docs/design.md, section 6):\n{}",
-             policy_->Describe());
+  log->info("scheduling (docs/design.md, section 6):\n{}", policy_->Describe());
   if (const DeviceDescription device = backend_->DescribeDevice();
       device.kind == BackendKind::kCuda && !device.cuda_mps) {
     // Measured on an H200: GPU-ordered AllocDecode(256) 266 us p50 without
