@@ -10,23 +10,6 @@
 
 namespace pagealloc {
 
-Batcher::Options Batcher::DefaultsForMachine(unsigned cpus) {
-  // A spinning driver takes fast-channel calls while a launch runs and
-  // gathers more calls per launch with several clients (docs/performance.md
-  // has its throughput against the submitting thread driving), but on a
-  // small machine it takes a core the clients and the poller need. Only a
-  // spinning thread gathers cheaply: a sleeping one would take every launch
-  // over from the submitters, one wake-up each.
-  constexpr unsigned kMinCpusForSpinning = 8;
-  Options options;
-  options.min_batch_calls = 4;
-  if (cpus >= kMinCpusForSpinning) {
-    options.spin = absl::Microseconds(200);
-    options.batch_window = kDefaultBatchWindow;
-  }
-  return options;
-}
-
 absl::StatusOr<std::unique_ptr<Batcher>> Batcher::Create(const Options& options,
                                                          PagePool* pool,
                                                          Backend* backend) {
@@ -379,6 +362,21 @@ void Batcher::Launch(std::vector<Work>* pending) {
   if (pending->empty()) return;
   if (before_launch_) before_launch_();
   const absl::Time start = absl::Now();
+  GatherRequests(pending);
+  pool_->Allocate(launch_requests_, launch_calls_, &launch_results_);
+  LaunchInfo launch;
+  launch.batch_calls = pending->size();
+  launch.batch_requests = launch_requests_.size();
+  const absl::Status completion = CompleteLaunch(*pending, start, &launch);
+  size_t first = 0;
+  for (Work& work : *pending) {
+    FinishCall(work, first, completion, start, &launch);
+    first += work.alloc->requests.size();
+  }
+  pending->clear();
+}
+
+void Batcher::GatherRequests(std::vector<Work>* pending) {
   std::vector<AllocRequest>& requests = launch_requests_;
   requests.clear();
   // Each call's requests, so that the pool admits an all-or-nothing call
@@ -398,84 +396,83 @@ void Batcher::Launch(std::vector<Work>* pending) {
     }
     requests.insert(requests.end(), call.requests.begin(), call.requests.end());
   }
-  std::vector<AllocResult>& results = launch_results_;
-  pool_->Allocate(requests, calls, &results);
+}
 
-  LaunchInfo launch;
-  launch.batch_calls = pending->size();
-  launch.batch_requests = requests.size();
+absl::Status Batcher::CompleteLaunch(const std::vector<Work>& pending,
+                                     absl::Time start, LaunchInfo* launch) {
   bool any_sync = false;
   bool launched = false;
-  for (const AllocResult& result : results) {
+  for (const AllocResult& result : launch_results_) {
     launched = launched || (result.status.ok() && result.num_slots > 0);
-    launch.batch_slots += result.status.ok() ? result.num_slots : 0;
+    launch->batch_slots += result.status.ok() ? result.num_slots : 0;
   }
-  for (Work& work : *pending) {
+  for (const Work& work : pending) {
     any_sync =
         any_sync || !work.alloc->async_completion || work.alloc->return_inline;
   }
   {
     absl::MutexLock lock(&mu_);
-    launch.launch_id = ++launches_;
+    launch->launch_id = ++launches_;
   }
   absl::Status completion = absl::OkStatus();
   const absl::Time complete_start = absl::Now();
   if (launched) {
     absl::StatusOr<uint64_t> completed = backend_->CompleteLaunch(!any_sync);
     completion = completed.status();
-    if (completed.ok()) launch.completion_value = *completed;
+    if (completed.ok()) launch->completion_value = *completed;
   }
   if (!launched || !completion.ok()) {
-    launch.completion_value = backend_->completion_value();
+    launch->completion_value = backend_->completion_value();
   }
   const absl::Time end = absl::Now();
-  launch.execute_time = end - start;
+  launch->execute_time = end - start;
   if (launched) {
     metrics_.complete_seconds.Observe(
         absl::ToDoubleSeconds(end - complete_start));
   }
-  metrics_.requests_per_batch.Observe(launch.batch_requests);
-  metrics_.tokens_per_batch.Observe(launch.batch_slots);
-  metrics_.execute_seconds.Observe(absl::ToDoubleSeconds(launch.execute_time));
+  metrics_.requests_per_batch.Observe(launch->batch_requests);
+  metrics_.tokens_per_batch.Observe(launch->batch_slots);
+  metrics_.execute_seconds.Observe(absl::ToDoubleSeconds(launch->execute_time));
+  return completion;
+}
 
-  size_t first = 0;
-  for (Work& work : *pending) {
-    AllocCall& call = *work.alloc;
-    const size_t n = call.requests.size();
-    std::vector<int64_t>& inline_slots = inline_slots_;
-    inline_slots.clear();
-    if (!completion.ok()) {
-      // The launch ran but could not be completed: the slots are not
-      // trustworthy. The pool has already committed them; report the
-      // device failure.
-      for (size_t i = first; i < first + n; ++i) {
-        if (results[i].status.ok()) results[i].status = completion;
-      }
+void Batcher::FinishCall(const Work& work, size_t first,
+                         const absl::Status& completion, absl::Time start,
+                         LaunchInfo* launch) {
+  AllocCall& call = *work.alloc;
+  const size_t n = call.requests.size();
+  std::vector<AllocResult>& results = launch_results_;
+  std::vector<int64_t>& inline_slots = inline_slots_;
+  inline_slots.clear();
+  if (!completion.ok()) {
+    // The launch ran but could not be completed: the slots are not
+    // trustworthy. The pool has already committed them; report the
+    // device failure.
+    for (size_t i = first; i < first + n; ++i) {
+      if (results[i].status.ok()) results[i].status = completion;
     }
-    if (call.return_inline) {
-      for (size_t i = first; i < first + n; ++i) {
-        AllocResult& result = results[i];
-        if (!result.status.ok() || result.num_slots == 0) continue;
-        const size_t at = inline_slots.size();
-        inline_slots.resize(at + result.num_slots);
-        const absl::Status copied =
-            backend_->CopyToHost(requests[i].destination, result.num_slots,
-                                 inline_slots.data() + at);
-        if (!copied.ok()) {
-          // inline_slots holds the accepted requests' slots only.
-          result.status = copied;
-          inline_slots.resize(at);
-        }
-      }
-    }
-    launch.queue_wait = start - work.queued_at;
-    metrics_.queue_wait_seconds.Observe(
-        absl::ToDoubleSeconds(launch.queue_wait));
-    call.completion->Done(absl::MakeConstSpan(results.data() + first, n),
-                          inline_slots, launch);
-    first += n;
   }
-  pending->clear();
+  if (call.return_inline) {
+    for (size_t i = first; i < first + n; ++i) {
+      AllocResult& result = results[i];
+      if (!result.status.ok() || result.num_slots == 0) continue;
+      const size_t at = inline_slots.size();
+      inline_slots.resize(at + result.num_slots);
+      const absl::Status copied =
+          backend_->CopyToHost(launch_requests_[i].destination,
+                               result.num_slots, inline_slots.data() + at);
+      if (!copied.ok()) {
+        // inline_slots holds the accepted requests' slots only.
+        result.status = copied;
+        inline_slots.resize(at);
+      }
+    }
+  }
+  launch->queue_wait = start - work.queued_at;
+  metrics_.queue_wait_seconds.Observe(
+      absl::ToDoubleSeconds(launch->queue_wait));
+  call.completion->Done(absl::MakeConstSpan(results.data() + first, n),
+                        inline_slots, *launch);
 }
 
 }  // namespace pagealloc

@@ -19,6 +19,8 @@
 // AllocCall.submitter_is_dedicated): when one session alone has called
 // lately and nothing is queued or running, its submitter drives as above,
 // and the batcher thread, finding nothing to do, stops spinning.
+// The daemon chooses among these modes in one place,
+// server/scheduling_policy.h, which fills Options.
 //
 // Spinning adapts (common/adaptive_spin.h): Options.spin is the longest the
 // batcher thread spins after a launch; it spins about twice the gaps it
@@ -136,6 +138,9 @@ struct AllocCall {
 
 class Batcher {
  public:
+  // The batcher's own settings. The daemon's defaults, and the rules
+  // between these fields and the other threads' settings, live in
+  // server/scheduling_policy.h, which fills this struct.
   struct Options {
     int64_t max_batch_requests = 8192;
     int64_t max_batch_tokens = 1 << 21;
@@ -167,15 +172,6 @@ class Batcher {
     // (a bug, never a bad request). Slow: for tests and debugging.
     bool debug_checks = false;
   };
-
-  // The defaults for a daemon on a machine with `cpus` CPUs: with 8 or
-  // more, a spinning batcher thread (200 us) that gathers calls for up to
-  // 100 us, waiting for at most 4 calls (or half the active sessions); on
-  // smaller machines, where a spinning thread would take a core the clients
-  // and the pollers need, the submitting thread drives and nothing waits.
-  static Options DefaultsForMachine(unsigned cpus);
-  // The gathering window of a spinning batcher thread by default.
-  static constexpr absl::Duration kDefaultBatchWindow = absl::Microseconds(100);
 
   // `pool` and `backend` must outlive the batcher. Creates the scratch
   // buffer for inline results (max_batch_tokens slots).
@@ -282,6 +278,23 @@ class Batcher {
   void RunBatch(std::vector<Work>* batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs the allocation calls gathered so far as one launch.
   void Launch(std::vector<Work>* pending) ABSL_LOCKS_EXCLUDED(mu_);
+  // Launch's steps. Collects the requests and call spans of `pending` into
+  // launch_requests_ and launch_calls_, pointing the destinations of
+  // return_inline calls into the scratch buffer.
+  void GatherRequests(std::vector<Work>* pending);
+  // Completes the launch the pool has just run (launch_results_): the
+  // backend's completion (a host wait when any call needs one), the launch
+  // id, execute time and metrics in `launch`. Returns the completion's
+  // status.
+  absl::Status CompleteLaunch(const std::vector<Work>& pending,
+                              absl::Time start, LaunchInfo* launch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands `work`'s call its results (launch_results_ from `first`): a
+  // failed completion fails its accepted requests, inline slots are copied
+  // to the host, then its completion's Done runs.
+  void FinishCall(const Work& work, size_t first,
+                  const absl::Status& completion, absl::Time start,
+                  LaunchInfo* launch);
 
   const Options options_;
   PagePool* const pool_;

@@ -597,31 +597,10 @@ void FastChannelServer::Poll(int index) {
   // Whether the poller slept since the last call it took.
   bool slept = false;
   size_t first = 0;  // where this round starts: one further each round
-  auto posted = [](const Channel& c) {
-    return !c.in_flight.load(std::memory_order_acquire) &&
-           c.codec.PostedSeq() != c.taken_seq;
-  };
-  constexpr int kMaxEvents = 64;
-  epoll_event events[kMaxEvents];
   while (!stop_.load(std::memory_order_relaxed)) {
     const uint64_t generation = generation_.load();
     if (generation != seen_generation) {
-      absl::MutexLock lock(&mu_);
-      // A throttled channel that was closed is throttled no more.
-      for (const std::shared_ptr<Channel>& channel : channels) {
-        if (!channels_.contains(channel->session_id)) {
-          SetThrottled(*channel, false);
-        }
-      }
-      channels.clear();
-      by_session.clear();
-      for (const auto& [id, channel] : channels_) {
-        if (channel->poller != index) continue;
-        channels.push_back(channel);
-        by_session[id] = channel.get();
-        // Awake: its client need not ring.
-        channel->codec.SetPollerSleeping(false);
-      }
+      CollectChannels(index, &channels, &by_session);
       seen_generation = generation;
     }
     // Throttled channels are looked at once per throttled_interval; with
@@ -641,7 +620,7 @@ void FastChannelServer::Poll(int index) {
         Police(c, now);
         if (c.dropped) continue;
       }
-      if (!posted(c)) continue;
+      if (!Posted(c)) continue;
       // An honest client posts once per answer: call seq follows the last
       // one taken. (Unsigned: wraps like the client's counter.)
       const uint32_t seq = c.codec.PostedSeq();
@@ -677,63 +656,102 @@ void FastChannelServer::Poll(int index) {
       CpuRelax();
       continue;
     }
-    // Sleep on the doorbells. A client bumps request_seq, then reads
-    // poller_sleeping; the poller sets poller_sleeping, then looks at the
-    // channels once more: one of the two sees the other (layout.h).
-    for (const std::shared_ptr<Channel>& channel : channels) {
-      channel->codec.SetPollerSleeping(true);
-    }
-    bool pending = generation_.load() != seen_generation;
-    for (const std::shared_ptr<Channel>& channel : channels) {
-      // A throttled channel's call waits for its turn (the timeout below).
-      pending = pending ||
-                (!channel->dropped && !channel->throttled && posted(*channel));
-    }
-    if (!pending && !stop_.load()) {
-      sleeps_.fetch_add(1, std::memory_order_relaxed);
-      // Throttled channels are not in the epoll set: wake for their turn.
-      int timeout_ms =
-          me.throttled > 0
-              ? std::max<int>(
-                    1, absl::ToInt64Milliseconds(options_.throttled_interval))
-              : -1;
-      // The first poller frees the ended sessions' header pages when due.
-      if (index == 0) {
-        const absl::Time due = retired_headers_->next_expiry();
-        if (due != absl::InfiniteFuture()) {
-          const int until_due = static_cast<int>(std::clamp<int64_t>(
-              absl::ToInt64Milliseconds(due - absl::Now()) + 1, 1, 60000));
-          timeout_ms =
-              timeout_ms < 0 ? until_due : std::min(timeout_ms, until_due);
-        }
-      }
-      me.asleep.store(true, std::memory_order_relaxed);
-      const int woken =
-          epoll_wait(me.epoll.get(), events, kMaxEvents, timeout_ms);
-      me.asleep.store(false, std::memory_order_relaxed);
-      slept = true;
-      for (int i = 0; i < woken; ++i) {
-        const uint64_t tag = events[i].data.u64;
-        if (tag == kWakeTag) {
-          Drain(me.wake.get());
-          continue;
-        }
-        // A channel opened since the list was made stays readable until
-        // the next round has it in the list.
-        auto it = by_session.find(tag);
-        if (it == by_session.end() || it->second->dropped) continue;
-        CountRings(*it->second);
-        Police(*it->second, absl::Now());
-      }
-      if (index == 0) retired_headers_->FreeExpired(absl::Now());
-    }
-    for (const std::shared_ptr<Channel>& channel : channels) {
-      channel->codec.SetPollerSleeping(false);
-    }
+    slept =
+        SleepOnDoorbells(me, channels, by_session, seen_generation) || slept;
     // last_call stays, and `slept` keeps the poller from spinning again
     // until it takes a call: a wake-up that finds no call (a doorbell rung
     // for nothing) goes back to sleep.
   }
+}
+
+bool FastChannelServer::Posted(const Channel& c) {
+  return !c.in_flight.load(std::memory_order_acquire) &&
+         c.codec.PostedSeq() != c.taken_seq;
+}
+
+void FastChannelServer::CollectChannels(
+    int index, std::vector<std::shared_ptr<Channel>>* channels,
+    absl::flat_hash_map<uint64_t, Channel*>* by_session) {
+  absl::MutexLock lock(&mu_);
+  // A throttled channel that was closed is throttled no more.
+  for (const std::shared_ptr<Channel>& channel : *channels) {
+    if (!channels_.contains(channel->session_id)) {
+      SetThrottled(*channel, false);
+    }
+  }
+  channels->clear();
+  by_session->clear();
+  for (const auto& [id, channel] : channels_) {
+    if (channel->poller != index) continue;
+    channels->push_back(channel);
+    (*by_session)[id] = channel.get();
+    // Awake: its client need not ring.
+    channel->codec.SetPollerSleeping(false);
+  }
+}
+
+bool FastChannelServer::SleepOnDoorbells(
+    Poller& me, const std::vector<std::shared_ptr<Channel>>& channels,
+    const absl::flat_hash_map<uint64_t, Channel*>& by_session,
+    uint64_t seen_generation) {
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
+  bool slept = false;
+  // Sleep on the doorbells. A client bumps request_seq, then reads
+  // poller_sleeping; the poller sets poller_sleeping, then looks at the
+  // channels once more: one of the two sees the other (layout.h).
+  for (const std::shared_ptr<Channel>& channel : channels) {
+    channel->codec.SetPollerSleeping(true);
+  }
+  bool pending = generation_.load() != seen_generation;
+  for (const std::shared_ptr<Channel>& channel : channels) {
+    // A throttled channel's call waits for its turn (the timeout below).
+    pending = pending ||
+              (!channel->dropped && !channel->throttled && Posted(*channel));
+  }
+  if (!pending && !stop_.load()) {
+    sleeps_.fetch_add(1, std::memory_order_relaxed);
+    // Throttled channels are not in the epoll set: wake for their turn.
+    int timeout_ms =
+        me.throttled > 0
+            ? std::max<int>(
+                  1, absl::ToInt64Milliseconds(options_.throttled_interval))
+            : -1;
+    // The first poller frees the ended sessions' header pages when due.
+    const bool first_poller = &me == pollers_[0].get();
+    if (first_poller) {
+      const absl::Time due = retired_headers_->next_expiry();
+      if (due != absl::InfiniteFuture()) {
+        const int until_due = static_cast<int>(std::clamp<int64_t>(
+            absl::ToInt64Milliseconds(due - absl::Now()) + 1, 1, 60000));
+        timeout_ms =
+            timeout_ms < 0 ? until_due : std::min(timeout_ms, until_due);
+      }
+    }
+    me.asleep.store(true, std::memory_order_relaxed);
+    const int woken =
+        epoll_wait(me.epoll.get(), events, kMaxEvents, timeout_ms);
+    me.asleep.store(false, std::memory_order_relaxed);
+    slept = true;
+    for (int i = 0; i < woken; ++i) {
+      const uint64_t tag = events[i].data.u64;
+      if (tag == kWakeTag) {
+        Drain(me.wake.get());
+        continue;
+      }
+      // A channel opened since the list was made stays readable until
+      // the next round has it in the list.
+      auto it = by_session.find(tag);
+      if (it == by_session.end() || it->second->dropped) continue;
+      CountRings(*it->second);
+      Police(*it->second, absl::Now());
+    }
+    if (first_poller) retired_headers_->FreeExpired(absl::Now());
+  }
+  for (const std::shared_ptr<Channel>& channel : channels) {
+    channel->codec.SetPollerSleeping(false);
+  }
+  return slept;
 }
 
 int FastChannelServer::pollers_asleep() const {

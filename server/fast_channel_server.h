@@ -238,6 +238,24 @@ class FastChannelServer final : public SessionChannels {
                     std::vector<std::unique_ptr<Poller>> pollers);
   // Poller `index`: serves the channels dealt to it.
   void Poll(int index);
+  // Poll's steps (poller threads only). Whether a call waits in `channel`:
+  // posted, not taken yet, and its previous call answered.
+  static bool Posted(const Channel& channel);
+  // Lists the channels dealt to poller `index` in `channels` and, by
+  // session, in `by_session`, marking them awake; a throttled channel of
+  // the old list that was closed is throttled no more.
+  void CollectChannels(int index,
+                       std::vector<std::shared_ptr<Channel>>* channels,
+                       absl::flat_hash_map<uint64_t, Channel*>* by_session)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks `channels` asleep, looks at them once more, and sleeps in
+  // epoll_wait on their doorbells unless a call (or a channel list newer
+  // than `seen_generation`) waits; polices the channels whose doorbells
+  // woke it, then marks them awake. Returns whether it slept.
+  bool SleepOnDoorbells(
+      Poller& me, const std::vector<std::shared_ptr<Channel>>& channels,
+      const absl::flat_hash_map<uint64_t, Channel*>& by_session,
+      uint64_t seen_generation);
   // Wakes poller `index` (it looks at its channel list again).
   void Wake(int index);
   // Takes the call posted in `channel` through the codec. An allocation

@@ -43,6 +43,7 @@
 #include "memory/kv_layout.h"
 #include "server/descriptors.h"
 #include "server/memory_budget.h"
+#include "server/scheduling_policy.h"
 #include "server/server.h"
 
 ABSL_FLAG(int, gpu, 0, "CUDA device ordinal whose KV pool this daemon owns.");
@@ -197,6 +198,9 @@ ABSL_FLAG(int, grpc_answer_threads,
           "taken in turn, so that they leave together and the batcher thread "
           "goes on to the next launch (each spins like the batcher thread "
           "while answers flow). 0: the batcher thread sends them itself.");
+ABSL_FLAG(bool, print_scheduling_policy, false,
+          "Print which thread drives launches, spins and sends answers under "
+          "the other flags (docs/design.md, section 6), and exit.");
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "A session that sends nothing for this long (KeepAlive included) "
           "loses its pages.");
@@ -319,7 +323,8 @@ const CommandLineSpec kCommandLine = {
           {"batch_window_us", "microseconds"},
           {"batch_min_calls", "calls"},
           {"batcher_spin_us", "microseconds"},
-          {"grpc_answer_threads", "threads"}}},
+          {"grpc_answer_threads", "threads"},
+          {"print_scheduling_policy"}}},
         {"logging", {{"log_level"}, {"debug_checks"}}},
         {"metrics",
          {{"metrics_port", "TCP port"}, {"metrics_host", "address"}}},
@@ -543,14 +548,14 @@ absl::Status ListenFlags(ServerOptions* options) {
 
 // --fast_channel and its pollers, spin and throttles.
 absl::Status FastChannelFlags(ServerOptions* options) {
-  options->fast_channel = absl::GetFlag(FLAGS_fast_channel);
-  options->fast_channel_pollers = absl::GetFlag(FLAGS_fast_channel_pollers);
+  // The pollers' count and spin go to the scheduling policy
+  // (BatchingFlags).
   RETURN_IF_ERROR(CheckRange("fast_channel_pollers",
-                             options->fast_channel_pollers, 1, 64, "threads"));
-  const int spin_us = absl::GetFlag(FLAGS_fast_channel_spin_us);
-  RETURN_IF_ERROR(
-      CheckRange("fast_channel_spin_us", spin_us, 0, 1000000, "microseconds"));
-  options->fast_channel_spin = absl::Microseconds(spin_us);
+                             absl::GetFlag(FLAGS_fast_channel_pollers), 1, 64,
+                             "threads"));
+  RETURN_IF_ERROR(CheckRange("fast_channel_spin_us",
+                             absl::GetFlag(FLAGS_fast_channel_spin_us), 0,
+                             1000000, "microseconds"));
   options->fast_channel_throttle_strikes =
       absl::GetFlag(FLAGS_fast_channel_throttle_strikes);
   RETURN_IF_ERROR(CheckRange("fast_channel_throttle_strikes",
@@ -688,40 +693,35 @@ absl::Status TlsFlags(ServerOptions* options) {
   return absl::OkStatus();
 }
 
-// The batcher's and the gRPC answer threads' flags.
+// The scheduling flags (the batcher's, the gRPC answer threads', the fast
+// channel's pollers): checked for range here, turned into settings by the
+// scheduling policy, which resolves the -1 defaults.
 absl::Status BatchingFlags(ServerOptions* options) {
-  options->batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
-  RETURN_IF_ERROR(CheckRange("max_batch_requests",
-                             options->batcher.max_batch_requests, 1, 1 << 20,
-                             "requests"));
-  options->batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  RETURN_IF_ERROR(CheckRange("max_batch_tokens",
-                             options->batcher.max_batch_tokens, 1,
+  SchedulingPolicy::Flags flags;
+  flags.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
+  RETURN_IF_ERROR(CheckRange("max_batch_requests", flags.max_batch_requests, 1,
+                             1 << 20, "requests"));
+  flags.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  RETURN_IF_ERROR(CheckRange("max_batch_tokens", flags.max_batch_tokens, 1,
                              int64_t{1} << 30, "slots"));
-  options->batcher.min_batch_calls = absl::GetFlag(FLAGS_batch_min_calls);
-  RETURN_IF_ERROR(CheckRange(
-      "batch_min_calls", options->batcher.min_batch_calls, 0, 4096, "calls"));
-  // -1: the library's default for this machine (ServerOptions.batcher).
-  const int64_t batcher_spin_us = absl::GetFlag(FLAGS_batcher_spin_us);
-  RETURN_IF_ERROR(CheckRange("batcher_spin_us", batcher_spin_us, -1, 1000000,
-                             "microseconds; -1: by CPU count"));
-  if (batcher_spin_us >= 0) {
-    options->batcher.spin = absl::Microseconds(batcher_spin_us);
-  }
-  options->grpc_answer_threads = absl::GetFlag(FLAGS_grpc_answer_threads);
-  RETURN_IF_ERROR(CheckRange("grpc_answer_threads",
-                             options->grpc_answer_threads, 0, 64, "threads"));
-  const int64_t window_us = absl::GetFlag(FLAGS_batch_window_us);
-  RETURN_IF_ERROR(CheckRange("batch_window_us", window_us, -1, 1000000,
-                             "microseconds; -1: by batcher mode"));
-  if (window_us >= 0) {
-    options->batcher.batch_window = absl::Microseconds(window_us);
-  } else {
-    // Only a spinning batcher thread gathers by default.
-    options->batcher.batch_window = options->batcher.spin > absl::ZeroDuration()
-                                        ? Batcher::kDefaultBatchWindow
-                                        : absl::ZeroDuration();
-  }
+  flags.batch_min_calls = absl::GetFlag(FLAGS_batch_min_calls);
+  RETURN_IF_ERROR(
+      CheckRange("batch_min_calls", flags.batch_min_calls, 0, 4096, "calls"));
+  flags.batcher_spin_us = absl::GetFlag(FLAGS_batcher_spin_us);
+  RETURN_IF_ERROR(CheckRange("batcher_spin_us", flags.batcher_spin_us, -1,
+                             1000000, "microseconds; -1: by CPU count"));
+  flags.grpc_answer_threads = absl::GetFlag(FLAGS_grpc_answer_threads);
+  RETURN_IF_ERROR(CheckRange("grpc_answer_threads", flags.grpc_answer_threads,
+                             0, 64, "threads"));
+  flags.batch_window_us = absl::GetFlag(FLAGS_batch_window_us);
+  RETURN_IF_ERROR(CheckRange("batch_window_us", flags.batch_window_us, -1,
+                             1000000, "microseconds; -1: by batcher mode"));
+  flags.fast_channel = absl::GetFlag(FLAGS_fast_channel);
+  flags.fast_channel_spin_us = absl::GetFlag(FLAGS_fast_channel_spin_us);
+  flags.fast_channel_pollers = absl::GetFlag(FLAGS_fast_channel_pollers);
+  SetSchedulingSettings(SchedulingPolicy::SettingsFromFlags(
+                            flags, std::thread::hardware_concurrency()),
+                        options);
   return absl::OkStatus();
 }
 
@@ -887,6 +887,17 @@ int Main() {
   absl::StatusOr<ServerOptions> options = OptionsFromFlags();
   if (!options.ok()) {
     ExitUsage(kCommandLine.program, options.status().message());
+  }
+  if (absl::GetFlag(FLAGS_print_scheduling_policy)) {
+    absl::StatusOr<SchedulingPolicy> policy =
+        SchedulingPolicy::Create(SchedulingSettingsOf(*options));
+    if (!policy.ok())
+      ExitUsage(kCommandLine.program, policy.status().message());
+    for (const std::string& note : policy->notes()) {
+      std::printf("note: %s\n", note.c_str());
+    }
+    std::printf("%s\n", policy->Describe().c_str());
+    return 0;
   }
   std::shared_ptr<spdlog::logger> log = Logger("server");
   spdlog::set_level(*level);

@@ -522,6 +522,25 @@ absl::StatusOr<KvSlabGeometry> SizeKvSlab(const ServerOptions& options,
   return slab;
 }
 
+SchedulingPolicy::Settings SchedulingSettingsOf(const ServerOptions& options) {
+  SchedulingPolicy::Settings settings;
+  settings.batcher = options.batcher;
+  settings.fast_channel = options.fast_channel;
+  settings.fast_channel_spin = options.fast_channel_spin;
+  settings.fast_channel_pollers = options.fast_channel_pollers;
+  settings.grpc_answer_threads = options.grpc_answer_threads;
+  return settings;
+}
+
+void SetSchedulingSettings(const SchedulingPolicy::Settings& settings,
+                           ServerOptions* options) {
+  options->batcher = settings.batcher;
+  options->fast_channel = settings.fast_channel;
+  options->fast_channel_spin = settings.fast_channel_spin;
+  options->fast_channel_pollers = settings.fast_channel_pollers;
+  options->grpc_answer_threads = settings.grpc_answer_threads;
+}
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     const ServerOptions& options) {
   std::unique_ptr<Server> server(new Server(options));
@@ -539,6 +558,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     return absl::InvalidArgumentError(
         "--kv_events_replay_endpoint needs --kv_events_endpoint");
   }
+  ASSIGN_OR_RETURN(SchedulingPolicy policy,
+                   SchedulingPolicy::Create(SchedulingSettingsOf(options)));
+  for (const std::string& note : policy.notes()) {
+    Logger("server")->info("scheduling: {}", note);
+  }
+  server->policy_ = std::move(policy);
   ASSIGN_OR_RETURN(server->backend_, MakeBackend(options));
   PoolOptions pool_options = options.pool;
   if (options.kv.layout.has_value()) {
@@ -576,12 +601,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
       server->options_.sessions, server->backend_.get(),
       server->gpu_budget_ != nullptr ? server->gpu_budget_.get()
                                      : server->host_budget_.get());
-  Batcher::Options batcher_options = options.batcher;
-  batcher_options.debug_checks =
-      batcher_options.debug_checks || options.debug_checks;
-  ASSIGN_OR_RETURN(server->batcher_,
-                   Batcher::Create(batcher_options, server->pool_.get(),
-                                   server->backend_.get()));
+  const SchedulingPolicy& scheduling = *server->policy_;
+  ASSIGN_OR_RETURN(
+      server->batcher_,
+      Batcher::Create(scheduling.BatcherOptions(options.debug_checks),
+                      server->pool_.get(), server->backend_.get()));
   CallCore::Options core_options;
   core_options.max_call_requests = options.batcher.max_batch_requests;
   core_options.max_call_tokens = options.batcher.max_batch_tokens;
@@ -590,11 +614,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->core_ = std::make_unique<CallCore>(
       core_options, server->pool_.get(), server->backend_.get(),
       server->sessions_.get(), server->batcher_.get());
-  if (options.fast_channel) {
+  if (scheduling.settings().fast_channel) {
     FastChannelServer::Options fast;
     fast.max_requests = options.batcher.max_batch_requests;
-    fast.spin = options.fast_channel_spin;
-    fast.pollers = options.fast_channel_pollers;
+    fast.spin = scheduling.settings().fast_channel_spin;
+    fast.pollers = scheduling.settings().fast_channel_pollers;
     fast.throttle_strikes = options.fast_channel_throttle_strikes;
     fast.drop_strikes = options.fast_channel_drop_strikes;
     fast.throttle_time = options.fast_channel_throttle_time;
@@ -609,12 +633,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
         server->core_.get(), server->fast_channels_.get(),
         options.memory_socket);
   }
-  // Only a spinning batcher thread takes gRPC calls over (GrpcService): it
-  // hands the answers of shared launches to threads of their own.
-  if (options.batcher.spin > absl::ZeroDuration() &&
-      options.grpc_answer_threads > 0) {
+  // The policy starts answer threads only where the batcher thread spins.
+  if (scheduling.grpc_answer_threads() > 0) {
     server->grpc_answer_senders_ = std::make_unique<HandoffThreads>(
-        options.grpc_answer_threads, options.batcher.spin);
+        scheduling.grpc_answer_threads(), scheduling.grpc_answer_spin());
   }
   server->grpc_service_ = std::make_unique<GrpcService>(
       server->core_.get(), server->fast_channels_.get(),
@@ -880,14 +902,8 @@ absl::Status Server::Start() {
       backend_->Summary(), options_.pool.num_pages, options_.pool.page_size,
       std::string(FreePolicyName(options_.pool.free_policy)),
       std::string(SemanticsName(options_.pool.semantics)),
-      absl::ToInt64Milliseconds(options_.sessions.lease),
-      options_.batcher.spin > absl::ZeroDuration()
-          ? absl::StrFormat(
-                "thread spinning %d us, window %d us for %d calls",
-                absl::ToInt64Microseconds(options_.batcher.spin),
-                absl::ToInt64Microseconds(options_.batcher.batch_window),
-                options_.batcher.min_batch_calls)
-          : std::string("driven by submitters"));
+      absl::ToInt64Milliseconds(options_.sessions.lease), policy_->Summary());
+  log->info("scheduling (docs/design.md, section 6):\n{}", policy_->Describe());
   if (const DeviceDescription device = backend_->DescribeDevice();
       device.kind == BackendKind::kCuda && !device.cuda_mps) {
     // Measured on an H200: GPU-ordered AllocDecode(256) 266 us p50 without

@@ -40,6 +40,7 @@
 #include "server/memory_socket_server.h"
 #include "server/metrics.h"
 #include "server/metrics_http_server.h"
+#include "server/scheduling_policy.h"
 #include "server/session.h"
 
 namespace pagealloc {
@@ -54,9 +55,15 @@ struct ServerOptions {
   // Mode and group of Unix socket files (group "" keeps the default).
   int socket_mode = 0660;
   std::string socket_group;
-  // Batcher::DefaultsForMachine for the CPUs this process may run on.
+  // The batcher, the fast channel's pollers and the gRPC answer threads
+  // are scheduled by a SchedulingPolicy made of these fields (batcher,
+  // fast_channel, fast_channel_spin, fast_channel_pollers,
+  // grpc_answer_threads; SchedulingSettingsOf), which checks them and
+  // resolves their contradictions. The defaults are the policy's for the
+  // CPUs this process may run on.
   Batcher::Options batcher =
-      Batcher::DefaultsForMachine(std::thread::hardware_concurrency());
+      SchedulingPolicy::DefaultsForMachine(std::thread::hardware_concurrency())
+          .batcher;
   SessionRegistry::Options sessions;
   // TLS for TCP addresses (Unix sockets rely on file permissions). With a
   // certificate and key set, TCP listens with TLS only; with a client CA too,
@@ -152,6 +159,12 @@ struct ServerOptions {
 void ApplyGrpcServerSettings(const ServerOptions& options,
                              grpc::ServerBuilder* builder);
 
+// The scheduling settings of `options` (see ServerOptions.batcher), and
+// their way back into ServerOptions.
+SchedulingPolicy::Settings SchedulingSettingsOf(const ServerOptions& options);
+void SetSchedulingSettings(const SchedulingPolicy::Settings& settings,
+                           ServerOptions* options);
+
 class InFlightRpcs;  // server.cc: the unary RPCs not yet answered
 
 class Server {
@@ -199,6 +212,8 @@ class Server {
   // Its path ("" when there is none).
   const std::string& memory_socket_path() const { return memory_socket_path_; }
   const ServerOptions& options() const { return options_; }
+  // Which thread does what (made by Create from options()).
+  const SchedulingPolicy& scheduling_policy() const { return *policy_; }
   // Addresses actually bound ("127.0.0.1:0" resolves to a real port).
   std::vector<std::string> bound_addresses() const ABSL_LOCKS_EXCLUDED(mu_);
   // The metrics port actually bound, or -1 when metrics are off.
@@ -233,6 +248,7 @@ class Server {
   // First: what reports to it (the pool) and follows it (the gRPC
   // streams) are destroyed before it.
   std::unique_ptr<KvEventPublisher> kv_events_;
+  std::optional<SchedulingPolicy> policy_;
   std::unique_ptr<Backend> backend_;
   // Sessions' memory; before everything that charges them.
   std::unique_ptr<MemoryBudget> host_budget_;

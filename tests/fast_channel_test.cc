@@ -427,7 +427,7 @@ TEST_F(FastChannelTest, AnIdleDaemonWithSessionsOpenSleeps) {
   options.sessions.default_ring_capacity_slots = 1024;
   options.fast_channel_spin = absl::Microseconds(200);
   options.fast_channel_pollers = 2;
-  options.batcher = Batcher::DefaultsForMachine(16);
+  options.batcher = SchedulingPolicy::DefaultsForMachine(16).batcher;
   options.grpc_answer_threads = 2;
   StartServer(options);
   std::vector<std::unique_ptr<Client>> clients;
