@@ -1,0 +1,269 @@
+"""pagealloc.vllm.BlockPool against the re-statement of vLLM's block pool
+(pagealloc/vllm_model.py) on long random scheduler traces, block for
+block; two instances on one daemon sharing a cached prefix; misuse."""
+
+import hashlib
+import random
+
+import pytest
+
+import pagealloc
+from pagealloc.vllm import BlockPool, KVCacheBlock
+from pagealloc.vllm_model import BlockPoolModel
+
+PAGE = 4
+
+
+class Request:
+    """The fields of vLLM's Request that the block pool reads."""
+
+    def __init__(self, request_id, tokens):
+        self.request_id = request_id
+        self.all_token_ids = list(tokens)
+        self.block_hashes = []
+        self.lora_request = None
+        self.update_hashes()
+
+    def update_hashes(self):
+        """vLLM-style chained block hashes of the full blocks."""
+        while len(self.block_hashes) < len(self.all_token_ids) // PAGE:
+            i = len(self.block_hashes)
+            parent = self.block_hashes[-1] if self.block_hashes else b""
+            tokens = self.all_token_ids[i * PAGE:(i + 1) * PAGE]
+            self.block_hashes.append(hashlib.sha256(
+                parent + repr(tokens).encode()).digest())
+
+
+def as_tuple(event):
+    name = type(event).__name__
+    if name == "BlockStored":
+        return ("stored", [bytes(h) for h in event.block_hashes],
+                None if event.parent_block_hash is None
+                else bytes(event.parent_block_hash),
+                list(event.token_ids), event.block_size, event.lora_id)
+    if name == "BlockRemoved":
+        return ("removed", [bytes(h) for h in event.block_hashes])
+    assert name == "AllBlocksCleared", name
+    return ("cleared",)
+
+
+class Twin:
+    """Drives the model and the pool with the same scheduler calls and
+    checks that they agree after each: blocks (through the map from the
+    model's ids to the pool's pages, set where both hand out new blocks),
+    reference counts, hashes, hits and events."""
+
+    def __init__(self, pool, model):
+        self.pool, self.model = pool, model
+        self.to_page = {}
+        self.running = {}
+        self.allocated = 0
+        self.hits = 0
+
+    def lookup(self, request):
+        found_m, found_p = [], []
+        for block_hash in request.block_hashes:
+            m = self.model.get_cached_block(block_hash, [0])
+            p = self.pool.get_cached_block(block_hash, [0])
+            assert (m is None) == (p is None), (
+                "model hit %s, pool hit %s" % (m, p))
+            if m is None:
+                break
+            assert self.to_page[m[0].block_id] == p[0].block_id
+            found_m.append(m[0])
+            found_p.append(p[0])
+        return found_m, found_p
+
+    def admit(self, request, never_evict):
+        hits_m, hits_p = self.lookup(request)
+        total = -(-len(request.all_token_ids) // PAGE)
+        need = total - len(hits_m)
+        evictable = sum(1 for b in hits_m if b.ref_cnt == 0)
+        if need > self.model.get_num_free_blocks() - evictable or (
+                never_evict and
+                self.allocated + need > self.model.num_gpu_blocks - 1):
+            return False
+        self.hits += len(hits_m)
+        self.model.touch(hits_m)
+        self.pool.touch(hits_p)
+        new_m = self.model.get_new_blocks(need)
+        new_p = self.pool.get_new_blocks(need)
+        self.allocated += need
+        for m, p in zip(new_m, new_p):
+            self.to_page[m.block_id] = p.block_id
+        blocks_m, blocks_p = hits_m + new_m, hits_p + new_p
+        full = len(request.all_token_ids) // PAGE
+        self.cache(request, blocks_m, blocks_p, len(hits_m), full)
+        self.running[request.request_id] = [request, blocks_m, blocks_p, full]
+        return True
+
+    def cache(self, request, blocks_m, blocks_p, cached, full):
+        self.model.cache_full_blocks(request.block_hashes,
+                                     request.all_token_ids, None, blocks_m,
+                                     cached, full, PAGE, 0)
+        self.pool.cache_full_blocks(request, blocks_p, cached, full, PAGE, 0)
+
+    def decode(self, request_id, token, never_evict):
+        entry = self.running[request_id]
+        request, blocks_m, blocks_p, cached = entry
+        if len(request.all_token_ids) == len(blocks_m) * PAGE:
+            if self.model.get_num_free_blocks() < 1 or (
+                    never_evict and
+                    self.allocated + 1 > self.model.num_gpu_blocks - 1):
+                return
+            m, = self.model.get_new_blocks(1)
+            p, = self.pool.get_new_blocks(1)
+            self.allocated += 1
+            self.to_page[m.block_id] = p.block_id
+            blocks_m.append(m)
+            blocks_p.append(p)
+        request.all_token_ids.append(token)
+        request.update_hashes()
+        full = len(request.all_token_ids) // PAGE
+        self.cache(request, blocks_m, blocks_p, cached, full)
+        entry[3] = full
+
+    def finish(self, request_id):
+        _, blocks_m, blocks_p, _ = self.running.pop(request_id)
+        self.model.free_blocks(reversed(blocks_m))
+        self.pool.free_blocks(reversed(blocks_p))
+
+    def check(self):
+        self.pool.publish_pending()
+        assert ([as_tuple(e) for e in self.pool.take_events()] ==
+                self.model.take_events())
+        in_use = self.model.num_gpu_blocks - 1 - \
+            self.model.get_num_free_blocks()
+        assert self.pool.num_blocks_in_use() == in_use
+        for _, blocks_m, blocks_p, _ in self.running.values():
+            for m, p in zip(blocks_m, blocks_p):
+                assert self.to_page[m.block_id] == p.block_id
+                assert p.ref_cnt == m.ref_cnt
+                assert p.block_hash == m.block_hash
+
+
+def prompt(rng, prefixes):
+    tokens = list(rng.choice(prefixes))
+    tokens += [rng.randrange(1000) for _ in range(rng.randrange(0, 9))]
+    return tokens or [rng.randrange(1000)]
+
+
+def run_trace(pool, seed, steps):
+    model = BlockPoolModel(pool.num_gpu_blocks, enable_kv_cache_events=True)
+    twin = Twin(pool, model)
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1000) for _ in range(rng.choice([4, 8, 13]))]
+                for _ in range(4)]
+    for step in range(steps):
+        op = rng.random()
+        if op < 0.35 or not twin.running:
+            twin.admit(Request("r%d" % step, prompt(rng, prefixes)),
+                       never_evict=True)
+        elif op < 0.75:
+            twin.decode(rng.choice(sorted(twin.running)), rng.randrange(1000),
+                        never_evict=True)
+        else:
+            twin.finish(rng.choice(sorted(twin.running)))
+        if not twin.running and rng.random() < 0.3:
+            assert pool.reset_prefix_cache() == model.reset_prefix_cache()
+        twin.check()
+        if step % 25 == 0:
+            assert pool.get_num_free_blocks() <= model.get_num_free_blocks()
+    while twin.running:
+        twin.finish(sorted(twin.running)[0])
+        twin.check()
+    return twin
+
+
+@pytest.fixture
+def big_daemon(make_daemon):
+    return make_daemon("--num_pages=1023", "--page_size=%d" % PAGE)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_one_instance_matches_vllm_block_for_block(big_daemon, seed):
+    with BlockPool(big_daemon.target, enable_kv_cache_events=True) as pool:
+        assert pool.num_gpu_blocks == 1024
+        assert pool.null_block.block_id == 0 and pool.null_block.is_null
+        twin = run_trace(pool, seed, steps=400)
+        assert twin.hits > 20  # the trace exercises the prefix cache
+        assert pool.num_blocks_in_use() == 0
+        # Every cached block of the trace is still hit-able after the
+        # requests are gone, as in vLLM's pool.
+        assert pool.get_usage() >= 0.0
+
+
+def test_two_instances_share_a_cached_prefix(big_daemon):
+    tokens = list(range(100, 112))  # three full blocks
+    first = BlockPool(big_daemon.target, enable_kv_cache_events=True,
+                      name="vllm-0")
+    with BlockPool(big_daemon.target, name="vllm-1") as second:
+        request = Request("a", tokens)
+        blocks = first.get_new_blocks(3)
+        first.cache_full_blocks(request, blocks, 0, 3, PAGE, 0)
+        assert [as_tuple(e)[0] for e in first.take_events()] == ["stored"]
+        # Not published until the step that writes the KV is done.
+        assert second.get_cached_block(request.block_hashes[0], [0]) is None
+        assert first.publish_pending() == 3
+        hits = [second.get_cached_block(h, [0])[0]
+                for h in request.block_hashes]
+        assert [b.block_id for b in hits] == [b.block_id for b in blocks]
+        second.touch(hits)
+        assert [b.ref_cnt for b in hits] == [1, 1, 1]
+        # The first instance dies holding them: they stay cached.
+        first.client.close()
+        second.free_blocks(reversed(hits))
+        with BlockPool(big_daemon.target, name="vllm-2") as third:
+            again = third.get_cached_block(request.block_hashes[2], [0])
+            assert again[0].block_id == blocks[2].block_id
+            third.touch(again)
+            third.free_blocks(again)
+    first.close()
+
+
+def test_misuse_is_refused_and_changes_nothing(big_daemon):
+    with BlockPool(big_daemon.target) as pool, \
+            BlockPool(big_daemon.target) as other:
+        blocks = pool.get_new_blocks(2)
+        pool.free_blocks(blocks[:1])
+        with pytest.raises(ValueError, match=r"block %d has ref_cnt 0 and "
+                           r"is freed 1 times" % blocks[0].block_id):
+            pool.free_blocks([blocks[1], blocks[0]])
+        assert blocks[1].ref_cnt == 1
+        with pytest.raises(ValueError, match="ref_cnt 1 and is freed 2"):
+            pool.free_blocks([blocks[1], blocks[1]])
+        theirs, = other.get_new_blocks(1)
+        for bad in (theirs, KVCacheBlock(blocks[1].block_id), "7"):
+            with pytest.raises(ValueError, match="not a block of this pool"):
+                pool.free_blocks([bad])
+            with pytest.raises(ValueError, match="not a block of this pool"):
+                pool.touch([bad])
+        with pytest.raises(ValueError, match="is free and not cached"):
+            pool.touch([blocks[0]])
+        with pytest.raises(ValueError, match="Cannot get 5000 free blocks"):
+            pool.get_new_blocks(5000)
+        with pytest.raises(ValueError, match="block id 1024 is not in"):
+            pool.evict_blocks({1024})
+        assert blocks[1].ref_cnt == 1 and theirs.ref_cnt == 1
+        assert pool.num_blocks_in_use() == 1
+        assert not pool.reset_prefix_cache()  # a block is in use
+        pool.free_blocks(blocks[1:])
+        assert pool.reset_prefix_cache()
+        assert pool.num_blocks_in_use() == 0
+        with pytest.raises(ValueError, match="num_gpu_blocks is 10"):
+            BlockPool(big_daemon.target, num_gpu_blocks=10)
+
+
+def test_evict_blocks_drops_the_hash_here(big_daemon):
+    with BlockPool(big_daemon.target, enable_kv_cache_events=True) as pool:
+        request = Request("a", list(range(8)))
+        blocks = pool.get_new_blocks(2)
+        pool.cache_full_blocks(request, blocks, 0, 2, PAGE, 0)
+        pool.take_events()
+        pool.evict_blocks({blocks[1].block_id})
+        assert blocks[1].block_hash is None and blocks[1].ref_cnt == 1
+        assert [as_tuple(e) for e in pool.take_events()] == [
+            ("removed", [request.block_hashes[1]])]
+        assert pool.publish_pending() == 1  # only the block still cached
+        assert pool.get_cached_block(request.block_hashes[1], [0]) is None
+        pool.free_blocks(reversed(blocks))
