@@ -570,3 +570,21 @@ class BlockPool:
             for block in untouched:
                 self._unindex(block)
                 self._state[block.block_id] = _RELEASED
+
+
+def block_pool_factory(target, **options):
+    """A callable with the constructor signature of vLLM's BlockPool
+    (num_gpu_blocks, enable_caching, hash_block_size,
+    enable_kv_cache_events, metrics_collector) that makes a BlockPool on
+    the daemon at `target`; `options` are BlockPool's keyword options
+    (name, reserve_batch, publish_on_cache). vLLM's residency metrics
+    collector is not fed: the daemon's /metrics has the pool's figures.
+    docs/python.md ("vLLM") shows where vLLM takes it."""
+
+    def make(num_gpu_blocks, enable_caching, hash_block_size=None,
+             enable_kv_cache_events=False, metrics_collector=None):
+        del metrics_collector
+        return BlockPool(target, num_gpu_blocks, enable_caching,
+                         hash_block_size, enable_kv_cache_events, **options)
+
+    return make

@@ -5,9 +5,11 @@ block; two instances on one daemon sharing a cached prefix; misuse."""
 import hashlib
 import random
 
+import numpy as np
 import pytest
 
-import pagealloc
+from conftest import BACKEND
+import pagealloc.vllm as pagealloc_vllm
 from pagealloc.vllm import BlockPool, KVCacheBlock
 from pagealloc.vllm_model import BlockPoolModel
 
@@ -267,3 +269,118 @@ def test_evict_blocks_drops_the_hash_here(big_daemon):
         assert pool.publish_pending() == 1  # only the block still cached
         assert pool.get_cached_block(request.block_hashes[1], [0]) is None
         pool.free_blocks(reversed(blocks))
+
+
+def test_the_model_evicts_in_vllms_order():
+    """Hand-checked: the free queue's front is reused first, a freed block
+    stays hit-able until it is reused, and reuse evicts it."""
+    model = BlockPoolModel(5)
+    a = model.get_new_blocks(2)
+    assert [b.block_id for b in a] == [1, 2]
+    request = Request("a", range(8))
+    model.cache_full_blocks(request.block_hashes, request.all_token_ids,
+                            None, a, 0, 2, PAGE, 0)
+    model.free_blocks(reversed(a))  # block 2 first to be evicted
+    assert model.get_num_free_blocks() == 4
+    assert model.get_cached_block(request.block_hashes[0], [0])[0] is a[0]
+    b = model.get_new_blocks(3)
+    assert [x.block_id for x in b] == [3, 4, 2]
+    assert model.get_cached_block(request.block_hashes[1], [0]) is None
+    assert model.get_cached_block(request.block_hashes[0], [0])[0] is a[0]
+    assert model.take_events() == [
+        ("stored", request.block_hashes[:2], None, list(range(8)), PAGE,
+         None), ("removed", [request.block_hashes[1]])]
+    assert not model.reset_prefix_cache()
+
+
+LAYOUT = "mha:layers=1,kv_heads=1,head_dim=4,dtype=fp16"
+
+
+def pattern(block_hash):
+    """What a block's KV is in the slab: its hash's first bytes."""
+    return np.frombuffer(block_hash[:PAGE * 4], dtype=np.uint8).astype(
+        np.float16).reshape(PAGE, 1, 4)
+
+
+@pytest.mark.skipif(BACKEND == "cuda",
+                    reason="reads the slab from the host (CPU backend)")
+def test_instances_on_a_tight_pool_hit_only_the_right_kv(make_daemon):
+    """Three instances on a pool too small for their prefixes: the daemon
+    evicts cached pages (its LRU, not vLLM's queue), every hit holds the
+    KV its publisher wrote for that hash, counts follow the requests, and
+    a refused get_new_blocks takes nothing."""
+    daemon = make_daemon("--num_pages=24", "--page_size=%d" % PAGE,
+                         "--kv_layout=" + LAYOUT)
+    rng = random.Random(7)
+    prefixes = [[rng.randrange(1000) for _ in range(12)] for _ in range(6)]
+    pools = [BlockPool(daemon.target, reserve_batch=1, name="vllm-%d" % i)
+             for i in range(3)]
+    kv = [np.asarray(p.client.kv_buffer("k.0")) for p in pools]
+    running = []  # (pool index, request, blocks)
+    hits = refused = 0
+    try:
+        for step in range(300):
+            i = rng.randrange(3)
+            pool = pools[i]
+            if running and rng.random() < 0.45:
+                j, _, blocks = running.pop(rng.randrange(len(running)))
+                pools[j].free_blocks(reversed(blocks))
+            else:
+                request = Request("r%d" % step, rng.choice(prefixes) +
+                                  [rng.randrange(1000)])
+                found = []
+                for block_hash in request.block_hashes:
+                    got = pool.get_cached_block(block_hash, [0])
+                    if got is None:
+                        break
+                    block = got[0]
+                    view = kv[i][block.block_id * PAGE:
+                                 (block.block_id + 1) * PAGE]
+                    assert (view == pattern(block_hash)).all()
+                    found.append(block)
+                pool.touch(found)
+                need = 4 - len(found)
+                try:
+                    new = pool.get_new_blocks(need)
+                except ValueError:
+                    refused += 1
+                    pool.free_blocks(reversed(found))
+                    continue
+                hits += len(found)
+                blocks = found + new
+                for k, block in enumerate(new):
+                    if len(found) + k < 3:
+                        page = block.block_id
+                        kv[i][page * PAGE:(page + 1) * PAGE] = pattern(
+                            request.block_hashes[len(found) + k])
+                pool.cache_full_blocks(request, blocks, len(found), 3, PAGE,
+                                       0)
+                pool.publish_pending()
+                running.append((i, request, blocks))
+            held = {}
+            for j, _, blocks in running:
+                for block in blocks:
+                    held[(j, block.block_id)] = held.get(
+                        (j, block.block_id), 0) + 1
+            for j, p in enumerate(pools):
+                for block in p.blocks[1:]:
+                    assert block.ref_cnt == held.get((j, block.block_id), 0)
+        assert hits > 50 and refused > 0
+    finally:
+        for p in pools:
+            p.close()
+
+
+def test_the_factory_takes_vllms_constructor_arguments(big_daemon):
+    make = pagealloc_vllm.block_pool_factory(big_daemon.target,
+                                             name="vllm-factory")
+    with make(1024, True, PAGE, True, None) as pool:
+        assert pool.enable_kv_cache_events and pool.hash_block_size == PAGE
+        assert pool.num_blocks_in_use() == 0
+        blocks = pool.get_new_blocks(3)
+        # Never more than exact (the reserve's refills can be in flight).
+        assert pool.get_num_free_blocks() <= 1020
+        assert pool.get_usage() * 1023 >= 3 - 1e-9
+        pool.free_blocks(blocks)
+    with pytest.raises(ValueError, match="hash_block_size is 8"):
+        make(1024, True, 8)
