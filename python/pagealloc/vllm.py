@@ -575,15 +575,21 @@ class BlockPool:
 def block_pool_factory(target, **options):
     """A callable with the constructor signature of vLLM's BlockPool
     (num_gpu_blocks, enable_caching, hash_block_size,
-    enable_kv_cache_events, metrics_collector) that makes a BlockPool on
+    enable_kv_cache_events, metrics_collector, by position or name; other
+    options of newer versions are logged and ignored) that makes a BlockPool on
     the daemon at `target`; `options` are BlockPool's keyword options
     (name, reserve_batch, publish_on_cache). vLLM's residency metrics
     collector is not fed: the daemon's /metrics has the pool's figures.
     docs/python.md ("vLLM") shows where vLLM takes it."""
 
     def make(num_gpu_blocks, enable_caching, hash_block_size=None,
-             enable_kv_cache_events=False, metrics_collector=None):
+             enable_kv_cache_events=False, metrics_collector=None,
+             **others):
         del metrics_collector
+        if others:
+            logger.warning("pagealloc.vllm.BlockPool does not take vLLM's "
+                           "block pool options %s; they are ignored",
+                           sorted(others))
         return BlockPool(target, num_gpu_blocks, enable_caching,
                          hash_block_size, enable_kv_cache_events, **options)
 
