@@ -313,11 +313,11 @@ def test_instances_on_a_tight_pool_hit_only_the_right_kv(make_daemon):
                          "--kv_layout=" + LAYOUT)
     rng = random.Random(7)
     prefixes = [[rng.randrange(1000) for _ in range(12)] for _ in range(6)]
-    pools = [BlockPool(daemon.target, reserve_batch=1, name="vllm-%d" % i)
-             for i in range(3)]
+    pools = [BlockPool(daemon.target, reserve_batch=1, name="vllm-%d" % i,
+                       enable_kv_cache_events=True) for i in range(3)]
     kv = [np.asarray(p.client.kv_buffer("k.0")) for p in pools]
     running = []  # (pool index, request, blocks)
-    hits = refused = 0
+    hits = refused = evicted = 0
     try:
         for step in range(300):
             i = rng.randrange(3)
@@ -340,12 +340,17 @@ def test_instances_on_a_tight_pool_hit_only_the_right_kv(make_daemon):
                     found.append(block)
                 pool.touch(found)
                 need = 4 - len(found)
+                pool.take_events()
                 try:
                     new = pool.get_new_blocks(need)
                 except ValueError:
                     refused += 1
                     pool.free_blocks(reversed(found))
                     continue
+                # A page this pool let go cached, evicted by the daemon's
+                # LRU and handed back: its hash leaves with a BlockRemoved.
+                evicted += sum(type(e).__name__ == "BlockRemoved"
+                               for e in pool.take_events())
                 hits += len(found)
                 blocks = found + new
                 for k, block in enumerate(new):
@@ -365,7 +370,7 @@ def test_instances_on_a_tight_pool_hit_only_the_right_kv(make_daemon):
             for j, p in enumerate(pools):
                 for block in p.blocks[1:]:
                     assert block.ref_cnt == held.get((j, block.block_id), 0)
-        assert hits > 50 and refused > 0
+        assert hits > 50 and refused > 0 and evicted > 10
     finally:
         for p in pools:
             p.close()
