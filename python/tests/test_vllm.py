@@ -4,11 +4,13 @@ block; two instances on one daemon sharing a cached prefix; misuse."""
 
 import hashlib
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from conftest import BACKEND
+from conftest import BACKEND, wait_until
 import pagealloc.vllm as pagealloc_vllm
 from pagealloc.vllm import BlockPool, KVCacheBlock
 from pagealloc.vllm_model import BlockPoolModel
@@ -389,3 +391,60 @@ def test_the_factory_takes_vllms_constructor_arguments(big_daemon):
         pool.free_blocks(blocks)
     with pytest.raises(ValueError, match="hash_block_size is 8"):
         make(1024, True, 8)
+
+
+_KILLED_WRITER = r"""
+import sys
+import numpy as np
+from pagealloc.vllm import BlockPool
+
+class Request:
+    pass
+
+request = Request()
+request.block_hashes = [bytes.fromhex(h) for h in sys.argv[2:]]
+request.all_token_ids = list(range(4 * len(request.block_hashes)))
+request.lora_request = None
+pool = BlockPool(sys.argv[1], name="writer")
+blocks = pool.get_new_blocks(len(request.block_hashes))
+kv = np.asarray(pool.client.kv_buffer("k.0"))
+for block, block_hash in zip(blocks, request.block_hashes):
+    kv[block.block_id * 4:(block.block_id + 1) * 4] = np.frombuffer(
+        block_hash[:16], dtype=np.uint8).astype(np.float16).reshape(4, 1, 4)
+pool.cache_full_blocks(request, blocks, 0, len(blocks), 4, 0)
+assert pool.publish_pending() == len(blocks)
+print(" ".join(str(b.block_id) for b in blocks), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(BACKEND == "cuda",
+                    reason="reads the slab from the host (CPU backend)")
+def test_a_killed_instances_cached_blocks_serve_the_next(make_daemon):
+    daemon = make_daemon("--num_pages=16", "--page_size=%d" % PAGE,
+                         "--kv_layout=" + LAYOUT)
+    request = Request("a", range(12))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, daemon.target] +
+        [h.hex() for h in request.block_hashes],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pages = [int(x) for x in child.stdout.readline().split()]
+        assert len(pages) == 3
+        child.kill()  # SIGKILL: no free, no close
+        child.wait(timeout=20)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    with BlockPool(daemon.target, name="successor") as pool:
+        wait_until(lambda: pool.client.stats().sessions_active == 1,
+                   what="the daemon to reclaim the killed session")
+        kv = np.asarray(pool.client.kv_buffer("k.0"))
+        hits = [pool.get_cached_block(h, [0]) for h in request.block_hashes]
+        assert [b[0].block_id for b in hits] == pages
+        for (block,), block_hash in zip(hits, request.block_hashes):
+            view = kv[block.block_id * PAGE:(block.block_id + 1) * PAGE]
+            assert (view == pattern(block_hash)).all()
+        pool.touch([b[0] for b in hits])
+        pool.free_blocks(reversed([b[0] for b in hits]))
