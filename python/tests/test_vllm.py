@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+import pagealloc
 from conftest import BACKEND, wait_until
 import pagealloc.vllm as pagealloc_vllm
 from pagealloc.vllm import BlockPool, KVCacheBlock
@@ -64,6 +65,13 @@ class Twin:
         self.allocated = 0
         self.hits = 0
 
+    def room(self):
+        """The most blocks the trace may ever take for neither pool to
+        evict: vLLM evicts once its queue's never-used blocks run out, the
+        daemon once the free list cannot serve a refill, and the reserve
+        holds at most a quarter of the pool besides what vLLM took."""
+        return (self.model.num_gpu_blocks - 1) * 3 // 4 - 1
+
     def lookup(self, request):
         found_m, found_p = [], []
         for block_hash in request.block_hashes:
@@ -84,8 +92,7 @@ class Twin:
         need = total - len(hits_m)
         evictable = sum(1 for b in hits_m if b.ref_cnt == 0)
         if need > self.model.get_num_free_blocks() - evictable or (
-                never_evict and
-                self.allocated + need > self.model.num_gpu_blocks - 1):
+                never_evict and self.allocated + need > self.room()):
             return False
         self.hits += len(hits_m)
         self.model.touch(hits_m)
@@ -112,8 +119,7 @@ class Twin:
         request, blocks_m, blocks_p, cached = entry
         if len(request.all_token_ids) == len(blocks_m) * PAGE:
             if self.model.get_num_free_blocks() < 1 or (
-                    never_evict and
-                    self.allocated + 1 > self.model.num_gpu_blocks - 1):
+                    never_evict and self.allocated + 1 > self.room()):
                 return
             m, = self.model.get_new_blocks(1)
             p, = self.pool.get_new_blocks(1)
@@ -189,8 +195,8 @@ def test_one_instance_matches_vllm_block_for_block(big_daemon, seed):
     with BlockPool(big_daemon.target, enable_kv_cache_events=True) as pool:
         assert pool.num_gpu_blocks == 1024
         assert pool.null_block.block_id == 0 and pool.null_block.is_null
-        twin = run_trace(pool, seed, steps=400)
-        assert twin.hits > 20  # the trace exercises the prefix cache
+        twin = run_trace(pool, seed, steps=800)
+        assert twin.hits > 200  # the trace exercises the prefix cache
         assert pool.num_blocks_in_use() == 0
         # Every cached block of the trace is still hit-able after the
         # requests are gone, as in vLLM's pool.
@@ -448,3 +454,28 @@ def test_a_killed_instances_cached_blocks_serve_the_next(make_daemon):
             assert (view == pattern(block_hash)).all()
         pool.touch([b[0] for b in hits])
         pool.free_blocks(reversed([b[0] for b in hits]))
+
+
+def test_a_hit_given_back_before_touch_is_adopted_again(make_daemon):
+    daemon = make_daemon("--num_pages=4", "--page_size=%d" % PAGE)
+    request = Request("a", range(4))
+    with BlockPool(daemon.target, reserve_batch=1) as writer, \
+            BlockPool(daemon.target, reserve_batch=1) as reader:
+        block, = writer.get_new_blocks(1)
+        writer.cache_full_blocks(request, [block], 0, 1, PAGE, 0)
+        writer.publish_pending()
+        writer.free_blocks([block])  # cached on the daemon, held by none
+        hit, = reader.get_cached_block(request.block_hashes[0], [0])
+        assert hit.block_id == block.block_id and hit.ref_cnt == 0
+        reader.free_blocks(reader.get_new_blocks(1))  # gives the hit back
+        reader.touch([hit])  # adopted again: still cached
+        assert hit.ref_cnt == 1
+        reader.free_blocks([hit])
+        # Evicted on the daemon (the operator's reset) in between: a touch
+        # of the stale block is refused, changing nothing.
+        hit, = reader.get_cached_block(request.block_hashes[0], [0])
+        reader.get_new_blocks(0)  # gives the hit back
+        assert pagealloc.reset_prefix_cache(daemon.target) == 1
+        with pytest.raises(ValueError, match="was evicted from the daemon"):
+            reader.touch([hit])
+        assert hit.ref_cnt == 0 and reader.num_blocks_in_use() == 0
