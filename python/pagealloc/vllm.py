@@ -422,11 +422,15 @@ class BlockPool:
 
     def get_num_free_blocks(self):
         """The blocks vLLM may count on: the daemon's free, parked and
-        evictable pages and the reserve's. Across processes a snapshot (an
-        other instance may take them first; get_new_blocks then raises);
+        evictable pages and the reserve's. Across processes a snapshot (another
+        instance may take them first; get_new_blocks then raises);
         for one instance exact while its reserve is idle, and never more
         than exact. The daemon reports no evictable count, so another
         session's referenced shared pages are counted as evictable."""
+        # The reserve's thread moves pages between the daemon and the
+        # reserve: a move between the two reads would count its pages
+        # twice. Reserve counts unchanged around the daemon's figures leave
+        # only a move still in flight, which counts low.
         for _ in range(8):
             before = self.reserve.stats()
             stats = self.client.stats()
