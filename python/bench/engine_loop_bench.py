@@ -16,10 +16,11 @@ Every step of every process does what a scheduler's decode step does:
      tensor of the scheduler's own),
   4. runs a model-sized GPU step: bf16 matmuls in the scheduler's own CUDA
      context, sized to --model_ms (about 5 ms),
-  5. retires requests that reached their length (`free` of their slots,
-     a device tensor, as SGLang frees req_to_token rows) and admits new
-     ones (`alloc` of their prompt's pages),
-  6. synchronizes the host with the device once.
+  5. synchronizes the host with the device once,
+  6. retires requests that reached their length (`free` of their slots,
+     a device tensor, as SGLang frees req_to_token rows once the step's
+     results are on the host) and admits new ones (`alloc` of their
+     prompt's pages).
 
 Allocators:
   none       the same loop with slots precomputed and no allocation: the
@@ -243,14 +244,16 @@ def run_process(rank, config, results):
             last_loc = loc.clone() if kind == "sglang" else loc
             last_loc = last_loc.to(torch.int64)
         model()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        # As SGLang's scheduler does once the step's results are on the
+        # host: finished requests free their slots, new ones are admitted.
         for r in np.nonzero(seq >= target)[0]:
             if kind != "none":
                 timed(allocator.free, req_to_token[r, :int(seq[r])])
             if not admit(r):
                 raise SystemExit("rank %d step %d: out of pages" %
                                  (rank, step))
-        if device == "cuda":
-            torch.cuda.synchronize()
         if step >= config["warmup"]:
             step_ns.append(time.perf_counter_ns() - start)
             alloc_ns.append(timed.ns)
