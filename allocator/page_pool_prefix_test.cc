@@ -359,7 +359,7 @@ TEST_F(PagePoolPrefixTest, HostilePublishesAreRefusedAndChangeNothing) {
 class PrefixModel {
  public:
   PrefixModel(uint64_t seed, int64_t num_pages, FreePolicy policy)
-      : rng_(seed), num_pages_(num_pages) {
+      : rng_(seed) {
     PoolOptions options;
     options.num_pages = num_pages;
     options.page_size = 2;
@@ -555,7 +555,6 @@ class PrefixModel {
   }
 
   std::mt19937_64 rng_;
-  const int64_t num_pages_;
   FakeExecutor executor_;
   std::unique_ptr<PagePool> pool_;
   std::vector<int64_t> slab_;
