@@ -50,6 +50,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import sys
 import time
 
@@ -206,6 +207,7 @@ def run_process(rank, config, results):
         torch.cuda.synchronize()
 
     rows_index = torch.arange(bs, dtype=torch.int64, device=device)
+    offsets = torch.arange(page_size, dtype=torch.int64, device=device)
     total = config["warmup"] + config["steps"]
     stats_before = None
     for step in range(total):
@@ -250,7 +252,11 @@ def run_process(rank, config, results):
         # host: finished requests free their slots, new ones are admitted.
         for r in np.nonzero(seq >= target)[0]:
             if kind != "none":
-                timed(allocator.free, req_to_token[r, :int(seq[r])])
+                # Whole pages, as SGLang's page-aligned contract frees
+                # them: every slot of each page the request holds.
+                pages = req_to_token[r, :int(seq[r]):page_size] // page_size
+                timed(allocator.free,
+                      (pages[:, None] * page_size + offsets).reshape(-1))
             if not admit(r):
                 raise SystemExit("rank %d step %d: out of pages" %
                                  (rank, step))
@@ -300,8 +306,18 @@ def run(config):
     for p in procs:
         p.start()
     rows = []
-    for _ in procs:
-        rows.append(results.get(timeout=config["timeout_s"]))
+    deadline = time.monotonic() + config["timeout_s"]
+    while len(rows) < len(procs):
+        try:
+            rows.append(results.get(timeout=1))
+        except queue.Empty:
+            failed = [p.exitcode for p in procs
+                      if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise SystemExit("%s: a scheduler process failed (exit %s)"
+                                 % (config["allocator"], failed or "timeout"))
     for p in procs:
         p.join()
     return rows
