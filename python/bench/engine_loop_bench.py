@@ -323,7 +323,7 @@ def run(config):
     return rows
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--allocators", default="none,sglang,pagealloc")
@@ -346,7 +346,7 @@ def main():
     parser.add_argument("--mps", action="store_true",
                         help="record that an MPS daemon serves this run")
     parser.add_argument("--json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     table = []
     for processes in [int(p) for p in args.processes.split(",")]:
@@ -400,6 +400,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)
+    return table
 
 
 if __name__ == "__main__":
