@@ -243,6 +243,13 @@ absl::Status PageReserve::Maintain() {
     return absl::OkStatus();
   }
   if (want <= 0) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Now() < refill_not_before_) {
+      ++stats_.refills_backed_off;
+      return absl::OkStatus();
+    }
+  }
   std::vector<int64_t> pages;
   // A short pool refuses the whole refill: try half as many, down to one.
   absl::Status refilled;
@@ -250,8 +257,17 @@ absl::Status PageReserve::Maintain() {
     refilled = Refill(want, &pages);
     if (refilled.code() != absl::StatusCode::kResourceExhausted) break;
   }
-  if (!refilled.ok()) return refilled;
   absl::MutexLock lock(&mu_);
+  if (!refilled.ok()) {
+    if (refilled.code() == absl::StatusCode::kResourceExhausted) {
+      ++stats_.refills_refused;
+      refill_backoff_ = std::min(std::max(2 * refill_backoff_, options_.tick),
+                                 kMaxRefillBackoffTicks * options_.tick);
+      refill_not_before_ = absl::Now() + refill_backoff_;
+    }
+    return refilled;
+  }
+  EndRefillBackoff();
   reserve_.insert(reserve_.end(), pages.begin(), pages.end());
   ++stats_.refills;
   stats_.pages_refilled += pages.size();
@@ -324,6 +340,7 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
     const absl::Status refilled = Refill(short_by, &pages);
     if (refilled.ok()) {
       absl::MutexLock lock(&mu_);
+      EndRefillBackoff();  // the pool has pages again
       reserve_.insert(reserve_.end(), pages.begin(), pages.end());
       ++stats_.refills;
       ++stats_.sync_refills;

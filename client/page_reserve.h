@@ -36,6 +36,15 @@
 // (it is woken at once; the tick bounds a missed wake): it returns its
 // reserve above the low mark, and at least half of it, and halves `batch`.
 //
+// A full pool. A refill of the thread that the pool refuses (for want of
+// pages, down to one page) backs the thread's refills off: the next waits
+// a tick, then 2, 4, ... up to kMaxRefillBackoffTicks ticks, until a refill
+// brings pages. Each refused refill also makes the daemon ask the other
+// sessions for their reserves, so without the backoff a session on a full
+// pool would cost the daemon a round of refused calls, and every other
+// session an ask, every tick. A Take's own refill is never delayed, and
+// one that brings pages ends the backoff.
+//
 // This class is thread-safe.
 
 #ifndef PAGEALLOC_CLIENT_PAGE_RESERVE_H_
@@ -87,10 +96,17 @@ struct PageReserveStats {
   int64_t reclaims = 0;      // asks of the daemon answered
   int64_t sync_refills = 0;  // refills on the caller's thread (round trips)
   int64_t takes = 0;         // Take calls answered
+  // The thread's refills the pool refused (each starts or lengthens the
+  // backoff) and the times the thread skipped a refill for the backoff.
+  int64_t refills_refused = 0;
+  int64_t refills_backed_off = 0;
 };
 
 class PageReserve {
  public:
+  // The longest backoff of the thread's refills on a full pool, in ticks.
+  static constexpr int64_t kMaxRefillBackoffTicks = 64;
+
   // Starts a reserve for `client`'s session (and its thread, unless
   // options.background is off). It is empty until the first refill.
   // INVALID_ARGUMENT for options out of range. `client` must outlive it.
@@ -131,9 +147,10 @@ class PageReserve {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs the thread's work once: answers the daemon's ask, refills below
-  // the low mark, returns above the high mark. The thread calls it every
-  // tick; without the thread, tests call it. Returns the first error of a
-  // call to the daemon (the reserve is unchanged then).
+  // the low mark (unless backed off, above), returns above the high mark.
+  // The thread calls it every tick; without the thread, tests call it.
+  // Returns the first error of a call to the daemon (the reserve is
+  // unchanged then).
   absl::Status Maintain() ABSL_LOCKS_EXCLUDED(mu_, maintain_mu_);
 
   PageReserveStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -163,6 +180,11 @@ class PageReserve {
   // Takes up to `n` pages off the back of the reserve for a return.
   std::vector<int64_t> PopForReturn(int64_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A refill brought pages: the thread's next refill need not wait.
+  void EndRefillBackoff() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    refill_backoff_ = absl::ZeroDuration();
+    refill_not_before_ = absl::InfinitePast();
+  }
   // Tells the daemon's metrics what the reserve holds (a hint).
   void Report() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the thread (a mark crossed).
@@ -192,6 +214,10 @@ class PageReserve {
   int64_t batch_ ABSL_GUARDED_BY(mu_);
   int64_t takes_since_tick_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t idle_ticks_ ABSL_GUARDED_BY(mu_) = 0;
+  // The thread's refills wait until refill_not_before_ after a refusal;
+  // refill_backoff_ is the last wait (zero: none).
+  absl::Duration refill_backoff_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  absl::Time refill_not_before_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   PageReserveStats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Without a fast channel the thread sleeps on this instead of the bell.

@@ -1123,6 +1123,8 @@ int32_t pagealloc_reserve_get_stats(const pagealloc_reserve* reserve,
     out.reclaims = cpp.reclaims;
     out.sync_refills = cpp.sync_refills;
     out.takes = cpp.takes;
+    out.refills_refused = cpp.refills_refused;
+    out.refills_backed_off = cpp.refills_backed_off;
     const size_t size = stats->struct_size;
     out.struct_size = std::min(size, sizeof(out));
     pagealloc::WriteVersioned(out, size, stats);

@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 4
+#define PAGEALLOC_ABI_VERSION_MINOR 5
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -753,6 +753,11 @@ typedef struct pagealloc_reserve_stats {
   int64_t reclaims;     /* the daemon's asks answered */
   int64_t sync_refills; /* refills on a taker's thread: its round trips */
   int64_t takes;        /* takes answered */
+  /* ABI 1.5. The reserve thread's refills the pool refused, each starting
+   * or lengthening its backoff, and the refills it skipped while backed off
+   * (client/page_reserve.h, "A full pool"). */
+  int64_t refills_refused;
+  int64_t refills_backed_off;
 } pagealloc_reserve_stats;
 
 int32_t pagealloc_reserve_get_stats(const pagealloc_reserve* reserve,

@@ -181,6 +181,90 @@ TEST_F(PageReserveTest, TheQuotaIsNeverPassed) {
   EXPECT_EQ(OwnedBy(client->session_id()), 10);
 }
 
+// A full pool: the refused refill backs the thread's refills off, and
+// while backed off the reserve calls the daemon for nothing; a Take's own
+// refill is not delayed and, bringing pages, ends the backoff.
+TEST_F(PageReserveTest, ARefusedRefillBacksOffUntilARefillBringsPages) {
+  std::unique_ptr<Client> hog = Connect();
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(hog, nullptr);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(Allocation all, hog->Alloc({kPages * kPageSize}));
+  ASSERT_OK(all[0].status);
+  PageReserveOptions options = Manual(4, 16);
+  options.tick = absl::Hours(1);  // the backoff outlasts the test
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), options));
+
+  EXPECT_THAT(reserve->Maintain(),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+  PageReserveStats stats = reserve->stats();
+  EXPECT_EQ(stats.refills_refused, 1);
+  EXPECT_EQ(stats.refills_backed_off, 0);
+  // The refused round: 8 pages, then 4, 2 and 1.
+  const int64_t refused = server_->pool().Stats().out_of_pages_refusals;
+  EXPECT_EQ(refused, 4);
+
+  // Backed off: no call, even once the pool has pages again.
+  ASSERT_OK(reserve->Maintain());
+  ASSERT_OK(hog->FreePages({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}).status());
+  ASSERT_OK(reserve->Maintain());
+  stats = reserve->stats();
+  EXPECT_EQ(stats.refills_refused, 1);
+  EXPECT_EQ(stats.refills_backed_off, 2);
+  EXPECT_EQ(stats.refills, 0);
+  EXPECT_EQ(server_->pool().Stats().out_of_pages_refusals, refused);
+  EXPECT_EQ(OwnedBy(client->session_id()), 0);
+
+  // A Take refills on the caller's thread at once, and the pages it brings
+  // end the backoff: the next Maintain refills to the aim.
+  std::vector<int64_t> pages;
+  ASSERT_OK(reserve->Take(2, &pages));
+  EXPECT_EQ(reserve->stats().sync_refills, 1);
+  ASSERT_OK(reserve->Maintain());
+  stats = reserve->stats();
+  EXPECT_EQ(stats.refills, 2);
+  EXPECT_EQ(stats.refills_backed_off, 2);
+  EXPECT_EQ(stats.refills_refused, 1);
+  // The pool's last 8 pages (the short Take doubled the batch: the aim is
+  // 16, and the refill of 16 came back at half).
+  EXPECT_EQ(stats.pages, 8);
+  EXPECT_EQ(OwnedBy(client->session_id()), 10);
+  ASSERT_OK(server_->pool().CheckInvariants());
+}
+
+// The thread on a full pool for 300 ms at a 1 ms tick: the backoff
+// doubles to 64 ticks, so it tries a handful of times, not 300 (a slower
+// machine only tries less often).
+TEST_F(PageReserveTest, TheThreadOnAFullPoolTriesRarely) {
+  std::unique_ptr<Client> hog = Connect();
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(hog, nullptr);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(Allocation all, hog->Alloc({kPages * kPageSize}));
+  ASSERT_OK(all[0].status);
+  PageReserveOptions options;
+  options.initial_batch = 4;
+  options.tick = absl::Milliseconds(1);
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), options));
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Milliseconds(300));
+  const PageReserveStats stats = reserve->stats();
+  const int64_t elapsed_ms = absl::ToInt64Milliseconds(absl::Now() - start);
+  // Tries at 0, 1, 3, 7, 15, 31 and 63 ms, then every 64 ms: a bound that
+  // holds however long this thread slept past its 300 ms.
+  const int64_t most = 7 + (elapsed_ms - 63) / 64 + 1;
+  EXPECT_GE(stats.refills_refused, 1);
+  EXPECT_LE(stats.refills_refused, most) << elapsed_ms << " ms";
+  EXPECT_EQ(stats.refills, 0);
+  // Each try is one round of at most 4 refused calls (8, 4, 2, 1 pages).
+  EXPECT_LE(server_->pool().Stats().out_of_pages_refusals,
+            4 * stats.refills_refused);
+  reserve.reset();
+  ASSERT_OK(server_->pool().CheckInvariants());
+}
+
 TEST_F(PageReserveTest, ASessionEndedWithAFullReserveGivesItAllBack) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);

@@ -91,7 +91,8 @@ class ReserveStats(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t)] + [
         (name, ctypes.c_int64) for name in (
             "pages", "handed_out", "batch", "refills", "pages_refilled",
-            "returns", "pages_returned", "reclaims", "sync_refills", "takes")
+            "returns", "pages_returned", "reclaims", "sync_refills", "takes",
+            "refills_refused", "refills_backed_off")
     ]
 
 

@@ -985,7 +985,7 @@ class PageReserve:
     def stats(self):
         """The reserve's counts, as a dict (pages, handed_out, batch,
         refills, pages_refilled, returns, pages_returned, reclaims,
-        sync_refills, takes)."""
+        sync_refills, takes, refills_refused, refills_backed_off)."""
         raw = _native.ReserveStats()
         raw.struct_size = ctypes.sizeof(raw)
         error = _error_buffer()
