@@ -411,66 +411,29 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
   }
   calls_.fetch_add(1, std::memory_order_relaxed);
   const int32_t n = call.num_requests;
-  auto prepare = [&](Method method, const CallArrays& arrays) {
-    AllocCallInput input;
-    input.method = method;
-    input.transport = Transport::kFastChannel;
-    input.session_id = c.session_id;
-    input.session_token = c.token;
-    input.arrays = arrays;
-    input.release_ring_up_to = call.release_ring_up_to;
-    input.async_completion =
-        (call.options & fast_channel::kAsyncCompletion) != 0;
-    input.checkpoint_first =
-        (call.options & fast_channel::kCheckpointFirst) != 0;
-    input.free_pages_first = call.free_first;
-    input.all_or_nothing = (call.options & fast_channel::kAllOrNothing) != 0;
-    AllocCall prepared_call;
-    if (core_->PrepareAlloc(input, &reply, &prepared_call)) {
-      // This poller serves its channels for good (see AllocCall).
-      prepared_call.submitter_is_dedicated = true;
-      prepared->push_back(prepared_call);
-    }
-  };
   switch (call.kind) {
     case CallKind::kExtend:
-      prepare(Method::kAllocExtend, {RequestKind::kExtend, n, call.in0.data(),
-                                     call.in1.data(), call.in2.data()});
+      PrepareTakenAlloc(c, Method::kAllocExtend,
+                        {RequestKind::kExtend, n, call.in0.data(),
+                         call.in1.data(), call.in2.data()},
+                        prepared);
       return;
     case CallKind::kDecode:
-      prepare(Method::kAllocDecode, {RequestKind::kDecode, n, nullptr,
-                                     call.in1.data(), call.in2.data()});
+      PrepareTakenAlloc(
+          c, Method::kAllocDecode,
+          {RequestKind::kDecode, n, nullptr, call.in1.data(), call.in2.data()},
+          prepared);
       return;
     case CallKind::kAlloc:
-      prepare(Method::kAlloc,
-              {RequestKind::kAlloc, n, nullptr, call.in1.data(), nullptr});
+      PrepareTakenAlloc(
+          c, Method::kAlloc,
+          {RequestKind::kAlloc, n, nullptr, call.in1.data(), nullptr},
+          prepared);
       return;
     case CallKind::kFreeSlots:
-    case CallKind::kFreePages: {
-      NoteReturn(c);
-      const uint32_t order_bits =
-          call.options &
-          (fast_channel::kFreeAscending | fast_channel::kFreeFirstAppearance);
-      if (order_bits ==
-          (fast_channel::kFreeAscending | fast_channel::kFreeFirstAppearance)) {
-        reply.Complete(absl::InvalidArgumentError(
-            "fast channel: a free asks for both orders"));
-        return;
-      }
-      const FreeOrder order = order_bits == fast_channel::kFreeAscending
-                                  ? FreeOrder::kAscending
-                              : order_bits == fast_channel::kFreeFirstAppearance
-                                  ? FreeOrder::kFirstAppearance
-                                  : FreeOrder::kDefault;
-      // Runs as soon as the batcher takes it (possibly right here); the
-      // values live in the channel's TakenCall until it completes.
-      core_->SubmitFree(c.session_id, c.token,
-                        call.kind == CallKind::kFreeSlots ? FreeUnit::kSlots
-                                                          : FreeUnit::kPages,
-                        call.in1, Transport::kFastChannel, &reply, order,
-                        call.release_value);
+    case CallKind::kFreePages:
+      SubmitTakenFree(c);
       return;
-    }
     case CallKind::kCheckpoint:
       core_->SubmitCheckpoint(c.session_id, c.token, Transport::kFastChannel,
                               &reply);
@@ -488,6 +451,55 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
           call.in1.empty() ? 0 : static_cast<uint64_t>(call.in1[0]));
       return;
   }
+}
+
+void FastChannelServer::PrepareTakenAlloc(Channel& c, Method method,
+                                          const CallArrays& arrays,
+                                          std::vector<AllocCall>* prepared) {
+  const fast_channel::TakenCall& call = c.taken;
+  AllocCallInput input;
+  input.method = method;
+  input.transport = Transport::kFastChannel;
+  input.session_id = c.session_id;
+  input.session_token = c.token;
+  input.arrays = arrays;
+  input.release_ring_up_to = call.release_ring_up_to;
+  input.async_completion = (call.options & fast_channel::kAsyncCompletion) != 0;
+  input.checkpoint_first = (call.options & fast_channel::kCheckpointFirst) != 0;
+  input.free_pages_first = call.free_first;
+  input.all_or_nothing = (call.options & fast_channel::kAllOrNothing) != 0;
+  AllocCall prepared_call;
+  if (core_->PrepareAlloc(input, c.reply.get(), &prepared_call)) {
+    // This poller serves its channels for good (see AllocCall).
+    prepared_call.submitter_is_dedicated = true;
+    prepared->push_back(prepared_call);
+  }
+}
+
+void FastChannelServer::SubmitTakenFree(Channel& c) {
+  const fast_channel::TakenCall& call = c.taken;
+  ChannelReply& reply = *c.reply;
+  NoteReturn(c);
+  const uint32_t order_bits =
+      call.options &
+      (fast_channel::kFreeAscending | fast_channel::kFreeFirstAppearance);
+  if (order_bits ==
+      (fast_channel::kFreeAscending | fast_channel::kFreeFirstAppearance)) {
+    reply.Complete(absl::InvalidArgumentError(
+        "fast channel: a free asks for both orders"));
+    return;
+  }
+  const FreeOrder order = order_bits == fast_channel::kFreeAscending
+                              ? FreeOrder::kAscending
+                          : order_bits == fast_channel::kFreeFirstAppearance
+                              ? FreeOrder::kFirstAppearance
+                              : FreeOrder::kDefault;
+  // Runs as soon as the batcher takes it (possibly right here); the values
+  // live in the channel's TakenCall until it completes.
+  core_->SubmitFree(
+      c.session_id, c.token,
+      call.kind == CallKind::kFreeSlots ? FreeUnit::kSlots : FreeUnit::kPages,
+      call.in1, Transport::kFastChannel, &reply, order, call.release_value);
 }
 
 void FastChannelServer::CountRings(Channel& c) {

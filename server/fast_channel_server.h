@@ -264,6 +264,12 @@ class FastChannelServer final : public SessionChannels {
   // at once.
   void Take(const std::shared_ptr<Channel>& channel, uint32_t seq,
             std::vector<AllocCall>* prepared);
+  // Take's parts: the taken allocation call of `c` prepared through the
+  // core (appended to `prepared`, or answered when refused), and the taken
+  // free submitted.
+  void PrepareTakenAlloc(Channel& c, Method method, const CallArrays& arrays,
+                         std::vector<AllocCall>* prepared);
+  void SubmitTakenFree(Channel& c);
   // Reads the rings waiting on `channel`'s doorbell and counts a strike
   // when no call explains them (poller only).
   void CountRings(Channel& channel);
