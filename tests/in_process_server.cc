@@ -8,8 +8,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace pagealloc::testing {
+
+ServerOptions CpuTestOptions(int64_t num_pages, int64_t page_size,
+                             int64_t ring_capacity_slots) {
+  ServerOptions options;
+  options.backend = "cpu";
+  options.pool = {num_pages, page_size, FreePolicy::kLifo};
+  options.sessions.lease = absl::Seconds(30);
+  options.sessions.default_ring_capacity_slots = ring_capacity_slots;
+  options.debug_checks = true;
+  return options;
+}
+
 namespace {
 
 constexpr char kSocketName[] = "server.sock";

@@ -36,6 +36,12 @@
 
 namespace pagealloc::testing {
 
+// The daemon most tests start: the CPU backend, a lifo pool of `num_pages`
+// pages of `page_size` tokens, leases of 30 s (no test waits on one),
+// rings of `ring_capacity_slots` slots and the pool's debug checks on.
+ServerOptions CpuTestOptions(int64_t num_pages, int64_t page_size,
+                             int64_t ring_capacity_slots = 1024);
+
 class InProcessServer {
  public:
   // Creates and starts a Server with `options` plus a Unix socket in a

@@ -13,14 +13,9 @@ namespace pagealloc::testing {
 
 std::unique_ptr<InProcessServer> StartExpansionDaemon(int64_t num_pages,
                                                       int64_t page_size) {
-  ServerOptions options;
-  options.backend = "cpu";
-  options.pool = {num_pages, page_size, FreePolicy::kLifo};
-  options.sessions.lease = absl::Seconds(30);
-  options.sessions.default_ring_capacity_slots = int64_t{1} << 16;
-  options.debug_checks = true;
   absl::StatusOr<std::unique_ptr<InProcessServer>> server =
-      InProcessServer::Start(options);
+      InProcessServer::Start(
+          CpuTestOptions(num_pages, page_size, int64_t{1} << 16));
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
 }

@@ -29,6 +29,7 @@
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::CpuTestOptions;
 using ::pagealloc::testing::InProcessServer;
 using ::pagealloc::testing::StatusIs;
 
@@ -38,13 +39,8 @@ constexpr int64_t kPageSize = 4;
 class PageReserveTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ServerOptions options;
-    options.backend = "cpu";
-    options.pool = {kPages, kPageSize, FreePolicy::kLifo};
-    options.sessions.lease = absl::Seconds(30);
-    options.sessions.default_ring_capacity_slots = 1024;
-    options.debug_checks = true;
-    ASSERT_OK_AND_ASSIGN(server_, InProcessServer::Start(options));
+    ASSERT_OK_AND_ASSIGN(
+        server_, InProcessServer::Start(CpuTestOptions(kPages, kPageSize)));
   }
 
   void TearDown() override { server_.reset(); }
