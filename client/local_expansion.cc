@@ -94,6 +94,7 @@ absl::StatusOr<int64_t> LocalExpander::Expand(
   const size_t n = seq_lens.size();
   const bool host = options_.memory == ExpansionMemory::kHost;
   const int64_t ps = geometry_.page_size;
+  last_num_pages_ = 0;
   if (n > 0 && last_loc == nullptr) {
     ++stats_.refused;
     return absl::InvalidArgumentError(
@@ -187,6 +188,7 @@ absl::StatusOr<int64_t> LocalExpander::Expand(
     }
   }
   ++stats_.calls;
+  last_num_pages_ = static_cast<size_t>(total_pages);
   stats_.pages_taken += total_pages;
   stats_.slots += total_slots;
   return total_slots;

@@ -131,6 +131,15 @@ class LocalExpander {
   // synchronized. Clears the record.
   absl::Status TakeDeviceError();
 
+  // The pages the last call that wrote its slots took from the reserve, in
+  // the order its plan uses them (request after request); empty when the
+  // last call was refused. A caller whose slots went to the device keeps
+  // its host record of the session's pages from these. Valid until the
+  // next call.
+  absl::Span<const int64_t> last_pages() const {
+    return absl::MakeConstSpan(pages_.data(), last_num_pages_);
+  }
+
   LocalExpanderStats stats() const { return stats_; }
   ExpansionMemory memory() const { return options_.memory; }
 
@@ -168,6 +177,7 @@ class LocalExpander {
   std::vector<int64_t> prefix_pages_;  // kHost: pages last_loc must lie in
   std::vector<int64_t> prefix_requests_;
   std::vector<int64_t> pages_;
+  size_t last_num_pages_ = 0;  // of pages_, for last_pages()
   PlanStorage storage_;
   LocalExpanderStats stats_;
 

@@ -1213,6 +1213,35 @@ int32_t pagealloc_reserve_alloc_decode(pagealloc_reserve* reserve,
       });
 }
 
+int32_t pagealloc_reserve_last_expansion_pages(pagealloc_reserve* reserve,
+                                               int32_t memory, int64_t* pages,
+                                               size_t capacity, int64_t* count,
+                                               pagealloc_error* error) {
+  return pagealloc::Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    if (count == nullptr) return absl::InvalidArgumentError("count is NULL");
+    RETURN_IF_ERROR(pagealloc::CheckArray(pages, capacity, "pages"));
+    if (memory != PAGEALLOC_MEMORY_HOST && memory != PAGEALLOC_MEMORY_DEVICE) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "memory (%d) is neither PAGEALLOC_MEMORY_HOST (0) nor "
+          "PAGEALLOC_MEMORY_DEVICE (1)",
+          memory));
+    }
+    absl::MutexLock lock(&reserve->mu);
+    const std::unique_ptr<pagealloc::LocalExpander>& expander =
+        reserve->expanders[memory];
+    // No expander of that memory yet: no call has taken pages.
+    const absl::Span<const int64_t> last = expander == nullptr
+                                               ? absl::Span<const int64_t>()
+                                               : expander->last_pages();
+    std::copy_n(last.begin(), std::min(last.size(), capacity), pages);
+    *count = static_cast<int64_t>(last.size());
+    return absl::OkStatus();
+  });
+}
+
 int32_t pagealloc_reserve_take_device_error(pagealloc_reserve* reserve,
                                             pagealloc_error* error) {
   return pagealloc::Guarded(error, [&]() -> absl::Status {

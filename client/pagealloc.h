@@ -817,6 +817,18 @@ int32_t pagealloc_reserve_alloc_decode(pagealloc_reserve* reserve,
 int32_t pagealloc_reserve_take_device_error(pagealloc_reserve* reserve,
                                             pagealloc_error* error);
 
+/* ABI 1.5. The page ids the last pagealloc_reserve_alloc_extend or _decode
+ * in `memory` took from the reserve, if it wrote its slots: `*count` of
+ * them (0 after a refused call, or before any), of which the first
+ * min(*count, capacity) are written to `pages` (may be NULL when capacity
+ * is 0), request after request. A caller whose slots went to the device
+ * keeps its host record of the session's pages (what it may free or put
+ * back) from these without reading the slots back. */
+int32_t pagealloc_reserve_last_expansion_pages(pagealloc_reserve* reserve,
+                                               int32_t memory, int64_t* pages,
+                                               size_t capacity, int64_t* count,
+                                               pagealloc_error* error);
+
 /* ------------------------------------------------------------------------
  * Shared prefix pages (ABI 1.4; docs/design.md section 13,
  * docs/integration.md "Shared prefix pages"). Keys are

@@ -450,6 +450,28 @@ TEST_F(PageallocCApiTest, AReserveExpandsSlotsInProcess) {
             (std::vector<int64_t>{q * 4, q * 4 + 1, q * 4 + 2, q * 4 + 3, r * 4,
                                   r * 4 + 1, r * 4 + 2}));
   EXPECT_EQ(out[9], -7);
+  // ABI 1.5: the pages the call took, in the order its slots use them; a
+  // short buffer gets the first of them and the whole count.
+  int64_t taken[4] = {-1, -1, -1, -1};
+  int64_t count = -1;
+  ASSERT_EQ(pagealloc_reserve_last_expansion_pages(
+                reserve, PAGEALLOC_MEMORY_HOST, taken, 4, &count, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(count, 2);
+  EXPECT_EQ(std::vector<int64_t>(taken, taken + 3),
+            (std::vector<int64_t>{q, r, -1}));
+  taken[0] = -1;
+  ASSERT_EQ(pagealloc_reserve_last_expansion_pages(
+                reserve, PAGEALLOC_MEMORY_HOST, taken, 1, &count, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(count, 2);
+  EXPECT_EQ(taken[0], q);
+  // No device call yet: none taken there.
+  ASSERT_EQ(pagealloc_reserve_last_expansion_pages(
+                reserve, PAGEALLOC_MEMORY_DEVICE, nullptr, 0, &count, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(count, 0);
   // A decode continues the last page.
   const int64_t seqs[] = {12}, lasts[] = {r * 4 + 2};
   ASSERT_EQ(pagealloc_reserve_alloc_decode(reserve, PAGEALLOC_MEMORY_HOST, 1,
@@ -484,6 +506,14 @@ TEST_F(PageallocCApiTest, AReserveExpandsSlotsInProcess) {
                                            &slots, &error_),
             PAGEALLOC_INVALID_ARGUMENT);
   EXPECT_EQ(slots, -1);
+  // A refused call took nothing.
+  ASSERT_EQ(pagealloc_reserve_last_expansion_pages(
+                reserve, PAGEALLOC_MEMORY_HOST, taken, 4, &count, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(count, 0);
+  EXPECT_EQ(pagealloc_reserve_last_expansion_pages(reserve, 7, taken, 4, &count,
+                                                   &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
   pagealloc_reserve_stats after;
   after.struct_size = sizeof(after);
   ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &after, &error_),

@@ -298,6 +298,9 @@ def _declare(lib):
                 (i32, [ptr, i32, size, ptr, ptr, ptr, ptr, p_i64, p_error]),
             "pagealloc_reserve_take_device_error": (i32, [ptr, p_error]),
         })
+    if lib.pagealloc_abi_version() & 0xFFFF >= 5:  # ABI 1.5
+        signatures["pagealloc_reserve_last_expansion_pages"] = (
+            i32, [ptr, i32, ptr, size, p_i64, p_error])
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
         function.restype = restype
@@ -333,3 +336,5 @@ MEMORY_HOST = 0    # pagealloc_memory: host arrays
 MEMORY_DEVICE = 1  # CUDA device memory, on the caller's stream
 # Whether the library has ABI 1.3's in-process expansion.
 HAS_LOCAL_EXPANSION = lib.pagealloc_abi_version() & 0xFFFF >= 3
+# Whether it also says which pages an expansion took (ABI 1.5).
+HAS_EXPANSION_PAGES = lib.pagealloc_abi_version() & 0xFFFF >= 5

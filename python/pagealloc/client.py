@@ -863,6 +863,7 @@ class PageReserve:
         boxes[:] = [box for box in boxes if box[0]]
         boxes.append(self._box)
         self.page_size = client.pool.page_size
+        self._expansion_pages = np.empty(1024, dtype=np.int64)
 
     @property
     def _handle(self):
@@ -935,6 +936,31 @@ class PageReserve:
         seq = _int64_array(seq_lens, "seq_lens")
         return self._expand("pagealloc_reserve_alloc_decode", (), seq,
                             last_loc, out, stream, seq.size)
+
+    def last_expansion_pages(self, on_device):
+        """The page ids the last alloc_extend / alloc_decode with a device
+        (`on_device`) or a host last_loc took from this reserve, request
+        after request, as an int64 NumPy array; empty after a refused call.
+        A caller whose slots went to the device keeps its host record of
+        the pages it may free or put back from these (ABI 1.5)."""
+        if not _native.HAS_EXPANSION_PAGES:
+            raise FailedPreconditionError(
+                "%s does not report an expansion's pages (ABI 1.5 needed)" %
+                _native.path)
+        memory = _native.MEMORY_DEVICE if on_device else _native.MEMORY_HOST
+        pages = self._expansion_pages
+        count = ctypes.c_int64(0)
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_last_expansion_pages(
+            self._live(), memory, _address(pages), pages.size,
+            ctypes.byref(count), ctypes.byref(error)), error)
+        if count.value > pages.size:
+            self._expansion_pages = pages = np.empty(
+                max(count.value, 2 * pages.size), dtype=np.int64)
+            _check(_lib.pagealloc_reserve_last_expansion_pages(
+                self._live(), memory, _address(pages), pages.size,
+                ctypes.byref(count), ctypes.byref(error)), error)
+        return pages[:count.value].copy()
 
     def take_device_error(self):
         """Raises InvalidArgumentError for the first device last_loc the
