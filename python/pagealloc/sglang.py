@@ -17,9 +17,12 @@ The session's page reserve (``Client.reserve()``, docs/design.md section
 ``alloc(need_size)`` takes whole pages from the reserve in this process and
 frees of whole pages it handed out (``free``, ``free_page_ids``, free
 groups) put them back, with no call to the daemon in steady state.
-``alloc_extend`` / ``alloc_decode`` (SGLang's legacy path), partial pages
-and pages the reserve did not hand out go through the daemon as before.
-``use_reserve=False`` sends every call to the daemon.
+``alloc_extend`` / ``alloc_decode`` (SGLang's legacy path) expand on the
+reserve in this process too (``PageReserve.alloc_extend``: the new pages
+from the reserve, the slots written on the current stream from a CUDA
+``last_loc``, which is never copied to the host); pages the reserve did
+not hand out go through the daemon as before. ``use_reserve=False`` sends
+every call to the daemon.
 
 With one session on the pool and ``use_reserve=False``, the slots, the
 ``None``s and the free list after every call are SGLang's; on a reserve
@@ -62,6 +65,7 @@ import warnings
 
 import numpy as np
 
+from pagealloc import _native
 from pagealloc import client as _client_module
 from pagealloc.client import Client
 from pagealloc.errors import (InvalidArgumentError, ResourceExhaustedError,
@@ -88,6 +92,8 @@ _INT64 = np.dtype(np.int64)
 # The slots of the reusable pinned buffers for CUDA inputs, one per input
 # of a call.
 _PREFIX, _SEQ, _LAST = 0, 1, 2
+# _expand_on_reserve's answer for a call the daemon serves instead.
+_THIN = object()
 # Entries past which the torch stream objects' cache starts afresh.
 _MAX_STREAMS = 64
 
@@ -1096,6 +1102,19 @@ class PagedTokenToKVPoolAllocator(_Base):
         prefix). The daemon reads the *_cpu lengths and a host copy of
         last_loc. Returns extend_num_tokens slots, or None for the whole
         batch when it does not fit."""
+        if self._expands_on_reserve():
+            prefix, _ = self._host_input(
+                prefix_lens_cpu if prefix_lens_cpu is not None
+                else prefix_lens, "prefix_lens_cpu", _PREFIX)
+            seq, _ = self._host_input(
+                seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
+                "seq_lens_cpu", _SEQ)
+            _check_extend_total(prefix, seq, extend_num_tokens)
+            if seq.size == 0:
+                return self._empty()
+            out = self._expand_on_reserve(prefix, seq, last_loc)
+            if out is not _THIN:
+                return out
         call = self._extend_call(prefix_lens, prefix_lens_cpu, seq_lens,
                                  seq_lens_cpu, last_loc, extend_num_tokens)
         if call is None:
@@ -1113,12 +1132,7 @@ class PagedTokenToKVPoolAllocator(_Base):
             seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
             "seq_lens_cpu", _SEQ)
         last, last_address = self._host_input(last_loc, "last_loc", _LAST)
-        if extend_num_tokens is not None:
-            total = int((seq - prefix).sum()) if seq.size else 0
-            if int(extend_num_tokens) != total:
-                raise ValueError(
-                    "extend_num_tokens (%d) is not the sum of seq_lens - "
-                    "prefix_lens (%d)" % (extend_num_tokens, total))
+        _check_extend_total(prefix, seq, extend_num_tokens)
         if seq.size == 0:
             return None
         return self._client._alloc_extend_at, (
@@ -1129,10 +1143,89 @@ class PagedTokenToKVPoolAllocator(_Base):
         """One new token per request: seq_lens[i] counts it, last_loc[i] is
         the slot of the token before it. None for the whole batch when the
         new pages do not fit."""
+        if self._expands_on_reserve():
+            seq, _ = self._host_input(
+                seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
+                "seq_lens_cpu", _SEQ)
+            if seq.size == 0:
+                return self._empty()
+            out = self._expand_on_reserve(None, seq, last_loc)
+            if out is not _THIN:
+                return out
         call = self._decode_call(seq_lens, seq_lens_cpu, last_loc)
         if call is None:
             return self._empty()
         return self._thin_result(call)
+
+    # The legacy calls on the reserve, in this process (PageReserve's
+    # alloc_extend / alloc_decode, docs/python.md "Slots expanded in
+    # process"): planned here from the host lengths, the new pages taken
+    # from the reserve, the slots written on the current stream from a
+    # device last_loc. No round trip, no copy of last_loc to the host.
+
+    def _expands_on_reserve(self):
+        return self._use_reserve and _native.HAS_EXPANSION_PAGES
+
+    def _expand_on_reserve(self, prefix, seq, last_loc):
+        """The slots of alloc_extend (prefix: host prefix lengths) or
+        alloc_decode (prefix None) expanded on the reserve; None when the
+        pool cannot supply the pages after SGLang's merge; or _THIN for a
+        call the daemon serves instead: a host last_loc that continues a
+        page the reserve did not hand out (the daemon checks whose it
+        is)."""
+        on_device = (torch is not None and isinstance(last_loc, torch.Tensor)
+                     and last_loc.is_cuda)
+        if on_device:
+            if (last_loc.dtype != torch.int64 or last_loc.dim() != 1 or
+                    not last_loc.is_contiguous()):
+                last_loc = last_loc.reshape(-1).to(torch.int64).contiguous()
+        else:
+            last_loc, _ = self._host_input(last_loc, "last_loc", _LAST)
+            if not self._continues_taken_pages(prefix, seq, last_loc):
+                return _THIN
+        reserve = self._live_reserve()
+        if self._num_held:
+            # SGLang's merge of the parked pages (need_sort), on its
+            # triggers: alloc_decode when the batch outnumbers the free
+            # pages, alloc_extend when the extend's pages plus the batch
+            # and one do.
+            free = reserve.stats()["pages"]
+            if prefix is None:
+                merge = seq.size > free
+            else:
+                merge = (int((seq - prefix).sum()) // self.page_size +
+                         seq.size + 1 > free)
+            if merge:
+                self._merge_held()
+        try:
+            if prefix is None:
+                out = reserve.alloc_decode(seq, last_loc)
+            else:
+                out = reserve.alloc_extend(prefix, seq, last_loc)
+        except ResourceExhaustedError:
+            # The reserve refills from the pool on this thread, and asks the
+            # other sessions for theirs, before it refuses: the pool cannot
+            # serve the batch (SGLang's None; nothing was taken).
+            return None
+        self._taken[reserve.last_expansion_pages(on_device)] = True
+        if on_device:
+            return out
+        return self._slots_result(out)
+
+    def _continues_taken_pages(self, prefix, seq, last_loc):
+        """Whether every request of a host batch that writes into the rest
+        of its last_loc's page continues a page the reserve handed out."""
+        if last_loc.size != seq.size:
+            return False  # the daemon names the mismatch
+        before = seq - 1 if prefix is None else prefix
+        ps = self.page_size
+        partial = (before % ps != 0) & (seq > before)
+        if not partial.any():
+            return True
+        pages = last_loc[partial] // ps
+        if pages.min() < 1 or pages.max() > self.num_pages:
+            return False
+        return bool(self._taken[pages].all())
 
     def _decode_call(self, seq_lens, seq_lens_cpu, last_loc):
         """Stage 1 of alloc_decode: the call's method and host inputs, or
@@ -1186,6 +1279,17 @@ class PagedTokenToKVPoolAllocator(_Base):
             self.free_page_reps_group.append(reps)
             return
         self._release_pages(reps // self.page_size)
+
+
+def _check_extend_total(prefix, seq, extend_num_tokens):
+    """SGLang's extend_num_tokens, when given, is the sum of the extends."""
+    if extend_num_tokens is None:
+        return
+    total = int((seq - prefix).sum()) if seq.size else 0
+    if int(extend_num_tokens) != total:
+        raise ValueError(
+            "extend_num_tokens (%d) is not the sum of seq_lens - prefix_lens "
+            "(%d)" % (extend_num_tokens, total))
 
 
 def make_allocator(client=None, *, size=None, page_size=None, dtype=None,

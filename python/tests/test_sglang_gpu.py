@@ -258,3 +258,47 @@ def test_reserve_alloc_reaches_the_device_without_host_sync(make_daemon):
             want = np.arange(16 + 32 * i, 48 + 32 * i, dtype=np.int64)
             np.testing.assert_array_equal(out.cpu().numpy(), want * 2)
         allocator.close()
+
+
+def test_reserve_legacy_calls_expand_on_the_stream_without_host_sync(
+        make_daemon):
+    """alloc_extend and alloc_decode on the page reserve read a CUDA
+    last_loc where it is: the slots are written on the current stream,
+    queued behind a long kernel (about a second) without the call waiting
+    for it, and they are the pool's first pages in order (one session, the
+    reserve the whole pool)."""
+    from pagealloc import sglang
+
+    daemon = make_daemon("--semantics=sglang", "--page_size=16",
+                         "--num_pages=64")
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, device="cuda", reserve_options=dict(
+                max_pages=64, initial_batch=64, starved_wait=0))
+        zeros = torch.zeros(4, dtype=torch.int64)
+        seq = torch.full((4,), 10, dtype=torch.int64)
+        out = allocator.alloc_extend(
+            zeros.cuda(), zeros, seq.cuda(), seq,
+            torch.full((4,), -1, dtype=torch.int64, device="cuda"), 40)
+        assert out.device.type == "cuda"
+        want = np.concatenate([np.arange(10) + 16 * p for p in (1, 2, 3, 4)])
+        np.testing.assert_array_equal(out.cpu().numpy(), want)
+        last = out.reshape(4, 10)[:, -1].contiguous()
+        (torch.ones(1, dtype=torch.int64, device="cuda") * 2).cpu()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(2_000_000_000)
+            step = allocator.alloc_decode((seq + 1).cuda(), seq + 1, last)
+            doubled = step * 2           # queued behind the sleep
+            assert not stream.query(), "the call waited for the stream"
+        stream.synchronize()
+        np.testing.assert_array_equal(
+            doubled.cpu().numpy(),
+            np.array([26, 42, 58, 74], dtype=np.int64) * 2)
+        assert allocator.reserve.stats()["sync_refills"] == 0
+        allocator.reserve.take_device_error()  # no last_loc was refused
+        # The requests' whole pages go back into the reserve.
+        pages = torch.arange(1, 5, dtype=torch.int64)
+        allocator.free((pages[:, None] * 16 + torch.arange(16)).reshape(-1))
+        assert allocator.reserve.stats()["pages"] == 64
+        allocator.close()

@@ -152,12 +152,99 @@ class ContractTrace:
         self.a.free_group_end()
         self.m.free_group_end()
 
+    # The legacy calls, expanded on the reserve in process: new requests,
+    # requests grown from inside their last page, and decode steps. Each
+    # request is held as the whole pages it holds, as the page-aligned
+    # contract frees them.
+
+    def whole(self, pages):
+        return list((np.asarray(pages, dtype=np.int64)[:, None] * self.ps +
+                     np.arange(self.ps)).reshape(-1))
+
+    def legacy(self, what, got, want):
+        got = host(got)
+        if want is None:
+            assert got is None, "%s: model None, allocator %s" % (what, got)
+            return False
+        assert got is not None, "%s: allocator None, model %s" % (what, want)
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return True
+
+    def grown(self, held, prefix, seq, last, out):
+        """The whole pages of `held` (a request's slots, whole pages; None
+        for a new one) with the pages its extend from prefix to seq took."""
+        pages = [] if held is None else list(pages_of(held, self.ps))
+        for page in np.asarray(out, dtype=np.int64) // self.ps:
+            if not pages or pages[-1] != page:
+                pages.append(int(page))
+        return self.whole(pages)
+
+    def op_extend_new(self):
+        bs = int(self.rng.integers(1, 4))
+        prefix = np.zeros(bs, dtype=np.int64)
+        seq = self.rng.integers(1, 2 * self.ps + 1, size=bs).astype(np.int64)
+        last = np.full(bs, -1, dtype=np.int64)
+        total = int(seq.sum())
+        want = self.m.alloc_extend(prefix, seq, last, total)
+        if not self.legacy("alloc_extend(new %s)" % seq.tolist(),
+                           self.a.alloc_extend(prefix, prefix, seq, seq, last,
+                                               total), want):
+            return
+        start = 0
+        for i in range(bs):
+            self.held.append(self.grown(None, 0, seq[i], -1,
+                                        want[start:start + seq[i]]))
+            start += seq[i]
+
+    def take_request(self):
+        """A held allocation of at least one page, or None."""
+        held = self.take()
+        if held is not None and not held:
+            return None
+        return held
+
+    def tail(self, held):
+        """(prefix, last_loc) of a request that holds `held`: its length
+        ends somewhere in its last page."""
+        prefix = len(held) - int(self.rng.integers(0, self.ps))
+        return prefix, held[prefix - 1]
+
+    def op_extend_more(self):
+        held = self.take_request()
+        if held is None:
+            return
+        prefix, last = self.tail(held)
+        seq = prefix + int(self.rng.integers(1, 2 * self.ps + 1))
+        p, q, l_ = (np.array([v], dtype=np.int64) for v in (prefix, seq, last))
+        want = self.m.alloc_extend(p, q, l_, seq - prefix)
+        if self.legacy("alloc_extend(%d -> %d)" % (prefix, seq),
+                       self.a.alloc_extend(p, p, q, q, l_, seq - prefix),
+                       want):
+            held = self.grown(held, prefix, seq, last, want)
+        self.held.append(held)
+
+    def op_decode(self):
+        rows = [r for r in (self.take_request() for _ in range(
+            int(self.rng.integers(1, 4)))) if r is not None]
+        if not rows:
+            return
+        tails = [self.tail(r) for r in rows]
+        seq = np.array([t[0] + 1 for t in tails], dtype=np.int64)
+        last = np.array([t[1] for t in tails], dtype=np.int64)
+        want = self.m.alloc_decode(seq, last)
+        if self.legacy("alloc_decode(%s)" % seq.tolist(),
+                       self.a.alloc_decode(seq, seq, last), want):
+            rows = [self.grown(r, seq[i] - 1, seq[i], last[i], want[i:i + 1])
+                    for i, r in enumerate(rows)]
+        self.held.extend(rows)
+
     def run(self, ops):
         table = [(self.op_alloc, 6), (self.op_free, 2),
                  (self.op_free_shuffled, 1), (self.op_free_page_ids, 1),
                  (self.op_group, 1)]
         if self.ps > 1:
-            table.append((self.op_free_segment, 1))
+            table += [(self.op_free_segment, 1), (self.op_extend_new, 2),
+                      (self.op_extend_more, 2), (self.op_decode, 3)]
         weights = np.array([w for _, w in table], dtype=float)
         for step in range(ops):
             table[int(self.rng.choice(len(table),
@@ -281,22 +368,69 @@ def test_use_reserve_false_is_the_thin_path(make_daemon):
         allocator.close()
 
 
-def test_a_thin_call_short_of_pages_takes_the_reserve_back(make_daemon):
-    """alloc_extend (SGLang's legacy path, through the daemon) still gets
-    the whole pool when the reserve holds it."""
+def test_legacy_calls_take_their_pages_from_the_reserve(make_daemon):
+    """alloc_extend and alloc_decode (SGLang's legacy path) expand on the
+    reserve in this process: no call to the daemon, the reserve's pages
+    handed out, and a free of the requests' whole pages puts them back."""
     with lone(make_daemon, 4, 8) as allocator:
+        stats = allocator.client.stats()
         assert allocator.reserve.stats()["pages"] == 8
-        prefix = np.zeros(8, dtype=np.int64)
-        seq = np.full(8, 4, dtype=np.int64)  # a page each
-        last = np.full(8, -1, dtype=np.int64)
-        out = host(allocator.alloc_extend(prefix, prefix, seq, seq, last, 32))
-        assert out is not None and len(np.unique(out // 4)) == 8
-        assert allocator.reserve is None
-        allocator.free(out)
+        prefix = np.zeros(4, dtype=np.int64)
+        seq = np.full(4, 3, dtype=np.int64)  # three slots of a page each
+        last = np.full(4, -1, dtype=np.int64)
+        out = host(allocator.alloc_extend(prefix, prefix, seq, seq, last, 12))
+        assert out is not None and len(np.unique(out // 4)) == 4
+        # A decode step continues each request's page, then the next one
+        # starts a page each.
+        step = host(allocator.alloc_decode(seq + 1, seq + 1, out[2::3]))
+        np.testing.assert_array_equal(step, out[2::3] + 1)
+        assert allocator.reserve.stats()["pages"] == 4
+        step = host(allocator.alloc_decode(seq + 2, seq + 2, step))
+        assert len(np.unique(step // 4)) == 4
+        assert allocator.reserve.stats()["pages"] == 0
+        # The daemon allocated nothing: the reserve held the pages (its
+        # thread's refills of an empty pool are refused).
+        after = allocator.client.stats()
+        assert after.slots_allocated_total == stats.slots_allocated_total
+        assert allocator.reserve.stats()["sync_refills"] == 0
+        # The requests' whole pages go back into the reserve.
+        pages = np.unique(np.concatenate((out, step)) // 4)
+        allocator.free((pages[:, None] * 4 + np.arange(4)).reshape(-1))
+        assert allocator.reserve.stats()["pages"] == 8
         assert allocator.available_size() == 32
-        # The next alloc opens the reserve again.
+        # A batch the pool cannot hold: SGLang's None, nothing taken.
+        nine = np.full(9, 4, dtype=np.int64)
+        zeros = np.zeros(9, dtype=np.int64)
+        assert allocator.alloc_extend(zeros, zeros, nine, nine,
+                                      np.full(9, -1, dtype=np.int64),
+                                      36) is None
+        assert allocator.available_size() == 32
+
+
+def test_a_legacy_call_the_daemon_serves_gets_the_whole_pool(make_daemon):
+    """A legacy call the daemon serves (a host last_loc that continues a
+    page the reserve did not hand out: the daemon checks whose it is) gets
+    the whole pool, the reserve's pages among it."""
+    daemon = start(make_daemon, 4, 8)
+    with daemon.connect() as client:
+        # A page of the session from the daemon itself, outside the reserve.
+        own = client.alloc_extend([0], [2], [-1])
+        base = int(np.asarray(own.slots)[0])
+        client.release(own)
+        allocator = sglang.make_allocator(client,
+                                          reserve_options=whole_pool(8))
+        prefix = np.array([2], dtype=np.int64)
+        seq = np.array([4 * 7 + 2], dtype=np.int64)  # the rest of the pool
+        last = np.array([base + 1], dtype=np.int64)
+        out = host(allocator.alloc_extend(prefix, prefix, seq, seq, last, 28))
+        assert out is not None and out[0] == base + 2
+        assert len(np.unique(out // 4)) == 8
+        allocator.free(np.concatenate(([base, base + 1], out)))
+        assert allocator.available_size() == 32
+        # The next alloc has the reserve again.
         assert len(host(allocator.alloc(32))) == 32
         assert allocator.reserve is not None
+        allocator.close()
 
 
 # ---------------------------------------------------------------- sharing
