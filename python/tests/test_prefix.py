@@ -4,12 +4,16 @@ and adopts them after the writer is gone and reads the writer's bytes,
 freed pages stay cached until reset; bad keys are refused by index."""
 
 import hashlib
+import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import pagealloc
-from conftest import BACKEND
+from conftest import BACKEND, wait_until
 
 pytestmark = pytest.mark.skipif(
     BACKEND == "cuda", reason="reads the slab from the host (CPU backend)")
@@ -54,6 +58,60 @@ def test_a_sibling_adopts_published_pages_and_reads_the_writers_kv(
         theirs = np.asarray(sibling.kv_buffer("k.0"))
         assert theirs[slots].ravel().tolist() == list(range(slots.size * 4))
         assert sibling.free_pages(found) == 3
+    assert pagealloc.reset_prefix_cache(prefix_daemon.target) == 3
+
+
+# A scheduler process: writes a pattern into 3 pages of the slab and 2
+# more, publishes the 3 under the chain's keys, says which pages, then
+# waits to be killed.
+WRITER = r"""
+import sys
+import numpy as np
+import pagealloc
+sys.path.insert(0, sys.argv[2])
+from test_prefix import chain
+with pagealloc.Client.connect(sys.argv[1], name="writer") as writer:
+    slots = np.asarray(writer.alloc([20], return_inline=True).check().slots)
+    k = np.asarray(writer.kv_buffer("k.0"))
+    k[slots] = (np.arange(slots.size * 4, dtype=np.float16) + 7).reshape(
+        slots.size, 1, 4)
+    pages = slots[::4] // 4
+    writer.publish(pages[:3], chain("killed writer", 3))
+    print(" ".join(str(p) for p in pages), flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_pages_a_killed_writer_published_survive_it(prefix_daemon):
+    """The writer's process is SIGKILLed after it published: the pages it
+    published stay cached with its bytes, a sibling adopts them, and the
+    two it did not publish come back to the free list."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, prefix_daemon.target,
+         os.path.dirname(os.path.abspath(__file__))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=os.environ.copy())
+    try:
+        pages = [int(p) for p in child.stdout.readline().split()]
+        assert len(pages) == 5
+        with prefix_daemon.connect(name="sibling") as sibling:
+            assert sibling.stats().free_pages == 11
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=20)
+            wait_until(lambda: sibling.stats().free_pages == 13,
+                       what="the dead writer's unpublished pages")
+            assert sibling.stats().used_pages == 0
+            found = sibling.match_prefix(chain("killed writer", 3),
+                                         adopt=True)
+            assert found.tolist() == pages[:3]
+            theirs = np.asarray(sibling.kv_buffer("k.0"))
+            slots = (found[:, None] * 4 + np.arange(4)).reshape(-1)
+            assert (theirs[slots].ravel() ==
+                    np.arange(48, dtype=np.float16) + 7).all()
+            assert sibling.free_pages(found) == 3
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     assert pagealloc.reset_prefix_cache(prefix_daemon.target) == 3
 
 
