@@ -891,6 +891,13 @@ int32_t pagealloc_get_stats(pagealloc_client* client, pagealloc_stats* stats,
     out.sessions_active = response.sessions_active();
     pagealloc::CopyString(response.pool().semantics(), out.semantics,
                           sizeof(out.semantics));
+    const pagealloc::v1::PrefixStats& prefix = response.prefix();
+    out.prefix_published_pages = prefix.published_pages();
+    out.prefix_cached_pages = prefix.cached_pages();
+    out.prefix_pinned_pages = prefix.pinned_pages();
+    out.prefix_evictable_pages = prefix.evictable_pages();
+    out.prefix_lookup_pages_total = prefix.lookup_pages_total();
+    out.prefix_hit_pages_total = prefix.hit_pages_total();
     // An older caller's smaller structure gets the fields it knows.
     out.struct_size = std::min(size, sizeof(out));
     std::memcpy(stats, &out, out.struct_size);

@@ -536,6 +536,16 @@ typedef struct pagealloc_stats {
   int64_t sessions_active;
   /* ABI 1.1. The pool's semantics profile, as pagealloc_pool_semantics. */
   char semantics[16];
+  /* ABI 1.5. Shared prefix pages (section 13 of docs/design.md): now held
+   * by a session, held by none with their KV still valid, pinned, and
+   * cached without a pin (what an allocation may evict); keys looked up
+   * by matches and found, since start. */
+  int64_t prefix_published_pages;
+  int64_t prefix_cached_pages;
+  int64_t prefix_pinned_pages;
+  int64_t prefix_evictable_pages;
+  int64_t prefix_lookup_pages_total;
+  int64_t prefix_hit_pages_total;
 } pagealloc_stats;
 
 /* Asks the daemon for its pool figures; stats->struct_size must be set. */

@@ -806,6 +806,17 @@ TEST_F(PageallocCApiTest, PublishMatchAdoptAndResetSharedPages) {
             PAGEALLOC_OK);
   ASSERT_EQ(pagealloc_free_pages(client_, pages.data(), 2, &freed, &error_),
             PAGEALLOC_OK);
+  // ABI 1.5: the stats count the two pages cached and the match's hits.
+  pagealloc_stats stats;
+  stats.struct_size = sizeof(stats);
+  ASSERT_EQ(pagealloc_get_stats(other, &stats, &error_), PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(stats.prefix_published_pages, 0);
+  EXPECT_EQ(stats.prefix_cached_pages, 2);
+  EXPECT_EQ(stats.prefix_evictable_pages, 2);
+  EXPECT_EQ(stats.prefix_pinned_pages, 0);
+  EXPECT_EQ(stats.prefix_lookup_pages_total, 2);
+  EXPECT_EQ(stats.prefix_hit_pages_total, 2);
   // keys[0] twice.
   std::vector<uint8_t> repeated(2 * PAGEALLOC_PREFIX_KEY_BYTES, 0);
   repeated[0] = repeated[PAGEALLOC_PREFIX_KEY_BYTES] = 1;

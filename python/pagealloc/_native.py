@@ -122,6 +122,13 @@ class Stats(ctypes.Structure):
         ("launches_total", ctypes.c_int64),
         ("sessions_active", ctypes.c_int64),
         ("semantics", ctypes.c_char * 16),
+        # ABI 1.5
+        ("prefix_published_pages", ctypes.c_int64),
+        ("prefix_cached_pages", ctypes.c_int64),
+        ("prefix_pinned_pages", ctypes.c_int64),
+        ("prefix_evictable_pages", ctypes.c_int64),
+        ("prefix_lookup_pages_total", ctypes.c_int64),
+        ("prefix_hit_pages_total", ctypes.c_int64),
     ]
 
 

@@ -230,6 +230,15 @@ class Stats:
     free_list_sorts_total: int
     launches_total: int
     sessions_active: int
+    # Shared prefix pages (ABI 1.5; 0 from an older library): held by a
+    # session, held by none with their KV valid, pinned, cached without a
+    # pin (evictable); keys looked up by matches, and found, since start.
+    prefix_published_pages: int = 0
+    prefix_cached_pages: int = 0
+    prefix_pinned_pages: int = 0
+    prefix_evictable_pages: int = 0
+    prefix_lookup_pages_total: int = 0
+    prefix_hit_pages_total: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1600,7 +1609,13 @@ class Client:
                      out_of_pages_total=raw.out_of_pages_total,
                      free_list_sorts_total=raw.free_list_sorts_total,
                      launches_total=raw.launches_total,
-                     sessions_active=raw.sessions_active)
+                     sessions_active=raw.sessions_active,
+                     prefix_published_pages=raw.prefix_published_pages,
+                     prefix_cached_pages=raw.prefix_cached_pages,
+                     prefix_pinned_pages=raw.prefix_pinned_pages,
+                     prefix_evictable_pages=raw.prefix_evictable_pages,
+                     prefix_lookup_pages_total=raw.prefix_lookup_pages_total,
+                     prefix_hit_pages_total=raw.prefix_hit_pages_total)
 
     def session_status(self) -> Optional[PageallocError]:
         """None while the session lives; else why it is gone, as an

@@ -424,9 +424,10 @@ class BlockPool:
         """The blocks vLLM may count on: the daemon's free, parked and
         evictable pages and the reserve's. Across processes a snapshot (another
         instance may take them first; get_new_blocks then raises);
-        for one instance exact while its reserve is idle, and never more
-        than exact. The daemon reports no evictable count, so another
-        session's referenced shared pages are counted as evictable."""
+        for one instance exact while its reserve is idle. Shared pages count
+        when no session holds them (the daemon's evictable pages) or when
+        this instance holds one with no request on it (vLLM's cached free
+        block; another session may hold it too, and then it stays)."""
         # The reserve's thread moves pages between the daemon and the
         # reserve: a move between the two reads would count its pages
         # twice. Reserve counts unchanged around the daemon's figures leave
@@ -437,13 +438,10 @@ class BlockPool:
             after = self.reserve.stats()
             if before == after:
                 break
-        shared = (stats.pool.num_pages - stats.free_pages -
-                  stats.parked_pages - stats.used_pages)
-        referenced = sum(1 for page, state in self._state.items()
-                         if state == _SHARED and
-                         self.blocks[page].ref_cnt > 0)
+        idle = sum(1 for page, state in self._state.items()
+                   if state == _SHARED and self.blocks[page].ref_cnt == 0)
         free = (stats.free_pages + stats.parked_pages + after["pages"] +
-                shared - referenced)
+                stats.prefix_evictable_pages + idle)
         return max(0, min(free, self.num_gpu_blocks - 1))
 
     def get_usage(self):

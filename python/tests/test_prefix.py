@@ -99,10 +99,17 @@ def test_pages_a_killed_writer_published_survive_it(prefix_daemon):
             child.wait(timeout=20)
             wait_until(lambda: sibling.stats().free_pages == 13,
                        what="the dead writer's unpublished pages")
-            assert sibling.stats().used_pages == 0
+            stats = sibling.stats()
+            assert stats.used_pages == 0
+            assert (stats.prefix_published_pages, stats.prefix_cached_pages,
+                    stats.prefix_evictable_pages) == (0, 3, 3)
             found = sibling.match_prefix(chain("killed writer", 3),
                                          adopt=True)
             assert found.tolist() == pages[:3]
+            stats = sibling.stats()
+            assert (stats.prefix_published_pages, stats.prefix_cached_pages,
+                    stats.prefix_lookup_pages_total,
+                    stats.prefix_hit_pages_total) == (3, 0, 3, 3)
             theirs = np.asarray(sibling.kv_buffer("k.0"))
             slots = (found[:, None] * 4 + np.arange(4)).reshape(-1)
             assert (theirs[slots].ravel() ==
