@@ -81,11 +81,13 @@ void CallCore::FreeSessionPages(std::shared_ptr<Session> session,
     const int64_t pages = freed.ok() ? *freed : 0;
     if (reclaimed) {
       counters_.pages_reclaimed += pages;
-      log_->warn("session {} ({}) {}: {} pages reclaimed, ring released",
-                 session->id(), session->client_name(), reason, pages);
+      log_->warn("session {} ({}) {}: {} {} reclaimed, ring released",
+                 session->id(), session->client_name(), reason, pages,
+                 pages == 1 ? "page" : "pages");
     } else {
-      log_->info("session {} ({}) {}: {} pages freed", session->id(),
-                 session->client_name(), reason, pages);
+      log_->info("session {} ({}) {}: {} {} freed", session->id(),
+                 session->client_name(), reason, pages,
+                 pages == 1 ? "page" : "pages");
     }
     if (freed_callback) freed_callback();
   };
@@ -494,8 +496,8 @@ void CallCore::SubmitClearPool(bool force, Transport transport, Reply* reply) {
                releases_.Retain(session->id(), [](int64_t) { return false; });
              }
              reply->set_value(freed);
-             log_->warn("pool cleared{}: {} pages freed",
-                        force ? " (forced)" : "", freed);
+             log_->warn("pool cleared{}: {} {} freed", force ? " (forced)" : "",
+                        freed, freed == 1 ? "page" : "pages");
              return absl::OkStatus();
            });
 }
