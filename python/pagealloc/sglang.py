@@ -275,6 +275,12 @@ class _Base:
         # On the CUDA backend with PyTorch the current stream is ordered
         # after the daemon's kernel and an event recorded on it per call.
         self._ordered = self._on_device and torch is not None
+        # Frees on the GPU are fenced on the current stream (the release
+        # fence, docs/design.md): a page goes back to the pool only once the
+        # work queued before its free is done, so another session's kernel
+        # never writes KV this scheduler's forward still reads. It needs the
+        # fast channel's release word.
+        self._fenced = self._ordered and self._client.uses_fast_channel
         # Every allocation call is all-or-nothing (SGLang's None), async on
         # the GPU: its pagealloc_call_options, built once.
         self._options = _client_module._call_options_ref(
@@ -459,7 +465,7 @@ class _Base:
             return
         held = np.concatenate(self._held)
         self._held, self._num_held = [], 0
-        self._reserve.put(held[::-1])
+        self._reserve.put(held[::-1], self._free_stream())
 
     def _merge_held(self):
         """SGLang's merge of what it holds back into its free list, on the
@@ -480,7 +486,7 @@ class _Base:
         if self.need_sort:
             merged.sort()
         self._held, self._num_held = [], 0
-        reserve.put(merged[::-1])
+        reserve.put(merged[::-1], self._free_stream())
 
     def _alloc_pages(self, num_pages):
         """`num_pages` whole pages from the reserve as the slots of those
@@ -541,7 +547,7 @@ class _Base:
                 self._merge_held()
         else:
             # The reserve is a stack: the first page goes on last.
-            self._reserve.put(pages[::-1])
+            self._reserve.put(pages[::-1], self._free_stream())
 
     def _check_distinct(self, pages, what):
         """Raises InvalidArgumentError for a page named twice in `pages`
@@ -557,13 +563,23 @@ class _Base:
                 (what, pages[np.flatnonzero(~same)[0]]))
 
     def _thin_free(self, method, values, order):
-        """A free through the daemon (Client.free or free_pages). The
-        reserve's pages are the session's in the daemon's books, so the
-        daemon could not refuse one named by mistake: with a reserve open
-        they go back to the daemon first, which then refuses any page not
-        handed out."""
+        """A free through the daemon (Client.free or free_pages), fenced on
+        the current stream on the GPU. The reserve's pages are the
+        session's in the daemon's books, so the daemon could not refuse one
+        named by mistake: with a reserve open they go back to the daemon
+        first, which then refuses any page not handed out."""
         self._close_reserve()
-        method(values, order=order)
+        method(values, self._free_stream(), order=order)
+
+    def _free_stream(self):
+        """The current stream's cudaStream_t to fence a free on, or None
+        (the CPU backend, or no fast channel: freed as the host calls)."""
+        if not self._fenced:
+            return None
+        index = self._device_index
+        if index is None:
+            index = torch.cuda.current_device()
+        return self._raw_stream(index)
 
     def _whole_pages(self, slots, what="free_index"):
         """The pages of `slots` when they are whole, distinct pages the
