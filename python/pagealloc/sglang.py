@@ -576,10 +576,15 @@ class _Base:
         (the CPU backend, or no fast channel: freed as the host calls)."""
         if not self._fenced:
             return None
-        index = self._device_index
+        return self._current_raw_stream(self._device_index)
+
+    def _current_raw_stream(self, index):
+        """The current stream of CUDA device `index` (None: the current
+        device) as a cudaStream_t int."""
         if index is None:
             index = torch.cuda.current_device()
-        return self._raw_stream(index)
+        raw = self._raw_stream or _raw_stream_function()
+        return raw(index)
 
     def _whole_pages(self, slots, what="free_index"):
         """The pages of `slots` when they are whole, distinct pages the
@@ -1213,11 +1218,16 @@ class PagedTokenToKVPoolAllocator(_Base):
                          seq.size + 1 > free)
             if merge:
                 self._merge_held()
+        # The current stream as a raw handle (torch's Stream object costs
+        # more than the expansion's launch).
+        stream = (self._current_raw_stream(last_loc.device.index)
+                  if on_device else None)
         try:
             if prefix is None:
-                out = reserve.alloc_decode(seq, last_loc)
+                out = reserve.alloc_decode(seq, last_loc, stream=stream)
             else:
-                out = reserve.alloc_extend(prefix, seq, last_loc)
+                out = reserve.alloc_extend(prefix, seq, last_loc,
+                                           stream=stream)
         except ResourceExhaustedError:
             # The reserve refills from the pool on this thread, and asks the
             # other sessions for theirs, before it refuses: the pool cannot
