@@ -1,0 +1,589 @@
+#!/usr/bin/python3
+"""N scheduler replicas serving one request stream on one device, with the
+same total KV memory three ways: what one pagealloc pool, and its shared
+prefix cache, buy over a pool split per replica.
+
+    multi_replica_bench.py --target unix:///run/pagealloc/gpu0.sock \\
+        --setups split,shared,shared-prefix --replicas 1,2,3 [--json OUT]
+
+The daemon at --target must serve the model's KV layout: --semantics=sglang,
+--page_size and --num_pages as given here, and
+--kv_layout=mha:layers=L,kv_heads=KVH,head_dim=HD,dtype=D (the command
+prints the flags it expects with --print_daemon_flags).
+
+Each replica is a process with a small decoder-only transformer (random
+weights from one seed, so every replica and the reference are one model):
+token and position embeddings, --layers blocks of grouped-query attention
+and an MLP, tied output. Attention reads K and V from a paged KV store at
+the slots the replica's allocator gave, as a serving engine's paged kernel
+does (a gather in PyTorch). The scheduler batches continuously: each step
+admits what fits (a request's pages for its whole length up front, so no
+request waits on pages once running), prefills admitted requests in chunks
+of --prefill_chunk tokens, and decodes one token for every request past
+its prefill; greedy sampling.
+
+Set-ups, one KV budget of --num_pages pages in each:
+  split          each replica its own in-process SGLang-style free list of
+                 num_pages / N pages and KV tensors of its own
+  shared         the replicas on the daemon's pool through pagealloc.sglang
+                 (the page reserve), K/V in the daemon's slab
+  shared-prefix  shared, plus the daemon's prefix cache: a request matches
+                 the chained keys of its prompt's full pages, adopts the
+                 pages found (no prefill for them), and publishes the full
+                 pages it computed, so every replica reuses every other's
+
+Requests: --system_prompts prompts of --system_tokens tokens, each request
+one of them followed by a unique suffix of --suffix_tokens (a range) and
+--new_tokens to generate, from --seed; dealt to the replicas in turn. With
+--stagger_s replica r starts r * stagger seconds after the first (the
+launch-order skew of replicas that start one after another).
+
+Reports per set-up and replica count: requests/s, output tokens/s, time to
+first token and per output token (p50/p99 over requests), the most
+sequences any replica ran at once (and the least of the replicas' peaks),
+and the prefix hit rate (pages found / pages looked up; each
+shared-prefix run starts from an empty cache). --check compares
+every request's tokens with a single-process reference that runs each
+request alone over contiguous KV (CI runs that on the CPU). A benchmark,
+not a test: it never fails on time.
+"""
+
+import argparse
+import collections
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import queue
+import time
+
+import numpy as np
+import torch
+
+SETUPS = ("split", "shared", "shared-prefix")
+
+
+# ------------------------------------------------------------------ model
+
+class TinyDecoder:
+    """The model every replica runs: weights from `seed`, the same in
+    every process. forward() runs one request's chunk of tokens against
+    its K/V in `kv` (a KV store: write(layer, slots, k, v) and
+    read(layer, slots))."""
+
+    def __init__(self, args, device, dtype):
+        self.args = args
+        self.dtype = dtype
+        g = torch.Generator().manual_seed(args.seed)
+        hidden, hd = args.hidden, args.head_dim
+
+        def weight(*shape):
+            w = torch.randn(*shape, generator=g, dtype=torch.float64)
+            return (w / math.sqrt(shape[0])).to(device=device, dtype=dtype)
+
+        self.embed = weight(args.vocab, hidden)
+        self.position = weight(args.max_len, hidden)
+        self.layers = [dict(
+            wq=weight(hidden, args.heads * hd),
+            wk=weight(hidden, args.kv_heads * hd),
+            wv=weight(hidden, args.kv_heads * hd),
+            wo=weight(args.heads * hd, hidden),
+            w1=weight(hidden, 2 * hidden),
+            w2=weight(2 * hidden, hidden)) for _ in range(args.layers)]
+        self.device = device
+
+    @staticmethod
+    def _norm(x):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6)
+
+    def forward(self, kv, tokens, start, slots):
+        """Request tokens[start:] (the chunk) at positions start..: writes
+        their K/V at slots[start:len(tokens)] and attends over
+        slots[:len(tokens)]. Returns the greedy next token after the
+        chunk's last."""
+        a = self.args
+        end = len(tokens)
+        n = end - start
+        ids = torch.as_tensor(tokens[start:end], device=self.device)
+        positions = torch.arange(start, end, device=self.device)
+        own = torch.as_tensor(slots[start:end], device=self.device)
+        context = torch.as_tensor(slots[:end], device=self.device)
+        x = self.embed[ids] + self.position[positions]
+        group = a.heads // a.kv_heads
+        # Query i (position start + i) sees context positions <= its own.
+        mask = (torch.arange(end, device=self.device)[None, :] >
+                positions[:, None])
+        for layer_index, w in enumerate(self.layers):
+            h = self._norm(x)
+            q = (h @ w["wq"]).view(n, a.heads, a.head_dim)
+            k = (h @ w["wk"]).view(n, a.kv_heads, a.head_dim)
+            v = (h @ w["wv"]).view(n, a.kv_heads, a.head_dim)
+            kv.write(layer_index, own, k, v)
+            keys, values = kv.read(layer_index, context)
+            keys = keys.to(self.dtype).repeat_interleave(group, dim=1)
+            values = values.to(self.dtype).repeat_interleave(group, dim=1)
+            scores = torch.einsum("nhd,thd->hnt", q, keys) / math.sqrt(
+                a.head_dim)
+            scores = scores.masked_fill(mask[None], float("-inf"))
+            attended = torch.einsum("hnt,thd->nhd", scores.softmax(-1),
+                                    values)
+            x = x + attended.reshape(n, -1) @ w["wo"]
+            x = x + torch.nn.functional.silu(self._norm(x) @ w["w1"]) @ w["w2"]
+        logits = self._norm(x[-1]) @ self.embed.T
+        return int(torch.argmax(logits))
+
+
+class TensorKv:
+    """K/V buffers [slots, kv_heads, head_dim] per layer: torch tensors of
+    this process, or views of the daemon's slab."""
+
+    def __init__(self, keys, values):
+        self.keys, self.values = keys, values
+
+    def write(self, layer, slots, k, v):
+        self.keys[layer][slots] = k.to(self.keys[layer].dtype)
+        self.values[layer][slots] = v.to(self.values[layer].dtype)
+
+    def read(self, layer, slots):
+        return self.keys[layer][slots], self.values[layer][slots]
+
+
+def kv_dtype(args):
+    return {"fp32": torch.float32, "fp16": torch.float16,
+            "bf16": torch.bfloat16}[args.kv_dtype]
+
+
+def own_kv(args, num_slots, device):
+    shape = (num_slots, args.kv_heads, args.head_dim)
+    make = lambda: [torch.zeros(shape, dtype=kv_dtype(args), device=device)
+                    for _ in range(args.layers)]
+    return TensorKv(make(), make())
+
+
+def slab_kv(client, args, device):
+    def view(name):
+        buffer = client.kv_buffer(name)
+        if device == "cuda":
+            return torch.as_tensor(buffer, device="cuda")
+        return torch.from_numpy(np.asarray(buffer))
+    return TensorKv([view("k.%d" % i) for i in range(args.layers)],
+                    [view("v.%d" % i) for i in range(args.layers)])
+
+
+# --------------------------------------------------------------- requests
+
+def make_requests(args):
+    rng = np.random.default_rng(args.seed)
+    prompts = [rng.integers(0, args.vocab, size=args.system_tokens).tolist()
+               for _ in range(args.system_prompts)]
+    low, high = args.suffix_tokens
+    requests = []
+    for i in range(args.requests):
+        suffix = rng.integers(0, args.vocab,
+                              size=int(rng.integers(low, high + 1))).tolist()
+        requests.append(dict(id=i, prompt=prompts[i % len(prompts)] + suffix))
+    return requests
+
+
+def reference_outputs(args, requests, device="cpu"):
+    """Each request alone over contiguous K/V: the tokens a correct paged
+    engine generates, whatever its batching and caching."""
+    model = TinyDecoder(args, device, compute_dtype(args, device))
+    total = args.max_len
+    outputs = {}
+    for request in requests:
+        kv = own_kv(args, total, device)
+        slots = list(range(total))
+        tokens = list(request["prompt"])
+        out = []
+        start = 0
+        for _ in range(args.new_tokens):
+            token = model.forward(kv, tokens, start, slots)
+            out.append(token)
+            start = len(tokens)
+            tokens.append(token)
+        outputs[request["id"]] = out
+    return outputs
+
+
+def compute_dtype(args, device):
+    if args.compute_dtype:
+        return getattr(torch, args.compute_dtype)
+    return torch.bfloat16 if device == "cuda" else torch.float64
+
+
+def chain_keys(tokens, page_size, pages):
+    """vLLM-style chained page keys of tokens' first `pages` full pages."""
+    keys, parent = [], b""
+    for p in range(pages):
+        page = np.asarray(tokens[p * page_size:(p + 1) * page_size],
+                          dtype=np.int64)
+        parent = hashlib.sha256(parent + page.tobytes()).digest()
+        keys.append(parent)
+    return keys
+
+
+# ------------------------------------------------------------ KV pools
+
+class SplitPool:
+    """Set-up split: this replica's own free list of pages 1..num_pages
+    (SGLang's paged allocator in one process) over K/V of its own."""
+
+    def __init__(self, args, num_pages, device):
+        self.ps = args.page_size
+        self.free_pages = collections.deque(range(1, num_pages + 1))
+        self.kv = own_kv(args, (num_pages + 1) * self.ps, device)
+        self.lookups = self.hits = 0
+
+    def admit(self, request, pages):
+        if pages > len(self.free_pages):
+            return None
+        own = [self.free_pages.popleft() for _ in range(pages)]
+        return dict(pages=own, cached_tokens=0)
+
+    def computed(self, request, grant):
+        pass
+
+    def finish(self, grant):
+        self.free_pages.extend(grant["pages"])
+
+    def close(self):
+        pass
+
+
+class SharedPool:
+    """Set-up shared: pagealloc.sglang's allocator on the daemon's pool,
+    K/V in the daemon's slab."""
+
+    def __init__(self, args, client, device):
+        from pagealloc import sglang
+        self.ps = args.page_size
+        self.client = client
+        self.allocator = sglang.make_allocator(client)
+        self.kv = slab_kv(client, args, device)
+        self.lookups = self.hits = 0
+
+    def _own(self, pages):
+        if pages == 0:
+            return []
+        slots = self.allocator.alloc(pages * self.ps)
+        if slots is None:
+            return None
+        return (np.asarray(slots.cpu() if hasattr(slots, "cpu") else slots)
+                [::self.ps] // self.ps).tolist()
+
+    def admit(self, request, pages):
+        own = self._own(pages)
+        return None if own is None else dict(pages=own, cached_tokens=0)
+
+    def computed(self, request, grant):
+        pass
+
+    def _free_own(self, pages):
+        if pages:
+            p = np.asarray(pages, dtype=np.int64)
+            self.allocator.free((p[:, None] * self.ps +
+                                 np.arange(self.ps)).reshape(-1))
+
+    def finish(self, grant):
+        self._free_own(grant["pages"])
+
+    def close(self):
+        self.allocator.close()
+
+
+class SharedPrefixPool(SharedPool):
+    """Set-up shared-prefix: shared, and the prompt's full pages through the
+    daemon's prefix cache. The pages found are adopted (the request holds a
+    reference on each); the full prompt pages it computes come from the
+    daemon's thin alloc (they leave the session when published, which a
+    reserve's pages must not) and are published once written; the rest from
+    the allocator's reserve."""
+
+    def admit(self, request, pages):
+        prompt = request["prompt"]
+        # The last prompt token is always computed: its logits give the
+        # first output token.
+        cacheable = (len(prompt) - 1) // self.ps
+        keys = chain_keys(prompt, self.ps, cacheable)
+        found = (self.client.match_prefix(keys, adopt=True).tolist()
+                 if keys else [])
+        publishable = cacheable - len(found)
+        fresh = []
+        if publishable:
+            allocation = self.client.alloc([publishable * self.ps],
+                                           return_inline=True)
+            if allocation.ok:
+                fresh = (np.asarray(allocation.slots)[::self.ps] //
+                         self.ps).tolist()
+            self.client.release(allocation)
+            if not fresh:
+                self._drop(found)
+                return None
+        own = self._own(pages - len(found) - len(fresh))
+        if own is None:
+            self._drop(found + fresh)
+            return None
+        self.lookups += len(keys)
+        self.hits += len(found)
+        return dict(pages=found + fresh + own, cached_tokens=len(found) *
+                    self.ps, keys=keys, found=found, fresh=fresh, own=own)
+
+    def _drop(self, pages):
+        if pages:
+            self.client.free_pages(np.asarray(pages, dtype=np.int64))
+
+    def computed(self, request, grant):
+        """The prompt's K/V is written (the caller synchronized the
+        device): publish the pages it computed."""
+        if grant["fresh"]:
+            start = len(grant["found"])
+            self.client.publish(np.asarray(grant["fresh"], dtype=np.int64),
+                                grant["keys"][start:],
+                                parent_key=grant["keys"][start - 1]
+                                if start else None)
+
+    def finish(self, grant):
+        # Adopted and published pages drop this request's reference (a
+        # duplicate whose key another replica published first is freed).
+        self._drop(grant["found"] + grant["fresh"])
+        self._free_own(grant["own"])
+
+
+# --------------------------------------------------------------- replica
+
+def run_replica(rank, args, setup, num_replicas, requests, results):
+    device = "cuda" if torch.cuda.is_available() and args.device != "cpu" \
+        else "cpu"
+    if args.stagger_s:
+        time.sleep(rank * args.stagger_s)
+    client = None
+    if setup == "split":
+        pool = SplitPool(args, args.num_pages // num_replicas, device)
+    else:
+        import pagealloc
+        client = pagealloc.Client.connect(args.target,
+                                          name="replica-%d" % rank)
+        pool = (SharedPool if setup == "shared" else SharedPrefixPool)(
+            args, client, device)
+    model = TinyDecoder(args, device, compute_dtype(args, device))
+    ps = args.page_size
+    waiting = collections.deque(requests)
+    running = []
+    done = {}
+    ttft, tpot = [], []
+    peak = 0
+    start_time = time.perf_counter()
+    while waiting or running:
+        # Admit what fits: every page of the request's whole length.
+        while waiting and len(running) < args.max_running:
+            request = waiting[0]
+            length = len(request["prompt"]) + args.new_tokens
+            grant = pool.admit(request, -(-length // ps))
+            if grant is None:
+                break
+            waiting.popleft()
+            slots = (np.asarray(grant["pages"], dtype=np.int64)[:, None] *
+                     ps + np.arange(ps)).reshape(-1).tolist()
+            running.append(dict(request=request, grant=grant, slots=slots,
+                                tokens=list(request["prompt"]),
+                                done_to=grant["cached_tokens"], out=[],
+                                arrived=start_time, last=None))
+        if not running:
+            raise SystemExit("replica %d: a request does not fit an empty "
+                             "pool" % rank)
+        peak = max(peak, len(running))
+        stepped = []
+        for r in running:
+            prompt = len(r["request"]["prompt"])
+            if r["done_to"] < prompt:   # a prefill chunk
+                end = min(prompt, r["done_to"] + args.prefill_chunk)
+                token = model.forward(pool.kv, r["tokens"][:end],
+                                      r["done_to"], r["slots"])
+                r["done_to"] = end
+                if end == prompt:
+                    stepped.append((r, token))
+            else:                        # a decode step
+                token = model.forward(pool.kv, r["tokens"], r["done_to"],
+                                      r["slots"])
+                r["done_to"] = len(r["tokens"])
+                stepped.append((r, token))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        for r, token in stepped:
+            if not r["out"]:
+                ttft.append(now - r["arrived"])
+                pool.computed(r["request"], r["grant"])
+            else:
+                tpot.append(now - r["last"])
+            r["last"] = now
+            r["out"].append(token)
+            r["tokens"].append(token)
+        still = []
+        for r in running:
+            if len(r["out"]) >= args.new_tokens:
+                pool.finish(r["grant"])
+                done[r["request"]["id"]] = r["out"]
+            else:
+                still.append(r)
+        running = still
+    elapsed = time.perf_counter() - start_time
+    pool.close()
+    if client is not None:
+        client.close()
+    results.put(dict(rank=rank, outputs=done, elapsed_s=elapsed, ttft=ttft,
+                     tpot=tpot, peak=peak, lookups=pool.lookups,
+                     hits=pool.hits, device=device))
+
+
+def run(args, setup, num_replicas, requests):
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    shares = [requests[r::num_replicas] for r in range(num_replicas)]
+    procs = [ctx.Process(target=run_replica,
+                         args=(r, args, setup, num_replicas, shares[r],
+                               results))
+             for r in range(num_replicas)]
+    for p in procs:
+        p.start()
+    rows = []
+    deadline = time.monotonic() + args.timeout_s
+    while len(rows) < num_replicas:
+        try:
+            rows.append(results.get(timeout=1))
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise SystemExit("%s x%d: a replica failed (exit %s)" %
+                                 (setup, num_replicas, failed or "timeout"))
+    for p in procs:
+        p.join()
+    return rows
+
+
+def summarize(setup, num_replicas, rows, args):
+    def pct(values, q):
+        return float(np.percentile(values, q)) * 1e3 if values else 0.0
+    ttft = sum((r["ttft"] for r in rows), [])
+    tpot = sum((r["tpot"] for r in rows), [])
+    elapsed = max(r["elapsed_s"] for r in rows) + (
+        (num_replicas - 1) * args.stagger_s)
+    lookups = sum(r["lookups"] for r in rows)
+    outputs = {}
+    for r in rows:
+        outputs.update(r["outputs"])
+    return dict(
+        setup=setup, replicas=num_replicas, device=rows[0]["device"],
+        requests=len(outputs),
+        requests_per_s=len(outputs) / elapsed,
+        tokens_per_s=len(outputs) * args.new_tokens / elapsed,
+        ttft_ms_p50=pct(ttft, 50), ttft_ms_p99=pct(ttft, 99),
+        tpot_ms_p50=pct(tpot, 50), tpot_ms_p99=pct(tpot, 99),
+        peak_sequences_max=max(r["peak"] for r in rows),
+        peak_sequences_min=min(r["peak"] for r in rows),
+        prefix_hit_rate=(sum(r["hits"] for r in rows) / lookups
+                         if lookups else 0.0),
+        outputs=outputs)
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--target", default=os.environ.get("PAGEALLOC_TARGET"))
+    p.add_argument("--setups", default=",".join(SETUPS))
+    p.add_argument("--replicas", default="1,2,3")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu"))
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv_heads", type=int, default=2)
+    p.add_argument("--head_dim", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--max_len", type=int, default=4096)
+    p.add_argument("--kv_dtype", default="fp16",
+                   choices=("fp32", "fp16", "bf16"))
+    p.add_argument("--compute_dtype", default="",
+                   help="float64, float32, bfloat16 (default: bfloat16 on "
+                   "CUDA, float64 on the CPU)")
+    p.add_argument("--page_size", type=int, default=16)
+    p.add_argument("--num_pages", type=int, default=4096)
+    p.add_argument("--requests", type=int, default=96)
+    p.add_argument("--system_prompts", type=int, default=4)
+    p.add_argument("--system_tokens", type=int, default=1024)
+    p.add_argument("--suffix_tokens", type=int, nargs=2, default=(32, 256))
+    p.add_argument("--new_tokens", type=int, default=64)
+    p.add_argument("--prefill_chunk", type=int, default=512)
+    p.add_argument("--max_running", type=int, default=256)
+    p.add_argument("--stagger_s", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout_s", type=float, default=3600)
+    p.add_argument("--check", action="store_true",
+                   help="compare every request's tokens with the "
+                   "single-process reference")
+    p.add_argument("--print_daemon_flags", action="store_true")
+    p.add_argument("--json")
+    return p
+
+
+def daemon_flags(args):
+    return ["--semantics=sglang", "--page_size=%d" % args.page_size,
+            "--num_pages=%d" % args.num_pages,
+            "--kv_layout=mha:layers=%d,kv_heads=%d,head_dim=%d,dtype=%s" % (
+                args.layers, args.kv_heads, args.head_dim, args.kv_dtype)]
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if args.print_daemon_flags:
+        print(" ".join(daemon_flags(args)))
+        return []
+    setups = args.setups.split(",")
+    for setup in setups:
+        if setup not in SETUPS:
+            raise SystemExit("--setups: %r is none of %s" % (setup, SETUPS))
+        if setup != "split" and not args.target:
+            raise SystemExit("--target (or PAGEALLOC_TARGET) is needed for "
+                             "%s" % setup)
+    requests = make_requests(args)
+    reference = reference_outputs(args, requests) if args.check else None
+    table = []
+    for num_replicas in [int(n) for n in args.replicas.split(",")]:
+        for setup in setups:
+            if setup == "shared-prefix":
+                # Each run starts from an empty cache: what it hits, its
+                # own replicas published.
+                import pagealloc
+                pagealloc.reset_prefix_cache(args.target)
+            row = summarize(setup, num_replicas,
+                            run(args, setup, num_replicas, requests), args)
+            if reference is not None:
+                row["mismatches"] = sorted(
+                    i for i, want in reference.items()
+                    if row["outputs"].get(i) != want)
+            table.append(row)
+            print(json.dumps({k: v for k, v in row.items()
+                              if k != "outputs"}), flush=True)
+    print()
+    print("| set-up | replicas | requests/s | tokens/s | TTFT p50 / p99 ms | "
+          "TPOT p50 / p99 ms | peak sequences (max / min replica) | "
+          "prefix hit rate |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in table:
+        print("| %s | %d | %.2f | %.1f | %.1f / %.1f | %.2f / %.2f | %d / %d "
+              "| %.2f |" % (r["setup"], r["replicas"], r["requests_per_s"],
+                            r["tokens_per_s"], r["ttft_ms_p50"],
+                            r["ttft_ms_p99"], r["tpot_ms_p50"],
+                            r["tpot_ms_p99"], r["peak_sequences_max"],
+                            r["peak_sequences_min"], r["prefix_hit_rate"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table, f, indent=1)
+    return table
+
+
+if __name__ == "__main__":
+    main()
