@@ -852,11 +852,24 @@ def test_cuda_slots_are_zero_copy_for_cupy(daemon):
 
 # ------------------------------------------------------------ page reserves
 
+def settled(reserve):
+    """Waits for the refill a take below the low mark asks of the reserve's
+    thread: once the reserve holds its batch again the thread moves no
+    page until a take or a put crosses a mark."""
+    def refilled():
+        stats = reserve.stats()
+        return stats["pages"] >= stats["batch"]
+    wait_until(refilled, what="the reserve's thread to refill")
+
+
 def test_frees_fenced_on_a_stream_wait_for_the_release_word(daemon):
     with daemon.connect(name="fence") as client, \
             daemon.connect(name="grpc", fast_channel=False) as slow:
         with client.reserve(initial_batch=2, max_pages=8) as reserve:
             pages = reserve.take(3)
+            # The counts below are the session's pages, the reserve's among
+            # them: its thread's refill must be done before they are read.
+            settled(reserve)
             used = client.stats().used_pages
             # Value 5 is not queued yet: the page stays the session's.
             assert client.free_pages_after(pages[:1], 5) == 1
@@ -894,6 +907,7 @@ def test_reserve_hands_out_the_sessions_pages(daemon):
             assert all(1 <= p <= 16 for p in pages.tolist())
             # The pages are the session's in the daemon's pool: another
             # session naming them is refused and nothing changes.
+            settled(reserve)
             used = client.stats().used_pages
             with pytest.raises(pagealloc.PermissionDeniedError,
                                match="belongs to another session"):
