@@ -12,7 +12,8 @@
 #   DEST/anchor/   with --anchor DIR: the seed's triton_anchor.py and
 #                  seed_triton_kernels.py, for run_kernels.sh, and
 #                  sglang_unsynced_call.py where DIR has it, for run_e2e.sh
-#   DEST/run_kernels.sh, run_daemon_suite.sh, run_e2e.sh and their helpers,
+#   DEST/run_kernels.sh, run_daemon_suite.sh, run_e2e.sh, run_engines.sh
+#                  and their helpers,
 #   DEST/MANIFEST  the commit, the build host and the packaged files
 # Usage: tools/gpu/package.sh [--anchor DIR] DEST
 #   DEST: a directory (replaced if it holds a package), or NAME.tar.gz for a
@@ -124,7 +125,8 @@ for soname in "${!libs[@]}"; do
 done
 
 cp tools/gpu/gpu_common.sh tools/gpu/run_kernels.sh \
-  tools/gpu/run_daemon_suite.sh tools/gpu/run_e2e.sh tools/gpu/e2e_summary.py \
+  tools/gpu/run_daemon_suite.sh tools/gpu/run_e2e.sh tools/gpu/run_engines.sh \
+  tools/gpu/e2e_summary.py \
   tools/gpu/README.md bench/compare.py bench/plot.sh "$stage/"
 # The Python package and its tests, run on the GPU host against
 # bin/client/libpagealloc_client.so (PAGEALLOC_LIBRARY).
@@ -180,5 +182,6 @@ if [[ -n $tarball ]]; then
   echo "  tar xzf $(basename "$tarball")"
 fi
 pkg=$(basename "$stage")
-echo "  $pkg/run_kernels.sh; $pkg/run_daemon_suite.sh; $pkg/run_e2e.sh" \
+echo "  $pkg/run_kernels.sh; $pkg/run_daemon_suite.sh; $pkg/run_e2e.sh;" \
+  "$pkg/run_engines.sh" \
   "  # results in ./gpu-results"
