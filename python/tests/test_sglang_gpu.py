@@ -275,6 +275,9 @@ def test_reserve_legacy_calls_expand_on_the_stream_without_host_sync(
         allocator = sglang.make_allocator(
             client, device="cuda", reserve_options=dict(
                 max_pages=64, initial_batch=64, starved_wait=0))
+        # (Filling the reserve with the pool may have refilled on this
+        # thread once, when its own thread had not started yet.)
+        refills = allocator.reserve.stats()["sync_refills"]
         zeros = torch.zeros(4, dtype=torch.int64)
         seq = torch.full((4,), 10, dtype=torch.int64)
         out = allocator.alloc_extend(
@@ -295,7 +298,7 @@ def test_reserve_legacy_calls_expand_on_the_stream_without_host_sync(
         np.testing.assert_array_equal(
             doubled.cpu().numpy(),
             np.array([26, 42, 58, 74], dtype=np.int64) * 2)
-        assert allocator.reserve.stats()["sync_refills"] == 0
+        assert allocator.reserve.stats()["sync_refills"] == refills
         allocator.reserve.take_device_error()  # no last_loc was refused
         # The requests' whole pages go back into the reserve.
         pages = torch.arange(1, 5, dtype=torch.int64)

@@ -375,6 +375,9 @@ def test_legacy_calls_take_their_pages_from_the_reserve(make_daemon):
     with lone(make_daemon, 4, 8) as allocator:
         stats = allocator.client.stats()
         assert allocator.reserve.stats()["pages"] == 8
+        # (Filling the reserve with the pool may have refilled on this
+        # thread once, when its own thread had not started yet.)
+        refills = allocator.reserve.stats()["sync_refills"]
         prefix = np.zeros(4, dtype=np.int64)
         seq = np.full(4, 3, dtype=np.int64)  # three slots of a page each
         last = np.full(4, -1, dtype=np.int64)
@@ -392,7 +395,7 @@ def test_legacy_calls_take_their_pages_from_the_reserve(make_daemon):
         # thread's refills of an empty pool are refused).
         after = allocator.client.stats()
         assert after.slots_allocated_total == stats.slots_allocated_total
-        assert allocator.reserve.stats()["sync_refills"] == 0
+        assert allocator.reserve.stats()["sync_refills"] == refills
         # The requests' whole pages go back into the reserve.
         pages = np.unique(np.concatenate((out, step)) // 4)
         allocator.free((pages[:, None] * 4 + np.arange(4)).reshape(-1))
