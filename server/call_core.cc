@@ -608,12 +608,14 @@ void CallCore::SubmitResetPrefixCache(Transport transport, Reply* reply) {
     return Answer(reply, Method::kResetPrefixCache, transport, start,
                   DrainingError());
   }
-  // As ClearPool: session 0, in order with the work queued before it.
+  // An operator's call, of no session (0): it runs in order with the work
+  // queued before it, as ClearPool does.
   SubmitOp(reply, Method::kResetPrefixCache, transport, start,
            /*session_id=*/0, [this, reply]() -> absl::Status {
              ASSIGN_OR_RETURN(const int64_t evicted, pool_->ResetPrefixCache());
              reply->set_value(evicted);
-             log_->info("prefix cache reset: {} pages evicted", evicted);
+             log_->info("prefix cache reset: {} {} evicted", evicted,
+                        evicted == 1 ? "page" : "pages");
              return absl::OkStatus();
            });
 }
