@@ -428,4 +428,12 @@ std::vector<int64_t> PageReserve::pages() const {
   return std::vector<int64_t>(reserve_.rbegin(), reserve_.rend());
 }
 
+int64_t PageReserve::Peek(absl::Span<int64_t> out) const {
+  absl::MutexLock lock(&mu_);
+  const int64_t n = std::min<int64_t>(out.size(), reserve_.size());
+  // From the top of the stack down, as Take writes out[0], out[1], ...
+  std::copy_n(reserve_.rbegin(), n, out.begin());
+  return n;
+}
+
 }  // namespace pagealloc

@@ -156,6 +156,19 @@ class PageReserve {
   PageReserveStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // The pages in the reserve now, in the order Take hands them out.
   std::vector<int64_t> pages() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes to `out[0..k)` the pages the next Takes would hand out, in the
+  // order consecutive Takes hand them out (out[0] is the first page the
+  // next Take writes), k = min(out.size(), the pages in the reserve), and
+  // returns k. Takes nothing and changes nothing, the stats included: a
+  // peek is not demand, so it neither counts as a Take for the batch nor
+  // wakes the thread. A guess, not a hold: before the next Take the
+  // reserve's thread may refill on top of these pages (the Take then
+  // hands out new ones first) or return the deepest of them to the
+  // daemon, a Put pushes its pages on top, and another thread's Take may
+  // take them. So a caller that keeps them (the SGLang adapter mirrors
+  // their slots on the GPU ahead of a step) checks each Take's pages
+  // against them and falls back to what Take handed out.
+  int64_t Peek(absl::Span<int64_t> out) const ABSL_LOCKS_EXCLUDED(mu_);
   // Returns the index in `pages` of the first page this reserve has not
   // handed out (never, or put back since; any id outside the pool), or -1
   // when it handed out all of them: the local expansion's check that a

@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 5
+#define PAGEALLOC_ABI_VERSION_MINOR 6
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -732,6 +732,20 @@ void pagealloc_reserve_destroy(pagealloc_reserve* reserve);
  * nothing taken, when the pool or the session's quota cannot supply them. */
 int32_t pagealloc_reserve_take(pagealloc_reserve* reserve, int64_t n,
                                int64_t* pages, pagealloc_error* error);
+
+/* ABI 1.6. Writes to `pages[0..*count)` the ids the next takes would hand
+ * out, in the order consecutive pagealloc_reserve_take calls write them
+ * (pages[0] first), *count = min(max_pages, the pages in the reserve);
+ * `pages` may be NULL when max_pages is 0. Takes nothing and changes
+ * nothing, the reserve's stats included. A guess, not a hold: before the
+ * next take the reserve's thread may refill on top of these pages or
+ * return some of them, a put pushes its pages on top, and another thread
+ * may take them; a caller that keeps them (to prepare their slots ahead
+ * of a step) checks each take's pages against them. INVALID_ARGUMENT for
+ * a NULL reserve or count, or NULL pages with max_pages > 0. */
+int32_t pagealloc_reserve_peek(pagealloc_reserve* reserve, int64_t* pages,
+                               size_t max_pages, int64_t* count,
+                               pagealloc_error* error);
 
 /* Puts `n` pages taken from this reserve back into it (they stay the
  * session's). INVALID_ARGUMENT naming the page, and nothing changes, when

@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "server/fast_channel_server.h"
@@ -133,6 +134,68 @@ TEST_F(PageReserveTest, TakesFromTheReserveWithoutARoundTrip) {
   // The reserve's pages go back to the pool with it; handed-out pages stay.
   reserve.reset();
   EXPECT_EQ(OwnedBy(client->session_id()), 10);
+}
+
+// Peek names the pages the next Takes hand out, in the order they hand
+// them out, and takes nothing; a Put's pages are on top (last put first).
+TEST_F(PageReserveTest, PeekNamesWhatTheNextTakesHandOutAndTakesNothing) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), Manual(4, 16)));
+  ASSERT_OK(reserve->Maintain());  // refills to 2 * 4
+  const PageReserveStats before = reserve->stats();
+  ASSERT_EQ(before.pages, 8);
+
+  std::vector<int64_t> peeked(8, -1);
+  ASSERT_EQ(reserve->Peek(absl::MakeSpan(peeked)), 8);
+  EXPECT_EQ(peeked, reserve->pages());
+  // Room for none: nothing written. Room for more than the reserve holds:
+  // the reserve's pages, the rest of `out` as it was.
+  EXPECT_EQ(reserve->Peek(absl::Span<int64_t>()), 0);
+  std::vector<int64_t> wide(12, -1);
+  ASSERT_EQ(reserve->Peek(absl::MakeSpan(wide)), 8);
+  EXPECT_EQ(std::vector<int64_t>(wide.begin(), wide.begin() + 8), peeked);
+  EXPECT_EQ(std::vector<int64_t>(wide.begin() + 8, wide.end()),
+            std::vector<int64_t>(4, -1));
+
+  // Nothing taken, nothing counted.
+  const PageReserveStats after = reserve->stats();
+  EXPECT_EQ(after.pages, before.pages);
+  EXPECT_EQ(after.handed_out, 0);
+  EXPECT_EQ(after.takes, before.takes);
+  EXPECT_EQ(after.batch, before.batch);
+  EXPECT_EQ(after.refills, before.refills);
+  EXPECT_EQ(after.returns, before.returns);
+  EXPECT_EQ(after.sync_refills, before.sync_refills);
+  EXPECT_EQ(OwnedBy(client->session_id()), 8);
+  for (const int64_t page : peeked) {
+    // Not handed out: a Put of it is refused.
+    EXPECT_THAT(reserve->Put({page}),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::HasSubstr("not handed out")));
+  }
+
+  // Consecutive Takes hand out the peeked pages in order.
+  std::vector<int64_t> taken;
+  ASSERT_OK(reserve->Take(3, &taken));
+  ASSERT_OK(reserve->Take(2, &taken));
+  EXPECT_EQ(taken, std::vector<int64_t>(peeked.begin(), peeked.begin() + 5));
+  std::vector<int64_t> rest(8, -1);
+  ASSERT_EQ(reserve->Peek(absl::MakeSpan(rest)), 3);
+  EXPECT_EQ(std::vector<int64_t>(rest.begin(), rest.begin() + 3),
+            std::vector<int64_t>(peeked.begin() + 5, peeked.end()));
+
+  // Put back, the put pages come first, the last put first.
+  ASSERT_OK(reserve->Put({taken[0], taken[1]}));
+  std::vector<int64_t> next(5, -1);
+  ASSERT_EQ(reserve->Peek(absl::MakeSpan(next)), 5);
+  EXPECT_EQ(next, (std::vector<int64_t>{taken[1], taken[0], peeked[5],
+                                        peeked[6], peeked[7]}));
+  int64_t out[5] = {-1, -1, -1, -1, -1};
+  ASSERT_OK(reserve->Take(5, out));
+  EXPECT_EQ(std::vector<int64_t>(out, out + 5), next);
+  EXPECT_EQ(reserve->Peek(absl::MakeSpan(next)), 0);
 }
 
 TEST_F(PageReserveTest, ReturnsAboveTheHighMark) {

@@ -412,6 +412,95 @@ TEST_F(PageallocCApiTest, AReserveHandsOutTheSessionsPages) {
   EXPECT_EQ(Stats().used_pages, 0);
 }
 
+// ABI 1.6: a peek names the pages the next take hands out, in its order,
+// and takes nothing.
+TEST_F(PageallocCApiTest, AReservePeekNamesWhatTheNextTakeHandsOut) {
+  pagealloc_reserve_options options;
+  pagealloc_reserve_options_init(&options, sizeof(options));
+  // Low mark 4, aim and high mark 8: once the thread's first refill has
+  // brought 8 pages it leaves the reserve alone while it holds 4 to 8, so
+  // nothing lands on top between the peek and the take below.
+  options.initial_batch = 4;
+  options.max_pages = 8;
+  pagealloc_reserve* reserve = nullptr;
+  ASSERT_EQ(pagealloc_reserve_create(client_, &options, &reserve, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  pagealloc_reserve_stats stats;
+  stats.struct_size = sizeof(stats);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {
+    ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &stats, &error_),
+              PAGEALLOC_OK)
+        << error_.message;
+    if (stats.pages == 8) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(stats.pages, 8);
+
+  int64_t count = -1;
+  std::vector<int64_t> peeked(3, -1);
+  ASSERT_EQ(pagealloc_reserve_peek(reserve, peeked.data(), peeked.size(),
+                                   &count, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(count, 3);
+  // Nothing taken: the same pages again, the counts as they were.
+  std::vector<int64_t> again(3, -1);
+  ASSERT_EQ(pagealloc_reserve_peek(reserve, again.data(), again.size(), &count,
+                                   &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(again, peeked);
+  pagealloc_reserve_stats after;
+  after.struct_size = sizeof(after);
+  ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &after, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(after.pages, 8);
+  EXPECT_EQ(after.handed_out, 0);
+  EXPECT_EQ(after.takes, stats.takes);
+  // No room: nothing written, and `pages` may be NULL.
+  ASSERT_EQ(pagealloc_reserve_peek(reserve, nullptr, 0, &count, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(count, 0);
+
+  std::vector<int64_t> taken(3, -1);
+  ASSERT_EQ(pagealloc_reserve_take(reserve, 3, taken.data(), &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(taken, peeked);
+  // More room than the reserve holds: its 5 pages, the rest untouched.
+  std::vector<int64_t> wide(16, -1);
+  ASSERT_EQ(pagealloc_reserve_peek(reserve, wide.data(), wide.size(), &count,
+                                   &error_),
+            PAGEALLOC_OK);
+  ASSERT_EQ(count, 5);
+  EXPECT_EQ(wide[5], -1);
+  std::vector<int64_t> rest(5, -1);
+  ASSERT_EQ(pagealloc_reserve_take(reserve, 5, rest.data(), &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(rest, std::vector<int64_t>(wide.begin(), wide.begin() + 5));
+
+  // Argument errors.
+  EXPECT_EQ(pagealloc_reserve_peek(nullptr, wide.data(), wide.size(), &count,
+                                   &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "reserve is NULL"), nullptr);
+  EXPECT_EQ(pagealloc_reserve_peek(reserve, wide.data(), wide.size(), nullptr,
+                                   &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "count is NULL"), nullptr);
+  count = -1;
+  EXPECT_EQ(pagealloc_reserve_peek(reserve, nullptr, 2, &count, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "pages is NULL with 2 entries"),
+            nullptr);
+  EXPECT_EQ(count, -1);  // untouched
+
+  pagealloc_reserve_destroy(reserve);
+}
+
 TEST_F(PageallocCApiTest, AReserveExpandsSlotsInProcess) {
   pagealloc_allocation* probe = Alloc({4});
   const bool on_device = pagealloc_allocation_get_view(probe)->on_device;

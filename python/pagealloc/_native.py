@@ -308,6 +308,9 @@ def _declare(lib):
     if lib.pagealloc_abi_version() & 0xFFFF >= 5:  # ABI 1.5
         signatures["pagealloc_reserve_last_expansion_pages"] = (
             i32, [ptr, i32, ptr, size, p_i64, p_error])
+    if lib.pagealloc_abi_version() & 0xFFFF >= 6:  # ABI 1.6
+        signatures["pagealloc_reserve_peek"] = (
+            i32, [ptr, ptr, size, p_i64, p_error])
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
         function.restype = restype
@@ -345,3 +348,5 @@ MEMORY_DEVICE = 1  # CUDA device memory, on the caller's stream
 HAS_LOCAL_EXPANSION = lib.pagealloc_abi_version() & 0xFFFF >= 3
 # Whether it also says which pages an expansion took (ABI 1.5).
 HAS_EXPANSION_PAGES = lib.pagealloc_abi_version() & 0xFFFF >= 5
+# Whether a reserve names its next pages without handing them out (1.6).
+HAS_RESERVE_PEEK = lib.pagealloc_abi_version() & 0xFFFF >= 6
