@@ -873,6 +873,7 @@ class PageReserve:
         boxes.append(self._box)
         self.page_size = client.pool.page_size
         self._expansion_pages = np.empty(1024, dtype=np.int64)
+        self._peeked = np.empty(0, dtype=np.int64)
 
     @property
     def _handle(self):
@@ -889,6 +890,26 @@ class PageReserve:
         _check(_lib.pagealloc_reserve_take(self._live(), n, _address(pages),
                                            ctypes.byref(error)), error)
         return pages
+
+    def peek(self, max_pages):
+        """The pages the next takes would hand out, the next first: up to
+        `max_pages` of those the reserve holds now, as an int64 NumPy
+        array. Nothing is taken (its thread may refill on top, or return
+        them, before a take); ABI 1.6."""
+        if not _native.HAS_RESERVE_PEEK:
+            raise FailedPreconditionError(
+                "%s cannot name a reserve's next pages (ABI 1.6 needed)" %
+                _native.path)
+        max_pages = _whole(max_pages, "max_pages")
+        pages = self._peeked
+        if pages.size < max_pages:
+            self._peeked = pages = np.empty(max_pages, dtype=np.int64)
+        count = ctypes.c_int64(0)
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_peek(
+            self._live(), _address(pages), max_pages, ctypes.byref(count),
+            ctypes.byref(error)), error)
+        return pages[:count.value].copy()
 
     def put(self, pages, stream=None):
         """Puts pages taken from this reserve back into it. Raises

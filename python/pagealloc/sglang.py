@@ -67,6 +67,7 @@ import numpy as np
 
 from pagealloc import _native
 from pagealloc import client as _client_module
+from pagealloc._reserve_mirror import ReserveMirror
 from pagealloc.client import Client
 from pagealloc.errors import (InvalidArgumentError, ResourceExhaustedError,
                               StatusCode)
@@ -86,6 +87,11 @@ except ImportError:  # pragma: no cover - depends on the host
 
 # Allocation calls whose ring slots stay untouched after they return.
 DEFAULT_KEEP_ALLOCATIONS = 8
+# The most slots of the reserve's top mirrored on the device by default
+# (_reserve_mirror.py; mirror_pages=None: this many slots' pages, and no
+# mirror at page size 1): a decode step's alloc(need_size) is a slice of it
+# for several steps between two copies.
+DEFAULT_MIRROR_SLOTS = 4096
 
 _INT64 = np.dtype(np.int64)
 
@@ -215,7 +221,7 @@ class _Base:
 
     def __init__(self, size, page_size, dtype, device, kvcache, need_sort,
                  client, keep_allocations, client_name, use_reserve=True,
-                 reserve_options=None):
+                 reserve_options=None, mirror_pages=None):
         self._client = _connect(client, client_name)
         pool = self._client.pool
         semantics = getattr(pool, "semantics", None)
@@ -247,6 +253,13 @@ class _Base:
         if int(keep_allocations) < 0:
             raise ValueError("keep_allocations (%d) is negative" %
                              keep_allocations)
+        if mirror_pages is None:
+            # The token allocator's frees queue behind its free list, never
+            # on the reserve's top: a mirror would miss after every merge.
+            mirror_pages = (DEFAULT_MIRROR_SLOTS // int(page_size)
+                            if int(page_size) > 1 else 0)
+        if int(mirror_pages) < 0:
+            raise ValueError("mirror_pages (%d) is negative" % mirror_pages)
 
         self.size = int(size)
         self.page_size = int(page_size)
@@ -324,6 +337,19 @@ class _Base:
         self._scratch = np.zeros(self.num_pages + 1, dtype=np.int64)
         self._index = np.arange(self.num_pages + 1, dtype=np.int64)
         self._staging = None  # _PinnedStaging for a CUDA device, lazily
+        # The slots of the reserve's next pages on the device, so that
+        # alloc(need_size) is a slice (None: mirror_pages=0, or a library
+        # without pagealloc_reserve_peek: a copy per call). On CUDA, the
+        # stream its slots were written on (a raw handle) and an event
+        # after that, for a caller that allocates on another stream.
+        self._mirror = None
+        if int(mirror_pages) and _native.HAS_RESERVE_PEEK:
+            self._mirror = ReserveMirror(self.page_size,
+                                         self._mirror_to_device,
+                                         self._mirror_concat,
+                                         int(mirror_pages))
+        self._mirror_stream = None
+        self._mirror_event = None
         if self._use_reserve:
             self._open_reserve()
 
@@ -414,6 +440,17 @@ class _Base:
         after the thin path took its pages back)."""
         return self._reserve
 
+    @property
+    def mirror_stats(self):
+        """The device mirror of the reserve's top (None without one):
+        pages mirrored now, takes it answered with a slice (hits) and takes
+        it did not (misses: the slots were copied)."""
+        mirror = self._mirror
+        if mirror is None:
+            return None
+        return dict(pages=len(mirror), hits=mirror.hits,
+                    misses=mirror.misses)
+
     def _open_reserve(self):
         """Opens the session's reserve. One that may hold the whole pool
         (reserve_options max_pages >= num_pages) on a pool with every page
@@ -475,14 +512,14 @@ class _Base:
         reserve = self._reserve
         held = np.concatenate(self._held)
         try:
-            front = reserve.take(min(reserve.stats()["pages"],
-                                     self.num_pages))
+            listed = reserve.take(min(reserve.stats()["pages"],
+                                      self.num_pages))
         except ResourceExhaustedError:
             # The reserve's thread returned pages between the two calls
             # and the pool could not make up for them: the held pages go
             # on top of what the reserve holds.
-            front = np.zeros(0, dtype=np.int64)
-        merged = np.concatenate((front, held))
+            listed = np.zeros(0, dtype=np.int64)
+        merged = np.concatenate((listed, held))
         if self.need_sort:
             merged.sort()
         self._held, self._num_held = [], 0
@@ -491,21 +528,68 @@ class _Base:
     def _alloc_pages(self, num_pages):
         """`num_pages` whole pages from the reserve as the slots of those
         pages, or None when the pool (after SGLang's merge) cannot supply
-        them."""
+        them: a slice of the mirror's slots when they are its next pages,
+        else a copy of theirs."""
         reserve = self._live_reserve()
         if self._num_held and num_pages > reserve.stats()["pages"]:
             self._merge_held()
+        mirror = self._mirror
+        if mirror is not None and len(mirror) < num_pages:
+            top = reserve.peek(mirror.max_pages)
+            if top.size >= num_pages:
+                mirror.refresh(top)
         try:
             pages = reserve.take(num_pages)
         except ResourceExhaustedError:
             return None
         self._taken[pages] = True
+        if mirror is not None:
+            slots = mirror.take(pages)
+            if slots is not None:
+                if self._mirror_stream is not None:
+                    self._order_mirror(slots)
+                return slots
         if self.page_size == 1:
             slots = pages
         else:
             slots = (pages[:, None] * self.page_size +
                      self._slot_offsets).reshape(-1)
         return self._slots_result(slots)
+
+    def _mirror_to_device(self, slots):
+        """The mirror's slots on the device (_slots_result)."""
+        out = self._slots_result(slots)
+        self._note_mirror_stream()
+        return out
+
+    def _mirror_concat(self, first, second):
+        """Two of the mirror's device values joined, a new one."""
+        if torch is None:
+            return np.concatenate((first, second))
+        out = torch.cat((first, second))
+        self._note_mirror_stream()
+        return out
+
+    def _note_mirror_stream(self):
+        """On CUDA: the stream the mirror's slots were written on, and an
+        event after the write."""
+        if torch is None or self._torch_device.type != "cuda":
+            return
+        self._mirror_stream = self._current_raw_stream(self._device_index)
+        if self._mirror_event is None:
+            self._mirror_event = torch.cuda.Event()
+        self._mirror_event.record()
+
+    def _order_mirror(self, slots):
+        """A caller on another stream than the mirror's write: its stream
+        waits for the write, and the slots' memory stays allocated for it
+        (the caching allocator's record_stream)."""
+        raw = self._current_raw_stream(self._device_index)
+        if raw == self._mirror_stream:
+            return
+        stream = torch.cuda.current_stream(self._device_index)
+        stream.wait_event(self._mirror_event)
+        slots.record_stream(stream)
 
     def _slots_result(self, slots):
         """Host slots as the caller's result: a NumPy array without
@@ -520,13 +604,15 @@ class _Base:
             self._staging = _PinnedStaging(self._torch_device)
         return self._staging.copy(slots)
 
-    def _release_pages(self, pages, checked=False):
+    def _release_pages(self, pages, checked=False, device_slots=None):
         """Gives pages of this session back, the first the next handed out:
         into the reserve (or held back, as SGLang holds them) when the
         reserve handed them all out, else to the daemon (_thin_free).
         Raises, and nothing is freed, for a page named twice or one the
         daemon refuses. `checked`: _whole_pages found them distinct pages
-        the reserve handed out."""
+        the reserve handed out. `device_slots`: their slots, page after
+        page, on the allocator's device (the device mirror joins them
+        without a copy from the host), or None."""
         if not checked:
             if (self._reserve is None or pages.min() < 1 or
                     pages.max() > self.num_pages or
@@ -548,6 +634,8 @@ class _Base:
         else:
             # The reserve is a stack: the first page goes on last.
             self._reserve.put(pages[::-1], self._free_stream())
+            if self._mirror is not None:
+                self._mirror.prepend(pages, device_slots)
 
     def _check_distinct(self, pages, what):
         """Raises InvalidArgumentError for a page named twice in `pages`
@@ -708,9 +796,27 @@ class _Base:
         if self.free_group is not None:
             self.free_group.append(slots.copy())
         elif pages is not None:
-            self._release_pages(pages, checked=True)
+            self._release_pages(pages, checked=True,
+                                device_slots=self._on_device_as_given(
+                                    free_index, slots))
         else:
             self._free_slots_now(slots)
+
+    def _on_device_as_given(self, values, host):
+        """`values` (whose int64 host copy is `host`) on the allocator's
+        device as the mirror holds slots, where that needs no copy from the
+        host; else None."""
+        if self._mirror is None:
+            return None
+        if torch is None:
+            return host
+        if self._torch_device.type == "cpu":
+            return torch.from_numpy(host)
+        if (isinstance(values, torch.Tensor) and values.is_cuda and
+                (self._device_index is None or
+                 values.device.index == self._device_index)):
+            return values.detach().reshape(-1).to(torch.int64)
+        return None
 
     def free_page_ids(self, page_ids):
         """Frees pages by id (SGLang's free_page_ids), the first the next
@@ -1053,10 +1159,10 @@ class TokenToKVPoolAllocator(_Base):
                  need_sort=None, *, client=None,
                  keep_allocations=DEFAULT_KEEP_ALLOCATIONS,
                  client_name="sglang-token-allocator", use_reserve=True,
-                 reserve_options=None):
+                 reserve_options=None, mirror_pages=None):
         super().__init__(size, 1, dtype, device, kvcache, need_sort, client,
                          keep_allocations, client_name, use_reserve,
-                         reserve_options)
+                         reserve_options, mirror_pages)
 
     def alloc(self, need_size):
         """need_size slots from the front of the free list, or None."""
@@ -1089,20 +1195,24 @@ class PagedTokenToKVPoolAllocator(_Base):
     the session's page reserve (the default), else through the daemon;
     ``reserve_options``: Client.reserve()'s keyword arguments (a
     ``max_pages`` of the whole pool makes a lone scheduler's slots
-    SGLang's).
+    SGLang's). ``mirror_pages``: the most of the reserve's next pages whose
+    slots are kept on the device, so that ``alloc`` is a slice of a device
+    tensor as SGLang's is (None: DEFAULT_MIRROR_SLOTS slots' worth, none at
+    page size 1; 0: a host-to-device copy per call). The pages stay in the
+    reserve until taken.
     """
 
     def __init__(self, size, page_size, dtype=None, device=None,
                  kvcache=None, need_sort=None, *, client=None,
                  keep_allocations=DEFAULT_KEEP_ALLOCATIONS,
                  client_name="sglang-paged-allocator", use_reserve=True,
-                 reserve_options=None):
+                 reserve_options=None, mirror_pages=None):
         if int(page_size) < 2:
             raise ValueError("page_size %d: use TokenToKVPoolAllocator (or "
                              "make_allocator) at page size 1" % page_size)
         super().__init__(size, page_size, dtype, device, kvcache, need_sort,
                          client, keep_allocations, client_name, use_reserve,
-                         reserve_options)
+                         reserve_options, mirror_pages)
 
     def alloc(self, need_size):
         """Whole pages: need_size // page_size of them, their slots in page
@@ -1321,19 +1431,21 @@ def _check_extend_total(prefix, seq, extend_num_tokens):
 def make_allocator(client=None, *, size=None, page_size=None, dtype=None,
                    device=None, kvcache=None, need_sort=None,
                    keep_allocations=DEFAULT_KEEP_ALLOCATIONS, use_reserve=True,
-                   reserve_options=None):
+                   reserve_options=None, mirror_pages=None):
     """SGLang's choice of allocator for the daemon's pool: the token one at
     page size 1, the paged one otherwise. Every argument left None is the
     pool's (page size, slots, free policy) or the backend's device.
 
     `client`: a pagealloc.Client, a target, or None for $PAGEALLOC_TARGET.
-    `use_reserve`, `reserve_options`: see PagedTokenToKVPoolAllocator.
+    `use_reserve`, `reserve_options`, `mirror_pages`: see
+    PagedTokenToKVPoolAllocator.
     """
     session = _connect(client, "sglang-allocator")
     if page_size is None:
         page_size = session.pool.page_size
     options = dict(client=session, keep_allocations=keep_allocations,
-                   use_reserve=use_reserve, reserve_options=reserve_options)
+                   use_reserve=use_reserve, reserve_options=reserve_options,
+                   mirror_pages=mirror_pages)
     if int(page_size) == 1:
         return TokenToKVPoolAllocator(size, dtype, device, kvcache, need_sort,
                                       **options)

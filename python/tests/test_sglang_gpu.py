@@ -287,11 +287,14 @@ def test_reserve_legacy_calls_expand_on_the_stream_without_host_sync(
         want = np.concatenate([np.arange(10) + 16 * p for p in (1, 2, 3, 4)])
         np.testing.assert_array_equal(out.cpu().numpy(), want)
         last = out.reshape(4, 10)[:, -1].contiguous()
+        # The device lengths are made before the sleep: a copy from
+        # pageable host memory on the busy stream would wait for it.
+        seq_dev = (seq + 1).cuda()
         (torch.ones(1, dtype=torch.int64, device="cuda") * 2).cpu()
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             torch.cuda._sleep(2_000_000_000)
-            step = allocator.alloc_decode((seq + 1).cuda(), seq + 1, last)
+            step = allocator.alloc_decode(seq_dev, seq + 1, last)
             doubled = step * 2           # queued behind the sleep
             assert not stream.query(), "the call waited for the stream"
         stream.synchronize()

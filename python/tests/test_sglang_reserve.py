@@ -48,13 +48,13 @@ def pages_of(slots, page_size):
 
 
 @contextlib.contextmanager
-def lone(make_daemon, page_size, num_pages, policy="lifo"):
+def lone(make_daemon, page_size, num_pages, policy="lifo", **options):
     """An allocator of the only session on a new daemon, its reserve the
-    whole pool."""
+    whole pool; `options`: more of make_allocator's."""
     daemon = start(make_daemon, page_size, num_pages, policy)
     with daemon.connect() as client:
         allocator = sglang.make_allocator(
-            client, reserve_options=whole_pool(num_pages))
+            client, reserve_options=whole_pool(num_pages), **options)
         yield allocator
         allocator.close()
 
@@ -343,6 +343,7 @@ def test_steady_state_makes_no_synchronous_refill(make_daemon, page_size,
         for _ in range(8):  # warm-up
             allocator.free(allocator.alloc(need_size))
         warm = allocator.reserve.stats()
+        mirror = allocator.mirror_stats
         for _ in range(200):
             out = allocator.alloc(need_size)
             assert out is not None and len(out) == need_size
@@ -350,6 +351,18 @@ def test_steady_state_makes_no_synchronous_refill(make_daemon, page_size,
         stats = allocator.reserve.stats()
         assert stats["sync_refills"] == warm["sync_refills"] <= 1
         assert stats["takes"] >= warm["takes"] + 200  # merges take too
+        if page_size == 1:
+            # No mirror at page size 1 by default (the token allocator's
+            # frees queue behind its free list).
+            assert mirror is None
+        elif pagealloc._native.HAS_RESERVE_PEEK:
+            # The freed pages go back on the reserve's top and before the
+            # mirror: the next take is its next pages whenever the
+            # reserve's thread did not refill on top in between.
+            hits = allocator.mirror_stats["hits"] - mirror["hits"]
+            misses = allocator.mirror_stats["misses"] - mirror["misses"]
+            assert hits + misses == 200
+            assert hits > 0
         # A refill the reserve's thread has in flight is in neither count.
         wait_until(lambda: allocator.available_size() == client.pool.num_pages
                    * page_size, what="every page to count as available")
@@ -434,6 +447,89 @@ def test_a_legacy_call_the_daemon_serves_gets_the_whole_pool(make_daemon):
         assert len(host(allocator.alloc(32))) == 32
         assert allocator.reserve is not None
         allocator.close()
+
+
+# ------------------------------------------------------- the device mirror
+
+needs_peek = pytest.mark.skipif(
+    not pagealloc._native.HAS_RESERVE_PEEK,
+    reason="the library has no pagealloc_reserve_peek (ABI 1.6)")
+
+
+def mirror_trace(allocator, rng, steps):
+    """A decode loop's calls: whole-page allocations of 1-8 pages and frees
+    of random earlier ones. Returns every allocation's slots, in order."""
+    ps = allocator.page_size
+    live, seen = [], []
+    for _ in range(steps):
+        if live and rng.random() < 0.45:
+            allocator.free(live.pop(int(rng.integers(len(live)))))
+            continue
+        out = allocator.alloc(int(rng.integers(1, 9)) * ps)
+        if out is None:
+            continue
+        seen.append(host(out).copy())
+        live.append(out)
+    return seen
+
+
+@needs_peek
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_mirrored_slots_are_the_reserves_slot_for_slot(make_daemon,
+                                                       page_size):
+    """The device mirror answers most allocations of a steady loop with a
+    slice, and every answer is the slots of the pages the reserve handed
+    out: the same trace without a mirror gives the same slots."""
+    runs = []
+    for mirror_pages in (None, 0):
+        with lone(make_daemon, page_size, 256,
+                  mirror_pages=mirror_pages) as allocator:
+            seen = mirror_trace(allocator, np.random.default_rng(7), 400)
+            runs.append((seen, allocator.mirror_stats))
+    (mirrored, stats), (copied, _) = runs
+    assert len(mirrored) == len(copied) > 100
+    for a, b in zip(mirrored, copied):
+        np.testing.assert_array_equal(a, b)
+    assert stats["hits"] > stats["misses"]
+
+
+@needs_peek
+def test_a_stale_mirror_gives_the_pages_taken(make_daemon):
+    """A take the mirror did not foresee (here the reserve's top taken
+    behind the allocator's back, as a refill by the reserve's thread would
+    change it) answers the slots of the pages the reserve handed out, not
+    the mirror's."""
+    with lone(make_daemon, 4, 64) as allocator:
+        first = host(allocator.alloc(8))
+        assert allocator.mirror_stats["pages"] > 0
+        hits = allocator.mirror_stats["hits"]
+        stolen = allocator.reserve.take(3)  # the mirror's next three
+        expected = allocator.reserve.peek(2)
+        out = host(allocator.alloc(8))
+        np.testing.assert_array_equal(
+            out, (expected[:, None] * 4 + np.arange(4)).reshape(-1))
+        assert not set(expected.tolist()) & set(stolen.tolist())
+        assert allocator.mirror_stats["misses"] >= 1
+        assert allocator.mirror_stats["hits"] == hits
+        allocator.reserve.put(stolen)
+        allocator.free(first)
+        allocator.free(out)
+        assert allocator.available_size() == 64 * 4
+
+
+@needs_peek
+def test_the_mirror_keeps_no_view_of_a_freed_tensor(make_daemon,
+                                                    results_as):
+    """Freed slots join the mirror as a copy: the caller writing into the
+    tensor it freed (a row of req_to_token reused) changes nothing."""
+    with lone(make_daemon, 4, 64) as allocator:
+        out = allocator.alloc(16)
+        freed = out.clone() if hasattr(out, "clone") else np.array(out)
+        allocator.free(freed)
+        freed[:] = 0
+        again = host(allocator.alloc(16))
+        np.testing.assert_array_equal(again, host(out))
+        assert allocator.mirror_stats["hits"] >= 1
 
 
 # ---------------------------------------------------------------- sharing
