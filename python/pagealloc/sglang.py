@@ -403,7 +403,11 @@ class _Base:
             if (before["refills"], before["returns"]) == (after["refills"],
                                                           after["returns"]):
                 break
-        pages = stats.free_pages + stats.parked_pages + self._num_held
+        # Cached shared prefix pages that no session holds count too: an
+        # allocation that finds the free list short evicts them (docs/
+        # design.md section 13), so they are this scheduler's to take.
+        pages = (stats.free_pages + stats.parked_pages + self._num_held +
+                 stats.prefix_evictable_pages)
         if reserve is not None:
             pages += after["pages"]
         return pages * self.page_size
@@ -450,6 +454,17 @@ class _Base:
             return None
         return dict(pages=len(mirror), hits=mirror.hits,
                     misses=mirror.misses)
+
+    def pages_published(self, pages):
+        """Takes note that `pages` (ids this allocator handed out) are
+        published to the daemon's prefix index: they are shared now, never
+        to go back into the reserve. A later free of one through this
+        allocator goes to the daemon, which drops the session's reference
+        (the page stays cached for the other sessions)."""
+        pages = _as_host_int64(pages, "pages")
+        if pages.size:
+            in_range = (pages >= 1) & (pages <= self.num_pages)
+            self._taken[pages[in_range]] = False
 
     def _open_reserve(self):
         """Opens the session's reserve. One that may hold the whole pool
