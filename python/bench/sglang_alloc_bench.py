@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """Host time of pagealloc.sglang's alloc(need_size) and free, SGLang's main
-path, with the session's page reserve (the default) and without it (every
-call to the daemon), with and without GPU work queued before each call.
+path, on three paths: the session's page reserve with its device mirror
+(the default: the slots of the reserve's next pages kept on the device,
+alloc a slice of them), the reserve without the mirror (mirror_pages=0: a
+host-to-device copy of the slots per call), and thin (every call to the
+daemon), with and without GPU work queued before each call.
 
     sglang_alloc_bench.py --target unix:///run/pagealloc/ps1.sock \\
         --target unix:///run/pagealloc/ps16.sock \\
@@ -18,9 +21,10 @@ queued on the current stream before each call, an engine's normal state;
 the device is synchronised every --sync_every steps, outside the timings,
 so the queue stays bounded. The variant is skipped without CUDA.
 
-Prints one table: per page size, reserve on/off and GPU work on/off, the
-p50 and p99 host microseconds of alloc and of free, and for the reserve
-the round trips per step (refills on the caller's thread).
+Prints one Markdown table: per page size, path and GPU work on/off, the
+p50 and p99 host microseconds of alloc and of free, for the reserve the
+round trips per step (refills on the caller's thread), and for the mirror
+the share of allocations it answered with a slice.
 """
 
 import argparse
@@ -77,26 +81,36 @@ def matmul_work(size):
     return lambda: torch.matmul(a, b, out=out)
 
 
+# (name, use_reserve, mirror_pages): make_allocator's options of a path.
+PATHS = (("mirror", True, None), ("reserve", True, 0), ("thin", False, 0))
+
+
 def run(target, args, work):
     rows = []
-    for use_reserve in (True, False):
+    for path, use_reserve, mirror_pages in PATHS:
         for queued in ((False, True) if work is not None else (False,)):
             client = pagealloc.Client.connect(target, name="sglang-bench")
-            allocator = sglang.make_allocator(client, use_reserve=use_reserve)
+            allocator = sglang.make_allocator(client, use_reserve=use_reserve,
+                                              mirror_pages=mirror_pages)
             alloc_ns, free_ns = bench(allocator, args.need_size,
                                       args.iterations, args.warmup,
                                       work if queued else None,
                                       args.sync_every)
             row = {"page_size": client.pool.page_size,
                    "need_size": args.need_size,
-                   "reserve": use_reserve, "gpu_work": queued,
+                   "path": path, "gpu_work": queued,
                    "backend": client.pool.backend}
             row["alloc_p50_us"], row["alloc_p99_us"] = percentiles(alloc_ns)
             row["free_p50_us"], row["free_p99_us"] = percentiles(free_ns)
             if use_reserve:
                 stats = allocator.reserve.stats()
                 steps = args.warmup + args.iterations
-                row["round_trips_per_step"] = stats["sync_refills"] / steps
+                row["round_trips_per_step"] = round(
+                    stats["sync_refills"] / steps, 5)
+            mirror = allocator.mirror_stats
+            if mirror is not None and mirror["hits"] + mirror["misses"]:
+                row["mirror_hit_rate"] = round(
+                    mirror["hits"] / (mirror["hits"] + mirror["misses"]), 4)
             rows.append(row)
             allocator.close()
     return rows
@@ -118,12 +132,14 @@ def main(argv=None):
     rows = []
     for target in args.target:
         rows += run(target, args, work)
-    header = ("page_size", "reserve", "gpu_work", "alloc_p50_us",
+    header = ("page_size", "path", "gpu_work", "alloc_p50_us",
               "alloc_p99_us", "free_p50_us", "free_p99_us",
-              "round_trips_per_step")
-    print(" | ".join(header))
+              "round_trips_per_step", "mirror_hit_rate")
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
     for row in rows:
-        print(" | ".join(str(row.get(name, "-")) for name in header))
+        print("| " + " | ".join(str(row.get(name, "-")) for name in header) +
+              " |")
     if work is None:
         print("gpu_work: skipped (no CUDA device with PyTorch)")
     if args.json:

@@ -673,9 +673,18 @@ def test_alloc_bench_reports_every_row(make_daemon, tmp_path):
     rows = sglang_alloc_bench.main(args + [
         "--iterations", "20", "--warmup", "5", "--json",
         str(tmp_path / "rows.json")])
-    assert sorted((row["page_size"], row["reserve"]) for row in rows) == [
-        (1, False), (1, True), (16, False), (16, True)]
+    assert sorted((row["page_size"], row["path"]) for row in rows) == [
+        (ps, path) for ps in (1, 16) for path in ("mirror", "reserve",
+                                                  "thin")]
     for row in rows:
         assert row["alloc_p50_us"] > 0 and row["free_p50_us"] > 0
-        if row["reserve"]:
+        if row["path"] != "thin":
             assert row["round_trips_per_step"] <= 1 / 25
+        # The mirror at page size 16 (none at 1: the default's); each step
+        # frees what it took, so the next take is the mirror's next pages
+        # unless the reserve's thread refilled on top meanwhile.
+        has_mirror = (row["path"] == "mirror" and row["page_size"] == 16 and
+                      pagealloc._native.HAS_RESERVE_PEEK)
+        assert ("mirror_hit_rate" in row) == has_mirror
+        if has_mirror:
+            assert row["mirror_hit_rate"] > 0
