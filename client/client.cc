@@ -519,23 +519,11 @@ absl::StatusOr<Allocation> Client::Alloc(absl::Span<const int64_t> num_tokens,
   return CallAlloc(request, options, &v1::PageAllocator::Stub::Alloc);
 }
 
-absl::Status Client::PostFastCall(uint32_t kind, uint32_t option_bits,
-                                  absl::Span<const int64_t> in0,
-                                  absl::Span<const int64_t> in1,
-                                  absl::Span<const int64_t> in2,
-                                  absl::Span<const int64_t> free_first,
-                                  uint64_t release_value) {
+absl::Status Client::PostFastCall(const fast_channel::CallView& posted) {
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
   // A channel whose session ended is answered no more: fail at once.
   RETURN_IF_ERROR(Fence());
-  fast_channel::CallView call;
-  call.kind = static_cast<fast_channel::CallKind>(kind);
-  call.options = option_bits;
-  call.in0 = in0;
-  call.in1 = in1;
-  call.in2 = in2;
-  call.free_first = free_first;
-  call.release_value = release_value;
+  fast_channel::CallView call = posted;
   {
     absl::MutexLock lock(&mu_);
     call.release_ring_up_to = release_up_to_;
@@ -559,13 +547,38 @@ std::optional<absl::StatusOr<int64_t>> Client::FastOp(
   }
   absl::MutexLock fast_lock(&fast_mu_);
   if (fast_abandoned_) return std::nullopt;
-  if (absl::Status posted =
-          PostFastCall(static_cast<uint32_t>(kind), option_bits, {}, values, {},
-                       {}, release_value);
-      !posted.ok()) {
-    return posted;
-  }
+  fast_channel::CallView call;
+  call.kind = kind;
+  call.options = option_bits;
+  call.in1 = values;
+  call.release_value = release_value;
+  if (absl::Status posted = PostFastCall(call); !posted.ok()) return posted;
   return Fenced<int64_t>(fast_->codec().OpValue());
+}
+
+std::optional<absl::StatusOr<std::vector<int64_t>>> Client::FastMatch(
+    absl::Span<const std::string> keys, bool adopt) {
+  if (fast_ == nullptr ||
+      keys.size() > static_cast<size_t>(fast_->max_requests())) {
+    return std::nullopt;
+  }
+  for (const std::string& key : keys) {
+    if (key.size() != static_cast<size_t>(fast_channel::kKeyBytes)) {
+      return std::nullopt;
+    }
+  }
+  absl::MutexLock fast_lock(&fast_mu_);
+  if (fast_abandoned_) return std::nullopt;
+  fast_channel::CallView call;
+  call.kind = fast_channel::CallKind::kMatchPrefix;
+  call.options = adopt ? fast_channel::kAdopt : 0;
+  call.keys = keys;
+  if (absl::Status posted = PostFastCall(call); !posted.ok()) return posted;
+  absl::StatusOr<absl::Span<const int64_t>> pages =
+      fast_->codec().ReadMatchedPages(static_cast<int32_t>(keys.size()));
+  if (!pages.ok()) return pages.status();
+  return Fenced<std::vector<int64_t>>(
+      std::vector<int64_t>(pages->begin(), pages->end()));
 }
 
 std::optional<absl::StatusOr<Allocation>> Client::FastCall(
@@ -590,12 +603,14 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
       (options.async_completion ? fast_channel::kAsyncCompletion : 0) |
       (options.checkpoint_first ? fast_channel::kCheckpointFirst : 0) |
       (options.all_or_nothing ? fast_channel::kAllOrNothing : 0);
-  if (absl::Status posted =
-          PostFastCall(static_cast<uint32_t>(kind), option_bits, in0, in1, in2,
-                       options.free_pages_first);
-      !posted.ok()) {
-    return posted;
-  }
+  fast_channel::CallView call;
+  call.kind = kind;
+  call.options = option_bits;
+  call.in0 = in0;
+  call.in1 = in1;
+  call.in2 = in2;
+  call.free_first = options.free_pages_first;
+  if (absl::Status posted = PostFastCall(call); !posted.ok()) return posted;
   fast_channel::AllocAnswerView view;
   if (absl::Status read = fast_->codec().ReadAllocAnswer(n, &view);
       !read.ok()) {
@@ -809,6 +824,7 @@ absl::StatusOr<Client::PublishResult> Client::Publish(
 
 absl::StatusOr<std::vector<int64_t>> Client::MatchPrefix(
     absl::Span<const std::string> keys, bool adopt) {
+  if (auto fast = FastMatch(keys, adopt)) return *std::move(fast);
   if (absl::Status alive = session_status(); !alive.ok()) return alive;
   v1::MatchPrefixRequest request;
   *request.mutable_session() = Ref();
@@ -819,7 +835,8 @@ absl::StatusOr<std::vector<int64_t>> Client::MatchPrefix(
   absl::Status status = Observe(
       FromGrpcStatus(stub_->MatchPrefix(context.get(), request, &response)));
   if (!status.ok()) return status;
-  return std::vector<int64_t>(response.pages().begin(), response.pages().end());
+  return Fenced<std::vector<int64_t>>(
+      std::vector<int64_t>(response.pages().begin(), response.pages().end()));
 }
 
 absl::StatusOr<int64_t> Client::UnpinPrefix(absl::Span<const int64_t> pages) {

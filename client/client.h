@@ -82,10 +82,10 @@ struct ClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Use this channel instead of dialing `target` (in-process tests).
   std::shared_ptr<grpc::Channel> channel;
-  // Send allocation calls, Free, Checkpoint and Rollback through the
-  // session's fast channel (shared memory, fast_channel/layout.h) when the
-  // daemon offers one and this process can reach its memory socket; else,
-  // and for return_inline calls, through gRPC.
+  // Send allocation calls, Free, Checkpoint, Rollback and MatchPrefix
+  // through the session's fast channel (shared memory, fast_channel/layout.h)
+  // when the daemon offers one and this process can reach its memory socket;
+  // else, and for return_inline calls, through gRPC.
   bool fast_channel = true;
   // How long a fast call spins for its answer before it sleeps (a sleeping
   // caller pays one wake-up when the answer comes).
@@ -209,6 +209,7 @@ class FastChannelClient;  // client/fast_channel_client.h
 namespace fast_channel {
 enum class CallKind : uint32_t;  // fast_channel/layout.h
 class ChannelCodec;              // fast_channel/codec.h
+struct CallView;                 // ditto
 }  // namespace fast_channel
 
 class Client {
@@ -345,7 +346,9 @@ class Client {
                                         bool pin = false);
   // Returns the pages of the longest prefix of `keys` published or cached;
   // with `adopt` the session takes a reference on each in the same step
-  // (FreePages drops them).
+  // (FreePages drops them). Through the fast channel when the session has
+  // one and it holds the chain (at most its max_requests keys, each 32
+  // bytes), else over gRPC; the answers are the same.
   absl::StatusOr<std::vector<int64_t>> MatchPrefix(
       absl::Span<const std::string> keys, bool adopt = true);
   // Removes this session's pins from `pages`; returns the pins removed.
@@ -436,6 +439,12 @@ class Client {
       fast_channel::CallKind kind, absl::Span<const int64_t> values,
       uint32_t option_bits = 0, uint64_t release_value = 0)
       ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+  // MatchPrefix through the fast channel: the pages matched; nullopt when
+  // it cannot carry the chain (too many keys, or a key of another size than
+  // 32 bytes, which gRPC carries to the daemon's refusal as it is).
+  std::optional<absl::StatusOr<std::vector<int64_t>>> FastMatch(
+      absl::Span<const std::string> keys, bool adopt)
+      ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
   // A free of slots or pages on either transport, with a release value
   // (0: none).
   absl::StatusOr<int64_t> Free(bool slots, absl::Span<const int64_t> values,
@@ -445,15 +454,10 @@ class Client {
   // freed with a fence (which the daemon reclaims with the session) are no
   // longer read by this process's queued work.
   void WaitForReleases() ABSL_LOCKS_EXCLUDED(release_mu_);
-  // Posts a call on the fast channel and waits for its answer; then its
-  // whole-call status (observed for session loss). A transport error
-  // (deadline, session gone) abandons the channel.
-  absl::Status PostFastCall(uint32_t kind, uint32_t option_bits,
-                            absl::Span<const int64_t> in0,
-                            absl::Span<const int64_t> in1,
-                            absl::Span<const int64_t> in2,
-                            absl::Span<const int64_t> free_first,
-                            uint64_t release_value = 0)
+  // Posts `call` on the fast channel (with the ring released so far) and
+  // waits for its answer; then its whole-call status (observed for session
+  // loss). A transport error (deadline, session gone) abandons the channel.
+  absl::Status PostFastCall(const fast_channel::CallView& call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Turns an answer's per-request arrays into an Allocation (both paths).
   struct AnswerArrays {

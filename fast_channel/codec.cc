@@ -10,9 +10,11 @@ namespace pagealloc {
 namespace fast_channel {
 namespace {
 
-// Which input arrays a kind carries.
+// Which input arrays a kind carries (`keys`: the key area, over the int64
+// arrays' memory).
 struct KindArrays {
   bool in0 = false, in1 = false, in2 = false, free_first = false;
+  bool keys = false;
 };
 
 KindArrays ArraysOf(CallKind kind) {
@@ -29,8 +31,16 @@ KindArrays ArraysOf(CallKind kind) {
       return {false, true, false, false};
     case CallKind::kCheckpoint:
       return {};
+    case CallKind::kMatchPrefix:
+      return {false, false, false, false, /*keys=*/true};
   }
   return {};
+}
+
+// The option bits a kind may carry: kAdopt is a match's one bit, and means
+// nothing to any other kind.
+uint32_t OptionsOf(CallKind kind) {
+  return kind == CallKind::kMatchPrefix ? kAdopt : kKnownOptions & ~kAdopt;
 }
 
 constexpr absl::string_view kTruncated =
@@ -83,8 +93,24 @@ absl::Status ChannelCodec::TakeCall(TakenCall* call) const {
     return absl::InvalidArgumentError(absl::StrFormat(
         "fast channel: unknown option bits 0x%x", options & ~kKnownOptions));
   }
+  const uint32_t foreign = options & ~OptionsOf(static_cast<CallKind>(kind));
+  if (foreign != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fast channel: option bits 0x%x do not apply to call kind %d", foreign,
+        kind));
+  }
   const KindArrays arrays = ArraysOf(static_cast<CallKind>(kind));
-  const bool has_requests = arrays.in0 || arrays.in1 || arrays.in2;
+  const bool has_requests =
+      arrays.in0 || arrays.in1 || arrays.in2 || arrays.keys;
+  if (arrays.keys && (n < 0 || n > capacity_.max_requests)) {
+    // A key's size is fixed, so the count alone says where the keys end:
+    // bounding it bounds the bytes read (computed in 64 bits).
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fast channel: num_requests (%d) is outside [0, %d]: the key area "
+        "holds %d keys of %d bytes (%d bytes)",
+        n, capacity_.max_requests, capacity_.max_requests, kKeyBytes,
+        int64_t{capacity_.max_requests} * kKeyBytes));
+  }
   if (has_requests && (n < 0 || n > capacity_.max_requests)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("fast channel: num_requests (%d) is outside [0, %d]", n,
@@ -119,6 +145,13 @@ absl::Status ChannelCodec::TakeCall(TakenCall* call) const {
   call->free_first =
       copy(arrays.free_first, layout_.free_first,
            arrays.free_first ? num_free_first : 0, &call->free_storage);
+  call->keys = absl::string_view();
+  if (arrays.keys && call->num_requests > 0) {
+    const size_t bytes = static_cast<size_t>(call->num_requests) * kKeyBytes;
+    if (call->key_storage.size() < bytes) call->key_storage.resize(bytes);
+    std::memcpy(call->key_storage.data(), At<char>(layout_.keys()), bytes);
+    call->keys = absl::string_view(call->key_storage.data(), bytes);
+  }
   return absl::OkStatus();
 }
 
@@ -181,6 +214,19 @@ void ChannelCodec::WriteOpValue(int64_t op_value) {
   header_->messages_used = 0;
   header_->pages_freed_first = 0;
   header_->op_value = op_value;
+}
+
+absl::Status ChannelCodec::WriteMatchedPages(absl::Span<const int64_t> pages) {
+  if (pages.size() > static_cast<size_t>(capacity_.max_requests)) {
+    return absl::InternalError(absl::StrFormat(
+        "a match found %d pages, more than the fast channel's %d keys",
+        pages.size(), capacity_.max_requests));
+  }
+  if (!pages.empty()) {
+    std::memcpy(new_pages_, pages.data(), pages.size() * sizeof(int64_t));
+  }
+  WriteOpValue(static_cast<int64_t>(pages.size()));
+  return absl::OkStatus();
 }
 
 void ChannelCodec::Publish(uint32_t seq) {
@@ -246,14 +292,37 @@ absl::Status ChannelCodec::CheckHeader() const {
 }
 
 absl::Status ChannelCodec::PostCall(const CallView& call, uint32_t seq) {
-  const size_t n =
-      std::max({call.in0.size(), call.in1.size(), call.in2.size()});
   const size_t capacity = capacity_.max_requests;
+  const bool match = call.kind == CallKind::kMatchPrefix;
+  const size_t arrays = std::max({call.in0.size(), call.in1.size(),
+                                  call.in2.size(), call.free_first.size()});
+  if (match && arrays > 0) {
+    return absl::InvalidArgumentError(
+        "a fast-channel match carries keys only: its keys take the memory of "
+        "the int64 arrays");
+  }
+  if (!match && !call.keys.empty()) {
+    return absl::InvalidArgumentError("only a fast-channel match carries keys");
+  }
+  const size_t n =
+      match ? call.keys.size()
+            : std::max({call.in0.size(), call.in1.size(), call.in2.size()});
   if (n > capacity || call.free_first.size() > capacity) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a fast-channel call holds at most %d requests and %d free_first "
         "pages; this one has %d and %d",
         capacity, capacity, n, call.free_first.size()));
+  }
+  for (size_t i = 0; i < call.keys.size(); ++i) {
+    if (call.keys[i].size() != static_cast<size_t>(kKeyBytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("keys[%d] is %d bytes; a prefix key is %d bytes", i,
+                          call.keys[i].size(), kKeyBytes));
+    }
+  }
+  char* const keys = At<char>(layout_.keys());
+  for (size_t i = 0; i < call.keys.size(); ++i) {
+    std::memcpy(keys + i * kKeyBytes, call.keys[i].data(), kKeyBytes);
   }
   auto put = [this](size_t offset, absl::Span<const int64_t> values) {
     if (!values.empty()) {
@@ -282,6 +351,17 @@ absl::Status ChannelCodec::CallStatus() const {
       std::clamp<int32_t>(header_->messages_used, 0, capacity_.message_bytes);
   return absl::Status(static_cast<absl::StatusCode>(code),
                       absl::string_view(At<char>(layout_.messages), used));
+}
+
+absl::StatusOr<absl::Span<const int64_t>> ChannelCodec::ReadMatchedPages(
+    int32_t num_keys) const {
+  const int64_t n = header_->op_value;
+  if (n < 0 || n > num_keys || n > capacity_.max_requests) {
+    return absl::InternalError(absl::StrFormat(
+        "the daemon's answer is malformed: %d pages matched for %d keys", n,
+        num_keys));
+  }
+  return absl::MakeConstSpan(new_pages_, static_cast<size_t>(n));
 }
 
 std::string ChannelCodec::EndReason() const {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "fast_channel/layout.h"
@@ -44,6 +45,9 @@ struct CallView {
   absl::Span<const int64_t> free_first;
   // kFreeSlots / kFreePages: the release fence's value (layout.h); 0: none.
   uint64_t release_value = 0;
+  // kMatchPrefix: the chain, kKeyBytes bytes each (the int64 arrays must
+  // then be empty: the keys take their memory).
+  absl::Span<const std::string> keys = {};
 };
 
 // A call as the daemon took it: copied out of shared memory, checked for
@@ -61,6 +65,13 @@ struct TakenCall {
   // empty spans. free_first holds num_free_first page ids.
   std::vector<int64_t> in0_storage, in1_storage, in2_storage, free_storage;
   absl::Span<const int64_t> in0, in1, in2, free_first;
+  // kMatchPrefix: num_requests keys of kKeyBytes bytes, back to back (empty
+  // for every other kind); the int64 arrays are empty then.
+  std::string key_storage;
+  absl::string_view keys;
+  absl::string_view key(int32_t index) const {
+    return keys.substr(static_cast<size_t>(index) * kKeyBytes, kKeyBytes);
+  }
 };
 
 // An allocation call's answer as the client reads it. The spans point into
@@ -107,12 +118,16 @@ class ChannelCodec {
   }
   // Copies the posted call into `call`. INVALID_ARGUMENT naming the field
   // when its kind, options or counts are malformed (nothing is copied then
-  // beyond the header fields).
+  // beyond the header fields): an unknown kind or option bit, an option bit
+  // of another kind (kAdopt is a match's only bit and only a match's), a
+  // count outside [0, max_requests] (for kMatchPrefix: more keys than the
+  // key area holds).
   absl::Status TakeCall(TakenCall* call) const;
 
   // Answers. A call is answered by either WriteRefusal, or by the
   // per-request writers (BeginResults, then Accepted/Refused for requests
-  // 0..n-1 in order, then FinishResults), or by WriteOpValue; then Publish.
+  // 0..n-1 in order, then FinishResults), or by WriteOpValue, or (a
+  // kMatchPrefix) by WriteMatchedPages; then Publish.
   void WriteRefusal(const absl::Status& status);
   void BeginResults();
   void Accepted(int32_t index, int64_t ring_offset, int64_t count,
@@ -127,6 +142,10 @@ class ChannelCodec {
                      int64_t pages_freed_first, int32_t batch_requests,
                      uint64_t launch_id, uint64_t completion_value);
   void WriteOpValue(int64_t op_value);
+  // A match's answer: `pages` into new_pages, op_value = their number.
+  // INTERNAL, writing nothing, when they are more than the capacity (a
+  // match finds at most one page per key, so this is a daemon bug).
+  absl::Status WriteMatchedPages(absl::Span<const int64_t> pages);
   // Publishes the answer to call `seq` and wakes a sleeping client.
   void Publish(uint32_t seq);
   // The stale-answer fence (layout.h): records that the session ended and
@@ -156,7 +175,8 @@ class ChannelCodec {
   // Checks the header the daemon wrote: magic, version and capacity.
   absl::Status CheckHeader() const;
   // Writes `call` and posts it as call `seq`. INVALID_ARGUMENT (nothing
-  // posted) when an array does not fit the capacity.
+  // posted) when an array does not fit the capacity, or for a kMatchPrefix
+  // when a key is not kKeyBytes long or an int64 array is not empty.
   absl::Status PostCall(const CallView& call, uint32_t seq);
   // Whether the poller may be asleep: read after PostCall, it says whether
   // the doorbell must be rung.
@@ -174,6 +194,11 @@ class ChannelCodec {
                                AllocAnswerView* answer) const;
   // An answered Free's or Rollback's count.
   int64_t OpValue() const { return header_->op_value; }
+  // An answered match's pages (they point into the channel and stay valid
+  // until the next call is posted). INTERNAL when op_value is outside
+  // [0, num_keys], the keys the call carried.
+  absl::StatusOr<absl::Span<const int64_t>> ReadMatchedPages(
+      int32_t num_keys) const;
   // The stale-answer fence (layout.h): whether the daemon has ended the
   // session. Load it after reading an answer; when true, the answer must
   // not be believed.

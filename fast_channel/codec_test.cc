@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -14,6 +15,7 @@ namespace pagealloc {
 namespace fast_channel {
 namespace {
 
+using ::pagealloc::testing::IsOkAndHolds;
 using ::pagealloc::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -165,6 +167,94 @@ TEST_F(CodecTest, RollbackCarriesACheckpointIdAndFreeItsOrder) {
   EXPECT_EQ(call.options, kAllOrNothing);
 }
 
+// kKeyBytes-long keys, distinct: `first`, `first` + 1, ...
+std::vector<std::string> Keys(int first, int n) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) {
+    std::string key(kKeyBytes, 'k');
+    key[0] = static_cast<char>(first + i);
+    keys.push_back(key);
+  }
+  return keys;
+}
+
+TEST_F(CodecTest, AMatchCarriesItsKeysAndItsAnswerThePagesFound) {
+  const std::vector<std::string> keys = Keys(1, 3);
+  CallView match;
+  match.kind = CallKind::kMatchPrefix;
+  match.options = kAdopt;
+  match.keys = keys;
+  ASSERT_OK(client_.PostCall(match, 1));
+  // Counts a match does not use mean nothing to it.
+  daemon_.header()->num_free_first = 1 << 30;
+  TakenCall call;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_EQ(call.kind, CallKind::kMatchPrefix);
+  EXPECT_EQ(call.options, kAdopt);
+  EXPECT_EQ(call.num_requests, 3);
+  ASSERT_EQ(call.keys.size(), 3u * kKeyBytes);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(call.key(i), keys[i]) << i;
+  EXPECT_THAT(call.in0, IsEmpty());
+  EXPECT_THAT(call.in1, IsEmpty());
+  EXPECT_THAT(call.free_first, IsEmpty());
+  // A copy: the client scribbling over its key area changes nothing taken.
+  std::memset(memory_.get() + sizeof(ChannelHeader), 0xff,
+              bytes_ - sizeof(ChannelHeader));
+  EXPECT_EQ(call.key(2), keys[2]);
+
+  // The longest prefix found: two pages of three keys.
+  const std::vector<int64_t> pages = {7, 3};
+  ASSERT_OK(daemon_.WriteMatchedPages(pages));
+  daemon_.Publish(1);
+  EXPECT_OK(client_.CallStatus());
+  EXPECT_THAT(client_.ReadMatchedPages(3), IsOkAndHolds(ElementsAre(7, 3)));
+  // None found is an answer too.
+  ASSERT_OK(daemon_.WriteMatchedPages({}));
+  EXPECT_THAT(client_.ReadMatchedPages(3), IsOkAndHolds(IsEmpty()));
+  // A count the client did not ask for is not believed.
+  for (const int64_t hostile : {int64_t{-1}, int64_t{4}, int64_t{1} << 40}) {
+    daemon_.header()->op_value = hostile;
+    EXPECT_THAT(client_.ReadMatchedPages(3),
+                StatusIs(absl::StatusCode::kInternal, HasSubstr("malformed")))
+        << hostile;
+  }
+  // The daemon writes no more pages than the channel holds.
+  const std::vector<int64_t> nine(9, 1);
+  EXPECT_THAT(daemon_.WriteMatchedPages(nine),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("9 pages")));
+}
+
+TEST_F(CodecTest, ClientPostsOnlyWellFormedMatches) {
+  std::vector<std::string> keys = Keys(1, 2);
+  keys[1].resize(31);
+  CallView match;
+  match.kind = CallKind::kMatchPrefix;
+  match.keys = keys;
+  EXPECT_THAT(client_.PostCall(match, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("keys[1] is 31 bytes")));
+  const std::vector<std::string> nine = Keys(1, 9);
+  match.keys = nine;
+  EXPECT_THAT(
+      client_.PostCall(match, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 8")));
+  // The keys take the int64 arrays' memory: a match carries nothing else,
+  // and nothing else carries keys.
+  const std::vector<std::string> two = Keys(1, 2);
+  const std::vector<int64_t> values = {1};
+  match.keys = two;
+  match.in1 = values;
+  EXPECT_THAT(
+      client_.PostCall(match, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("keys only")));
+  CallView decode{CallKind::kDecode, 0, 0, {}, values, values, {}};
+  decode.keys = two;
+  EXPECT_THAT(client_.PostCall(decode, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("only a fast-channel match carries keys")));
+  EXPECT_EQ(daemon_.PostedSeq(), 0u);
+}
+
 TEST_F(CodecTest, ClientCannotPostMoreThanTheCapacity) {
   const std::vector<int64_t> nine(9, 1);
   EXPECT_THAT(
@@ -203,6 +293,7 @@ TEST_P(HostileHeaderTest, IsRefused) {
       daemon_.TakeCall(&call),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(hostile.message)));
   EXPECT_TRUE(call.in0_storage.empty() && call.in1_storage.empty());
+  EXPECT_TRUE(call.key_storage.empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -218,7 +309,28 @@ INSTANTIATE_TEST_SUITE_P(
                       "num_free_first (-3)"},
         HostileHeader{"too_many_free_first", 1, 1, 0, 9, "num_free_first (9)"},
         HostileHeader{"unknown_options", 2, 1, 0x80, 0,
-                      "unknown option bits 0x80"}),
+                      "unknown option bits 0x80"},
+        // A match's keys: their count is all that says where they end (a
+        // key is kKeyBytes long), so every count that would read past the
+        // key area is refused, including those whose byte count overflows
+        // 32 bits.
+        HostileHeader{"match_negative_keys", 8, -1, kAdopt, 0,
+                      "num_requests (-1) is outside [0, 8]: the key area"},
+        HostileHeader{"match_smallest_count", 8,
+                      std::numeric_limits<int>::min(), kAdopt, 0,
+                      "num_requests (-2147483648)"},
+        HostileHeader{"match_one_key_past_the_area", 8, 9, 0, 0,
+                      "the key area holds 8 keys of 32 bytes (256 bytes)"},
+        HostileHeader{"match_key_bytes_past_int32", 8, 1 << 26, kAdopt, 0,
+                      "num_requests (67108864)"},
+        HostileHeader{"match_int_max_keys", 8, std::numeric_limits<int>::max(),
+                      kAdopt, 0, "num_requests (2147483647)"},
+        HostileHeader{"match_with_an_allocation_option", 8, 1,
+                      kAdopt | kAllOrNothing, 0,
+                      "option bits 0x4 do not apply to call kind 8"},
+        HostileHeader{"adopt_on_a_decode", 2, 1, kAdopt, 0,
+                      "option bits 0x20 do not apply to call kind 2"},
+        HostileHeader{"kind_past_the_last", 9, 1, 0, 0, "unknown call kind 9"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST_F(CodecTest, PerRequestAnswerRoundTrips) {

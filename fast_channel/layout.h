@@ -1,8 +1,8 @@
 // The fast channel's shared-memory layout: allocation calls (and Free,
-// Checkpoint, Rollback) through memory the daemon and one client map, for
-// clients on the daemon's host. gRPC stays the control plane: Register
-// opens the channel (RegisterResponse.fast_channel), KeepAlive holds the
-// lease, ReleaseRing and GetStats go over gRPC.
+// Checkpoint, Rollback, MatchPrefix) through memory the daemon and one
+// client map, for clients on the daemon's host. gRPC stays the control plane:
+// Register opens the channel (RegisterResponse.fast_channel), KeepAlive holds
+// the lease, ReleaseRing and GetStats go over gRPC.
 //
 // Why. An empty unary gRPC call costs more than the allocation it would
 // carry (most of it thread wake-ups across cores inside gRPC). The channel
@@ -104,7 +104,7 @@ namespace fast_channel {
 
 inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
 // Bumped whenever a field's meaning or offset changes; both ends check it.
-inline constexpr uint32_t kVersion = 9;
+inline constexpr uint32_t kVersion = 10;
 
 // What a call is (the gRPC method it stands for).
 enum class CallKind : uint32_t {
@@ -119,14 +119,20 @@ enum class CallKind : uint32_t {
   // in1 = nothing (the latest checkpoint, which ends) or one checkpoint id
   // (RollbackRequest.checkpoint_id); answer: op_value = pages returned.
   kRollback = 7,
+  // MatchPrefixRequest: num_requests keys of kKeyBytes bytes each, back to
+  // back from ChannelLayout::keys (the four input arrays' memory, room for
+  // max_requests keys); the kAdopt option bit is MatchPrefixRequest.adopt.
+  // Answer: op_value = pages matched (the longest published or cached
+  // prefix of the chain), those pages in new_pages[0, op_value).
+  kMatchPrefix = 8,
 };
 
 inline bool IsKnownKind(uint32_t kind) {
   return kind >= static_cast<uint32_t>(CallKind::kExtend) &&
-         kind <= static_cast<uint32_t>(CallKind::kRollback);
+         kind <= static_cast<uint32_t>(CallKind::kMatchPrefix);
 }
-// Free, Checkpoint, Rollback: answered with op_value, not per-request
-// results.
+// Free, Checkpoint, Rollback, MatchPrefix: answered with op_value, not
+// per-request results.
 inline bool IsOperation(CallKind kind) { return kind >= CallKind::kFreeSlots; }
 
 // AllocOptions, as bits of ChannelHeader::options.
@@ -138,9 +144,16 @@ inline constexpr uint32_t kAllOrNothing = 1u << 2;
 // FREE_ORDER_DEFAULT; both together are refused.
 inline constexpr uint32_t kFreeAscending = 1u << 3;
 inline constexpr uint32_t kFreeFirstAppearance = 1u << 4;
+// MatchPrefixRequest.adopt, for kMatchPrefix only.
+inline constexpr uint32_t kAdopt = 1u << 5;
 inline constexpr uint32_t kKnownOptions = kAsyncCompletion | kCheckpointFirst |
                                           kAllOrNothing | kFreeAscending |
-                                          kFreeFirstAppearance;
+                                          kFreeFirstAppearance | kAdopt;
+
+// A prefix key's size on the wire (kMatchPrefix): what the daemon's prefix
+// index keys are (allocator/prefix_index.h's kPrefixKeyBytes, a SHA-256
+// digest), fixed so that a key's place follows from its index.
+inline constexpr int32_t kKeyBytes = 32;
 
 // Room for the reason a session ended (ChannelHeader::end_reason).
 inline constexpr int32_t kEndReasonBytes = 120;
@@ -289,8 +302,11 @@ struct ChannelLayout {
         messages(After(new_pages, max_requests, 8)),
         total_bytes(After(messages, message_bytes, 1)) {}
 
-  size_t in0, in1, in2;                    // int64[max_requests] each
-  size_t free_first;                       // int64[max_requests]
+  size_t in0, in1, in2;  // int64[max_requests] each
+  size_t free_first;     // int64[max_requests]
+  // kMatchPrefix's keys: char[max_requests * kKeyBytes] from in0, over the
+  // four input arrays (which that kind does not use otherwise).
+  constexpr size_t keys() const { return in0; }
   size_t codes;                            // int32[max_requests]
   size_t ring_offsets, counts, new_pages;  // int64[max_requests] each
   size_t messages;                         // char[message_bytes]
@@ -307,6 +323,14 @@ struct ChannelLayout {
 };
 
 static_assert(ChannelLayout(1, 64).in0 == 448);
+// max_requests keys fit in the four input arrays, whatever their padding.
+static_assert(kKeyBytes == 4 * sizeof(int64_t));
+static_assert(ChannelLayout(1, 64).codes - ChannelLayout(1, 64).keys() >=
+              1 * kKeyBytes);
+static_assert(ChannelLayout(7, 64).codes - ChannelLayout(7, 64).keys() >=
+              7 * kKeyBytes);
+static_assert(ChannelLayout(8192, 64).codes - ChannelLayout(8192, 64).keys() ==
+              size_t{8192} * kKeyBytes);
 static_assert(ChannelLayout(8192, 65536).total_bytes ==
               448 + 7 * 8192 * 8 + 8192 * 4 + 65536);
 

@@ -108,6 +108,10 @@ struct FastChannelServer::Channel {
   // (a client that posts again before its answer is not believed).
   std::atomic<bool> in_flight{false};
   std::unique_ptr<ChannelReply> reply;
+  // A kMatchPrefix's answer (the core answers a match through a
+  // PrefixReply), and the views of its keys in `taken` (poller only).
+  std::unique_ptr<MatchReply> match_reply;
+  std::vector<absl::string_view> key_views;
   // Its session_ended word is set (Close or Stop; under mu_).
   bool ended = false;
   // The reserve's reclaim (AskForReserves): when the daemon last
@@ -195,13 +199,7 @@ class FastChannelServer::ChannelReply final : public AllocReply {
     } else if (!delivered_) {
       codec.WriteOpValue(value());
     }
-    // Before the answer is out an honest client cannot have posted again:
-    // it waits for response_seq == seq.
-    if (codec.PostedSeq() != seq) {
-      channel_->early_posts.fetch_add(1, std::memory_order_relaxed);
-    }
-    channel_->in_flight.store(false, std::memory_order_release);
-    codec.Publish(seq);
+    FastChannelServer::PublishAnswer(*channel_, seq);
   }
 
  private:
@@ -209,6 +207,37 @@ class FastChannelServer::ChannelReply final : public AllocReply {
   std::shared_ptr<Channel> self_;
   uint32_t seq_ = 0;
   bool delivered_ = false;
+};
+
+// Answers a kMatchPrefix into its channel: the pages found into new_pages,
+// their number into op_value (or the refusal); then publishes the answer.
+class FastChannelServer::MatchReply final : public PrefixReply {
+ public:
+  explicit MatchReply(Channel* channel) : channel_(channel) {}
+
+  // Starts a call: keeps the channel alive until Complete.
+  void Begin(std::shared_ptr<Channel> self, uint32_t seq) {
+    self_ = std::move(self);
+    seq_ = seq;
+    pages.clear();
+    set_value(0);
+  }
+
+  void Complete(const absl::Status& status) override {
+    // Copies first, as ChannelReply's.
+    const std::shared_ptr<Channel> keep = std::move(self_);
+    const uint32_t seq = seq_;
+    ChannelCodec& codec = channel_->codec;
+    absl::Status answer = status;
+    if (answer.ok()) answer = codec.WriteMatchedPages(pages);
+    if (!answer.ok()) codec.WriteRefusal(answer);
+    FastChannelServer::PublishAnswer(*channel_, seq);
+  }
+
+ private:
+  Channel* const channel_;
+  std::shared_ptr<Channel> self_;
+  uint32_t seq_ = 0;
 };
 
 absl::StatusOr<std::unique_ptr<FastChannelServer>> FastChannelServer::Create(
@@ -320,6 +349,7 @@ absl::StatusOr<ChannelCapacity> FastChannelServer::SessionOpened(
       std::move(doorbell), capacity, retired_headers_);
   channel->codec.Initialize();
   channel->reply = std::make_unique<ChannelReply>(channel.get());
+  channel->match_reply = std::make_unique<MatchReply>(channel.get());
   absl::MutexLock lock(&mu_);
   channel->poller = next_poller_++ % static_cast<int>(pollers_.size());
   // The poller may be asleep: its epoll set takes the doorbell now, and the
@@ -404,12 +434,18 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
   --c.ring_balance;
   c.in_flight.store(true, std::memory_order_relaxed);
   const absl::Status taken = c.codec.TakeCall(&call);
-  reply.Begin(channel, seq);
   if (!taken.ok()) {
+    reply.Begin(channel, seq);
     reply.Complete(taken);
     return;
   }
   calls_.fetch_add(1, std::memory_order_relaxed);
+  if (call.kind == CallKind::kMatchPrefix) {
+    c.match_reply->Begin(channel, seq);
+    SubmitTakenMatch(c);
+    return;
+  }
+  reply.Begin(channel, seq);
   const int32_t n = call.num_requests;
   switch (call.kind) {
     case CallKind::kExtend:
@@ -449,6 +485,8 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
       core_->SubmitRollback(
           c.session_id, c.token, Transport::kFastChannel, &reply,
           call.in1.empty() ? 0 : static_cast<uint64_t>(call.in1[0]));
+      return;
+    case CallKind::kMatchPrefix:  // answered above, through its own reply
       return;
   }
 }
@@ -500,6 +538,40 @@ void FastChannelServer::SubmitTakenFree(Channel& c) {
       c.session_id, c.token,
       call.kind == CallKind::kFreeSlots ? FreeUnit::kSlots : FreeUnit::kPages,
       call.in1, Transport::kFastChannel, &reply, order, call.release_value);
+}
+
+void FastChannelServer::PublishAnswer(Channel& c, uint32_t seq) {
+  // Before the answer is out an honest client cannot have posted again: it
+  // waits for response_seq == seq.
+  if (c.codec.PostedSeq() != seq) {
+    c.early_posts.fetch_add(1, std::memory_order_relaxed);
+  }
+  c.in_flight.store(false, std::memory_order_release);
+  c.codec.Publish(seq);
+}
+
+void FastChannelServer::SubmitTakenMatch(Channel& c) {
+  const fast_channel::TakenCall& call = c.taken;
+  c.key_views.resize(call.num_requests);
+  for (int32_t i = 0; i < call.num_requests; ++i) {
+    c.key_views[i] = call.key(i);
+  }
+  // The gRPC handler's entry point: the core authenticates and parses the
+  // chain before it returns (so the views need live no longer), then queues
+  // the match (and adopt) on the batcher as an operation of the session.
+  // Why not answer it here, straight from the pool: a match must apply in
+  // order with the session's other work (a free or rollback queued behind
+  // a running launch, a gRPC call of the same session, the release fence's
+  // frees), and only the batcher's queue orders them; and through the core
+  // the authentication, the chain's checks, the adopt's quota, its atomicity
+  // with the match (one PagePool::MatchPrefix under the pool's lock) and the
+  // metrics are the gRPC call's own code. What it costs: when a launch is
+  // running the match waits for it; otherwise this thread runs it at once
+  // (server/batcher.h, "Who drives"). It joins no launch: it is not an
+  // allocation.
+  core_->SubmitMatchPrefix(c.session_id, c.token, c.key_views,
+                           (call.options & fast_channel::kAdopt) != 0,
+                           Transport::kFastChannel, c.match_reply.get());
 }
 
 void FastChannelServer::CountRings(Channel& c) {

@@ -5,7 +5,9 @@
 // posted in their channels through the codec (fast_channel/codec.h), run
 // them through the call core (the same authentication, validation and ring
 // space as gRPC calls) and submit the allocation calls to the batcher
-// together, so that calls posted at the same time share a launch.
+// together, so that calls posted at the same time share a launch. Free,
+// Checkpoint, Rollback and MatchPrefix go to the batcher as the session's
+// operations, through the core's entry points the gRPC handlers use.
 //
 // A poller spins after the last call it saw, so that a client issuing
 // calls back to back never waits for a wake-up; then it sleeps in
@@ -221,6 +223,7 @@ class FastChannelServer final : public SessionChannels {
  private:
   struct Channel;
   class ChannelReply;
+  class MatchReply;
   // One poller thread, and what it sleeps on: an epoll set holding its
   // channels' doorbells and its own wake-up eventfd (Stop, Close).
   struct Poller {
@@ -260,8 +263,8 @@ class FastChannelServer final : public SessionChannels {
   void Wake(int index);
   // Takes the call posted in `channel` through the codec. An allocation
   // call is prepared and appended to `prepared`; an operation (Free,
-  // Checkpoint, Rollback) is submitted at once, and a refused call answered
-  // at once.
+  // Checkpoint, Rollback, MatchPrefix) is submitted at once, and a refused
+  // call answered at once.
   void Take(const std::shared_ptr<Channel>& channel, uint32_t seq,
             std::vector<AllocCall>* prepared);
   // Take's parts: the taken allocation call of `c` prepared through the
@@ -270,6 +273,13 @@ class FastChannelServer final : public SessionChannels {
   void PrepareTakenAlloc(Channel& c, Method method, const CallArrays& arrays,
                          std::vector<AllocCall>* prepared);
   void SubmitTakenFree(Channel& c);
+  // The taken kMatchPrefix of `c`, submitted through the core's MatchPrefix
+  // (the gRPC handler's own entry point), answered by its MatchReply.
+  void SubmitTakenMatch(Channel& c);
+  // The last step of every answer into `c`, once the codec has written it:
+  // lets the poller take the channel's next call, then publishes answer
+  // `seq` (waking a sleeping client).
+  static void PublishAnswer(Channel& c, uint32_t seq);
   // Reads the rings waiting on `channel`'s doorbell and counts a strike
   // when no call explains them (poller only).
   void CountRings(Channel& channel);

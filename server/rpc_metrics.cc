@@ -26,6 +26,7 @@ bool TransportCarries(Transport transport, Method method) {
     case Method::kFree:
     case Method::kCheckpoint:
     case Method::kRollback:
+    case Method::kMatchPrefix:
       return true;
     default:
       return false;

@@ -53,7 +53,8 @@ inline constexpr int kNumTransports = 2;
 const char* TransportName(Transport transport);
 
 // Whether `transport` carries calls of `method`: gRPC carries every method,
-// the fast channel the allocation calls, Free, Checkpoint and Rollback.
+// the fast channel the allocation calls, Free, Checkpoint, Rollback and
+// MatchPrefix.
 bool TransportCarries(Transport transport, Method method);
 
 // This class is thread-safe.

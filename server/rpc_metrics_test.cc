@@ -79,7 +79,8 @@ TEST(TransportTest, NamesAndMethodsCarried) {
     }
   }
   EXPECT_EQ(fast, (std::set<std::string>{"AllocExtend", "AllocDecode", "Alloc",
-                                         "Free", "Checkpoint", "Rollback"}));
+                                         "Free", "Checkpoint", "Rollback",
+                                         "MatchPrefix"}));
 }
 
 TEST(RpcMetricsTest, StartsAtZero) {

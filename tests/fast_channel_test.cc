@@ -242,6 +242,83 @@ TEST_F(FastChannelTest, OperationsFirstRunBeforeTheAllocationOnBothPaths) {
   }
 }
 
+// MatchPrefix on a session with a fast channel goes through it (the
+// daemon's per-transport counters say so), and a gRPC session matching the
+// same chain on the same pool gets the same pages and the same refusals. A
+// chain the channel cannot carry (a key of another size) goes over gRPC.
+TEST_F(FastChannelTest, MatchPrefixGoesThroughItWithTheSameAnswersAsGrpc) {
+  StartServer();
+  auto writer = Connect(true);
+  auto fast = Connect(true);
+  auto grpc = Connect(false);
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(fast, nullptr);
+  ASSERT_NE(grpc, nullptr);
+  ASSERT_TRUE(fast->uses_fast_channel());
+  ASSERT_FALSE(grpc->uses_fast_channel());
+  const int64_t ps = writer->pool().page_size();
+  CallOptions inline_slots;
+  inline_slots.return_inline = true;
+  ASSERT_OK_AND_ASSIGN(Allocation written,
+                       writer->Alloc({5 * ps}, inline_slots));
+  ASSERT_OK(written[0].status);
+  std::vector<int64_t> pages;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 5; ++i) {
+    pages.push_back(written[0].slots[i * ps] / ps);
+    keys.emplace_back(fc::kKeyBytes, static_cast<char>('a' + i));
+  }
+  ASSERT_OK(writer->Publish(pages, keys).status());
+
+  const RpcMetrics& rpc = server_->server().core().rpc_metrics();
+  auto matches = [&](Transport transport, absl::StatusCode code) {
+    return rpc.count(Method::kMatchPrefix, transport, code);
+  };
+  const int64_t fast_calls = fast_channels()->calls();
+  const int64_t grpc_matches = matches(Transport::kGrpc, absl::StatusCode::kOk);
+  // The chain, one key longer than what was published: the longest prefix.
+  std::vector<std::string> longer = keys;
+  longer.emplace_back(fc::kKeyBytes, 'z');
+  for (bool adopt : {false, true}) {
+    SCOPED_TRACE(adopt ? "adopt" : "peek");
+    ASSERT_OK_AND_ASSIGN(std::vector<int64_t> by_fast,
+                         fast->MatchPrefix(longer, adopt));
+    ASSERT_OK_AND_ASSIGN(std::vector<int64_t> by_grpc,
+                         grpc->MatchPrefix(longer, adopt));
+    EXPECT_EQ(by_fast, pages);
+    EXPECT_EQ(by_grpc, by_fast);
+  }
+  EXPECT_EQ(fast_channels()->calls() - fast_calls, 2);
+  EXPECT_EQ(matches(Transport::kFastChannel, absl::StatusCode::kOk), 2);
+  EXPECT_EQ(matches(Transport::kGrpc, absl::StatusCode::kOk) - grpc_matches, 2);
+  // Both adopted: each holds a reference on every page.
+  const PoolStats stats = server_->pool().Stats();
+  EXPECT_EQ(stats.owners.at(fast->session_id()).shared_pages, 5);
+  EXPECT_EQ(stats.owners.at(grpc->session_id()).shared_pages, 5);
+
+  // Refusals: a repeated key is the core's, over either transport, with one
+  // message; a short key stays off the channel (its wire has 32-byte keys)
+  // and gets the daemon's refusal over gRPC.
+  std::vector<std::string> repeated = {keys[0], keys[1], keys[0]};
+  std::vector<std::string> short_key = {keys[0], keys[1].substr(0, 31)};
+  for (const auto& chain : {repeated, short_key}) {
+    const absl::Status by_fast = fast->MatchPrefix(chain, true).status();
+    EXPECT_EQ(by_fast.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(by_fast, grpc->MatchPrefix(chain, true).status());
+  }
+  EXPECT_EQ(
+      matches(Transport::kFastChannel, absl::StatusCode::kInvalidArgument), 1);
+  EXPECT_EQ(matches(Transport::kGrpc, absl::StatusCode::kInvalidArgument), 3);
+  EXPECT_EQ(fast_channels()->calls() - fast_calls, 3);
+
+  // The references drop as any shared page's do, on either transport.
+  EXPECT_THAT(fast->FreePages(pages), IsOkAndHolds(5));
+  EXPECT_THAT(grpc->FreePages(pages), IsOkAndHolds(5));
+  EXPECT_EQ(server_->pool().Stats().owners.at(fast->session_id()).shared_pages,
+            0);
+  EXPECT_OK(server_->pool().CheckInvariants());
+}
+
 TEST_F(FastChannelTest, MalformedPostsAreRefusedAndChangeNothing) {
   StartServer();
   RawSession raw = OpenRaw();

@@ -8,10 +8,13 @@
 //     back arrays whose sizes match the kind and stay within the daemon's
 //     capacity (never the header's);
 //   - an allocation call's arrays either decode into valid requests or are
-//     refused with INVALID_ARGUMENT (DecodeCall);
+//     refused with INVALID_ARGUMENT (DecodeCall); a prefix match's keys
+//     number num_requests, each kKeyBytes long, and either parse into a
+//     chain or are refused with INVALID_ARGUMENT (ParsePrefixKeyChain, as
+//     the call core parses them);
 //   - the daemon's answer (per-request results with long messages, a whole
-//     refusal, an operation's value) stays inside the channel, and the
-//     client's codec reads it back consistently.
+//     refusal, an operation's value, a match's pages) stays inside the
+//     channel, and the client's codec reads it back consistently.
 
 #include <algorithm>
 #include <cstdint>
@@ -23,6 +26,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "allocator/prefix_index.h"
 #include "allocator/requests.h"
 #include "fast_channel/codec.h"
 #include "server/request_decoding.h"
@@ -55,6 +62,21 @@ bool IsAllocation(fast_channel::CallKind kind) {
 void Answer(const fast_channel::TakenCall& call,
             fast_channel::ChannelCodec& daemon,
             const fast_channel::ChannelCodec& client) {
+  if (call.kind == fast_channel::CallKind::kMatchPrefix) {
+    // The first half of the chain found, as page ids 1, 2, ...
+    std::vector<int64_t> pages(call.num_requests / 2);
+    for (size_t i = 0; i < pages.size(); ++i) pages[i] = i + 1;
+    const absl::Status written = daemon.WriteMatchedPages(pages);
+    if (!written.ok()) Fail("writing a match's pages", written);
+    daemon.Publish(1);
+    const absl::StatusOr<absl::Span<const int64_t>> read =
+        client.ReadMatchedPages(call.num_requests);
+    if (!read.ok()) Fail("reading a match's pages back", read.status());
+    if (std::vector<int64_t>(read->begin(), read->end()) != pages) {
+      Fail("a match's pages read back", absl::InternalError("differ"));
+    }
+    return;
+  }
   if (!IsAllocation(call.kind)) {
     daemon.WriteOpValue(call.num_requests);
     daemon.Publish(1);
@@ -118,6 +140,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (call.num_requests < 0 || call.num_requests > kCapacity.max_requests ||
       call.free_first.size() > static_cast<size_t>(kCapacity.max_requests)) {
     Fail("TakeCall's counts", absl::InternalError("out of capacity"));
+  }
+  if (call.kind == fast_channel::CallKind::kMatchPrefix) {
+    if (call.keys.size() !=
+            static_cast<size_t>(call.num_requests) * fast_channel::kKeyBytes ||
+        !call.in0.empty() || !call.in1.empty() || !call.free_first.empty()) {
+      Fail("a match's keys", absl::InternalError("wrong shape"));
+    }
+    std::vector<absl::string_view> keys(call.num_requests);
+    for (int32_t i = 0; i < call.num_requests; ++i) keys[i] = call.key(i);
+    const absl::StatusOr<std::vector<PrefixKey>> chain =
+        ParsePrefixKeyChain(keys, "keys", kGeometry.num_pages);
+    if (!chain.ok())
+      CheckRefusal("ParsePrefixKeyChain refused", chain.status());
+  } else if (call.keys.size() != 0) {
+    Fail("keys in a call that is not a match", absl::InternalError("keys"));
   }
   if (IsAllocation(call.kind)) {
     const RequestKind kind =

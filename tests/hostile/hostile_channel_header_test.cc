@@ -13,6 +13,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -120,7 +121,7 @@ TEST_F(HostileChannelTest, OutOfRangeCountsKindsAndOptionsAreRefused) {
       {"negative free_first", decode, 1, -1, 0, "num_free_first (-1)"},
       {"free_first past the capacity", decode, 1, 65, 0, "num_free_first (65)"},
       {"kind 0", 0, 1, 0, 0, "unknown call kind 0"},
-      {"kind past the last", 8, 1, 0, 0, "unknown call kind 8"},
+      {"kind past the last", 9, 1, 0, 0, "unknown call kind 9"},
       {"largest kind", 0xffffffff, 1, 0, 0, "unknown call kind"},
       {"unknown option bit", decode, 1, 0, 1u << 7, "unknown option bits 0x80"},
       {"every option bit", decode, 1, 0, 0xffffffff, "unknown option bits"},
@@ -167,6 +168,114 @@ TEST_F(HostileChannelTest, OutOfRangeCountsKindsAndOptionsAreRefused) {
   raw.Post();
   ASSERT_TRUE(raw.Await());
   EXPECT_EQ(raw.header->call_code, 0);
+}
+
+// A prefix match (kMatchPrefix) posted by hand: every count and option a
+// client writes is bounded before a key is read, and the chain is checked
+// by the core as a gRPC one is. Each refusal leaves the pool as it was (no
+// reference taken, nothing evicted) and another session's calls answered.
+TEST_F(HostileChannelTest, MalformedPrefixMatchesAreRefusedAndAdoptNothing) {
+  ServerOptions options = DefaultOptions();
+  // Fewer pages than the channel holds keys (64): a chain longer than the
+  // pool then fits in the channel, and only the core can refuse it.
+  options.pool.num_pages = 16;
+  StartServer(options);
+  auto victim = Connect("victim");
+  ASSERT_NE(victim, nullptr);
+  // The victim publishes two pages, which a well-formed match adopts.
+  CallOptions inline_slots;
+  inline_slots.return_inline = true;
+  ASSERT_OK_AND_ASSIGN(Allocation written, victim->Alloc({8}, inline_slots));
+  ASSERT_OK(written[0].status);
+  const std::vector<int64_t> published = {written[0].slots[0] / 4,
+                                          written[0].slots[4] / 4};
+  std::vector<std::string> keys;
+  for (int i = 0; i < 64; ++i) {
+    std::string key(fc::kKeyBytes, 'h');
+    key[0] = static_cast<char>(i);
+    keys.push_back(key);
+  }
+  ASSERT_OK(victim->Publish(published, {keys[0], keys[1]}).status());
+
+  RawSession raw = OpenRaw();
+  ASSERT_NE(raw.header, nullptr);
+  char* const key_area = raw.base() + raw.layout->keys();
+  for (int i = 0; i < 64; ++i) {
+    std::memcpy(key_area + i * fc::kKeyBytes, keys[i].data(), fc::kKeyBytes);
+  }
+  const PoolSnapshot before = PoolSnapshot::Of(pool());
+  const int64_t adopted_before = pool().Stats().prefix_pages_adopted;
+  const uint32_t match = static_cast<uint32_t>(fc::CallKind::kMatchPrefix);
+  const uint32_t decode = static_cast<uint32_t>(fc::CallKind::kDecode);
+  const std::vector<Malformed> table = {
+      {"negative key count", match, -1, 0, fc::kAdopt,
+       "num_requests (-1) is outside [0, 64]"},
+      {"smallest key count", match, INT_MIN, 0, fc::kAdopt,
+       "num_requests (-2147483648)"},
+      {"one key past the key area", match, 65, 0, fc::kAdopt,
+       "the key area holds 64 keys of 32 bytes (2048 bytes)"},
+      // 2^26 keys are 2^31 key bytes: past int32, were they multiplied so.
+      {"key bytes past int32", match, 1 << 26, 0, fc::kAdopt,
+       "num_requests (67108864)"},
+      {"largest key count", match, INT_MAX, 0, fc::kAdopt,
+       "num_requests (2147483647)"},
+      {"an allocation's option bit", match, 2, 0,
+       fc::kAdopt | fc::kAllOrNothing,
+       "option bits 0x4 do not apply to call kind 8"},
+      {"a free's order bit", match, 2, 0, fc::kFreeAscending,
+       "option bits 0x8 do not apply to call kind 8"},
+      {"unknown option bit", match, 2, 0, 1u << 7, "unknown option bits 0x80"},
+      {"adopt on a decode", decode, 1, 0, fc::kAdopt,
+       "option bits 0x20 do not apply to call kind 2"},
+      {"chain longer than the pool", match, 17, 0, fc::kAdopt,
+       "17 keys, more than the pool's 16"},
+  };
+  auto check_unchanged = [&] {
+    EXPECT_EQ(PoolSnapshot::Of(pool()), before);
+    EXPECT_EQ(pool().Stats().prefix_pages_adopted, adopted_before);
+    EXPECT_OK(pool().CheckInvariants());
+    HonestRoundTrip(*victim);
+  };
+  for (const Malformed& bad : table) {
+    SCOPED_TRACE(bad.name);
+    raw.header->kind = bad.kind;
+    raw.header->num_requests = bad.num_requests;
+    raw.header->num_free_first = bad.num_free_first;
+    raw.header->options = bad.options;
+    raw.Post();
+    ASSERT_TRUE(raw.Await());
+    EXPECT_EQ(raw.header->call_code, kInvalidArgument);
+    EXPECT_THAT(raw.CallMessage(), HasSubstr(bad.message));
+    EXPECT_EQ(raw.header->op_value, 0);
+    check_unchanged();
+  }
+  // A key repeated in the chain is refused by the core, naming both.
+  std::memcpy(key_area + 2 * fc::kKeyBytes, keys[0].data(), fc::kKeyBytes);
+  raw.header->kind = match;
+  raw.header->num_requests = 3;
+  raw.header->options = fc::kAdopt;
+  raw.Post();
+  ASSERT_TRUE(raw.Await());
+  EXPECT_EQ(raw.header->call_code, kInvalidArgument);
+  EXPECT_THAT(raw.CallMessage(), HasSubstr("keys[2] repeats keys[0]"));
+  check_unchanged();
+
+  // The attacker's channel still serves a well-formed match: the victim's
+  // two pages, adopted (the third key is nobody's).
+  std::memcpy(key_area + 2 * fc::kKeyBytes, keys[2].data(), fc::kKeyBytes);
+  raw.Post();
+  ASSERT_TRUE(raw.Await());
+  ASSERT_EQ(raw.header->call_code, 0) << raw.CallMessage();
+  ASSERT_EQ(raw.header->op_value, 2);
+  const int64_t* found = raw.array(raw.layout->new_pages);
+  EXPECT_EQ(std::vector<int64_t>(found, found + 2), published);
+  EXPECT_EQ(pool().Stats().prefix_pages_adopted, adopted_before + 2);
+  EXPECT_EQ(pool().Stats().owners.at(raw.id()).shared_pages, 2);
+  // The victim still finds its pages, and its calls are answered.
+  EXPECT_THAT(victim->MatchPrefix({keys[0], keys[1]}, /*adopt=*/false),
+              IsOkAndHolds(published));
+  HonestRoundTrip(*victim);
+  EXPECT_OK(pool().CheckInvariants());
 }
 
 }  // namespace

@@ -60,6 +60,7 @@ targets=(
   //client:libpagealloc_client.so
   //bench:kernel_benchmark
   //bench:kv_scrub_gpu_benchmark
+  //bench:prefix_match_benchmark
   //bench:pagealloc-bench
   //server:pagealloc-server
   //client:pagealloc-cli

@@ -22,6 +22,9 @@
 #   3b. ring_flood_test: a client's flood of the largest rings stops at the
 #      daemon's GPU budget, and another process allocates the rest of the
 #      GPU
+#   3c. prefix_match_benchmark: match and adopt of a published 2,048-page
+#      chain (32k tokens at page size 16) against a CUDA daemon of its own,
+#      through the fast channel and over gRPC (its table ends the summary)
 #   4. a soak: 8 load_client processes (4 sync, 4 async completion) for 10 s
 #      against one CUDA daemon with --debug_checks, sharing a claim table
 #      that catches a slot handed to two clients; then every page must be
@@ -38,7 +41,8 @@ need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
   tests/gpu/completion_counter_test tests/gpu/kv_slab_gpu_test tests/kv_slab_test \
   tests/gpu/ring_flood_test tests/gpu/release_fence_test \
   memory/cuda_vmm_test \
-  tests/kv_writer client/kv_example bench/kv_scrub_gpu_benchmark
+  tests/kv_writer client/kv_example bench/kv_scrub_gpu_benchmark \
+  bench/prefix_match_benchmark
 
 # The tests find server/pagealloc-server and tests/load_client relative to
 # the working directory when Bazel's TEST_SRCDIR is not set.
@@ -138,6 +142,19 @@ if [[ -n $scrub_rows ]]; then
   echo "$scrub_rows"
   add_detail "its table follows the summary"
   add_section "### KV scrub kernel (kv_scrub_gpu_benchmark.log)"$'\n\n'"$scrub_head"$'\n\n'"$scrub_rows"
+fi
+
+# Match and adopt of a 2,048-page chain, fast channel and gRPC, against a
+# CUDA daemon the benchmark starts (server/pagealloc-server beside it).
+run_step prefix_match_benchmark 300 "$OUT/prefix_match_benchmark.log" \
+  bench/prefix_match_benchmark --backend=cuda --server_flags=--gpu=0
+prefix_head=$(grep -E "^prefix_match_benchmark:" "$OUT/prefix_match_benchmark.log")
+prefix_rows=$(grep -E "^\|" "$OUT/prefix_match_benchmark.log")
+if [[ -n $prefix_rows ]]; then
+  echo "$prefix_head"
+  echo "$prefix_rows"
+  add_detail "its table follows the summary"
+  add_section "### Prefix match and adopt (prefix_match_benchmark.log)"$'\n\n'"$prefix_head"$'\n\n'"$prefix_rows"
 fi
 
 for t in kv_slab_test multi_client_test server_process_test stress_test; do
