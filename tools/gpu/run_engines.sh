@@ -21,8 +21,8 @@
 #                        1,2,3)
 # Needs python3 with PyTorch (and Triton for the seed's kernels). STEPS
 # (default all five names) picks steps by name; ENGINE_STEPS (200) sets the
-# decode loops' steps. MPS=1 runs everything under a CUDA MPS control
-# daemon of the run's own.
+# decode loops' steps; ENGINE_MODES (alloc decode) which of their modes run.
+# MPS=1 runs everything under a CUDA MPS control daemon of the run's own.
 # Usage: run_engines.sh [--anchor DIR] [OUT_DIR]
 #   (default ./gpu-results). Writes OUT_DIR/engines/: a log and a JSON per
 #   step and summary.md (the steps, then each benchmark's table); exits 1
@@ -46,6 +46,7 @@ steps=${STEPS:-python_gpu_tests local_expansion sglang_alloc engine_loop multi_r
 processes=${PROCESSES:-1,4}
 replicas=${REPLICAS:-1,2,3}
 engine_steps=${ENGINE_STEPS:-200}
+engine_modes=${ENGINE_MODES:-alloc decode}
 bench=$PKG/python/bench
 
 wanted() { [[ " $steps " == *" $1 "* ]]; }
@@ -111,7 +112,7 @@ if wanted sglang_alloc; then
 fi
 
 if wanted engine_loop; then
-  for mode in alloc decode; do
+  for mode in $engine_modes; do
     if [[ $mode == decode && -z $ANCHOR ]]; then
       note_step engine_loop_decode "skipped (no --anchor: SGLang's decode" \
         "kernel is the seed's)" ""
