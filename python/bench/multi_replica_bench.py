@@ -16,11 +16,15 @@ weights from one seed, so every replica and the reference are one model):
 token and position embeddings, --layers blocks of grouped-query attention
 and an MLP, tied output. Attention reads K and V from a paged KV store at
 the slots the replica's allocator gave, as a serving engine's paged kernel
-does (a gather in PyTorch). The scheduler batches continuously: each step
-admits what fits (a request's pages for its whole length up front, so no
-request waits on pages once running), prefills admitted requests in chunks
-of --prefill_chunk tokens, and decodes one token for every request past
-its prefill; greedy sampling.
+does (in PyTorch, a gather of every request's slots padded to the longest
+context, and a masked softmax). The scheduler batches continuously: each
+step admits what fits (a request's pages for its whole length up front, so
+no request waits on pages once running), then runs one batched forward
+over the next chunk of --prefill_chunk tokens of every request still in
+its prefill (chunks padded to the longest, causal within the chunk over
+the prefix) and one over every request past its prefill (a token each),
+writing the new tokens' K/V at their slots, and takes the step's greedy
+tokens to the host at once: one sync a step, however many sequences run.
 
 Set-ups, one KV budget of --num_pages pages in each:
   split          each replica its own in-process SGLang-style free list of
@@ -68,9 +72,10 @@ SETUPS = ("split", "shared", "shared-prefix")
 
 class TinyDecoder:
     """The model every replica runs: weights from `seed`, the same in
-    every process. forward() runs one request's chunk of tokens against
-    its K/V in `kv` (a KV store: write(layer, slots, k, v) and
-    read(layer, slots))."""
+    every process. forward_batch() runs a scheduler step's requests, each
+    with its chunk of tokens, in one pass against their K/V in `kv` (a
+    TensorKv); forward() runs one request's chunk alone, the statement of
+    the computation that the reference uses."""
 
     def __init__(self, args, device, dtype):
         self.args = args
@@ -133,6 +138,84 @@ class TinyDecoder:
         logits = self._norm(x[-1]) @ self.embed.T
         return int(torch.argmax(logits))
 
+    def batch(self, chunks):
+        """Returns the device inputs of one forward_batch() over `chunks`,
+        a list of (tokens, start, end, slots): request i computes
+        tokens[start:end] at positions start.. and attends over its
+        slots[:end]. The chunks' tokens are packed one after another; for
+        attention, each chunk's queries take a row of a [chunks, longest
+        chunk] grid and its context a row of [chunks, longest context].
+        Every index goes to the device in one copy."""
+        b = len(chunks)
+        n = max(end - start for _, start, end, _ in chunks)
+        t = max(end for _, _, end, _ in chunks)
+        ids, positions, own, placed = [], [], [], []
+        # A padding query sits at position 0 (it sees its row's first
+        # context entry only, so its softmax has a finite entry); padding
+        # context is slot 0 (a valid slot to gather, masked out for every
+        # real query).
+        grid = np.zeros((b, n), dtype=np.int64)
+        context = np.zeros((b, t), dtype=np.int64)
+        last = np.empty(b, dtype=np.int64)
+        packed = 0
+        for i, (tokens, start, end, slots) in enumerate(chunks):
+            ids.append(tokens[start:end])
+            positions.append(np.arange(start, end))
+            own.append(slots[start:end])
+            placed.append(np.arange(i * n, i * n + end - start))
+            grid[i, :end - start] = positions[-1]
+            context[i, :end] = slots[:end]
+            packed += end - start
+            last[i] = packed - 1
+        parts = [np.concatenate(ids).astype(np.int64),
+                 np.concatenate(positions), np.concatenate(own),
+                 np.concatenate(placed), grid, context, last]
+        flat = torch.as_tensor(np.concatenate([a.reshape(-1) for a in parts]),
+                               device=self.device)
+        views = torch.split(flat, [a.size for a in parts])
+        names = ("ids", "positions", "own", "placed", "grid", "context",
+                 "last")
+        return {name: v.view(a.shape)
+                for name, v, a in zip(names, views, parts)}
+
+    def forward_batch(self, kv, batch):
+        """Runs the chunks of `batch` (from batch()) in one pass: the
+        projections and MLPs over the packed tokens, K/V written at every
+        token's slot at once, and attention over a padded gather of every
+        chunk's context with a mask (causal within the chunk, over its
+        prefix). Returns the greedy next token after each chunk's last, a
+        [chunks] tensor on the device: the caller takes it to the host,
+        once a step."""
+        a = self.args
+        grid, context = batch["grid"], batch["context"]
+        b, n = grid.shape
+        group = a.heads // a.kv_heads
+        placed = batch["placed"]
+        # Query (i, j) sees chunk i's context positions <= its own; padded
+        # context entries lie past every real query of their chunk.
+        mask = (torch.arange(context.shape[1], device=self.device)
+                [None, None, :] > grid[:, :, None])[:, None, None]
+        x = self.embed[batch["ids"]] + self.position[batch["positions"]]
+        for layer_index, w in enumerate(self.layers):
+            h = self._norm(x)                          # [tokens, hidden]
+            k = (h @ w["wk"]).view(-1, a.kv_heads, a.head_dim)
+            v = (h @ w["wv"]).view(-1, a.kv_heads, a.head_dim)
+            kv.write(layer_index, batch["own"], k, v)
+            q = h.new_zeros(b * n, a.heads * a.head_dim)
+            q[placed] = h @ w["wq"]
+            q = q.view(b, n, a.kv_heads, group, a.head_dim)  # kvh x group
+            keys, values = kv.read(layer_index, context)  # [b, t, kvh, hd]
+            keys, values = keys.to(self.dtype), values.to(self.dtype)
+            scores = torch.einsum("bnkgd,btkd->bkgnt", q, keys) / math.sqrt(
+                a.head_dim)
+            scores = scores.masked_fill(mask, float("-inf"))
+            attended = torch.einsum("bkgnt,btkd->bnkgd", scores.softmax(-1),
+                                    values).reshape(b * n, -1)[placed]
+            x = x + attended @ w["wo"]
+            x = x + torch.nn.functional.silu(self._norm(x) @ w["w1"]) @ w["w2"]
+        return torch.argmax(self._norm(x[batch["last"]]) @ self.embed.T,
+                            dim=-1)
+
 
 class TensorKv:
     """K/V buffers [slots, kv_heads, head_dim] per layer: torch tensors of
@@ -187,8 +270,9 @@ def make_requests(args):
 
 
 def reference_outputs(args, requests, device="cpu"):
-    """Each request alone over contiguous K/V: the tokens a correct paged
-    engine generates, whatever its batching and caching."""
+    """Each request alone over contiguous K/V, through forward() (not the
+    replicas' batched path): the tokens a correct paged engine generates,
+    whatever its batching and caching."""
     model = TinyDecoder(args, device, compute_dtype(args, device))
     total = args.max_len
     outputs = {}
@@ -385,7 +469,7 @@ def run_replica(rank, args, setup, num_replicas, requests, results):
                 break
             waiting.popleft()
             slots = (np.asarray(grant["pages"], dtype=np.int64)[:, None] *
-                     ps + np.arange(ps)).reshape(-1).tolist()
+                     ps + np.arange(ps)).reshape(-1)
             running.append(dict(request=request, grant=grant, slots=slots,
                                 tokens=list(request["prompt"]),
                                 done_to=grant["cached_tokens"], out=[],
@@ -394,23 +478,33 @@ def run_replica(rank, args, setup, num_replicas, requests, results):
             raise SystemExit("replica %d: a request does not fit an empty "
                              "pool" % rank)
         peak = max(peak, len(running))
-        stepped = []
+        # One step: a forward over every prefill chunk and one over every
+        # decode (apart, so that a decode is not padded to a chunk's
+        # length), then the step's tokens to the host at once.
+        prefills, decodes = [], []
         for r in running:
             prompt = len(r["request"]["prompt"])
-            if r["done_to"] < prompt:   # a prefill chunk
+            if r["done_to"] < prompt:
                 end = min(prompt, r["done_to"] + args.prefill_chunk)
-                token = model.forward(pool.kv, r["tokens"][:end],
-                                      r["done_to"], r["slots"])
-                r["done_to"] = end
-                if end == prompt:
-                    stepped.append((r, token))
-            else:                        # a decode step
-                token = model.forward(pool.kv, r["tokens"], r["done_to"],
-                                      r["slots"])
-                r["done_to"] = len(r["tokens"])
-                stepped.append((r, token))
+                prefills.append((r, end))
+            else:
+                decodes.append((r, len(r["tokens"])))
+        groups = [g for g in (prefills, decodes) if g]
+        # Every input is on the device before the first forward is queued.
+        batches = [model.batch([(r["tokens"], r["done_to"], end, r["slots"])
+                                for r, end in g]) for g in groups]
+        tokens = torch.cat([model.forward_batch(pool.kv, batch)
+                            for batch in batches]).tolist()
         if device == "cuda":
+            # tolist() waited for this stream; publishing needs the K/V
+            # written whatever stream wrote it.
             torch.cuda.synchronize()
+        stepped = []
+        for (r, end), token in zip(prefills + decodes, tokens):
+            prompt = len(r["request"]["prompt"])
+            r["done_to"] = end
+            if end >= prompt:   # the prompt's last chunk, or a decode
+                stepped.append((r, token))
         now = time.perf_counter()
         for r, token in stepped:
             if not r["out"]:
