@@ -32,6 +32,8 @@ Allocators:
              has a pool of its own (the daemon's pool split evenly).
   pagealloc  pagealloc.sglang's allocator on the daemon at --target (the
              session page reserve by default; every process shares the pool)
+  pagealloc-copy  the reserve without its device mirror (mirror_pages=0):
+             each alloc copies its slots to the device
   pagealloc-thin  the same with the reserve off: every call a round trip
 
 Reports per allocator and process count: step time p50/p99 (ms), the
@@ -151,6 +153,8 @@ def run_process(rank, config, results):
         kwargs = {}
         if kind == "pagealloc-thin":
             kwargs["use_reserve"] = False
+        elif kind == "pagealloc-copy":
+            kwargs["mirror_pages"] = 0
         allocator = sglang.make_allocator(client, **kwargs)
         pool_pages = client.pool.num_pages
     else:

@@ -45,8 +45,10 @@ launch-order skew of replicas that start one after another).
 Reports per set-up and replica count: requests/s, output tokens/s, time to
 first token and per output token (p50/p99 over requests), the most
 sequences any replica ran at once (and the least of the replicas' peaks),
-and the prefix hit rate (pages found / pages looked up; each
-shared-prefix run starts from an empty cache). --check compares
+the prefix hit rate (pages found / pages looked up; each
+shared-prefix run starts from an empty cache) and the KV those hits reused
+(MiB: the pages adopted instead of prefilled into a page of the
+replica's own, K and V of every layer). --check compares
 every request's tokens with a single-process reference that runs each
 request alone over contiguous KV (CI runs that on the CPU). A benchmark,
 not a test: it never fails on time.
@@ -581,7 +583,16 @@ def summarize(setup, num_replicas, rows, args):
         peak_sequences_min=min(r["peak"] for r in rows),
         prefix_hit_rate=(sum(r["hits"] for r in rows) / lookups
                          if lookups else 0.0),
+        kv_reused_mib=sum(r["hits"] for r in rows) * page_kv_bytes(args) /
+        2**20,
         outputs=outputs)
+
+
+def page_kv_bytes(args):
+    """Bytes of one page's K and V over every layer."""
+    element = torch.empty((), dtype=kv_dtype(args)).element_size()
+    return (2 * args.layers * args.page_size * args.kv_heads *
+            args.head_dim * element)
 
 
 def parser():
@@ -664,15 +675,16 @@ def main(argv=None):
     print()
     print("| set-up | replicas | requests/s | tokens/s | TTFT p50 / p99 ms | "
           "TPOT p50 / p99 ms | peak sequences (max / min replica) | "
-          "prefix hit rate |")
-    print("|---|---|---|---|---|---|---|---|")
+          "prefix hit rate | KV reused (MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in table:
         print("| %s | %d | %.2f | %.1f | %.1f / %.1f | %.2f / %.2f | %d / %d "
-              "| %.2f |" % (r["setup"], r["replicas"], r["requests_per_s"],
-                            r["tokens_per_s"], r["ttft_ms_p50"],
-                            r["ttft_ms_p99"], r["tpot_ms_p50"],
-                            r["tpot_ms_p99"], r["peak_sequences_max"],
-                            r["peak_sequences_min"], r["prefix_hit_rate"]))
+              "| %.2f | %.1f |" % (
+                  r["setup"], r["replicas"], r["requests_per_s"],
+                  r["tokens_per_s"], r["ttft_ms_p50"], r["ttft_ms_p99"],
+                  r["tpot_ms_p50"], r["tpot_ms_p99"],
+                  r["peak_sequences_max"], r["peak_sequences_min"],
+                  r["prefix_hit_rate"], r["kv_reused_mib"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)

@@ -39,8 +39,10 @@ def test_every_setup_generates_the_references_tokens(make_daemon):
             # Five requests a system prompt: the later ones find its pages
             # (each run starts from an empty cache, so not all of them).
             assert 0 < row["prefix_hit_rate"] < 1
+            assert row["kv_reused_mib"] > 0
         else:
             assert row["prefix_hit_rate"] == 0
+            assert row["kv_reused_mib"] == 0
     # Every replica's session ended with its process: nothing is owned; the
     # published system prompts stay cached until an operator's reset.
     with pagealloc.Client.connect(daemon.target) as client:

@@ -22,6 +22,8 @@
 # Needs python3 with PyTorch (and Triton for the seed's kernels). STEPS
 # (default all five names) picks steps by name; ENGINE_STEPS (200) sets the
 # decode loops' steps; ENGINE_MODES (alloc decode) which of their modes run.
+# ENGINE_ALLOCATORS their --allocators (none,sglang,pagealloc,pagealloc-copy,
+# pagealloc-thin).
 # MPS=1 runs everything under a CUDA MPS control daemon of the run's own.
 # Usage: run_engines.sh [--anchor DIR] [OUT_DIR]
 #   (default ./gpu-results). Writes OUT_DIR/engines/: a log and a JSON per
@@ -47,6 +49,7 @@ processes=${PROCESSES:-1,4}
 replicas=${REPLICAS:-1,2,3}
 engine_steps=${ENGINE_STEPS:-200}
 engine_modes=${ENGINE_MODES:-alloc decode}
+engine_allocators=${ENGINE_ALLOCATORS:-none,sglang,pagealloc,pagealloc-copy,pagealloc-thin}
 bench=$PKG/python/bench
 
 wanted() { [[ " $steps " == *" $1 "* ]]; }
@@ -123,7 +126,7 @@ if wanted engine_loop; then
     log=$OUT/engine_loop_$mode.log
     run_step "engine_loop_$mode" 1200 "$log" python3 \
       "$bench/engine_loop_bench.py" \
-      --allocators none,sglang,pagealloc,pagealloc-thin --target "$TARGET" \
+      --allocators "$engine_allocators" --target "$TARGET" \
       --processes "$processes" --mode "$mode" --steps "$engine_steps" \
       ${ANCHOR:+--seed_kernels "$ANCHOR"} \
       --json "$OUT/engine_loop_$mode.json"
