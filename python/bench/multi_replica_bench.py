@@ -40,7 +40,11 @@ Requests: --system_prompts prompts of --system_tokens tokens, each request
 one of them followed by a unique suffix of --suffix_tokens (a range) and
 --new_tokens to generate, from --seed; dealt to the replicas in turn. With
 --stagger_s replica r starts r * stagger seconds after the first (the
-launch-order skew of replicas that start one after another).
+launch-order skew of replicas that start one after another). With
+--arrival_rate the requests arrive as a seeded Poisson stream of that many
+a second (over all replicas; TTFT counts from a request's arrival),
+otherwise all at the start. On CUDA each set-up first serves
+--warmup_requests with one replica, untimed.
 
 Reports per set-up and replica count: requests/s, output tokens/s, time to
 first token and per output token (p50/p99 over requests), the most
@@ -264,10 +268,17 @@ def make_requests(args):
                for _ in range(args.system_prompts)]
     low, high = args.suffix_tokens
     requests = []
+    arrival = 0.0
     for i in range(args.requests):
         suffix = rng.integers(0, args.vocab,
                               size=int(rng.integers(low, high + 1))).tolist()
-        requests.append(dict(id=i, prompt=prompts[i % len(prompts)] + suffix))
+        requests.append(dict(id=i, prompt=prompts[i % len(prompts)] + suffix,
+                             arrival=arrival))
+        if args.arrival_rate > 0:
+            # A Poisson stream of that many requests a second, over all
+            # replicas: request i is eligible `arrival` seconds after its
+            # replica's start.
+            arrival += float(rng.exponential(1.0 / args.arrival_rate))
     return requests
 
 
@@ -462,9 +473,18 @@ def run_replica(rank, args, setup, num_replicas, requests, results):
     peak = 0
     start_time = time.perf_counter()
     while waiting or running:
-        # Admit what fits: every page of the request's whole length.
+        if not running and waiting:
+            # Idle until the next request arrives.
+            wait = start_time + waiting[0]["arrival"] - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+        # Admit what fits and has arrived: every page of the request's
+        # whole length.
+        now = time.perf_counter()
         while waiting and len(running) < args.max_running:
             request = waiting[0]
+            if start_time + request["arrival"] > now:
+                break
             length = len(request["prompt"]) + args.new_tokens
             grant = pool.admit(request, -(-length // ps))
             if grant is None:
@@ -475,7 +495,8 @@ def run_replica(rank, args, setup, num_replicas, requests, results):
             running.append(dict(request=request, grant=grant, slots=slots,
                                 tokens=list(request["prompt"]),
                                 done_to=grant["cached_tokens"], out=[],
-                                arrived=start_time, last=None))
+                                arrived=start_time + request["arrival"],
+                                last=None))
         if not running:
             raise SystemExit("replica %d: a request does not fit an empty "
                              "pool" % rank)
@@ -624,6 +645,12 @@ def parser():
     p.add_argument("--prefill_chunk", type=int, default=512)
     p.add_argument("--max_running", type=int, default=256)
     p.add_argument("--stagger_s", type=float, default=0.0)
+    p.add_argument("--arrival_rate", type=float, default=0.0,
+                   help="requests a second over all replicas, a seeded "
+                   "Poisson stream (0: every request there at the start)")
+    p.add_argument("--warmup_requests", type=int, default=8,
+                   help="on CUDA, each set-up first serves this many "
+                   "requests with one replica, untimed (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout_s", type=float, default=3600)
     p.add_argument("--check", action="store_true",
@@ -656,6 +683,13 @@ def main(argv=None):
     requests = make_requests(args)
     reference = reference_outputs(args, requests) if args.check else None
     table = []
+    if (args.warmup_requests > 0 and args.device != "cpu" and
+            torch.cuda.is_available()):
+        # The first run of a set-up pays for CUDA's and the daemon's first
+        # use (contexts, modules, the slab's mapping): not the set-up's.
+        warm = [dict(r, arrival=0.0) for r in requests[:args.warmup_requests]]
+        for setup in setups:
+            run(args, setup, 1, warm)
     for num_replicas in [int(n) for n in args.replicas.split(",")]:
         for setup in setups:
             if setup == "shared-prefix":

@@ -173,10 +173,12 @@ class _PinnedStaging:
     a pinned host buffer and copied on the current stream, asynchronously.
     _STAGING_DEPTH buffers are used in turn, each written again only once
     the copy that read it has run (an event, queried; the host waits only
-    when the GPU is that many copies behind)."""
+    when the GPU is that many copies behind). `current_stream`: a function
+    returning the current stream's torch object, the event's stream."""
 
-    def __init__(self, device):
+    def __init__(self, device, current_stream):
         self._device = device
+        self._current_stream = current_stream
         self._buffers = [None] * _STAGING_DEPTH  # (tensor, NumPy view)
         self._events = [None] * _STAGING_DEPTH
         self._next = 0
@@ -200,10 +202,10 @@ class _PinnedStaging:
         if event is None:
             event = torch.cuda.Event()
             self._events[i] = event
-        # On the current device's current stream: the scheduler's device
-        # is the current one (as SGLang sets it), and looking the stream up
-        # by device costs more than the copy itself.
-        event.record()
+        # On the current stream, looked up through the allocator's cache:
+        # Event.record() with no stream builds torch's Stream object of it
+        # each time, which costs more than the copy itself.
+        event.record(self._current_stream())
         return out
 
 
@@ -590,10 +592,22 @@ class _Base:
         event after the write."""
         if torch is None or self._torch_device.type != "cuda":
             return
-        self._mirror_stream = self._current_raw_stream(self._device_index)
+        stream = self._current_torch_stream()
+        self._mirror_stream = stream.cuda_stream
         if self._mirror_event is None:
             self._mirror_event = torch.cuda.Event()
-        self._mirror_event.record()
+        self._mirror_event.record(stream)
+
+    def _current_torch_stream(self):
+        """The current CUDA stream's torch object, found by its raw handle in
+        the allocator's cache (torch.cuda.current_stream() builds a new one
+        each call)."""
+        index = self._device_index
+        if index is None:
+            index = torch.cuda.current_device()
+        key = (index, self._current_raw_stream(index))
+        stream = self._streams.get(key)
+        return stream if stream is not None else self._stream(key)
 
     def _order_mirror(self, slots):
         """A caller on another stream than the mirror's write: its stream
@@ -616,7 +630,8 @@ class _Base:
         if self._torch_device.type == "cpu":
             return torch.from_numpy(slots)
         if self._staging is None:
-            self._staging = _PinnedStaging(self._torch_device)
+            self._staging = _PinnedStaging(self._torch_device,
+                                           self._current_torch_stream)
         return self._staging.copy(slots)
 
     def _release_pages(self, pages, checked=False, device_slots=None):

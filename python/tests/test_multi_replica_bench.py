@@ -50,3 +50,20 @@ def test_every_setup_generates_the_references_tokens(make_daemon):
                    what="the replicas' pages to come back")
         assert client.stats().prefix_published_pages == 0
     assert pagealloc.reset_prefix_cache(daemon.target) > 0
+
+
+def test_requests_arriving_over_time_hit_what_earlier_ones_published(
+        make_daemon):
+    # A Poisson stream: the later requests of a system prompt arrive after
+    # its first one was prefilled and published, so they find its pages;
+    # the tokens are the reference's all the same.
+    args = multi_replica_bench.parser().parse_args(TINY)
+    daemon = make_daemon(*multi_replica_bench.daemon_flags(args))
+    table = multi_replica_bench.main(
+        TINY + ["--target", daemon.target, "--replicas", "1", "--check",
+                "--setups", "shared-prefix", "--arrival_rate", "50",
+                "--timeout_s", "120"])
+    (row,) = table
+    assert row["requests"] == 10 and row["mismatches"] == []
+    assert row["prefix_hit_rate"] > 0
+    assert row["ttft_ms_p50"] > 0
