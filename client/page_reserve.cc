@@ -249,6 +249,7 @@ absl::Status PageReserve::Maintain() {
       ++stats_.refills_backed_off;
       return absl::OkStatus();
     }
+    refill_in_flight_ = true;
   }
   std::vector<int64_t> pages;
   // A short pool refuses the whole refill: try half as many, down to one.
@@ -258,6 +259,8 @@ absl::Status PageReserve::Maintain() {
     if (refilled.code() != absl::StatusCode::kResourceExhausted) break;
   }
   absl::MutexLock lock(&mu_);
+  // (A Take waiting on it sees the pages below once this lock is released.)
+  refill_in_flight_ = false;
   if (!refilled.ok()) {
     if (refilled.code() == absl::StatusCode::kResourceExhausted) {
       ++stats_.refills_refused;
@@ -297,6 +300,7 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
   for (;;) {
     int64_t short_by = 0;
     bool low = false;
+    int64_t refills_seen = 0;  // the reserve's refills when found short
     {
       absl::MutexLock lock(&mu_);
       const int64_t size = reserve_.size();
@@ -322,6 +326,7 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
           grew = true;
         }
         short_by = n - size;
+        refills_seen = stats_.refills;
         if (short_by > QuotaRoom()) {
           return absl::ResourceExhaustedError(absl::StrFormat(
               "Take of %d pages: the reserve holds %d and the session's "
@@ -345,6 +350,12 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
       ++stats_.refills;
       ++stats_.sync_refills;
       stats_.pages_refilled += pages.size();
+      continue;
+    }
+    // The pool refused: not short, though, by the pages of this reserve's
+    // own refill in flight, which will be the reserve's in a round trip.
+    if (refilled.code() == absl::StatusCode::kResourceExhausted &&
+        AwaitRefillInFlight(refills_seen)) {
       continue;
     }
     if (refilled.code() != absl::StatusCode::kResourceExhausted ||
@@ -426,6 +437,14 @@ int64_t PageReserve::FirstNotHandedOut(absl::Span<const int64_t> pages) const {
 std::vector<int64_t> PageReserve::pages() const {
   absl::MutexLock lock(&mu_);
   return std::vector<int64_t>(reserve_.rbegin(), reserve_.rend());
+}
+
+bool PageReserve::AwaitRefillInFlight(int64_t refills_seen) {
+  absl::MutexLock lock(&mu_);
+  if (RefillLanded()) return stats_.refills != refills_seen;
+  mu_.AwaitWithTimeout(absl::Condition(this, &PageReserve::RefillLanded),
+                       kRefillLandingWait);
+  return true;
 }
 
 int64_t PageReserve::Peek(absl::Span<int64_t> out) const {

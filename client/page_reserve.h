@@ -124,9 +124,12 @@ class PageReserve {
   // Appends `n` page ids of the session to `out`, taken from the reserve:
   // no round trip when it holds them. When it does not, refills on this
   // thread (a round trip), retrying for options.starved_wait while the pool
-  // is short and other sessions return their reserves. RESOURCE_EXHAUSTED
-  // (nothing taken) when the pool or the session's quota cannot supply
-  // them; the session's error when it is gone. n >= 0.
+  // is short and other sessions return their reserves. A refusal while the
+  // reserve's own thread has a refill in flight waits for that refill
+  // first, however short starved_wait is: those pages are this session's
+  // already. RESOURCE_EXHAUSTED (nothing taken) when the pool or the
+  // session's quota cannot supply them; the session's error when it is
+  // gone. n >= 0.
   absl::Status Take(int64_t n, std::vector<int64_t>* out)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same into `out[0..n)` (left as it was on failure).
@@ -207,6 +210,17 @@ class PageReserve {
   }
   // Pages the session may still ask for without passing its quota.
   int64_t QuotaRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RefillLanded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !refill_in_flight_ || stop_;
+  }
+  // After the pool refused a Take's refill: waits (at most
+  // kRefillLandingWait) for the thread's refill in flight, if one is.
+  // Returns whether the reserve may hold more than when the Take found it
+  // short (`refills_seen`, stats_.refills then): it waited, or a refill
+  // landed meanwhile; the Take looks at the reserve again.
+  bool AwaitRefillInFlight(int64_t refills_seen) ABSL_LOCKS_EXCLUDED(mu_);
+  // A bound on one refill's round trip, for AwaitRefillInFlight.
+  static constexpr absl::Duration kRefillLandingWait = absl::Seconds(1);
 
   Client* const client_;
   const PageReserveOptions options_;
@@ -233,6 +247,10 @@ class PageReserve {
   absl::Time refill_not_before_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   PageReserveStats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // True while the thread's refill is in flight: its pages have left the
+  // pool and not reached the reserve yet, so a Take the pool refuses then
+  // waits for them (RefillLanded) before it counts the pool as short.
+  bool refill_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   // Without a fast channel the thread sleeps on this instead of the bell.
   mutable absl::CondVar wake_;
 

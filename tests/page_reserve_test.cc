@@ -136,6 +136,33 @@ TEST_F(PageReserveTest, TakesFromTheReserveWithoutARoundTrip) {
   EXPECT_EQ(OwnedBy(client->session_id()), 10);
 }
 
+// A Take the pool refuses while the reserve's own refill is in flight
+// waits for that refill, even with no starved_wait: those pages are the
+// session's already, and the pool is not short of them. Here the thread's
+// refill (by hand, on another thread) takes the whole pool while a Take
+// of the whole pool runs: whichever comes first, the Take gets every page.
+TEST_F(PageReserveTest, ATakeWaitsForTheReservesOwnRefillInFlight) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_OK_AND_ASSIGN(auto reserve, PageReserve::Create(
+                                           client.get(), Manual(32, kPages)));
+    // (Refused when the Take emptied the pool first.)
+    std::thread refill([&] {
+      const absl::Status refilled = reserve->Maintain();
+      EXPECT_TRUE(refilled.ok() || absl::IsResourceExhausted(refilled))
+          << refilled;
+    });
+    std::vector<int64_t> pages;
+    EXPECT_OK(reserve->Take(kPages, &pages)) << "iteration " << i;
+    refill.join();
+    EXPECT_EQ(OwnedBy(client->session_id()), kPages);
+    ASSERT_OK(reserve->Put(pages));
+    reserve.reset();  // every page back to the pool
+    ASSERT_EQ(OwnedBy(client->session_id()), 0);
+  }
+}
+
 // Peek names the pages the next Takes hand out, in the order they hand
 // them out, and takes nothing; a Put's pages are on top (last put first).
 TEST_F(PageReserveTest, PeekNamesWhatTheNextTakesHandOutAndTakesNothing) {

@@ -538,8 +538,10 @@ def test_the_mirror_keeps_no_view_of_a_freed_tensor(make_daemon,
 def test_a_starving_session_gets_the_other_sessions_reserve(make_daemon):
     daemon = start(make_daemon, 4, 64)
     with daemon.connect(name="a") as ca, daemon.connect(name="b") as cb:
+        # A's first alloc waits for its own thread's refill in flight as
+        # long as it takes (the test's bound is for a hung test).
         a = sglang.make_allocator(ca, reserve_options=dict(
-            max_pages=48, initial_batch=16))
+            max_pages=48, initial_batch=16, starved_wait=60))
         # B waits as long as it takes the other session to answer: the
         # bound is for a hung test, not a timing the test relies on.
         a.free(a.alloc(48 * 4))  # A's reserve holds 48 pages now
