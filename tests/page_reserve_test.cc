@@ -145,8 +145,8 @@ TEST_F(PageReserveTest, ATakeWaitsForTheReservesOwnRefillInFlight) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
   for (int i = 0; i < 50; ++i) {
-    ASSERT_OK_AND_ASSIGN(auto reserve, PageReserve::Create(
-                                           client.get(), Manual(32, kPages)));
+    ASSERT_OK_AND_ASSIGN(auto reserve,
+                         PageReserve::Create(client.get(), Manual(32, kPages)));
     // (Refused when the Take emptied the pool first.)
     std::thread refill([&] {
       const absl::Status refilled = reserve->Maintain();
