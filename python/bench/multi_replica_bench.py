@@ -66,6 +66,8 @@ import math
 import multiprocessing
 import os
 import queue
+import shutil
+import subprocess
 import time
 
 import numpy as np
@@ -658,6 +660,11 @@ def parser():
                    "single-process reference")
     p.add_argument("--print_daemon_flags", action="store_true")
     p.add_argument("--json")
+    p.add_argument("--plot", help="draws tokens/s and peak sequences by "
+                   "replicas for each set-up into this .svg or .png, with "
+                   "gnuplot where installed")
+    p.add_argument("--plot_from", help="with --plot: the rows of an earlier "
+                   "run's --json, drawn without running anything")
     return p
 
 
@@ -668,11 +675,59 @@ def daemon_flags(args):
                 args.layers, args.kv_heads, args.head_dim, args.kv_dtype)]
 
 
+def plot(table, path, title):
+    """Draws `table`'s tokens/s and peak sequences (the busiest replica's)
+    by replica count, a line per set-up, into `path` (.svg or .png) with
+    gnuplot. Returns False, drawing nothing, where gnuplot is missing."""
+    gnuplot = shutil.which("gnuplot")
+    if gnuplot is None:
+        print("--plot: gnuplot is not installed; nothing drawn")
+        return False
+    terminal = ("pngcairo size 960,420" if path.endswith(".png") else
+                "svg size 960,420 dynamic")
+    setups = [s for s in SETUPS if any(r["setup"] == s for r in table)]
+
+    def data(field):
+        blocks = []
+        for setup in setups:
+            rows = sorted((r for r in table if r["setup"] == setup),
+                          key=lambda r: r["replicas"])
+            blocks.append("\n".join("%d %g" % (r["replicas"], r[field])
+                                    for r in rows) + "\ne")
+        return "\n".join(blocks)
+
+    def curves():
+        return ", ".join("'-' using 1:2 with linespoints lw 2 title '%s'" %
+                         setup for setup in setups)
+    script = "\n".join([
+        "set terminal %s" % terminal, "set termoption noenhanced",
+        "set output '%s'" % path.replace("'", ""),
+        "set multiplot layout 1,2 title '%s'" % title.replace("'", ""),
+        "set xlabel 'replicas on one GPU'", "set xtics 1", "set grid",
+        "set key top left", "set yrange [0:*]",
+        "set ylabel 'output tokens/s'",
+        "plot " + curves(), data("tokens_per_s"),
+        "set ylabel 'peak sequences, busiest replica'",
+        "set key bottom left",
+        "plot " + curves(), data("peak_sequences_max"),
+        "unset multiplot", ""])
+    subprocess.run([gnuplot], input=script, text=True, check=True)
+    return True
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     if args.print_daemon_flags:
         print(" ".join(daemon_flags(args)))
         return []
+    if args.plot_from:
+        if not args.plot:
+            raise SystemExit("--plot_from needs --plot")
+        with open(args.plot_from) as f:
+            table = json.load(f)
+        plot(table, args.plot, "multi_replica_bench (%s)" %
+             os.path.basename(args.plot_from))
+        return table
     setups = args.setups.split(",")
     for setup in setups:
         if setup not in SETUPS:
@@ -722,6 +777,9 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)
+    if args.plot:
+        plot(table, args.plot, "multi_replica_bench on %s" % (
+            table[0]["device"] if table else "-"))
     return table
 
 

@@ -4,7 +4,9 @@ tokens of the single-process reference (the same greedy outputs with and
 without the daemon, with and without its prefix cache), and only the
 prefix set-up hits the cache."""
 
+import json
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
@@ -67,3 +69,22 @@ def test_requests_arriving_over_time_hit_what_earlier_ones_published(
     assert row["requests"] == 10 and row["mismatches"] == []
     assert row["prefix_hit_rate"] > 0
     assert row["ttft_ms_p50"] > 0
+
+
+def test_plot_from_an_earlier_runs_rows(tmp_path):
+    # --plot_from draws a --json file's rows (gnuplot, where installed)
+    # without running anything.
+    rows = [dict(setup=setup, replicas=n, tokens_per_s=100.0 * n + i,
+                 peak_sequences_max=10 + n) for n in (1, 2)
+            for i, setup in enumerate(multi_replica_bench.SETUPS)]
+    source = tmp_path / "rows.json"
+    source.write_text(json.dumps(rows))
+    out = tmp_path / "plot.svg"
+    table = multi_replica_bench.main(["--plot_from", str(source), "--plot",
+                                      str(out)])
+    assert table == rows
+    if shutil.which("gnuplot"):
+        text = out.read_text()
+        assert "<svg" in text and "shared-prefix" in text
+    else:
+        assert not out.exists()
