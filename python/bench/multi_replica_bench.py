@@ -500,8 +500,13 @@ def run_replica(rank, args, setup, num_replicas, requests, results):
                                 arrived=start_time + request["arrival"],
                                 last=None))
         if not running:
-            raise SystemExit("replica %d: a request does not fit an empty "
-                             "pool" % rank)
+            if setup == "split" or not waiting:
+                raise SystemExit("replica %d: a request does not fit an "
+                                 "empty pool" % rank)
+            # The shared pool is the other replicas' now (one that started
+            # first may hold it all): wait for them to free pages.
+            time.sleep(0.001)
+            continue
         peak = max(peak, len(running))
         # One step: a forward over every prefill chunk and one over every
         # decode (apart, so that a decode is not padded to a chunk's
