@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pagealloc import prefix_keys
+from pagealloc._compat import with_known_fields
 from pagealloc.errors import ResourceExhaustedError
 
 try:  # PyTorch is optional: without it slot values are NumPy arrays.
@@ -157,16 +158,6 @@ except ImportError:  # pragma: no cover - exercised where SGLang is absent
             return "RadixKey(extra_key=%r, token_ids=%s%s)" % (
                 self.extra_key, self.token_ids[:10],
                 "..." if len(self.token_ids) > 10 else "")
-
-
-def _make(cls, **fields):
-    """An instance of `cls` with the fields its version has."""
-    known = getattr(cls, "_fields", None)
-    if known is None and dataclasses.is_dataclass(cls):
-        known = [f.name for f in dataclasses.fields(cls)]
-    if known is not None:
-        fields = {k: v for k, v in fields.items() if k in known}
-    return cls(**fields)
 
 
 def _copy(value):
@@ -383,7 +374,8 @@ class RadixCache:
             key = params if params is not None else kwargs.get("key")
             value = value if value is not None else kwargs.get("value")
         if self.disable:
-            return _make(InsertResult, prefix_len=0) if as_params else 0
+            return (with_known_fields(InsertResult, prefix_len=0)
+                    if as_params else 0)
         if value is None:
             raise ValueError("insert needs the key's KV slots (value): the "
                              "daemon-backed RadixCache indexes pages")
@@ -397,7 +389,7 @@ class RadixCache:
         aligned = len(tokens) // self.page_size * self.page_size
         prefix_len = self._insert(tokens[:aligned], slots[:aligned], extra)
         if as_params:
-            return _make(InsertResult, prefix_len=prefix_len)
+            return with_known_fields(InsertResult, prefix_len=prefix_len)
         return prefix_len
 
     def cache_finished_req(self, req, is_insert=True, **kwargs):
@@ -476,7 +468,7 @@ class RadixCache:
         as_params = hasattr(params, "num_tokens")
         num_tokens = int(params.num_tokens if as_params else params)
         if self.disable:
-            return _make(EvictResult) if as_params else 0
+            return with_known_fields(EvictResult) if as_params else 0
         heap = [(node.last_access_time, node.id, node)
                 for node in self.evictable_leaves]
         heapq.heapify(heap)
@@ -504,7 +496,7 @@ class RadixCache:
             # its child's.
             self._free_pages([], shared_runs[::-1])
         if as_params:
-            return _make(EvictResult, num_tokens_evicted=evicted)
+            return with_known_fields(EvictResult, num_tokens_evicted=evicted)
         return evicted
 
     def inc_lock_ref(self, node):
@@ -955,9 +947,9 @@ class RadixCache:
 
     def _match_result(self, values, node):
         indices = self._concat(values)
-        return _make(MatchResult, device_indices=indices,
-                     last_device_node=node, last_host_node=node,
-                     best_match_node=node)
+        return with_known_fields(MatchResult, device_indices=indices,
+                                 last_device_node=node, last_host_node=node,
+                                 best_match_node=node)
 
     def _write_row(self, req_pool_idx, start, values):
         pool = self.req_to_token_pool

@@ -23,6 +23,7 @@ import logging
 from typing import List, Optional
 
 import pagealloc
+from pagealloc._compat import with_known_fields
 from pagealloc.client import PREFIX_KEY_BYTES
 from pagealloc.errors import ResourceExhaustedError
 
@@ -88,16 +89,6 @@ if BlockStored is None:
     @dataclasses.dataclass
     class AllBlocksCleared:
         """vLLM's AllBlocksCleared event."""
-
-
-def _event(cls, **fields):
-    """An event of `cls` with the fields its version of vLLM has."""
-    known = getattr(cls, "__struct_fields__", None)
-    if known is None and dataclasses.is_dataclass(cls):
-        known = [f.name for f in dataclasses.fields(cls)]
-    if known is not None:
-        fields = {k: v for k, v in fields.items() if k in known}
-    return cls(**fields)
 
 
 def hash_with_group(block_hash, group_id):
@@ -337,7 +328,7 @@ class BlockPool:
             self._pending.append((to_publish, parent))
         if self.enable_kv_cache_events:
             lora = getattr(request, "lora_request", None)
-            self.kv_event_queue.append(_event(
+            self.kv_event_queue.append(with_known_fields(
                 BlockStored, block_hashes=new_hashes,
                 parent_block_hash=(self._external(
                     block_hashes[num_cached_blocks - 1])
@@ -417,7 +408,7 @@ class BlockPool:
                        if v != _RELEASED}
         pagealloc.reset_prefix_cache(self._target)
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(_event(AllBlocksCleared))
+            self.kv_event_queue.append(with_known_fields(AllBlocksCleared))
         return True
 
     def get_num_free_blocks(self):
@@ -507,7 +498,7 @@ class BlockPool:
             return
         self._unindex(block)
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(_event(
+            self.kv_event_queue.append(with_known_fields(
                 BlockRemoved, block_hashes=[self._external(
                     block.block_hash[:-4])], medium="GPU"))
         block.reset_hash()
