@@ -105,6 +105,19 @@ struct Malformed {
   std::string message;
 };
 
+// Writes `bad` into the raw channel's header, posts it and waits for the
+// answer, which must be INVALID_ARGUMENT with bad.message in its text.
+void PostRefused(RawSession& raw, const Malformed& bad) {
+  raw.header->kind = bad.kind;
+  raw.header->num_requests = bad.num_requests;
+  raw.header->num_free_first = bad.num_free_first;
+  raw.header->options = bad.options;
+  raw.Post();
+  ASSERT_TRUE(raw.Await());
+  EXPECT_EQ(raw.header->call_code, kInvalidArgument);
+  EXPECT_THAT(raw.CallMessage(), HasSubstr(bad.message));
+}
+
 TEST_F(HostileChannelTest, OutOfRangeCountsKindsAndOptionsAreRefused) {
   StartServer();
   auto victim = Connect("victim");
@@ -128,14 +141,7 @@ TEST_F(HostileChannelTest, OutOfRangeCountsKindsAndOptionsAreRefused) {
   };
   for (const Malformed& bad : table) {
     SCOPED_TRACE(bad.name);
-    raw.header->kind = bad.kind;
-    raw.header->num_requests = bad.num_requests;
-    raw.header->num_free_first = bad.num_free_first;
-    raw.header->options = bad.options;
-    raw.Post();
-    ASSERT_TRUE(raw.Await());
-    EXPECT_EQ(raw.header->call_code, kInvalidArgument);
-    EXPECT_THAT(raw.CallMessage(), HasSubstr(bad.message));
+    ASSERT_NO_FATAL_FAILURE(PostRefused(raw, bad));
     EXPECT_EQ(PoolSnapshot::Of(pool()), before);
     HonestRoundTrip(*victim);
   }
@@ -238,26 +244,15 @@ TEST_F(HostileChannelTest, MalformedPrefixMatchesAreRefusedAndAdoptNothing) {
   };
   for (const Malformed& bad : table) {
     SCOPED_TRACE(bad.name);
-    raw.header->kind = bad.kind;
-    raw.header->num_requests = bad.num_requests;
-    raw.header->num_free_first = bad.num_free_first;
-    raw.header->options = bad.options;
-    raw.Post();
-    ASSERT_TRUE(raw.Await());
-    EXPECT_EQ(raw.header->call_code, kInvalidArgument);
-    EXPECT_THAT(raw.CallMessage(), HasSubstr(bad.message));
+    ASSERT_NO_FATAL_FAILURE(PostRefused(raw, bad));
     EXPECT_EQ(raw.header->op_value, 0);
     check_unchanged();
   }
   // A key repeated in the chain is refused by the core, naming both.
   std::memcpy(key_area + 2 * fc::kKeyBytes, keys[0].data(), fc::kKeyBytes);
-  raw.header->kind = match;
-  raw.header->num_requests = 3;
-  raw.header->options = fc::kAdopt;
-  raw.Post();
-  ASSERT_TRUE(raw.Await());
-  EXPECT_EQ(raw.header->call_code, kInvalidArgument);
-  EXPECT_THAT(raw.CallMessage(), HasSubstr("keys[2] repeats keys[0]"));
+  ASSERT_NO_FATAL_FAILURE(PostRefused(
+      raw,
+      {"repeated key", match, 3, 0, fc::kAdopt, "keys[2] repeats keys[0]"}));
   check_unchanged();
 
   // The attacker's channel still serves a well-formed match: the victim's
