@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "allocator/page_pool.h"
+#include "allocator/pool_change_log.h"
 #include "allocator/requests.h"
 #include "benchmark/benchmark.h"
 
@@ -30,11 +31,13 @@ struct BatchFixture {
 // Sets up a pool of pages of `page_size` with `num_requests` one-token
 // sequences and a batch of `kind` requests stepping each of them: a decode
 // of one token, or an extend (or alloc) of `tokens_per_request`. The pool
-// has `extra_pages` more pages than the batch needs, for other owners.
+// has `extra_pages` more pages than the batch needs, for other owners, and
+// records its changes to `change_log` when it is not null.
 template <typename Executor>
 std::unique_ptr<BatchFixture<Executor>> MakeBatchFixture(
     int64_t num_requests, int64_t tokens_per_request, int64_t page_size,
-    RequestKind kind, int64_t extra_pages = 0) {
+    RequestKind kind, int64_t extra_pages = 0,
+    PoolChangeLog* change_log = nullptr) {
   constexpr OwnerId kOwner = BatchFixture<Executor>::kOwner;
   auto f = std::make_unique<BatchFixture<Executor>>();
   f->page_size = page_size;
@@ -42,8 +45,12 @@ std::unique_ptr<BatchFixture<Executor>> MakeBatchFixture(
       CeilDiv(tokens_per_request + 1, page_size) + 1;
   const int64_t num_pages =
       num_requests * pages_per_request * 2 + 64 + extra_pages;
-  f->pool = *PagePool::Create({num_pages, page_size, FreePolicy::kLifo},
-                              &f->executor);
+  PoolOptions options;
+  options.num_pages = num_pages;
+  options.page_size = page_size;
+  options.free_policy = FreePolicy::kLifo;
+  options.change_log = change_log;
+  f->pool = *PagePool::Create(options, &f->executor);
   (void)f->pool->AddOwner(kOwner, 0);
   f->out.resize(num_requests * tokens_per_request);
   std::vector<AllocRequest> prefill(num_requests);

@@ -1,6 +1,8 @@
 #include "allocator/page_pool.h"
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -20,10 +22,11 @@ PagePool::PagePool(const PoolOptions& options, PlanExecutor* executor)
       executor_(executor),
       max_pins_(options.max_pinned_pages_per_owner),
       sink_(options.kv_event_sink),
+      change_log_(options.change_log),
       index_(options.num_pages) {}
 
-absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
-    const PoolOptions& options, PlanExecutor* executor) {
+absl::Status PagePool::ValidateOptions(const PoolOptions& options,
+                                       PlanExecutor* executor) {
   if (options.page_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("page_size (%d) must be >= 1", options.page_size));
@@ -46,6 +49,12 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
         absl::StrFormat("max_pinned_pages_per_owner (%d) is negative",
                         options.max_pinned_pages_per_owner));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(
+    const PoolOptions& options, PlanExecutor* executor) {
+  RETURN_IF_ERROR(ValidateOptions(options, executor));
   std::unique_ptr<PagePool> pool(new PagePool(options, executor));
   absl::MutexLock lock(&pool->mu_);
   pool->allocated_once_.assign(options.num_pages + 1, false);
@@ -107,7 +116,25 @@ absl::Status PagePool::MergeParkedAndSort(int64_t keep) {
   return WriteRing(head_ + keep, merged);
 }
 
-absl::Status PagePool::AddOwner(OwnerId owner, int64_t quota_pages) {
+absl::Status PagePool::AddOwner(OwnerId owner, int64_t quota_pages,
+                                std::string metadata) {
+  absl::MutexLock lock(&mu_);
+  if (change_log_ == nullptr) {
+    return AddOwnerLocked(owner, quota_pages, std::move(metadata));
+  }
+  // The record points at the owner's own copy of the metadata.
+  RETURN_IF_ERROR(AddOwnerLocked(owner, quota_pages, std::move(metadata)));
+  PoolChange change;
+  change.kind = PoolChangeKind::kAddOwner;
+  change.owner = owner;
+  change.quota_pages = quota_pages;
+  change.metadata = owners_.find(owner)->second.metadata;
+  LogChange(change);
+  return absl::OkStatus();
+}
+
+absl::Status PagePool::AddOwnerLocked(OwnerId owner, int64_t quota_pages,
+                                      std::string metadata) {
   if (owner == kNoOwner) {
     return absl::InvalidArgumentError("owner id 0 is reserved for free pages");
   }
@@ -119,9 +146,14 @@ absl::Status PagePool::AddOwner(OwnerId owner, int64_t quota_pages) {
     return absl::InvalidArgumentError(
         absl::StrFormat("quota_pages (%d) is negative", quota_pages));
   }
-  absl::MutexLock lock(&mu_);
+  if (metadata.size() > kMaxOwnerMetadataBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("owner metadata of %d bytes, over the %d allowed",
+                        metadata.size(), kMaxOwnerMetadataBytes));
+  }
   OwnerState state;
   state.quota_pages = quota_pages;
+  state.metadata = std::move(metadata);
   if (!owners_.try_emplace(owner, std::move(state)).second) {
     return absl::AlreadyExistsError(
         absl::StrFormat("owner %d is already registered", owner));
@@ -129,8 +161,28 @@ absl::Status PagePool::AddOwner(OwnerId owner, int64_t quota_pages) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> PagePool::OwnerMetadata(OwnerId owner) const {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  return it->second.metadata;
+}
+
 absl::StatusOr<int64_t> PagePool::RemoveOwner(OwnerId owner) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const int64_t freed, RemoveOwnerLocked(owner));
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kRemoveOwner;
+    change.owner = owner;
+    LogChange(change);
+  }
+  return freed;
+}
+
+absl::StatusOr<int64_t> PagePool::RemoveOwnerLocked(OwnerId owner) {
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
@@ -173,6 +225,7 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
   results.resize(requests.size());
   const absl::Span<AllocResult> result_span = absl::MakeSpan(results);
 
+  const absl::Span<const CallSpan> given_calls = calls;
   const CallSpan whole_batch{static_cast<int64_t>(requests.size()), false};
   if (calls.empty()) {
     calls = absl::MakeConstSpan(&whole_batch, 1);
@@ -194,17 +247,36 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
   }
 
   absl::MutexLock lock(&mu_);
-  const int64_t batch_pages = ValidateRequests(requests, result_span);
+  const LaunchOutcome launch =
+      AllocateLocked(requests, calls, result_span, /*replay=*/nullptr);
+  if (change_log_ != nullptr) {
+    // Every batch, refused requests and all: refusals count.
+    PoolChange change;
+    change.kind = PoolChangeKind::kAllocate;
+    change.requests = requests;
+    change.calls = given_calls;
+    if (launch == LaunchOutcome::kFailed) {
+      change.launch_failure = &scratch_.launch_status;
+    }
+    LogChange(change);
+  }
+}
+
+PagePool::LaunchOutcome PagePool::AllocateLocked(
+    absl::Span<const AllocRequest> requests, absl::Span<const CallSpan> calls,
+    absl::Span<AllocResult> results, const ReplayedLaunch* replay) {
+  const int64_t batch_pages = ValidateRequests(requests, results);
   const absl::Status room = MakeRoomForBatch(batch_pages);
   if (!room.ok()) {
     for (AllocResult& result : results) {
       if (result.status.ok()) result.status = room;
     }
-    return;
+    return LaunchOutcome::kNone;
   }
-  if (!AdmitAndPlan(requests, calls, result_span)) return;
-  if (!ExecutePlan(result_span)) return;
+  if (!AdmitAndPlan(requests, calls, results)) return LaunchOutcome::kNone;
+  if (!ExecutePlan(results, replay)) return LaunchOutcome::kFailed;
   CommitPlan(requests);
+  return LaunchOutcome::kRan;
 }
 
 int64_t PagePool::ValidateRequests(absl::Span<const AllocRequest> requests,
@@ -229,6 +301,9 @@ int64_t PagePool::ValidateRequestsOf(absl::Span<const AllocRequest> requests,
   pages_needed.assign(requests.size(), 0);
   int64_t batch_pages = 0;
   // A call's requests share an owner: look it up once per run of requests.
+  // known_owner starts as kNoOwner, which is never registered, so a request
+  // of owner kNoOwner is refused outright rather than taken as known
+  // (admission would then find no state for it).
   OwnerId known_owner = kNoOwner;
   for (size_t i = 0; i < requests.size(); ++i) {
     const AllocRequest& request = requests[i];
@@ -237,7 +312,8 @@ int64_t PagePool::ValidateRequestsOf(absl::Span<const AllocRequest> requests,
       result.status = ValidateShape(request, geometry_);  // never OK here
       continue;
     }
-    if (request.owner != known_owner && !owners_.contains(request.owner)) {
+    if (request.owner == kNoOwner ||
+        (request.owner != known_owner && !owners_.contains(request.owner))) {
       result.status = absl::NotFoundError(absl::StrFormat(
           "%s request %d: unknown owner %d", RequestKindName(request.kind),
           request.index, request.owner));
@@ -471,9 +547,16 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
   return !builder.empty();
 }
 
-bool PagePool::ExecutePlan(absl::Span<AllocResult> results) {
+bool PagePool::ExecutePlan(absl::Span<AllocResult> results,
+                           const ReplayedLaunch* replay) {
   const PlanStorage& storage = scratch_.plan_storage;
-  const absl::Status executed = executor_->Execute(storage.plan);
+  absl::Status& executed = scratch_.launch_status;
+  if (replay == nullptr) {
+    executed = executor_->Execute(storage.plan);
+  } else {
+    // A replayed batch writes no slots: its destinations are not recorded.
+    executed = replay->failure == nullptr ? absl::OkStatus() : *replay->failure;
+  }
   if (executed.ok()) return true;
   for (size_t i : storage.admitted) {
     results[i] = AllocResult{executed, 0, 0};
@@ -593,10 +676,23 @@ absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
   ASSIGN_OR_RETURN(
       const std::vector<int64_t> pages,
       ResolveFree(owner, values, values_are_slots, order, &shared));
-  OwnerState& state = owners_.find(owner)->second;
-  ReleaseRefs(state, shared);
-  RETURN_IF_ERROR(ReleasePages(state, pages));
+  RETURN_IF_ERROR(ApplyFree(owners_.find(owner)->second, pages, shared));
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kFree;
+    change.owner = owner;
+    change.pages = pages;
+    change.shared_pages = shared;
+    LogChange(change);
+  }
   return static_cast<int64_t>(pages.size() + shared.size());
+}
+
+absl::Status PagePool::ApplyFree(OwnerState& state,
+                                 absl::Span<const int64_t> pages,
+                                 absl::Span<const int64_t> shared) {
+  ReleaseRefs(state, shared);
+  return ReleasePages(state, pages);
 }
 
 absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
@@ -677,6 +773,17 @@ absl::Status PagePool::ReleasePages(OwnerState& state,
 
 absl::StatusOr<uint64_t> PagePool::Checkpoint(OwnerId owner) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const uint64_t id, CheckpointLocked(owner));
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kCheckpoint;
+    change.owner = owner;
+    LogChange(change);
+  }
+  return id;
+}
+
+absl::StatusOr<uint64_t> PagePool::CheckpointLocked(OwnerId owner) {
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
@@ -720,6 +827,20 @@ void PagePool::MaybeCompactLog(OwnerId owner, OwnerState& state) {
 absl::StatusOr<int64_t> PagePool::Rollback(OwnerId owner,
                                            uint64_t checkpoint_id) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const int64_t returned,
+                   RollbackLocked(owner, checkpoint_id));
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kRollback;
+    change.owner = owner;
+    change.checkpoint_id = checkpoint_id;
+    LogChange(change);
+  }
+  return returned;
+}
+
+absl::StatusOr<int64_t> PagePool::RollbackLocked(OwnerId owner,
+                                                 uint64_t checkpoint_id) {
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
@@ -772,6 +893,17 @@ absl::StatusOr<int64_t> PagePool::Rollback(OwnerId owner,
 
 absl::StatusOr<int64_t> PagePool::ClearOwner(OwnerId owner) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const int64_t freed, ClearOwnerLocked(owner));
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kClearOwner;
+    change.owner = owner;
+    LogChange(change);
+  }
+  return freed;
+}
+
+absl::StatusOr<int64_t> PagePool::ClearOwnerLocked(OwnerId owner) {
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
@@ -791,6 +923,17 @@ absl::StatusOr<int64_t> PagePool::ClearOwner(OwnerId owner) {
 
 absl::StatusOr<int64_t> PagePool::ClearPool(bool force) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const int64_t owned, ClearPoolLocked(force));
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kClearPool;
+    change.force = force;
+    LogChange(change);
+  }
+  return owned;
+}
+
+absl::StatusOr<int64_t> PagePool::ClearPoolLocked(bool force) {
   int64_t owned = 0;
   std::vector<std::pair<OwnerId, int64_t>> holders;
   for (const auto& [id, state] : owners_) {
@@ -838,12 +981,30 @@ absl::Status PagePool::CheckChainLength(size_t num_keys) const {
 absl::StatusOr<PublishOutcome> PagePool::Publish(
     OwnerId owner, absl::Span<const int64_t> pages,
     absl::Span<const PrefixKey> keys, const PrefixKey* parent_key, bool pin) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(PublishOutcome outcome,
+                   PublishLocked(owner, pages, keys, parent_key, pin));
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kPublish;
+    change.owner = owner;
+    change.pages = pages;
+    change.keys = keys;
+    change.parent_key = parent_key;
+    change.pin = pin;
+    LogChange(change);
+  }
+  return outcome;
+}
+
+absl::StatusOr<PublishOutcome> PagePool::PublishLocked(
+    OwnerId owner, absl::Span<const int64_t> pages,
+    absl::Span<const PrefixKey> keys, const PrefixKey* parent_key, bool pin) {
   if (pages.size() != keys.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d pages and %d keys: one key per page", pages.size(), keys.size()));
   }
   RETURN_IF_ERROR(CheckChainLength(keys.size()));
-  absl::MutexLock lock(&mu_);
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
@@ -937,8 +1098,29 @@ absl::StatusOr<PublishOutcome> PagePool::Publish(
 
 absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefix(
     OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt) {
-  RETURN_IF_ERROR(CheckChainLength(keys.size()));
   absl::MutexLock lock(&mu_);
+  bool counted = false;
+  absl::StatusOr<std::vector<int64_t>> pages =
+      MatchPrefixLocked(owner, keys, adopt, &counted);
+  if (change_log_ != nullptr && counted) {
+    // A plain match changes only the lookup counters, a refused adopt the
+    // quota refusals too: both are state, so both are recorded.
+    PoolChange change;
+    change.kind = PoolChangeKind::kMatchPrefix;
+    change.owner = owner;
+    change.keys = keys;
+    change.adopt = adopt;
+    change.refused = !pages.ok();
+    LogChange(change);
+  }
+  return pages;
+}
+
+absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
+    OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt,
+    bool* counted) {
+  *counted = false;
+  RETURN_IF_ERROR(CheckChainLength(keys.size()));
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
@@ -955,6 +1137,7 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefix(
   }
   counters_.prefix_lookup_pages += keys.size();
   counters_.prefix_hit_pages += pages.size();
+  *counted = !keys.empty();
   if (!adopt || pages.empty()) return pages;
   const int64_t held = state.pages_owned + state.refs.size();
   if (state.quota_pages > 0 && held + new_refs > state.quota_pages) {
@@ -975,6 +1158,19 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefix(
 absl::StatusOr<int64_t> PagePool::Unpin(OwnerId owner,
                                         absl::Span<const int64_t> pages) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const int64_t unpinned, UnpinLocked(owner, pages));
+  if (change_log_ != nullptr && unpinned > 0) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kUnpin;
+    change.owner = owner;
+    change.pages = pages;
+    LogChange(change);
+  }
+  return unpinned;
+}
+
+absl::StatusOr<int64_t> PagePool::UnpinLocked(OwnerId owner,
+                                              absl::Span<const int64_t> pages) {
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
@@ -1004,11 +1200,22 @@ void PagePool::ReleaseRefs(OwnerState& state, absl::Span<const int64_t> pages) {
 }
 
 void PagePool::DropShared(OwnerState& state) {
-  for (const auto& [page, count] : state.refs) {
-    for (int64_t k = 0; k < count; ++k) index_.Release(page);
+  // The order decides where the pages this makes cached enter the LRU, so
+  // it must not be the hash sets' (Abseil seeds them per process: a replay
+  // in another process would evict other pages). Descending page order
+  // releases a chain that was allocated front to back deepest page first,
+  // as a free does (ReleaseRefs).
+  std::vector<int64_t> pages;
+  pages.reserve(std::max(state.refs.size(), state.pins.size()));
+  for (const auto& [page, count] : state.refs) pages.push_back(page);
+  std::sort(pages.begin(), pages.end(), std::greater<int64_t>());
+  for (int64_t page : pages) {
+    for (int64_t k = state.refs[page]; k > 0; --k) index_.Release(page);
   }
   state.refs.clear();
-  for (int64_t page : state.pins) index_.Unpin(page);
+  pages.assign(state.pins.begin(), state.pins.end());
+  std::sort(pages.begin(), pages.end(), std::greater<int64_t>());
+  for (int64_t page : pages) index_.Unpin(page);
   state.pins.clear();
 }
 
@@ -1026,6 +1233,16 @@ absl::StatusOr<int64_t> PagePool::Evict(int64_t max_pages) {
 
 absl::StatusOr<int64_t> PagePool::ResetPrefixCache() {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const int64_t evicted, ResetPrefixCacheLocked());
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kResetPrefixCache;
+    LogChange(change);
+  }
+  return evicted;
+}
+
+absl::StatusOr<int64_t> PagePool::ResetPrefixCacheLocked() {
   const int64_t evictable = index_.Counts().evictable_pages;
   std::vector<int64_t> pages;
   std::vector<std::string> keys;
@@ -1058,7 +1275,24 @@ int64_t PagePool::SharedCount(int64_t page) const {
 
 PoolStats PagePool::Stats() const {
   absl::MutexLock lock(&mu_);
-  PoolStats stats = counters_;
+  PoolStats stats;
+  const PoolCounters& c = counters_;
+  stats.slots_allocated = c.slots_allocated;
+  stats.pages_allocated = c.pages_allocated;
+  stats.pages_freed = c.pages_freed;
+  stats.out_of_pages_refusals = c.out_of_pages_refusals;
+  stats.quota_refusals = c.quota_refusals;
+  stats.free_list_sorts = c.free_list_sorts;
+  stats.batches_executed = c.batches_executed;
+  stats.pages_scrubbed = c.pages_scrubbed;
+  stats.prefix_pages_published = c.prefix_pages_published;
+  stats.prefix_publish_existing = c.prefix_publish_existing;
+  stats.prefix_lookup_pages = c.prefix_lookup_pages;
+  stats.prefix_hit_pages = c.prefix_hit_pages;
+  stats.prefix_pages_adopted = c.prefix_pages_adopted;
+  stats.prefix_evicted_for_allocation = c.prefix_evicted_for_allocation;
+  stats.prefix_evicted_by_reset = c.prefix_evicted_by_reset;
+  stats.prefix_cleared = c.prefix_cleared;
   stats.page_size = geometry_.page_size;
   stats.total_pages = geometry_.num_pages;
   stats.free_pages = free_count_;
@@ -1112,6 +1346,21 @@ FreeListsView PagePool::FreeLists(int64_t max_pages) const {
 OwnerId PagePool::OwnerOf(int64_t page) const {
   absl::MutexLock lock(&mu_);
   return owner_of_[page];
+}
+
+absl::StatusOr<PagePool::OwnedPages> PagePool::PagesOwnedBy(
+    OwnerId owner) const {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  OwnedPages pages;
+  pages.owned = PagesOf(owner, it->second.pages_owned);
+  for (const auto& [page, count] : it->second.refs)
+    pages.shared.push_back(page);
+  std::sort(pages.shared.begin(), pages.shared.end());
+  return pages;
 }
 
 OwnerId PagePool::LastOwnerOf(int64_t page) const {
@@ -1234,6 +1483,504 @@ absl::Status PagePool::CheckInvariants() {
     }
   }
   return absl::OkStatus();
+}
+
+void PagePool::LogChange(const PoolChange& change) {
+  change_log_->Record(change);
+  if (change_log_->WantsSnapshot()) {
+    change_log_->WriteSnapshot(ExportStateLocked());
+  }
+}
+
+PoolState PagePool::ExportState() const {
+  absl::MutexLock lock(&mu_);
+  return ExportStateLocked();
+}
+
+PoolState PagePool::ExportStateLocked() const {
+  PoolState state;
+  state.semantics_version = kPoolSemanticsVersion;
+  state.num_pages = geometry_.num_pages;
+  state.page_size = geometry_.page_size;
+  state.free_policy = policy_.policy();
+  state.semantics = policy_.semantics();
+  state.scrub = scrub_;
+  state.max_pinned_pages_per_owner = max_pins_;
+  state.ring_head = head_;
+  state.free_pages.resize(free_count_);
+  for (int64_t i = 0; i < free_count_; ++i) state.free_pages[i] = RingAt(i);
+  state.parked_pages = parked_;
+  state.owner_of = owner_of_;
+  state.allocated_once = allocated_once_;
+  state.last_owner = last_owner_;
+  // Owners, references and pins sorted: the hash containers' order is the
+  // process's.
+  std::vector<OwnerId> ids;
+  ids.reserve(owners_.size());
+  for (const auto& [id, owner] : owners_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  state.owners.reserve(ids.size());
+  for (OwnerId id : ids) {
+    const OwnerState& owner = owners_.find(id)->second;
+    PoolOwnerState& out = state.owners.emplace_back();
+    out.id = id;
+    out.quota_pages = owner.quota_pages;
+    out.metadata = owner.metadata;
+    out.next_checkpoint_id = owner.next_checkpoint_id;
+    out.checkpoints.reserve(owner.checkpoints.size());
+    for (const CheckpointMark& mark : owner.checkpoints) {
+      out.checkpoints.push_back({mark.id, mark.log_position});
+    }
+    out.given_log = owner.given_log;
+    // log_index_ itself is not state: only whether it marks an entry live
+    // (the rollback's test) is.
+    out.given_live.resize(owner.given_log.size());
+    for (size_t k = 0; k < owner.given_log.size(); ++k) {
+      const int64_t page = owner.given_log[k];
+      out.given_live[k] = owner_of_[page] == id && log_index_[page] == k;
+    }
+    out.refs.assign(owner.refs.begin(), owner.refs.end());
+    std::sort(out.refs.begin(), out.refs.end());
+    out.pins.assign(owner.pins.begin(), owner.pins.end());
+    std::sort(out.pins.begin(), out.pins.end());
+  }
+  index_.Export(&state.prefix_entries, &state.prefix_lru);
+  state.counters = counters_;
+  return state;
+}
+
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::CreateFromState(
+    const PoolOptions& options, PlanExecutor* executor,
+    const PoolState& state) {
+  RETURN_IF_ERROR(ValidateOptions(options, executor));
+  std::unique_ptr<PagePool> pool(new PagePool(options, executor));
+  absl::MutexLock lock(&pool->mu_);
+  RETURN_IF_ERROR(pool->RestoreState(state));
+  return pool;
+}
+
+namespace {
+
+// The first violation RestoreState finds, as DATA_LOSS: the state is not
+// one a pool with these options could be in.
+template <typename... Args>
+absl::Status Corrupt(const absl::FormatSpec<Args...>& format,
+                     const Args&... args) {
+  return absl::DataLossError(
+      absl::StrCat("pool state: ", absl::StrFormat(format, args...)));
+}
+
+}  // namespace
+
+absl::Status PagePool::RestoreState(const PoolState& state) {
+  const int64_t n = geometry_.num_pages;
+  // The fingerprint: the state must be one of these options' pools.
+  if (state.semantics_version != kPoolSemanticsVersion) {
+    return Corrupt("semantics version %d; this pool's is %d",
+                   state.semantics_version, kPoolSemanticsVersion);
+  }
+  if (state.num_pages != n || state.page_size != geometry_.page_size) {
+    return Corrupt("%d pages of %d tokens; this pool has %d pages of %d",
+                   state.num_pages, state.page_size, n, geometry_.page_size);
+  }
+  if (state.free_policy != policy_.policy() ||
+      state.semantics != policy_.semantics()) {
+    return Corrupt(
+        "free policy %s, semantics %s; this pool's are %s, %s",
+        FreePolicyName(state.free_policy), SemanticsName(state.semantics),
+        FreePolicyName(policy_.policy()), SemanticsName(policy_.semantics()));
+  }
+  if (state.scrub != scrub_ || state.max_pinned_pages_per_owner != max_pins_) {
+    return Corrupt("scrub %d, %d pins per owner; this pool's are %d, %d",
+                   state.scrub, state.max_pinned_pages_per_owner, scrub_,
+                   max_pins_);
+  }
+  // Per-page tables.
+  if (static_cast<int64_t>(state.owner_of.size()) != n + 1 ||
+      static_cast<int64_t>(state.allocated_once.size()) != n + 1 ||
+      static_cast<int64_t>(state.last_owner.size()) != (scrub_ ? n + 1 : 0)) {
+    return Corrupt(
+        "per-page tables of %d, %d and %d entries for %d pages (scrub %d)",
+        state.owner_of.size(), state.allocated_once.size(),
+        state.last_owner.size(), n, scrub_);
+  }
+  if (state.owner_of[0] != kNoOwner || state.allocated_once[0] ||
+      (scrub_ && state.last_owner[0] != kNoOwner)) {
+    return Corrupt("page 0 (reserved) has an owner or was handed out");
+  }
+  // The free list and the parked pages: every free page once.
+  if (state.ring_head < 0 || state.ring_head >= capacity_) {
+    return Corrupt("ring head %d outside the ring of %d entries",
+                   state.ring_head, capacity_);
+  }
+  if (static_cast<int64_t>(state.free_pages.size()) > n ||
+      static_cast<int64_t>(state.parked_pages.size()) >
+          n - static_cast<int64_t>(state.free_pages.size())) {
+    return Corrupt("%d free and %d parked pages in a pool of %d",
+                   state.free_pages.size(), state.parked_pages.size(), n);
+  }
+  if (!state.parked_pages.empty() &&
+      policy_.release_target() != ReleaseTarget::kPark) {
+    return Corrupt("%d parked pages under free policy %s",
+                   state.parked_pages.size(), FreePolicyName(policy_.policy()));
+  }
+  std::vector<uint8_t> free(n + 1, 0);
+  auto check_free = [&](const char* list, size_t i,
+                        int64_t page) -> absl::Status {
+    if (page < 1 || page > n) {
+      return Corrupt("%s[%d] (%d) is outside [1, %d]", list, i, page, n);
+    }
+    if (free[page]++) {
+      return Corrupt("%s[%d]: page %d is free twice", list, i, page);
+    }
+    if (state.owner_of[page] != kNoOwner) {
+      return Corrupt("%s[%d]: page %d is free and owned by %d", list, i, page,
+                     state.owner_of[page]);
+    }
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < state.free_pages.size(); ++i) {
+    RETURN_IF_ERROR(check_free("free_pages", i, state.free_pages[i]));
+  }
+  for (size_t i = 0; i < state.parked_pages.size(); ++i) {
+    RETURN_IF_ERROR(check_free("parked_pages", i, state.parked_pages[i]));
+  }
+  // Owners: ascending ids (so each once), their bounds, their logs.
+  const size_t max_log =
+      2 * static_cast<size_t>(n) + 4 * static_cast<size_t>(kMaxCheckpoints);
+  absl::flat_hash_map<int64_t, int64_t> refs_on;  // page -> references
+  absl::flat_hash_map<int64_t, int64_t> pins_on;  // page -> pins
+  std::vector<uint8_t> live(n + 1, 0);
+  for (size_t o = 0; o < state.owners.size(); ++o) {
+    const PoolOwnerState& owner = state.owners[o];
+    const OwnerId id = owner.id;
+    if (id == kNoOwner || id == kSharedOwner) {
+      return Corrupt("owners[%d] has the reserved id %d", o, id);
+    }
+    if (o > 0 && state.owners[o - 1].id >= id) {
+      return Corrupt("owners[%d] (%d) does not follow owner %d", o, id,
+                     state.owners[o - 1].id);
+    }
+    if (owner.quota_pages < 0 || owner.next_checkpoint_id < 1 ||
+        owner.metadata.size() > kMaxOwnerMetadataBytes) {
+      return Corrupt(
+          "owner %d: quota %d, next checkpoint %d, %d bytes of "
+          "metadata",
+          id, owner.quota_pages, owner.next_checkpoint_id,
+          owner.metadata.size());
+    }
+    if (owner.checkpoints.size() > static_cast<size_t>(kMaxCheckpoints) ||
+        owner.given_log.size() > max_log ||
+        owner.given_live.size() != owner.given_log.size() ||
+        (owner.checkpoints.empty() && !owner.given_log.empty())) {
+      return Corrupt(
+          "owner %d: %d checkpoints (at most %d), a log of %d entries (at "
+          "most %d) with %d liveness bits",
+          id, owner.checkpoints.size(), kMaxCheckpoints, owner.given_log.size(),
+          max_log, owner.given_live.size());
+    }
+    for (size_t c = 0; c < owner.checkpoints.size(); ++c) {
+      const PoolCheckpointState& mark = owner.checkpoints[c];
+      const bool ordered = c == 0 || (owner.checkpoints[c - 1].id < mark.id &&
+                                      owner.checkpoints[c - 1].log_position <=
+                                          mark.log_position);
+      if (mark.id < 1 || mark.id >= owner.next_checkpoint_id || !ordered ||
+          mark.log_position > owner.given_log.size()) {
+        return Corrupt(
+            "owner %d: checkpoint %d (id %d at log position %d) is out of "
+            "order or bounds (next id %d, log of %d)",
+            id, c, mark.id, mark.log_position, owner.next_checkpoint_id,
+            owner.given_log.size());
+      }
+    }
+    for (size_t k = 0; k < owner.given_log.size(); ++k) {
+      const int64_t page = owner.given_log[k];
+      if (page < 1 || page > n) {
+        return Corrupt("owner %d: given_log[%d] (%d) is outside [1, %d]", id, k,
+                       page, n);
+      }
+      if (!owner.given_live[k]) continue;
+      if (state.owner_of[page] != id || live[page]++) {
+        return Corrupt(
+            "owner %d: given_log[%d] (page %d) is live but the page is %s", id,
+            k, page,
+            state.owner_of[page] != id ? "not the owner's" : "live twice");
+      }
+    }
+    for (size_t r = 0; r < owner.refs.size(); ++r) {
+      const auto [page, count] = owner.refs[r];
+      if (page < 1 || page > n || state.owner_of[page] != kSharedOwner ||
+          count < 1 || (r > 0 && owner.refs[r - 1].first >= page)) {
+        return Corrupt(
+            "owner %d: refs[%d] (%d references on page %d) is not a shared "
+            "page's, in order",
+            id, r, count, page);
+      }
+      int64_t& total = refs_on[page];
+      if (__builtin_add_overflow(total, count, &total)) {
+        return Corrupt("page %d: references overflow", page);
+      }
+    }
+    if (static_cast<int64_t>(owner.pins.size()) > max_pins_) {
+      return Corrupt("owner %d pins %d pages, over the bound of %d", id,
+                     owner.pins.size(), max_pins_);
+    }
+    for (size_t p = 0; p < owner.pins.size(); ++p) {
+      const int64_t page = owner.pins[p];
+      if (page < 1 || page > n || state.owner_of[page] != kSharedOwner ||
+          (p > 0 && owner.pins[p - 1] >= page)) {
+        return Corrupt("owner %d: pins[%d] (%d) is not a shared page, in order",
+                       id, p, page);
+      }
+      ++pins_on[page];
+    }
+  }
+  auto listed = [&state](OwnerId id) {
+    auto it = std::lower_bound(
+        state.owners.begin(), state.owners.end(), id,
+        [](const PoolOwnerState& o, OwnerId v) { return o.id < v; });
+    return it != state.owners.end() && it->id == id;
+  };
+  // The prefix index keeps its own invariants; the pool checks that its
+  // pages are the shared ones, with the owners' counts and pins. (On
+  // failure the pool is dropped, its index with it.)
+  RETURN_IF_ERROR(index_.Import(state.prefix_entries, state.prefix_lru));
+  for (int64_t p = 1; p <= n; ++p) {
+    const OwnerId owner = state.owner_of[p];
+    if (owner == kNoOwner) {
+      if (!free[p]) {
+        return Corrupt("page %d is neither free nor owned (lost)", p);
+      }
+      continue;
+    }
+    if (owner == kSharedOwner) {
+      if (!index_.Contains(p)) {
+        return Corrupt("page %d is shared but not in the prefix index", p);
+      }
+      const auto held = refs_on.find(p);
+      const auto pinned = pins_on.find(p);
+      const int64_t refs = held == refs_on.end() ? 0 : held->second;
+      const int64_t pins = pinned == pins_on.end() ? 0 : pinned->second;
+      if (index_.count(p) != refs || index_.pins(p) != pins) {
+        return Corrupt(
+            "shared page %d has count %d and %d pins; owners hold %d "
+            "references and %d pins",
+            p, index_.count(p), index_.pins(p), refs, pins);
+      }
+      continue;
+    }
+    if (index_.Contains(p) || !listed(owner)) {
+      return Corrupt("page %d is owned by %s owner %d", p,
+                     index_.Contains(p) ? "a shared page's" : "an unlisted",
+                     owner);
+    }
+  }
+  // Every prefix entry's page is shared: a free or owned page in the index
+  // passed the loop above.
+  for (const PrefixEntryState& entry : state.prefix_entries) {
+    if (state.owner_of[entry.page] != kSharedOwner) {
+      return Corrupt("prefix entry of page %d, which is not shared",
+                     entry.page);
+    }
+  }
+  const PoolCounters& c = state.counters;
+  for (int64_t v :
+       {c.slots_allocated, c.pages_allocated, c.pages_freed,
+        c.out_of_pages_refusals, c.quota_refusals, c.free_list_sorts,
+        c.batches_executed, c.pages_scrubbed, c.prefix_pages_published,
+        c.prefix_publish_existing, c.prefix_lookup_pages, c.prefix_hit_pages,
+        c.prefix_pages_adopted, c.prefix_evicted_for_allocation,
+        c.prefix_evicted_by_reset, c.prefix_cleared}) {
+    if (v < 0) return Corrupt("a counter is negative (%d)", v);
+  }
+
+  // Everything checked: take it over.
+  owner_of_ = state.owner_of;
+  allocated_once_ = state.allocated_once;
+  last_owner_ = state.last_owner;
+  parked_ = state.parked_pages;
+  head_ = state.ring_head;
+  free_count_ = state.free_pages.size();
+  // No entry of a log can be live by accident: a page's index is set only
+  // for its live entry.
+  log_index_.assign(n + 1, std::numeric_limits<size_t>::max());
+  owners_.clear();
+  owners_.reserve(state.owners.size());
+  for (const PoolOwnerState& in : state.owners) {
+    OwnerState owner;
+    owner.quota_pages = in.quota_pages;
+    owner.metadata = in.metadata;
+    owner.next_checkpoint_id = in.next_checkpoint_id;
+    for (const PoolCheckpointState& mark : in.checkpoints) {
+      owner.checkpoints.push_back(
+          CheckpointMark{mark.id, static_cast<size_t>(mark.log_position)});
+    }
+    owner.given_log = in.given_log;
+    for (size_t k = 0; k < in.given_log.size(); ++k) {
+      if (in.given_live[k]) log_index_[in.given_log[k]] = k;
+    }
+    owner.refs.reserve(in.refs.size());
+    for (const auto& [page, count] : in.refs) owner.refs[page] = count;
+    owner.pins.reserve(in.pins.size());
+    owner.pins.insert(in.pins.begin(), in.pins.end());
+    owners_.emplace(in.id, std::move(owner));
+  }
+  for (int64_t p = 1; p <= n; ++p) {
+    const OwnerId owner = owner_of_[p];
+    if (owner != kNoOwner && owner != kSharedOwner) {
+      ++owners_.find(owner)->second.pages_owned;
+    }
+  }
+  counters_ = state.counters;
+  // The mirror gets the free list where the pool keeps it; the rest of the
+  // ring is never read before it is written.
+  RETURN_IF_ERROR(executor_->InitFreeRing(capacity_));
+  ring_.assign(capacity_, 0);
+  return WriteRing(head_, state.free_pages);
+}
+
+absl::Status PagePool::Replay(const PoolChange& change,
+                              std::vector<AllocResult>* results) {
+  absl::MutexLock lock(&mu_);
+  absl::Status applied;
+  switch (change.kind) {
+    case PoolChangeKind::kAddOwner:
+      applied = AddOwnerLocked(change.owner, change.quota_pages,
+                               std::string(change.metadata));
+      break;
+    case PoolChangeKind::kRemoveOwner:
+      applied = RemoveOwnerLocked(change.owner).status();
+      break;
+    case PoolChangeKind::kAllocate:
+      return ReplayAllocate(change, results);
+    case PoolChangeKind::kFree:
+      applied = ReplayFree(change);
+      break;
+    case PoolChangeKind::kCheckpoint:
+      applied = CheckpointLocked(change.owner).status();
+      break;
+    case PoolChangeKind::kRollback:
+      applied = RollbackLocked(change.owner, change.checkpoint_id).status();
+      break;
+    case PoolChangeKind::kClearOwner:
+      applied = ClearOwnerLocked(change.owner).status();
+      break;
+    case PoolChangeKind::kClearPool:
+      applied = ClearPoolLocked(change.force).status();
+      break;
+    case PoolChangeKind::kPublish:
+      applied = PublishLocked(change.owner, change.pages, change.keys,
+                              change.parent_key, change.pin)
+                    .status();
+      break;
+    case PoolChangeKind::kMatchPrefix: {
+      bool counted = false;
+      applied =
+          MatchPrefixLocked(change.owner, change.keys, change.adopt, &counted)
+              .status();
+      if (!counted) {
+        return absl::DataLossError(absl::StrFormat(
+            "replaying a match_prefix of owner %d: it changed nothing here "
+            "(%s)",
+            change.owner, applied.ToString()));
+      }
+      // A recorded refusal (over quota) is the outcome to reproduce.
+      if (change.refused != !applied.ok()) {
+        return absl::DataLossError(absl::StrFormat(
+            "replaying a match_prefix of owner %d: recorded as %s, here %s",
+            change.owner, change.refused ? "refused" : "done",
+            applied.ToString()));
+      }
+      applied = absl::OkStatus();
+      break;
+    }
+    case PoolChangeKind::kUnpin:
+      applied = UnpinLocked(change.owner, change.pages).status();
+      break;
+    case PoolChangeKind::kResetPrefixCache:
+      applied = ResetPrefixCacheLocked().status();
+      break;
+    default:
+      return absl::DataLossError(absl::StrFormat(
+          "a pool change of unknown kind %d", static_cast<int>(change.kind)));
+  }
+  if (applied.ok()) return applied;
+  return absl::DataLossError(absl::StrFormat("replaying a %s of owner %d: %s",
+                                             PoolChangeKindName(change.kind),
+                                             change.owner, applied.ToString()));
+}
+
+absl::Status PagePool::ReplayAllocate(const PoolChange& change,
+                                      std::vector<AllocResult>* results_out) {
+  const absl::Span<const AllocRequest> requests = change.requests;
+  absl::Span<const CallSpan> calls = change.calls;
+  const CallSpan whole_batch{static_cast<int64_t>(requests.size()), false};
+  if (calls.empty()) {
+    calls = absl::MakeConstSpan(&whole_batch, 1);
+  } else {
+    // Allocate refuses such a batch before it records it.
+    int64_t total = 0;
+    for (const CallSpan& call : calls) {
+      if (call.num_requests < 0 ||
+          call.num_requests > static_cast<int64_t>(requests.size()) - total) {
+        return absl::DataLossError(absl::StrFormat(
+            "replaying an allocate: its calls do not cover its %d requests",
+            requests.size()));
+      }
+      total += call.num_requests;
+    }
+    if (total != static_cast<int64_t>(requests.size())) {
+      return absl::DataLossError(absl::StrFormat(
+          "replaying an allocate: its calls cover %d of its %d requests", total,
+          requests.size()));
+    }
+  }
+  std::vector<AllocResult> local;
+  std::vector<AllocResult>& results =
+      results_out != nullptr ? *results_out : local;
+  results.clear();
+  results.resize(requests.size());
+  const ReplayedLaunch replay{change.launch_failure};
+  if (change.launch_failure != nullptr && change.launch_failure->ok()) {
+    return absl::DataLossError(
+        "replaying an allocate: its launch failure is OK");
+  }
+  const LaunchOutcome launch =
+      AllocateLocked(requests, calls, absl::MakeSpan(results), &replay);
+  if (change.launch_failure != nullptr && launch != LaunchOutcome::kFailed) {
+    // The merges and evictions before the launch have happened, as they
+    // did in the original; its launch had work, this one none.
+    return absl::DataLossError(
+        "replaying an allocate: the recorded launch failed, here nothing was "
+        "launched");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagePool::ReplayFree(const PoolChange& change) {
+  // The record's pages are resolved already: check that they resolve to
+  // themselves here (owned pages, then shared ones, each once), and free
+  // them in that order.
+  std::vector<int64_t> values;
+  values.reserve(change.pages.size() + change.shared_pages.size());
+  values.insert(values.end(), change.pages.begin(), change.pages.end());
+  values.insert(values.end(), change.shared_pages.begin(),
+                change.shared_pages.end());
+  std::vector<int64_t> shared;
+  ASSIGN_OR_RETURN(const std::vector<int64_t> pages,
+                   ResolveFree(change.owner, values, /*values_are_slots=*/false,
+                               FreeOrder::kFirstAppearance, &shared));
+  if (!std::equal(pages.begin(), pages.end(), change.pages.begin(),
+                  change.pages.end()) ||
+      !std::equal(shared.begin(), shared.end(), change.shared_pages.begin(),
+                  change.shared_pages.end())) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "its %d owned and %d shared pages resolve to %d owned and %d shared "
+        "here",
+        change.pages.size(), change.shared_pages.size(), pages.size(),
+        shared.size()));
+  }
+  return ApplyFree(owners_.find(change.owner)->second, pages, shared);
 }
 
 }  // namespace pagealloc

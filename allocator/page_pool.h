@@ -33,6 +33,16 @@
 // admission) or ResetPrefixCache does. Shared pages are read-only by
 // contract. Changes go to the PoolOptions.kv_event_sink, in order.
 //
+// Change records and state (docs/design.md, "The pool's change records and
+// state"): every change to the pool's state is reported, with its inputs,
+// to PoolOptions.change_log; Replay applies such a record to another pool;
+// ExportState and CreateFromState take the whole state out and back. A
+// pool restored from an exported state, or rebuilt by replaying the
+// records, is in the same state as the original: every later operation
+// gives the same results. Nothing the pool does depends on the iteration
+// order of its hash containers (Abseil seeds their hash per process), so
+// this holds across processes.
+//
 // This class is thread-safe.
 
 #ifndef PAGEALLOC_ALLOCATOR_PAGE_POOL_H_
@@ -41,6 +51,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -53,6 +64,8 @@
 #include "allocator/executor.h"
 #include "allocator/free_list_policy.h"
 #include "allocator/plan_builder.h"
+#include "allocator/pool_change_log.h"
+#include "allocator/pool_state.h"
 #include "allocator/prefix_index.h"
 #include "allocator/requests.h"
 #include "kv_events/sink.h"
@@ -86,6 +99,10 @@ struct PoolOptions {
   // AllBlocksCleared), under the pool's lock and in order; may be null.
   // Must outlive the pool.
   KvEventSink* kv_event_sink = nullptr;
+  // Where every change to the pool's state is recorded, under the pool's
+  // lock and in order (pool_change_log.h); may be null (no records, and no
+  // cost beyond a comparison per operation). Must outlive the pool.
+  PoolChangeLog* change_log = nullptr;
 };
 
 // What Publish did with each key of its chain.
@@ -97,15 +114,6 @@ struct PublishOutcome {
   // existing[i]: keys[i] was already in the index.
   std::vector<bool> existing;
   int64_t newly_published = 0;  // keys published by this call
-};
-
-// One allocation call's requests within a batch: the next `num_requests`
-// requests (calls follow each other in order). SGLang's merge trigger and
-// all-or-nothing admission work per call.
-struct CallSpan {
-  int64_t num_requests = 0;
-  // Admit every request of the call or none (AllocOptions.all_or_nothing).
-  bool all_or_nothing = false;
 };
 
 // The outcome of one request of a batch.
@@ -179,6 +187,20 @@ class PagePool {
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(
       const PoolOptions& options, PlanExecutor* executor);
 
+  // Builds a pool in `state` (what ExportState returned, here or in another
+  // process) and writes its free list to the executor's mirror. Validates
+  // the whole state first: that it fits `options` (semantics version, page
+  // size and count, policy, semantics, scrub, pin bound) and the class
+  // invariants (every page exactly once: free, parked, owned by a listed
+  // owner, or shared with counts and pins that equal the owners'
+  // references and pins; owners, checkpoints and logs within their
+  // bounds). Returns DATA_LOSS naming the first violation, INVALID_ARGUMENT
+  // for bad options, or the executor's error. `executor` must outlive the
+  // pool; records go on to options.change_log.
+  static absl::StatusOr<std::unique_ptr<PagePool>> CreateFromState(
+      const PoolOptions& options, PlanExecutor* executor,
+      const PoolState& state);
+
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
 
@@ -191,10 +213,16 @@ class PagePool {
   Semantics semantics() const { return policy_.semantics(); }
   PlanExecutor* executor() const { return executor_; }
 
-  // Registers an owner. quota_pages 0 means no quota. Returns
-  // INVALID_ARGUMENT for owner 0 or a negative quota, ALREADY_EXISTS for an
+  // Registers an owner. quota_pages 0 means no quota. `metadata` is kept
+  // with the owner, opaque (the server's session record), in ExportState
+  // too. Returns INVALID_ARGUMENT for owner 0 or kSharedOwner, a negative
+  // quota or metadata over kMaxOwnerMetadataBytes, ALREADY_EXISTS for an
   // owner already registered.
-  absl::Status AddOwner(OwnerId owner, int64_t quota_pages)
+  absl::Status AddOwner(OwnerId owner, int64_t quota_pages,
+                        std::string metadata = {}) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Returns the metadata `owner` was registered with, or NOT_FOUND.
+  absl::StatusOr<std::string> OwnerMetadata(OwnerId owner) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees every page `owner` holds (as Free does, under the pool's policy)
@@ -374,6 +402,15 @@ class PagePool {
 
   // The owner of `page`, kNoOwner when free. REQUIRES: 0 <= page <= num_pages.
   OwnerId OwnerOf(int64_t page) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The pages `owner` owns, ascending, and the shared pages it holds
+  // references on, ascending (a scan of the owner table: O(num_pages)).
+  // NOT_FOUND for an unknown owner.
+  struct OwnedPages {
+    std::vector<int64_t> owned;
+    std::vector<int64_t> shared;
+  };
+  absl::StatusOr<OwnedPages> PagesOwnedBy(OwnerId owner) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The last owner `page` was handed to (kept after it is freed), kNoOwner
   // when it never was; always kNoOwner unless PoolOptions.scrub.
   // REQUIRES: 0 <= page <= num_pages.
@@ -383,6 +420,27 @@ class PagePool {
   // synchronizes the executor). Returns INTERNAL describing the first
   // violation.
   absl::Status CheckInvariants() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Returns the whole state, read under the lock (pool_state.h). O(pages).
+  PoolState ExportState() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Applies `change`, a record another pool (or this one) made, as that
+  // operation, with Execute skipped for an allocation: the batch is
+  // admitted and committed (or, when the record's launch failed, refused
+  // with the recorded error) as the original was, and the free ring's
+  // writes still go to the executor's mirror, but no slots are written.
+  // Applied in order to a pool in the recording pool's state at the first
+  // record, records leave it in that pool's state. With `results`, an
+  // allocation's results go there (as Allocate returned them). The change
+  // is not recorded again to this pool's change log. Returns DATA_LOSS when
+  // the record does not apply: the operation refuses it (which changes
+  // nothing), or its outcome differs from the recorded one (the pools had
+  // diverged before it: an allocation that launched nothing where the
+  // original's launch failed, an adopt refused on one side only); the
+  // message says which, with the operation's own error.
+  absl::Status Replay(const PoolChange& change,
+                      std::vector<AllocResult>* results = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // An active checkpoint: its id and where the owner's log stood.
@@ -406,9 +464,82 @@ class PagePool {
     absl::flat_hash_map<int64_t, int64_t> refs;
     // Shared pages the owner pins (one pin per page and owner).
     absl::flat_hash_set<int64_t> pins;
+    // AddOwner's opaque bytes.
+    std::string metadata;
+  };
+
+  // What an allocation's launch did (for its record).
+  enum class LaunchOutcome : uint8_t {
+    kNone,    // nothing was launched
+    kRan,     // the plan ran and was committed
+    kFailed,  // the executor failed it (scratch_.launch_status): refused
+  };
+  // A launch Replay stands in for: Execute is skipped and the launch taken
+  // to have failed with *failure, or to have run when failure is null.
+  struct ReplayedLaunch {
+    const absl::Status* failure = nullptr;
   };
 
   PagePool(const PoolOptions& options, PlanExecutor* executor);
+
+  // INVALID_ARGUMENT for options Create refuses.
+  static absl::Status ValidateOptions(const PoolOptions& options,
+                                      PlanExecutor* executor);
+  // Sets the pool's state to `state` after checking it all
+  // (CreateFromState), and writes the free list to the executor's mirror.
+  // DATA_LOSS naming the first violation.
+  absl::Status RestoreState(const PoolState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PoolState ExportStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reports `change` to the change log, then hands it a snapshot when it
+  // wants one. REQUIRES: change_log_ != nullptr.
+  void LogChange(const PoolChange& change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The operations' bodies, under the lock, for the public methods (which
+  // record them) and Replay (which does not).
+  absl::Status AddOwnerLocked(OwnerId owner, int64_t quota_pages,
+                              std::string metadata)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> RemoveOwnerLocked(OwnerId owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocate's body: validates, makes room, admits, launches (on the
+  // executor, or as `replay` says when it is not null) and commits.
+  // REQUIRES: `calls` adds up to requests.size(); results.size() ==
+  // requests.size(), every status OK.
+  LaunchOutcome AllocateLocked(absl::Span<const AllocRequest> requests,
+                               absl::Span<const CallSpan> calls,
+                               absl::Span<AllocResult> results,
+                               const ReplayedLaunch* replay)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint64_t> CheckpointLocked(OwnerId owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> RollbackLocked(OwnerId owner, uint64_t checkpoint_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> ClearOwnerLocked(OwnerId owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> ClearPoolLocked(bool force)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<PublishOutcome> PublishLocked(OwnerId owner,
+                                               absl::Span<const int64_t> pages,
+                                               absl::Span<const PrefixKey> keys,
+                                               const PrefixKey* parent_key,
+                                               bool pin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets *counted when the call counted its lookups (it then changed the
+  // counters, refused or not, and is recorded).
+  absl::StatusOr<std::vector<int64_t>> MatchPrefixLocked(
+      OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt,
+      bool* counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> UnpinLocked(OwnerId owner,
+                                      absl::Span<const int64_t> pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> ResetPrefixCacheLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replay's allocation and free (the rest map one to one onto the bodies).
+  absl::Status ReplayAllocate(const PoolChange& change,
+                              std::vector<AllocResult>* results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReplayFree(const PoolChange& change)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status InitFreeList() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t RingAt(int64_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -462,10 +593,16 @@ class PagePool {
     return allocated_once_[page] ? "was already freed" : "was never allocated";
   }
   // Validates and frees the distinct pages of `values` (slots or page ids),
-  // all or nothing, in `order`. Messages name slots[i] or pages[i].
+  // all or nothing, in `order`, and records the free. Messages name
+  // slots[i] or pages[i].
   absl::StatusOr<int64_t> FreeDistinct(OwnerId owner,
                                        absl::Span<const int64_t> values,
                                        bool values_are_slots, FreeOrder order)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees what ResolveFree resolved: drops `state`'s references on
+  // `shared`, then releases `pages`.
+  absl::Status ApplyFree(OwnerState& state, absl::Span<const int64_t> pages,
+                         absl::Span<const int64_t> shared)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FreeDistinct's checks: the distinct owned pages of `values`, in
   // `order`; the shared pages among them (whose free drops the owner's
@@ -485,7 +622,9 @@ class PagePool {
   // INVALID_ARGUMENT when a chain of `num_keys` keys is longer than the
   // pool's pages (the index could never hold it).
   absl::Status CheckChainLength(size_t num_keys) const;
-  // Drops every reference and pin `state` holds (its pages stay shared).
+  // Drops every reference and pin `state` holds (its pages stay shared), in
+  // descending page order: the pages this makes cached enter the LRU in an
+  // order that does not depend on the hash sets' iteration.
   void DropShared(OwnerState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts up to `max_pages` cached pages, least recently used first, to
   // the back of the free list (the launch being admitted takes from its
@@ -578,12 +717,14 @@ class PagePool {
                         absl::Span<AllocResult> results, size_t begin,
                         size_t end, size_t decider)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Launches scratch_.plan_storage's plan on the executor. Returns true when
-  // the launch succeeded. On failure nothing has been committed, so the batch
+  // Launches scratch_.plan_storage's plan on the executor (with `replay`,
+  // takes the launch's outcome from it instead). Returns true when the
+  // launch succeeded. On failure nothing has been committed, so the batch
   // rolls back by refusing it: every admitted request's result becomes the
-  // executor's status with no slots and no pages, and the call returns
-  // false. REQUIRES: AdmitAndPlan returned true.
-  bool ExecutePlan(absl::Span<AllocResult> results)
+  // executor's status (kept in scratch_.launch_status) with no slots and no
+  // pages, and the call returns false. REQUIRES: AdmitAndPlan returned true.
+  bool ExecutePlan(absl::Span<AllocResult> results,
+                   const ReplayedLaunch* replay)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the plan's pages to the admitted requests' owners (recording them
   // in active checkpoints), moves the free list's head past them and
@@ -606,6 +747,7 @@ class PagePool {
   PlanExecutor* const executor_;
   const int64_t max_pins_;
   KvEventSink* const sink_;
+  PoolChangeLog* const change_log_;
 
   mutable absl::Mutex mu_;
   // The free list is ring_[head_], ring_[head_ + 1], ... (modulo capacity_),
@@ -629,7 +771,7 @@ class PagePool {
   absl::flat_hash_map<OwnerId, OwnerState> owners_ ABSL_GUARDED_BY(mu_);
   // The shared pages: the pages whose owner_of_ is kSharedOwner.
   PrefixIndex index_ ABSL_GUARDED_BY(mu_);
-  PoolStats counters_ ABSL_GUARDED_BY(mu_);  // only the counter fields
+  PoolCounters counters_ ABSL_GUARDED_BY(mu_);
 
   // Allocate's working storage, kept between batches so that it stays warm
   // in cache (fresh vectors per batch showed in the profile).
@@ -638,6 +780,8 @@ class PagePool {
     std::vector<int64_t> pages_needed;
     absl::flat_hash_map<OwnerId, int64_t> pages_by_owner;
     PlanStorage plan_storage;
+    // The last launch's status (a failed one's error, for its record).
+    absl::Status launch_status;
   };
   BatchScratch scratch_ ABSL_GUARDED_BY(mu_);
 };

@@ -3,7 +3,9 @@
 // hostile calls; then a randomized model check over many owners with a
 // host "slab" whose per-page pattern shows any page handed out while shared.
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -238,6 +240,23 @@ TEST_F(PagePoolPrefixTest, PagesARemovedOwnerPublishedStayCached) {
   EXPECT_EQ(stats.free_pages, 14);
   EXPECT_THAT(pool_->MatchPrefix(kBob, Keys(1, 2), true),
               IsOkAndHolds(ElementsAreArray(published)));
+  EXPECT_OK(pool_->CheckInvariants());
+}
+
+// The order in which a removed owner's references go decides the eviction
+// order; it is the pages' (descending), never a hash set's, so that a pool
+// replayed in another process evicts the same pages.
+TEST_F(PagePoolPrefixTest, ARemovedOwnersPagesAreCachedInDescendingOrder) {
+  MakePool(64);
+  const std::vector<int64_t> pages = Pages(kAlice, 12);
+  ASSERT_OK(pool_->Publish(kAlice, pages, Keys(1, 12), nullptr, false));
+  // Bob adopts every page; Alice's references go, Bob's go with him.
+  ASSERT_OK(pool_->MatchPrefix(kBob, Keys(1, 12), true).status());
+  ASSERT_OK(pool_->ClearOwner(kAlice).status());
+  ASSERT_OK(pool_->RemoveOwner(kBob).status());
+  std::vector<int64_t> descending(pages.rbegin(), pages.rend());
+  std::sort(descending.begin(), descending.end(), std::greater<int64_t>());
+  EXPECT_THAT(pool_->EvictionOrder(), ElementsAreArray(descending));
   EXPECT_OK(pool_->CheckInvariants());
 }
 

@@ -430,6 +430,17 @@ TEST_F(PagePoolRefusalTest, EveryRefusalChangesNothing) {
        absl::StatusCode::kResourceExhausted, "needs 6 pages, 5 free"},
       {"unknown owner", [&](PagePoolTest& t) { return one(t, Alloc(99, 4)); },
        absl::StatusCode::kNotFound, "unknown owner 99"},
+      // Owner 0 (free pages) is never registered: refused like any unknown
+      // owner, first in its batch or not.
+      {"owner 0", [&](PagePoolTest& t) { return one(t, Alloc(kNoOwner, 4)); },
+       absl::StatusCode::kNotFound, "unknown owner 0"},
+      {"owner 0 after another",
+       [&](PagePoolTest& t) {
+         std::vector<std::vector<int64_t>> slots;
+         return t.Run({Alloc(kAlice, 0), Extend(kNoOwner, 0, 4, -1)}, &slots)[1]
+             .status;
+       },
+       absl::StatusCode::kNotFound, "unknown owner 0"},
       {"free a page never allocated",
        [](PagePoolTest& t) {
          return t.pool_->FreePages(kAlice, {1, 4}).status();

@@ -157,6 +157,99 @@ void PrefixIndex::Clear() {
   counts_ = PrefixIndexCounts{};
 }
 
+void PrefixIndex::Export(std::vector<PrefixEntryState>* entries,
+                         std::vector<int64_t>* lru) const {
+  entries->clear();
+  entries->reserve(pages_.size());
+  // By page, from the table: the key map's order is its hash's, which
+  // Abseil seeds per process.
+  for (int64_t p = 1; p < static_cast<int64_t>(entries_.size()); ++p) {
+    const Entry& entry = entries_[p];
+    if (!entry.in_index) continue;
+    entries->push_back(PrefixEntryState{p, entry.key, entry.has_parent,
+                                        entry.parent, entry.count, entry.pins});
+  }
+  *lru = LruOrder();
+}
+
+absl::Status PrefixIndex::Import(absl::Span<const PrefixEntryState> entries,
+                                 absl::Span<const int64_t> lru) {
+  Clear();
+  if (entries.empty() && lru.empty()) return absl::OkStatus();
+  auto refuse = [this](absl::Status status) {
+    pages_.clear();
+    entries_.clear();
+    counts_ = PrefixIndexCounts{};
+    return status;
+  };
+  if (static_cast<int64_t>(entries.size()) > num_pages_) {
+    return refuse(absl::DataLossError(
+        absl::StrFormat("the prefix index lists %d entries for %d pages",
+                        entries.size(), num_pages_)));
+  }
+  entries_.assign(num_pages_ + 1, Entry{});
+  pages_.reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const PrefixEntryState& in = entries[i];
+    if (in.page < 1 || in.page > num_pages_) {
+      return refuse(absl::DataLossError(
+          absl::StrFormat("prefix entry %d: page %d is outside [1, %d]", i,
+                          in.page, num_pages_)));
+    }
+    Entry& entry = entries_[in.page];
+    if (entry.in_index) {
+      return refuse(absl::DataLossError(absl::StrFormat(
+          "prefix entry %d: page %d is listed twice", i, in.page)));
+    }
+    if (in.count < 0 || in.pins < 0) {
+      return refuse(absl::DataLossError(
+          absl::StrFormat("prefix entry %d: page %d has count %d, pins %d", i,
+                          in.page, in.count, in.pins)));
+    }
+    if (!in.has_parent && in.parent != PrefixKey{}) {
+      return refuse(absl::DataLossError(absl::StrFormat(
+          "prefix entry %d: page %d has a parent key but no parent", i,
+          in.page)));
+    }
+    if (!pages_.emplace(in.key, in.page).second) {
+      return refuse(absl::DataLossError(
+          absl::StrFormat("prefix entry %d: page %d's key is also page %d's", i,
+                          in.page, pages_.find(in.key)->second)));
+    }
+    entry.key = in.key;
+    entry.parent = in.parent;
+    entry.has_parent = in.has_parent;
+    entry.count = in.count;
+    entry.pins = in.pins;
+    entry.in_index = true;
+    Count(entry);
+  }
+  // The LRU: exactly the evictable entries, each once, in the order given.
+  if (static_cast<int64_t>(lru.size()) != counts_.evictable_pages) {
+    return refuse(absl::DataLossError(absl::StrFormat(
+        "the LRU lists %d pages; %d entries are cached and unpinned",
+        lru.size(), counts_.evictable_pages)));
+  }
+  for (size_t i = 0; i < lru.size(); ++i) {
+    const int64_t page = lru[i];
+    if (page < 1 || page > num_pages_ || !entries_[page].in_index ||
+        !Evictable(entries_[page])) {
+      return refuse(absl::DataLossError(absl::StrFormat(
+          "lru[%d] (%d) is not a cached, unpinned page of the index", i,
+          page)));
+    }
+    // Linked pages have a non-zero neighbour, or are the list's only page
+    // (then the sentinel points at them).
+    if (entries_[page].prev != 0 || entries_[page].next != 0 ||
+        entries_[0].next == page) {
+      return refuse(absl::DataLossError(
+          absl::StrFormat("lru[%d] (%d) is listed twice", i, page)));
+    }
+    LruAppend(page);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PrefixIndex::CheckInvariants() const {
   if (size() > num_pages_) {
     return absl::InternalError(absl::StrFormat(

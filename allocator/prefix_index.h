@@ -71,6 +71,27 @@ struct PrefixIndexCounts {
   int64_t evictable_pages = 0;  // cached and not pinned: the LRU's length
 };
 
+// One entry of the index as PrefixIndex::Export lists it and Import takes
+// it back: a page's key, its parent's key (zero at a chain's start), its
+// holder count and its pins. A value type.
+struct PrefixEntryState {
+  int64_t page = 0;
+  PrefixKey key{};
+  bool has_parent = false;
+  PrefixKey parent{};  // all zero when !has_parent
+  int64_t count = 0;   // references; 0: cached
+  int32_t pins = 0;
+
+  bool operator==(const PrefixEntryState& other) const {
+    return page == other.page && key == other.key &&
+           has_parent == other.has_parent && parent == other.parent &&
+           count == other.count && pins == other.pins;
+  }
+  bool operator!=(const PrefixEntryState& other) const {
+    return !(*this == other);
+  }
+};
+
 class PrefixIndex {
  public:
   // An index for pages 1..num_pages. It allocates its per-page table on the
@@ -126,6 +147,20 @@ class PrefixIndex {
   void Clear();
 
   PrefixIndexCounts Counts() const { return counts_; }
+
+  // Lists every entry, ascending by page, into `entries`, and the LRU's
+  // pages, least recently used first, into `lru` (both replaced).
+  void Export(std::vector<PrefixEntryState>* entries,
+              std::vector<int64_t>* lru) const;
+  // Replaces the index's contents with `entries` (any order) and the LRU
+  // order `lru`, least recently used first. Returns DATA_LOSS naming the
+  // first violation of the invariants (a page outside 1..num_pages or
+  // listed twice, a key listed twice, a parent key without has_parent, a
+  // negative count or pin count, an LRU that does not list exactly the
+  // entries with count 0 and no pin, once each), and leaves the index empty
+  // then. O(entries).
+  absl::Status Import(absl::Span<const PrefixEntryState> entries,
+                      absl::Span<const int64_t> lru);
 
   // Verifies the invariants; INTERNAL describing the first violation.
   absl::Status CheckInvariants() const;

@@ -119,5 +119,83 @@ TEST(PrefixKeyTest, ChainsWithRepeatsOrTooManyKeysAreRefused) {
   EXPECT_EQ(chain.size(), 2u);
 }
 
+TEST_F(PrefixIndexTest, ExportedEntriesImportIntoTheSameIndex) {
+  const PrefixKey parent = Key(1);
+  for (int64_t page = 1; page <= 5; ++page) {
+    index_.Insert(page, Key(page), page == 1 ? nullptr : &parent);
+  }
+  index_.AddRef(2);
+  index_.Pin(5);
+  index_.Release(4);
+  index_.Release(1);
+  index_.Release(5);  // cached but pinned: not on the LRU
+  std::vector<PrefixEntryState> entries;
+  std::vector<int64_t> lru;
+  index_.Export(&entries, &lru);
+  EXPECT_THAT(lru, ElementsAre(4, 1));
+  ASSERT_EQ(entries.size(), 5u);
+  EXPECT_EQ(entries[1].page, 2);
+  EXPECT_EQ(entries[1].count, 2);
+  EXPECT_TRUE(entries[1].has_parent);
+
+  PrefixIndex copy(8);
+  ASSERT_OK(copy.Import(entries, lru));
+  EXPECT_OK(copy.CheckInvariants());
+  std::vector<PrefixEntryState> again;
+  std::vector<int64_t> lru_again;
+  copy.Export(&again, &lru_again);
+  EXPECT_EQ(again, entries);
+  EXPECT_EQ(lru_again, lru);
+  EXPECT_EQ(copy.Find(Key(3)), 3);
+  EXPECT_EQ(copy.Counts().evictable_pages, 2);
+  EXPECT_EQ(copy.Counts().pinned_pages, 1);
+  // The copy evicts in the same order.
+  std::vector<int64_t> evicted;
+  copy.EvictLru(8, &evicted, nullptr);
+  EXPECT_THAT(evicted, ElementsAre(4, 1));
+}
+
+TEST_F(PrefixIndexTest, ImportRefusesEntriesThatBreakTheInvariants) {
+  auto entry = [](int64_t page, uint8_t key, int64_t count) {
+    PrefixEntryState e;
+    e.page = page;
+    e.key = Key(key);
+    e.count = count;
+    return e;
+  };
+  struct Case {
+    const char* name;
+    std::vector<PrefixEntryState> entries;
+    std::vector<int64_t> lru;
+    const char* message;
+  };
+  PrefixEntryState with_stray_parent = entry(2, 2, 1);
+  with_stray_parent.parent[3] = 1;
+  const std::vector<Case> cases = {
+      {"page out of range", {entry(9, 1, 1)}, {}, "outside [1, 8]"},
+      {"page twice", {entry(2, 1, 1), entry(2, 2, 1)}, {}, "listed twice"},
+      {"key twice", {entry(2, 1, 1), entry(3, 1, 1)}, {}, "key is also"},
+      {"negative count", {entry(2, 1, -1)}, {}, "count -1"},
+      {"stray parent", {with_stray_parent}, {}, "parent key but no parent"},
+      {"cached page off the LRU", {entry(2, 1, 0)}, {}, "LRU lists 0"},
+      {"published page on the LRU",
+       {entry(2, 1, 1), entry(3, 2, 0)},
+       {2},
+       "not a cached, unpinned page"},
+      {"LRU page twice",
+       {entry(2, 1, 0), entry(3, 2, 0)},
+       {3, 3},
+       "listed twice"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    PrefixIndex index(8);
+    EXPECT_THAT(index.Import(c.entries, c.lru),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr(c.message)));
+    EXPECT_EQ(index.size(), 0);
+    EXPECT_OK(index.CheckInvariants());
+  }
+}
+
 }  // namespace
 }  // namespace pagealloc

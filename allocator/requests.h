@@ -50,6 +50,15 @@ struct AllocRequest {
   int64_t* destination = nullptr;
 };
 
+// One allocation call's requests within a batch: the next `num_requests`
+// requests (calls follow each other in order). SGLang's merge trigger and
+// all-or-nothing admission work per call.
+struct CallSpan {
+  int64_t num_requests = 0;
+  // Admit every request of the call or none (AllocOptions.all_or_nothing).
+  bool all_or_nothing = false;
+};
+
 // A request in extend form, with its page arithmetic.
 struct ExtendShape {
   int64_t prefix_len = 0;

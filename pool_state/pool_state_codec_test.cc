@@ -1,0 +1,423 @@
+// The codec: every kind of record and a state with every field set round
+// trip; every truncation of their encodings, random byte flips and random
+// bytes decode to an error or to some value, never a crash, and never an
+// allocation beyond the input's size (counts are checked against the bytes
+// left before anything is reserved: ASan would report a huge allocation).
+
+#include "pool_state/pool_state_codec.h"
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "allocator/pool_change_log.h"
+#include "allocator/pool_state.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr PoolGeometry kGeometry{/*page_size=*/16, /*num_pages=*/40};
+
+PrefixKey Key(int tag) {
+  PrefixKey key{};
+  key[0] = static_cast<uint8_t>(tag);
+  key[17] = 0x3c;
+  key[31] = static_cast<uint8_t>(255 - tag);
+  return key;
+}
+
+// Compares two records field by field (requests by their recorded fields,
+// destinations by whether they are null).
+std::string ChangeDifference(const PoolChange& a, const PoolChange& b) {
+  if (a.kind != b.kind) return "kind";
+  if (a.owner != b.owner) return "owner";
+  if (a.quota_pages != b.quota_pages) return "quota_pages";
+  if (a.metadata != b.metadata) return "metadata";
+  if (a.requests.size() != b.requests.size()) return "requests";
+  for (size_t i = 0; i < a.requests.size(); ++i) {
+    const AllocRequest& x = a.requests[i];
+    const AllocRequest& y = b.requests[i];
+    if (x.kind != y.kind || x.owner != y.owner || x.index != y.index ||
+        x.prefix_len != y.prefix_len || x.seq_len != y.seq_len ||
+        x.last_loc != y.last_loc ||
+        (x.destination == nullptr) != (y.destination == nullptr)) {
+      return absl::StrFormat("requests[%d]", i);
+    }
+  }
+  if (a.calls.size() != b.calls.size()) return "calls";
+  for (size_t i = 0; i < a.calls.size(); ++i) {
+    if (a.calls[i].num_requests != b.calls[i].num_requests ||
+        a.calls[i].all_or_nothing != b.calls[i].all_or_nothing) {
+      return absl::StrFormat("calls[%d]", i);
+    }
+  }
+  if ((a.launch_failure == nullptr) != (b.launch_failure == nullptr) ||
+      (a.launch_failure != nullptr && *a.launch_failure != *b.launch_failure)) {
+    return "launch_failure";
+  }
+  if (!std::equal(a.pages.begin(), a.pages.end(), b.pages.begin(),
+                  b.pages.end())) {
+    return "pages";
+  }
+  if (!std::equal(a.shared_pages.begin(), a.shared_pages.end(),
+                  b.shared_pages.begin(), b.shared_pages.end())) {
+    return "shared_pages";
+  }
+  if (a.checkpoint_id != b.checkpoint_id) return "checkpoint_id";
+  if (a.force != b.force) return "force";
+  if (!std::equal(a.keys.begin(), a.keys.end(), b.keys.begin(), b.keys.end())) {
+    return "keys";
+  }
+  if ((a.parent_key == nullptr) != (b.parent_key == nullptr) ||
+      (a.parent_key != nullptr && *a.parent_key != *b.parent_key)) {
+    return "parent_key";
+  }
+  if (a.pin != b.pin || a.adopt != b.adopt || a.refused != b.refused) {
+    return "flags";
+  }
+  return "";
+}
+
+// One record of each kind, with the storage they point into.
+struct Records {
+  std::vector<AllocRequest> requests;
+  std::vector<CallSpan> calls;
+  absl::Status failure = absl::InternalError("the device fell off the bus");
+  std::vector<int64_t> pages = {3, 9, 1, 40};
+  std::vector<int64_t> shared = {7, 2};
+  std::vector<PrefixKey> keys = {Key(1), Key(2), Key(3), Key(4)};
+  PrefixKey parent = Key(99);
+  std::string metadata = std::string("session\0id", 10) + "digest";
+  std::vector<PoolChange> changes;
+
+  Records() {
+    int64_t slot = 0;
+    for (int i = 0; i < 9; ++i) {
+      AllocRequest r;
+      r.kind = static_cast<RequestKind>(i % 3);
+      r.owner = 1 + i % 2;
+      r.index = i;
+      r.prefix_len = 17 * i - 5;
+      r.seq_len = 1 << (i + 20);
+      r.last_loc = i == 4 ? -1 : 100 + i;
+      r.destination = i == 6 ? nullptr : &slot;
+      requests.push_back(r);
+    }
+    calls = {{4, true}, {0, false}, {5, false}};
+    auto add = [this](PoolChangeKind kind) -> PoolChange& {
+      PoolChange& c = changes.emplace_back();
+      c.kind = kind;
+      c.owner = 0x0123456789abcdefULL;
+      return c;
+    };
+    PoolChange& add_owner = add(PoolChangeKind::kAddOwner);
+    add_owner.quota_pages = 12;
+    add_owner.metadata = metadata;
+    add(PoolChangeKind::kRemoveOwner);
+    PoolChange& allocate = add(PoolChangeKind::kAllocate);
+    allocate.owner = kNoOwner;
+    allocate.requests = requests;
+    allocate.calls = calls;
+    PoolChange& failed = add(PoolChangeKind::kAllocate);
+    failed.owner = kNoOwner;
+    failed.requests = absl::MakeConstSpan(requests).subspan(2, 3);
+    failed.launch_failure = &failure;
+    PoolChange& free = add(PoolChangeKind::kFree);
+    free.pages = pages;
+    free.shared_pages = shared;
+    add(PoolChangeKind::kCheckpoint);
+    add(PoolChangeKind::kRollback).checkpoint_id = 77;
+    add(PoolChangeKind::kClearOwner);
+    PoolChange& clear_pool = add(PoolChangeKind::kClearPool);
+    clear_pool.owner = kNoOwner;
+    clear_pool.force = true;
+    PoolChange& publish = add(PoolChangeKind::kPublish);
+    publish.pages = pages;
+    publish.keys = keys;
+    publish.parent_key = &parent;
+    publish.pin = true;
+    PoolChange& publish_root = add(PoolChangeKind::kPublish);
+    publish_root.pages = absl::MakeConstSpan(pages).subspan(0, 1);
+    publish_root.keys = absl::MakeConstSpan(keys).subspan(0, 1);
+    PoolChange& match = add(PoolChangeKind::kMatchPrefix);
+    match.keys = keys;
+    match.adopt = true;
+    match.refused = true;
+    add(PoolChangeKind::kUnpin).pages = shared;
+    add(PoolChangeKind::kResetPrefixCache).owner = kNoOwner;
+  }
+};
+
+PoolState RichState() {
+  PoolState s;
+  s.num_pages = kGeometry.num_pages;
+  s.page_size = kGeometry.page_size;
+  s.free_policy = FreePolicy::kSorted;
+  s.semantics = Semantics::kSglang;
+  s.scrub = true;
+  s.max_pinned_pages_per_owner = 6;
+  s.ring_head = 13;
+  s.free_pages = {5, 6, 7, 1, 2};
+  s.parked_pages = {30, 3};
+  s.owner_of.assign(s.num_pages + 1, kNoOwner);
+  s.allocated_once.assign(s.num_pages + 1, false);
+  s.last_owner.assign(s.num_pages + 1, kNoOwner);
+  for (int64_t p = 8; p <= 20; ++p) {
+    s.owner_of[p] = p % 2 == 0 ? 4 : ~OwnerId{0};
+    s.allocated_once[p] = true;
+    s.last_owner[p] = 4 + p % 3;
+  }
+  s.allocated_once[40] = true;  // the last bit of the bitmap's last byte
+  PoolOwnerState& a = s.owners.emplace_back();
+  a.id = 4;
+  a.quota_pages = 10;
+  a.metadata = "client=sglang-0";
+  a.next_checkpoint_id = 9;
+  a.checkpoints = {{3, 0}, {8, 2}};
+  a.given_log = {8, 10, 12, 8, 14, 16, 18, 20, 9};
+  a.given_live = {false, true, true, true, true, false, true, true, false};
+  a.refs = {{9, 2}, {11, 1}};
+  a.pins = {9, 13};
+  PoolOwnerState& b = s.owners.emplace_back();
+  b.id = 0xfffffffffffffff0ULL;
+  for (int k = 0; k < 3; ++k) {
+    PrefixEntryState& e = s.prefix_entries.emplace_back();
+    e.page = 9 + 2 * k;
+    e.key = Key(k);
+    e.has_parent = k > 0;
+    if (k > 0) e.parent = Key(k - 1);
+    e.count = 2 - k;
+    e.pins = k == 2 ? 1 : 0;
+  }
+  s.prefix_lru = {11, 13};
+  PoolCounters& c = s.counters;
+  c.slots_allocated = 1;
+  c.pages_allocated = 2;
+  c.pages_freed = 3;
+  c.out_of_pages_refusals = 4;
+  c.quota_refusals = 5;
+  c.free_list_sorts = 6;
+  c.batches_executed = 7;
+  c.pages_scrubbed = 8;
+  c.prefix_pages_published = 9;
+  c.prefix_publish_existing = 10;
+  c.prefix_lookup_pages = 11;
+  c.prefix_hit_pages = 12;
+  c.prefix_pages_adopted = 13;
+  c.prefix_evicted_for_allocation = 14;
+  c.prefix_evicted_by_reset = 15;
+  c.prefix_cleared = int64_t{1} << 62;
+  return s;
+}
+
+TEST(PoolStateCodecTest, EveryKindOfRecordRoundTrips) {
+  Records records;
+  DecodedPoolChange decoded;
+  std::string bytes;
+  for (const PoolChange& change : records.changes) {
+    SCOPED_TRACE(PoolChangeKindName(change.kind));
+    bytes.clear();
+    EncodePoolChange(change, &bytes);
+    EXPECT_EQ(bytes.size(), EncodedPoolChangeSize(change));
+    ASSERT_OK(DecodePoolChange(bytes, kGeometry, &decoded));
+    EXPECT_EQ(ChangeDifference(change, decoded.change()), "");
+    // A request with a destination is decoded pointing at the stand-in.
+    for (const AllocRequest& request : decoded.change().requests) {
+      if (request.destination != nullptr) {
+        EXPECT_EQ(request.destination, RecordedDestination());
+      }
+    }
+  }
+}
+
+TEST(PoolStateCodecTest, RecordsAppendToTheCallersBuffer) {
+  Records records;
+  std::string bytes = "head";
+  EncodePoolChange(records.changes[2], &bytes);
+  const size_t first = bytes.size();
+  EncodePoolChange(records.changes[4], &bytes);
+  EXPECT_EQ(bytes.substr(0, 4), "head");
+  DecodedPoolChange decoded;
+  ASSERT_OK(DecodePoolChange(absl::string_view(bytes).substr(4, first - 4),
+                             kGeometry, &decoded));
+  EXPECT_EQ(ChangeDifference(records.changes[2], decoded.change()), "");
+  ASSERT_OK(DecodePoolChange(absl::string_view(bytes).substr(first), kGeometry,
+                             &decoded));
+  EXPECT_EQ(ChangeDifference(records.changes[4], decoded.change()), "");
+}
+
+TEST(PoolStateCodecTest, StateRoundTrips) {
+  for (const bool scrub : {true, false}) {
+    PoolState state = RichState();
+    state.scrub = scrub;
+    if (!scrub) state.last_owner.clear();
+    std::string bytes;
+    EncodePoolState(state, &bytes);
+    ASSERT_OK_AND_ASSIGN(const PoolState decoded,
+                         DecodePoolState(bytes, kGeometry));
+    EXPECT_EQ(FirstDifference(state, decoded), "");
+    EXPECT_EQ(decoded, state);
+  }
+}
+
+TEST(PoolStateCodecTest, RefusesOtherVersionsGeometriesAndTrailingBytes) {
+  std::string state;
+  EncodePoolState(RichState(), &state);
+  EXPECT_THAT(
+      DecodePoolState(state, {16, 41}),
+      StatusIs(absl::StatusCode::kDataLoss,
+               HasSubstr("a pool of 40 pages of 16; this pool has 41")));
+  std::string newer = state;
+  newer[4] = 2;
+  EXPECT_THAT(DecodePoolState(newer, kGeometry),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("format version 2")));
+  EXPECT_THAT(DecodePoolState(state + "x", kGeometry),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("1 bytes past the state")));
+  EXPECT_THAT(
+      DecodePoolState("PPSU" + state.substr(4), kGeometry),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a pool state")));
+
+  Records records;
+  std::string change;
+  EncodePoolChange(records.changes[0], &change);
+  DecodedPoolChange decoded;
+  change[0] = 9;
+  EXPECT_THAT(DecodePoolChange(change, kGeometry, &decoded),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("format version 9")));
+  change[0] = kPoolChangeFormatVersion;
+  change[1] = 13;
+  EXPECT_THAT(
+      DecodePoolChange(change, kGeometry, &decoded),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("unknown kind 13")));
+  change[1] = 1;
+  EXPECT_THAT(
+      DecodePoolChange(change + std::string(1, '\0'), kGeometry, &decoded),
+      StatusIs(absl::StatusCode::kDataLoss,
+               HasSubstr("1 bytes past the record")));
+}
+
+// Counts are checked against the geometry and the bytes left before
+// anything is reserved: a short record claiming 2^32 - 1 requests, or a
+// free of more pages than the pool has, is refused at once.
+TEST(PoolStateCodecTest, CountsAreBoundedBeforeAnythingIsReserved) {
+  DecodedPoolChange decoded;
+  const std::string huge_batch = std::string("\x01\x03\xff\xff\xff\xff", 6) +
+                                 std::string("\x00\x00\x00\x00\x00", 5);
+  EXPECT_THAT(DecodePoolChange(huge_batch, kGeometry, &decoded),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("do not fit in the bytes left")));
+  std::string big_free("\x01\x04", 2);
+  big_free += std::string(8, '\x01');              // owner
+  big_free += std::string("\x29\x00\x00\x00", 4);  // 41 pages > 40
+  big_free += std::string(4, '\x00') + std::string(41 * 8, '\x02');
+  EXPECT_THAT(DecodePoolChange(big_free, kGeometry, &decoded),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("out of range")));
+  std::string state;
+  EncodePoolState(RichState(), &state);
+  // The free list's count, 8 bytes after the header.
+  const size_t free_count_at = 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8;
+  for (int b = 0; b < 8; ++b) state[free_count_at + b] = '\xff';
+  EXPECT_THAT(DecodePoolState(state, kGeometry),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("free_pages")));
+}
+
+// Every prefix of a valid encoding is refused: each field is read only when
+// its bytes are there.
+TEST(PoolStateCodecTest, EveryTruncationIsRefused) {
+  Records records;
+  DecodedPoolChange decoded;
+  for (const PoolChange& change : records.changes) {
+    std::string bytes;
+    EncodePoolChange(change, &bytes);
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      const absl::Status status = DecodePoolChange(
+          absl::string_view(bytes).substr(0, n), kGeometry, &decoded);
+      ASSERT_EQ(status.code(), absl::StatusCode::kDataLoss)
+          << PoolChangeKindName(change.kind) << " cut at " << n << ": "
+          << status;
+    }
+  }
+  std::string state;
+  EncodePoolState(RichState(), &state);
+  for (size_t n = 0; n < state.size(); ++n) {
+    const auto decoded_state =
+        DecodePoolState(absl::string_view(state).substr(0, n), kGeometry);
+    ASSERT_EQ(decoded_state.status().code(), absl::StatusCode::kDataLoss)
+        << "cut at " << n << ": " << decoded_state.status();
+  }
+}
+
+// Random flips of valid encodings, and random bytes behind a valid header,
+// decode to an error or to a value, which then encodes back to the same
+// bytes (the encoding is canonical: strict bools, zero padding bits).
+TEST(PoolStateCodecTest, RandomFlipsAndBytesNeverCrash) {
+  std::mt19937_64 rng(20240611);
+  Records records;
+  DecodedPoolChange decoded;
+  std::vector<std::string> changes;
+  for (const PoolChange& change : records.changes) {
+    EncodePoolChange(change, &changes.emplace_back());
+  }
+  std::string state;
+  EncodePoolState(RichState(), &state);
+  int64_t refused = 0;
+  int64_t accepted = 0;
+  for (int round = 0; round < 20000; ++round) {
+    const bool of_state = round % 4 == 0;
+    std::string bytes = of_state ? state : changes[round % changes.size()];
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) {
+      bytes[rng() % bytes.size()] ^= static_cast<char>(1 + rng() % 255);
+    }
+    if (round % 7 == 0) bytes.resize(rng() % (bytes.size() + 1));
+    if (of_state) {
+      const auto decoded_state = DecodePoolState(bytes, kGeometry);
+      if (!decoded_state.ok()) {
+        ++refused;
+        continue;
+      }
+      ++accepted;
+      std::string again;
+      EncodePoolState(*decoded_state, &again);
+      ASSERT_EQ(again, bytes) << "round " << round;
+    } else {
+      if (!DecodePoolChange(bytes, kGeometry, &decoded).ok()) {
+        ++refused;
+        continue;
+      }
+      ++accepted;
+      std::string again;
+      EncodePoolChange(decoded.change(), &again);
+      ASSERT_EQ(again, bytes) << "round " << round;
+    }
+  }
+  EXPECT_GT(refused, 1000);
+  EXPECT_GT(accepted, 1000);
+  // Random bytes after a valid version and each kind.
+  for (int round = 0; round < 20000; ++round) {
+    std::string bytes(2 + rng() % 120, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    bytes[0] = kPoolChangeFormatVersion;
+    bytes[1] = static_cast<char>(1 + round % kMaxPoolChangeKind);
+    (void)DecodePoolChange(bytes, kGeometry, &decoded);
+    std::string state_bytes = state.substr(0, 64);
+    for (size_t i = 64; i < 64 + rng() % 600; ++i) {
+      state_bytes.push_back(static_cast<char>(rng()));
+    }
+    (void)DecodePoolState(state_bytes, kGeometry);
+  }
+}
+
+}  // namespace
+}  // namespace pagealloc
