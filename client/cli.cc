@@ -6,15 +6,21 @@
 //   listens by default)
 //   pagealloc-cli watch [--interval_ms=1000] [--count=N] [--output=json]
 //   pagealloc-cli alloc --tokens=64 [--hold_s=0] [--session_file=PATH]
+//                 [--resumable]
 //   pagealloc-cli free --session_file=PATH --pages=3,4
+//   pagealloc-cli resume --session_file=PATH [--hold_s=0] [--take_over]
+//                 [--close]
 //   pagealloc-cli prefix stats [--output=json] | prefix reset
 //
 // `alloc` opens its own session, allocates whole pages and prints them; the
 // pages return to the pool when the CLI exits (after --hold_s, or at once on
 // Ctrl-C or SIGTERM), or earlier through `free` from another shell, which
-// reads the session file `alloc` wrote. A hold the daemon's death (or the
-// session's end) cuts short says so and exits 1. Usage errors exit 2,
-// failures 1.
+// reads the session file `alloc` wrote. With --resumable the session
+// outlives the CLI (its exit, or its death) for the daemon's lease, and the
+// file stays: `resume` takes the session back through it, shows that its
+// pages survived, holds them, and leaves the session for another resume
+// (or, with --close, ends it). A hold the daemon's death (or the session's
+// end) cuts short says so and exits 1. Usage errors exit 2, failures 1.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -28,6 +34,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -47,6 +54,7 @@
 #include "common/command_line.h"
 #include "common/grpc_status.h"
 #include "common/socket_location.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/pagealloc.grpc.pb.h"
 
@@ -66,18 +74,29 @@ ABSL_FLAG(int64_t, count, 0,
 ABSL_FLAG(int64_t, tokens, 0,
           "alloc: tokens to allocate (a multiple of the page size).");
 ABSL_FLAG(int64_t, hold_s, 0,
-          "alloc: keep the pages this long before exit (Ctrl-C or SIGTERM "
-          "ends the hold and returns them at once).");
+          "alloc, resume: keep the pages this long before exit (Ctrl-C or "
+          "SIGTERM ends the hold at once).");
 ABSL_FLAG(std::string, session_file, "",
           "alloc: write the session's id and token here (mode 0600; removed "
-          "when alloc exits); free: act for that session.");
+          "when alloc exits, unless --resumable); free, resume: act for that "
+          "session.");
 ABSL_FLAG(std::string, token_file, "",
-          "alloc: write the raw session token here (mode 0600); free: read "
-          "it, with --session_id.");
+          "alloc: write the raw session token here (mode 0600); free, "
+          "resume: read it, with --session_id.");
 ABSL_FLAG(uint64_t, session_id, 0,
-          "free: the session whose pages to free (with --token_file).");
+          "free, resume: the session to act for (with --token_file).");
 ABSL_FLAG(std::vector<std::string>, pages, {},
           "free: page ids to free, comma-separated.");
+ABSL_FLAG(bool, resumable, false,
+          "alloc: register the session resumable and leave it, with its "
+          "pages, for the daemon's lease when the CLI exits or dies (needs "
+          "--session_file or --token_file): `resume` takes it back.");
+ABSL_FLAG(bool, take_over, false,
+          "resume: take the session even from a process that holds it now "
+          "(that process is told its session was taken).");
+ABSL_FLAG(bool, close, false,
+          "resume: end the session (its pages back to the pool) after the "
+          "hold, instead of leaving it for another resume.");
 
 namespace pagealloc {
 namespace {
@@ -89,8 +108,10 @@ const CommandLineSpec kCommandLine = {
     "  pagealloc-cli [--target=ADDRESS] watch [--interval_ms=1000] "
     "[--output=json]\n"
     "  pagealloc-cli [--target=ADDRESS] alloc --tokens=N [--hold_s=S] "
-    "[--session_file=F]\n"
+    "[--session_file=F] [--resumable]\n"
     "  pagealloc-cli free --session_file=F --pages=P1,P2\n"
+    "  pagealloc-cli resume --session_file=F [--hold_s=S] [--take_over] "
+    "[--close]\n"
     "  pagealloc-cli [--target=ADDRESS] prefix stats [--output=json]\n"
     "  pagealloc-cli [--target=ADDRESS] prefix reset",
     "client/cli.cc",
@@ -100,9 +121,10 @@ const CommandLineSpec kCommandLine = {
          {{"sessions"},
           {"interval_ms", "milliseconds"},
           {"count", "refreshes"}}},
-        {"alloc", {{"tokens", "tokens"}, {"hold_s", "seconds"}}},
+        {"alloc", {{"tokens", "tokens"}, {"hold_s", "seconds"}, {"resumable"}}},
         {"free", {{"pages", "page ids"}}},
-        {"session (alloc writes it, free reads it)",
+        {"resume", {{"take_over"}, {"close"}}},
+        {"session (alloc writes it, free and resume read it)",
          {{"session_file", "path"},
           {"token_file", "path"},
           {"session_id", "id"}}},
@@ -390,6 +412,44 @@ absl::StatusOr<SessionCredentials> ReadSessionFile(const std::string& path) {
   return ref;
 }
 
+// The session `command` acts for: --session_file, else --session_id and
+// --token_file (a usage error without either), and in `*target` the
+// daemon's address: the session file's, unless --target says otherwise.
+absl::StatusOr<SessionCredentials> SessionFromFlags(absl::string_view command,
+                                                    std::string* target) {
+  SessionCredentials session;
+  *target = absl::GetFlag(FLAGS_target);
+  if (const std::string path = absl::GetFlag(FLAGS_session_file);
+      !path.empty()) {
+    ASSIGN_OR_RETURN(session, ReadSessionFile(path));
+    // The session's daemon, unless --target says otherwise.
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag("target");
+    if (!session.target.empty() &&
+        flag->CurrentValue() == flag->DefaultValue()) {
+      *target = session.target;
+    }
+  } else if (absl::GetFlag(FLAGS_session_id) != 0 &&
+             !absl::GetFlag(FLAGS_token_file).empty()) {
+    session.id = absl::GetFlag(FLAGS_session_id);
+    const std::string path = absl::GetFlag(FLAGS_token_file);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return absl::NotFoundError(
+          absl::StrFormat("cannot read %s: %s", path, std::strerror(errno)));
+    }
+    std::stringstream token;
+    token << in.rdbuf();
+    session.token = token.str();
+  } else {
+    Usage(absl::StrFormat(
+        "%s needs the session: --session_file (written by alloc), or "
+        "--session_id and --token_file",
+        command));
+  }
+  if (!ResolveTarget(target)) std::exit(kExitFailure);
+  return session;
+}
+
 // Blocks SIGINT and SIGTERM in this thread and every thread started after
 // (the client library's), so that they wait for Hold's sigtimedwait.
 sigset_t BlockTerminationSignals() {
@@ -420,16 +480,77 @@ int Hold(const sigset_t& signals, absl::Duration hold, const Client& client) {
   return 0;
 }
 
+// Holds the session's pages `hold_s` seconds (Hold), then ends the session
+// (its pages back to the pool at once, its files removed by `remove_files`)
+// or, when `leave`, detaches it: the daemon keeps it, pages and all, for
+// its lease, and the files stay for `resume`. Returns the exit code.
+int HoldAndLeave(const sigset_t& signals, int64_t hold, Client& client,
+                 bool leave, const std::function<void()>& remove_files,
+                 absl::string_view command) {
+  if (hold > 0) {
+    std::printf("holding the pages for %llds (Ctrl-C %s)\n",
+                static_cast<long long>(hold),
+                leave ? "ends the hold" : "returns them");
+    std::fflush(stdout);
+    if (const int signal = Hold(signals, absl::Seconds(hold), client);
+        signal != 0) {
+      std::printf("%s: %s the session\n", strsignal(signal),
+                  leave ? "leaving" : "closing");
+    }
+    if (const absl::Status ended = client.session_status(); !ended.ok()) {
+      // A session taken over (ABORTED) lives on, held by another process:
+      // its files still name it.
+      if (!absl::IsAborted(ended)) remove_files();
+      std::cerr << command << ": session " << client.session_id()
+                << " ended during the hold: " << ended
+                << " (its pages are no longer held)\n";
+      return kExitFailure;
+    }
+  }
+  if (leave) {
+    const absl::Status detached = client.Detach();
+    if (!detached.ok()) {
+      std::cerr << command << ": leaving the session: " << detached << "\n";
+      return kExitFailure;
+    }
+    std::printf(
+        "session %llu left with its pages for a resume within its lease "
+        "(%lld ms)\n",
+        static_cast<unsigned long long>(client.session_id()),
+        static_cast<long long>(client.lease_ms()));
+    return 0;
+  }
+  // Ends the session now: its pages go back to the pool at once rather
+  // than when its lease runs out.
+  const absl::Status closed = client.Close();
+  remove_files();
+  if (!closed.ok()) {
+    std::cerr << command << ": closing the session: " << closed << "\n";
+    return kExitFailure;
+  }
+  std::printf("session %llu closed: its pages are back in the pool\n",
+              static_cast<unsigned long long>(client.session_id()));
+  return 0;
+}
+
 int Alloc() {
   const int64_t tokens = absl::GetFlag(FLAGS_tokens);
   if (tokens < 1)
     Usage(absl::StrFormat("alloc: --tokens=%d must be >= 1", tokens));
   const int64_t hold = absl::GetFlag(FLAGS_hold_s);
   if (hold < 0) Usage(absl::StrFormat("alloc: --hold_s=%d must be >= 0", hold));
+  const bool resumable = absl::GetFlag(FLAGS_resumable);
+  if (resumable && absl::GetFlag(FLAGS_session_file).empty() &&
+      absl::GetFlag(FLAGS_token_file).empty()) {
+    Usage(
+        "alloc --resumable needs --session_file (or --token_file): resume "
+        "takes the session back through it");
+  }
   const sigset_t signals = BlockTerminationSignals();
   ClientOptions options;
   options.target = DaemonTarget();
   options.client_name = "pagealloc-cli";
+  options.resumable = resumable;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) {
     std::cerr << "alloc: " << client.status() << "\n";
@@ -473,8 +594,9 @@ int Alloc() {
       return kExitFailure;
     }
     written.push_back(path);
-    std::printf("session written to %s (mode 0600): free --session_file=%s\n",
-                path.c_str(), path.c_str());
+    std::printf("session written to %s (mode 0600): %s --session_file=%s\n",
+                path.c_str(), resumable ? "free or resume" : "free",
+                path.c_str());
   }
   if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
     const absl::Status status = WriteSecret(path, (*client)->session_token());
@@ -486,33 +608,8 @@ int Alloc() {
     written.push_back(path);
     std::printf("session token written to %s (mode 0600)\n", path.c_str());
   }
-  if (hold > 0) {
-    std::printf("holding the pages for %llds (Ctrl-C returns them)\n",
-                static_cast<long long>(hold));
-    std::fflush(stdout);
-    if (const int signal = Hold(signals, absl::Seconds(hold), **client);
-        signal != 0) {
-      std::printf("%s: closing the session\n", strsignal(signal));
-    }
-    if (const absl::Status ended = (*client)->session_status(); !ended.ok()) {
-      remove_files();
-      std::cerr << "alloc: session " << (*client)->session_id()
-                << " ended during the hold: " << ended
-                << " (its pages are no longer held)\n";
-      return kExitFailure;
-    }
-  }
-  // Ends the session now: its pages go back to the pool at once rather
-  // than when its lease runs out.
-  const absl::Status closed = (*client)->Close();
-  remove_files();
-  if (!closed.ok()) {
-    std::cerr << "alloc: closing the session: " << closed << "\n";
-    return kExitFailure;
-  }
-  std::printf("session %llu closed: its pages are back in the pool\n",
-              static_cast<unsigned long long>((*client)->session_id()));
-  return 0;
+  return HoldAndLeave(signals, hold, **client, resumable, remove_files,
+                      "alloc");
 }
 
 int Free() {
@@ -525,47 +622,20 @@ int Free() {
     pages.push_back(page);
   }
   if (pages.empty()) Usage("free needs --pages (page ids, comma-separated)");
-  SessionCredentials session;
-  std::string target = absl::GetFlag(FLAGS_target);
-  if (const std::string path = absl::GetFlag(FLAGS_session_file);
-      !path.empty()) {
-    absl::StatusOr<SessionCredentials> read = ReadSessionFile(path);
-    if (!read.ok()) {
-      std::cerr << "free: " << read.status().message() << "\n";
-      return kExitFailure;
-    }
-    session = *std::move(read);
-    // The session's daemon, unless --target says otherwise.
-    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag("target");
-    if (!session.target.empty() &&
-        flag->CurrentValue() == flag->DefaultValue()) {
-      target = session.target;
-    }
-  } else if (absl::GetFlag(FLAGS_session_id) != 0 &&
-             !absl::GetFlag(FLAGS_token_file).empty()) {
-    session.id = absl::GetFlag(FLAGS_session_id);
-    std::ifstream in(absl::GetFlag(FLAGS_token_file), std::ios::binary);
-    if (!in) {
-      std::cerr << "free: cannot read " << absl::GetFlag(FLAGS_token_file)
-                << ": " << std::strerror(errno) << "\n";
-      return kExitFailure;
-    }
-    std::stringstream token;
-    token << in.rdbuf();
-    session.token = token.str();
-  } else {
-    Usage(
-        "free needs the session: --session_file (written by alloc), or "
-        "--session_id and --token_file");
+  std::string target;
+  absl::StatusOr<SessionCredentials> session =
+      SessionFromFlags("free", &target);
+  if (!session.ok()) {
+    std::cerr << "free: " << session.status().message() << "\n";
+    return kExitFailure;
   }
   v1::FreeRequest request;
-  request.mutable_session()->set_session_id(session.id);
-  request.mutable_session()->set_session_token(session.token);
+  request.mutable_session()->set_session_id(session->id);
+  request.mutable_session()->set_session_token(session->token);
   request.mutable_pages()->Add(pages.begin(), pages.end());
   v1::FreeResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  if (!ResolveTarget(&target)) return kExitFailure;
   auto stub = v1::PageAllocator::NewStub(
       grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   absl::Status status =
@@ -580,6 +650,72 @@ int Free() {
   std::printf("%lld %s freed\n", static_cast<long long>(response.pages_freed()),
               response.pages_freed() == 1 ? "page" : "pages");
   return 0;
+}
+
+// `resume`: takes back the session of a session file (or --session_id and
+// --token_file), shows what it holds, holds it like alloc, then leaves it
+// for another resume (a resumable session) or, with --close (or when it is
+// not resumable), ends it.
+int Resume() {
+  const int64_t hold = absl::GetFlag(FLAGS_hold_s);
+  if (hold < 0) {
+    Usage(absl::StrFormat("resume: --hold_s=%d must be >= 0", hold));
+  }
+  std::string target;
+  absl::StatusOr<SessionCredentials> session =
+      SessionFromFlags("resume", &target);
+  if (!session.ok()) {
+    std::cerr << "resume: " << session.status().message() << "\n";
+    return kExitFailure;
+  }
+  const sigset_t signals = BlockTerminationSignals();
+  ClientOptions options;
+  options.target = target;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Resume(
+      options, session->id, session->token, absl::GetFlag(FLAGS_take_over));
+  if (!client.ok()) {
+    std::cerr << "resume: " << client.status() << "\n";
+    if (absl::IsNotFound(client.status())) {
+      std::cerr << "(a resumable session lives for its lease after its "
+                   "process; one that was not resumable went with it)\n";
+    } else if (absl::IsFailedPrecondition(client.status())) {
+      std::cerr << "(--take_over takes it from the process that holds it)\n";
+    }
+    return kExitFailure;
+  }
+  const absl::Duration took = absl::Now() - start;
+  // What survived: the daemon's own figures for the session.
+  absl::StatusOr<v1::GetStatsResponse> stats =
+      (*client)->GetStats(/*include_sessions=*/true);
+  if (!stats.ok()) {
+    std::cerr << "resume: " << stats.status() << "\n";
+    return kExitFailure;
+  }
+  const v1::SessionStats* mine = nullptr;
+  for (const v1::SessionStats& s : stats->sessions()) {
+    if (s.session_id() == (*client)->session_id()) mine = &s;
+  }
+  if (mine == nullptr) {
+    std::cerr << "resume: session " << (*client)->session_id()
+              << " is not in the daemon's stats\n";
+    return kExitFailure;
+  }
+  std::printf(
+      "session %llu (%s) resumed in %s: %lld pages survived, quota %s, %d "
+      "checkpoints%s\n",
+      static_cast<unsigned long long>(mine->session_id()),
+      mine->client_name().c_str(), absl::FormatDuration(took).c_str(),
+      static_cast<long long>(mine->pages_owned()),
+      mine->quota_pages() > 0 ? absl::StrCat(mine->quota_pages()).c_str()
+                              : "none",
+      mine->checkpoints(), mine->resumable() ? ", resumable" : "");
+  const bool leave = (*client)->resumable() && !absl::GetFlag(FLAGS_close);
+  const std::string path = absl::GetFlag(FLAGS_session_file);
+  const auto remove_files = [&path] {
+    if (!path.empty()) unlink(path.c_str());
+  };
+  return HoldAndLeave(signals, hold, **client, leave, remove_files, "resume");
 }
 
 }  // namespace
@@ -617,7 +753,7 @@ int main(int argc, char** argv) {
   if (prefix) return pagealloc::Prefix(args[2]);
   if (args.size() != 2) {
     Usage(args.size() < 2
-              ? "which command? stats, watch, alloc, free or prefix"
+              ? "which command? stats, watch, alloc, free, resume or prefix"
               : absl::StrFormat("one command at a time; also got \"%s\"",
                                 args[2]));
   }
@@ -626,6 +762,8 @@ int main(int argc, char** argv) {
   if (command == "watch") return pagealloc::Watch();
   if (command == "alloc") return pagealloc::Alloc();
   if (command == "free") return pagealloc::Free();
+  if (command == "resume") return pagealloc::Resume();
   Usage(absl::StrFormat(
-      "unknown command \"%s\" (stats, watch, alloc, free, prefix)", command));
+      "unknown command \"%s\" (stats, watch, alloc, free, resume, prefix)",
+      command));
 }

@@ -29,6 +29,13 @@
 // the daemon's host learns of either at once: a call waiting on the fast
 // channel fails then, and so does every later call.
 //
+// Restarts. A session registered `resumable` outlives its process for its
+// lease: another process takes it back with Client::Resume (its id and
+// token). With ClientOptions.reconnect_timeout, a client whose daemon died
+// re-dials and Resumes its session from the restarted daemon, which keeps
+// it only when the daemon keeps its state across restarts
+// (PoolInfo.state_kept); see "Reconnect" below.
+//
 // This class is thread-safe.
 
 #ifndef PAGEALLOC_CLIENT_CLIENT_H_
@@ -96,6 +103,30 @@ struct ClientOptions {
   // Map the pool's KV slab when the daemon owns the KV memory (kv_buffers()).
   // Connect fails when it cannot; a tool that only allocates may say false.
   bool map_kv_slab = true;
+  // Register the session resumable (RegisterRequest.resumable): when this
+  // process dies, or Detach lets go, the daemon keeps the session (pages,
+  // checkpoints, quota) until its lease runs out, for Client::Resume from
+  // another process. Off: its pages go back to the pool at once.
+  bool resumable = false;
+
+  // ---- Reconnect after the daemon's death (Client, "Reconnect").
+  //
+  // How long to try to get the session back once the daemon's memory
+  // socket closed without a word (the daemon died): 0 is off (the session
+  // is gone at once, UNAVAILABLE "the daemon went away"); positive, at
+  // most this long. The default, kReconnectIfStateKept, reconnects for the
+  // daemon's lease when the daemon advertises PoolInfo.state_kept and is
+  // off otherwise: a daemon that keeps no state across its restart can
+  // only answer "session gone", so waiting for it would only delay that
+  // answer, and one that keeps state keeps a session that long without its
+  // client.
+  absl::Duration reconnect_timeout = kReconnectIfStateKept;
+  // Waits between attempts: from the initial one, doubling, at most the
+  // largest (each attempt: dial, Resume, the memory socket).
+  absl::Duration reconnect_initial_backoff = absl::Milliseconds(50);
+  absl::Duration reconnect_max_backoff = absl::Seconds(1);
+
+  static constexpr absl::Duration kReconnectIfStateKept = absl::Nanoseconds(-1);
 };
 
 // Per-call options.
@@ -181,6 +212,9 @@ class Allocation {
   // are written (AllocResponse.completion_value); Client::OrderAfter waits
   // for it.
   uint64_t completion_value() const { return completion_value_; }
+  // The client's link to the daemon the call was answered on
+  // (Client::link_epoch): ring positions (ring_end) count within one link.
+  uint64_t link_epoch() const { return link_epoch_; }
 
  private:
   friend class Client;
@@ -198,6 +232,7 @@ class Allocation {
   int64_t ring_end_ = 0;
   int64_t pages_freed_first_ = 0;
   uint64_t completion_value_ = 0;
+  uint64_t link_epoch_ = 0;
   int32_t batch_requests_ = 0;
   bool on_device_ = false;
 };
@@ -224,7 +259,26 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const ClientOptions& options);
 
-  // Closes the session (its pages are freed) unless already lost.
+  // Takes back the live session `session_id` (its `session_token`) instead
+  // of registering one: a scheduler restarted within its lease, a tool
+  // acting for a session (pagealloc-cli resume). The session keeps its
+  // pages, checkpoints and quota; its output ring and fast channel are new
+  // (the old process's allocations are not readable here). `options` gives
+  // the target, the transport wishes (ring_capacity_slots, fast_channel),
+  // the register secret and reconnect; client_name, quota_pages and
+  // resumable are the session's own and ignored. Errors: NOT_FOUND
+  // (unknown, expired, or reclaimed: a session that was not resumable goes
+  // with its process), UNAUTHENTICATED (token, register secret),
+  // FAILED_PRECONDITION while another process holds the session's memory
+  // socket connection, unless `take_over` (that process is told its
+  // session was taken, ABORTED), and Connect's. A failure after the daemon
+  // resumed the session leaves it to its lease (never closes it).
+  static absl::StatusOr<std::unique_ptr<Client>> Resume(
+      const ClientOptions& options, uint64_t session_id,
+      std::string session_token, bool take_over = false);
+
+  // Closes the session (its pages are freed) unless already lost, closed or
+  // detached.
   ~Client();
 
   absl::StatusOr<Allocation> AllocExtend(absl::Span<const int64_t> prefix_lens,
@@ -320,6 +374,13 @@ class Client {
   // Frees every page of the session and ends its checkpoints; the session
   // stays. Returns the pages freed (see ClearSessionRequest).
   absl::StatusOr<int64_t> ClearSession();
+  // The session's pages as the daemon has them, ascending (ListPages), in
+  // order with the session's earlier calls. After a call that failed
+  // UNAVAILABLE because the daemon restarted during it (whether it took
+  // effect is unknown), the caller reconciles with this: pages it does not
+  // know of came from an allocation whose answer was lost, pages it freed
+  // that are listed were not freed.
+  absl::StatusOr<std::vector<int64_t>> ListPages();
 
   // ---- Shared prefix pages (docs/integration.md, "Shared prefix pages").
   // Keys are exactly 32 bytes each, computed by the caller (a chained block
@@ -367,10 +428,23 @@ class Client {
   // Ends the session now; later calls fail with FAILED_PRECONDITION. When
   // it returns OK the daemon has freed the session's pages.
   absl::Status Close() ABSL_LOCKS_EXCLUDED(mu_);
+  // Lets go of a resumable session without ending it: waits (up to the call
+  // timeout) for the fenced frees' streams, stops renewing the lease and
+  // closes the memory socket connection, so that the daemon keeps the
+  // session until its lease runs out, for Client::Resume from another
+  // process; returns once the daemon's stats show it detached (a Resume
+  // from then on does not find it still connected), DEADLINE_EXCEEDED when
+  // they do not within the call timeout. Later calls fail with
+  // FAILED_PRECONDITION and the destructor leaves the session alone.
+  // FAILED_PRECONDITION for a session that is not resumable (Close it
+  // instead) or that is gone already.
+  absl::Status Detach() ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK while the session lives; else why it is gone (its slots are void).
   absl::Status session_status() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t session_id() const { return session_id_; }
+  // Whether the session is resumable (RegisterRequest.resumable).
+  bool resumable() const { return resumable_; }
   // The session's secret; hand it only to tools acting for this session.
   const std::string& session_token() const { return session_token_; }
   const v1::PoolInfo& pool() const { return pool_; }
@@ -393,7 +467,9 @@ class Client {
   // far: waits for the largest completion value seen.
   absl::Status OrderAfterCompletion(void* cuda_stream) const;
   // Whether allocation calls go through the fast channel.
-  bool uses_fast_channel() const { return fast_ != nullptr; }
+  bool uses_fast_channel() const {
+    return fast_.load(std::memory_order_acquire) != nullptr;
+  }
   // The mapped output ring: ring_capacity_slots() slots from ring_slots()
   // (a device pointer when ring_on_device()). Every ring result of an
   // allocation lies inside it; bindings use it to check their views.
@@ -407,21 +483,137 @@ class Client {
   const KvSlabView* kv_slab() const { return kv_slab_.get(); }
   // Copies `count` slots at `slots` (from a RequestSlots) into host memory.
   absl::Status CopyToHost(const int64_t* slots, int64_t count,
-                          int64_t* out) const;
+                          int64_t* out) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Reconnect.
+  //
+  // With a reconnect timeout (ClientOptions.reconnect_timeout), the close of
+  // the daemon's memory socket without a word (the daemon died) starts a
+  // reconnect instead of ending the session: the client re-dials with
+  // backoff and calls Resume with its id and token until the timeout; a
+  // restarted daemon that kept the session answers it, the client takes
+  // the new memory socket connection and maps the new output ring and
+  // fast channel (link_epoch() grows by one), and keeps its KV slab mapping
+  // when the daemon's slab_id is the one it mapped. The session is gone,
+  // and session_status() says why, when the daemon answers that it does
+  // not know the session (NOT_FOUND "session gone: the daemon restarted
+  // without this session's state"), when the slab is another (DATA_LOSS:
+  // the session's KV is lost; the client closes the session) or the pool
+  // another, or when the timeout passes (UNAVAILABLE).
+  //
+  // Calls while reconnecting wait for it, up to their call timeout, then
+  // run on the new link (or fail as the session did). A call in flight
+  // when the daemon died fails once with UNAVAILABLE "the daemon restarted
+  // during this call; whether it took effect is unknown": no call is
+  // retried, as a mutating call may have taken effect before the death
+  // (idempotent call ids, which would make retries safe, are a later
+  // step), except GetStats, which changes nothing and is retried once on
+  // the new link. Before it Resumes, the client waits (up to its call
+  // timeout) for the streams of its fenced frees to pass their release
+  // values, since the daemon releases the pages of pending fenced frees at
+  // Resume.
+  //
+  // What a caller holds across a reconnect: every ring this client mapped
+  // stays mapped until the client is destroyed (one ring per restart), so
+  // the slots of Allocations (and C ABI and Python views) from earlier
+  // links never fault. They hold what the daemon wrote as long as the
+  // daemon that made the ring has not let it go: one that died cannot; a
+  // live one that resumed the session releases the old ring once its calls
+  // are done (the slots then read zeros). So copy out what you keep, as
+  // before a Release. Their ring space needs no release (it went with the
+  // old ring; Release of such an allocation changes nothing), and
+  // OrderAfter refuses them (FAILED_PRECONDITION: the old completion
+  // counter will not move again). ring_slots() and reserve_channel() are
+  // the current link's; a PageReserve made before a reconnect keeps its
+  // pages (the session's) but follows the old channel's reserve words (the
+  // daemon's asks for its pages go unheard): make a new one after it.
+
+  // Whether a reconnect is under way now.
+  bool reconnecting() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The current link: 0 for Connect's or Resume's, one more after each
+  // reconnect.
+  uint64_t link_epoch() const {
+    return link_epoch_.load(std::memory_order_acquire);
+  }
+  // The reconnect timeout in force (the option resolved against
+  // PoolInfo.state_kept; zero: off).
+  absl::Duration reconnect_timeout() const { return reconnect_timeout_; }
 
  private:
+  // One link to the daemon: what Connect, Resume and each reconnect map.
+  // Kept until the client is destroyed, so that what callers hold into an
+  // earlier link's ring stays mapped.
+  struct Link {
+    uint64_t epoch = 0;
+    std::unique_ptr<RingView> ring;
+    // The pool's completion counter (CUDA backend; null on the CPU one).
+    std::unique_ptr<CompletionCounter> completion_counter;
+    // The fast channel (null when not used).
+    std::unique_ptr<FastChannelClient> fast;
+    // The release word's writer (null without a fast channel; declared
+    // after `fast`, whose mapping holds the word, so that it goes first),
+    // or why there is none.
+    std::unique_ptr<ReleaseWordWriter> release_writer;
+    absl::Status release_writer_status;
+    // The memory socket's connection (invalid when the daemon's memory
+    // socket was out of reach, and once the link is lost).
+    UniqueFd memory_connection;
+  };
+  // What a call runs on, taken when it starts (Begin).
+  struct CallStart {
+    uint64_t epoch = 0;
+    absl::Time deadline;
+    std::shared_ptr<v1::PageAllocator::Stub> stub;  // gRPC calls only
+    const RingView* ring = nullptr;
+    int64_t release_up_to = 0;  // the ring released so far
+  };
+
   explicit Client(const ClientOptions& options);
-  // Registers the session and keeps what the calls need of `response`.
-  absl::Status Register(v1::RegisterResponse* response);
+  // Connect and Resume: dials, then Register or (with `resume`) Resume,
+  // then Attach.
+  static absl::StatusOr<std::unique_ptr<Client>> Open(
+      const ClientOptions& options, const v1::ResumeRequest* resume);
+  // Keeps what the calls need of a Register or Resume answer.
+  void Accept(const v1::RegisterResponse& response);
+  // Receives the session's memory for `response` over the memory socket and
+  // maps it as a link (the KV slab too when `map_kv_slab`, into kv_slab_).
+  absl::StatusOr<std::unique_ptr<Link>> MapLink(
+      const v1::RegisterResponse& response, bool map_kv_slab,
+      absl::Duration timeout);
+  // Makes `link` the current one (the calls' from now on).
+  void Install(std::unique_ptr<Link> link)
+      ABSL_LOCKS_EXCLUDED(release_mu_, fast_mu_, mu_);
   // Where this client reaches the daemon's memory socket: beside its Unix
   // target, else where Register said ("" when neither).
   std::string MemorySocketPath(const v1::RegisterResponse& registered) const;
-  void KeepAliveLoop();
-  // Waits on the memory socket's connection until the daemon ends the
-  // session or goes away (then marks the session gone and wakes a fast
-  // call waiting for its answer), or until StopWatching.
-  void WatchDaemon();
-  void StopWatching();
+  // A gRPC channel to the target (options_.channel when given).
+  std::shared_ptr<grpc::Channel> Dial(bool own_subchannels = false) const;
+  void KeepAliveLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits on the current link's memory socket connection until the daemon
+  // ends the session or goes away (then marks the session gone, or
+  // reconnects, and wakes a fast call waiting for its answer), or until
+  // StopWatching.
+  void WatchDaemon() ABSL_LOCKS_EXCLUDED(mu_);
+  // The reconnect (see "Reconnect"), on the watcher's thread: OK once a
+  // new link is installed; else why the session is gone.
+  absl::Status Reconnect() ABSL_LOCKS_EXCLUDED(mu_);
+  // One attempt: dial, Resume, map. `retry` says whether another attempt
+  // may succeed (the daemon unreachable or not answering yet).
+  absl::Status ReconnectOnce(absl::Time give_up, bool* retry)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Sleeps `wait` unless StopWatching comes first (then false).
+  bool SleepUnlessStopped(absl::Duration wait);
+  void StopWatching() ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts a call: waits while a reconnect is under way (up to the call
+  // timeout), then OK with what the call runs on, or why it cannot run
+  // (the session gone or closed; DEADLINE_EXCEEDED still reconnecting).
+  absl::StatusOr<CallStart> Begin(bool grpc) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the link a call started on (`epoch`) was lost: a reconnect is
+  // under way or done, or the current link's memory socket has closed.
+  bool LinkLost(uint64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The fast call's liveness check: the session's status, or UNAVAILABLE
+  // once the link of `epoch` is lost.
+  absl::Status LinkAlive(uint64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
   // Fills the common fields, sends, and turns the response into slots.
   template <typename Request, typename Method>
   absl::StatusOr<Allocation> CallAlloc(Request& request,
@@ -445,19 +637,27 @@ class Client {
   std::optional<absl::StatusOr<std::vector<int64_t>>> FastMatch(
       absl::Span<const std::string> keys, bool adopt)
       ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+  // The fast channel a fast call may use now, with what it runs on: null
+  // when there is none or it was abandoned (the call goes through gRPC),
+  // or the call's failure to start (`*start` not OK).
+  FastChannelClient* BeginFast(absl::StatusOr<CallStart>* start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // A free of slots or pages on either transport, with a release value
   // (0: none).
   absl::StatusOr<int64_t> Free(bool slots, absl::Span<const int64_t> values,
                                v1::FreeOrder order, uint64_t release_value);
-  // Before the session closes: waits, up to the call timeout, until the
-  // release word has reached the last value queued, so that the pages
-  // freed with a fence (which the daemon reclaims with the session) are no
-  // longer read by this process's queued work.
+  // Waits, up to the call timeout, until the release word has reached the
+  // last value queued, so that the pages freed with a fence (which the
+  // daemon reclaims with the session, and releases at a Resume) are no
+  // longer read by this process's queued work. Before Close, Detach and a
+  // reconnect's Resume.
   void WaitForReleases() ABSL_LOCKS_EXCLUDED(release_mu_);
-  // Posts `call` on the fast channel (with the ring released so far) and
-  // waits for its answer; then its whole-call status (observed for session
-  // loss). A transport error (deadline, session gone) abandons the channel.
-  absl::Status PostFastCall(const fast_channel::CallView& call)
+  // Posts `call` on `fast` (with the ring released so far) and waits for
+  // its answer; then its whole-call status (observed for session loss). A
+  // transport error (deadline, session gone, link lost) abandons the
+  // channel.
+  absl::Status PostFastCall(FastChannelClient& fast, const CallStart& start,
+                            const fast_channel::CallView& call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fast_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Turns an answer's per-request arrays into an Allocation (both paths).
   struct AnswerArrays {
@@ -471,12 +671,16 @@ class Client {
     uint64_t completion_value = 0;
   };
   absl::StatusOr<Allocation> ToAllocation(const AnswerArrays& answer,
-                                          const CallOptions& options) const;
+                                          const CallOptions& options,
+                                          const CallStart& start) const;
   // Sends a Free carrying slots or pages; returns pages freed.
   absl::StatusOr<int64_t> SendFree(v1::FreeRequest& request);
-  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
   // Records `status` as the session's end when it says the session is gone.
-  absl::Status Observe(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  // A failure of a call whose link was lost (`start`) is the daemon's
+  // restart instead: UNAVAILABLE, "whether it took effect is unknown".
+  absl::Status Observe(absl::Status status, const CallStart& start)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Stops the KeepAlive thread, cancelling its stream if it is blocked.
   void StopKeepAlive() ABSL_LOCKS_EXCLUDED(mu_);
   // Records why the session ended (the first reason wins).
@@ -495,51 +699,66 @@ class Client {
     return answer;
   }
   v1::SessionRef Ref() const;
+  // The current gRPC stub.
+  std::shared_ptr<v1::PageAllocator::Stub> stub() const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const ClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::PageAllocator::Stub> stub_;
+  // Fixed once Connect or Resume has answered.
   uint64_t session_id_ = 0;
   std::string session_token_;
+  bool resumable_ = false;
   v1::PoolInfo pool_;
   int64_t lease_ms_ = 0;
   int64_t quota_pages_ = 0;
-  std::unique_ptr<RingView> ring_;
-  // The pool's completion counter (CUDA backend; null on the CPU backend).
-  std::unique_ptr<CompletionCounter> completion_counter_;
-  // The largest completion value answered so far (OrderAfterCompletion).
-  mutable std::atomic<uint64_t> last_completion_value_{0};
+  absl::Duration reconnect_timeout_;
   std::unique_ptr<KvSlabView> kv_slab_;  // null without a KV slab
 
+  // The current link's parts, for the calls (the Link in links_ owns
+  // them). Set under release_mu_, fast_mu_ and mu_ (Install).
+  std::atomic<const RingView*> ring_{nullptr};
+  std::atomic<const CompletionCounter*> completion_counter_{nullptr};
+  std::atomic<FastChannelClient*> fast_{nullptr};
+  std::atomic<const ReleaseWordWriter*> release_writer_{nullptr};
+  std::atomic<uint64_t> link_epoch_{0};
+  // The largest completion value answered on the current link
+  // (OrderAfterCompletion).
+  mutable std::atomic<uint64_t> last_completion_value_{0};
+
+  // Values are handed out and queued in one order (QueueRelease).
+  absl::Mutex release_mu_ ABSL_ACQUIRED_BEFORE(fast_mu_);
+  absl::Status release_writer_status_ ABSL_GUARDED_BY(release_mu_);
+  std::atomic<uint64_t> last_release_value_{0};
+
+  // One fast call at a time.
+  absl::Mutex fast_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Set when a call gave up waiting: the channel may still be answered
+  // into, so later calls go through gRPC (until the next link).
+  bool fast_abandoned_ ABSL_GUARDED_BY(fast_mu_) = false;
+
   mutable absl::Mutex mu_;
+  mutable absl::CondVar link_changed_;  // reconnecting_ or the status
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<v1::PageAllocator::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   absl::Status session_status_ ABSL_GUARDED_BY(mu_);
+  bool reconnecting_ ABSL_GUARDED_BY(mu_) = false;
   int64_t release_up_to_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  // The KeepAlive thread's current stream context, for StopKeepAlive.
+  // Why calls fail after Close or Detach.
+  absl::Status closed_status_ ABSL_GUARDED_BY(mu_);
+  // The KeepAlive thread's current stream context, and the reconnect's
+  // current Resume, for StopKeepAlive and StopWatching.
   grpc::ClientContext* keepalive_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  grpc::ClientContext* reconnect_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Notification stop_keepalive_;
   std::thread keepalive_;
 
-  // The memory socket's connection (invalid when the daemon's memory
-  // socket was out of reach), and the watcher thread on it.
-  UniqueFd memory_connection_;
-  UniqueFd stop_watching_;  // eventfd: StopWatching rings it
+  // The watcher thread (on the current link's memory socket connection,
+  // and the reconnect), and the eventfd StopWatching rings.
+  UniqueFd stop_watching_;
+  std::atomic<bool> stopping_watch_{false};
   std::thread watcher_;
-
-  // The fast channel (null when not used). One call at a time.
-  std::unique_ptr<FastChannelClient> fast_;
-  absl::Mutex fast_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  // Set when a call gave up waiting: the channel may still be answered
-  // into, so later calls go through gRPC.
-  bool fast_abandoned_ ABSL_GUARDED_BY(fast_mu_) = false;
-  // The release word's writer (null without a fast channel; declared after
-  // fast_, whose mapping holds the word, so that it goes first), or why
-  // there is none.
-  std::unique_ptr<ReleaseWordWriter> release_writer_;
-  absl::Status release_writer_status_;
-  // Values are handed out and queued in one order (QueueRelease).
-  absl::Mutex release_mu_;
-  std::atomic<uint64_t> last_release_value_{0};
 };
 
 }  // namespace pagealloc

@@ -218,6 +218,7 @@ std::unique_ptr<pagealloc_allocation> MakeHandle(Allocation allocation) {
   view.batch_requests = a.batch_requests();
   view.on_device = a.on_device() ? 1 : 0;
   view.completion_value = a.completion_value();
+  view.link_epoch = a.link_epoch();
   view.num_refused = a.num_refused();
   view.all_slots = a.all_slots();
   view.num_slots = a.num_slots();
@@ -500,6 +501,9 @@ void pagealloc_client_options_init(pagealloc_client_options* options,
                              defaults.fast_channel = 1;
                              defaults.fast_channel_spin_us = 500;
                              defaults.map_kv_slab = 1;
+                             defaults.reconnect_timeout_ms = -1;
+                             defaults.reconnect_initial_backoff_ms = 50;
+                             defaults.reconnect_max_backoff_ms = 1000;
                            });
 }
 
@@ -509,58 +513,141 @@ void pagealloc_call_options_init(pagealloc_call_options* options,
                            [](pagealloc_call_options&) {});
 }
 
+}  // extern "C"
+
+namespace pagealloc {
+namespace {
+
+// The client options the C structure gives (its struct_size's fields).
+absl::StatusOr<ClientOptions> ReadClientOptions(
+    const pagealloc_client_options* options) {
+  if (options == nullptr) {
+    return absl::InvalidArgumentError("options is NULL");
+  }
+  pagealloc_client_options read;
+  pagealloc_client_options_init(&read, sizeof(read));
+  RETURN_IF_ERROR(ReadVersioned(options, "pagealloc_client_options", &read));
+  if (read.call_timeout_ms <= 0 || read.keepalive_interval_ms < 0 ||
+      read.fast_channel_spin_us < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "options: call_timeout_ms (%d) must be positive, "
+        "keepalive_interval_ms (%d) and fast_channel_spin_us (%d) not "
+        "negative",
+        read.call_timeout_ms, read.keepalive_interval_ms,
+        read.fast_channel_spin_us));
+  }
+  if (read.reconnect_timeout_ms < -1 ||
+      read.reconnect_initial_backoff_ms <= 0 ||
+      read.reconnect_max_backoff_ms < read.reconnect_initial_backoff_ms) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "options: reconnect_timeout_ms (%d) must be -1 (automatic), 0 (off) "
+        "or positive, and 0 < reconnect_initial_backoff_ms (%d) <= "
+        "reconnect_max_backoff_ms (%d)",
+        read.reconnect_timeout_ms, read.reconnect_initial_backoff_ms,
+        read.reconnect_max_backoff_ms));
+  }
+  ClientOptions client_options;
+  client_options.target = read.target != nullptr ? read.target : "";
+  client_options.client_name =
+      read.client_name != nullptr ? read.client_name : "";
+  client_options.ring_capacity_slots = read.ring_capacity_slots;
+  client_options.quota_pages = read.quota_pages;
+  client_options.keepalive_interval =
+      absl::Milliseconds(read.keepalive_interval_ms);
+  client_options.call_timeout = absl::Milliseconds(read.call_timeout_ms);
+  client_options.fast_channel = read.fast_channel != 0;
+  client_options.fast_channel_spin =
+      absl::Microseconds(read.fast_channel_spin_us);
+  if (read.register_secret == nullptr && read.register_secret_length != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("options.register_secret is NULL with a length of %d",
+                        read.register_secret_length));
+  }
+  if (read.register_secret != nullptr) {
+    client_options.register_secret.assign(read.register_secret,
+                                          read.register_secret_length);
+  }
+  client_options.map_kv_slab = read.map_kv_slab != 0;
+  client_options.resumable = read.resumable != 0;
+  client_options.reconnect_timeout =
+      read.reconnect_timeout_ms < 0
+          ? ClientOptions::kReconnectIfStateKept
+          : absl::Milliseconds(read.reconnect_timeout_ms);
+  client_options.reconnect_initial_backoff =
+      absl::Milliseconds(read.reconnect_initial_backoff_ms);
+  client_options.reconnect_max_backoff =
+      absl::Milliseconds(read.reconnect_max_backoff_ms);
+  return client_options;
+}
+
+// The handle of a client that connected or resumed.
+absl::Status MakeClientHandle(absl::StatusOr<std::unique_ptr<Client>> connected,
+                              std::string target, pagealloc_client** client) {
+  if (!connected.ok()) return connected.status();
+  auto handle = std::make_unique<pagealloc_client>();
+  handle->client = *std::move(connected);
+  handle->target = std::move(target);
+  *client = handle.release();
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace pagealloc
+
+extern "C" {
+
 int32_t pagealloc_connect(const pagealloc_client_options* options,
                           pagealloc_client** client, pagealloc_error* error) {
   return Guarded(error, [&]() -> absl::Status {
     if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
     *client = nullptr;
-    if (options == nullptr) {
-      return absl::InvalidArgumentError("options is NULL");
-    }
-    pagealloc_client_options read;
-    pagealloc_client_options_init(&read, sizeof(read));
-    RETURN_IF_ERROR(
-        pagealloc::ReadVersioned(options, "pagealloc_client_options", &read));
-    if (read.call_timeout_ms <= 0 || read.keepalive_interval_ms < 0 ||
-        read.fast_channel_spin_us < 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "options: call_timeout_ms (%d) must be positive, "
-          "keepalive_interval_ms (%d) and fast_channel_spin_us (%d) not "
-          "negative",
-          read.call_timeout_ms, read.keepalive_interval_ms,
-          read.fast_channel_spin_us));
-    }
-    pagealloc::ClientOptions client_options;
-    client_options.target = read.target != nullptr ? read.target : "";
-    client_options.client_name =
-        read.client_name != nullptr ? read.client_name : "";
-    client_options.ring_capacity_slots = read.ring_capacity_slots;
-    client_options.quota_pages = read.quota_pages;
-    client_options.keepalive_interval =
-        absl::Milliseconds(read.keepalive_interval_ms);
-    client_options.call_timeout = absl::Milliseconds(read.call_timeout_ms);
-    client_options.fast_channel = read.fast_channel != 0;
-    client_options.fast_channel_spin =
-        absl::Microseconds(read.fast_channel_spin_us);
-    if (read.register_secret == nullptr && read.register_secret_length != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("options.register_secret is NULL with a length of %d",
-                          read.register_secret_length));
-    }
-    if (read.register_secret != nullptr) {
-      client_options.register_secret.assign(read.register_secret,
-                                            read.register_secret_length);
-    }
-    client_options.map_kv_slab = read.map_kv_slab != 0;
-    absl::StatusOr<std::unique_ptr<pagealloc::Client>> connected =
-        pagealloc::Client::Connect(client_options);
-    if (!connected.ok()) return connected.status();
-    auto handle = std::make_unique<pagealloc_client>();
-    handle->client = *std::move(connected);
-    handle->target = client_options.target;
-    *client = handle.release();
-    return absl::OkStatus();
+    ASSIGN_OR_RETURN(pagealloc::ClientOptions client_options,
+                     pagealloc::ReadClientOptions(options));
+    return pagealloc::MakeClientHandle(
+        pagealloc::Client::Connect(client_options), client_options.target,
+        client);
   });
+}
+
+int32_t pagealloc_resume(const pagealloc_client_options* options,
+                         uint64_t session_id, const char* token,
+                         size_t token_length, int32_t take_over,
+                         pagealloc_client** client, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    *client = nullptr;
+    if (token == nullptr && token_length != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("token is NULL with a length of %d", token_length));
+    }
+    ASSIGN_OR_RETURN(pagealloc::ClientOptions client_options,
+                     pagealloc::ReadClientOptions(options));
+    return pagealloc::MakeClientHandle(
+        pagealloc::Client::Resume(
+            client_options, session_id,
+            token != nullptr ? std::string(token, token_length) : "",
+            take_over != 0),
+        client_options.target, client);
+  });
+}
+
+int32_t pagealloc_detach(pagealloc_client* client, pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    return client->client->Detach();
+  });
+}
+
+int32_t pagealloc_session_resumable(const pagealloc_client* client) {
+  return client != nullptr && client->client->resumable() ? 1 : 0;
+}
+
+uint64_t pagealloc_link_epoch(const pagealloc_client* client) {
+  return client != nullptr ? client->client->link_epoch() : 0;
+}
+
+int32_t pagealloc_reconnecting(const pagealloc_client* client) {
+  return client != nullptr && client->client->reconnecting() ? 1 : 0;
 }
 
 int32_t pagealloc_close(pagealloc_client* client, pagealloc_error* error) {

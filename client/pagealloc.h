@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 6
+#define PAGEALLOC_ABI_VERSION_MINOR 7
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -173,6 +173,23 @@ typedef struct pagealloc_client_options {
    * cannot. Zero: a tool that only allocates does without. */
   int32_t map_kv_slab;
   int32_t reserved1; /* zero */
+  /* ABI 1.7. Nonzero: register the session resumable (RegisterRequest.
+   * resumable): when this process dies, or pagealloc_detach lets go, the
+   * daemon keeps the session until its lease runs out, for pagealloc_resume
+   * from another process. Default 0: its pages go back at once. */
+  int32_t resumable;
+  int32_t reserved2; /* zero */
+  /* ABI 1.7. Reconnect after the daemon's death (pagealloc::ClientOptions,
+   * client/client.h "Reconnect"): how long to try to Resume the session
+   * from a restarted daemon, in ms. 0: off (the session is gone when the
+   * daemon dies); positive: at most this long; -1 (default): for the
+   * daemon's lease when it advertises that it keeps its state across
+   * restarts, else off. Between attempts the client waits from
+   * reconnect_initial_backoff_ms (default 50), doubling, up to
+   * reconnect_max_backoff_ms (default 1000). */
+  int64_t reconnect_timeout_ms;
+  int64_t reconnect_initial_backoff_ms;
+  int64_t reconnect_max_backoff_ms;
 } pagealloc_client_options;
 
 /* Fills the first `struct_size` bytes of `options` with the defaults and
@@ -191,10 +208,49 @@ void pagealloc_client_options_init(pagealloc_client_options* options,
 int32_t pagealloc_connect(const pagealloc_client_options* options,
                           pagealloc_client** client, pagealloc_error* error);
 
+/* ABI 1.7. Takes back the live session `session_id` (its token:
+ * `token_length` bytes) instead of registering one
+ * (pagealloc::Client::Resume): a scheduler restarted within its lease, a
+ * tool acting for a session. The session keeps its pages, checkpoints and
+ * quota; its output ring and fast channel are new. From `options`: the
+ * target, ring_capacity_slots, fast_channel, the register secret, the
+ * timeouts and reconnect (client_name, quota_pages and resumable are the
+ * session's own). Fails with NOT_FOUND (unknown, expired, or reclaimed: a
+ * session that was not resumable went with its process), UNAUTHENTICATED
+ * (token, register secret), FAILED_PRECONDITION while another process holds
+ * the session's memory socket connection, unless `take_over` is nonzero
+ * (that process is then told its session was taken), and as
+ * pagealloc_connect. */
+int32_t pagealloc_resume(const pagealloc_client_options* options,
+                         uint64_t session_id, const char* token,
+                         size_t token_length, int32_t take_over,
+                         pagealloc_client** client, pagealloc_error* error);
+
 /* Ends the session now; on success the daemon has freed its pages. Later
  * calls fail with FAILED_PRECONDITION. The handle, its mapped ring and its
  * allocations stay valid until destroyed. Closing twice is OK. */
 int32_t pagealloc_close(pagealloc_client* client, pagealloc_error* error);
+
+/* ABI 1.7. Lets go of a resumable session without ending it (Client::
+ * Detach): stops renewing its lease and closes its memory socket
+ * connection, so that the daemon keeps it until the lease runs out, for
+ * pagealloc_resume. Later calls fail with FAILED_PRECONDITION; destroying
+ * the handle then leaves the session alone. FAILED_PRECONDITION for a
+ * session that is not resumable or is gone. */
+int32_t pagealloc_detach(pagealloc_client* client, pagealloc_error* error);
+
+/* ABI 1.7. Nonzero when the session is resumable. */
+int32_t pagealloc_session_resumable(const pagealloc_client* client);
+
+/* ABI 1.7. The client's link to the daemon: 0 for the session's first
+ * (pagealloc_connect's or pagealloc_resume's), one more after each
+ * reconnect; a view's link_epoch says which one answered it. And nonzero
+ * while a reconnect is under way (calls wait for it, up to their timeout).
+ * After a reconnect pagealloc_ring describes the new ring; every earlier
+ * ring stays mapped until the handle is destroyed, so earlier allocations'
+ * slots stay readable. */
+uint64_t pagealloc_link_epoch(const pagealloc_client* client);
+int32_t pagealloc_reconnecting(const pagealloc_client* client);
 
 /* Closes the session (unless closed or lost), unmaps its ring and frees
  * the handle. NULL is ignored. */
@@ -329,6 +385,11 @@ typedef struct pagealloc_allocation_view {
    * CUDA backend). The counter only grows; on the CPU backend it numbers
    * the launches and nothing waits on it. */
   uint64_t completion_value;
+  /* ABI 1.7. The link to the daemon that answered (pagealloc_link_epoch):
+   * ring_end counts within one link; releasing an allocation of an earlier
+   * link releases nothing (its ring went with that link), and
+   * pagealloc_order_after refuses it (FAILED_PRECONDITION). */
+  uint64_t link_epoch;
 } pagealloc_allocation_view;
 
 /* The allocation calls. Each parallel array comes with its own length; the

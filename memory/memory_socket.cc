@@ -274,7 +274,8 @@ absl::StatusOr<SessionMemory> ReceiveSessionMemory(const std::string& path,
   return memory;
 }
 
-absl::Status ReadSessionEnd(int connection) {
+absl::Status ReadSessionEnd(int connection, bool* went_away) {
+  if (went_away != nullptr) *went_away = false;
   DaemonMessage message;
   std::vector<UniqueFd> none;
   absl::StatusOr<size_t> received = ReceiveWithFds(
@@ -289,6 +290,7 @@ absl::Status ReadSessionEnd(int connection) {
       return StatusOf(*parsed);
     }
   }
+  if (went_away != nullptr) *went_away = true;
   return absl::UnavailableError(
       "the daemon went away (its memory socket closed): the session and its "
       "slots are gone");

@@ -193,8 +193,9 @@ absl::StatusOr<SessionMemory> ReceiveSessionMemory(const std::string& path,
 
 // Reads, once `connection` is readable, why the session ended: the status
 // of the daemon's kEnded message, or, when the connection closed without
-// one, UNAVAILABLE saying the daemon went away.
-absl::Status ReadSessionEnd(int connection);
+// one, UNAVAILABLE saying the daemon went away (and `*went_away`, when
+// given, true; false after a kEnded message).
+absl::Status ReadSessionEnd(int connection, bool* went_away = nullptr);
 
 }  // namespace memory_socket
 }  // namespace pagealloc

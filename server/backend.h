@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/executor.h"
 #include "memory/kv_layout.h"
+#include "memory/unique_fd.h"
 
 namespace pagealloc {
 
@@ -71,10 +72,20 @@ struct KvSlab {
   bool scrub = false;
   // The memory, owned by the backend: a memfd (CPU) or a CUDA VMM
   // allocation exported as a POSIX fd (CUDA). Another holder of a
-  // duplicate keeps the memory alive (a later step may keep the slab
-  // across a daemon restart this way).
+  // duplicate keeps the memory alive: the service manager's fd store keeps
+  // the slab across a daemon restart this way (fd_store/).
   int fd = -1;
+  // True when the slab is memory an earlier run of the daemon made
+  // (AdoptKvSlab): its KV is live and was not zeroed.
+  bool adopted = false;
+  // Drawn at random when the slab is made (NewKvSlabId; KvSlab.slab_id on
+  // the wire): the same id means the same memory to a client.
+  uint64_t slab_id = 0;
 };
+
+// A random, nonzero slab id (from the kernel's CSPRNG, so that two daemons'
+// slabs never share one by chance).
+uint64_t NewKvSlabId();
 
 // One session's output ring memory. Destroying it releases it (the client's
 // mapping, if any, stays valid).
@@ -136,6 +147,15 @@ class Backend {
   virtual absl::Status CreateKvSlab(const KvLayout& layout,
                                     const KvSlabGeometry& geometry,
                                     bool scrub) = 0;
+  // As CreateKvSlab, with the memory `fd` refers to (a slab an earlier run
+  // of the daemon made, passed back by the service manager) instead of new
+  // memory: nothing is zeroed, since its pages hold live KV. DATA_LOSS when
+  // the memory is not a slab of `geometry`'s size (too small, or not the
+  // backend's kind of memory); FAILED_PRECONDITION when a slab exists.
+  // The slab keeps `slab_id`, the id it was made with.
+  virtual absl::Status AdoptKvSlab(const KvLayout& layout,
+                                   const KvSlabGeometry& geometry, bool scrub,
+                                   UniqueFd fd, uint64_t slab_id) = 0;
   // The slab, or null when the daemon owns no KV memory.
   virtual const KvSlab* kv_slab() const = 0;
   // A line for the start-up log.

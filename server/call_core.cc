@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kept_state/session_record.h"
 
 namespace pagealloc {
 namespace {
@@ -18,6 +19,24 @@ absl::Status DrainingError() {
 }
 
 }  // namespace
+
+const char* ResumeOutcomeName(ResumeOutcome outcome) {
+  static constexpr const char* kNames[kNumResumeOutcomes] = {
+      "resumed",         "taken_over",      "not_found",
+      "unauthenticated", "still_connected", "refused"};
+  return kNames[static_cast<int>(outcome)];
+}
+
+// What the pool keeps of a session as its owner's metadata: the kept
+// state's record of it, from which a restarted daemon restores it.
+std::string SessionRecordOf(const Session& session) {
+  KeptSession kept;
+  kept.token_digest = session.token_digest();
+  kept.client_name = session.client_name();
+  kept.quota_pages = session.quota_pages();
+  kept.resumable = session.resumable();
+  return EncodeKeptSession(kept);
+}
 
 CallCore::CallCore(const Options& options, PagePool* pool, Backend* backend,
                    SessionRegistry* sessions, Batcher* batcher)
@@ -45,18 +64,103 @@ absl::StatusOr<std::shared_ptr<Session>> CallCore::OpenSession(
   ASSIGN_OR_RETURN(
       std::shared_ptr<Session> session,
       sessions_->Open(request.client_name, request.ring_capacity_slots,
-                      request.quota_pages));
-  const absl::Status added =
-      pool_->AddOwner(session->id(), session->quota_pages());
+                      request.quota_pages, request.resumable));
+  const absl::Status added = pool_->AddOwner(
+      session->id(), session->quota_pages(), SessionRecordOf(*session));
   if (!added.ok()) {
     sessions_->Remove(session->id());
     return added;
   }
   counters_.sessions_opened++;
-  log_->info("session {} ({}) opened from {}: ring {} slots, quota {} pages",
+  log_->info("session {} ({}) opened from {}: ring {} slots, quota {} pages{}",
              session->id(), session->client_name(), std::string(peer),
-             session->ring_memory().capacity_slots(), session->quota_pages());
+             session->ring_capacity_slots(), session->quota_pages(),
+             session->resumable() ? ", resumable" : "");
   return session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> CallCore::CountResume(
+    absl::StatusOr<std::shared_ptr<Session>> answer, bool was_connected) {
+  ResumeOutcome outcome = ResumeOutcome::kRefused;
+  if (answer.ok()) {
+    outcome =
+        was_connected ? ResumeOutcome::kTakenOver : ResumeOutcome::kResumed;
+  } else if (absl::IsNotFound(answer.status())) {
+    outcome = ResumeOutcome::kNotFound;
+  } else if (absl::IsUnauthenticated(answer.status())) {
+    outcome = ResumeOutcome::kUnauthenticated;
+  } else if (absl::IsFailedPrecondition(answer.status())) {
+    outcome = ResumeOutcome::kStillConnected;
+  }
+  counters_.resumes[static_cast<int>(outcome)].fetch_add(
+      1, std::memory_order_relaxed);
+  return answer;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> CallCore::ResumeSession(
+    const ResumeRequestInput& request, absl::string_view peer) {
+  if (draining_) return CountResume(DrainingError(), false);
+  if (!options_.register_secret.empty() &&
+      !ConstantTimeEquals(options_.register_secret, request.register_secret)) {
+    log_->warn("Resume from {} refused: wrong or missing register_secret",
+               std::string(peer));
+    return CountResume(
+        absl::UnauthenticatedError(
+            "Resume: wrong or missing register_secret (this pool runs with "
+            "--register_secret_file; its sessions share one KV slab)"),
+        false);
+  }
+  absl::StatusOr<std::shared_ptr<Session>> found =
+      sessions_->Authenticate(request.session_id, request.session_token);
+  if (!found.ok()) return CountResume(found.status(), false);
+  std::shared_ptr<Session> session = *std::move(found);
+  // Refused before a ring is made for nothing (ReplaceRing checks again,
+  // under the session's lock).
+  if (session->link() == SessionLink::kConnected && !request.take_over) {
+    return CountResume(
+        absl::FailedPreconditionError(absl::StrFormat(
+            "session %d is still connected (a process holds its memory "
+            "socket connection); pass take_over to take it from that process",
+            session->id())),
+        false);
+  }
+  absl::StatusOr<SessionRegistry::NewRing> ring =
+      sessions_->MakeRing(session->id(), request.ring_capacity_slots);
+  if (!ring.ok()) return CountResume(ring.status(), false);
+  const int64_t capacity = ring->memory->capacity_slots();
+  absl::StatusOr<Session::Relinked> relinked = session->ReplaceRing(
+      std::move(ring->memory), std::move(ring->charge), request.take_over);
+  if (!relinked.ok()) return CountResume(relinked.status(), false);
+  const bool was_connected = relinked->was == SessionLink::kConnected;
+  // Frees waiting on the old fast channel's release word: its writer was
+  // the process that held the session. They go in order with the
+  // session's work, ahead of anything the resuming client sends.
+  std::vector<ReleaseQueues::Released> released =
+      releases_.Detach(session->id(), absl::Now());
+  if (!released.empty()) {
+    const uint64_t owner = session->id();
+    batcher_
+        ->SubmitOp(owner,
+                   [this, owner, released = std::move(released)] {
+                     for (const ReleaseQueues::Released& r : released) {
+                       absl::StatusOr<int64_t> freed = pool_->FreePages(
+                           owner, r.pages, FreeOrder::kFirstAppearance);
+                       if (freed.ok()) {
+                         pages_released_.fetch_add(*freed,
+                                                   std::memory_order_relaxed);
+                       }
+                     }
+                   })
+        .IgnoreError();  // refused only while the batcher stops
+  }
+  for (SessionObserver* observer : observers_) {
+    observer->SessionResumed(session->id(), relinked->old_generation,
+                             was_connected);
+  }
+  log_->info("session {} ({}) resumed from {}: ring {} slots{}", session->id(),
+             session->client_name(), std::string(peer), capacity,
+             was_connected ? ", taken over from its connected client" : "");
+  return CountResume(std::move(session), was_connected);
 }
 
 absl::StatusOr<std::shared_ptr<Session>> CallCore::Authenticate(
@@ -115,6 +219,30 @@ bool CallCore::ReclaimSession(uint64_t session_id, const std::string& reason) {
   return true;
 }
 
+bool CallCore::DisconnectSession(uint64_t session_id, uint64_t generation,
+                                 bool keep_if_resumable,
+                                 const std::string& reason) {
+  std::shared_ptr<Session> session = sessions_->Find(session_id);
+  if (session == nullptr) return false;
+  switch (session->Disconnected(generation)) {
+    case Session::Disconnect::kStale:
+      return false;
+    case Session::Disconnect::kDetached:
+      if (keep_if_resumable) {
+        counters_.sessions_detached++;
+        log_->info(
+            "session {} ({}) {}: kept for a Resume until its lease runs out "
+            "(resumable)",
+            session_id, session->client_name(), reason);
+        return false;
+      }
+      break;
+    case Session::Disconnect::kEnded:
+      break;
+  }
+  return ReclaimSession(session_id, reason);
+}
+
 int CallCore::ReclaimExpired(absl::Time now) {
   int reclaimed = 0;
   for (std::shared_ptr<Session>& session : sessions_->TakeExpired(now)) {
@@ -155,8 +283,10 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
   }
   const int64_t num_slots = reply->decoded_.num_slots;
   int64_t ring_start = 0;
+  reply->ring_.reset();
   if (!input.return_inline) {
-    absl::StatusOr<int64_t> reserved = session.ReserveRing(num_slots);
+    absl::StatusOr<int64_t> reserved =
+        session.ReserveRing(num_slots, &reply->ring_);
     if (!reserved.ok()) return refuse(reserved.status());
     ring_start = *reserved;
   }
@@ -168,8 +298,9 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
   ring_offsets.clear();
   if (!input.return_inline) {
     ring_offsets.resize(requests.size());
-    const int64_t first = ring_start % session.ring_memory().capacity_slots();
-    int64_t* const base = session.ring_memory().slots() + first;
+    RingMemory& ring = *reply->ring_;
+    const int64_t first = ring_start % ring.capacity_slots();
+    int64_t* const base = ring.slots() + first;
     int64_t offset = 0;
     for (size_t i = 0; i < requests.size(); ++i) {
       ring_offsets[i] = first + offset;
@@ -226,9 +357,10 @@ absl::Status AllocReply::Before() {
 
 void AllocReply::Cancel(const absl::Status& status) {
   if (ring_reserved_) {
-    session_->UnreserveRing(ring_start_, decoded_.num_slots);
+    session_->UnreserveRing(ring_start_, decoded_.num_slots, ring_.get());
   }
   session_.reset();
+  ring_.reset();
   core_->Answer(this, method_, transport_, start_, status);
 }
 
@@ -246,6 +378,7 @@ void AllocReply::Done(absl::Span<const AllocResult> results,
   core_->NotePoolShort(session_->id(), results);
   Deliver(answer);
   session_.reset();
+  ring_.reset();
   core_->Answer(this, method_, transport_, start_, absl::OkStatus());
 }
 
@@ -448,6 +581,28 @@ void CallCore::SubmitRollback(uint64_t session_id, absl::string_view token,
                });
              }
              reply->set_value(returned);
+             return absl::OkStatus();
+           });
+}
+
+void CallCore::SubmitListPages(uint64_t session_id, absl::string_view token,
+                               Transport transport, PrefixReply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(session_id, token);
+  if (!session.ok()) {
+    return Answer(reply, Method::kListPages, transport, start,
+                  session.status());
+  }
+  const uint64_t owner = (*session)->id();
+  reply->set_value(0);
+  SubmitOp(reply, Method::kListPages, transport, start, owner,
+           [this, owner, reply]() -> absl::Status {
+             ASSIGN_OR_RETURN(PagePool::OwnedPages pages,
+                              pool_->PagesOwnedBy(owner));
+             reply->pages = std::move(pages.owned);
+             reply->shared = std::move(pages.shared);
+             reply->set_value(reply->pages.size());
              return absl::OkStatus();
            });
 }
@@ -667,6 +822,7 @@ PoolDescription CallCore::DescribePool() const {
   pool.semantics = pool_->semantics();
   pool.device = backend_->DescribeDevice();
   pool.kv_slab = backend_->kv_slab();
+  pool.state_kept = options_.state_kept;
   return pool;
 }
 

@@ -19,6 +19,7 @@
 #ifndef PAGEALLOC_SERVER_CALL_CORE_H_
 #define PAGEALLOC_SERVER_CALL_CORE_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -48,12 +49,31 @@ namespace pagealloc {
 
 class CallCore;
 
-// Sessions opened, closed and reclaimed, for logs, stats and metrics.
+// How a Resume ended, for metrics.
+enum class ResumeOutcome : int {
+  kResumed = 0,      // a session not connected (detached, or awaiting)
+  kTakenOver,        // a connected session, with take_over
+  kNotFound,         // unknown or expired
+  kUnauthenticated,  // wrong token or register secret
+  kStillConnected,   // connected, without take_over
+  kRefused,          // anything else (a bad ring size, budgets, draining)
+};
+inline constexpr int kNumResumeOutcomes = 6;
+// "resumed", "taken_over", "not_found", "unauthenticated",
+// "still_connected", "refused": the metric's label.
+const char* ResumeOutcomeName(ResumeOutcome outcome);
+
+// Sessions opened, closed, reclaimed, detached and resumed, for logs,
+// stats and metrics.
 struct SessionCounters {
   std::atomic<int64_t> sessions_opened{0};
   std::atomic<int64_t> sessions_closed{0};
   std::atomic<int64_t> sessions_reclaimed{0};
   std::atomic<int64_t> pages_reclaimed{0};
+  // Resumable sessions kept when their client's connection closed.
+  std::atomic<int64_t> sessions_detached{0};
+  // Resumes, by outcome (ResumeOutcome).
+  std::array<std::atomic<int64_t>, kNumResumeOutcomes> resumes{};
 };
 
 // Receives one call's answer.
@@ -137,6 +157,9 @@ class AllocReply : public Reply, private AllocCompletion {
   int64_t ring_start_ = 0;
   int64_t ring_end_ = 0;
   bool ring_reserved_ = false;
+  // The ring the call's slots go to, held until they are written (a
+  // Resume may give the session another meanwhile).
+  std::shared_ptr<RingMemory> ring_;
   bool inline_results_ = false;
   absl::Span<const int64_t> free_pages_first_;
   bool checkpoint_first_ = false;
@@ -150,6 +173,8 @@ class PrefixReply : public Reply {
  public:
   std::vector<int64_t> pages;
   std::vector<bool> existing;
+  // ListPages: the shared pages the session holds.
+  std::vector<int64_t> shared;
 };
 
 // A Publish call as it arrived. The views must stay valid during
@@ -192,6 +217,17 @@ struct SessionRequest {
   // RegisterRequest.register_secret (checked against
   // CallCore::Options.register_secret).
   std::string register_secret;
+  // RegisterRequest.resumable: kept when its connection closes.
+  bool resumable = false;
+};
+
+// A Resume as it arrived (ResumeRequest).
+struct ResumeRequestInput {
+  uint64_t session_id = 0;
+  std::string session_token;
+  int64_t ring_capacity_slots = 0;  // the fresh ring's; 0: the default
+  bool take_over = false;
+  std::string register_secret;
 };
 
 // The pool as every session sees it.
@@ -203,6 +239,9 @@ struct PoolDescription {
   DeviceDescription device;
   // The KV memory the daemon owns; null when it hands out indices only.
   const KvSlab* kv_slab = nullptr;
+  // The daemon keeps its state across its own restart (PoolInfo.state_kept;
+  // --keep_state).
+  bool state_kept = false;
 };
 
 class CallCore {
@@ -217,6 +256,9 @@ class CallCore {
     // When not empty, Register must carry this secret
     // (--register_secret_file): UNAUTHENTICATED otherwise.
     std::string register_secret;
+    // The daemon keeps the pool across its restarts (--keep_state), so a
+    // client whose daemon died reconnects by default (PoolInfo.state_kept).
+    bool state_kept = false;
   };
   // (The per-session pin bound is the pool's:
   // PoolOptions.max_pinned_pages_per_owner.)
@@ -262,6 +304,25 @@ class CallCore {
   // process died) and reclaims its pages, counted and logged as a reclaim
   // with `reason`. Returns false when it was already gone.
   bool ReclaimSession(uint64_t session_id, const std::string& reason);
+  // The memory socket connection of session `session_id`'s link
+  // `generation` closed, for `reason`. A connection a Resume took the
+  // session from changes nothing; a resumable session is kept, detached,
+  // until its lease runs out or a Resume takes it, when `keep_if_resumable`
+  // (its client went away; a client that broke the protocol is not kept);
+  // any other is reclaimed (ReclaimSession). Returns whether it was ended.
+  bool DisconnectSession(uint64_t session_id, uint64_t generation,
+                         bool keep_if_resumable, const std::string& reason);
+  // Resume: authenticates the session, checks the register secret, and
+  // gives it a fresh ring and a new link (Session::ReplaceRing); fenced
+  // frees still pending are released into the pool (their fence's writer
+  // was the old process); observers hear SessionResumed, the memory
+  // socket closing a taken-over connection. The lease is renewed. Errors:
+  // UNAVAILABLE while draining, UNAUTHENTICATED (register secret, token),
+  // NOT_FOUND, FAILED_PRECONDITION ("session 7 is still connected")
+  // without take_over, MakeRing's; nothing changes then. `peer` goes to
+  // the log.
+  absl::StatusOr<std::shared_ptr<Session>> ResumeSession(
+      const ResumeRequestInput& request, absl::string_view peer);
   // Frees the pages of sessions whose lease has run out; returns how many
   // sessions were reclaimed. Called periodically by the server.
   int ReclaimExpired(absl::Time now);
@@ -307,6 +368,10 @@ class CallCore {
   // (PagePool::ClearOwner); the reply's value is the pages freed.
   void SubmitClearSession(uint64_t session_id, absl::string_view token,
                           Transport transport, Reply* reply);
+  // The session's pages (PagePool::PagesOwnedBy), in order with its queued
+  // work: `reply->pages` the owned ones, `reply->shared` the shared ones.
+  void SubmitListPages(uint64_t session_id, absl::string_view token,
+                       Transport transport, PrefixReply* reply);
   // Clears the whole pool (PagePool::ClearPool), in order with the work
   // queued before it. An operator's call: it needs no session.
   // PERMISSION_DENIED for `force` unless Options.allow_forced_clear; the
@@ -424,6 +489,9 @@ class CallCore {
   // RESOURCE_EXHAUSTED (SessionObserver::PoolShort).
   void NotePoolShort(uint64_t session_id,
                      absl::Span<const AllocResult> results);
+  // Counts a Resume's outcome and passes its answer on.
+  absl::StatusOr<std::shared_ptr<Session>> CountResume(
+      absl::StatusOr<std::shared_ptr<Session>> answer, bool was_connected);
   // Records the call's code and latency, then completes the reply.
   void Answer(Reply* reply, Method method, Transport transport,
               absl::Time start, const absl::Status& status);

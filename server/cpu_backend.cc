@@ -2,13 +2,19 @@
 // memory that the client maps read-only once the memory socket handed it
 // the descriptor; the KV slab in one memfd every session maps read-write.
 
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
+#include <random>
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/host_memory.h"
 #include "common/status_macros.h"
@@ -116,10 +122,53 @@ class CpuBackend final : public Backend {
     // here, at start, never a SIGBUS in whichever process writes a slot.
     ASSIGN_OR_RETURN(slab_region_, SharedRegion::Create("pagealloc-kv-slab",
                                                         geometry.total_bytes));
+    UseSlab(layout, geometry, scrub, slab_region_->fd());
+    return absl::OkStatus();
+  }
+
+  absl::Status AdoptKvSlab(const KvLayout& layout,
+                           const KvSlabGeometry& geometry, bool scrub,
+                           UniqueFd fd, uint64_t slab_id) override {
+    if (slab_region_ != nullptr) {
+      return absl::FailedPreconditionError("the KV slab exists already");
+    }
+    // FromFd closes the descriptor it maps; the daemon keeps one to hand
+    // to sessions.
+    UniqueFd kept(fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!kept.valid()) {
+      return absl::InternalError(
+          absl::StrFormat("dup of the kept KV slab: %s", strerror(errno)));
+    }
+    struct stat st {};
+    if (fstat(fd.get(), &st) != 0 ||
+        st.st_size != static_cast<off_t>(geometry.total_bytes)) {
+      return absl::DataLossError(absl::StrFormat(
+          "the kept KV slab holds %d bytes; this pool's slab takes %d",
+          static_cast<int64_t>(st.st_size), geometry.total_bytes));
+    }
+    auto region = SharedRegion::FromFd(std::move(fd), geometry.total_bytes,
+                                       SharedRegion::Access::kReadWrite);
+    if (!region.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("the kept KV slab: ", region.status().message()));
+    }
+    slab_region_ = std::move(*region);
+    adopted_fd_ = std::move(kept);
+    UseSlab(layout, geometry, scrub, adopted_fd_.get());
+    slab_.adopted = true;
+    slab_.slab_id = slab_id;
+    return absl::OkStatus();
+  }
+
+  // Describes the slab in slab_region_ (whose descriptor is `fd`) and
+  // hands the executor its buffers when scrubbing.
+  void UseSlab(const KvLayout& layout, const KvSlabGeometry& geometry,
+               bool scrub, int fd) {
     slab_.layout = layout;
     slab_.geometry = geometry;
     slab_.scrub = scrub;
-    slab_.fd = slab_region_->fd();
+    slab_.fd = fd;
+    slab_.slab_id = NewKvSlabId();
     if (scrub) {
       KvScrubTarget target;
       target.page_size = geometry.page_size;
@@ -130,7 +179,6 @@ class CpuBackend final : public Backend {
       }
       executor_.SetKvScrubTarget(std::move(target));
     }
-    return absl::OkStatus();
   }
 
   const KvSlab* kv_slab() const override {
@@ -141,8 +189,9 @@ class CpuBackend final : public Backend {
     if (slab_region_ != nullptr) {
       return absl::StrFormat(
           "cpu (reference executor, rings and a %s KV slab in memfd shared "
-          "memory)",
-          FormatBytes(slab_.geometry.total_bytes));
+          "memory%s)",
+          FormatBytes(slab_.geometry.total_bytes),
+          slab_.adopted ? ", the slab kept from the last run" : "");
     }
     return "cpu (reference executor, rings in memfd shared memory)";
   }
@@ -152,10 +201,25 @@ class CpuBackend final : public Backend {
   std::atomic<uint64_t> completion_{0};
   // The KV slab: mapped here too, for scrubbing.
   std::unique_ptr<SharedRegion> slab_region_;
+  // An adopted slab's descriptor (a region made by FromFd holds none).
+  UniqueFd adopted_fd_;
   KvSlab slab_;
 };
 
 }  // namespace
+
+uint64_t NewKvSlabId() {
+  uint64_t id = 0;
+  while (id == 0) {
+    // getrandom of 8 bytes from an initialized pool does not fail short;
+    // std::random_device is the fallback for a kernel without it.
+    if (getrandom(&id, sizeof(id), 0) != static_cast<ssize_t>(sizeof(id))) {
+      std::random_device random;
+      id = (static_cast<uint64_t>(random()) << 32) | random();
+    }
+  }
+  return id;
+}
 
 std::unique_ptr<Backend> MakeCpuBackend() {
   return std::make_unique<CpuBackend>();

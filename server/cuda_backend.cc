@@ -1,11 +1,15 @@
 #include "server/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
@@ -207,11 +211,54 @@ class CudaBackend final : public Backend {
     slab_.geometry = geometry;
     slab_.scrub = scrub;
     slab_.fd = slab_fd_.get();
+    slab_.slab_id = NewKvSlabId();
+    return absl::OkStatus();
+  }
+
+  absl::Status AdoptKvSlab(const KvLayout& layout,
+                           const KvSlabGeometry& geometry, bool scrub,
+                           UniqueFd fd, uint64_t slab_id) override {
+    if (slab_memory_ != nullptr || slab_import_ != nullptr) {
+      return absl::FailedPreconditionError("the KV slab exists already");
+    }
+    UniqueFd kept(fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!kept.valid()) {
+      return absl::InternalError(
+          absl::StrFormat("dup of the kept KV slab: %s", strerror(errno)));
+    }
+    // The import proves the descriptor is a VMM allocation at least the
+    // slab's size on this GPU, and holds the memory for the daemon's life
+    // (the service manager's duplicate holds it across restarts). Its
+    // mapping is the scrub target; nothing is zeroed: the pages hold KV.
+    auto imported =
+        cuda_vmm::Mapping::Import(std::move(fd), geometry.total_bytes, gpu_);
+    if (!imported.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("the kept KV slab: ", imported.status().message()));
+    }
+    slab_import_ = std::move(*imported);
+    if (scrub) {
+      KvScrubTarget target;
+      target.page_size = geometry.page_size;
+      for (const KvBufferPlacement& placement : geometry.placements) {
+        target.buffers.push_back(
+            {static_cast<char*>(slab_import_->data()) + placement.offset,
+             placement.stride_bytes});
+      }
+      RETURN_IF_ERROR(executor_->SetKvScrubTarget(target));
+    }
+    slab_fd_ = std::move(kept);
+    slab_.layout = layout;
+    slab_.geometry = geometry;
+    slab_.scrub = scrub;
+    slab_.fd = slab_fd_.get();
+    slab_.adopted = true;
+    slab_.slab_id = slab_id;
     return absl::OkStatus();
   }
 
   const KvSlab* kv_slab() const override {
-    return slab_memory_ != nullptr ? &slab_ : nullptr;
+    return slab_fd_.valid() ? &slab_ : nullptr;
   }
 
   std::string Summary() const override {
@@ -219,9 +266,10 @@ class CudaBackend final : public Backend {
         "cuda (GPU %d: %s, %s; rings and completion counter shared as CUDA "
         "virtual-memory file descriptors; %s%s)",
         gpu_, device_name_, uuid_, mps_ ? "CUDA MPS on" : "no CUDA MPS",
-        slab_memory_ != nullptr
-            ? absl::StrFormat("; a %s KV slab as a VMM fd",
-                              FormatBytes(slab_.geometry.total_bytes))
+        slab_fd_.valid()
+            ? absl::StrFormat("; a %s KV slab as a VMM fd%s",
+                              FormatBytes(slab_.geometry.total_bytes),
+                              slab_.adopted ? ", kept from the last run" : "")
             : std::string());
   }
 
@@ -248,6 +296,8 @@ class CudaBackend final : public Backend {
   // before the allocation.
   std::unique_ptr<cuda_vmm::Allocation> slab_memory_;
   UniqueFd slab_fd_;
+  // An adopted slab: the import of the kept descriptor, mapped.
+  std::unique_ptr<cuda_vmm::Mapping> slab_import_;
   std::unique_ptr<cuda_vmm::Mapping> slab_mapping_;
   KvSlab slab_;
 };

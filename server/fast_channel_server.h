@@ -157,6 +157,13 @@ class FastChannelServer final : public SessionChannels {
   void SessionClosed(uint64_t session_id, absl::string_view reason) override {
     Close(session_id, reason);
   }
+  // SessionObserver: a Resume retires the session's channel (its
+  // session_ended word set, so that a process still mapping it stops, and
+  // its memory freed as at a session's end); the gRPC service opens a
+  // fresh one when the Resume asks.
+  void SessionResumed(uint64_t session_id, uint64_t, bool) override {
+    Close(session_id, "the session was resumed by another process");
+  }
   // SessionObserver: the pool could not serve a call of `session_id` (on
   // either transport): the others are asked for their unused reserves.
   void PoolShort(uint64_t session_id, int64_t requests) override {

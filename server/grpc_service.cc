@@ -39,6 +39,7 @@ void FillPoolInfo(const PoolDescription& pool, v1::PoolInfo* out) {
   out->set_gpu(pool.device.gpu);
   out->set_device_uuid(pool.device.device_uuid);
   out->set_cuda_mps(pool.device.cuda_mps);
+  out->set_state_kept(pool.state_kept);
   if (pool.kv_slab != nullptr) {
     const KvSlab& slab = *pool.kv_slab;
     v1::KvSlab* kv = out->mutable_kv_slab();
@@ -48,6 +49,7 @@ void FillPoolInfo(const PoolDescription& pool, v1::PoolInfo* out) {
     kv->set_alignment(slab.geometry.alignment);
     kv->set_bytes_per_page(slab.geometry.bytes_per_page);
     kv->set_scrub(slab.scrub);
+    kv->set_slab_id(slab.slab_id);
     for (size_t b = 0; b < slab.layout.buffers.size(); ++b) {
       const KvBufferSpec& spec = slab.layout.buffers[b];
       const KvBufferPlacement& placement = slab.geometry.placements[b];
@@ -386,36 +388,63 @@ grpc::ServerUnaryReactor* GrpcService::Register(
   wanted.ring_capacity_slots = request->ring_capacity_slots();
   wanted.quota_pages = request->quota_pages();
   wanted.register_secret = request->register_secret();
+  wanted.resumable = request->resumable();
   absl::StatusOr<std::shared_ptr<Session>> session =
       core_->OpenSession(wanted, context->peer());
   if (!session.ok()) {
     Finish(reactor, Method::kRegister, start, session.status());
     return reactor;
   }
-  response->set_session_id((*session)->id());
-  response->set_session_token((*session)->token());
-  FillPoolInfo(core_->DescribePool(), response->mutable_pool());
-  FillRing((*session)->ring_memory().Describe(), response->mutable_ring());
-  response->set_lease_ms(absl::ToInt64Milliseconds(core_->lease()));
-  response->set_quota_pages((*session)->quota_pages());
-  response->set_memory_socket(memory_socket_);
-  if (request->fast_channel() && channels_ != nullptr &&
-      !memory_socket_.empty()) {
-    const absl::StatusOr<ChannelCapacity> opened =
-        channels_->SessionOpened((*session)->id(), (*session)->token());
-    if (opened.ok()) {
-      response->mutable_fast_channel()->set_max_requests(opened->max_requests);
-      response->mutable_fast_channel()->set_message_bytes(
-          opened->message_bytes);
-    } else {
-      // The session works without one (over gRPC); say why in the log.
-      Logger("session")->warn("session {}: no fast channel: {}",
-                              (*session)->id(),
-                              std::string(opened.status().message()));
-    }
-  }
+  FillRegisterResponse(**session, request->fast_channel(), response);
   Finish(reactor, Method::kRegister, start, absl::OkStatus());
   return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcService::Resume(
+    grpc::CallbackServerContext* context, const v1::ResumeRequest* request,
+    v1::RegisterResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  ResumeRequestInput wanted;
+  wanted.session_id = request->session().session_id();
+  wanted.session_token = request->session().session_token();
+  wanted.ring_capacity_slots = request->ring_capacity_slots();
+  wanted.take_over = request->take_over();
+  wanted.register_secret = request->register_secret();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      core_->ResumeSession(wanted, context->peer());
+  if (!session.ok()) {
+    Finish(reactor, Method::kResume, start, session.status());
+    return reactor;
+  }
+  FillRegisterResponse(**session, request->fast_channel(), response);
+  response->set_resumed(true);
+  Finish(reactor, Method::kResume, start, absl::OkStatus());
+  return reactor;
+}
+
+void GrpcService::FillRegisterResponse(const Session& session,
+                                       bool fast_channel,
+                                       v1::RegisterResponse* response) {
+  response->set_session_id(session.id());
+  response->set_session_token(session.token());
+  FillPoolInfo(core_->DescribePool(), response->mutable_pool());
+  FillRing(session.ring()->Describe(), response->mutable_ring());
+  response->set_lease_ms(absl::ToInt64Milliseconds(core_->lease()));
+  response->set_quota_pages(session.quota_pages());
+  response->set_resumable(session.resumable());
+  response->set_memory_socket(memory_socket_);
+  if (!fast_channel || channels_ == nullptr || memory_socket_.empty()) return;
+  const absl::StatusOr<ChannelCapacity> opened =
+      channels_->SessionOpened(session.id(), session.token());
+  if (opened.ok()) {
+    response->mutable_fast_channel()->set_max_requests(opened->max_requests);
+    response->mutable_fast_channel()->set_message_bytes(opened->message_bytes);
+  } else {
+    // The session works without one (over gRPC); say why in the log.
+    Logger("session")->warn("session {}: no fast channel: {}", session.id(),
+                            std::string(opened.status().message()));
+  }
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
@@ -607,12 +636,14 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
         out->set_pinned_pages(it->second.pinned_pages);
       }
       out->set_quota_pages(session->quota_pages());
-      out->set_ring_capacity_slots(session->ring_memory().capacity_slots());
+      out->set_ring_capacity_slots(session->ring_capacity_slots());
       out->set_ring_reserved_slots(session->ring_reserved());
       out->set_release_pending_pages(
           core_->release_pending_pages(session->id()));
       out->set_fast_channel(channels_ != nullptr &&
                             channels_->HasChannel(session->id()));
+      out->set_resumable(session->resumable());
+      out->set_connected(session->link() == SessionLink::kConnected);
       // Every renewal sets the deadline to renewal time + lease.
       out->set_lease_age_ms(std::max<int64_t>(
           0, absl::ToInt64Milliseconds(
@@ -620,6 +651,21 @@ grpc::ServerUnaryReactor* GrpcService::GetStats(
     }
   }
   Finish(reactor, Method::kGetStats, start, absl::OkStatus());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcService::ListPages(
+    grpc::CallbackServerContext* context, const v1::ListPagesRequest* request,
+    v1::ListPagesResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  core_->SubmitListPages(
+      request->session().session_id(), request->session().session_token(),
+      Transport::kGrpc,
+      new PrefixCallReply(reactor, [response](const PrefixReply& reply) {
+        response->mutable_pages()->Add(reply.pages.begin(), reply.pages.end());
+        response->mutable_shared_pages()->Add(reply.shared.begin(),
+                                              reply.shared.end());
+      }));
   return reactor;
 }
 

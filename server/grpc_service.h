@@ -58,21 +58,27 @@ using PrefixMethods = v1::PageAllocator::WithCallbackMethod_Publish<
             v1::PageAllocator::WithCallbackMethod_ResetPrefixCache<
                 v1::PageAllocator::Service>>>>;
 
+// Resume (a session taken back by id and token).
+using ResumeMethods =
+    v1::PageAllocator::WithCallbackMethod_Resume<PrefixMethods>;
+// ListPages (a session's pages, for a client reconciling after a restart).
+using ListPagesMethods =
+    v1::PageAllocator::WithCallbackMethod_ListPages<ResumeMethods>;
+
 using PageAllocatorBase = v1::PageAllocator::WithCallbackMethod_Register<
     v1::PageAllocator::WithRawCallbackMethod_KeepAlive<
         v1::PageAllocator::WithCallbackMethod_AllocExtend<
             v1::PageAllocator::WithCallbackMethod_AllocDecode<
-                v1::PageAllocator::WithCallbackMethod_Alloc<
-                    v1::PageAllocator::WithCallbackMethod_Free<
-                        v1::PageAllocator::WithCallbackMethod_Checkpoint<
-                            v1::PageAllocator::WithCallbackMethod_Rollback<
-                                v1::PageAllocator::WithCallbackMethod_ReleaseRing<
-                                    v1::PageAllocator::WithCallbackMethod_GetStats<
-                                        v1::PageAllocator::WithCallbackMethod_ClearSession<
-                                            v1::PageAllocator::WithCallbackMethod_ClearPool<
-                                                v1::PageAllocator::
-                                                    WithCallbackMethod_GetFreeLists<
-                                                        PrefixMethods>>>>>>>>>>>>>;
+                v1::PageAllocator::WithCallbackMethod_Alloc<v1::PageAllocator::WithCallbackMethod_Free<
+                    v1::PageAllocator::WithCallbackMethod_Checkpoint<
+                        v1::PageAllocator::WithCallbackMethod_Rollback<
+                            v1::PageAllocator::WithCallbackMethod_ReleaseRing<
+                                v1::PageAllocator::WithCallbackMethod_GetStats<
+                                    v1::PageAllocator::WithCallbackMethod_ClearSession<
+                                        v1::PageAllocator::WithCallbackMethod_ClearPool<
+                                            v1::PageAllocator::
+                                                WithCallbackMethod_GetFreeLists<
+                                                    ListPagesMethods>>>>>>>>>>>>>;
 
 class GrpcService final : public PageAllocatorBase {
  public:
@@ -94,6 +100,9 @@ class GrpcService final : public PageAllocatorBase {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override;
+  grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* context,
+                                   const v1::ResumeRequest* request,
+                                   v1::RegisterResponse* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KeepAlive(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* AllocExtend(grpc::CallbackServerContext* context,
@@ -122,6 +131,9 @@ class GrpcService final : public PageAllocatorBase {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
+  grpc::ServerUnaryReactor* ListPages(grpc::CallbackServerContext* context,
+                                      const v1::ListPagesRequest* request,
+                                      v1::ListPagesResponse* response) override;
   grpc::ServerUnaryReactor* ClearSession(
       grpc::CallbackServerContext* context,
       const v1::ClearSessionRequest* request,
@@ -164,6 +176,10 @@ class GrpcService final : public PageAllocatorBase {
                                         const Request& request,
                                         v1::AllocResponse* response,
                                         Method method);
+  // Register's and Resume's answer for `session`: the pool, the ring, the
+  // lease, and a fresh fast channel when `fast_channel` asks for one.
+  void FillRegisterResponse(const Session& session, bool fast_channel,
+                            v1::RegisterResponse* response);
   // Records the call's code and latency, then finishes the reactor.
   void Finish(grpc::ServerUnaryReactor* reactor, Method method,
               absl::Time start, const absl::Status& status);

@@ -88,6 +88,22 @@ ABSL_FLAG(std::string, semantics, "pagealloc",
 ABSL_FLAG(bool, allow_forced_clear, false,
           "Let ClearPool with force clear the pool while sessions hold pages "
           "(their slots become void). Off: a forced clear is refused.");
+ABSL_FLAG(bool, keep_state, false,
+          "Keep the pool across restarts of the daemon: its KV slab and a "
+          "journal of every page's state go to the service manager's "
+          "file-descriptor store (a systemd unit with "
+          "FileDescriptorStoreMax=), and the next start takes the pool over "
+          "with its sessions, pages and KV (docs/operations.md, \"Upgrades "
+          "and restarts\"). Needs $NOTIFY_SOCKET.");
+ABSL_FLAG(int64_t, state_log_bytes, 64 << 20,
+          "With --keep_state: bytes of the journal's log of changes between "
+          "two snapshots of the pool (a snapshot is written when half is "
+          "used).");
+ABSL_FLAG(bool, discard_state, false,
+          "With --keep_state: drop a kept state this build will not take "
+          "over (another journal format or pool semantics version, or a "
+          "pool of other flags) and start a fresh pool, instead of refusing "
+          "to start. Every session of the last run and its KV is lost.");
 ABSL_FLAG(int64_t, prefix_max_pinned_pages, 1024,
           "Most shared prefix pages one session may pin (Publish with pin: "
           "never evicted while pinned). 0: pins are refused.");
@@ -325,6 +341,8 @@ const CommandLineSpec kCommandLine = {
           {"batcher_spin_us", "microseconds"},
           {"grpc_answer_threads", "threads"},
           {"print_scheduling_policy"}}},
+        {"restarts",
+         {{"keep_state"}, {"state_log_bytes", "bytes"}, {"discard_state"}}},
         {"logging", {{"log_level"}, {"debug_checks"}}},
         {"metrics",
          {{"metrics_port", "TCP port"}, {"metrics_host", "address"}}},
@@ -519,6 +537,19 @@ absl::Status PoolPolicyFlags(ServerOptions* options) {
   }
   options->pool.semantics = *semantics;
   options->allow_forced_clear = absl::GetFlag(FLAGS_allow_forced_clear);
+  options->keep_state.enabled = absl::GetFlag(FLAGS_keep_state);
+  options->keep_state.log_bytes = absl::GetFlag(FLAGS_state_log_bytes);
+  options->keep_state.discard = absl::GetFlag(FLAGS_discard_state);
+  if (options->keep_state.log_bytes < (1 << 16) ||
+      options->keep_state.log_bytes > (int64_t{1} << 32) ||
+      options->keep_state.log_bytes % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--state_log_bytes=%d: a multiple of 8 from 65536 to 4294967296",
+        options->keep_state.log_bytes));
+  }
+  if (options->keep_state.discard && !options->keep_state.enabled) {
+    return absl::InvalidArgumentError("--discard_state needs --keep_state");
+  }
   return absl::OkStatus();
 }
 

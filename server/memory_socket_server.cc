@@ -115,6 +115,27 @@ void MemorySocketServer::SessionClosed(uint64_t session_id,
   events_.Wake();
 }
 
+void MemorySocketServer::SessionResumed(uint64_t session_id,
+                                        uint64_t old_generation,
+                                        bool was_connected) {
+  if (!was_connected) return;
+  absl::MutexLock lock(&mu_);
+  if (!started_ || stopping_) return;
+  taken_over_.emplace_back(session_id, old_generation);
+  events_.Wake();
+}
+
+void MemorySocketServer::SeverConnections() {
+  auto done = std::make_shared<absl::Notification>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!started_ || stopping_) return;
+    sever_.push_back(done);
+    events_.Wake();
+  }
+  done->WaitForNotification();
+}
+
 void MemorySocketServer::Serve() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
@@ -153,6 +174,11 @@ void MemorySocketServer::Serve() {
                    connection.session_id)));
   }
   connected_.store(0, std::memory_order_relaxed);
+  // A SeverConnections that came after the last look waits no longer: the
+  // connections close with the server.
+  absl::MutexLock lock(&mu_);
+  for (const auto& done : sever_) done->Notify();
+  sever_.clear();
 }
 
 absl::Time MemorySocketServer::NextDeadline() const {
@@ -252,19 +278,27 @@ void MemorySocketServer::ReadHello(uint64_t serial) {
       core_->Authenticate(parsed->session_id, ms::TokenOf(*parsed));
   if (!session.ok()) return Refuse(serial, session.status());
   const uint64_t id = (*session)->id();
-  if (serial_of_.contains(id)) {
-    return Refuse(
-        serial,
-        absl::FailedPreconditionError(absl::StrFormat(
-            "session %d already has its memory socket connection", id)));
+  // One connection a link: refused while the session is connected, or
+  // detached without a Resume since (its memory went to a connection that
+  // closed).
+  absl::StatusOr<uint64_t> generation = (*session)->Connect();
+  if (!generation.ok()) return Refuse(serial, generation.status());
+  if (auto old = serial_of_.find(id); old != serial_of_.end()) {
+    // The connection of a link a Resume took over, not told yet.
+    EndTakenOver(old->second);
   }
-  if (!HandOver(connection, **session)) return Forget(serial);
+  if (!HandOver(connection, **session)) {
+    (*session)->AbortConnect(*generation);
+    return Forget(serial);
+  }
   pending_.erase(serial);
   if (--pending_of_peer_[connection.pid] == 0) {
     pending_of_peer_.erase(connection.pid);
   }
   pending_count_.store(pending_.size(), std::memory_order_relaxed);
   connection.session_id = id;
+  connection.generation = *generation;
+  connection.session = *session;
   serial_of_[id] = serial;
   connected_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -294,7 +328,8 @@ bool MemorySocketServer::HandOver(Connection& connection, Session& session) {
       return false;
     }
   }
-  const RingDescription ring = session.ring_memory().Describe();
+  const std::shared_ptr<RingMemory> ring_memory = session.ring();
+  const RingDescription ring = ring_memory->Describe();
   if (ring.fd >= 0) {
     const ms::MemoryKind kind = ring.memory == RingDescription::Memory::kCudaVmm
                                     ? ms::MemoryKind::kCudaRing
@@ -327,7 +362,7 @@ bool MemorySocketServer::HandOver(Connection& connection, Session& session) {
   // The client holds its memory now and a session has one connection:
   // the daemon keeps its mappings but not their descriptors (two fewer a
   // session; server/descriptors.h).
-  session.ring_memory().CloseDescriptor();
+  ring_memory->CloseDescriptor();
   if (fast_channels_ != nullptr) fast_channels_->CloseMemoryDescriptor(id);
   return true;
 }
@@ -343,17 +378,56 @@ void MemorySocketServer::Watch(uint64_t serial) {
     return;  // nothing after all
   }
   const uint64_t id = connection.session_id;
+  const uint64_t generation = connection.generation;
   const bool went_away = received.ok() && *received == 0;
   Forget(serial);
-  core_->ReclaimSession(id, went_away ? "client went away"
-                                      : "broke the memory socket's protocol");
+  core_->DisconnectSession(
+      id, generation, /*keep_if_resumable=*/went_away,
+      went_away ? "client went away" : "broke the memory socket's protocol");
+}
+
+void MemorySocketServer::EndTakenOver(uint64_t serial) {
+  Connection& connection = connections_.at(serial);
+  SendStatus(connection.fd.get(), ms::MessageKind::kEnded,
+             absl::AbortedError(absl::StrFormat(
+                 "session %d was taken over by another process (Resume with "
+                 "take_over): this process no longer holds it",
+                 connection.session_id)));
+  log_->info("session {}: its connection from pid {} was taken over",
+             connection.session_id, connection.pid);
+  Forget(serial);
 }
 
 void MemorySocketServer::EndSessions() {
   std::vector<std::pair<uint64_t, std::string>> ended;
+  std::vector<std::pair<uint64_t, uint64_t>> taken_over;
+  std::vector<std::shared_ptr<absl::Notification>> sever;
   {
     absl::MutexLock lock(&mu_);
     ended.swap(ended_);
+    taken_over.swap(taken_over_);
+    sever.swap(sever_);
+  }
+  for (const auto& [id, generation] : taken_over) {
+    auto it = serial_of_.find(id);
+    if (it == serial_of_.end()) continue;
+    if (connections_.at(it->second).generation == generation) {
+      EndTakenOver(it->second);
+    }
+  }
+  if (!sever.empty()) {
+    std::vector<uint64_t> serials;
+    for (const auto& [id, serial] : serial_of_) serials.push_back(serial);
+    for (uint64_t serial : serials) {
+      Connection& connection = connections_.at(serial);
+      if (std::shared_ptr<Session> session = connection.session.lock()) {
+        session->Detach(connection.generation);
+      }
+      Forget(serial);
+    }
+    log_->warn("memory socket: severed {} connections (sessions kept)",
+               serials.size());
+    for (const auto& done : sever) done->Notify();
   }
   for (const auto& [id, reason] : ended) {
     auto it = serial_of_.find(id);

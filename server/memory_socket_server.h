@@ -7,7 +7,10 @@
 // client's end closes (its process died: the kernel closes the sockets of a
 // dead process) the session is reclaimed at once, its pages freed, without
 // waiting for its lease; the lease remains for clients that hang rather
-// than die. A session that ends otherwise
+// than die. A resumable session is kept instead (detached) until its lease
+// runs out or a Resume gives it a new link, whose Hello this server then
+// takes; a connection of a link a Resume replaced (take_over) is told why
+// and closed, and its close ends nothing. A session that ends otherwise
 // (closed, lease lost, daemon shutting down) is told why, then its
 // connection is closed, which is how its client learns at once.
 //
@@ -46,6 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "memory/unique_fd.h"
@@ -102,6 +106,17 @@ class MemorySocketServer final : public SessionObserver {
   // closed (asynchronously, by the serving thread).
   void SessionClosed(uint64_t session_id, absl::string_view reason) override
       ABSL_LOCKS_EXCLUDED(mu_);
+  // SessionObserver: a take-over's old connection is told (ABORTED, "taken
+  // over") and closed, asynchronously, by the serving thread.
+  void SessionResumed(uint64_t session_id, uint64_t old_generation,
+                      bool was_connected) override ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Closes every session's connection without a word and keeps the
+  // sessions, detached (resumable or not), as a daemon that restarts with
+  // its state leaves them: each client sees its daemon go away and may
+  // Resume. Returns once the serving thread has closed them (at once when
+  // it is not running). For tests of the client's reconnect.
+  void SeverConnections() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sessions connected now (handed their memory, connection open).
   int64_t connected_sessions() const {
@@ -123,6 +138,10 @@ class MemorySocketServer final : public SessionObserver {
   struct Connection {
     UniqueFd fd;
     uint64_t session_id = 0;  // 0 until its Hello was accepted
+    // The session's link this connection holds (Session::Connect), and
+    // the session, for SeverConnections.
+    uint64_t generation = 0;
+    std::weak_ptr<Session> session;
     absl::Time accepted;
     pid_t pid = 0;
     uid_t uid = 0;
@@ -153,8 +172,12 @@ class MemorySocketServer final : public SessionObserver {
   // broke the protocol (anything sent after its Hello).
   void Watch(uint64_t serial);
   // Tells the sessions SessionClosed named why, and closes their
-  // connections.
+  // connections; tells and closes the connections SessionResumed took
+  // sessions from; severs every connection when asked.
   void EndSessions() ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells a connection whose session a Resume took that it was taken over,
+  // and closes it.
+  void EndTakenOver(uint64_t serial);
   // Sheds connections past their Hello deadline; writes the shed log line
   // when due.
   void Tick(absl::Time now);
@@ -176,8 +199,12 @@ class MemorySocketServer final : public SessionObserver {
   absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Sessions ended since the serving thread last looked, and why.
+  // Sessions ended since the serving thread last looked, and why; links
+  // taken over (session id, the old link's generation); SeverConnections'
+  // waiters.
   std::vector<std::pair<uint64_t, std::string>> ended_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, uint64_t>> taken_over_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<absl::Notification>> sever_ ABSL_GUARDED_BY(mu_);
 
   // The serving thread's state (see Serve).
   std::shared_ptr<spdlog::logger> log_;

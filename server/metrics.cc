@@ -203,6 +203,52 @@ void AddPoolFamilies(const PoolStats& stats, const Backend& backend,
               stats.pages_scrubbed));
 }
 
+// The pool kept across restarts (--keep_state): how this start found the
+// kept state, whether it is being kept, and the journal's figures.
+void AddKeptStateFamilies(const KeptState* kept, Families* out) {
+  const KeptStateStats stats =
+      kept != nullptr ? kept->stats() : KeptStateStats();
+  MetricFamily recovery = Family(
+      "pagealloc_state_recovery",
+      "1 for how this start found the pool's kept state (--keep_state): "
+      "none kept, recovered, corrupt (failed a check: a fresh pool, every "
+      "session gone), discarded (refused, dropped by --discard_state); all "
+      "0 without --keep_state.",
+      MetricType::Gauge);
+  for (KeptStateOutcome outcome :
+       {KeptStateOutcome::kNone, KeptStateOutcome::kRecovered,
+        KeptStateOutcome::kCorrupt, KeptStateOutcome::kDiscarded}) {
+    AddGauge(recovery, kept != nullptr && stats.outcome == outcome ? 1 : 0,
+             {{"outcome", std::string(KeptStateOutcomeName(outcome))}});
+  }
+  out->push_back(std::move(recovery));
+  out->push_back(Gauge("pagealloc_state_kept",
+                       "1 while every change to the pool is journaled in the "
+                       "service manager's store; 0 without --keep_state or "
+                       "once a change could not be kept (the log says why).",
+                       stats.keeping ? 1 : 0));
+  out->push_back(Gauge("pagealloc_state_starts",
+                       "Starts of the daemon on this kept pool (1: the first).",
+                       stats.identity.starts));
+  out->push_back(Counter("pagealloc_state_records_total",
+                         "Change records journaled since start.",
+                         stats.records));
+  out->push_back(Counter("pagealloc_state_record_bytes_total",
+                         "Bytes of the change records journaled since start.",
+                         stats.record_bytes));
+  out->push_back(Counter("pagealloc_state_snapshots_total",
+                         "Snapshots of the pool written since start.",
+                         stats.snapshots));
+  out->push_back(Gauge("pagealloc_state_log_bytes",
+                       "Bytes of the journal's log in use since its last "
+                       "snapshot.",
+                       stats.log_bytes_used));
+  out->push_back(Gauge("pagealloc_state_recovery_seconds",
+                       "Time from taking the kept state to keeping it again "
+                       "at this start.",
+                       stats.recovery_seconds));
+}
+
 // The shared prefix pages: by state, lookups and hits in tokens, pages
 // published, adopted and evicted by reason. Adopt latency is MatchPrefix's
 // pagealloc_rpc_duration_seconds.
@@ -314,6 +360,29 @@ void AddSessionFamilies(const PoolStats& stats,
   out->push_back(std::move(quota));
   out->push_back(
       Gauge("pagealloc_sessions_active", "Live sessions.", sessions.size()));
+  int64_t detached = 0;
+  for (const std::shared_ptr<Session>& session : sessions) {
+    detached += session->link() == SessionLink::kDetached;
+  }
+  out->push_back(Gauge("pagealloc_sessions_detached",
+                       "Resumable sessions whose client's connection closed, "
+                       "kept for a Resume until their lease runs out.",
+                       detached));
+  out->push_back(Counter("pagealloc_sessions_detached_total",
+                         "Resumable sessions kept when their client's "
+                         "connection closed.",
+                         counters.sessions_detached));
+  MetricFamily resumes = Family(
+      "pagealloc_session_resumes_total",
+      "Resume calls, by outcome: resumed, taken_over (from a connected "
+      "client), or refused (not_found, unauthenticated, still_connected, "
+      "refused).",
+      MetricType::Counter);
+  for (int o = 0; o < kNumResumeOutcomes; ++o) {
+    AddCounter(resumes, counters.resumes[o].load(std::memory_order_relaxed),
+               {{"outcome", ResumeOutcomeName(static_cast<ResumeOutcome>(o))}});
+  }
+  out->push_back(std::move(resumes));
   out->push_back(Counter("pagealloc_sessions_opened_total",
                          "Sessions registered.", counters.sessions_opened));
   out->push_back(Counter("pagealloc_sessions_closed_total",
@@ -596,7 +665,8 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
                                  const MemorySocketServer* memory_socket,
                                  const HandoffThreads* grpc_answer_senders,
                                  std::vector<const MemoryBudget*> budgets,
-                                 const KvEventPublisher* kv_events)
+                                 const KvEventPublisher* kv_events,
+                                 const KeptState* kept)
     : pool_(pool),
       sessions_(sessions),
       core_(core),
@@ -605,7 +675,8 @@ MetricsExporter::MetricsExporter(PagePool* pool, SessionRegistry* sessions,
       fast_channels_(fast_channels),
       memory_socket_(memory_socket),
       grpc_answer_senders_(grpc_answer_senders),
-      kv_events_(kv_events) {
+      kv_events_(kv_events),
+      kept_(kept) {
   for (const MemoryBudget* budget : budgets) {
     if (budget != nullptr) budgets_.push_back(budget);
   }
@@ -616,6 +687,7 @@ std::string MetricsExporter::Render() const {
   Families families;
   AddPoolFamilies(stats, *backend_, &families);
   AddPrefixFamilies(stats, &families);
+  AddKeptStateFamilies(kept_, &families);
   AddBuildInfo(*backend_, pool_->free_policy(), &families);
   AddAllocationFamilies(stats, batcher_->launches(), &families);
   const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/page_pool.h"
 #include "common/handoff_thread.h"
+#include "kept_state/kept_state.h"
 #include "kv_events/publisher.h"
 #include "server/backend.h"
 #include "server/batcher.h"
@@ -49,7 +50,8 @@ class MetricsExporter {
                   const MemorySocketServer* memory_socket = nullptr,
                   const HandoffThreads* grpc_answer_senders = nullptr,
                   std::vector<const MemoryBudget*> budgets = {},
-                  const KvEventPublisher* kv_events = nullptr);
+                  const KvEventPublisher* kv_events = nullptr,
+                  const KeptState* kept = nullptr);
 
   // The exposition, text format 0.0.4.
   std::string Render() const;
@@ -66,6 +68,7 @@ class MetricsExporter {
   // Sessions' memory budgets (nulls left out).
   std::vector<const MemoryBudget*> budgets_;
   const KvEventPublisher* const kv_events_;
+  const KeptState* const kept_;  // null without --keep_state
 };
 
 }  // namespace pagealloc

@@ -155,6 +155,21 @@ int64_t ReleaseQueues::Forget(uint64_t owner) {
   return pending;
 }
 
+std::vector<ReleaseQueues::Released> ReleaseQueues::Detach(uint64_t owner,
+                                                           absl::Time now) {
+  std::vector<Released> released;
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) return released;
+  for (Entry& entry : it->second.entries) {
+    Unpend(it->second, entry);
+    released.push_back({owner, std::move(entry.pages), now - entry.queued_at});
+  }
+  owners_.erase(it);
+  waiting_.erase(owner);
+  return released;
+}
+
 int64_t ReleaseQueues::pending_pages(uint64_t owner) const {
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(owner);

@@ -95,6 +95,14 @@ class ReleaseQueues {
   // the pages that were pending.
   int64_t Forget(uint64_t owner) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Detaches `owner`'s word (its session's fast channel was replaced, at
+  // Resume) and takes all its pending pages, in the order they were
+  // queued, as if their fences had passed: the process that would have
+  // written the word is gone (or was taken over). The session may Attach
+  // a new word afterwards. Empty when it had none pending.
+  std::vector<Released> Detach(uint64_t owner, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Whether any page is pending (a relaxed load, for the hot path).
   bool any_pending() const {
     return pending_pages_.load(std::memory_order_relaxed) > 0;

@@ -154,6 +154,28 @@ TEST_F(ReleaseQueuesTest, ForgetDropsTheWordAndThePendingPages) {
 // Random adds, word moves (forwards and backwards), retains and forgets
 // against a model: a page is released exactly when the maximum its
 // session's word has shown reaches its value, and never twice.
+// A Resume replaces the session's fast channel: its pending pages come out
+// whole, in arrival order, fence or not, and it may attach a new word.
+TEST_F(ReleaseQueuesTest, DetachTakesEveryPendingPageAndTheWord) {
+  ASSERT_OK(queues_.Add(1, 9, {3, 4}, t0_));
+  ASSERT_OK(queues_.Add(1, 2, {7}, t0_ + absl::Milliseconds(1)));
+  ASSERT_OK(queues_.Add(2, 1, {8}, t0_));
+  std::vector<ReleaseQueues::Released> released =
+      queues_.Detach(1, t0_ + absl::Milliseconds(5));
+  ASSERT_THAT(released, SizeIs(2));
+  EXPECT_THAT(released[0].pages, ElementsAre(3, 4));
+  EXPECT_EQ(released[0].waited, absl::Milliseconds(5));
+  EXPECT_THAT(released[1].pages, ElementsAre(7));
+  EXPECT_FALSE(queues_.HasWord(1));
+  EXPECT_EQ(queues_.pending_pages(1), 0);
+  EXPECT_EQ(queues_.pending_pages(), 1);  // the other session's stays
+  EXPECT_THAT(queues_.Add(1, 1, {5}, t0_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, _));
+  auto fresh = std::make_shared<std::atomic<uint64_t>>(0);
+  EXPECT_OK(queues_.Attach(1, fresh));
+  EXPECT_THAT(queues_.Detach(3, t0_), IsEmpty());  // never attached
+}
+
 TEST_F(ReleaseQueuesTest, RandomTracesMatchAModel) {
   std::mt19937_64 rng(25);
   struct Model {

@@ -44,7 +44,7 @@ class RingSpace {
   int64_t reserved() const { return end_ - released_; }
 
  private:
-  const int64_t capacity_;
+  int64_t capacity_;
   int64_t end_ = 0;
   int64_t released_ = 0;
   int64_t end_before_last_reserve_ = 0;

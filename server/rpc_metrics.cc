@@ -3,12 +3,25 @@
 namespace pagealloc {
 
 const char* MethodName(Method method) {
-  static constexpr const char* kNames[kNumMethods] = {
-      "Register",        "KeepAlive", "AllocExtend",  "AllocDecode",
-      "Alloc",           "Free",      "Checkpoint",   "Rollback",
-      "ReleaseRing",     "GetStats",  "ClearSession", "ClearPool",
-      "GetFreeLists",    "Publish",   "MatchPrefix",  "UnpinPrefix",
-      "ResetPrefixCache"};
+  static constexpr const char* kNames[kNumMethods] = {"Register",
+                                                      "KeepAlive",
+                                                      "AllocExtend",
+                                                      "AllocDecode",
+                                                      "Alloc",
+                                                      "Free",
+                                                      "Checkpoint",
+                                                      "Rollback",
+                                                      "ReleaseRing",
+                                                      "GetStats",
+                                                      "ClearSession",
+                                                      "ClearPool",
+                                                      "GetFreeLists",
+                                                      "Publish",
+                                                      "MatchPrefix",
+                                                      "UnpinPrefix",
+                                                      "ResetPrefixCache",
+                                                      "Resume",
+                                                      "ListPages"};
   return kNames[static_cast<int>(method)];
 }
 

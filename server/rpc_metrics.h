@@ -37,8 +37,10 @@ enum class Method : int {
   kMatchPrefix,
   kUnpinPrefix,
   kResetPrefixCache,
+  kResume,
+  kListPages,
 };
-inline constexpr int kNumMethods = 17;
+inline constexpr int kNumMethods = 19;
 inline constexpr int kNumStatusCodes = 17;  // google.rpc.Code 0..16
 
 // The method name as in the .proto ("AllocExtend").

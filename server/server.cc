@@ -6,6 +6,7 @@
 #include <netdb.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -20,6 +21,8 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -30,10 +33,12 @@
 #include "common/socket_location.h"
 #include "common/status_macros.h"
 #include "fast_channel/layout.h"
+#include "fd_store/fd_store.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "kept_state/session_record.h"
 #include "memory/memory_socket.h"
 #include "memory/unique_fd.h"
 #include "server/descriptors.h"
@@ -541,6 +546,55 @@ void SetSchedulingSettings(const SchedulingPolicy::Settings& settings,
   options->grpc_answer_threads = settings.grpc_answer_threads;
 }
 
+// Reports every shared page of `state` as stored, each after the page its
+// key chains to (when the index holds it), for the routers that follow the
+// KV events: a restarted daemon's publisher starts with AllBlocksCleared.
+void ReportKeptBlocks(const PoolState& state, KvEventSink& sink) {
+  absl::flat_hash_map<PrefixKey, std::vector<const PrefixEntryState*>> children;
+  absl::flat_hash_set<PrefixKey> keys;
+  for (const PrefixEntryState& entry : state.prefix_entries) {
+    keys.insert(entry.key);
+  }
+  std::vector<const PrefixEntryState*> ready;
+  for (const PrefixEntryState& entry : state.prefix_entries) {
+    if (entry.has_parent && keys.contains(entry.parent)) {
+      children[entry.parent].push_back(&entry);
+    } else {
+      ready.push_back(&entry);
+    }
+  }
+  while (!ready.empty()) {
+    const PrefixEntryState* entry = ready.back();
+    ready.pop_back();
+    StoredBlocks blocks;
+    blocks.keys.push_back(PrefixKeyBytes(entry->key));
+    if (entry->has_parent) blocks.parent_key = PrefixKeyBytes(entry->parent);
+    sink.BlocksStored(blocks);
+    auto it = children.find(entry->key);
+    if (it == children.end()) continue;
+    ready.insert(ready.end(), it->second.begin(), it->second.end());
+  }
+}
+
+// What a kept pool state means: the flags that shape it. A restart with
+// other values refuses the kept state (KeptStateOptions.fingerprint). The
+// pool's size is not among them when a budget sizes it: a kept pool keeps
+// its pages.
+std::string PoolFingerprint(const ServerOptions& options, Backend& backend) {
+  const DeviceDescription device = backend.DescribeDevice();
+  const PoolOptions& pool = options.pool;
+  return absl::StrCat(
+      "backend=", device.kind == BackendKind::kCuda ? "cuda" : "cpu",
+      "\ndevice=", device.device_uuid, "\npage_size=", pool.page_size,
+      "\nnum_pages=",
+      pool.num_pages > 0 ? absl::StrCat(pool.num_pages) : "sized by budget",
+      "\nfree_policy=", FreePolicyName(pool.free_policy),
+      "\nsemantics=", SemanticsName(pool.semantics), "\nkv_layout=",
+      options.kv.layout.has_value() ? options.kv.layout->text : "none",
+      "\nkv_scrub=", options.kv.scrub ? "on" : "off",
+      "\nmax_pinned_pages_per_owner=", pool.max_pinned_pages_per_owner);
+}
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     const ServerOptions& options) {
   std::unique_ptr<Server> server(new Server(options));
@@ -566,28 +620,102 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   server->policy_ = std::move(policy);
   ASSIGN_OR_RETURN(server->backend_, MakeBackend(options));
   PoolOptions pool_options = options.pool;
+  const std::string fingerprint = PoolFingerprint(options, *server->backend_);
+  if (options.keep_state.enabled) {
+    using PassedFds = absl::flat_hash_map<std::string, UniqueFd>;
+    ASSIGN_OR_RETURN(PassedFds passed, TakePassedFds());
+    KeptStateOptions kept_options;
+    kept_options.fingerprint = fingerprint;
+    kept_options.log_capacity_bytes = options.keep_state.log_bytes;
+    kept_options.discard = options.keep_state.discard;
+    kept_options.max_owners = options.sessions.max_sessions;
+    ASSIGN_OR_RETURN(server->kept_,
+                     KeptState::Open(kept_options, std::move(passed)));
+  }
+  KeptState* const kept = server->kept_.get();
+  auto recovering = [kept] {
+    return kept != nullptr && kept->outcome() == KeptStateOutcome::kRecovered;
+  };
+  // A kept pool keeps its size: the pages a budget holds may differ now
+  // (the GPU's free memory), but the kept slab and pages are what they
+  // were.
+  if (recovering()) pool_options.num_pages = kept->recovered_state().num_pages;
+  uint64_t slab_id = 0;
   if (options.kv.layout.has_value()) {
+    ServerOptions sizing = options;
+    sizing.pool.num_pages = pool_options.num_pages;
+    if (recovering()) sizing.kv.budget.reset();
     ASSIGN_OR_RETURN(KvSlabGeometry slab,
-                     SizeKvSlab(options, *server->backend_));
-    RETURN_IF_ERROR(server->backend_->CreateKvSlab(*options.kv.layout, slab,
-                                                   options.kv.scrub));
+                     SizeKvSlab(sizing, *server->backend_));
+    bool adopted = false;
+    if (recovering()) {
+      UniqueFd kept_slab = kept->TakeSlabFd();
+      const absl::Status adopt =
+          kept_slab.valid()
+              ? server->backend_->AdoptKvSlab(
+                    *options.kv.layout, slab, options.kv.scrub,
+                    std::move(kept_slab), kept->identity().slab_id)
+              : absl::DataLossError(
+                    "the service manager kept the state but no KV slab");
+      if (adopt.ok()) {
+        adopted = true;
+      } else {
+        kept->Discard(adopt);
+        pool_options.num_pages = options.pool.num_pages;
+        sizing.pool.num_pages = options.pool.num_pages;
+        sizing.kv.budget = options.kv.budget;
+        ASSIGN_OR_RETURN(slab, SizeKvSlab(sizing, *server->backend_));
+      }
+    }
+    if (!adopted) {
+      RETURN_IF_ERROR(server->backend_->CreateKvSlab(*options.kv.layout, slab,
+                                                     options.kv.scrub));
+    }
+    slab_id = server->backend_->kv_slab()->slab_id;
     pool_options.num_pages = slab.num_pages;
     pool_options.scrub = options.kv.scrub;
     Logger("server")->info(
-        "KV slab: {} ({} buffers, {} a page, {} pages of {} slots){}",
+        "KV slab: {} ({} buffers, {} a page, {} pages of {} slots){}{}",
         FormatBytes(slab.total_bytes), options.kv.layout->buffers.size(),
         FormatBytes(slab.bytes_per_page), slab.num_pages, slab.page_size,
-        options.kv.scrub ? ", scrubbed between owners" : "");
+        options.kv.scrub ? ", scrubbed between owners" : "",
+        adopted ? ", kept from the last run with its KV" : "");
   } else if (options.kv.scrub) {
     return absl::InvalidArgumentError("--kv_scrub needs --kv_layout");
   }
+  server->slab_id_ = slab_id;
   // The prefix cache reports what it stores and removes to the KV-event
   // publisher (null without --kv_events_endpoint).
   pool_options.kv_event_sink = server->kv_events_.get();
+  pool_options.change_log = kept;
   server->options_.pool = pool_options;
-  ASSIGN_OR_RETURN(
-      server->pool_,
-      PagePool::Create(pool_options, server->backend_->executor()));
+  if (recovering()) {
+    // The kept snapshot, then the records after it. Anything that fails
+    // here fails closed: a fresh pool (and slab) rather than a guess.
+    absl::StatusOr<std::unique_ptr<PagePool>> restored =
+        PagePool::CreateFromState(pool_options, server->backend_->executor(),
+                                  kept->recovered_state());
+    absl::Status replayed =
+        restored.ok() ? kept->Replay(**restored) : restored.status();
+    if (replayed.ok()) {
+      server->pool_ = *std::move(restored);
+      if (server->kv_events_ != nullptr) {
+        // The publisher's first batch said AllBlocksCleared; the kept
+        // pool's shared pages are stored again, parents first.
+        ReportKeptBlocks(server->pool_->ExportState(), *server->kv_events_);
+      }
+    } else {
+      kept->Discard(replayed);
+      return absl::DataLossError(absl::StrCat(
+          "the kept state failed to apply (", replayed.message(),
+          "); it is dropped from the service manager's store: start again "
+          "for a fresh pool"));
+    }
+  } else {
+    ASSIGN_OR_RETURN(
+        server->pool_,
+        PagePool::Create(pool_options, server->backend_->executor()));
+  }
   // A ring smaller than the pool would refuse, for its size, a call the
   // pool could serve: by default a ring holds the whole pool (8 bytes a
   // token, against the token's KV bytes), within the sessions' memory
@@ -611,6 +739,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   core_options.max_call_tokens = options.batcher.max_batch_tokens;
   core_options.allow_forced_clear = options.allow_forced_clear;
   core_options.register_secret = options.register_secret;
+  core_options.state_kept = kept != nullptr;
   server->core_ = std::make_unique<CallCore>(
       core_options, server->pool_.get(), server->backend_.get(),
       server->sessions_.get(), server->batcher_.get());
@@ -648,10 +777,58 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
       server->grpc_answer_senders_.get(),
       std::vector<const MemoryBudget*>{server->host_budget_.get(),
                                        server->gpu_budget_.get()},
-      server->kv_events_.get());
+      server->kv_events_.get(), server->kept_.get());
   server->kv_events_service_ =
       std::make_unique<KvEventsService>(server->kv_events_.get());
+  if (kept != nullptr) {
+    // The sessions the kept pool's owners were, each with a fresh lease
+    // to resume in (their clients reconnect); then the state as it now
+    // stands becomes the journal's base, and both descriptors go to the
+    // service manager's store.
+    RETURN_IF_ERROR(server->RestoreSessions());
+    const KvSlab* slab = server->backend_->kv_slab();
+    DaemonIdentity identity;
+    identity.slab_id = slab_id;
+    RETURN_IF_ERROR(kept->StartKeeping(
+        *server->pool_, slab != nullptr ? slab->fd : -1, identity));
+    const KeptStateStats stats = kept->stats();
+    Logger("state")->info(
+        "keeping the pool's state in the service manager's store (start {} "
+        "of this pool{}{})",
+        stats.identity.starts,
+        stats.outcome == KeptStateOutcome::kRecovered
+            ? absl::StrFormat(": recovered with %d records replayed, %d "
+                              "sessions to resume, in %.1f ms",
+                              stats.replayed_records, server->sessions_->size(),
+                              stats.recovery_seconds * 1e3)
+            : std::string(),
+        stats.reason.empty()
+            ? ""
+            : "; the last run's state was not used: " + stats.reason);
+  }
   return server;
+}
+
+absl::Status Server::RestoreSessions() {
+  for (const PoolOwnerState& owner : pool_->ExportState().owners) {
+    absl::StatusOr<KeptSession> kept = DecodeKeptSession(owner.metadata);
+    absl::Status restored = kept.status();
+    if (kept.ok()) {
+      restored = sessions_->Restore(owner.id, *kept).status();
+    }
+    if (!restored.ok()) {
+      // The pool is built and the slab adopted: the daemon cannot start
+      // fresh from here, so it stops, and the kept state is dropped for
+      // the next start (fail closed).
+      kept_->Discard(restored);
+      return absl::DataLossError(absl::StrFormat(
+          "the kept session %d cannot be restored (%s); the kept state is "
+          "dropped from the service manager's store: start again for a "
+          "fresh pool",
+          owner.id, restored.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Server::MakeBudgets(bool pool_sized_ring) {
@@ -904,6 +1081,14 @@ absl::Status Server::Start() {
       std::string(SemanticsName(options_.pool.semantics)),
       absl::ToInt64Milliseconds(options_.sessions.lease), policy_->Summary());
   log->info("scheduling (docs/design.md, section 6):\n{}", policy_->Describe());
+  // Under a service manager (a Type=notify unit): serving now.
+  if (absl::Status ready = NotifyReady(
+          absl::StrCat("serving ", options_.pool.num_pages, " pages",
+                       kept_ != nullptr ? ", state kept across restarts" : ""));
+      !ready.ok()) {
+    log->warn("could not tell the service manager we are ready: {}",
+              std::string(ready.message()));
+  }
   if (const DeviceDescription device = backend_->DescribeDevice();
       device.kind == BackendKind::kCuda && !device.cuda_mps) {
     // Measured on an H200: GPU-ordered AllocDecode(256) 266 us p50 without

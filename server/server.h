@@ -27,6 +27,7 @@
 #include "allocator/page_pool.h"
 #include "common/handoff_thread.h"
 #include "grpcpp/grpcpp.h"
+#include "kept_state/kept_state.h"
 #include "kv_events/grpc_stream.h"
 #include "kv_events/publisher.h"
 #include "memory/kv_layout.h"
@@ -149,6 +150,18 @@ struct ServerOptions {
   // KV events for routers (docs/design.md, "KV events"): published when
   // kv_events.endpoint is set, and served by SubscribeKvEvents then.
   KvEventPublisherOptions kv_events;
+  // Keep the pool across the daemon's own restarts (docs/design.md, "A
+  // restart keeps the pool"): its state journal and KV slab in the service
+  // manager's fd store, recovered at the next start.
+  struct KeepState {
+    bool enabled = false;
+    // The journal's log of records between snapshots (a snapshot is
+    // written when half of it is used).
+    int64_t log_bytes = 64 << 20;
+    // Drop a kept state this build refuses (another format, another
+    // pool's flags) instead of refusing to start.
+    bool discard = false;
+  } keep_state;
 };
 
 // Applies the daemon's gRPC server settings from `options` to `builder`:
@@ -253,6 +266,14 @@ class Server {
   // Sessions' memory; before everything that charges them.
   std::unique_ptr<MemoryBudget> host_budget_;
   std::unique_ptr<MemoryBudget> gpu_budget_;  // CUDA backend only
+  // The slab's identity (KvSlab.slab_id): drawn with the slab, kept with
+  // it across restarts. 0 without a slab.
+  uint64_t slab_id_ = 0;
+  // Registers the sessions the kept pool's owners are (their records are
+  // the owners' metadata), each with a fresh lease.
+  absl::Status RestoreSessions();
+  // Declared before the pool, whose change log it is.
+  std::unique_ptr<KeptState> kept_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SessionRegistry> sessions_;
   // Send gRPC answers of shared launches (GrpcService); declared before

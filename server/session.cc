@@ -14,35 +14,106 @@
 
 namespace pagealloc {
 
-Session::Session(uint64_t id, std::string token, std::string client_name,
-                 int64_t quota_pages, std::unique_ptr<RingMemory> ring,
-                 MemoryBudget::Charge ring_charge)
-    : id_(id),
-      token_(std::move(token)),
-      client_name_(std::move(client_name)),
-      quota_pages_(quota_pages),
-      ring_charge_(std::move(ring_charge)),
-      ring_memory_(std::move(ring)),
-      ring_(ring_memory_->capacity_slots()) {}
+namespace {
 
-absl::StatusOr<int64_t> Session::ReserveRing(int64_t n) {
-  absl::MutexLock lock(&mu_);
-  return ring_.Reserve(n);
+// The ring's memory shared with its charge: the charge is given back when
+// the last holder lets go, after the memory is released.
+std::shared_ptr<RingMemory> ShareRing(std::unique_ptr<RingMemory> memory,
+                                      MemoryBudget::Charge charge) {
+  struct Held {
+    MemoryBudget::Charge charge;  // first: given back last
+    std::unique_ptr<RingMemory> memory;
+  };
+  auto held = std::make_shared<Held>();
+  held->charge = std::move(charge);
+  held->memory = std::move(memory);
+  RingMemory* const ring = held->memory.get();
+  return std::shared_ptr<RingMemory>(std::move(held), ring);
 }
 
-void Session::UnreserveRing(int64_t position, int64_t n) {
+}  // namespace
+
+Session::Session(uint64_t id, std::string token, std::string client_name,
+                 int64_t quota_pages, std::unique_ptr<RingMemory> ring,
+                 MemoryBudget::Charge ring_charge, bool resumable)
+    : id_(id),
+      token_digest_(DigestToken(token)),
+      client_name_(std::move(client_name)),
+      quota_pages_(quota_pages),
+      resumable_(resumable),
+      token_(std::move(token)),
+      ring_space_(ring->capacity_slots()) {
+  ring_ = ShareRing(std::move(ring), std::move(ring_charge));
+}
+
+Session::Session(uint64_t id, Restored restored, std::string client_name,
+                 int64_t quota_pages, std::unique_ptr<RingMemory> ring,
+                 MemoryBudget::Charge ring_charge, bool resumable)
+    : id_(id),
+      token_digest_(restored.token_digest),
+      client_name_(std::move(client_name)),
+      quota_pages_(quota_pages),
+      resumable_(resumable),
+      ring_space_(ring->capacity_slots()),
+      // Its client's process outlived the daemon: its memory waits for a
+      // Resume, as a detached session's does.
+      link_(SessionLink::kDetached) {
+  ring_ = ShareRing(std::move(ring), std::move(ring_charge));
+}
+
+std::string Session::token() const {
   absl::MutexLock lock(&mu_);
-  ring_.Unreserve(position, n);
+  return token_;
+}
+
+bool Session::MatchesToken(absl::string_view token) {
+  const TokenDigest digest = DigestToken(token);
+  if (!ConstantTimeEquals(
+          absl::string_view(reinterpret_cast<const char*>(digest.data()),
+                            digest.size()),
+          absl::string_view(reinterpret_cast<const char*>(token_digest_.data()),
+                            token_digest_.size()))) {
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  if (token_.empty()) token_ = std::string(token);
+  return true;
+}
+
+std::shared_ptr<RingMemory> Session::ring() const {
+  absl::MutexLock lock(&mu_);
+  return ring_;
+}
+
+int64_t Session::ring_capacity_slots() const {
+  absl::MutexLock lock(&mu_);
+  return ring_space_.capacity();
+}
+
+absl::StatusOr<int64_t> Session::ReserveRing(
+    int64_t n, std::shared_ptr<RingMemory>* ring) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const int64_t position, ring_space_.Reserve(n));
+  if (ring != nullptr) *ring = ring_;
+  return position;
+}
+
+void Session::UnreserveRing(int64_t position, int64_t n,
+                            const RingMemory* ring) {
+  absl::MutexLock lock(&mu_);
+  // Space in a ring a Resume replaced went with that ring.
+  if (ring != nullptr && ring != ring_.get()) return;
+  ring_space_.Unreserve(position, n);
 }
 
 absl::Status Session::ReleaseRing(int64_t up_to) {
   absl::MutexLock lock(&mu_);
-  return ring_.Release(up_to);
+  return ring_space_.Release(up_to);
 }
 
 int64_t Session::ring_reserved() const {
   absl::MutexLock lock(&mu_);
-  return ring_.reserved();
+  return ring_space_.reserved();
 }
 
 void Session::Renew(absl::Time now, absl::Duration lease) {
@@ -53,6 +124,84 @@ void Session::Renew(absl::Time now, absl::Duration lease) {
 absl::Time Session::lease_deadline() const {
   absl::MutexLock lock(&mu_);
   return lease_deadline_;
+}
+
+SessionLink Session::link() const {
+  absl::MutexLock lock(&mu_);
+  return link_;
+}
+
+uint64_t Session::link_generation() const {
+  absl::MutexLock lock(&mu_);
+  return link_generation_;
+}
+
+absl::StatusOr<uint64_t> Session::Connect() {
+  absl::MutexLock lock(&mu_);
+  switch (link_) {
+    case SessionLink::kAwaitingHello:
+      link_ = SessionLink::kConnected;
+      return link_generation_;
+    case SessionLink::kConnected:
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "session %d already has its memory socket connection", id_));
+    case SessionLink::kDetached:
+      break;
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "session %d's memory went to an earlier connection, which closed; "
+      "Resume the session to be handed its memory again",
+      id_));
+}
+
+void Session::AbortConnect(uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  if (generation == link_generation_ && link_ == SessionLink::kConnected) {
+    link_ = SessionLink::kAwaitingHello;
+  }
+}
+
+Session::Disconnect Session::Disconnected(uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  if (generation != link_generation_ || link_ != SessionLink::kConnected) {
+    return Disconnect::kStale;
+  }
+  link_ = SessionLink::kDetached;
+  return resumable_ ? Disconnect::kDetached : Disconnect::kEnded;
+}
+
+bool Session::Detach(uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  if (generation != link_generation_ || link_ != SessionLink::kConnected) {
+    return false;
+  }
+  link_ = SessionLink::kDetached;
+  return true;
+}
+
+absl::StatusOr<Session::Relinked> Session::ReplaceRing(
+    std::unique_ptr<RingMemory> ring, MemoryBudget::Charge ring_charge,
+    bool take_over) {
+  const int64_t capacity = ring->capacity_slots();
+  std::shared_ptr<RingMemory> shared =
+      ShareRing(std::move(ring), std::move(ring_charge));
+  // The old ring goes after the lock is let go (its release may wait for
+  // the device's stream).
+  std::shared_ptr<RingMemory> old;
+  absl::MutexLock lock(&mu_);
+  if (link_ == SessionLink::kConnected && !take_over) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "session %d is still connected (a process holds its memory socket "
+        "connection); pass take_over to take it from that process",
+        id_));
+  }
+  Relinked relinked{link_, link_generation_};
+  old = std::move(ring_);
+  ring_ = std::move(shared);
+  ring_space_ = RingSpace(capacity);
+  link_ = SessionLink::kAwaitingHello;
+  ++link_generation_;
+  return relinked;
 }
 
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
@@ -151,8 +300,41 @@ absl::Status CheckClientName(absl::string_view name) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<SessionRegistry::NewRing> SessionRegistry::MakeRing(
+    uint64_t session_id, int64_t ring_capacity_slots) {
+  if (ring_capacity_slots < 0 ||
+      ring_capacity_slots > options_.max_ring_capacity_slots) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ring_capacity_slots (%d) must be in [0, %d]",
+                        ring_capacity_slots, options_.max_ring_capacity_slots));
+  }
+  if (ring_capacity_slots == 0) {
+    ring_capacity_slots = options_.default_ring_capacity_slots;
+  }
+  // Descriptors and memory are checked before the ring is made: running
+  // out of either must be a refusal that says so, never a failure deep in
+  // the kernel (EMFILE from memfd_create, the OOM killer at fallocate).
+  RETURN_IF_ERROR(CheckDescriptorsFree(kDescriptorsPerSession));
+  NewRing ring;
+  if (ring_budget_ != nullptr) {
+    ASSIGN_OR_RETURN(const int64_t granularity, backend_->KvAlignment());
+    const int64_t bytes =
+        (ring_capacity_slots * static_cast<int64_t>(sizeof(int64_t)) +
+         granularity - 1) /
+        granularity * granularity;
+    ASSIGN_OR_RETURN(
+        ring.charge,
+        ring_budget_->Take(
+            bytes, absl::StrFormat("a ring of %d slots", ring_capacity_slots)));
+  }
+  ASSIGN_OR_RETURN(ring.memory,
+                   backend_->CreateRing(session_id, ring_capacity_slots));
+  return ring;
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
-    std::string client_name, int64_t ring_capacity_slots, int64_t quota_pages) {
+    std::string client_name, int64_t ring_capacity_slots, int64_t quota_pages,
+    bool resumable) {
   if (ring_capacity_slots < 0 ||
       ring_capacity_slots > options_.max_ring_capacity_slots) {
     return absl::InvalidArgumentError(
@@ -168,9 +350,6 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
         "client_name is %d bytes long; at most 128", client_name.size()));
   }
   RETURN_IF_ERROR(CheckClientName(client_name));
-  if (ring_capacity_slots == 0) {
-    ring_capacity_slots = options_.default_ring_capacity_slots;
-  }
   if (options_.max_quota_pages > 0 &&
       (quota_pages == 0 || quota_pages > options_.max_quota_pages)) {
     quota_pages = options_.max_quota_pages;
@@ -191,26 +370,10 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(
     RETURN_IF_ERROR(check_room());
     id = next_id_++;
   }
-  // Descriptors and memory are checked before the ring is made: running
-  // out of either must be a refusal that says so, never a failure deep in
-  // the kernel (EMFILE from memfd_create, the OOM killer at fallocate).
-  RETURN_IF_ERROR(CheckDescriptorsFree(kDescriptorsPerSession));
-  MemoryBudget::Charge charge;
-  if (ring_budget_ != nullptr) {
-    ASSIGN_OR_RETURN(const int64_t granularity, backend_->KvAlignment());
-    const int64_t bytes =
-        (ring_capacity_slots * static_cast<int64_t>(sizeof(int64_t)) +
-         granularity - 1) /
-        granularity * granularity;
-    ASSIGN_OR_RETURN(charge, ring_budget_->Take(
-                                 bytes, absl::StrFormat("a ring of %d slots",
-                                                        ring_capacity_slots)));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<RingMemory> ring,
-                   backend_->CreateRing(id, ring_capacity_slots));
-  auto session = std::make_shared<Session>(id, std::move(token),
-                                           std::move(client_name), quota_pages,
-                                           std::move(ring), std::move(charge));
+  ASSIGN_OR_RETURN(NewRing ring, MakeRing(id, ring_capacity_slots));
+  auto session = std::make_shared<Session>(
+      id, std::move(token), std::move(client_name), quota_pages,
+      std::move(ring.memory), std::move(ring.charge), resumable);
   session->Renew(absl::Now(), options_.lease);
   absl::MutexLock lock(&mu_);
   // The ring was made outside the lock, so other Opens may have filled the
@@ -240,12 +403,40 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Authenticate(
     return absl::NotFoundError(absl::StrFormat(
         "session %d is unknown or has expired; register again", session_id));
   }
-  if (!ConstantTimeEquals(session->token(), token)) {
+  if (!session->MatchesToken(token)) {
     return absl::UnauthenticatedError(
         absl::StrFormat("wrong session_token for session %d", session_id));
   }
   session->Renew(now, options_.lease);
   return session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Restore(
+    uint64_t session_id, const KeptSession& kept) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (sessions_.contains(session_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrFormat("session %d is registered already", session_id));
+    }
+  }
+  ASSIGN_OR_RETURN(NewRing ring, MakeRing(session_id, 0));
+  Session::Restored restored;
+  restored.token_digest = kept.token_digest;
+  auto session = std::make_shared<Session>(
+      session_id, restored, kept.client_name, kept.quota_pages,
+      std::move(ring.memory), std::move(ring.charge), kept.resumable);
+  session->Renew(absl::Now(), options_.lease);
+  absl::MutexLock lock(&mu_);
+  sessions_[session_id] = session;
+  next_id_ = std::max(next_id_, session_id + 1);
+  return session;
+}
+
+std::shared_ptr<Session> SessionRegistry::Find(uint64_t session_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  return it == sessions_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<Session> SessionRegistry::Remove(uint64_t session_id) {

@@ -25,6 +25,14 @@ class SessionObserver {
   // Called once per session, from whichever thread ended it; `reason` is
   // what the log says ("closed by client", "lost its lease", ...).
   virtual void SessionClosed(uint64_t session_id, absl::string_view reason) = 0;
+  // Called when a Resume gave session `session_id` a new link (a fresh
+  // ring; the fast channel, if any, is the transport's to replace), from
+  // the thread that resumed it. `old_generation` is the link it replaced
+  // (Session::link_generation), which was connected when
+  // `was_connected` (a take-over: that connection is to be closed, its
+  // client told).
+  virtual void SessionResumed(uint64_t session_id, uint64_t old_generation,
+                              bool was_connected) {}
   // Called after an allocation call of `session_id` had `requests`
   // requests refused with RESOURCE_EXHAUSTED (the pool short, or the
   // session's quota), before its answer goes out; from the thread that

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "memory/shared_region.h"
 #include "server/backend.h"
+#include "server/memory_budget.h"
 #include "tests/host_files.h"
 #include "tests/status_matchers.h"
 
@@ -85,15 +86,15 @@ TEST_F(SessionRegistryTest, OpenGivesFreshIdsAndSecretTokens) {
 TEST_F(SessionRegistryTest, RingCapacityZeroTakesTheDefault) {
   SessionRegistry registry(options_, backend_.get());
   ASSERT_OK_AND_ASSIGN(auto a, registry.Open("a", 0, 0));
-  EXPECT_EQ(a->ring_memory().capacity_slots(), 32);
+  EXPECT_EQ(a->ring()->capacity_slots(), 32);
   ASSERT_OK_AND_ASSIGN(auto b, registry.Open("b", 1, 0));
-  EXPECT_EQ(b->ring_memory().capacity_slots(), 1);
+  EXPECT_EQ(b->ring()->capacity_slots(), 1);
   ASSERT_OK_AND_ASSIGN(auto c, registry.Open("c", 256, 0));  // the maximum
-  EXPECT_EQ(c->ring_memory().capacity_slots(), 256);
+  EXPECT_EQ(c->ring()->capacity_slots(), 256);
 
   // The ring is real memory a client can map from the descriptor Describe
   // gives (the memory socket hands a copy of it to the client).
-  const RingDescription ring = c->ring_memory().Describe();
+  const RingDescription ring = c->ring()->Describe();
   EXPECT_EQ(ring.capacity_slots, 256);
   ASSERT_GE(ring.fd, 0);
   ASSERT_OK_AND_ASSIGN(
@@ -101,7 +102,7 @@ TEST_F(SessionRegistryTest, RingCapacityZeroTakesTheDefault) {
       SharedRegion::FromFd(UniqueFd(fcntl(ring.fd, F_DUPFD_CLOEXEC, 0)),
                            256 * sizeof(int64_t),
                            SharedRegion::Access::kReadOnly));
-  c->ring_memory().slots()[255] = 1234;
+  c->ring()->slots()[255] = 1234;
   EXPECT_EQ(static_cast<const int64_t*>(mapped->base())[255], 1234);
 }
 
@@ -247,6 +248,11 @@ class PausingBackend final : public Backend {
                             const KvSlabGeometry& geometry,
                             bool scrub) override {
     return real_->CreateKvSlab(layout, geometry, scrub);
+  }
+  absl::Status AdoptKvSlab(const KvLayout& layout,
+                           const KvSlabGeometry& geometry, bool scrub,
+                           UniqueFd fd, uint64_t slab_id) override {
+    return real_->AdoptKvSlab(layout, geometry, scrub, std::move(fd), slab_id);
   }
   const KvSlab* kv_slab() const override { return real_->kv_slab(); }
   std::string Summary() const override { return real_->Summary(); }
@@ -490,6 +496,114 @@ TEST_F(SessionRegistryTest, RingsAreAccountedPerSession) {
                                           HasSubstr("output ring full")));
   EXPECT_EQ(a->ring_reserved(), 8);
   EXPECT_EQ(b->ring_reserved(), 8);
+}
+
+// ---------------------------------------------------------------------------
+// Links and Resume's fresh ring
+
+// A session's link: one connection a link, a resumable session kept when it
+// closes, a Resume (ReplaceRing) starting a new link that the old
+// connection's close cannot end.
+TEST_F(SessionRegistryTest, LinksFollowConnectionsAndResumes) {
+  SessionRegistry registry(options_, backend_.get());
+  ASSERT_OK_AND_ASSIGN(auto kept, registry.Open("kept", 0, 0, true));
+  ASSERT_OK_AND_ASSIGN(auto plain, registry.Open("plain", 0, 0));
+  EXPECT_TRUE(kept->resumable());
+  EXPECT_FALSE(plain->resumable());
+  EXPECT_EQ(kept->link(), SessionLink::kAwaitingHello);
+
+  ASSERT_OK_AND_ASSIGN(const uint64_t first, kept->Connect());
+  EXPECT_EQ(kept->link(), SessionLink::kConnected);
+  EXPECT_THAT(kept->Connect(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("already has its memory socket connection")));
+  EXPECT_EQ(kept->Disconnected(first), Session::Disconnect::kDetached);
+  EXPECT_EQ(kept->link(), SessionLink::kDetached);
+  // Its memory went to the connection that closed: only a Resume hands it
+  // over again.
+  EXPECT_THAT(kept->Connect(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                        HasSubstr("Resume the session")));
+
+  ASSERT_OK_AND_ASSIGN(const uint64_t plain_link, plain->Connect());
+  EXPECT_EQ(plain->Disconnected(plain_link), Session::Disconnect::kEnded);
+
+  // Connected: a Resume needs take_over, and without it changes nothing.
+  ASSERT_OK_AND_ASSIGN(SessionRegistry::NewRing fresh,
+                       registry.MakeRing(kept->id(), 16));
+  ASSERT_OK_AND_ASSIGN(
+      Session::Relinked relinked,
+      kept->ReplaceRing(std::move(fresh.memory), std::move(fresh.charge),
+                        /*take_over=*/false));
+  EXPECT_EQ(relinked.was, SessionLink::kDetached);
+  EXPECT_EQ(relinked.old_generation, first);
+  ASSERT_OK_AND_ASSIGN(const uint64_t second, kept->Connect());
+  EXPECT_GT(second, first);
+  ASSERT_OK_AND_ASSIGN(fresh, registry.MakeRing(kept->id(), 8));
+  const int64_t capacity_before = kept->ring_capacity_slots();
+  EXPECT_THAT(
+      kept->ReplaceRing(std::move(fresh.memory), std::move(fresh.charge),
+                        /*take_over=*/false),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr(absl::StrFormat("session %d is still connected",
+                                         kept->id()))));
+  EXPECT_EQ(kept->link(), SessionLink::kConnected);
+  EXPECT_EQ(kept->ring_capacity_slots(), capacity_before);
+
+  ASSERT_OK_AND_ASSIGN(fresh, registry.MakeRing(kept->id(), 8));
+  ASSERT_OK_AND_ASSIGN(
+      relinked, kept->ReplaceRing(std::move(fresh.memory),
+                                  std::move(fresh.charge), /*take_over=*/true));
+  EXPECT_EQ(relinked.was, SessionLink::kConnected);
+  EXPECT_EQ(relinked.old_generation, second);
+  EXPECT_EQ(kept->ring_capacity_slots(), 8);
+  // The taken-over connection's close is stale: the session waits for the
+  // new link's Hello.
+  EXPECT_EQ(kept->Disconnected(second), Session::Disconnect::kStale);
+  EXPECT_FALSE(kept->Detach(second));
+  EXPECT_EQ(kept->link(), SessionLink::kAwaitingHello);
+  ASSERT_OK_AND_ASSIGN(const uint64_t third, kept->Connect());
+  kept->AbortConnect(third);
+  EXPECT_EQ(kept->link(), SessionLink::kAwaitingHello);
+  ASSERT_OK_AND_ASSIGN(const uint64_t fourth, kept->Connect());
+  EXPECT_EQ(fourth, third);
+  // Severed (SeverConnections: a daemon's restart, for tests): detached.
+  EXPECT_TRUE(kept->Detach(fourth));
+  EXPECT_EQ(kept->link(), SessionLink::kDetached);
+}
+
+// A Resume's fresh ring replaces the session's; a call that reserved space
+// in the old one keeps that ring (and its charge) until it lets go, and
+// its Unreserve no longer touches the session's ring.
+TEST_F(SessionRegistryTest, AReplacedRingLivesWhileACallHoldsIt) {
+  MemoryBudget budget("host", "--session_memory", int64_t{1} << 30);
+  SessionRegistry registry(options_, backend_.get(), &budget);
+  ASSERT_OK_AND_ASSIGN(auto session, registry.Open("a", 256, 0, true));
+  const int64_t one_ring = budget.used();
+  EXPECT_GT(one_ring, 0);
+  std::shared_ptr<RingMemory> held;
+  ASSERT_THAT(session->ReserveRing(10, &held), IsOkAndHolds(0));
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held.get(), session->ring().get());
+  held->slots()[9] = 77;
+
+  ASSERT_OK_AND_ASSIGN(SessionRegistry::NewRing fresh,
+                       registry.MakeRing(session->id(), 64));
+  ASSERT_OK(session
+                ->ReplaceRing(std::move(fresh.memory), std::move(fresh.charge),
+                              /*take_over=*/false)
+                .status());
+  EXPECT_NE(session->ring().get(), held.get());
+  EXPECT_EQ(session->ring_capacity_slots(), 64);
+  EXPECT_EQ(session->ring_reserved(), 0);  // a fresh ring, nothing reserved
+  EXPECT_EQ(budget.used(), 2 * one_ring);  // both rings (a page each)
+  // The old ring is still memory a launch may write.
+  EXPECT_EQ(held->slots()[9], 77);
+  ASSERT_THAT(session->ReserveRing(4), IsOkAndHolds(0));
+  session->UnreserveRing(0, 10, held.get());  // the old ring's: ignored
+  EXPECT_EQ(session->ring_reserved(), 4);
+  // The last holder lets go: the old ring and its charge go.
+  held.reset();
+  EXPECT_EQ(budget.used(), one_ring);
 }
 
 // ---------------------------------------------------------------------------

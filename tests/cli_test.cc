@@ -1,7 +1,8 @@
 // pagealloc-cli against a real daemon: Ctrl-C ends alloc's session at once,
 // the daemon's death ends its hold with a message and exit code 1,
 // free acts through the session file alloc wrote and says whether a page
-// was never allocated or already freed, and stats and watch print
+// was never allocated or already freed, a resumable session outlives alloc
+// and resume takes it back (or is told why not), and stats and watch print
 // GetStatsResponse as JSON and list each session's transport and lease age.
 
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -216,6 +218,150 @@ TEST(CliTest, FreeActsThroughTheSessionFileAndSaysWhyAPageIsFree) {
       Cli({"free", "--session_file=" + session_file, "--pages=" + first});
   EXPECT_EQ(gone.status, "exited 1");
   EXPECT_THAT(gone.output, HasSubstr("alloc removes it when it exits"));
+}
+
+// The id and token a session file holds.
+struct SessionFile {
+  uint64_t id = 0;
+  std::string token;
+};
+SessionFile ReadSessionFile(const std::string& path) {
+  SessionFile file;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "session_id ")) {
+      EXPECT_TRUE(absl::SimpleAtoi(line.substr(11), &file.id)) << line;
+    }
+    if (absl::StartsWith(line, "token ")) {
+      file.token = absl::HexStringToBytes(line.substr(6));
+    }
+  }
+  return file;
+}
+
+v1::SessionStats SessionLine(const v1::GetStatsResponse& stats, uint64_t id) {
+  for (const v1::SessionStats& session : stats.sessions()) {
+    if (session.session_id() == id) return session;
+  }
+  return v1::SessionStats();
+}
+
+// A resumable session outlives the process that opened it: alloc
+// --resumable, SIGKILLed during its hold, leaves the session (detached)
+// with its pages, and another process takes it back with Client::Resume
+// through the session file and frees them.
+TEST(CliTest, AResumableSessionSurvivesItsProcessAndIsResumed) {
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon, StartDaemon("resumable", {kLongLease, "--page_size=16"}));
+  const std::string session_file = TempPath("resumable.session");
+  ASSERT_OK_AND_ASSIGN(
+      Holder holder,
+      StartHolder(daemon, 64,
+                  {"--session_file=" + session_file, "--resumable"}));
+  ASSERT_EQ(holder.pages.size(), 4u);
+  const SessionFile file = ReadSessionFile(session_file);
+  ASSERT_NE(file.id, 0u);
+  holder.process.Signal(SIGKILL);
+  ASSERT_OK(holder.process.Wait(absl::Seconds(20)).status());
+  ASSERT_OK_AND_ASSIGN(
+      v1::GetStatsResponse kept,
+      WaitForStats(
+          daemon.target,
+          [&](const v1::GetStatsResponse& s) {
+            const v1::SessionStats line = SessionLine(s, file.id);
+            return line.session_id() == file.id && !line.connected();
+          },
+          absl::Seconds(10)));
+  EXPECT_EQ(kept.sessions_active(), 1);
+  EXPECT_EQ(kept.used_pages(), 4);
+  EXPECT_EQ(SessionLine(kept, file.id).pages_owned(), 4);
+  EXPECT_TRUE(SessionLine(kept, file.id).resumable());
+  EXPECT_THAT(ReadLog(daemon.log_path), HasSubstr("kept for a Resume"));
+
+  ClientOptions options;
+  options.target = daemon.target;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> resumed,
+                       Client::Resume(options, file.id, file.token));
+  EXPECT_TRUE(SessionLine(*DaemonStats(daemon.target), file.id).connected());
+  EXPECT_THAT(resumed->FreePages(holder.pages), IsOkAndHolds(4));
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse freed, DaemonStats(daemon.target));
+  EXPECT_EQ(freed.used_pages(), 0);
+  EXPECT_EQ(freed.free_pages(), freed.pool().num_pages());
+  ASSERT_OK(resumed->Close());
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse closed, DaemonStats(daemon.target));
+  EXPECT_EQ(closed.sessions_active(), 0);
+}
+
+// resume shows what survived, holds it like alloc and leaves it for another
+// resume, or ends it with --close; it says why it cannot take a session
+// that is held (--take_over takes it) or gone.
+TEST(CliTest, ResumeShowsWhatSurvivedAndLeavesOrClosesTheSession) {
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon,
+      StartDaemon("resume", {kLongLease, "--page_size=16", "--num_pages=64"}));
+  const std::string session_file = TempPath("resume.session");
+  Outcome alloc = Cli({"--target=" + daemon.target, "alloc", "--tokens=64",
+                       "--session_file=" + session_file, "--resumable"});
+  ASSERT_EQ(alloc.status, "exited 0") << alloc.output;
+  EXPECT_THAT(alloc.output, HasSubstr("left with its pages for a resume"));
+  struct stat st;
+  ASSERT_EQ(stat(session_file.c_str(), &st), 0) << "the session file went";
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse left, DaemonStats(daemon.target));
+  EXPECT_EQ(left.used_pages(), 4);
+  EXPECT_EQ(left.sessions_active(), 1);
+
+  Outcome resume = Cli({"resume", "--session_file=" + session_file});
+  EXPECT_EQ(resume.status, "exited 0") << resume.output;
+  EXPECT_THAT(resume.output, HasSubstr("4 pages survived"));
+  EXPECT_THAT(resume.output, HasSubstr("resumable"));
+  EXPECT_THAT(resume.output, HasSubstr("left with its pages for a resume"));
+
+  // Held by another process: refused, unless taken over.
+  ASSERT_OK_AND_ASSIGN(
+      Subprocess holding,
+      Subprocess::Start({RunfilePath("client/pagealloc-cli"), "resume",
+                         "--session_file=" + session_file, "--hold_s=600"},
+                        TempPath("resume-holder.log")));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(ReadLog(TempPath("resume-holder.log")),
+                                 "holding the pages");
+      },
+      absl::Seconds(20)))
+      << ReadLog(TempPath("resume-holder.log"));
+  Outcome refused = Cli({"resume", "--session_file=" + session_file});
+  EXPECT_EQ(refused.status, "exited 1");
+  EXPECT_THAT(refused.output, HasSubstr("is still connected"));
+  EXPECT_THAT(refused.output, HasSubstr("--take_over"));
+  Outcome taken =
+      Cli({"resume", "--session_file=" + session_file, "--take_over"});
+  EXPECT_EQ(taken.status, "exited 0") << taken.output;
+  ASSERT_OK_AND_ASSIGN(int held, holding.Wait(absl::Seconds(20)));
+  EXPECT_EQ(DescribeWaitStatus(held), "exited 1");
+  EXPECT_THAT(ReadLog(TempPath("resume-holder.log")),
+              HasSubstr("ended during the hold: ABORTED"));
+
+  Outcome closing =
+      Cli({"resume", "--session_file=" + session_file, "--close"});
+  EXPECT_EQ(closing.status, "exited 0") << closing.output;
+  EXPECT_THAT(closing.output, HasSubstr("its pages are back in the pool"));
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse closed, DaemonStats(daemon.target));
+  EXPECT_EQ(closed.used_pages(), 0);
+  EXPECT_EQ(closed.sessions_active(), 0);
+  EXPECT_NE(stat(session_file.c_str(), &st), 0) << "the session file stayed";
+
+  // A session that was not resumable went with its process.
+  const std::string plain_file = TempPath("plain.session");
+  ASSERT_OK_AND_ASSIGN(
+      Holder plain, StartHolder(daemon, 16, {"--session_file=" + plain_file}));
+  plain.process.Signal(SIGKILL);
+  ASSERT_OK(plain.process.Wait(absl::Seconds(20)).status());
+  ASSERT_OK(WaitUntilEmpty(daemon.target, absl::Seconds(10)).status());
+  Outcome lost = Cli({"resume", "--session_file=" + plain_file});
+  EXPECT_EQ(lost.status, "exited 1");
+  EXPECT_THAT(lost.output, HasSubstr("NOT_FOUND"));
+  EXPECT_THAT(lost.output, HasSubstr("one that was not resumable went"));
 }
 
 TEST(CliTest, StatsAndWatchPrintJsonAndSessionColumns) {

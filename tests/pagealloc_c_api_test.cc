@@ -670,6 +670,93 @@ TEST_F(PageallocCApiTest, CloseEndsTheSession) {
   pagealloc_client_destroy(other);
 }
 
+// ABI 1.7 -------------------------------------------------------------
+
+// A resumable session detached by one handle is taken back by another with
+// its id and token, pages and all; a wrong token and bad reconnect options
+// are refused. A program built against ABI 1.6 (the options without the
+// 1.7 fields) connects as before.
+TEST_F(PageallocCApiTest, AResumableSessionIsDetachedAndResumed) {
+  pagealloc_client_options options;
+  pagealloc_client_options_init(&options, sizeof(options));
+  EXPECT_EQ(options.resumable, 0);
+  EXPECT_EQ(options.reconnect_timeout_ms, -1);
+  EXPECT_EQ(options.reconnect_initial_backoff_ms, 50);
+  EXPECT_EQ(options.reconnect_max_backoff_ms, 1000);
+  options.target = daemon_->target();
+  options.client_name = "resumable";
+  options.resumable = 1;
+  pagealloc_client* first = nullptr;
+  ASSERT_EQ(pagealloc_connect(&options, &first, &error_), PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(pagealloc_session_resumable(first), 1);
+  EXPECT_EQ(pagealloc_session_resumable(client_), 0);
+  EXPECT_EQ(pagealloc_link_epoch(first), 0u);
+  EXPECT_EQ(pagealloc_reconnecting(first), 0);
+  pagealloc_allocation* allocation = Alloc({8}, nullptr, first);
+  ASSERT_NE(allocation, nullptr);
+  EXPECT_EQ(pagealloc_allocation_get_view(allocation)->link_epoch, 0u);
+  pagealloc_allocation_destroy(allocation);
+  const uint64_t id = pagealloc_session_id(first);
+  size_t length = 0;
+  const char* token = pagealloc_session_token(first, &length);
+  const std::string kept(token, length);
+  EXPECT_EQ(pagealloc_detach(client_, &error_), PAGEALLOC_FAILED_PRECONDITION);
+  EXPECT_NE(std::strstr(error_.message, "not resumable"), nullptr);
+  ASSERT_EQ(pagealloc_detach(first, &error_), PAGEALLOC_OK) << error_.message;
+  EXPECT_EQ(pagealloc_session_status(first, &error_),
+            PAGEALLOC_FAILED_PRECONDITION);
+  EXPECT_NE(std::strstr(error_.message, "detached"), nullptr);
+  pagealloc_client_destroy(first);  // leaves the session
+  EXPECT_EQ(Stats().used_pages, 2);
+  EXPECT_EQ(Stats().sessions_active, 2);
+
+  pagealloc_client* resumed = nullptr;
+  std::string wrong = kept;
+  wrong[0] ^= 1;
+  EXPECT_EQ(pagealloc_resume(&options, id, wrong.data(), wrong.size(), 0,
+                             &resumed, &error_),
+            PAGEALLOC_UNAUTHENTICATED);
+  EXPECT_EQ(resumed, nullptr);
+  EXPECT_EQ(pagealloc_resume(&options, id, nullptr, 3, 0, &resumed, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  pagealloc_client_options bad = options;
+  bad.reconnect_timeout_ms = -2;
+  EXPECT_EQ(pagealloc_resume(&bad, id, kept.data(), kept.size(), 0, &resumed,
+                             &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "reconnect_timeout_ms (-2)"), nullptr);
+  ASSERT_EQ(pagealloc_resume(&options, id, kept.data(), kept.size(), 0,
+                             &resumed, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(pagealloc_session_id(resumed), id);
+  EXPECT_EQ(pagealloc_session_resumable(resumed), 1);
+  const std::vector<int64_t> pages = {1, 2};
+  int64_t freed = 0;
+  ASSERT_EQ(pagealloc_free_pages(resumed, pages.data(), pages.size(), &freed,
+                                 &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(freed, 2);
+  EXPECT_EQ(Stats().used_pages, 0);
+  ASSERT_EQ(pagealloc_close(resumed, &error_), PAGEALLOC_OK);
+  pagealloc_client_destroy(resumed);
+  EXPECT_EQ(Stats().sessions_active, 1);
+
+  // ABI 1.6's options: the fields up to map_kv_slab's pair.
+  pagealloc_client_options older;
+  std::memset(&older, 0, sizeof(older));
+  pagealloc_client_options_init(&older,
+                                offsetof(pagealloc_client_options, resumable));
+  older.target = daemon_->target();
+  pagealloc_client* old_program = nullptr;
+  ASSERT_EQ(pagealloc_connect(&older, &old_program, &error_), PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(pagealloc_session_resumable(old_program), 0);
+  pagealloc_client_destroy(old_program);
+}
+
 // ABI 1.1 -------------------------------------------------------------
 
 // The free list's front (up to `n` entries) and the parked pages.

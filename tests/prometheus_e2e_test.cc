@@ -237,12 +237,49 @@ TEST(PrometheusEndToEndTest, ScrapedFiguresMatchWhatTheTestDid) {
 // daemon that served load through both transports, refused a ring past
 // its memory budget and requests for lack of pages and by quota, failed a
 // call, sorted its free list, ended KeepAlive streams, throttled and
-// dropped a session that spammed its doorbell, reclaimed a session whose
-// lease ran out, and shed a silent memory socket connection (another still
-// waits): each returns at least one finite, non-zero value.
+// dropped a session that spammed its doorbell, kept a resumable session
+// detached and resumed it, reclaimed a session whose lease ran out, and
+// shed a silent memory socket connection (another still waits): each
+// returns at least one finite, non-zero value.
+// A service manager's notification socket for the daemon in this process
+// ($NOTIFY_SOCKET), so that it keeps its state (--keep_state): what it
+// stores stays queued on the socket.
+class NotifySocket {
+ public:
+  NotifySocket() {
+    char dir[] = "/tmp/pagealloc-e2e-notify-XXXXXX";
+    dir_ = mkdtemp(dir);
+    const std::string path = dir_ + "/notify";
+    fd_ = UniqueFd(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+    bound_ = bind(fd_.get(), reinterpret_cast<sockaddr*>(&address),
+                  sizeof(address)) == 0;
+    setenv("NOTIFY_SOCKET", path.c_str(), 1);
+  }
+  ~NotifySocket() {
+    unsetenv("NOTIFY_SOCKET");
+    unlink((dir_ + "/notify").c_str());
+    rmdir(dir_.c_str());
+  }
+  bool bound() const { return bound_; }
+
+ private:
+  std::string dir_;
+  UniqueFd fd_;
+  bool bound_ = false;
+};
+
 TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
   ServerOptions options;
   options.backend = "cpu";
+  // The pool's state kept across restarts, with a small log, so that the
+  // journal's panels have records and snapshots to show.
+  NotifySocket notify;
+  ASSERT_TRUE(notify.bound());
+  options.keep_state.enabled = true;
+  options.keep_state.log_bytes = 8192;
   // The sorted policy, so that freed pages park and a later allocation
   // merges them back (a free-list sort).
   options.pool = {200, 16, FreePolicy::kSorted};
@@ -529,6 +566,39 @@ TEST(PrometheusEndToEndTest, EveryDashboardQueryReturnsData) {
         },
         absl::Seconds(60), absl::Milliseconds(1)));
     ASSERT_EQ(channels.throttled(FastChannelServer::Abuse::kDoorbell), 1);
+  }
+  // A resumable session let go by its client (detached), seen so by
+  // Prometheus, then taken back: the detached and resume series. Any call
+  // renews its lease while Prometheus has not looked yet.
+  {
+    ClientOptions resumable_options;
+    resumable_options.client_name = "e2e-resumable";
+    resumable_options.resumable = true;
+    ASSERT_OK_AND_ASSIGN(auto resumable, server->Connect(resumable_options));
+    const uint64_t id = resumable->session_id();
+    const std::string token = resumable->session_token();
+    ASSERT_OK(resumable->Detach());
+    resumable.reset();
+    std::unique_ptr<v1::PageAllocator::Stub> stub = server->NewStub();
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          grpc::ClientContext context;
+          v1::ReleaseRingRequest renew;
+          renew.mutable_session()->set_session_id(id);
+          renew.mutable_session()->set_session_token(token);
+          v1::ReleaseRingResponse renewed;
+          EXPECT_TRUE(stub->ReleaseRing(&context, renew, &renewed).ok());
+          return !prometheus.process.running() ||
+                 QueryValue(api, "pagealloc_sessions_detached" + selector) ==
+                     "1";
+        },
+        absl::Seconds(60), absl::Milliseconds(250)))
+        << "its targets: " << Targets(api);
+    ClientOptions resume_options;
+    resume_options.channel = server->channel();
+    ASSERT_OK_AND_ASSIGN(auto resumed,
+                         Client::Resume(resume_options, id, token));
+    ASSERT_OK(resumed->Close());
   }
   // A session that never renews its lease, holding pages: registered and
   // served through a bare stub, then abandoned.

@@ -388,6 +388,102 @@ TEST(ServerProcessTest, ClientsSeeADeadDaemon) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("session")));
 }
 
+// With a reconnect timeout, a client whose daemon died re-dials and asks
+// the daemon that comes back on its socket for its session. One that keeps
+// no state does not know it: the client says so within the timeout, and
+// does not hang. Calls made meanwhile wait for that answer; the slots it
+// held stay readable (the dead daemon's ring is this process's mapping).
+TEST(ServerProcessTest, AClientReconnectingToADaemonWithoutItsStateIsToldSo) {
+  ASSERT_OK_AND_ASSIGN(
+      Daemon daemon,
+      StartDaemon("restart", {"--lease_ms=60000", "--page_size=4"}));
+  ClientOptions options;
+  options.target = daemon.target;
+  options.client_name = "reconnects";
+  options.reconnect_timeout = absl::Seconds(60);
+  options.reconnect_initial_backoff = absl::Milliseconds(10);
+  options.reconnect_max_backoff = absl::Milliseconds(200);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client,
+                       Client::Connect(options));
+  ASSERT_OK_AND_ASSIGN(Allocation held, client->Alloc({8}));
+  ASSERT_OK(held.status());
+  std::vector<int64_t> slots(8);
+  ASSERT_OK(client->CopyToHost(held[0].slots, 8, slots.data()));
+  daemon.process.Signal(SIGKILL);
+  ASSERT_OK(daemon.process.Wait(absl::Seconds(5)).status());
+  ASSERT_TRUE(
+      WaitFor([&] { return client->reconnecting(); }, absl::Seconds(10)))
+      << client->session_status();
+  EXPECT_OK(client->session_status());  // not gone yet: reconnecting
+  // A call made while reconnecting waits for the outcome.
+  absl::StatusOr<Allocation> waiting;
+  std::thread caller([&] { waiting = client->Alloc({4}); });
+  ASSERT_OK_AND_ASSIGN(Daemon restarted, StartDaemon("restart", {}));
+  caller.join();
+  const absl::Status session = WaitForSessionEnd(*client);
+  EXPECT_THAT(session,
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("session gone: the daemon restarted without "
+                                 "this session's state")));
+  EXPECT_FALSE(client->reconnecting());
+  EXPECT_THAT(waiting,
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("session gone")));
+  EXPECT_THAT(client->Alloc({4}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("session gone")));
+  std::vector<int64_t> again(8);
+  ASSERT_OK(client->CopyToHost(held[0].slots, 8, again.data()));
+  EXPECT_EQ(again, slots);
+  // GetStats needs no session: it reaches the daemon that came back.
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, client->GetStats());
+  EXPECT_EQ(stats.sessions_active(), 0);
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse fresh,
+                       DaemonStats(restarted.target));
+  EXPECT_EQ(fresh.used_pages(), 0);
+}
+
+// With reconnect on, a call in flight when the daemon dies fails once with
+// UNAVAILABLE, saying that whether it took effect is unknown; it is not
+// retried. (The call is in flight but for the rare run where the caller's
+// thread starts after the kill; it then waits for the reconnect, which
+// cannot succeed without a daemon, and fails with UNAVAILABLE too.)
+TEST(ServerProcessTest, ACallInFlightWhenTheDaemonDiesIsNotRetried) {
+  ASSERT_OK_AND_ASSIGN(Daemon daemon,
+                       StartDaemon("inflight", {"--lease_ms=60000"}));
+  ClientOptions options;
+  options.target = daemon.target;
+  options.client_name = "in-flight";
+  options.reconnect_timeout = absl::Seconds(2);
+  options.reconnect_initial_backoff = absl::Milliseconds(10);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client,
+                       Client::Connect(options));
+  ASSERT_TRUE(client->uses_fast_channel());
+  ASSERT_OK(client->Alloc({16}).status());
+  daemon.process.Signal(SIGSTOP);
+  int stopped = 0;
+  ASSERT_EQ(waitpid(daemon.process.pid(), &stopped, WUNTRACED),
+            daemon.process.pid());
+  ASSERT_TRUE(WIFSTOPPED(stopped)) << DescribeWaitStatus(stopped);
+  absl::StatusOr<Allocation> pending;
+  std::thread caller([&] { pending = client->Alloc({16}); });
+  absl::SleepFor(absl::Milliseconds(20));
+  daemon.process.Signal(SIGKILL);
+  caller.join();
+  std::printf("the call in flight: %s\n", pending.status().ToString().c_str());
+  EXPECT_THAT(pending,
+              StatusIs(absl::StatusCode::kUnavailable,
+                       ::testing::AnyOf(
+                           HasSubstr("the daemon restarted during this call; "
+                                     "whether it took effect is unknown"),
+                           HasSubstr("could not be resumed within"))));
+  // No daemon comes back: the session is gone once the timeout passes.
+  ASSERT_TRUE(WaitFor([&] { return !client->session_status().ok(); },
+                      absl::Seconds(30)));
+  EXPECT_THAT(client->session_status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("could not be resumed within")));
+  ASSERT_OK(daemon.process.Wait(absl::Seconds(5)).status());
+}
+
 // A SIGKILLed daemon's memory socket closes with it: a call waiting for its
 // answer on the fast channel fails at once, and so does every later call.
 // The daemon is stopped (SIGSTOP) first, so that the call is in flight when

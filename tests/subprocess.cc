@@ -19,7 +19,8 @@ extern char** environ;
 namespace pagealloc::testing {
 
 absl::StatusOr<Subprocess> Subprocess::Start(
-    const std::vector<std::string>& argv, const std::string& log_path) {
+    const std::vector<std::string>& argv, const std::string& log_path,
+    const SpawnOptions& options) {
   std::vector<char*> args;
   for (const std::string& arg : argv)
     args.push_back(const_cast<char*>(arg.c_str()));
@@ -31,9 +32,30 @@ absl::StatusOr<Subprocess> Subprocess::Start(
                                      O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   }
+  for (size_t i = 0; i < options.passed_fds.size(); ++i) {
+    posix_spawn_file_actions_adddup2(&actions, options.passed_fds[i],
+                                     3 + static_cast<int>(i));
+  }
+  // The parent's environment, each of options.environment replacing the
+  // variable of its name.
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string variable(*entry);
+    const std::string name = variable.substr(0, variable.find('='));
+    bool replaced = false;
+    for (const std::string& extra : options.environment) {
+      if (extra.substr(0, extra.find('=')) == name) replaced = true;
+    }
+    if (!replaced) environment.push_back(variable);
+  }
+  environment.insert(environment.end(), options.environment.begin(),
+                     options.environment.end());
+  std::vector<char*> envp;
+  for (std::string& variable : environment) envp.push_back(variable.data());
+  envp.push_back(nullptr);
   pid_t pid;
   const int error =
-      posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+      posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (error != 0) {
     return absl::InternalError(

@@ -15,12 +15,22 @@
 
 namespace pagealloc::testing {
 
+// What a child gets beyond argv (a service manager's start of a service).
+struct SpawnOptions {
+  // Added to (or replacing) the parent's environment: "NAME=value".
+  std::vector<std::string> environment;
+  // Passed as the child's descriptors 3, 4, ... in this order (as a
+  // service manager passes socket-activation and stored descriptors).
+  std::vector<int> passed_fds;
+};
+
 class Subprocess {
  public:
   // Starts `argv[0]` with `argv`; stdout and stderr go to `log_path` when
   // given, else are inherited.
   static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
-                                          const std::string& log_path = "");
+                                          const std::string& log_path = "",
+                                          const SpawnOptions& options = {});
   Subprocess() = default;  // no process
   Subprocess(Subprocess&& other) noexcept;
   Subprocess& operator=(Subprocess&& other) noexcept;

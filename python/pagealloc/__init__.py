@@ -29,7 +29,7 @@ from pagealloc.errors import (AbortedError, AlreadyExistsError,
                               UnknownError, error_for)
 
 __version__ = _native.lib.pagealloc_version().decode()
-# pagealloc_abi_version(): major << 16 | minor (65542 for 1.6), and the
+# pagealloc_abi_version(): major << 16 | minor (65543 for 1.7), and the
 # same as "major.minor", as the docs write it.
 ABI_VERSION = _native.lib.pagealloc_abi_version()
 ABI_VERSION_TEXT = "%d.%d" % (ABI_VERSION >> 16, ABI_VERSION & 0xFFFF)

@@ -40,6 +40,12 @@ class ClientOptions(ctypes.Structure):
         ("register_secret_length", ctypes.c_size_t),
         ("map_kv_slab", ctypes.c_int32),
         ("reserved1", ctypes.c_int32),
+        # ABI 1.7 (left zero for an older library, which knows none of it)
+        ("resumable", ctypes.c_int32),
+        ("reserved2", ctypes.c_int32),
+        ("reconnect_timeout_ms", ctypes.c_int64),
+        ("reconnect_initial_backoff_ms", ctypes.c_int64),
+        ("reconnect_max_backoff_ms", ctypes.c_int64),
     ]
 
 
@@ -73,6 +79,8 @@ class AllocationView(ctypes.Structure):
         ("all_slots", ctypes.c_void_p),
         ("num_slots", ctypes.c_int64),
         ("completion_value", ctypes.c_uint64),
+        # ABI 1.7 (an older library's view is shorter: read it only then)
+        ("link_epoch", ctypes.c_uint64),
     ]
 
 
@@ -311,6 +319,17 @@ def _declare(lib):
     if lib.pagealloc_abi_version() & 0xFFFF >= 6:  # ABI 1.6
         signatures["pagealloc_reserve_peek"] = (
             i32, [ptr, ptr, size, p_i64, p_error])
+    if lib.pagealloc_abi_version() & 0xFFFF >= 7:  # ABI 1.7
+        signatures.update({
+            "pagealloc_resume":
+                (i32, [ctypes.POINTER(ClientOptions), ctypes.c_uint64,
+                       ctypes.c_char_p, size, i32,
+                       ctypes.POINTER(ctypes.c_void_p), p_error]),
+            "pagealloc_detach": (i32, [c_client, p_error]),
+            "pagealloc_session_resumable": (i32, [c_client]),
+            "pagealloc_link_epoch": (ctypes.c_uint64, [c_client]),
+            "pagealloc_reconnecting": (i32, [c_client]),
+        })
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
         function.restype = restype
@@ -350,3 +369,5 @@ HAS_LOCAL_EXPANSION = lib.pagealloc_abi_version() & 0xFFFF >= 3
 HAS_EXPANSION_PAGES = lib.pagealloc_abi_version() & 0xFFFF >= 5
 # Whether a reserve names its next pages without handing them out (1.6).
 HAS_RESERVE_PEEK = lib.pagealloc_abi_version() & 0xFFFF >= 6
+# Whether sessions can be resumed and clients reconnect (1.7).
+HAS_RESUME = lib.pagealloc_abi_version() & 0xFFFF >= 7

@@ -312,6 +312,9 @@ class Allocation:
         # slots are written (Client.order_after waits for it on the GPU; on
         # the CPU backend it numbers the launches).
         self.completion_value = view.completion_value
+        # The client's link to the daemon that answered (Client.link_epoch):
+        # ring_end counts within one link (ABI 1.7; 0 before).
+        self.link_epoch = view.link_epoch if _native.HAS_RESUME else 0
         self._num_slots = view.num_slots
         # Views are made on each access, never kept here: a view refers to
         # this object, and NumPy arrays are not tracked by the cycle
@@ -406,8 +409,7 @@ class Allocation:
     def released(self):
         """True once this allocation's ring space may be reused (never for
         inline results, which live in this object)."""
-        return (not self._inline and
-                self.ring_end <= self._client._released_up_to)
+        return not self._inline and self._client._is_released(self)
 
     def __enter__(self):
         return self
@@ -1182,8 +1184,10 @@ class Client:
     """
 
     def __init__(self, handle):
-        # Use Client.connect.
+        # Use Client.connect or Client.resume.
         self._handle = handle
+        # What was released: up to this ring position of this link.
+        self._released_epoch = 0
         self._released_up_to = 0
         self._closed = False
         self._release_lock = threading.Lock()
@@ -1194,37 +1198,46 @@ class Client:
         self.session_id = _lib.pagealloc_session_id(handle)
         self.lease_ms = _lib.pagealloc_lease_ms(handle)
         self.uses_fast_channel = bool(_lib.pagealloc_uses_fast_channel(handle))
-        capacity = ctypes.c_int64()
-        on_device = ctypes.c_int32()
-        address = _lib.pagealloc_ring(handle, ctypes.byref(capacity),
-                                      ctypes.byref(on_device))
-        self.ring = RingInfo(address=address or 0,
-                             capacity_slots=capacity.value,
-                             on_device=bool(on_device.value))
+        # Whether the session outlives this process for its lease (ABI 1.7).
+        self.resumable = (_native.HAS_RESUME and
+                          bool(_lib.pagealloc_session_resumable(handle)))
+        self._ring = None  # (link epoch, RingInfo)
 
-    @classmethod
-    def connect(cls, target=None, *, name="", ring_capacity_slots=0,
-                quota_pages=0, keepalive_interval=None, call_timeout=30.0,
-                fast_channel=True, fast_channel_spin=500e-6,
-                register_secret=None, map_kv_slab=True):
-        """Connects to the daemon at `target` ("unix:///path.sock" or
-        "host:port"; None: GPU 0's daemon where pagealloc-server listens
-        by default, /run/pagealloc/gpu0.sock, else
-        $XDG_RUNTIME_DIR/pagealloc/gpu0.sock), registers a session, maps its output ring (and the
-        pool's KV slab, when the daemon owns the KV memory) and keeps its
-        lease from a background thread.
+    @property
+    def ring(self):
+        """The current link's mapped output ring (a new one after a
+        reconnect; earlier rings stay mapped while this client lives)."""
+        epoch = self.link_epoch
+        if self._ring is None or self._ring[0] != epoch:
+            capacity = ctypes.c_int64()
+            on_device = ctypes.c_int32()
+            address = _lib.pagealloc_ring(self._handle, ctypes.byref(capacity),
+                                          ctypes.byref(on_device))
+            self._ring = (epoch, RingInfo(address=address or 0,
+                                          capacity_slots=capacity.value,
+                                          on_device=bool(on_device.value)))
+        return self._ring[1]
 
-        keepalive_interval, call_timeout and fast_channel_spin are seconds
-        (keepalive_interval None: a third of the daemon's lease).
-        register_secret (str or bytes) is the pool's secret when its daemon
-        runs with --register_secret_file. map_kv_slab=False does without
-        the KV slab (kv_buffers() is then empty). Raises
-        UnavailableError when nothing listens at the target (without one:
-        when no socket is at either path, naming both),
-        UnauthenticatedError when the daemon's memory socket refuses the
-        session, FailedPreconditionError when a CPU daemon's ring cannot be
-        mapped (another host).
-        """
+    @property
+    def link_epoch(self):
+        """The client's link to the daemon: 0 for the session's first, one
+        more after each reconnect (ABI 1.7; 0 before)."""
+        if not _native.HAS_RESUME:
+            return 0
+        return _lib.pagealloc_link_epoch(self._handle)
+
+    @property
+    def reconnecting(self):
+        """True while the client reconnects to a restarted daemon (calls
+        wait for it, up to their call_timeout)."""
+        return (_native.HAS_RESUME and
+                bool(_lib.pagealloc_reconnecting(self._handle)))
+
+    @staticmethod
+    def _options(target, name, ring_capacity_slots, quota_pages,
+                 keepalive_interval, call_timeout, fast_channel,
+                 fast_channel_spin, register_secret, map_kv_slab, resumable,
+                 reconnect_timeout, reconnect_backoff):
         options = _native.ClientOptions()
         _lib.pagealloc_client_options_init(ctypes.byref(options),
                                            ctypes.sizeof(options))
@@ -1244,11 +1257,102 @@ class Client:
             options.register_secret = secret
             options.register_secret_length = len(secret)
         options.map_kv_slab = 1 if map_kv_slab else 0
+        wants_restarts = (resumable or reconnect_timeout is not None or
+                          reconnect_backoff is not None)
+        if wants_restarts and not _native.HAS_RESUME:
+            raise FailedPreconditionError(
+                "%s cannot resume sessions or reconnect (ABI 1.7 needed)" %
+                _native.path)
+        if resumable:
+            options.resumable = 1
+        if reconnect_timeout is not None:
+            options.reconnect_timeout_ms = _seconds_to_ms(reconnect_timeout,
+                                                          "reconnect_timeout")
+        if reconnect_backoff is not None:
+            initial, largest = reconnect_backoff
+            options.reconnect_initial_backoff_ms = _seconds_to_ms(
+                initial, "reconnect_backoff[0]")
+            options.reconnect_max_backoff_ms = _seconds_to_ms(
+                largest, "reconnect_backoff[1]")
+        return options
+
+    @classmethod
+    def connect(cls, target=None, *, name="", ring_capacity_slots=0,
+                quota_pages=0, keepalive_interval=None, call_timeout=30.0,
+                fast_channel=True, fast_channel_spin=500e-6,
+                register_secret=None, map_kv_slab=True, resumable=False,
+                reconnect_timeout=None, reconnect_backoff=None):
+        """Connects to the daemon at `target` ("unix:///path.sock" or
+        "host:port"; None: GPU 0's daemon where pagealloc-server listens
+        by default, /run/pagealloc/gpu0.sock, else
+        $XDG_RUNTIME_DIR/pagealloc/gpu0.sock), registers a session, maps its output ring (and the
+        pool's KV slab, when the daemon owns the KV memory) and keeps its
+        lease from a background thread.
+
+        keepalive_interval, call_timeout and fast_channel_spin are seconds
+        (keepalive_interval None: a third of the daemon's lease).
+        register_secret (str or bytes) is the pool's secret when its daemon
+        runs with --register_secret_file. map_kv_slab=False does without
+        the KV slab (kv_buffers() is then empty). resumable=True keeps the
+        session, when this process dies or detach() lets go, until its
+        lease runs out, for Client.resume from another process.
+        reconnect_timeout (seconds; None: for the daemon's lease when the
+        daemon keeps its state across restarts, else off; 0: off) is how
+        long a client whose daemon died tries to resume its session from
+        the restarted daemon, waiting reconnect_backoff = (initial,
+        largest) seconds between attempts, doubling (default (0.05, 1.0));
+        docs/python.md, "Restarts". Raises
+        UnavailableError when nothing listens at the target (without one:
+        when no socket is at either path, naming both),
+        UnauthenticatedError when the daemon's memory socket refuses the
+        session, FailedPreconditionError when a CPU daemon's ring cannot be
+        mapped (another host).
+        """
+        options = cls._options(target, name, ring_capacity_slots,
+                               quota_pages, keepalive_interval, call_timeout,
+                               fast_channel, fast_channel_spin,
+                               register_secret, map_kv_slab, resumable,
+                               reconnect_timeout, reconnect_backoff)
         handle = ctypes.c_void_p()
         error = _error_buffer()
         _check(_lib.pagealloc_connect(ctypes.byref(options),
                                       ctypes.byref(handle),
                                       ctypes.byref(error)), error)
+        return cls(handle.value)
+
+    @classmethod
+    def resume(cls, target, session_id, session_token, *, take_over=False,
+               ring_capacity_slots=0, keepalive_interval=None,
+               call_timeout=30.0, fast_channel=True, fast_channel_spin=500e-6,
+               register_secret=None, map_kv_slab=True,
+               reconnect_timeout=None, reconnect_backoff=None):
+        """Takes back the live session `session_id` (its `session_token`,
+        bytes) at `target` instead of registering one: a scheduler
+        restarted within its lease, a tool acting for a session. The
+        session keeps its pages, checkpoints and quota; its output ring
+        and fast channel are new. Other arguments as in connect (the
+        session's name, quota and resumable flag are its own). Raises
+        NotFoundError (unknown, expired, or reclaimed: a session that was
+        not resumable went with its process), UnauthenticatedError (token,
+        register secret), FailedPreconditionError while another process
+        holds the session, unless take_over=True (that process is then
+        told its session was taken)."""
+        options = cls._options(target, "", ring_capacity_slots, 0,
+                               keepalive_interval, call_timeout, fast_channel,
+                               fast_channel_spin, register_secret,
+                               map_kv_slab, False, reconnect_timeout,
+                               reconnect_backoff)
+        if not _native.HAS_RESUME:
+            raise FailedPreconditionError(
+                "%s cannot resume sessions (ABI 1.7 needed)" % _native.path)
+        token = bytes(session_token)
+        handle = ctypes.c_void_p()
+        error = _error_buffer()
+        _check(_lib.pagealloc_resume(ctypes.byref(options), int(session_id),
+                                     token, len(token),
+                                     1 if take_over else 0,
+                                     ctypes.byref(handle),
+                                     ctypes.byref(error)), error)
         return cls(handle.value)
 
     def __del__(self):
@@ -1272,6 +1376,19 @@ class Client:
         twice is fine."""
         error = _error_buffer()
         _check(_lib.pagealloc_close(self._handle, ctypes.byref(error)), error)
+        self._closed = True
+
+    def detach(self):
+        """Lets go of a resumable session without ending it: the daemon
+        keeps it, pages and all, until its lease runs out, for
+        Client.resume from another process. Later calls raise
+        FailedPreconditionError; FailedPreconditionError too for a session
+        that is not resumable (close it instead) or is gone."""
+        if not _native.HAS_RESUME:
+            raise FailedPreconditionError(
+                "%s cannot detach sessions (ABI 1.7 needed)" % _native.path)
+        error = _error_buffer()
+        _check(_lib.pagealloc_detach(self._handle, ctypes.byref(error)), error)
         self._closed = True
 
     # ---------------------------------------------------------------- calls
@@ -1401,8 +1518,20 @@ class Client:
             raise InvalidArgumentError("the allocation is another client's")
         _release_c(self._handle, allocation._handle)
         with self._release_lock:
-            self._released_up_to = max(self._released_up_to,
-                                       allocation.ring_end)
+            # A later link's release releases everything before it; an
+            # earlier link's allocation has nothing left to release.
+            if allocation.link_epoch > self._released_epoch:
+                self._released_epoch = allocation.link_epoch
+                self._released_up_to = allocation.ring_end
+            elif allocation.link_epoch == self._released_epoch:
+                self._released_up_to = max(self._released_up_to,
+                                           allocation.ring_end)
+
+    def _is_released(self, allocation):
+        with self._release_lock:
+            return (allocation.link_epoch < self._released_epoch or
+                    (allocation.link_epoch == self._released_epoch and
+                     allocation.ring_end <= self._released_up_to))
 
     def flush_release(self):
         """Sends the release now instead of with the next allocation call."""

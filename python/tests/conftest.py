@@ -34,10 +34,11 @@ class Daemon:
         self.log_path = os.path.join(
             log_dir, "daemon-%s.log" % os.path.basename(self.dir))
         self._log = open(self.log_path, "w")
+        self._argv = [binary, "--backend=" + BACKEND, "--listen=" + self.target,
+                      "--metrics_host=127.0.0.1", "--metrics_port=0"]
         self.process = subprocess.Popen(
-            [binary, "--backend=" + BACKEND, "--listen=" + self.target,
-             "--metrics_host=127.0.0.1", "--metrics_port=0"] + list(flags),
-            stdout=self._log, stderr=subprocess.STDOUT)
+            self._argv + list(flags), stdout=self._log,
+            stderr=subprocess.STDOUT)
         self._wait_until_serving()
 
     def _wait_until_serving(self, timeout_s=20.0):
@@ -69,6 +70,14 @@ class Daemon:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=20)
+
+    def start_again(self, *flags):
+        """Starts a fresh daemon (none of the old one's state) on the same
+        socket, once this one is dead (kill)."""
+        self.process = subprocess.Popen(
+            self._argv + list(flags), stdout=self._log,
+            stderr=subprocess.STDOUT)
+        self._wait_until_serving()
 
     def stop(self):
         if self.process.poll() is None:

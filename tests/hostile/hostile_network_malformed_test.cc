@@ -152,6 +152,7 @@ TEST_F(HostileNetworkMalformedTest, EveryUnaryMethodAnswersInvalidArgument) {
       {Method::kMatchPrefix, "MatchPrefixRequest"},
       {Method::kUnpinPrefix, "UnpinPrefixRequest"},
       {Method::kResetPrefixCache, "ResetPrefixCacheRequest"},
+      {Method::kResume, "ResumeRequest"},
   };
   for (const auto& [method, request_type] : kUnary) {
     const std::string path =

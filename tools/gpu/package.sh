@@ -66,6 +66,7 @@ targets=(
   //client:pagealloc-cli
   //tests:load_client
   //tests:multi_client_test
+  //tests:restart_test
   //tests:server_process_test
   //tests:stress_test
 )

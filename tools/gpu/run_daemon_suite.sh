@@ -157,14 +157,17 @@ if [[ -n $prefix_rows ]]; then
   add_section "### Prefix match and adopt (prefix_match_benchmark.log)"$'\n\n'"$prefix_head"$'\n\n'"$prefix_rows"
 fi
 
-for t in kv_slab_test multi_client_test server_process_test stress_test; do
+for t in kv_slab_test multi_client_test restart_test server_process_test \
+  stress_test; do
   run_step "$t" 240 "$OUT/$t.log" "tests/$t"
   add_detail "$(gtest_counts "$OUT/$t.log")"
-  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |killed and replaced" \
+  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |killed and replaced|^restart_test:" \
     "$OUT/$t.log" | tail -n 12
 done
 # On a GPU host the CUDA backend starts, so server_process_test skips its
 # one no-GPU case; a test that skips for want of a GPU would show here.
+restart_line=$(grep -E "^restart_test:" "$OUT/restart_test.log" | tail -n 1)
+[[ -n $restart_line ]] && add_detail "$restart_line"
 stress_line=$(grep -E "killed and replaced" "$OUT/stress_test.log" | tail -n 1)
 [[ -n $stress_line ]] && add_detail "$stress_line"
 

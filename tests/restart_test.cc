@@ -1,0 +1,499 @@
+// A daemon restart loses nothing (docs/design.md, "A restart keeps the
+// pool"): pagealloc-server runs with --keep_state under a service manager
+// (tests/service_manager.h: systemd's fd store, as a unit's daemon sees
+// it), eight clients allocate, write a KV pattern into their pages and
+// free, and the daemon is SIGKILLed at random instants, hundreds of
+// times, and started again on the same socket with the descriptors the
+// manager kept. After each restart every client carries on by itself
+// (ClientOptions.reconnect_timeout) and checks:
+//   - its session survived with exactly the pages it held: an operation
+//     answered before the kill is there, and one whose answer the kill
+//     took (the call failed UNAVAILABLE, "whether it took effect is
+//     unknown") is there whole or not at all (ListPages);
+//   - the KV it wrote into every page it holds is intact, byte for byte;
+// and at the end every page is free or held by exactly one client, as the
+// clients' own records say (the daemon checks its invariants after every
+// batch too, --debug_checks). The journal's log is small, so snapshots
+// are written (and killed into) all along. The time from each kill to
+// each client's first answered call is measured and printed; the test
+// does not depend on it.
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/admin.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_process.h"
+#include "tests/daemon_stats.h"
+#include "tests/kv_pattern.h"
+#include "tests/service_manager.h"
+#include "tests/status_matchers.h"
+#include "tests/subprocess.h"
+#include "tests/wait_for.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::DaemonStats;
+using ::pagealloc::testing::FdStoreManager;
+using ::pagealloc::testing::KvPatternByte;
+using ::pagealloc::testing::ReadLog;
+using ::pagealloc::testing::RunfilePath;
+using ::pagealloc::testing::Subprocess;
+using ::pagealloc::testing::WaitFor;
+
+constexpr int kClients = 8;
+constexpr int64_t kPageSize = 4;
+constexpr int64_t kNumPages = 512;
+// Each client holds at most this many pages, so that the pool never runs
+// out and every refusal is a bug.
+constexpr int64_t kMaxPagesPerClient = kNumPages / kClients - 8;
+constexpr char kLayout[] = "custom:kv=uint8:16,aux=uint8:8";
+
+// Kills in a run: a few hundred, fewer where sanitizers slow everything
+// down; PAGEALLOC_RESTART_KILLS overrides.
+int KillsInRun() {
+  if (const char* kills = std::getenv("PAGEALLOC_RESTART_KILLS")) {
+    int n = 0;
+    if (absl::SimpleAtoi(kills, &n) && n > 0) return n;
+  }
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return 20;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  return 20;
+#endif
+#endif
+  return 200;
+}
+
+// The daemon's socket and log, in a short private directory (a Unix
+// socket path has 107 bytes).
+struct DaemonPaths {
+  std::string socket;
+  std::string target;
+  std::string log;
+};
+
+DaemonPaths MakePaths() {
+  char pattern[] = "/tmp/pagealloc-restart-XXXXXX";
+  const std::string dir = mkdtemp(pattern);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  DaemonPaths paths;
+  paths.socket = dir + "/gpu0.sock";
+  paths.target = "unix://" + paths.socket;
+  paths.log = std::string(tmp != nullptr ? tmp : dir.c_str()) + "/daemon.log";
+  return paths;
+}
+
+std::vector<std::string> DaemonArgv(const DaemonPaths& paths) {
+  // PAGEALLOC_TEST_BACKEND=cuda runs it on a GPU daemon: the slab in CUDA
+  // virtual memory, kept in the store as its POSIX fd.
+  const char* backend = std::getenv("PAGEALLOC_TEST_BACKEND");
+  return {RunfilePath("server/pagealloc-server"),
+          absl::StrFormat("--backend=%s", backend != nullptr ? backend : "cpu"),
+          "--listen=" + paths.target, "--metrics_port=-1", "--keep_state",
+          // Small, so that snapshots are written (and killed into) often.
+          "--state_log_bytes=65536",
+          absl::StrFormat("--num_pages=%d", kNumPages),
+          absl::StrFormat("--page_size=%d", kPageSize),
+          std::string("--kv_layout=") + kLayout, "--ring_capacity_slots=4096",
+          "--lease_ms=60000", "--debug_checks"};
+}
+
+// One scheduler: its session, the pages it holds and what it wrote there.
+class Worker {
+ public:
+  Worker(int index, const std::string& target)
+      : index_(index), rng_(0x5eed + index) {
+    ClientOptions options;
+    options.target = target;
+    options.client_name = absl::StrFormat("restart-%d", index);
+    options.resumable = true;
+    options.reconnect_timeout = absl::Seconds(60);
+    options.reconnect_initial_backoff = absl::Milliseconds(5);
+    options.reconnect_max_backoff = absl::Milliseconds(50);
+    options.call_timeout = absl::Seconds(60);
+    auto client = Client::Connect(options);
+    EXPECT_OK(client.status());
+    if (client.ok()) client_ = *std::move(client);
+  }
+
+  bool connected() const { return client_ != nullptr; }
+  uint64_t session_id() const { return client_->session_id(); }
+  const std::set<int64_t>& pages() const { return pages_; }
+
+  // Runs operations until `stop`; failures are recorded (failures()).
+  void Run(const std::atomic<bool>& stop, const std::atomic<int64_t>& kills,
+           const std::atomic<int64_t>& killed_at_us) {
+    while (!stop.load()) {
+      const int64_t kill = kills.load();
+      Step();
+      if (kill != seen_kill_) {
+        // The first answered call since a kill: time it, and check the
+        // whole of this client's KV.
+        if (last_ok_) {
+          resume_us_.push_back(absl::ToUnixMicros(absl::Now()) -
+                               killed_at_us.load());
+          seen_kill_ = kill;
+          CheckAllKv("after a restart");
+        }
+      }
+    }
+    Reconcile();
+    CheckAllKv("at the end");
+  }
+
+  int64_t operations() const { return operations_; }
+  // Calls answered so far (any thread may read it).
+  int64_t answered() const { return answered_.load(); }
+  int64_t unknown_outcomes() const { return unknown_outcomes_; }
+  int64_t kv_bytes_checked() const { return kv_bytes_checked_; }
+  const std::vector<int64_t>& resume_us() const { return resume_us_; }
+  const std::vector<std::string>& failures() const { return failures_; }
+  absl::Status session_status() const { return client_->session_status(); }
+
+ private:
+  void Fail(std::string what) {
+    if (failures_.size() < 20) {
+      failures_.push_back(absl::StrFormat("client %d (session %d): %s", index_,
+                                          client_->session_id(), what));
+    }
+  }
+
+  // A call failed: which way, and whether its effect is unknown.
+  void Answered() {
+    last_ok_ = true;
+    answered_++;
+  }
+
+  void Failed(const absl::Status& status, const char* what) {
+    last_ok_ = false;
+    if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
+      ++unknown_outcomes_;
+      reconcile_ = true;
+      return;
+    }
+    Fail(absl::StrFormat("%s: %s", what, status.ToString()));
+  }
+
+  void Step() {
+    ++operations_;
+    if (reconcile_) {
+      Reconcile();
+      return;
+    }
+    const bool allocate =
+        pages_.size() < 4 ||
+        (pages_.size() + 4 <= static_cast<size_t>(kMaxPagesPerClient) &&
+         rng_() % 2 == 0);
+    if (allocate) {
+      const int64_t n = 1 + rng_() % 4;
+      const int64_t tokens[] = {n * kPageSize};
+      absl::StatusOr<Allocation> allocation = client_->Alloc(tokens);
+      if (!allocation.ok()) {
+        maybe_allocated_ += n;
+        return Failed(allocation.status(), "Alloc");
+      }
+      if (!(*allocation)[0].status.ok()) {
+        return Fail("Alloc refused: " + (*allocation)[0].status.ToString());
+      }
+      // The slots are in the ring: device memory on the CUDA backend.
+      const RequestSlots& slots = (*allocation)[0];
+      std::vector<int64_t> host(slots.count);
+      if (absl::Status copied =
+              client_->CopyToHost(slots.slots, slots.count, host.data());
+          !copied.ok()) {
+        client_->Release(*allocation);
+        return Fail("CopyToHost: " + copied.ToString());
+      }
+      std::vector<int64_t> got;
+      for (int64_t i = 0; i < slots.count; i += kPageSize) {
+        got.push_back(host[i] / kPageSize);
+      }
+      client_->Release(*allocation);
+      for (int64_t page : got) {
+        if (!pages_.insert(page).second) {
+          Fail(absl::StrFormat("Alloc gave page %d, already held", page));
+        }
+        WriteKv(page);
+      }
+      Answered();
+      return;
+    }
+    // Free 1..3 pages, KV checked first.
+    std::vector<int64_t> chosen(pages_.begin(), pages_.end());
+    std::shuffle(chosen.begin(), chosen.end(), rng_);
+    chosen.resize(std::min<size_t>(chosen.size(), 1 + rng_() % 3));
+    for (int64_t page : chosen) CheckKv(page, "before its free");
+    absl::StatusOr<int64_t> freed = client_->FreePages(chosen);
+    for (int64_t page : chosen) pages_.erase(page);
+    if (!freed.ok()) {
+      maybe_freed_.insert(chosen.begin(), chosen.end());
+      return Failed(freed.status(), "FreePages");
+    }
+    Answered();
+  }
+
+  // After calls whose outcome is unknown: the session's pages as the
+  // daemon has them must be the ones held, give or take exactly those
+  // calls.
+  void Reconcile() {
+    absl::StatusOr<std::vector<int64_t>> owned = client_->ListPages();
+    if (!owned.ok()) {
+      last_ok_ = false;
+      if (!absl::IsUnavailable(owned.status()) &&
+          !absl::IsDeadlineExceeded(owned.status())) {
+        Fail("ListPages: " + owned.status().ToString());
+      }
+      return;
+    }
+    Answered();
+    const std::set<int64_t> daemon(owned->begin(), owned->end());
+    int64_t extra = 0;
+    for (int64_t page : daemon) {
+      if (pages_.count(page) != 0) continue;
+      if (maybe_freed_.count(page) != 0) {
+        // A free that never happened: still ours, KV and all.
+        pages_.insert(page);
+        CheckKv(page, "after a free whose answer was lost");
+        continue;
+      }
+      ++extra;
+      pages_.insert(page);
+      WriteKv(page);  // an allocation whose answer was lost
+    }
+    if (extra > maybe_allocated_) {
+      Fail(absl::StrFormat(
+          "the daemon holds %d pages for it that no call of it could have "
+          "taken (%d were asked for by calls whose answers were lost)",
+          extra, maybe_allocated_));
+    }
+    for (auto it = pages_.begin(); it != pages_.end();) {
+      if (daemon.count(*it) == 0) {
+        Fail(absl::StrFormat("page %d, held, is not the session's", *it));
+        it = pages_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    maybe_allocated_ = 0;
+    maybe_freed_.clear();
+    reconcile_ = false;
+  }
+
+  // The page's slots of buffer `b`, as this client writes them.
+  std::vector<uint8_t> Pattern(int64_t page, int b) const {
+    const KvBuffer& buffer = client_->kv_buffers()[b];
+    std::vector<uint8_t> bytes(kPageSize * buffer.stride_bytes);
+    for (int64_t s = 0; s < kPageSize; ++s) {
+      const int64_t slot = page * kPageSize + s;
+      for (int64_t i = 0; i < buffer.stride_bytes; ++i) {
+        bytes[s * buffer.stride_bytes + i] =
+            KvPatternByte(client_->session_id(), slot, b, i);
+      }
+    }
+    return bytes;
+  }
+
+  // Writes the pattern into every slot of `page` in every buffer (through
+  // the slab view: host memory on the CPU backend, device memory on CUDA).
+  void WriteKv(int64_t page) {
+    for (int b = 0; b < static_cast<int>(client_->kv_buffers().size()); ++b) {
+      const std::vector<uint8_t> bytes = Pattern(page, b);
+      const absl::Status written = client_->kv_slab()->CopyToSlab(
+          client_->kv_buffers()[b].slot(page * kPageSize), bytes.data(),
+          bytes.size());
+      if (!written.ok()) return Fail("CopyToSlab: " + written.ToString());
+    }
+  }
+
+  void CheckKv(int64_t page, const char* when) {
+    for (int b = 0; b < static_cast<int>(client_->kv_buffers().size()); ++b) {
+      const std::vector<uint8_t> want = Pattern(page, b);
+      std::vector<uint8_t> got(want.size());
+      const absl::Status read = client_->kv_slab()->CopyFromSlab(
+          got.data(), client_->kv_buffers()[b].slot(page * kPageSize),
+          got.size());
+      if (!read.ok()) return Fail("CopyFromSlab: " + read.ToString());
+      if (got != want) {
+        const size_t at =
+            std::mismatch(got.begin(), got.end(), want.begin()).first -
+            got.begin();
+        return Fail(absl::StrFormat("KV of page %d (%s, byte %d) changed %s",
+                                    page, client_->kv_buffers()[b].name, at,
+                                    when));
+      }
+      kv_bytes_checked_ += got.size();
+    }
+  }
+
+  void CheckAllKv(const char* when) {
+    for (int64_t page : pages_) CheckKv(page, when);
+  }
+
+  const int index_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<Client> client_;
+  std::set<int64_t> pages_;
+  // Calls whose answers a kill took: pages they asked for, pages they
+  // freed.
+  int64_t maybe_allocated_ = 0;
+  std::set<int64_t> maybe_freed_;
+  bool reconcile_ = false;
+  bool last_ok_ = false;
+  int64_t seen_kill_ = 0;
+  int64_t operations_ = 0;
+  std::atomic<int64_t> answered_{0};
+  int64_t unknown_outcomes_ = 0;
+  int64_t kv_bytes_checked_ = 0;
+  std::vector<int64_t> resume_us_;
+  std::vector<std::string> failures_;
+};
+
+TEST(RestartTest, SigkillUnderLoadLosesNoPageAndNoKvByte) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdStoreManager> manager,
+                       FdStoreManager::Create());
+  const DaemonPaths paths = MakePaths();
+  const std::vector<std::string> argv = DaemonArgv(paths);
+  ASSERT_OK_AND_ASSIGN(Subprocess daemon, manager->Start(argv, paths.log));
+  ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
+  EXPECT_EQ(manager->stored("pagealloc-slab"), 1) << ReadLog(paths.log);
+  EXPECT_EQ(manager->stored("pagealloc-state"), 1) << ReadLog(paths.log);
+
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (int i = 0; i < kClients; ++i) {
+    workers.push_back(std::make_unique<Worker>(i, paths.target));
+    ASSERT_TRUE(workers.back()->connected());
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> kills{0};
+  std::atomic<int64_t> killed_at_us{0};
+  std::vector<std::thread> threads;
+  for (auto& worker : workers) {
+    threads.emplace_back(
+        [&, w = worker.get()] { w->Run(stop, kills, killed_at_us); });
+  }
+
+  const int run_kills = KillsInRun();
+  std::mt19937_64 rng(42);
+  std::vector<int64_t> restart_us;
+  auto answered = [&] {
+    std::vector<int64_t> counts;
+    for (auto& worker : workers) counts.push_back(worker->answered());
+    return counts;
+  };
+  for (int k = 0; k < run_kills; ++k) {
+    // Every client carries on by itself: each has had a call answered by
+    // this daemon before the next kill (bounded: a client that does not
+    // is a failure, not a wait).
+    const std::vector<int64_t> before = answered();
+    const bool carried_on = WaitFor(
+        [&] {
+          const std::vector<int64_t> now = answered();
+          for (size_t i = 0; i < now.size(); ++i) {
+            if (now[i] <= before[i]) return false;
+          }
+          return true;
+        },
+        absl::Seconds(60), absl::Microseconds(200));
+    ASSERT_TRUE(carried_on) << "after restart " << k << " not every client "
+                            << "had a call answered within 60 s:\n"
+                            << ReadLog(paths.log);
+    // Then a random instant in their load.
+    absl::SleepFor(absl::Microseconds(rng() % 20000));
+    killed_at_us = absl::ToUnixMicros(absl::Now());
+    daemon.Signal(SIGKILL);
+    ASSERT_OK(daemon.Wait(absl::Seconds(10)).status());
+    kills = k + 1;
+    ASSERT_OK_AND_ASSIGN(daemon, manager->Start(argv, paths.log));
+    ASSERT_TRUE(manager->WaitReady(absl::Seconds(30)))
+        << "restart " << k + 1 << ":\n"
+        << ReadLog(paths.log);
+    restart_us.push_back(absl::ToUnixMicros(absl::Now()) - killed_at_us);
+    // Still one slab and one state: the same descriptors, never a second.
+    ASSERT_EQ(manager->stored("pagealloc-slab"), 1);
+    ASSERT_EQ(manager->stored("pagealloc-state"), 1);
+  }
+  // Let every client get an answer from the last daemon, then stop them.
+  absl::SleepFor(absl::Milliseconds(200));
+  stop = true;
+  for (std::thread& thread : threads) thread.join();
+
+  const std::string log = ReadLog(paths.log);
+  EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("is not used")));
+  EXPECT_THAT(log,
+              ::testing::Not(::testing::HasSubstr("can no longer be kept")));
+
+  // Every page is free or held by exactly one client, as the clients say.
+  std::map<int64_t, int> holder;
+  int64_t operations = 0, unknown = 0, kv_bytes = 0;
+  std::vector<int64_t> resume_us;
+  for (int i = 0; i < kClients; ++i) {
+    Worker& w = *workers[i];
+    for (const std::string& failure : w.failures()) ADD_FAILURE() << failure;
+    EXPECT_OK(w.session_status()) << "client " << i;
+    for (int64_t page : w.pages()) {
+      EXPECT_TRUE(holder.emplace(page, i).second)
+          << "page " << page << " held by clients " << holder[page] << " and "
+          << i;
+    }
+    operations += w.operations();
+    unknown += w.unknown_outcomes();
+    kv_bytes += w.kv_bytes_checked();
+    resume_us.insert(resume_us.end(), w.resume_us().begin(),
+                     w.resume_us().end());
+  }
+  AdminOptions admin;
+  admin.target = paths.target;
+  ASSERT_OK_AND_ASSIGN(v1::GetFreeListsResponse lists,
+                       GetDaemonFreeLists(admin, 2 * kNumPages));
+  std::set<int64_t> free(lists.free_pages().begin(), lists.free_pages().end());
+  free.insert(lists.parked_pages().begin(), lists.parked_pages().end());
+  for (int64_t page = 1; page <= kNumPages; ++page) {
+    EXPECT_NE(holder.count(page) + free.count(page), 0u)
+        << "page " << page << " is neither free nor held";
+    EXPECT_LE(holder.count(page) + free.count(page), 1u)
+        << "page " << page << " is free and held";
+  }
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(paths.target));
+  EXPECT_EQ(stats.sessions_size(), kClients);
+
+  std::sort(resume_us.begin(), resume_us.end());
+  std::sort(restart_us.begin(), restart_us.end());
+  auto at = [](const std::vector<int64_t>& v, double q) {
+    return v.empty() ? -1.0 : v[static_cast<size_t>(q * (v.size() - 1))] / 1e3;
+  };
+  std::printf(
+      "restart_test: %d kills, %d clients, %lld operations (%lld answers "
+      "lost to a kill, reconciled); %lld KV bytes read back intact; kill to "
+      "the daemon's READY p50 %.1f ms p99 %.1f ms; kill to a client's first "
+      "answered call p50 %.1f ms p99 %.1f ms (%zu resumes)\n",
+      run_kills, kClients, static_cast<long long>(operations),
+      static_cast<long long>(unknown), static_cast<long long>(kv_bytes),
+      at(restart_us, 0.5), at(restart_us, 0.99), at(resume_us, 0.5),
+      at(resume_us, 0.99), resume_us.size());
+  daemon.Signal(SIGTERM);
+  EXPECT_OK(daemon.Wait(absl::Seconds(30)).status());
+}
+
+}  // namespace
+}  // namespace pagealloc

@@ -1,0 +1,436 @@
+// Resumable sessions, Resume and the client's reconnect against a real
+// daemon in this process (over its Unix socket and memory socket): a
+// detached resumable session is taken back with its pages and checkpoints;
+// every hostile Resume is refused with its code and changes nothing; a
+// take-over tells the old client and its old channel answers no more; a
+// client whose daemon severed its memory socket (as a daemon restarted with
+// its state would) reconnects, keeps its KV slab and its old slots, and
+// one without reconnect ends as today.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "common/grpc_status.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "memory/kv_layout.h"
+#include "memory/memory_socket.h"
+#include "proto/pagealloc.grpc.pb.h"
+#include "server/server.h"
+#include "tests/daemon_stats.h"
+#include "tests/in_process_server.h"
+#include "tests/raw_session.h"
+#include "tests/status_matchers.h"
+#include "tests/wait_for.h"
+
+namespace pagealloc::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kPageSize = 4;
+
+// The session's line in the daemon's stats (a default one when absent).
+v1::SessionStats StatsOf(const v1::GetStatsResponse& stats, uint64_t id) {
+  for (const v1::SessionStats& session : stats.sessions()) {
+    if (session.session_id() == id) return session;
+  }
+  return v1::SessionStats();
+}
+
+bool HasSession(const v1::GetStatsResponse& stats, uint64_t id) {
+  return StatsOf(stats, id).session_id() == id;
+}
+
+// The distinct pages of an inline allocation's slots.
+std::vector<int64_t> PagesOf(const Allocation& allocation) {
+  std::vector<int64_t> pages;
+  for (size_t i = 0; i < allocation.size(); ++i) {
+    for (int64_t s = 0; s < allocation[i].count; s += kPageSize) {
+      pages.push_back(allocation[i].slots[s] / kPageSize);
+    }
+  }
+  return pages;
+}
+
+CallOptions Inline() {
+  CallOptions options;
+  options.return_inline = true;
+  return options;
+}
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  void StartServer(ServerOptions options = CpuTestOptions(32, kPageSize)) {
+    absl::StatusOr<std::unique_ptr<InProcessServer>> started =
+        InProcessServer::Start(std::move(options));
+    ASSERT_OK(started.status());
+    server_ = *std::move(started);
+    stub_ = v1::PageAllocator::NewStub(grpc::CreateChannel(
+        server_->target(), grpc::InsecureChannelCredentials()));
+  }
+
+  // Client options over the server's Unix socket (so that a Resume dials
+  // it as a restarted scheduler would).
+  ClientOptions Options(const std::string& name, bool resumable = false) {
+    ClientOptions options;
+    options.target = server_->target();
+    options.client_name = name;
+    options.resumable = resumable;
+    options.call_timeout = absl::Seconds(20);
+    return options;
+  }
+
+  std::unique_ptr<Client> Connect(const ClientOptions& options) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    EXPECT_OK(client.status());
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // A raw Resume over gRPC, and its answer.
+  absl::Status RawResume(uint64_t id, const std::string& token,
+                         bool take_over = false, int64_t ring_slots = 0,
+                         const std::string& secret = "") {
+    v1::ResumeRequest request;
+    request.mutable_session()->set_session_id(id);
+    request.mutable_session()->set_session_token(token);
+    request.set_take_over(take_over);
+    request.set_ring_capacity_slots(ring_slots);
+    request.set_register_secret(secret);
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return FromGrpcStatus(stub_->Resume(&context, request, &response));
+  }
+
+  v1::GetStatsResponse Stats() {
+    absl::StatusOr<v1::GetStatsResponse> stats = DaemonStats(server_->target());
+    EXPECT_OK(stats.status());
+    return stats.ok() ? *stats : v1::GetStatsResponse();
+  }
+
+  int64_t Resumes(ResumeOutcome outcome) {
+    return server_->server().core().counters().resumes[static_cast<int>(
+        outcome)];
+  }
+
+  void TearDown() override {
+    stub_.reset();
+    server_.reset();
+  }
+
+  std::unique_ptr<InProcessServer> server_;
+  std::unique_ptr<v1::PageAllocator::Stub> stub_;
+};
+
+// A resumable session whose client lets go (Detach: its memory socket
+// connection closes, as at its process's death) keeps its pages and its
+// checkpoint; Resume from another client takes them back, with a fresh ring.
+TEST_F(ResumeTest, ADetachedResumableSessionIsTakenBackWithItsPages) {
+  StartServer();
+  std::unique_ptr<Client> first = Connect(Options("first", true));
+  ASSERT_NE(first, nullptr);
+  EXPECT_TRUE(first->resumable());
+  ASSERT_OK_AND_ASSIGN(Allocation held, first->Alloc({12}, Inline()));
+  ASSERT_OK(held.status());
+  const std::vector<int64_t> pages = PagesOf(held);
+  ASSERT_EQ(pages.size(), 3u);
+  ASSERT_OK_AND_ASSIGN(const uint64_t checkpoint, first->CheckpointId());
+  ASSERT_OK_AND_ASSIGN(Allocation speculated, first->Alloc({4}, Inline()));
+  ASSERT_OK(speculated.status());
+  const uint64_t id = first->session_id();
+  const std::string token = first->session_token();
+
+  ASSERT_OK(first->Detach());
+  EXPECT_THAT(first->Alloc({4}), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                          HasSubstr("detached")));
+  first.reset();  // leaves the session alone
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse kept,
+                       WaitForStats(
+                           server_->target(),
+                           [&](const v1::GetStatsResponse& s) {
+                             return HasSession(s, id) &&
+                                    !StatsOf(s, id).connected();
+                           },
+                           absl::Seconds(10)));
+  EXPECT_EQ(StatsOf(kept, id).pages_owned(), 4);
+  EXPECT_EQ(StatsOf(kept, id).checkpoints(), 1);
+  EXPECT_TRUE(StatsOf(kept, id).resumable());
+  EXPECT_FALSE(StatsOf(kept, id).connected());
+  EXPECT_EQ(server_->server().core().counters().sessions_detached, 1);
+  // Its memory went to the connection that closed: a bare Hello (no
+  // Resume) is refused and hands nothing over.
+  EXPECT_THAT(
+      memory_socket::ReceiveSessionMemory(
+          server_->server().memory_socket_path(), id, token, absl::Seconds(10)),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("Resume the session")));
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> second,
+                       Client::Resume(Options("second"), id, token));
+  EXPECT_EQ(second->session_id(), id);
+  EXPECT_TRUE(second->resumable());
+  EXPECT_EQ(Resumes(ResumeOutcome::kResumed), 1);
+  v1::SessionStats resumed = StatsOf(Stats(), id);
+  EXPECT_TRUE(resumed.connected());
+  EXPECT_EQ(resumed.pages_owned(), 4);
+  EXPECT_EQ(resumed.client_name(), "first");  // the session's own
+  // The checkpoint survived: rolling back returns the page given since.
+  EXPECT_THAT(second->Rollback(checkpoint), IsOkAndHolds(1));
+  EXPECT_THAT(second->FreePages(pages), IsOkAndHolds(3));
+  EXPECT_EQ(Stats().used_pages(), 0);
+  // The fresh ring serves ring results.
+  ASSERT_OK_AND_ASSIGN(Allocation fresh, second->Alloc({8}));
+  ASSERT_OK(fresh.status());
+  std::vector<int64_t> slots(8);
+  ASSERT_OK(second->CopyToHost(fresh[0].slots, 8, slots.data()));
+  EXPECT_THAT(second->FreeSlots(slots), IsOkAndHolds(2));
+  EXPECT_OK(second->Close());
+  EXPECT_EQ(Stats().sessions_active(), 0);
+}
+
+// Every hostile Resume is refused with its code and message, and changes
+// nothing: the session it named still holds its connection and pages, and
+// other sessions are untouched.
+TEST_F(ResumeTest, HostileResumesAreRefusedAndChangeNothing) {
+  StartServer();
+  std::unique_ptr<Client> owner = Connect(Options("owner", true));
+  std::unique_ptr<Client> bystander = Connect(Options("bystander"));
+  ASSERT_NE(owner, nullptr);
+  ASSERT_NE(bystander, nullptr);
+  ASSERT_OK(owner->Alloc({8}, Inline()).status());
+  ASSERT_OK(bystander->Alloc({4}, Inline()).status());
+  const uint64_t id = owner->session_id();
+  std::string wrong = owner->session_token();
+  wrong[0] ^= 1;
+  // A session that was not resumable goes with its connection.
+  RawSession raw = OpenRawSession(*stub_, "raw");
+  ASSERT_NE(raw.region, nullptr);
+  const uint64_t raw_id = raw.id();
+  raw.memory.connection.reset();
+  ASSERT_OK_AND_ASSIGN(
+      v1::GetStatsResponse reclaimed,
+      WaitForStats(
+          server_->target(),
+          [&](const v1::GetStatsResponse& s) { return !HasSession(s, raw_id); },
+          absl::Seconds(10)));
+  ASSERT_FALSE(HasSession(reclaimed, raw_id));
+
+  struct Case {
+    std::string name;
+    uint64_t id;
+    std::string token;
+    bool take_over;
+    int64_t ring_slots;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"unknown id", id + 7777, owner->session_token(), false, 0,
+       absl::StatusCode::kNotFound, "is unknown or has expired"},
+      {"reclaimed, not resumable", raw_id, raw.registered.session_token(), true,
+       0, absl::StatusCode::kNotFound, "is unknown or has expired"},
+      {"wrong token", id, wrong, true, 0, absl::StatusCode::kUnauthenticated,
+       absl::StrFormat("wrong session_token for session %d", id)},
+      {"no token", id, "", true, 0, absl::StatusCode::kUnauthenticated,
+       "wrong session_token"},
+      {"still connected", id, owner->session_token(), false, 0,
+       absl::StatusCode::kFailedPrecondition,
+       absl::StrFormat("session %d is still connected", id)},
+      {"ring too large", id, owner->session_token(), true, int64_t{1} << 40,
+       absl::StatusCode::kInvalidArgument, "ring_capacity_slots"},
+      {"negative ring", id, owner->session_token(), true, -1,
+       absl::StatusCode::kInvalidArgument, "ring_capacity_slots (-1)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_THAT(RawResume(c.id, c.token, c.take_over, c.ring_slots),
+                StatusIs(c.code, HasSubstr(c.message)));
+    const v1::GetStatsResponse stats = Stats();
+    EXPECT_EQ(stats.sessions_active(), 2);
+    EXPECT_EQ(stats.used_pages(), 3);
+    EXPECT_TRUE(StatsOf(stats, id).connected());
+    EXPECT_EQ(StatsOf(stats, id).pages_owned(), 2);
+    EXPECT_OK(owner->session_status());
+  }
+  // Both clients work on as before.
+  ASSERT_OK_AND_ASSIGN(Allocation more, owner->Alloc({4}));
+  EXPECT_OK(more.status());
+  EXPECT_OK(bystander->Alloc({4}, Inline()).status());
+  EXPECT_EQ(Resumes(ResumeOutcome::kNotFound), 2);
+  EXPECT_EQ(Resumes(ResumeOutcome::kUnauthenticated), 2);
+  EXPECT_EQ(Resumes(ResumeOutcome::kStillConnected), 1);
+  EXPECT_EQ(Resumes(ResumeOutcome::kRefused), 2);
+  EXPECT_EQ(Resumes(ResumeOutcome::kResumed), 0);
+  EXPECT_EQ(Resumes(ResumeOutcome::kTakenOver), 0);
+  EXPECT_EQ(server_->server().core().rpc_metrics().count(
+                Method::kResume, Transport::kGrpc,
+                absl::StatusCode::kFailedPrecondition),
+            1);
+}
+
+// A pool with a Register secret asks it of Resume too.
+TEST_F(ResumeTest, ResumeNeedsThePoolsRegisterSecret) {
+  ServerOptions options = CpuTestOptions(32, kPageSize);
+  options.register_secret = "pool-secret";
+  StartServer(options);
+  ClientOptions with_secret = Options("kept", true);
+  with_secret.register_secret = "pool-secret";
+  std::unique_ptr<Client> first = Connect(with_secret);
+  ASSERT_NE(first, nullptr);
+  const uint64_t id = first->session_id();
+  const std::string token = first->session_token();
+  ASSERT_OK(first->Detach());
+  ClientOptions without = Options("thief");
+  EXPECT_THAT(Client::Resume(without, id, token),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("wrong or missing register_secret")));
+  EXPECT_THAT(Client::Resume(with_secret, id, token), IsOk());
+}
+
+// take_over takes a session from the client that holds it: that client is
+// told (ABORTED), fails its calls, and its end (its connection's close, its
+// destructor) ends nothing of the session now held by the other.
+TEST_F(ResumeTest, TakeOverTellsTheOldClientAndLeavesTheNewOneTheSession) {
+  StartServer();
+  std::unique_ptr<Client> old_client = Connect(Options("old"));
+  ASSERT_NE(old_client, nullptr);
+  ASSERT_OK_AND_ASSIGN(Allocation held, old_client->Alloc({8}, Inline()));
+  const std::vector<int64_t> pages = PagesOf(held);
+  const uint64_t id = old_client->session_id();
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Client> new_client,
+      Client::Resume(Options("new"), id, old_client->session_token(),
+                     /*take_over=*/true));
+  EXPECT_FALSE(new_client->resumable());
+  ASSERT_TRUE(WaitFor([&] { return !old_client->session_status().ok(); },
+                      absl::Seconds(10)));
+  EXPECT_THAT(
+      old_client->session_status(),
+      StatusIs(absl::StatusCode::kAborted,
+               HasSubstr(absl::StrFormat(
+                   "session %d was taken over by another process", id))));
+  EXPECT_THAT(old_client->Alloc({4}),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("taken over")));
+  old_client.reset();
+  EXPECT_THAT(new_client->FreePages(pages), IsOkAndHolds(2));
+  ASSERT_OK_AND_ASSIGN(Allocation fresh, new_client->Alloc({4}));
+  EXPECT_OK(fresh.status());
+  const v1::GetStatsResponse stats = Stats();
+  EXPECT_EQ(stats.sessions_active(), 1);
+  EXPECT_TRUE(StatsOf(stats, id).connected());
+  EXPECT_EQ(StatsOf(stats, id).pages_owned(), 1);
+  EXPECT_EQ(Resumes(ResumeOutcome::kTakenOver), 1);
+}
+
+// The old process of a take-over may go on writing its old fast channel:
+// the channel is retired (its session_ended word set) and nothing it posts
+// is taken.
+TEST_F(ResumeTest, ATakenOverFastChannelAnswersNoMore) {
+  StartServer();
+  RawSession raw = OpenRawSession(*stub_, "raw");
+  ASSERT_NE(raw.region, nullptr);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Client> taker,
+      Client::Resume(Options("taker"), raw.id(), raw.registered.session_token(),
+                     /*take_over=*/true));
+  ASSERT_TRUE(WaitFor([&] { return raw.header->session_ended.load() != 0; },
+                      absl::Seconds(10)));
+  raw.WriteAlloc(2, 4);
+  raw.Post();
+  // Nothing answers a retired channel: the wait ends at its bound.
+  EXPECT_FALSE(raw.Await(absl::Milliseconds(300)));
+  EXPECT_EQ(Stats().used_pages(), 0);
+  EXPECT_TRUE(taker->uses_fast_channel());
+  ASSERT_OK_AND_ASSIGN(Allocation allocation, taker->Alloc({8}));
+  EXPECT_OK(allocation.status());
+  EXPECT_EQ(Stats().used_pages(), 2);
+}
+
+// A daemon restarted with its state would drop every memory socket
+// connection and keep the sessions; SeverConnections does just that. A
+// client with a reconnect timeout Resumes, maps a new ring and fast
+// channel, and keeps its KV slab (the same slab_id) and its old ring's
+// mapping.
+TEST_F(ResumeTest, AReconnectKeepsTheSessionItsSlabAndItsSlots) {
+  ServerOptions options = CpuTestOptions(32, kPageSize);
+  options.kv.layout = *ParseKvLayout(
+      "mha:layers=1,kv_heads=1,head_dim=8,"
+      "dtype=bf16");
+  StartServer(options);
+  ClientOptions reconnecting = Options("reconnects");
+  reconnecting.reconnect_timeout = absl::Seconds(20);
+  reconnecting.reconnect_initial_backoff = absl::Milliseconds(5);
+  reconnecting.reconnect_max_backoff = absl::Milliseconds(100);
+  std::unique_ptr<Client> client = Connect(reconnecting);
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->reconnect_timeout(), absl::Seconds(20));
+  ASSERT_TRUE(client->uses_fast_channel());
+  const KvSlabView* slab = client->kv_slab();
+  ASSERT_NE(slab, nullptr);
+  EXPECT_NE(client->pool().kv_slab().slab_id(), 0u);
+  ASSERT_OK_AND_ASSIGN(Allocation before, client->Alloc({8}));
+  ASSERT_OK(before.status());
+  std::vector<int64_t> slots(8);
+  ASSERT_OK(client->CopyToHost(before[0].slots, 8, slots.data()));
+  const int64_t* old_ring = client->ring_slots();
+
+  server_->server().memory_socket()->SeverConnections();
+  ASSERT_TRUE(
+      WaitFor([&] { return client->link_epoch() == 1; }, absl::Seconds(20)))
+      << client->session_status();
+  EXPECT_OK(client->session_status());
+  EXPECT_FALSE(client->reconnecting());
+  EXPECT_EQ(client->kv_slab(), slab);
+  EXPECT_NE(client->ring_slots(), old_ring);
+  EXPECT_TRUE(client->uses_fast_channel());
+  EXPECT_EQ(Resumes(ResumeOutcome::kResumed), 1);
+  // The slots from before stay mapped in the old ring, which has nothing
+  // left to release. This daemon is alive: at the Resume it let the old
+  // ring go (as at a session's end, MADV_REMOVE), so they read zeros now;
+  // a daemon that died cannot, and they keep what it wrote
+  // (resume_process_test).
+  EXPECT_EQ(before.link_epoch(), 0u);
+  std::vector<int64_t> again(8, -1);
+  ASSERT_OK(client->CopyToHost(before[0].slots, 8, again.data()));
+  EXPECT_EQ(again, std::vector<int64_t>(8, 0));
+  client->Release(before);
+  ASSERT_OK_AND_ASSIGN(Allocation after, client->Alloc({4}));
+  ASSERT_OK(after.status());
+  EXPECT_EQ(after.link_epoch(), 1u);
+  std::vector<int64_t> new_slots(4);
+  ASSERT_OK(client->CopyToHost(after[0].slots, 4, new_slots.data()));
+  EXPECT_THAT(client->FreeSlots(slots), IsOkAndHolds(2));
+  EXPECT_THAT(client->FreeSlots(new_slots), IsOkAndHolds(1));
+  EXPECT_EQ(Stats().used_pages(), 0);
+  EXPECT_TRUE(StatsOf(Stats(), client->session_id()).connected());
+}
+
+// Without a reconnect timeout (the default where the daemon does not keep
+// its state) the close of the memory socket ends the session as before.
+TEST_F(ResumeTest, WithoutReconnectTheSessionEndsWhenTheLinkGoes) {
+  StartServer();
+  std::unique_ptr<Client> client = Connect(Options("plain"));
+  ASSERT_NE(client, nullptr);
+  EXPECT_FALSE(client->pool().state_kept());
+  EXPECT_EQ(client->reconnect_timeout(), absl::ZeroDuration());
+  server_->server().memory_socket()->SeverConnections();
+  ASSERT_TRUE(WaitFor([&] { return !client->session_status().ok(); },
+                      absl::Seconds(10)));
+  EXPECT_THAT(client->session_status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("the daemon went away")));
+  EXPECT_EQ(client->link_epoch(), 0u);
+  EXPECT_FALSE(client->reconnecting());
+  EXPECT_THAT(client->Alloc({4}), StatusIs(absl::StatusCode::kUnavailable,
+                                           HasSubstr("the daemon went away")));
+}
+
+}  // namespace
+}  // namespace pagealloc::testing
