@@ -20,12 +20,14 @@
    unit's (Abseil flags: the last occurrence wins).
 """
 
+import array
 import grp
 import os
 import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -103,12 +105,17 @@ def check_settings(sections):
         "ProtectHome": "yes",
         "PrivateTmp": "yes",
         "Restart": "on-failure",
+        "Type": "notify",
+        "NotifyAccess": "main",
         "DevicePolicy": "closed",
         "EnvironmentFile": "-/etc/pagealloc/gpu%i.env",
     }
     for key, want in expect.items():
         got = values(sections, s, key)
         check(got == [want], f"[Service] {key}: want {want!r}, got {got}")
+    store = values(sections, s, "FileDescriptorStoreMax")
+    check(len(store) == 1 and int(store[0]) >= 2,
+          f"FileDescriptorStoreMax must hold the slab and the state: {store}")
     check(values(sections, s, "PrivateDevices") in ([], ["no"]),
           "PrivateDevices would hide /dev/nvidia*")
     allowed = {v.split()[0]: v.split()[1] for v in
@@ -122,7 +129,7 @@ def check_settings(sections):
     check(argv[0] == BINARY_IN_UNIT, f"ExecStart runs {argv[0]}")
     for flag in ("--gpu=%i", "--listen=unix:///run/pagealloc/gpu%i.sock",
                  "--metrics_host=${PAGEALLOC_METRICS_HOST}",
-                 "--metrics_port=${PAGEALLOC_METRICS_PORT}"):
+                 "--metrics_port=${PAGEALLOC_METRICS_PORT}", "--keep_state"):
         check(flag in argv, f"ExecStart lacks {flag}: {argv}")
     check("PAGEALLOC_METRICS_HOST=0.0.0.0" in values(sections, s, "Environment"),
           "the unit does not set PAGEALLOC_METRICS_HOST=0.0.0.0 (the daemon "
@@ -185,6 +192,23 @@ def run_install_steps(unit_text, server_binary, tmp):
               f"the header's steps did not install /{path}")
 
 
+def receive_notifications(notify):
+    """Every notification waiting on the manager's socket: (text, fds)."""
+    got = []
+    while True:
+        try:
+            data, ancdata, _, _ = notify.recvmsg(
+                4096, socket.CMSG_SPACE(16 * array.array("i").itemsize),
+                socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return got
+        fds = array.array("i")
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+        got.append((data.decode(), list(fds)))
+
+
 def run_expanded(argv, tmp):
     sock_dir = tempfile.mkdtemp(prefix="pagealloc-unit-", dir="/tmp")
     socket_path = os.path.join(sock_dir, "gpu3.sock")
@@ -192,15 +216,25 @@ def run_expanded(argv, tmp):
         "--listen=unix://" + socket_path,
         "--socket_group=" + grp.getgrgid(os.getgid()).gr_name,
         "--backend=cpu", "--metrics_port=0", "--metrics_host=127.0.0.1"]
+    # Type=notify with --keep_state: systemd's side of the protocol, a
+    # datagram socket named by $NOTIFY_SOCKET.
+    notify_path = os.path.join(sock_dir, "notify")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    env = dict(os.environ, NOTIFY_SOCKET=notify_path)
     log_path = os.path.join(tmp, "server.log")
     with open(log_path, "w") as log:
-        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                  env=env)
     port = None
+    messages = []
     deadline = time.time() + 30
     while time.time() < deadline and server.poll() is None:
+        messages += receive_notifications(notify)
         match = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/",
                           open(log_path).read())
-        if match and os.path.exists(socket_path):
+        ready = any("READY=1" in text.split("\n") for text, _ in messages)
+        if match and os.path.exists(socket_path) and ready:
             port = int(match.group(1))
             break
         time.sleep(0.05)
@@ -208,9 +242,16 @@ def run_expanded(argv, tmp):
     if port is None:
         server.kill()
         server.wait()
-        check(False, f"server with the unit's flags did not start: {argv}\n"
-              + log_text())
+        check(False, f"server with the unit's flags did not start and say "
+              f"READY=1: {argv}\nnotifications: {messages}\n" + log_text())
         return
+    stored = [text for text, fds in messages
+              if "FDSTORE=1" in text.split("\n") and len(fds) == 1]
+    check(any("FDNAME=pagealloc-state" in text for text in stored),
+          f"--keep_state stored no state journal: {messages}")
+    for _, fds in messages:
+        for fd in fds:
+            os.close(fd)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz",
                                 timeout=5) as response:
         check(response.status == 200, f"/healthz answered {response.status}")
@@ -221,6 +262,7 @@ def run_expanded(argv, tmp):
     check(code == 0, f"SIGTERM: exit {code}, want 0 (no restart by "
           "Restart=on-failure)\n" + log_text())
     check(not os.path.exists(socket_path), "socket left after SIGTERM")
+    notify.close()
 
 
 def main():
