@@ -1,10 +1,10 @@
 #include "state_journal/state_journal.h"
 
 #include <fcntl.h>
+#include <isa-l/crc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -21,13 +21,14 @@ namespace {
 
 namespace jf = journal_format;
 
-// zlib's crc32_z answers 0 for a null buffer (its way of asking for the
-// initial value), which an empty string_view may hand it mid-record: an
-// empty piece leaves the running value as it is.
+// The crc32 of zlib and gzip (reflected, polynomial 0xEDB88320), chained
+// as zlib's crc32(crc, ...) is: ISA-L's carry-less-multiply version, 4-8
+// times faster than zlib's tables on this format's records (a 256-request
+// decode's record is about 11 KB, and its crc is taken under the pool's
+// lock on every call). An empty piece leaves the running value as it is.
 uint32_t Crc(uint32_t crc, const void* data, size_t bytes) {
   if (bytes == 0) return crc;
-  return static_cast<uint32_t>(
-      crc32_z(crc, static_cast<const Bytef*>(data), bytes));
+  return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), bytes);
 }
 
 // Errors that mean "no memory for this now", as opposed to a broken system.
@@ -439,8 +440,8 @@ absl::Status StateJournal::Append(
 
   // The record goes past the tail, where recovery does not look; header
   // first, so that recovery can count a torn one, and its crc last, taken
-  // in one pass over the record as it lies in the file (zlib's crc32 is
-  // byte by byte on short pieces, several times faster on one long one).
+  // in one pass over the record as it lies in the file (every crc32 call
+  // has a fixed cost, which a record's few pieces would pay each).
   char* const at = log_ + tail_;
   jf::RecordHeader header;
   header.crc = 0;

@@ -774,6 +774,39 @@ TEST_F(CorruptionTest, HostileLengthsAreBoundedBeforeUse) {
       StatusIs(absl::StatusCode::kDataLoss, HasSubstr("header out of range")));
 }
 
+// The format's checksum is the crc32 of zlib and gzip: every one in the
+// file is what zlib computes over the bytes it covers (the journal takes
+// its own from another implementation, ISA-L's).
+TEST_F(CorruptionTest, ChecksumsAreZlibsCrc32) {
+  auto zlib_crc = [this](int64_t offset, int64_t bytes, uint32_t crc = 0) {
+    return static_cast<uint32_t>(crc32_z(
+        crc, reinterpret_cast<const Bytef*>(bytes_.data() + offset), bytes));
+  };
+  auto stored = [this](int64_t offset) {
+    uint32_t crc;
+    std::memcpy(&crc, bytes_.data() + offset, sizeof(crc));
+    return crc;
+  };
+  EXPECT_EQ(stored(offsetof(jf::FileHeader, header_crc)),
+            zlib_crc(0, offsetof(jf::FileHeader, header_crc)));
+
+  jf::SlotHeader slot;
+  std::memcpy(&slot, bytes_.data() + Slot(1), sizeof(slot));
+  ASSERT_EQ(slot.length, 2000u);
+  EXPECT_EQ(slot.crc, zlib_crc(Slot(1) + jf::kSlotDataOffset, 2000,
+                               zlib_crc(Slot(1) + 4, sizeof(slot) - 4)));
+
+  for (int i = 0; i < 3; ++i) {
+    jf::RecordHeader record;
+    std::memcpy(&record, bytes_.data() + Log(record_offsets_[i]),
+                sizeof(record));
+    ASSERT_EQ(record.payload_bytes, 50u + 30 * i);
+    EXPECT_EQ(record.crc, zlib_crc(Log(record_offsets_[i]) + 4,
+                                   jf::RecordBytes(record.payload_bytes) - 4))
+        << "record " << i;
+  }
+}
+
 TEST_F(CorruptionTest, ScratchBytesAreNotState) {
   const int64_t offsets[] = {
       Log(tail_) + 40,  // the uncommitted record
