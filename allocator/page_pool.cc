@@ -23,6 +23,7 @@ PagePool::PagePool(const PoolOptions& options, PlanExecutor* executor)
       max_pins_(options.max_pinned_pages_per_owner),
       sink_(options.kv_event_sink),
       change_log_(options.change_log),
+      seen_stamp_(options.num_pages + 1, 0),
       index_(options.num_pages) {}
 
 absl::Status PagePool::ValidateOptions(const PoolOptions& options,
@@ -706,8 +707,7 @@ absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
   const int64_t ps = geometry_.page_size;
   std::vector<int64_t> pages;
   pages.reserve(values_are_slots ? values.size() / ps + 1 : values.size());
-  absl::flat_hash_set<int64_t> seen;
-  seen.reserve(pages.capacity());
+  const uint32_t seen = NewSeenEpoch();
   // Shared pages among them: the free drops the owner's reference.
   shared->clear();
   for (size_t i = 0; i < values.size(); ++i) {
@@ -724,7 +724,8 @@ absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
           geometry_.num_pages, value == 0 ? " (page 0 is reserved)" : ""));
     }
     const int64_t page = values_are_slots ? value / ps : value;
-    if (!seen.insert(page).second) continue;
+    if (seen_stamp_[page] == seen) continue;
+    seen_stamp_[page] = seen;
     const OwnerId actual = owner_of_[page];
     if (actual == kNoOwner) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -752,6 +753,14 @@ absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
     std::sort(pages.begin(), pages.end());
   }
   return pages;
+}
+
+uint32_t PagePool::NewSeenEpoch() const {
+  if (++seen_epoch_ == 0) {
+    std::fill(seen_stamp_.begin(), seen_stamp_.end(), 0);
+    seen_epoch_ = 1;
+  }
+  return seen_epoch_;
 }
 
 absl::Status PagePool::ReleasePages(OwnerState& state,
@@ -1014,7 +1023,7 @@ absl::StatusOr<PublishOutcome> PagePool::PublishLocked(
   PublishOutcome outcome;
   outcome.pages.resize(keys.size());
   outcome.existing.resize(keys.size());
-  absl::flat_hash_map<PrefixKey, size_t> key_seen;
+  PrefixKeyMap<size_t> key_seen;
   absl::flat_hash_map<int64_t, size_t> page_seen;
   key_seen.reserve(keys.size());
   page_seen.reserve(keys.size());
@@ -1128,29 +1137,39 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
   OwnerState& state = it->second;
   std::vector<int64_t> pages;
   pages.reserve(keys.size());
-  int64_t new_refs = 0;
+  int64_t previous = 0;
   for (const PrefixKey& key : keys) {
-    const int64_t page = index_.Find(key);
+    const int64_t page = index_.FindAfter(previous, key);
     if (page == 0) break;
     pages.push_back(page);
-    if (adopt && !state.refs.contains(page)) ++new_refs;
+    previous = page;
   }
   counters_.prefix_lookup_pages += keys.size();
   counters_.prefix_hit_pages += pages.size();
   *counted = !keys.empty();
   if (!adopt || pages.empty()) return pages;
+  // One lookup a page: take the owner's references, counting the pages new
+  // to it, and give them back if that puts it over quota (the rare case).
   const int64_t held = state.pages_owned + state.refs.size();
+  state.refs.reserve(state.refs.size() + pages.size());
+  int64_t new_refs = 0;
+  for (int64_t page : pages) {
+    const auto [ref, inserted] = state.refs.try_emplace(page, 0);
+    ++ref->second;
+    new_refs += inserted;
+  }
   if (state.quota_pages > 0 && held + new_refs > state.quota_pages) {
+    for (int64_t page : pages) {
+      auto ref = state.refs.find(page);
+      if (--ref->second == 0) state.refs.erase(ref);
+    }
     ++counters_.quota_refusals;
     return absl::ResourceExhaustedError(absl::StrFormat(
         "adopting %d shared pages (%d new to owner %d) would put it over "
         "quota: it holds %d of its %d",
         pages.size(), new_refs, owner, held, state.quota_pages));
   }
-  for (int64_t page : pages) {
-    ++state.refs[page];
-    index_.AddRef(page);
-  }
+  for (int64_t page : pages) index_.AddRef(page);
   counters_.prefix_pages_adopted += pages.size();
   return pages;
 }

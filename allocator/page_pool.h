@@ -611,6 +611,9 @@ class PagePool {
       OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots,
       FreeOrder order, std::vector<int64_t>* shared) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a call's repeat check (seen_stamp_): a new epoch, the table
+  // cleared when the epoch wraps.
+  uint32_t NewSeenEpoch() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `pages` free and returns them under the pool's policy.
   absl::Status ReleasePages(OwnerState& state, absl::Span<const int64_t> pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -768,6 +771,11 @@ class PagePool {
   // last_owner_[p]: the owner page p was last handed to (PoolOptions.scrub;
   // empty otherwise). Freeing keeps it; so does Clear.
   std::vector<OwnerId> last_owner_ ABSL_GUARDED_BY(mu_);
+  // ResolveFree's repeat check, O(1) a page without a hash set: page p was
+  // seen by the current call when seen_stamp_[p] == seen_epoch_, which
+  // each call moves on (NewSeenEpoch). Scratch, not state.
+  mutable std::vector<uint32_t> seen_stamp_ ABSL_GUARDED_BY(mu_);
+  mutable uint32_t seen_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<OwnerId, OwnerState> owners_ ABSL_GUARDED_BY(mu_);
   // The shared pages: the pages whose owner_of_ is kSharedOwner.
   PrefixIndex index_ ABSL_GUARDED_BY(mu_);

@@ -10,6 +10,9 @@
 //     --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // (one line).
 // kernels/plan_packing_benchmark.cc adds the CUDA executor's host packing.
+// BM_FreePages and BM_FreeSlots time the other half: a free of 256 or 4096
+// whole pages, by page ids or by every slot of them (SGLang's free of a
+// finished request's indices), allocated again outside the timing.
 
 #include "allocator/batch_benchmark.h"
 #include "allocator/fake_executor.h"
@@ -55,6 +58,47 @@ BENCHMARK(BM_Extend)
     ->ArgsProduct({{1, 16, 64}, {1024}, {8}})
     ->ArgsProduct({{1, 16, 64}, {8192}, {4}})
     ->ArgsProduct({{1, 16, 64}, {64}, {16384}});
+
+// range(0) the page size, range(1) the pages; by slots when `by_slots`.
+void RunFree(benchmark::State& state, bool by_slots) {
+  const int64_t page_size = state.range(0);
+  const int64_t num_pages = state.range(1);
+  auto f = MakeBatchFixture<FakeExecutor>(1, 1, page_size, RequestKind::kDecode,
+                                          num_pages);
+  constexpr OwnerId kOwner = BatchFixture<FakeExecutor>::kOwner;
+  std::vector<int64_t> slots(num_pages * page_size);
+  std::vector<int64_t> pages(num_pages);
+  for (auto _ : state) {
+    state.PauseTiming();
+    const AllocRequest request{RequestKind::kAlloc,   kOwner, 0,           0,
+                               num_pages * page_size, -1,     slots.data()};
+    if (!f->pool->Allocate({request})[0].status.ok()) {
+      state.SkipWithError("allocation failed");
+      break;
+    }
+    for (int64_t k = 0; k < num_pages; ++k)
+      pages[k] = slots[k * page_size] / page_size;
+    state.ResumeTiming();
+    const absl::StatusOr<int64_t> freed =
+        by_slots ? f->pool->FreeSlots(kOwner, slots)
+                 : f->pool->FreePages(kOwner, pages);
+    if (!freed.ok() || *freed != num_pages) {
+      state.SkipWithError("free failed");
+      break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * num_pages);
+}
+
+void BM_FreePages(benchmark::State& state) { RunFree(state, false); }
+BENCHMARK(BM_FreePages)
+    ->ArgNames({"ps", "pages"})
+    ->ArgsProduct({{16}, {256, 4096}});
+
+void BM_FreeSlots(benchmark::State& state) { RunFree(state, true); }
+BENCHMARK(BM_FreeSlots)
+    ->ArgNames({"ps", "pages"})
+    ->ArgsProduct({{1, 16}, {256}});
 
 }  // namespace
 }  // namespace pagealloc
