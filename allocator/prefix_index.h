@@ -28,6 +28,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,24 @@ absl::StatusOr<PrefixKey> ParsePrefixKey(absl::string_view bytes,
 absl::StatusOr<std::vector<PrefixKey>> ParsePrefixKeyChain(
     absl::Span<const absl::string_view> keys, absl::string_view field,
     int64_t max_keys);
+// Equality of keys as four words, inline: std::array's operator== calls
+// memcmp, which was the largest single cost of a 2,048-page match.
+struct PrefixKeyEq {
+  bool operator()(const PrefixKey& a, const PrefixKey& b) const {
+    uint64_t x[4], y[4];
+    std::memcpy(x, a.data(), sizeof(x));
+    std::memcpy(y, b.data(), sizeof(y));
+    return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+  }
+};
+static_assert(sizeof(PrefixKey) == 4 * sizeof(uint64_t));
+
+// A hash map keyed by prefix keys (Abseil's seeded hash of the whole key,
+// so a chain made to collide buys no more than any other).
+template <typename Value>
+using PrefixKeyMap =
+    absl::flat_hash_map<PrefixKey, Value, absl::Hash<PrefixKey>, PrefixKeyEq>;
+
 // The key as bytes (what the KV-event sink and the wire carry).
 inline std::string PrefixKeyBytes(const PrefixKey& key) {
   return std::string(reinterpret_cast<const char*>(key.data()), key.size());
@@ -105,6 +124,26 @@ class PrefixIndex {
   int64_t Find(const PrefixKey& key) const {
     auto it = pages_.find(key);
     return it == pages_.end() ? 0 : it->second;
+  }
+  // Find(key) for the key that follows `previous`'s in a chain (0 at the
+  // chain's start): the page that followed `previous` the last time a walk
+  // passed through it, when that page is in the index under `key`, else a
+  // lookup, remembered for the next walk. A chain walked again (a system
+  // prompt matched by every request) costs a key compare a page instead
+  // of a hash lookup. The remembered page is a hint checked against the
+  // key before use, not state: Export leaves it out and it never changes
+  // an answer.
+  int64_t FindAfter(int64_t previous, const PrefixKey& key) {
+    if (previous != 0) {
+      const int64_t next = entries_[previous].next_hint;
+      if (next != 0 && entries_[next].in_index &&
+          PrefixKeyEq()(entries_[next].key, key)) {
+        return next;
+      }
+    }
+    const int64_t page = Find(key);
+    if (previous != 0 && page != 0) entries_[previous].next_hint = page;
+    return page;
   }
   // Returns whether `page` is in the index. REQUIRES: 1 <= page <= num_pages.
   bool Contains(int64_t page) const {
@@ -176,6 +215,8 @@ class PrefixIndex {
     // The LRU links (page ids; 0 is the list's head sentinel).
     int64_t prev = 0;
     int64_t next = 0;
+    // FindAfter's hint: the page a walk last found after this one (0: none).
+    int64_t next_hint = 0;
   };
 
   bool Evictable(const Entry& entry) const {
@@ -189,7 +230,7 @@ class PrefixIndex {
   void Count(const Entry& entry);
 
   const int64_t num_pages_;
-  absl::flat_hash_map<PrefixKey, int64_t> pages_;
+  PrefixKeyMap<int64_t> pages_;
   // entries_[p] for p in 0..num_pages once allocated; entries_[0] is the
   // LRU's sentinel: its next is the least recently used page, its prev the
   // most recently used.

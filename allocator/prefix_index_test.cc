@@ -1,9 +1,11 @@
 #include "allocator/prefix_index.h"
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
@@ -117,6 +119,86 @@ TEST(PrefixKeyTest, ChainsWithRepeatsOrTooManyKeysAreRefused) {
       auto chain, ParsePrefixKeyChain(
                       absl::MakeConstSpan(repeated).subspan(0, 2), "keys", 8));
   EXPECT_EQ(chain.size(), 2u);
+}
+
+// Keys that share their first 8 bytes (as a crafted chain's would): the
+// repeat check falls back to whole keys and still finds exactly the first
+// repeat, with the index of its first occurrence.
+TEST(PrefixKeyTest,
+     KeysSharingTheirFirstBytesAreToldApartAndRepeatsStillFound) {
+  std::mt19937_64 random(29);
+  for (int round = 0; round < 200; ++round) {
+    // A few distinct 8-byte heads and tails, so that chains mix shared
+    // fingerprints, repeats and neither.
+    std::vector<std::string> wire;
+    const int n = 1 + static_cast<int>(random() % 40);
+    for (int i = 0; i < n; ++i) {
+      std::string key(32, '\0');
+      key[0] = static_cast<char>(random() % 3);
+      key[31] = static_cast<char>(random() % (round % 2 == 0 ? 3 : 40));
+      wire.push_back(key);
+    }
+    const std::vector<absl::string_view> views(wire.begin(), wire.end());
+    // The reference: the first key equal to an earlier one.
+    std::string expected;
+    for (int i = 0; i < n && expected.empty(); ++i) {
+      for (int j = 0; j < i; ++j) {
+        if (wire[j] == wire[i]) {
+          expected = absl::StrFormat("keys[%d] repeats keys[%d]", i, j);
+          break;
+        }
+      }
+    }
+    auto chain = ParsePrefixKeyChain(views, "keys", 64);
+    if (expected.empty()) {
+      ASSERT_OK(chain.status()) << "round " << round;
+      ASSERT_EQ(chain->size(), static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(PrefixKeyBytes((*chain)[i]), wire[i]) << "round " << round;
+      }
+    } else {
+      EXPECT_THAT(chain, StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr(expected)))
+          << "round " << round;
+    }
+  }
+}
+
+// FindAfter's hint never changes an answer: through inserts, evictions
+// and pages published again under other keys (stale hints), every walk
+// finds what Find does.
+TEST(PrefixIndexWalkTest, FindAfterAnswersAsFindDoes) {
+  constexpr int64_t kPages = 8;
+  std::mt19937_64 random(28);
+  PrefixIndex index(kPages);
+  for (int step = 0; step < 5000; ++step) {
+    const uint64_t op = random() % 4;
+    if (op == 0) {  // publish a page not in the index under a new key
+      const int64_t page = 1 + static_cast<int64_t>(random() % kPages);
+      const PrefixKey key = Key(1 + random() % 12);
+      if (!index.Contains(page) && index.Find(key) == 0) {
+        index.Insert(page, key, nullptr);
+      }
+    } else if (op == 1) {  // drop a publisher's reference: cached
+      const int64_t page = 1 + static_cast<int64_t>(random() % kPages);
+      if (index.Contains(page) && index.count(page) > 0) index.Release(page);
+    } else if (op == 2) {  // evict: the page can come back under another key
+      std::vector<int64_t> pages;
+      std::vector<std::string> keys;
+      index.EvictLru(1 + random() % 3, &pages, &keys);
+    } else {  // walk a chain of keys
+      int64_t previous = 0;
+      for (int i = 0; i < 6; ++i) {
+        const PrefixKey key = Key(1 + random() % 12);
+        const int64_t expected = index.Find(key);
+        const int64_t found = index.FindAfter(previous, key);
+        ASSERT_EQ(found, expected) << "step " << step << ", key " << i;
+        if (found == 0) break;
+        previous = found;
+      }
+    }
+    ASSERT_OK(index.CheckInvariants()) << "step " << step;
+  }
 }
 
 TEST_F(PrefixIndexTest, ExportedEntriesImportIntoTheSameIndex) {
