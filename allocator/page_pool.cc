@@ -174,12 +174,7 @@ absl::StatusOr<std::string> PagePool::OwnerMetadata(OwnerId owner) const {
 absl::StatusOr<int64_t> PagePool::RemoveOwner(OwnerId owner) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const int64_t freed, RemoveOwnerLocked(owner));
-  if (change_log_ != nullptr) {
-    PoolChange change;
-    change.kind = PoolChangeKind::kRemoveOwner;
-    change.owner = owner;
-    LogChange(change);
-  }
+  LogOwnerChange(PoolChangeKind::kRemoveOwner, owner);
   return freed;
 }
 
@@ -783,12 +778,7 @@ absl::Status PagePool::ReleasePages(OwnerState& state,
 absl::StatusOr<uint64_t> PagePool::Checkpoint(OwnerId owner) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const uint64_t id, CheckpointLocked(owner));
-  if (change_log_ != nullptr) {
-    PoolChange change;
-    change.kind = PoolChangeKind::kCheckpoint;
-    change.owner = owner;
-    LogChange(change);
-  }
+  LogOwnerChange(PoolChangeKind::kCheckpoint, owner);
   return id;
 }
 
@@ -903,12 +893,7 @@ absl::StatusOr<int64_t> PagePool::RollbackLocked(OwnerId owner,
 absl::StatusOr<int64_t> PagePool::ClearOwner(OwnerId owner) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const int64_t freed, ClearOwnerLocked(owner));
-  if (change_log_ != nullptr) {
-    PoolChange change;
-    change.kind = PoolChangeKind::kClearOwner;
-    change.owner = owner;
-    LogChange(change);
-  }
+  LogOwnerChange(PoolChangeKind::kClearOwner, owner);
   return freed;
 }
 
@@ -1509,6 +1494,14 @@ void PagePool::LogChange(const PoolChange& change) {
   if (change_log_->WantsSnapshot()) {
     change_log_->WriteSnapshot(ExportStateLocked());
   }
+}
+
+void PagePool::LogOwnerChange(PoolChangeKind kind, OwnerId owner) {
+  if (change_log_ == nullptr) return;
+  PoolChange change;
+  change.kind = kind;
+  change.owner = owner;
+  LogChange(change);
 }
 
 PoolState PagePool::ExportState() const {

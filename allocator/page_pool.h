@@ -494,6 +494,10 @@ class PagePool {
   // Reports `change` to the change log, then hands it a snapshot when it
   // wants one. REQUIRES: change_log_ != nullptr.
   void LogChange(const PoolChange& change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs a change that names only its kind and owner, when the pool has a
+  // change log.
+  void LogOwnerChange(PoolChangeKind kind, OwnerId owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The operations' bodies, under the lock, for the public methods (which
   // record them) and Replay (which does not).
   absl::Status AddOwnerLocked(OwnerId owner, int64_t quota_pages,
