@@ -254,13 +254,26 @@ void Client::Install(std::unique_ptr<Link> link) {
   completion_counter_.store(link->completion_counter.get(),
                             std::memory_order_release);
   fast_.store(link->fast.get(), std::memory_order_release);
+  // Release values go on counting across links, and the new word starts
+  // at what the old one had passed: a fenced free whose value was handed
+  // out before the reconnect is then neither held back for good (the new
+  // word would count from 0) nor released before its stream's work (the
+  // value passes on the new word once it has passed on the old, or once a
+  // later value of the same stream passes on the new). The old word stays
+  // mapped with its link.
+  const ReleaseWordWriter* old_writer =
+      release_writer_.load(std::memory_order_relaxed);
+  if (old_writer != nullptr && link->fast != nullptr &&
+      link->release_writer != nullptr) {
+    link->fast->codec().release_word()->store(old_writer->Read(),
+                                              std::memory_order_release);
+  }
   release_writer_.store(link->release_writer.get(), std::memory_order_release);
   release_writer_status_ = link->release_writer_status;
-  // A new ring, a new counter and a new release word: their positions and
-  // values start again.
+  // A new ring and a new completion counter: their positions and values
+  // start again.
   release_up_to_ = 0;
   last_completion_value_.store(0, std::memory_order_relaxed);
-  last_release_value_.store(0, std::memory_order_relaxed);
   fast_abandoned_ = false;
   link_epoch_.store(link->epoch, std::memory_order_release);
   links_.push_back(std::move(link));

@@ -331,6 +331,8 @@ class Client {
   // A free whose pages stay the session's, pending, until its release word
   // reaches `release_value` (a value QueueRelease returned, or the largest
   // of several); 0 is an ordinary free. Checked at once like any free.
+  // Values stay good across a reconnect: they go on counting, and the new
+  // link's word starts where the old one's had passed.
   absl::StatusOr<int64_t> FreePagesAfter(
       absl::Span<const int64_t> pages, uint64_t release_value,
       v1::FreeOrder order = v1::FREE_ORDER_DEFAULT);
@@ -524,9 +526,11 @@ class Client {
   // old ring; Release of such an allocation changes nothing), and
   // OrderAfter refuses them (FAILED_PRECONDITION: the old completion
   // counter will not move again). ring_slots() and reserve_channel() are
-  // the current link's; a PageReserve made before a reconnect keeps its
-  // pages (the session's) but follows the old channel's reserve words (the
-  // daemon's asks for its pages go unheard): make a new one after it.
+  // the current link's. A PageReserve made before a reconnect carries on:
+  // its pages are the session's, and it reports itself and answers the
+  // daemon's asks on the new channel. Release values go on counting, and
+  // the new link's word starts where the old one had passed, so a value
+  // from before the reconnect still fences a free (FreePagesAfter).
 
   // Whether a reconnect is under way now.
   bool reconnecting() const ABSL_LOCKS_EXCLUDED(mu_);

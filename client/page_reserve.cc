@@ -45,10 +45,16 @@ PageReserve::PageReserve(Client* client, const PageReserveOptions& options,
       batch_(std::min(options.initial_batch, max_pages)) {
   handed_.assign(client->pool().num_pages() + 1, 0);
   release_tags_.assign(client->pool().num_pages() + 1, 0);
-  if (const fast_channel::ChannelCodec* channel = client_->reserve_channel()) {
-    // Asks made before this reserve existed were for pages it never had.
+  {
     absl::MutexLock lock(&maintain_mu_);
-    answered_seq_ = channel->ReclaimSeq();
+    // The epoch first: a channel read after it is that link's or a later
+    // one's (Client::Install publishes the channel before the epoch).
+    link_epoch_ = client_->link_epoch();
+    if (const fast_channel::ChannelCodec* channel =
+            client_->reserve_channel()) {
+      // Asks made before this reserve existed were for pages it never had.
+      answered_seq_ = channel->ReclaimSeq();
+    }
   }
   if (options_.background) thread_ = std::thread([this] { Loop(); });
 }
@@ -178,7 +184,17 @@ void PageReserve::Report() {
 
 absl::Status PageReserve::Maintain() {
   absl::MutexLock maintain(&maintain_mu_);
+  const uint64_t epoch = client_->link_epoch();
   const fast_channel::ChannelCodec* channel = client_->reserve_channel();
+  if (epoch != link_epoch_) {
+    // The client reconnected (a daemon restarted with its state): the
+    // reserve's pages are still the session's, but the new channel counts
+    // the daemon's asks from 0 and has no report of this reserve yet.
+    link_epoch_ = epoch;
+    answered_seq_ = 0;
+    absl::MutexLock lock(&mu_);
+    Report();
+  }
 
   // The daemon's ask first: another session starves.
   if (channel != nullptr) {

@@ -45,6 +45,11 @@
 // session an ask, every tick. A Take's own refill is never delayed, and
 // one that brings pages ends the backoff.
 //
+// A reconnect (Client, "Reconnect"). The reserve carries on over the
+// client's new link: its pages are still the session's, and at its next
+// Maintain it reports itself on the new channel and reads the daemon's
+// asks there, which count from 0 again.
+//
 // This class is thread-safe.
 
 #ifndef PAGEALLOC_CLIENT_PAGE_RESERVE_H_
@@ -256,7 +261,10 @@ class PageReserve {
 
   // One Maintain at a time (the thread's, or a test's).
   absl::Mutex maintain_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // The last ask answered, on the channel of link `link_epoch_`
+  // (Client::link_epoch): a reconnect's new channel counts its asks from 0.
   uint32_t answered_seq_ ABSL_GUARDED_BY(maintain_mu_) = 0;
+  uint64_t link_epoch_ ABSL_GUARDED_BY(maintain_mu_) = 0;
 
   std::thread thread_;
 };

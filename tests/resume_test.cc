@@ -5,7 +5,8 @@
 // take-over tells the old client and its old channel answers no more; a
 // client whose daemon severed its memory socket (as a daemon restarted with
 // its state would) reconnects, keeps its KV slab and its old slots, and
-// one without reconnect ends as today.
+// one without reconnect ends as today; a fenced free and a page reserve
+// from before a reconnect carry on over the new link.
 
 #include <cstdint>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/page_reserve.h"
 #include "common/grpc_status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -113,6 +115,15 @@ class ResumeTest : public ::testing::Test {
     absl::StatusOr<v1::GetStatsResponse> stats = DaemonStats(server_->target());
     EXPECT_OK(stats.status());
     return stats.ok() ? *stats : v1::GetStatsResponse();
+  }
+
+  // The reserve the session's client reports on its fast channel.
+  int64_t ReservePagesReported(uint64_t session_id) {
+    for (const auto& reserve :
+         server_->server().fast_channels()->SessionReserves()) {
+      if (reserve.session_id == session_id) return reserve.pages;
+    }
+    return -1;
   }
 
   int64_t Resumes(ResumeOutcome outcome) {
@@ -410,6 +421,109 @@ TEST_F(ResumeTest, AReconnectKeepsTheSessionItsSlabAndItsSlots) {
   EXPECT_THAT(client->FreeSlots(new_slots), IsOkAndHolds(1));
   EXPECT_EQ(Stats().used_pages(), 0);
   EXPECT_TRUE(StatsOf(Stats(), client->session_id()).connected());
+}
+
+// An allocation's status, whether the call or the allocation carries it.
+absl::Status AllocStatus(Client& client, int64_t tokens) {
+  absl::StatusOr<Allocation> allocation = client.Alloc({tokens}, Inline());
+  return allocation.ok() ? allocation->status() : allocation.status();
+}
+
+// A client that reconnects after its daemon severed its memory socket.
+ClientOptions Reconnecting(ClientOptions options) {
+  options.reconnect_timeout = absl::Seconds(20);
+  options.reconnect_initial_backoff = absl::Milliseconds(5);
+  options.reconnect_max_backoff = absl::Milliseconds(100);
+  return options;
+}
+
+// A release value handed out before a reconnect fences a free sent after
+// it: the new link's word starts where the old one had passed, so the
+// free is released (not held back until the new word counts up to it),
+// and values go on counting.
+TEST_F(ResumeTest, AFencedFreeFromBeforeAReconnectIsReleasedOnTheNewLink) {
+  StartServer();
+  std::unique_ptr<Client> client = Connect(Reconnecting(Options("fenced")));
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->uses_fast_channel());
+  ASSERT_OK_AND_ASSIGN(Allocation allocated,
+                       client->Alloc({3 * kPageSize}, Inline()));
+  ASSERT_OK(allocated.status());
+  const std::vector<int64_t> pages = PagesOf(allocated);
+  ASSERT_EQ(pages.size(), 3u);
+  // Several values, so that the old word is well past the new one's start.
+  uint64_t value = 0;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK_AND_ASSIGN(value, client->QueueRelease(nullptr));
+  }
+  EXPECT_EQ(value, 5u);
+
+  server_->server().memory_socket()->SeverConnections();
+  ASSERT_TRUE(
+      WaitFor([&] { return client->link_epoch() == 1; }, absl::Seconds(20)))
+      << client->session_status();
+  EXPECT_THAT(client->FreePagesAfter(pages, value), IsOkAndHolds(3));
+  // Released by the daemon's next look at the word, with no later value.
+  EXPECT_TRUE(
+      WaitFor([&] { return Stats().used_pages() == 0; }, absl::Seconds(20)))
+      << Stats().used_pages() << " pages still held";
+  EXPECT_THAT(client->QueueRelease(nullptr), IsOkAndHolds(6u));
+}
+
+// A page reserve lives across its client's reconnect: its pages are still
+// the session's, it reports itself on the new channel, and it answers the
+// daemon's asks there, which count from 0 again (an ask whose number the
+// reserve answered on the old channel is a new ask).
+TEST_F(ResumeTest, APageReserveAnswersAsksOnTheNewLink) {
+  StartServer();
+  std::unique_ptr<Client> rich = Connect(Reconnecting(Options("rich")));
+  ASSERT_NE(rich, nullptr);
+  ASSERT_TRUE(rich->uses_fast_channel());
+  PageReserveOptions options;
+  options.initial_batch = 8;
+  options.max_pages = 8;
+  options.background = false;
+  options.starved_wait = absl::ZeroDuration();
+  ASSERT_OK_AND_ASSIGN(auto reserve, PageReserve::Create(rich.get(), options));
+  ASSERT_OK(reserve->Maintain());
+  ASSERT_EQ(reserve->stats().pages, 8);
+
+  // Another session starves: the daemon asks, the reserve answers (ask 1).
+  std::unique_ptr<Client> poor = Connect(Options("poor"));
+  ASSERT_NE(poor, nullptr);
+  EXPECT_EQ(AllocStatus(*poor, 26 * kPageSize).code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_OK(reserve->Maintain());
+  EXPECT_EQ(reserve->stats().reclaims, 1);
+  const int64_t kept = reserve->stats().pages;
+  ASSERT_GT(kept, 0);
+  poor.reset();
+
+  server_->server().memory_socket()->SeverConnections();
+  ASSERT_TRUE(
+      WaitFor([&] { return rich->link_epoch() == 1; }, absl::Seconds(20)))
+      << rich->session_status();
+  ASSERT_OK(reserve->Maintain());
+  EXPECT_EQ(reserve->stats().pages, kept);
+  EXPECT_EQ(StatsOf(Stats(), rich->session_id()).pages_owned(), kept);
+  EXPECT_EQ(ReservePagesReported(rich->session_id()), kept);
+
+  // Ask 1 of the new channel.
+  std::unique_ptr<Client> starving = Connect(Options("starving"));
+  ASSERT_NE(starving, nullptr);
+  EXPECT_EQ(AllocStatus(*starving, (32 - kept + 1) * kPageSize).code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_OK(reserve->Maintain());
+  EXPECT_EQ(reserve->stats().reclaims, 2);
+  EXPECT_LT(reserve->stats().pages, kept);
+
+  std::vector<int64_t> taken;
+  ASSERT_OK(reserve->Take(1, &taken));
+  reserve.reset();  // returns the rest
+  EXPECT_EQ(StatsOf(Stats(), rich->session_id()).pages_owned(), 1);
+  EXPECT_THAT(rich->FreePages(taken, nullptr), IsOkAndHolds(1));
+  EXPECT_TRUE(
+      WaitFor([&] { return Stats().used_pages() == 0; }, absl::Seconds(20)));
 }
 
 // Without a reconnect timeout (the default where the daemon does not keep
