@@ -12,12 +12,13 @@
 #                                      the summary's label, its counts
 #                                      appended to FILE and its skipped
 #                                      cases to FILE2 (.ci/run)
+#   The eight test targets that ran longest are listed after the summary.
 #
 # Exits with ./bazelw's status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 startup=()
-summary=(--label=suite)
+summary=(--label=suite --slowest=8)
 while (($#)); do
   case "$1" in
     --output_base=*) startup+=("$1") ;;

@@ -40,6 +40,7 @@ class Counts:
         self.passed = self.failed = self.skipped = 0
         self.skips = []  # (target, case, reason)
         self.failures = []  # (target, case)
+        self.durations = {}  # target -> seconds its uncached runs took
 
     def line(self, label):
         return (f"{label}: {self.passed} passed, {self.failed} failed, "
@@ -98,6 +99,7 @@ def count_events(events_file):
     """The cases of every test target in a build event file: the last
     attempt of each run and shard."""
     results = {}  # (label, run, shard) -> (attempt, status, outputs)
+    durations = {}  # label -> seconds its runs took, this invocation only
     unbuilt = []
     for line in pathlib.Path(events_file).read_text().splitlines():
         if not line.strip():
@@ -111,6 +113,9 @@ def count_events(events_file):
                        for o in result.get("testActionOutput", [])}
             where = (key.get("label"), key.get("run", 1), key.get("shard", 1))
             attempt = key.get("attempt", 1)
+            if not result.get("cachedLocally"):
+                durations[where[0]] = durations.get(where[0], 0.0) + int(
+                    result.get("testAttemptDurationMillis", 0)) / 1000.0
             if where not in results or results[where][0] < attempt:
                 results[where] = (attempt, result.get("status"), outputs)
         elif "testSummary" in ident:
@@ -118,6 +123,7 @@ def count_events(events_file):
             if status in ("FAILED_TO_BUILD", "NO_STATUS"):
                 unbuilt.append(ident["testSummary"].get("label"))
     counts = Counts()
+    counts.durations = durations
     for (label, _, _), (_, status, outputs) in sorted(results.items()):
         passed = status == "PASSED"
         xml = _path(outputs.get("test.xml", ""))
@@ -145,6 +151,9 @@ def main() -> int:
                         help="list each skipped case with its reason")
     parser.add_argument("--skip-log",
                         help="append the skipped cases, labelled, to this file")
+    parser.add_argument("--slowest", type=int, default=0,
+                        help="list the N test targets that ran longest "
+                        "(summed over runs and shards; cached ones not)")
     parser.add_argument("--check-exit", type=int,
                         help="count one case with this exit status instead")
     args = parser.parse_args()
@@ -178,6 +187,11 @@ def main() -> int:
         print(f"{args.label}: skipped, with their reasons:")
         for target, case, reason in counts.skips:
             print(f"  {target} {case}: {reason}")
+    if args.slowest and counts.durations:
+        print(f"{args.label}: the slowest test targets, seconds:")
+        ranked = sorted(counts.durations.items(), key=lambda item: -item[1])
+        for target, seconds in ranked[:args.slowest]:
+            print(f"  {seconds:8.1f}  {target}")
     if args.skip_log and counts.skips:
         with open(args.skip_log, "a") as out:
             for target, case, reason in counts.skips:
