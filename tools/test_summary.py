@@ -113,7 +113,10 @@ def count_events(events_file):
                        for o in result.get("testActionOutput", [])}
             where = (key.get("label"), key.get("run", 1), key.get("shard", 1))
             attempt = key.get("attempt", 1)
-            if not result.get("cachedLocally"):
+            # A result from the disk cache (.bazelrc) is cached remotely.
+            cached = result.get("cachedLocally") or result.get(
+                "executionInfo", {}).get("cachedRemotely")
+            if not cached:
                 durations[where[0]] = durations.get(where[0], 0.0) + int(
                     result.get("testAttemptDurationMillis", 0)) / 1000.0
             if where not in results or results[where][0] < attempt:

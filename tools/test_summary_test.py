@@ -41,11 +41,14 @@ SH_XML = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
-def result(label, xml, status, attempt=1, cached=False):
+def result(label, xml, status, attempt=1, cached=False, remote=False,
+           millis=1000):
     return {"id": {"testResult": {"label": label, "run": 1, "shard": 1,
                                   "attempt": attempt,
                                   "configuration": {"id": "c"}}},
             "testResult": {"status": status, "cachedLocally": cached,
+                           "executionInfo": {"cachedRemotely": remote},
+                           "testAttemptDurationMillis": millis,
                            "testActionOutput": [
                                {"name": "test.log", "uri": "file://" + xml + ".log"},
                                {"name": "test.xml", "uri": "file://" + xml}]}}
@@ -65,7 +68,9 @@ def main():
         result("//tests/gpu:kernel_test", str(files["gtest"]), "PASSED",
                cached=True),
         result("//python:client_test", str(files["pytest"]), "FAILED"),
-        result("//tools:bazelw_test", str(files["sh"]), "PASSED", cached=True),
+        # From the disk cache: counted, but not among the slowest.
+        result("//tools:bazelw_test", str(files["sh"]), "PASSED", remote=True,
+               millis=90000),
         # A flaky test: its last attempt counts.
         result("//tests:flaky_test", str(files["flaky1"]), "FAILED", 1),
         result("//tests:flaky_test", str(files["flaky2"]), "PASSED", 2),
@@ -78,7 +83,8 @@ def main():
     skip_log = scratch / "skips"
     out = subprocess.run(
         [sys.executable, tool, "--events", str(bep), "--label", "suite",
-         "--skips", "--append", str(counts), "--skip-log", str(skip_log)],
+         "--skips", "--append", str(counts), "--skip-log", str(skip_log),
+         "--slowest", "8"],
         capture_output=True, text=True, check=True).stdout
     print(out)
     lines = out.splitlines()
@@ -94,6 +100,13 @@ def main():
             "cudaErrorNoDevice") in lines, out
     assert ("  //python:client_test test_client.test_cuda_slots: the CUDA "
             "backend only") in lines, out
+    # Only the runs of this invocation rank: the cached ones took no time.
+    slowest = lines[lines.index("suite: the slowest test targets, seconds:")
+                    + 1:]
+    ranked = [line.split()[1] for line in slowest if line.startswith("    ")]
+    assert "//tools:bazelw_test" not in ranked, out
+    assert "//tests/gpu:kernel_test" not in ranked, out
+    assert "//python:client_test" in ranked, out
     assert counts.read_text() == "4 2 3\n"
     assert skip_log.read_text().splitlines()[0] == (
         "  suite: //python:client_test test_client.test_cuda_slots: the CUDA "
