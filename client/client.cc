@@ -453,6 +453,10 @@ absl::Status Client::ReconnectOnce(absl::Time give_up, bool* retry) {
     switch (resumed.code()) {
       case absl::StatusCode::kUnavailable:
       case absl::StatusCode::kDeadlineExceeded:
+      // A daemon that is stopping cancels the calls it has not answered
+      // when its gRPC server shuts down (a clean stop's Resume races it);
+      // our own stop cancels too, and the loop then sees stopping_watch_.
+      case absl::StatusCode::kCancelled:
         *retry = true;  // not serving yet
         return resumed;
       case absl::StatusCode::kNotFound:

@@ -302,7 +302,7 @@ const char* FastChannelServer::AbuseName(Abuse abuse) {
 
 void FastChannelServer::Wake(int index) { Ring(pollers_[index]->wake.get()); }
 
-void FastChannelServer::Stop() {
+void FastChannelServer::Stop(SessionsAtStop sessions) {
   // A channel that outlives the server (a reply holding it) retires its
   // header with no poller to wake.
   retired_headers_->SetFirstKept(nullptr);
@@ -310,10 +310,11 @@ void FastChannelServer::Stop() {
     absl::MutexLock lock(&mu_);
     if (!stopped_) {
       stopped_ = true;
-      // The daemon goes away with every session: no answer in a channel
-      // holds after this.
+      // The daemon goes away with every session, unless a successor takes
+      // them over: then the answers given so far hold (the state journal
+      // has them), and the client moves to a new channel when it resumes.
       for (const auto& [id, channel] : channels_) {
-        if (channel->ended) continue;
+        if (sessions == SessionsAtStop::kKeep || channel->ended) continue;
         channel->ended = true;
         channel->codec.EndSession(kShuttingDown);
       }

@@ -169,11 +169,14 @@ class FastChannelServer final : public SessionChannels {
   void PoolShort(uint64_t session_id, int64_t requests) override {
     AskForReserves(session_id, requests);
   }
-  // Sets every channel's session_ended word ("the daemon is shutting
-  // down") and stops the pollers: calls posted afterwards are never
-  // answered (clients see the memory socket close, or their deadline).
-  // Idempotent.
-  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops the pollers: calls posted afterwards are never answered (clients
+  // see the memory socket close, or their deadline). With kEnd it first
+  // sets every channel's session_ended word ("the daemon is shutting
+  // down"); with kKeep the sessions live on in a successor, and a client
+  // must not read their end in a channel. Idempotent: only the first
+  // call's `sessions` counts.
+  void Stop(SessionsAtStop sessions = SessionsAtStop::kEnd)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Calls taken from channels since start, and poller sleeps.
   int64_t calls() const { return calls_.load(std::memory_order_relaxed); }

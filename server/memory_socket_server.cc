@@ -94,11 +94,12 @@ absl::Status MemorySocketServer::Start(UniqueFd listener, std::string path) {
   return absl::OkStatus();
 }
 
-void MemorySocketServer::Stop() {
+void MemorySocketServer::Stop(SessionsAtStop sessions) {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
+    sessions_at_stop_ = sessions;
     if (!started_) return;
   }
   events_.Wake();
@@ -164,14 +165,23 @@ void MemorySocketServer::Serve() {
     Tick(absl::Now());
   }
   LogShedding(absl::Now(), /*force=*/true);
-  // Shutting down: every session's client learns it now.
-  for (auto& [serial, connection] : connections_) {
-    if (connection.session_id == 0) continue;
-    SendStatus(connection.fd.get(), ms::MessageKind::kEnded,
-               absl::UnavailableError(absl::StrFormat(
-                   "the daemon is shutting down: session %d, its pages and "
-                   "slots are gone",
-                   connection.session_id)));
+  SessionsAtStop sessions;
+  {
+    absl::MutexLock lock(&mu_);
+    sessions = sessions_at_stop_;
+  }
+  // Shutting down: every session's client learns it now, from a word
+  // (the sessions end) or from its connection's close alone (they are
+  // kept for the successor: the client resumes, as after a crash).
+  if (sessions == SessionsAtStop::kEnd) {
+    for (auto& [serial, connection] : connections_) {
+      if (connection.session_id == 0) continue;
+      SendStatus(connection.fd.get(), ms::MessageKind::kEnded,
+                 absl::UnavailableError(absl::StrFormat(
+                     "the daemon is shutting down: session %d, its pages and "
+                     "slots are gone",
+                     connection.session_id)));
+    }
   }
   connected_.store(0, std::memory_order_relaxed);
   // A SeverConnections that came after the last look waits no longer: the

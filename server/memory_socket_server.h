@@ -97,10 +97,13 @@ class MemorySocketServer final : public SessionObserver {
   absl::Status Start(UniqueFd listener, std::string path)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Tells every connected client that the daemon is shutting down
-  // (UNAVAILABLE), closes every connection and the listener, and removes
-  // the socket file. Idempotent.
-  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Closes every connection, then the listener, and removes the socket
+  // file. With kEnd each session's client is first told that the daemon
+  // is shutting down (UNAVAILABLE); with kKeep each connection closes
+  // without a word, as a crash closes it. Idempotent: only the first
+  // call's `sessions` counts.
+  void Stop(SessionsAtStop sessions = SessionsAtStop::kEnd)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // SessionObserver: the session's client is told why, and its connection
   // closed (asynchronously, by the serving thread).
@@ -115,7 +118,9 @@ class MemorySocketServer final : public SessionObserver {
   // sessions, detached (resumable or not), as a daemon that restarts with
   // its state leaves them: each client sees its daemon go away and may
   // Resume. Returns once the serving thread has closed them (at once when
-  // it is not running). For tests of the client's reconnect.
+  // it is not running). A daemon that stops with its state kept calls it
+  // as soon as it drains (Server::Shutdown); tests call it to exercise the
+  // client's reconnect.
   void SeverConnections() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sessions connected now (handed their memory, connection open).
@@ -199,6 +204,7 @@ class MemorySocketServer final : public SessionObserver {
   absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  SessionsAtStop sessions_at_stop_ ABSL_GUARDED_BY(mu_) = SessionsAtStop::kEnd;
   // Sessions ended since the serving thread last looked, and why; links
   // taken over (session id, the old link's generation); SeverConnections'
   // waiters.

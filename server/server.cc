@@ -1198,9 +1198,22 @@ void Server::Shutdown() {
     }
   }
   std::shared_ptr<spdlog::logger> log = Logger("server");
-  log->info("draining: refusing new calls, finishing queued work");
+  // With the pool's state kept, a successor takes the sessions over: this
+  // stop is a restart to them, as a crash is, never their end.
+  const bool sessions_kept = kept_ != nullptr && kept_->stats().keeping;
+  log->info("draining: refusing new calls, finishing queued work{}",
+            sessions_kept ? "; the sessions are kept for the successor" : "");
   core_->StartDraining();
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  if (sessions_kept && memory_socket_ != nullptr) {
+    // Each client learns now, from its connection's close, that its daemon
+    // is going, and reconnects (its Resume is refused until the successor
+    // serves). So every call of its that fails from here on, cut by the
+    // drain or by gRPC's Shutdown below, fails as one a restart took
+    // (UNAVAILABLE, outcome unknown), not as a cancelled call; and no
+    // Resume can attach a session to this daemon, which is draining.
+    memory_socket_->SeverConnections();
+  }
   // Finishes the queued work: every call taken so far is answered.
   batcher_->Stop();
   if (grpc_answer_senders_ != nullptr) grpc_answer_senders_->Stop();
@@ -1217,8 +1230,10 @@ void Server::Shutdown() {
   acceptor_->Stop();
   grpc_server_->Shutdown(absl::ToChronoTime(absl::Now()));
   // Calls posted until now were answered (UNAVAILABLE while draining).
-  if (fast_channels_ != nullptr) fast_channels_->Stop();
-  if (memory_socket_ != nullptr) memory_socket_->Stop();
+  const SessionsAtStop sessions =
+      sessions_kept ? SessionsAtStop::kKeep : SessionsAtStop::kEnd;
+  if (fast_channels_ != nullptr) fast_channels_->Stop(sessions);
+  if (memory_socket_ != nullptr) memory_socket_->Stop(sessions);
   stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
   core_->StopReleasePoller();

@@ -17,6 +17,16 @@
 
 namespace pagealloc {
 
+// What a transport that stops tells its sessions' clients.
+enum class SessionsAtStop {
+  // The sessions end with the daemon: each client is told so.
+  kEnd,
+  // The sessions outlive the daemon (its state is kept for a successor,
+  // --keep_state): nothing says they ended, and each client, seeing its
+  // daemon go as after a crash, resumes with the successor.
+  kKeep,
+};
+
 // Told when a session ends, so that a transport can drop what it holds
 // for it (the fast channel's memory, the memory socket's connection).
 class SessionObserver {
