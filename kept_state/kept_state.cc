@@ -343,9 +343,9 @@ absl::Status KeptState::StartKeeping(PagePool& pool, int slab_fd,
   return absl::OkStatus();
 }
 
-std::string KeptState::EncodeSnapshot(const PoolState& state) const {
-  std::string pool_bytes;
-  EncodePoolState(state, &pool_bytes);
+absl::string_view KeptState::EncodeSnapshot(const PoolState& state) {
+  // The pool's state is encoded in place behind the header, whose size
+  // field is filled in after: no second copy of a state of megabytes.
   SnapshotHeader header{kSnapshotMagic,
                         kSnapshotVersion,
                         identity_.slab_id,
@@ -353,10 +353,14 @@ std::string KeptState::EncodeSnapshot(const PoolState& state) const {
                         state.num_pages,
                         state.page_size,
                         options_.fingerprint.size(),
-                        pool_bytes.size()};
-  std::string out(reinterpret_cast<const char*>(&header), sizeof(header));
+                        /*state_bytes=*/0};
+  std::string& out = snapshot_scratch_;
+  out.assign(reinterpret_cast<const char*>(&header), sizeof(header));
   out += options_.fingerprint;
-  out += pool_bytes;
+  const size_t state_start = out.size();
+  EncodePoolState(state, &out);
+  header.state_bytes = out.size() - state_start;
+  std::memcpy(out.data(), &header, sizeof(header));
   return out;
 }
 

@@ -157,8 +157,9 @@ class KeptState final : public PoolChangeLog {
   // Marks the kept state broken: stops recording and drops the store's
   // descriptors, so that a restart starts fresh.
   void Break(const absl::Status& why);
-  // The snapshot's bytes: the identity and the pool's state.
-  std::string EncodeSnapshot(const PoolState& state) const;
+  // Writes the snapshot's bytes, the identity and the pool's state, into
+  // snapshot_scratch_ and returns them (valid until the next call).
+  absl::string_view EncodeSnapshot(const PoolState& state);
 
   const KeptStateOptions options_;
   KeptStateOutcome outcome_ = KeptStateOutcome::kNone;
@@ -175,6 +176,10 @@ class KeptState final : public PoolChangeLog {
   bool snapshot_pending_ = false;
   // Encoded record, reused between records (no allocation once warm).
   std::string scratch_;
+  // Encoded snapshot, reused between snapshots: a pool of 1M pages
+  // encodes to 13 MB, which a fresh buffer would fault in page by page
+  // under the pool's lock at every snapshot.
+  std::string snapshot_scratch_;
   double opened_at_ = 0;
 
   // Read by stats() from other threads.

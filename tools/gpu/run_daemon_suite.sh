@@ -25,6 +25,8 @@
 #   3c. prefix_match_benchmark: match and adopt of a published 2,048-page
 #      chain (32k tokens at page size 16) against a CUDA daemon of its own,
 #      through the fast channel and over gRPC (its table ends the summary)
+#   3d. snapshot_benchmark: what a snapshot of the pool's kept state stalls
+#      the pool for on this host's CPU (64k and 1M pages)
 #   4. a soak: 8 load_client processes (4 sync, 4 async completion) for 10 s
 #      against one CUDA daemon with --debug_checks, sharing a claim table
 #      that catches a slot handed to two clients; then every page must be
@@ -42,7 +44,7 @@ need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
   tests/gpu/ring_flood_test tests/gpu/release_fence_test \
   memory/cuda_vmm_test \
   tests/kv_writer client/kv_example bench/kv_scrub_gpu_benchmark \
-  bench/prefix_match_benchmark
+  bench/prefix_match_benchmark kept_state/snapshot_benchmark
 
 # The tests find server/pagealloc-server and tests/load_client relative to
 # the working directory when Bazel's TEST_SRCDIR is not set.
@@ -156,6 +158,13 @@ if [[ -n $prefix_rows ]]; then
   add_detail "its table follows the summary"
   add_section "### Prefix match and adopt (prefix_match_benchmark.log)"$'\n\n'"$prefix_head"$'\n\n'"$prefix_rows"
 fi
+
+# What a snapshot of the kept state stalls the pool for (--keep_state),
+# on this host's CPU.
+run_step snapshot_benchmark 120 "$OUT/snapshot_benchmark.log" \
+  kept_state/snapshot_benchmark --benchmark_repetitions=5 \
+  --benchmark_report_aggregates_only=true
+grep -E "_median" "$OUT/snapshot_benchmark.log"
 
 for t in kv_slab_test multi_client_test restart_test server_process_test \
   stress_test; do
