@@ -949,7 +949,7 @@ absl::StatusOr<int64_t> PagePool::ClearPoolLocked(bool force) {
   }
   for (auto& [id, state] : owners_) {
     state.pages_owned = 0;
-    state.refs.clear();
+    state.refs.Clear();
     state.pins.clear();
     EndCheckpoints(state);
   }
@@ -1069,7 +1069,7 @@ absl::StatusOr<PublishOutcome> PagePool::PublishLocked(
     if (!outcome.existing[i]) {
       owner_of_[page] = kSharedOwner;
       --state.pages_owned;
-      ++state.refs[page];
+      state.refs.Add(page);
       index_.Insert(page, keys[i], parent);
       ++outcome.newly_published;
       if (sink_ != nullptr) {
@@ -1122,10 +1122,22 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
   OwnerState& state = it->second;
   std::vector<int64_t> pages;
   pages.reserve(keys.size());
+  // A key names one page, so a key given twice in the matched prefix is a
+  // page found twice: a stamp a page finds it without hashing the chain.
+  // Keys past the first miss are never looked at.
+  const uint32_t seen = NewSeenEpoch();
   int64_t previous = 0;
   for (const PrefixKey& key : keys) {
     const int64_t page = index_.FindAfter(previous, key);
     if (page == 0) break;
+    if (seen_stamp_[page] == seen) {
+      const size_t first =
+          std::find(pages.begin(), pages.end(), page) - pages.begin();
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "keys[%d] repeats keys[%d]: a chain's keys are distinct",
+          pages.size(), first));
+    }
+    seen_stamp_[page] = seen;
     pages.push_back(page);
     previous = page;
   }
@@ -1136,18 +1148,10 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
   // One lookup a page: take the owner's references, counting the pages new
   // to it, and give them back if that puts it over quota (the rare case).
   const int64_t held = state.pages_owned + state.refs.size();
-  state.refs.reserve(state.refs.size() + pages.size());
   int64_t new_refs = 0;
-  for (int64_t page : pages) {
-    const auto [ref, inserted] = state.refs.try_emplace(page, 0);
-    ++ref->second;
-    new_refs += inserted;
-  }
+  for (int64_t page : pages) new_refs += state.refs.Add(page);
   if (state.quota_pages > 0 && held + new_refs > state.quota_pages) {
-    for (int64_t page : pages) {
-      auto ref = state.refs.find(page);
-      if (--ref->second == 0) state.refs.erase(ref);
-    }
+    for (int64_t page : pages) state.refs.Drop(page);
     ++counters_.quota_refusals;
     return absl::ResourceExhaustedError(absl::StrFormat(
         "adopting %d shared pages (%d new to owner %d) would put it over "
@@ -1197,8 +1201,7 @@ absl::StatusOr<int64_t> PagePool::UnpinLocked(OwnerId owner,
 
 void PagePool::ReleaseRefs(OwnerState& state, absl::Span<const int64_t> pages) {
   for (auto page = pages.rbegin(); page != pages.rend(); ++page) {
-    auto ref = state.refs.find(*page);
-    if (--ref->second == 0) state.refs.erase(ref);
+    state.refs.Drop(*page);
     index_.Release(*page);
   }
 }
@@ -1211,12 +1214,16 @@ void PagePool::DropShared(OwnerState& state) {
   // as a free does (ReleaseRefs).
   std::vector<int64_t> pages;
   pages.reserve(std::max(state.refs.size(), state.pins.size()));
-  for (const auto& [page, count] : state.refs) pages.push_back(page);
-  std::sort(pages.begin(), pages.end(), std::greater<int64_t>());
-  for (int64_t page : pages) {
-    for (int64_t k = state.refs[page]; k > 0; --k) index_.Release(page);
+  std::vector<int64_t> counts;
+  counts.reserve(state.refs.size());
+  state.refs.ForEach([&](int64_t page, int64_t count) {
+    pages.push_back(page);
+    counts.push_back(count);
+  });
+  for (size_t i = pages.size(); i-- > 0;) {
+    for (int64_t k = counts[i]; k > 0; --k) index_.Release(pages[i]);
   }
-  state.refs.clear();
+  state.refs.Clear();
   pages.assign(state.pins.begin(), state.pins.end());
   std::sort(pages.begin(), pages.end(), std::greater<int64_t>());
   for (int64_t page : pages) index_.Unpin(page);
@@ -1361,9 +1368,8 @@ absl::StatusOr<PagePool::OwnedPages> PagePool::PagesOwnedBy(
   }
   OwnedPages pages;
   pages.owned = PagesOf(owner, it->second.pages_owned);
-  for (const auto& [page, count] : it->second.refs)
-    pages.shared.push_back(page);
-  std::sort(pages.shared.begin(), pages.shared.end());
+  it->second.refs.ForEach(
+      [&](int64_t page, int64_t) { pages.shared.push_back(page); });
   return pages;
 }
 
@@ -1404,7 +1410,8 @@ absl::Status PagePool::CheckInvariants() {
   absl::flat_hash_map<int64_t, int64_t> refs;
   absl::flat_hash_map<int64_t, int64_t> pins;
   for (const auto& [id, state] : owners_) {
-    for (const auto& [page, count] : state.refs) refs[page] += count;
+    state.refs.ForEach(
+        [&](int64_t page, int64_t count) { refs[page] += count; });
     for (int64_t page : state.pins) ++pins[page];
   }
   RETURN_IF_ERROR(index_.CheckInvariants());
@@ -1551,8 +1558,10 @@ PoolState PagePool::ExportStateLocked() const {
       const int64_t page = owner.given_log[k];
       out.given_live[k] = owner_of_[page] == id && log_index_[page] == k;
     }
-    out.refs.assign(owner.refs.begin(), owner.refs.end());
-    std::sort(out.refs.begin(), out.refs.end());
+    out.refs.clear();
+    owner.refs.ForEach([&](int64_t page, int64_t count) {
+      out.refs.emplace_back(page, count);
+    });
     out.pins.assign(owner.pins.begin(), owner.pins.end());
     std::sort(out.pins.begin(), out.pins.end());
   }
@@ -1831,8 +1840,7 @@ absl::Status PagePool::RestoreState(const PoolState& state) {
     for (size_t k = 0; k < in.given_log.size(); ++k) {
       if (in.given_live[k]) log_index_[in.given_log[k]] = k;
     }
-    owner.refs.reserve(in.refs.size());
-    for (const auto& [page, count] : in.refs) owner.refs[page] = count;
+    for (const auto& [page, count] : in.refs) owner.refs.Set(page, count);
     owner.pins.reserve(in.pins.size());
     owner.pins.insert(in.pins.begin(), in.pins.end());
     owners_.emplace(in.id, std::move(owner));

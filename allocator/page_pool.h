@@ -63,6 +63,7 @@
 #include "absl/types/span.h"
 #include "allocator/executor.h"
 #include "allocator/free_list_policy.h"
+#include "allocator/page_ref_counts.h"
 #include "allocator/plan_builder.h"
 #include "allocator/pool_change_log.h"
 #include "allocator/pool_state.h"
@@ -365,9 +366,10 @@ class PagePool {
   // on each, atomically with the match (no eviction in between): cached
   // pages become published; the owner frees them (FreePages/FreeSlots) to
   // drop the references. Returns NOT_FOUND (unknown owner),
-  // INVALID_ARGUMENT (more keys than the pool's pages), or, for an adopt
-  // that would put the owner over its quota, RESOURCE_EXHAUSTED; a refused
-  // adopt changes nothing.
+  // INVALID_ARGUMENT (more keys than the pool's pages, or a key the matched
+  // prefix holds twice, "keys[i] repeats keys[j]": the keys after the first
+  // miss are not looked at), or, for an adopt that would put the owner over
+  // its quota, RESOURCE_EXHAUSTED; a refused match or adopt changes nothing.
   absl::StatusOr<std::vector<int64_t>> MatchPrefix(
       OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -461,7 +463,7 @@ class PagePool {
     uint64_t next_checkpoint_id = 1;
     // References on shared pages: page -> count (> 0). refs.size() counts
     // towards the quota.
-    absl::flat_hash_map<int64_t, int64_t> refs;
+    PageRefCounts refs;
     // Shared pages the owner pins (one pin per page and owner).
     absl::flat_hash_set<int64_t> pins;
     // AddOwner's opaque bytes.

@@ -131,6 +131,34 @@ TEST_F(PagePoolPrefixTest, PublishedPagesAreMatchedAndAdoptedBySiblings) {
   EXPECT_OK(pool_->CheckInvariants());
 }
 
+// A key given twice inside the matched prefix is refused, naming both, and
+// changes nothing; keys after the first miss are not looked at, so a repeat
+// there costs nothing and the match answers as without it.
+TEST_F(PagePoolPrefixTest, AKeyRepeatedInTheMatchedPrefixIsRefused) {
+  MakePool(16);
+  const std::vector<int64_t> pages = Pages(kAlice, 3);
+  ASSERT_OK(pool_->Publish(kAlice, pages, Keys(1, 3), nullptr, false));
+  const PoolStats before = pool_->Stats();
+  for (const bool adopt : {false, true}) {
+    EXPECT_THAT(pool_->MatchPrefix(kBob, {Key(1), Key(2), Key(1)}, adopt),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("keys[2] repeats keys[0]")));
+    EXPECT_THAT(
+        pool_->MatchPrefix(kBob, {Key(1), Key(2), Key(3), Key(2)}, adopt),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr("keys[3] repeats keys[1]")));
+  }
+  const PoolStats after = pool_->Stats();
+  EXPECT_EQ(after.prefix_lookup_pages, before.prefix_lookup_pages);
+  EXPECT_EQ(after.prefix_pages_adopted, before.prefix_pages_adopted);
+  EXPECT_EQ(pool_->SharedCount(pages[0]), 1);
+  // After a miss (Key(9)), a repeat is past the match.
+  EXPECT_THAT(pool_->MatchPrefix(kBob, {Key(1), Key(9), Key(1), Key(1)}, true),
+              IsOkAndHolds(ElementsAre(pages[0])));
+  EXPECT_EQ(pool_->SharedCount(pages[0]), 2);
+  EXPECT_OK(pool_->CheckInvariants());
+}
+
 TEST_F(PagePoolPrefixTest, FreeDropsReferencesAndTheLastLeavesThePageCached) {
   MakePool(16);
   const std::vector<int64_t> pages = Pages(kAlice, 2);

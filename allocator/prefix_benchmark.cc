@@ -3,7 +3,7 @@
 //   - BM_MatchAdopt: match and adopt a chain of 2,048 pages (32k tokens at
 //     page size 16) in one call; the references are dropped untimed.
 //   - BM_ParseChain: the call core's parse of a 2,048-key wire chain
-//     (sizes, no key twice), before the pool sees it.
+//     (each key's size, copied out), before the pool sees it.
 //   - BM_Publish: publish 256 freshly written pages under new keys.
 //   - BM_EvictInsideAllocation: one allocation of 10,000 pages from a pool
 //     whose every page is cached: the launch evicts them all (LRU) once.
@@ -103,7 +103,7 @@ void BM_MatchAdopt(benchmark::State& state) {
 BENCHMARK(BM_MatchAdopt)->ArgName("pages")->Arg(2048);
 
 // What the call core does to a wire chain before the pool sees it:
-// ParsePrefixKeyChain of 2,048 keys (each key's size, and no key twice).
+// ParsePrefixKeys of 2,048 keys (each key's size, copied out).
 void BM_ParseChain(benchmark::State& state) {
   const int64_t chain = state.range(0);
   std::vector<std::string> wire;
@@ -111,7 +111,7 @@ void BM_ParseChain(benchmark::State& state) {
     wire.push_back(PrefixKeyBytes(key));
   const std::vector<absl::string_view> views(wire.begin(), wire.end());
   for (auto _ : state) {
-    auto parsed = ParsePrefixKeyChain(views, "keys", 2 * chain);
+    auto parsed = ParsePrefixKeys(views, "keys", 2 * chain);
     if (!parsed.ok()) {
       state.SkipWithError("parse failed");
       break;

@@ -22,26 +22,7 @@ absl::StatusOr<PrefixKey> ParsePrefixKey(absl::string_view bytes,
   return key;
 }
 
-namespace {
-
-// A key's first 8 bytes: what the chain's repeat check hashes, a quarter of
-// the key (digests differ there; a crafted chain that does not is checked
-// by whole keys).
-uint64_t Fingerprint(const PrefixKey& key) {
-  uint64_t word;
-  std::memcpy(&word, key.data(), sizeof(word));
-  return word;
-}
-
-absl::Status RepeatedKey(absl::string_view field, size_t index, int64_t first) {
-  return absl::InvalidArgumentError(
-      absl::StrFormat("%s[%d] repeats %s[%d]: a chain's keys are distinct",
-                      field, index, field, first));
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<PrefixKey>> ParsePrefixKeyChain(
+absl::StatusOr<std::vector<PrefixKey>> ParsePrefixKeys(
     absl::Span<const absl::string_view> keys, absl::string_view field,
     int64_t max_keys) {
   if (static_cast<int64_t>(keys.size()) > max_keys) {
@@ -49,37 +30,31 @@ absl::StatusOr<std::vector<PrefixKey>> ParsePrefixKeyChain(
         absl::StrFormat("%s has %d keys, more than the pool's %d pages", field,
                         keys.size(), max_keys));
   }
-  std::vector<PrefixKey> parsed;
-  parsed.reserve(keys.size());
-  // Each key's first index, by fingerprint while no two distinct keys share
-  // one (8-byte hashing of a 32-byte key costs a fraction of the whole
-  // key's), then by whole key: a chain made to collide costs what the
-  // exact check does, never a wrong answer.
-  absl::flat_hash_map<uint64_t, int64_t> by_fingerprint;
-  by_fingerprint.reserve(keys.size());
-  PrefixKeyMap<int64_t> by_key;
-  bool exact = false;
+  std::vector<PrefixKey> parsed(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto key = ParsePrefixKey(keys[i], field, i);
-    if (!key.ok()) return key.status();
-    parsed.push_back(*key);
-    if (!exact) {
-      const auto [it, inserted] =
-          by_fingerprint.try_emplace(Fingerprint(*key), i);
-      if (inserted) continue;
-      if (PrefixKeyEq()(parsed[it->second], *key)) {
-        return RepeatedKey(field, i, it->second);
-      }
-      // Two distinct keys share a fingerprint: the keys before this one are
-      // distinct (no fingerprint repeated among them), so each is its own
-      // first.
-      exact = true;
-      by_key.reserve(keys.size());
-      for (size_t j = 0; j < i; ++j) by_key.try_emplace(parsed[j], j);
+    if (keys[i].size() != kPrefixKeyBytes) {
+      return ParsePrefixKey(keys[i], field, i).status();
     }
-    const auto [it, inserted] = by_key.try_emplace(*key, i);
-    if (!inserted) return RepeatedKey(field, i, it->second);
+    std::memcpy(parsed[i].data(), keys[i].data(), kPrefixKeyBytes);
   }
+  return parsed;
+}
+
+absl::StatusOr<std::vector<PrefixKey>> ParsePackedPrefixKeys(
+    absl::string_view keys, absl::string_view field, int64_t max_keys) {
+  if (keys.size() % kPrefixKeyBytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s are %d bytes, not a whole number of %d-byte keys",
+                        field, keys.size(), kPrefixKeyBytes));
+  }
+  const size_t n = keys.size() / kPrefixKeyBytes;
+  if (static_cast<int64_t>(n) > max_keys) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s has %d keys, more than the pool's %d pages", field, n, max_keys));
+  }
+  static_assert(sizeof(PrefixKey) == kPrefixKeyBytes);
+  std::vector<PrefixKey> parsed(n);
+  if (n > 0) std::memcpy(parsed.data(), keys.data(), keys.size());
   return parsed;
 }
 

@@ -4,10 +4,11 @@
 // A writer session publishes --chain_pages pages (2,048: a 32k-token prompt
 // at page size 16) under a chain of fresh keys. Then, for each transport in
 // --transports, a reader session of that transport, one call at a time:
-//   - "match+adopt": MatchPrefix(chain, adopt) (timed), checked to find the
+//   - "match+adopt": MatchPrefixPacked(chain, adopt) (timed: the keys back
+//     to back, as the C ABI and Python pass them), checked to find the
 //     whole chain, then FreePages of the pages found (timed apart, "free"),
 //     which drops the references, so every iteration adopts again;
-//   - "match": MatchPrefix(chain) without adopt (a peek).
+//   - "match": MatchPrefixPacked(chain) without adopt (a peek).
 // It prints p50, p99, mean and max of each in microseconds. The keys are
 // parsed, looked up and adopted in the daemon on every call: what the
 // issue's target ("match+adopt of 2,048 pages <= 30 us through the fast
@@ -36,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/clock.h"
 #include "bench/daemon.h"
@@ -156,6 +158,7 @@ absl::Status MeasureReader(const std::string& target,
         absl::StrFormat("the %s reader %s a fast channel", transport,
                         fast ? "did not get" : "got"));
   }
+  const std::string packed = absl::StrJoin(keys, "");
   const int64_t warmup = absl::GetFlag(FLAGS_warmup);
   const int64_t iterations = absl::GetFlag(FLAGS_iterations);
   std::vector<int64_t> adopt_nanos, free_nanos, peek_nanos;
@@ -165,7 +168,7 @@ absl::Status MeasureReader(const std::string& target,
   for (int64_t i = 0; i < warmup + iterations; ++i) {
     const int64_t t0 = NowNanos();
     ASSIGN_OR_RETURN(std::vector<int64_t> found,
-                     reader->MatchPrefix(keys, /*adopt=*/true));
+                     reader->MatchPrefixPacked(packed, /*adopt=*/true));
     const int64_t t1 = NowNanos();
     if (found != pages) {
       return absl::InternalError(absl::StrFormat(
@@ -187,7 +190,7 @@ absl::Status MeasureReader(const std::string& target,
   for (int64_t i = 0; i < warmup + iterations; ++i) {
     const int64_t t0 = NowNanos();
     ASSIGN_OR_RETURN(std::vector<int64_t> found,
-                     reader->MatchPrefix(keys, /*adopt=*/false));
+                     reader->MatchPrefixPacked(packed, /*adopt=*/false));
     const int64_t t1 = NowNanos();
     if (found.size() != pages.size()) {
       return absl::InternalError(

@@ -987,23 +987,17 @@ std::optional<absl::StatusOr<int64_t>> Client::FastOp(
 }
 
 std::optional<absl::StatusOr<std::vector<int64_t>>> Client::FastMatch(
-    absl::Span<const std::string> keys, bool adopt) {
+    absl::string_view keys, bool adopt) {
+  const size_t num_keys = keys.size() / fast_channel::kKeyBytes;
   const FastChannelClient* seen = fast_.load(std::memory_order_acquire);
-  if (seen == nullptr ||
-      keys.size() > static_cast<size_t>(seen->max_requests())) {
+  if (seen == nullptr || num_keys > static_cast<size_t>(seen->max_requests())) {
     return std::nullopt;
-  }
-  for (const std::string& key : keys) {
-    if (key.size() != static_cast<size_t>(fast_channel::kKeyBytes)) {
-      return std::nullopt;
-    }
   }
   absl::StatusOr<CallStart> start = Begin(/*grpc=*/false);
   if (!start.ok()) return start.status();
   absl::MutexLock fast_lock(&fast_mu_);
   FastChannelClient* fast = BeginFast(&start);
-  if (fast == nullptr ||
-      keys.size() > static_cast<size_t>(fast->max_requests())) {
+  if (fast == nullptr || num_keys > static_cast<size_t>(fast->max_requests())) {
     return std::nullopt;
   }
   fast_channel::CallView call;
@@ -1014,7 +1008,7 @@ std::optional<absl::StatusOr<std::vector<int64_t>>> Client::FastMatch(
     return posted;
   }
   absl::StatusOr<absl::Span<const int64_t>> pages =
-      fast->codec().ReadMatchedPages(static_cast<int32_t>(keys.size()));
+      fast->codec().ReadMatchedPages(static_cast<int32_t>(num_keys));
   if (!pages.ok()) return pages.status();
   return Fenced<std::vector<int64_t>>(
       std::vector<int64_t>(pages->begin(), pages->end()));
@@ -1293,7 +1287,36 @@ absl::StatusOr<Client::PublishResult> Client::Publish(
 
 absl::StatusOr<std::vector<int64_t>> Client::MatchPrefix(
     absl::Span<const std::string> keys, bool adopt) {
+  std::string packed;
+  packed.reserve(keys.size() * fast_channel::kKeyBytes);
+  for (const std::string& key : keys) {
+    // A key of another size goes to the daemon as it is, for its refusal.
+    if (key.size() != static_cast<size_t>(fast_channel::kKeyBytes)) {
+      return GrpcMatch(keys, adopt);
+    }
+    packed += key;
+  }
+  return MatchPrefixPacked(packed, adopt);
+}
+
+absl::StatusOr<std::vector<int64_t>> Client::MatchPrefixPacked(
+    absl::string_view keys, bool adopt) {
+  constexpr size_t kKeyBytes = fast_channel::kKeyBytes;
+  if (keys.size() % kKeyBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the chain's keys are %d bytes, not a whole number of %d-byte keys",
+        keys.size(), kKeyBytes));
+  }
   if (auto fast = FastMatch(keys, adopt)) return *std::move(fast);
+  std::vector<std::string> split(keys.size() / kKeyBytes);
+  for (size_t i = 0; i < split.size(); ++i) {
+    split[i] = std::string(keys.substr(i * kKeyBytes, kKeyBytes));
+  }
+  return GrpcMatch(split, adopt);
+}
+
+absl::StatusOr<std::vector<int64_t>> Client::GrpcMatch(
+    absl::Span<const std::string> keys, bool adopt) {
   ASSIGN_OR_RETURN(const CallStart start, Begin(/*grpc=*/true));
   v1::MatchPrefixRequest request;
   *request.mutable_session() = Ref();

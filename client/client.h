@@ -414,6 +414,12 @@ class Client {
   // bytes), else over gRPC; the answers are the same.
   absl::StatusOr<std::vector<int64_t>> MatchPrefix(
       absl::Span<const std::string> keys, bool adopt = true);
+  // MatchPrefix of the chain's keys back to back, 32 bytes each (as the C
+  // ABI and Python hold them): the fast channel takes them in one copy, with
+  // no string made per key. INVALID_ARGUMENT when `keys` is not a whole
+  // number of keys.
+  absl::StatusOr<std::vector<int64_t>> MatchPrefixPacked(absl::string_view keys,
+                                                         bool adopt = true);
   // Removes this session's pins from `pages`; returns the pins removed.
   absl::StatusOr<int64_t> UnpinPrefix(absl::Span<const int64_t> pages);
   // (An operator resets the cache with ResetDaemonPrefixCache,
@@ -635,12 +641,13 @@ class Client {
       fast_channel::CallKind kind, absl::Span<const int64_t> values,
       uint32_t option_bits = 0, uint64_t release_value = 0)
       ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
-  // MatchPrefix through the fast channel: the pages matched; nullopt when
-  // it cannot carry the chain (too many keys, or a key of another size than
-  // 32 bytes, which gRPC carries to the daemon's refusal as it is).
+  // MatchPrefix through the fast channel, of packed keys: the pages
+  // matched; nullopt when it cannot carry the chain (too many keys).
   std::optional<absl::StatusOr<std::vector<int64_t>>> FastMatch(
-      absl::Span<const std::string> keys, bool adopt)
-      ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+      absl::string_view keys, bool adopt) ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+  // MatchPrefix over gRPC.
+  absl::StatusOr<std::vector<int64_t>> GrpcMatch(
+      absl::Span<const std::string> keys, bool adopt);
   // The fast channel a fast call may use now, with what it runs on: null
   // when there is none or it was abandoned (the call goes through gRPC),
   // or the call's failure to start (`*start` not OK).

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -1405,10 +1406,20 @@ int32_t pagealloc_match_prefix(pagealloc_client* client, const uint8_t* keys,
     if (num_keys > 0 && pages == nullptr) {
       return absl::InvalidArgumentError("pages is NULL");
     }
-    ASSIGN_OR_RETURN(const std::vector<std::string> chain,
-                     pagealloc::KeysFromBytes(keys, num_keys));
-    ASSIGN_OR_RETURN(const std::vector<int64_t> matched,
-                     client->client->MatchPrefix(chain, adopt != 0));
+    if (num_keys > 0 && keys == nullptr) {
+      return absl::InvalidArgumentError("keys is NULL");
+    }
+    if (num_keys >
+        std::numeric_limits<size_t>::max() / PAGEALLOC_PREFIX_KEY_BYTES) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("num_keys (%d) is past any chain", num_keys));
+    }
+    ASSIGN_OR_RETURN(
+        const std::vector<int64_t> matched,
+        client->client->MatchPrefixPacked(
+            absl::string_view(reinterpret_cast<const char*>(keys),
+                              num_keys * PAGEALLOC_PREFIX_KEY_BYTES),
+            adopt != 0));
     std::copy(matched.begin(), matched.end(), pages);
     if (num_matched != nullptr) *num_matched = matched.size();
     return absl::OkStatus();

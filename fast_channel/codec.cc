@@ -304,8 +304,13 @@ absl::Status ChannelCodec::PostCall(const CallView& call, uint32_t seq) {
   if (!match && !call.keys.empty()) {
     return absl::InvalidArgumentError("only a fast-channel match carries keys");
   }
+  if (call.keys.size() % kKeyBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a match's keys are %d bytes, not a whole number of %d-byte keys",
+        call.keys.size(), kKeyBytes));
+  }
   const size_t n =
-      match ? call.keys.size()
+      match ? call.keys.size() / kKeyBytes
             : std::max({call.in0.size(), call.in1.size(), call.in2.size()});
   if (n > capacity || call.free_first.size() > capacity) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -313,16 +318,8 @@ absl::Status ChannelCodec::PostCall(const CallView& call, uint32_t seq) {
         "pages; this one has %d and %d",
         capacity, capacity, n, call.free_first.size()));
   }
-  for (size_t i = 0; i < call.keys.size(); ++i) {
-    if (call.keys[i].size() != static_cast<size_t>(kKeyBytes)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("keys[%d] is %d bytes; a prefix key is %d bytes", i,
-                          call.keys[i].size(), kKeyBytes));
-    }
-  }
-  char* const keys = At<char>(layout_.keys());
-  for (size_t i = 0; i < call.keys.size(); ++i) {
-    std::memcpy(keys + i * kKeyBytes, call.keys[i].data(), kKeyBytes);
+  if (!call.keys.empty()) {
+    std::memcpy(At<char>(layout_.keys()), call.keys.data(), call.keys.size());
   }
   auto put = [this](size_t offset, absl::Span<const int64_t> values) {
     if (!values.empty()) {

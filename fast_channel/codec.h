@@ -45,9 +45,10 @@ struct CallView {
   absl::Span<const int64_t> free_first;
   // kFreeSlots / kFreePages: the release fence's value (layout.h); 0: none.
   uint64_t release_value = 0;
-  // kMatchPrefix: the chain, kKeyBytes bytes each (the int64 arrays must
-  // then be empty: the keys take their memory).
-  absl::Span<const std::string> keys = {};
+  // kMatchPrefix: the chain's keys back to back, kKeyBytes bytes each (the
+  // int64 arrays must then be empty: the keys take their memory). Packed,
+  // as the channel holds them, so that posting is one copy.
+  absl::string_view keys = {};
 };
 
 // A call as the daemon took it: copied out of shared memory, checked for
@@ -68,7 +69,7 @@ struct TakenCall {
   // kMatchPrefix: num_requests keys of kKeyBytes bytes, back to back (empty
   // for every other kind); the int64 arrays are empty then.
   std::string key_storage;
-  absl::string_view keys;
+  absl::string_view keys = {};
   absl::string_view key(int32_t index) const {
     return keys.substr(static_cast<size_t>(index) * kKeyBytes, kKeyBytes);
   }

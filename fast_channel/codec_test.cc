@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
@@ -180,10 +181,11 @@ std::vector<std::string> Keys(int first, int n) {
 
 TEST_F(CodecTest, AMatchCarriesItsKeysAndItsAnswerThePagesFound) {
   const std::vector<std::string> keys = Keys(1, 3);
+  const std::string packed = absl::StrJoin(keys, "");
   CallView match;
   match.kind = CallKind::kMatchPrefix;
   match.options = kAdopt;
-  match.keys = keys;
+  match.keys = packed;
   ASSERT_OK(client_.PostCall(match, 1));
   // Counts a match does not use mean nothing to it.
   daemon_.header()->num_free_first = 1 << 30;
@@ -225,22 +227,22 @@ TEST_F(CodecTest, AMatchCarriesItsKeysAndItsAnswerThePagesFound) {
 }
 
 TEST_F(CodecTest, ClientPostsOnlyWellFormedMatches) {
-  std::vector<std::string> keys = Keys(1, 2);
-  keys[1].resize(31);
+  std::string keys = absl::StrJoin(Keys(1, 2), "");
+  keys.pop_back();
   CallView match;
   match.kind = CallKind::kMatchPrefix;
   match.keys = keys;
   EXPECT_THAT(client_.PostCall(match, 1),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("keys[1] is 31 bytes")));
-  const std::vector<std::string> nine = Keys(1, 9);
+                       HasSubstr("are 63 bytes, not a whole number of 32")));
+  const std::string nine = absl::StrJoin(Keys(1, 9), "");
   match.keys = nine;
   EXPECT_THAT(
       client_.PostCall(match, 1),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 8")));
   // The keys take the int64 arrays' memory: a match carries nothing else,
   // and nothing else carries keys.
-  const std::vector<std::string> two = Keys(1, 2);
+  const std::string two = absl::StrJoin(Keys(1, 2), "");
   const std::vector<int64_t> values = {1};
   match.keys = two;
   match.in1 = values;

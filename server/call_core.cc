@@ -657,16 +657,6 @@ void CallCore::SubmitClearPool(bool force, Transport transport, Reply* reply) {
            });
 }
 
-namespace {
-
-// Parses a wire chain of keys for the pool. INVALID_ARGUMENT naming keys[i].
-absl::StatusOr<std::vector<PrefixKey>> ParseChain(
-    absl::Span<const absl::string_view> keys, const PagePool& pool) {
-  return ParsePrefixKeyChain(keys, "keys", pool.geometry().num_pages);
-}
-
-}  // namespace
-
 void CallCore::SubmitPublish(const PublishInput& input, Transport transport,
                              PrefixReply* reply) {
   const absl::Time start = absl::Now();
@@ -675,7 +665,8 @@ void CallCore::SubmitPublish(const PublishInput& input, Transport transport,
   if (!session.ok()) {
     return Answer(reply, Method::kPublish, transport, start, session.status());
   }
-  absl::StatusOr<std::vector<PrefixKey>> keys = ParseChain(input.keys, *pool_);
+  absl::StatusOr<std::vector<PrefixKey>> keys =
+      ParsePrefixKeys(input.keys, "keys", pool_->geometry().num_pages);
   if (!keys.ok()) {
     return Answer(reply, Method::kPublish, transport, start, keys.status());
   }
@@ -711,6 +702,31 @@ void CallCore::SubmitMatchPrefix(uint64_t session_id, absl::string_view token,
                                  absl::Span<const absl::string_view> keys,
                                  bool adopt, Transport transport,
                                  PrefixReply* reply) {
+  MatchChain(
+      session_id, token,
+      [&] {
+        return ParsePrefixKeys(keys, "keys", pool_->geometry().num_pages);
+      },
+      adopt, transport, reply);
+}
+
+void CallCore::SubmitPackedMatchPrefix(uint64_t session_id,
+                                       absl::string_view token,
+                                       absl::string_view keys, bool adopt,
+                                       Transport transport,
+                                       PrefixReply* reply) {
+  MatchChain(
+      session_id, token,
+      [&] {
+        return ParsePackedPrefixKeys(keys, "keys", pool_->geometry().num_pages);
+      },
+      adopt, transport, reply);
+}
+
+void CallCore::MatchChain(
+    uint64_t session_id, absl::string_view token,
+    absl::FunctionRef<absl::StatusOr<std::vector<PrefixKey>>()> parse,
+    bool adopt, Transport transport, PrefixReply* reply) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
@@ -718,7 +734,7 @@ void CallCore::SubmitMatchPrefix(uint64_t session_id, absl::string_view token,
     return Answer(reply, Method::kMatchPrefix, transport, start,
                   session.status());
   }
-  absl::StatusOr<std::vector<PrefixKey>> parsed = ParseChain(keys, *pool_);
+  absl::StatusOr<std::vector<PrefixKey>> parsed = parse();
   if (!parsed.ok()) {
     return Answer(reply, Method::kMatchPrefix, transport, start,
                   parsed.status());

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -35,6 +36,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocator/page_pool.h"
+#include "allocator/prefix_index.h"
 #include "server/backend.h"
 #include "server/batcher.h"
 #include "server/histogram.h"
@@ -386,8 +388,9 @@ class CallCore {
   // ---- Shared prefix pages (PagePool::Publish, MatchPrefix, Unpin,
   // ResetPrefixCache), each in order with the session's other work. Keys
   // are parsed before anything is queued: a key of another size than
-  // kPrefixKeyBytes, a key repeated in the chain, or a chain longer than
-  // the pool's pages is INVALID_ARGUMENT naming keys[i].
+  // kPrefixKeyBytes or a chain longer than the pool's pages is
+  // INVALID_ARGUMENT naming keys[i]. A key repeated is the pool's to refuse
+  // (PagePool::Publish, PagePool::MatchPrefix), with the same code.
 
   // Publishes input.pages under input.keys; the reply holds the outcome.
   void SubmitPublish(const PublishInput& input, Transport transport,
@@ -397,6 +400,11 @@ class CallCore {
   void SubmitMatchPrefix(uint64_t session_id, absl::string_view token,
                          absl::Span<const absl::string_view> keys, bool adopt,
                          Transport transport, PrefixReply* reply);
+  // The same for the keys back to back, 32 bytes each (the fast channel's
+  // copy of its key area): parsed in one copy.
+  void SubmitPackedMatchPrefix(uint64_t session_id, absl::string_view token,
+                               absl::string_view keys, bool adopt,
+                               Transport transport, PrefixReply* reply);
   // Removes the session's pins from `pages` (valid until the reply
   // completes); the reply's value is the pins removed.
   void SubmitUnpinPrefix(uint64_t session_id, absl::string_view token,
@@ -480,6 +488,12 @@ class CallCore {
   absl::Status FreeFenced(uint64_t owner, FreeUnit unit,
                           absl::Span<const int64_t> values, FreeOrder order,
                           uint64_t release_value, Reply* reply);
+  // SubmitMatchPrefix's work once `parse` (called after authentication)
+  // has made the chain.
+  void MatchChain(
+      uint64_t session_id, absl::string_view token,
+      absl::FunctionRef<absl::StatusOr<std::vector<PrefixKey>>()> parse,
+      bool adopt, Transport transport, PrefixReply* reply);
   // Queues `op` for `session_id` on the batcher, in order with the session's
   // other work; `reply` completes with its status.
   void SubmitOp(Reply* reply, Method method, Transport transport,

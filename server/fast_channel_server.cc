@@ -109,9 +109,8 @@ struct FastChannelServer::Channel {
   std::atomic<bool> in_flight{false};
   std::unique_ptr<ChannelReply> reply;
   // A kMatchPrefix's answer (the core answers a match through a
-  // PrefixReply), and the views of its keys in `taken` (poller only).
+  // PrefixReply).
   std::unique_ptr<MatchReply> match_reply;
-  std::vector<absl::string_view> key_views;
   // Its session_ended word is set (Close or Stop; under mu_).
   bool ended = false;
   // The reserve's reclaim (AskForReserves): when the daemon last
@@ -553,12 +552,8 @@ void FastChannelServer::PublishAnswer(Channel& c, uint32_t seq) {
 
 void FastChannelServer::SubmitTakenMatch(Channel& c) {
   const fast_channel::TakenCall& call = c.taken;
-  c.key_views.resize(call.num_requests);
-  for (int32_t i = 0; i < call.num_requests; ++i) {
-    c.key_views[i] = call.key(i);
-  }
-  // The gRPC handler's entry point: the core authenticates and parses the
-  // chain before it returns (so the views need live no longer), then queues
+  // The gRPC handler's path: the core authenticates and parses the chain
+  // (the taken copy's keys, back to back) before it returns, then queues
   // the match (and adopt) on the batcher as an operation of the session.
   // Why not answer it here, straight from the pool: a match must apply in
   // order with the session's other work (a free or rollback queued behind
@@ -570,9 +565,9 @@ void FastChannelServer::SubmitTakenMatch(Channel& c) {
   // running the match waits for it; otherwise this thread runs it at once
   // (server/batcher.h, "Who drives"). It joins no launch: it is not an
   // allocation.
-  core_->SubmitMatchPrefix(c.session_id, c.token, c.key_views,
-                           (call.options & fast_channel::kAdopt) != 0,
-                           Transport::kFastChannel, c.match_reply.get());
+  core_->SubmitPackedMatchPrefix(c.session_id, c.token, call.keys,
+                                 (call.options & fast_channel::kAdopt) != 0,
+                                 Transport::kFastChannel, c.match_reply.get());
 }
 
 void FastChannelServer::CountRings(Channel& c) {

@@ -23,6 +23,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "fast_channel/layout.h"
@@ -296,7 +297,7 @@ TEST_F(FastChannelTest, MatchPrefixGoesThroughItWithTheSameAnswersAsGrpc) {
   EXPECT_EQ(stats.owners.at(fast->session_id()).shared_pages, 5);
   EXPECT_EQ(stats.owners.at(grpc->session_id()).shared_pages, 5);
 
-  // Refusals: a repeated key is the core's, over either transport, with one
+  // Refusals: a repeated key is the pool's, over either transport, with one
   // message; a short key stays off the channel (its wire has 32-byte keys)
   // and gets the daemon's refusal over gRPC.
   std::vector<std::string> repeated = {keys[0], keys[1], keys[0]};
@@ -310,6 +311,18 @@ TEST_F(FastChannelTest, MatchPrefixGoesThroughItWithTheSameAnswersAsGrpc) {
       matches(Transport::kFastChannel, absl::StatusCode::kInvalidArgument), 1);
   EXPECT_EQ(matches(Transport::kGrpc, absl::StatusCode::kInvalidArgument), 3);
   EXPECT_EQ(fast_channels()->calls() - fast_calls, 3);
+  // The keys back to back (the C ABI's and Python's form) match alike, on
+  // the channel and over gRPC; bytes that are not whole keys stay home.
+  const std::string packed = absl::StrJoin(longer, "");
+  EXPECT_THAT(fast->MatchPrefixPacked(packed, false), IsOkAndHolds(pages));
+  EXPECT_THAT(grpc->MatchPrefixPacked(packed, false), IsOkAndHolds(pages));
+  EXPECT_EQ(fast_channels()->calls() - fast_calls, 4);
+  for (Client* client : {fast.get(), grpc.get()}) {
+    EXPECT_THAT(client->MatchPrefixPacked(packed.substr(1), false),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("not a whole number of 32-byte keys")));
+  }
+  EXPECT_EQ(fast_channels()->calls() - fast_calls, 4);
 
   // The references drop as any shared page's do, on either transport.
   EXPECT_THAT(fast->FreePages(pages), IsOkAndHolds(5));

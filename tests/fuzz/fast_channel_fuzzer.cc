@@ -10,7 +10,7 @@
 //   - an allocation call's arrays either decode into valid requests or are
 //     refused with INVALID_ARGUMENT (DecodeCall); a prefix match's keys
 //     number num_requests, each kKeyBytes long, and either parse into a
-//     chain or are refused with INVALID_ARGUMENT (ParsePrefixKeyChain, as
+//     chain or are refused with INVALID_ARGUMENT (ParsePrefixKeys, as
 //     the call core parses them);
 //   - the daemon's answer (per-request results with long messages, a whole
 //     refusal, an operation's value, a match's pages) stays inside the
@@ -150,9 +150,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<absl::string_view> keys(call.num_requests);
     for (int32_t i = 0; i < call.num_requests; ++i) keys[i] = call.key(i);
     const absl::StatusOr<std::vector<PrefixKey>> chain =
-        ParsePrefixKeyChain(keys, "keys", kGeometry.num_pages);
-    if (!chain.ok())
-      CheckRefusal("ParsePrefixKeyChain refused", chain.status());
+        ParsePrefixKeys(keys, "keys", kGeometry.num_pages);
+    if (!chain.ok()) CheckRefusal("ParsePrefixKeys refused", chain.status());
   } else if (call.keys.size() != 0) {
     Fail("keys in a call that is not a match", absl::InternalError("keys"));
   }

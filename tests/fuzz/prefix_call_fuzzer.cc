@@ -5,7 +5,7 @@
 // opcode byte (the operation, and the session it runs as), a length byte
 // and that many bytes of payload. Publish, MatchPrefix and UnpinPrefix
 // payloads are the serialized gRPC messages, decoded as the call core
-// decodes them (ParsePrefixKeyChain, ParsePrefixKey); the other operations
+// decodes them (ParsePrefixKeys, ParsePrefixKey); the other operations
 // (allocate, free, a session killed, the operator's reset) give the
 // sessions pages to publish and end their references. Whatever the bytes:
 // every refusal carries one of the codes PagePool documents and a message,
@@ -64,7 +64,7 @@ std::vector<absl::string_view> Views(
 
 void Publish(PagePool& pool, OwnerId owner, const v1::PublishRequest& call) {
   absl::StatusOr<std::vector<PrefixKey>> keys =
-      ParsePrefixKeyChain(Views(call.keys()), "keys", kNumPages);
+      ParsePrefixKeys(Views(call.keys()), "keys", kNumPages);
   if (!keys.ok()) return CheckRefusal("key chain", keys.status());
   std::optional<PrefixKey> parent;
   if (!call.parent_key().empty()) {
@@ -87,7 +87,7 @@ void Publish(PagePool& pool, OwnerId owner, const v1::PublishRequest& call) {
 
 void Match(PagePool& pool, OwnerId owner, const v1::MatchPrefixRequest& call) {
   absl::StatusOr<std::vector<PrefixKey>> keys =
-      ParsePrefixKeyChain(Views(call.keys()), "keys", kNumPages);
+      ParsePrefixKeys(Views(call.keys()), "keys", kNumPages);
   if (!keys.ok()) return CheckRefusal("key chain", keys.status());
   absl::StatusOr<std::vector<int64_t>> pages =
       pool.MatchPrefix(owner, *keys, call.adopt());
