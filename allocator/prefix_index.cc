@@ -102,7 +102,7 @@ void PrefixIndex::Insert(int64_t page, const PrefixKey& key,
   Count(entry);
 }
 
-void PrefixIndex::AddRef(int64_t page) {
+void PrefixIndex::AddFirstRef(int64_t page) {
   Entry& entry = entries_[page];
   Uncount(entry);
   if (Evictable(entry)) LruUnlink(page);
@@ -110,7 +110,7 @@ void PrefixIndex::AddRef(int64_t page) {
   Count(entry);
 }
 
-void PrefixIndex::Release(int64_t page) {
+void PrefixIndex::ReleaseLast(int64_t page) {
   Entry& entry = entries_[page];
   Uncount(entry);
   --entry.count;

@@ -173,10 +173,26 @@ class PrefixIndex {
   void Insert(int64_t page, const PrefixKey& key, const PrefixKey* parent);
   // Takes a reference on `page`; a cached page becomes published (and
   // leaves the LRU). REQUIRES: Contains(page).
-  void AddRef(int64_t page);
+  void AddRef(int64_t page) {
+    // Inline for the common case, a page already published: an adopt of a
+    // long chain takes one a page.
+    Entry& entry = entries_[page];
+    if (entry.count > 0) {
+      ++entry.count;
+    } else {
+      AddFirstRef(page);
+    }
+  }
   // Drops a reference on `page`; at count 0 it becomes cached and, unless
   // pinned, the most recently used entry of the LRU. REQUIRES: count > 0.
-  void Release(int64_t page);
+  void Release(int64_t page) {
+    Entry& entry = entries_[page];
+    if (entry.count > 1) {
+      --entry.count;
+    } else {
+      ReleaseLast(page);
+    }
+  }
   // Adds or removes a pin. A page with a pin is never evicted.
   // REQUIRES: Contains(page); Unpin only with pins(page) > 0.
   void Pin(int64_t page);
@@ -227,6 +243,9 @@ class PrefixIndex {
     int64_t next_hint = 0;
   };
 
+  // AddRef of a cached page, Release of the last reference.
+  void AddFirstRef(int64_t page);
+  void ReleaseLast(int64_t page);
   bool Evictable(const Entry& entry) const {
     return entry.count == 0 && entry.pins == 0;
   }

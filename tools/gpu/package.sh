@@ -61,6 +61,7 @@ targets=(
   //bench:kernel_benchmark
   //bench:kv_scrub_gpu_benchmark
   //bench:prefix_match_benchmark
+  //allocator:prefix_benchmark
   //kept_state:snapshot_benchmark
   //bench:pagealloc-bench
   //server:pagealloc-server
