@@ -24,7 +24,8 @@
 #      GPU
 #   3c. prefix_match_benchmark: match and adopt of a published 2,048-page
 #      chain (32k tokens at page size 16) against a CUDA daemon of its own,
-#      through the fast channel and over gRPC (its table ends the summary)
+#      through the fast channel and over gRPC (its table ends the summary),
+#      and prefix_benchmark, the pool's own share on this host's CPU
 #   3d. snapshot_benchmark: what a snapshot of the pool's kept state stalls
 #      the pool for on this host's CPU (64k and 1M pages)
 #   4. a soak: 8 load_client processes (4 sync, 4 async completion) for 10 s
@@ -44,7 +45,8 @@ need_binaries server/pagealloc-server client/pagealloc-cli tests/load_client \
   tests/gpu/ring_flood_test tests/gpu/release_fence_test \
   memory/cuda_vmm_test \
   tests/kv_writer client/kv_example bench/kv_scrub_gpu_benchmark \
-  bench/prefix_match_benchmark kept_state/snapshot_benchmark
+  bench/prefix_match_benchmark allocator/prefix_benchmark \
+  kept_state/snapshot_benchmark
 
 # The tests find server/pagealloc-server and tests/load_client relative to
 # the working directory when Bazel's TEST_SRCDIR is not set.
@@ -158,6 +160,12 @@ if [[ -n $prefix_rows ]]; then
   add_detail "its table follows the summary"
   add_section "### Prefix match and adopt (prefix_match_benchmark.log)"$'\n\n'"$prefix_head"$'\n\n'"$prefix_rows"
 fi
+
+# The pool's own share of it on this host's CPU (the fake executor).
+run_step prefix_benchmark 200 "$OUT/prefix_benchmark.log" \
+  allocator/prefix_benchmark --benchmark_repetitions=5 \
+  --benchmark_report_aggregates_only=true
+grep -E "_median" "$OUT/prefix_benchmark.log"
 
 # What a snapshot of the kept state stalls the pool for (--keep_state),
 # on this host's CPU.
