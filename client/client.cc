@@ -1287,16 +1287,18 @@ absl::StatusOr<Client::PublishResult> Client::Publish(
 
 absl::StatusOr<std::vector<int64_t>> Client::MatchPrefix(
     absl::Span<const std::string> keys, bool adopt) {
-  std::string packed;
-  packed.reserve(keys.size() * fast_channel::kKeyBytes);
-  for (const std::string& key : keys) {
-    // A key of another size goes to the daemon as it is, for its refusal.
-    if (key.size() != static_cast<size_t>(fast_channel::kKeyBytes)) {
-      return GrpcMatch(keys, adopt);
-    }
-    packed += key;
+  // A key of another size goes over gRPC to the daemon as it is, for its
+  // refusal; so does every chain of a session without a fast channel.
+  const auto whole = [](const std::string& key) {
+    return key.size() == static_cast<size_t>(fast_channel::kKeyBytes);
+  };
+  if (uses_fast_channel() && std::all_of(keys.begin(), keys.end(), whole)) {
+    std::string packed;
+    packed.reserve(keys.size() * fast_channel::kKeyBytes);
+    for (const std::string& key : keys) packed += key;
+    if (auto fast = FastMatch(packed, adopt)) return *std::move(fast);
   }
-  return MatchPrefixPacked(packed, adopt);
+  return GrpcMatch(keys, adopt);
 }
 
 absl::StatusOr<std::vector<int64_t>> Client::MatchPrefixPacked(

@@ -10,8 +10,8 @@
 //   - an allocation call's arrays either decode into valid requests or are
 //     refused with INVALID_ARGUMENT (DecodeCall); a prefix match's keys
 //     number num_requests, each kKeyBytes long, and either parse into a
-//     chain or are refused with INVALID_ARGUMENT (ParsePrefixKeys, as
-//     the call core parses them);
+//     chain or are refused with INVALID_ARGUMENT (ParsePackedPrefixKeys,
+//     as the call core parses them);
 //   - the daemon's answer (per-request results with long messages, a whole
 //     refusal, an operation's value, a match's pages) stays inside the
 //     channel, and the client's codec reads it back consistently.
@@ -147,11 +147,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         !call.in0.empty() || !call.in1.empty() || !call.free_first.empty()) {
       Fail("a match's keys", absl::InternalError("wrong shape"));
     }
-    std::vector<absl::string_view> keys(call.num_requests);
-    for (int32_t i = 0; i < call.num_requests; ++i) keys[i] = call.key(i);
     const absl::StatusOr<std::vector<PrefixKey>> chain =
-        ParsePrefixKeys(keys, "keys", kGeometry.num_pages);
-    if (!chain.ok()) CheckRefusal("ParsePrefixKeys refused", chain.status());
+        ParsePackedPrefixKeys(call.keys, "keys", kGeometry.num_pages);
+    if (!chain.ok()) {
+      CheckRefusal("ParsePackedPrefixKeys refused", chain.status());
+    } else if (chain->size() != static_cast<size_t>(call.num_requests)) {
+      Fail("a match's parsed chain", absl::InternalError("wrong length"));
+    }
   } else if (call.keys.size() != 0) {
     Fail("keys in a call that is not a match", absl::InternalError("keys"));
   }
