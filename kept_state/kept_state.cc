@@ -1,5 +1,6 @@
 #include "kept_state/kept_state.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -133,6 +134,35 @@ double NowSeconds() {
   return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
 }
 
+// Why this build, with `options`, does not take over a kept state that
+// decoded as `snapshot` (FAILED_PRECONDITION); OK when it does.
+absl::Status TakeOverRefusal(const KeptStateOptions& options,
+                             const DecodedSnapshot& snapshot) {
+  if (snapshot.fingerprint != options.fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the kept state belongs to a pool of other flags (",
+        FingerprintDifference(snapshot.fingerprint, options.fingerprint), ")"));
+  }
+  if (snapshot.state.semantics_version != kPoolSemanticsVersion) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the kept state follows pool semantics version %d; this build's is "
+        "%d",
+        snapshot.state.semantics_version, kPoolSemanticsVersion));
+  }
+  return absl::OkStatus();
+}
+
+bool KeptByServiceManager(const KeptStateOptions& options) {
+  return options.keeper == DescriptorKeeper::kServiceManager;
+}
+
+absl::Status NeedServiceManager() {
+  return absl::FailedPreconditionError(
+      "--keep_state needs a service manager that keeps descriptors "
+      "($NOTIFY_SOCKET is not set): run the daemon as a systemd unit with "
+      "FileDescriptorStoreMax= (deploy/systemd/pagealloc@.service)");
+}
+
 }  // namespace
 
 absl::string_view KeptStateOutcomeName(KeptStateOutcome outcome) {
@@ -152,11 +182,8 @@ absl::string_view KeptStateOutcomeName(KeptStateOutcome outcome) {
 absl::StatusOr<std::unique_ptr<KeptState>> KeptState::Open(
     const KeptStateOptions& options,
     absl::flat_hash_map<std::string, UniqueFd> passed) {
-  if (!ServiceManagerListening()) {
-    return absl::FailedPreconditionError(
-        "--keep_state needs a service manager that keeps descriptors "
-        "($NOTIFY_SOCKET is not set): run the daemon as a systemd unit with "
-        "FileDescriptorStoreMax= (deploy/systemd/pagealloc@.service)");
+  if (KeptByServiceManager(options) && !ServiceManagerListening()) {
+    return NeedServiceManager();
   }
   std::unique_ptr<KeptState> kept(new KeptState(options));
   kept->opened_at_ = NowSeconds();
@@ -203,32 +230,15 @@ absl::StatusOr<std::unique_ptr<KeptState>> KeptState::Open(
         "the kept journal's creator does not match its snapshot"));
     return kept;
   }
-  if (snapshot->fingerprint != options.fingerprint) {
-    const std::string difference =
-        FingerprintDifference(snapshot->fingerprint, options.fingerprint);
+  if (absl::Status refused = TakeOverRefusal(options, *snapshot);
+      !refused.ok()) {
     if (!options.discard) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the kept state belongs to a pool of other flags (", difference,
-          "). Start with the flags it was kept with, or with "
+          refused.message(),
+          ". Start the build or the flags that kept it, or start with "
           "--discard_state (every session and its KV is lost)"));
     }
-    kept->Discard(absl::FailedPreconditionError(
-        absl::StrCat("kept for a pool of other flags: ", difference)));
-    kept->outcome_ = KeptStateOutcome::kDiscarded;
-    return kept;
-  }
-  if (snapshot->state.semantics_version != kPoolSemanticsVersion) {
-    const std::string why = absl::StrFormat(
-        "the kept state follows pool semantics version %d; this build's is "
-        "%d",
-        snapshot->state.semantics_version, kPoolSemanticsVersion);
-    if (!options.discard) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          why,
-          ". Start the build that wrote it, or start with --discard_state "
-          "(every session and its KV is lost)"));
-    }
-    kept->Discard(absl::FailedPreconditionError(why));
+    kept->Discard(refused);
     kept->outcome_ = KeptStateOutcome::kDiscarded;
     return kept;
   }
@@ -262,7 +272,7 @@ void KeptState::Discard(const absl::Status& why) {
       "slab; every session of the last run is gone",
       reason_);
   // The store's copies go too, so that no later start finds them.
-  if (ServiceManagerListening()) {
+  if (KeptByServiceManager(options_) && ServiceManagerListening()) {
     RemoveStoredFds(kStateFdName).IgnoreError();
     RemoveStoredFds(kSlabFdName).IgnoreError();
   }
@@ -295,12 +305,8 @@ absl::Status KeptState::Replay(PagePool& pool) {
 
 absl::Status KeptState::StartKeeping(PagePool& pool, int slab_fd,
                                      DaemonIdentity identity) {
-  if (!ServiceManagerListening()) {
-    return absl::FailedPreconditionError(
-        "--keep_state needs a service manager that keeps descriptors "
-        "($NOTIFY_SOCKET is not set): run the daemon as a systemd unit with "
-        "FileDescriptorStoreMax= (deploy/systemd/pagealloc@.service)");
-  }
+  const bool store = KeptByServiceManager(options_);
+  if (store && !ServiceManagerListening()) return NeedServiceManager();
   identity.starts = identity_.starts + 1;
   identity_ = identity;
   const bool fresh = journal_ == nullptr;
@@ -328,11 +334,12 @@ absl::Status KeptState::StartKeeping(PagePool& pool, int slab_fd,
   snapshots_++;
   // The slab before the state: a start that finds a state finds its slab.
   // A start that finds the slab alone discards it (Open).
-  if (slab_fd >= 0) {
-    if (fresh) RemoveStoredFds(kSlabFdName).IgnoreError();
-    if (fresh) RETURN_IF_ERROR(StoreFd(kSlabFdName, slab_fd));
+  kept_slab_fd_ = slab_fd;
+  if (slab_fd >= 0 && store && fresh) {
+    RemoveStoredFds(kSlabFdName).IgnoreError();
+    RETURN_IF_ERROR(StoreFd(kSlabFdName, slab_fd));
   }
-  if (fresh) {
+  if (store && fresh) {
     RemoveStoredFds(kStateFdName).IgnoreError();
     RETURN_IF_ERROR(StoreFd(kStateFdName, journal_->fd()));
   }
@@ -412,10 +419,51 @@ void KeptState::Break(const absl::Status& why) {
   failures_++;
   Logger("state")->error(
       "the pool's state can no longer be kept ({}): dropped from the "
-      "service manager's store; a restart now starts a fresh pool",
+      "service manager's store (or no longer offered to a successor); a "
+      "restart now starts a fresh pool",
       std::string(why.message()));
+  if (!KeptByServiceManager(options_)) return;
   RemoveStoredFds(kStateFdName).IgnoreError();
   RemoveStoredFds(kSlabFdName).IgnoreError();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, int>>>
+KeptState::KeptDescriptors() const {
+  if (!keeping_flag_.load()) {
+    return absl::FailedPreconditionError(
+        "this daemon's pool state is not kept (never started, or broken: "
+        "its log says why)");
+  }
+  std::vector<std::pair<std::string, int>> fds;
+  if (kept_slab_fd_ >= 0) fds.emplace_back(kSlabFdName, kept_slab_fd_);
+  fds.emplace_back(kStateFdName, journal_->fd());
+  return fds;
+}
+
+absl::Status KeptState::CheckTakeOver(const KeptStateOptions& options,
+                                      int state_fd) {
+  UniqueFd fd(fcntl(state_fd, F_DUPFD_CLOEXEC, 0));
+  if (!fd.valid()) {
+    return absl::InternalError(
+        absl::StrCat("dup (state journal): ", strerror(errno)));
+  }
+  absl::StatusOr<std::pair<std::unique_ptr<StateJournal>, RecoveredJournal>>
+      opened = StateJournal::Open(std::move(fd));
+  if (!opened.ok()) {
+    // A format this build cannot read is final; any other failure may be
+    // a write in progress, and Open decides once the writer has stopped.
+    if (opened.status().code() != absl::StatusCode::kFailedPrecondition ||
+        options.discard) {
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("the kept state is not one this build can take over: ",
+                     opened.status().message()));
+  }
+  absl::StatusOr<DecodedSnapshot> snapshot =
+      DecodeSnapshot(opened->second.snapshot);
+  if (!snapshot.ok() || options.discard) return absl::OkStatus();
+  return TakeOverRefusal(options, *snapshot);
 }
 
 KeptStateStats KeptState::stats() const {

@@ -3,8 +3,9 @@
 //
 // The daemon's state lives in a state journal (//state_journal) in a memfd
 // that the service manager keeps in its file-descriptor store beside the
-// KV slab (//fd_store): a snapshot of the pool (PoolState, with the daemon's
-// identity) and the pool's change records since (PoolChange, one per
+// KV slab (//fd_store), or that the daemon holds and hands to a successor
+// (//handover; DescriptorKeeper): a snapshot of the pool (PoolState, with the
+// daemon's identity) and the pool's change records since (PoolChange, one per
 // operation, appended under the pool's lock before the operation's answer
 // leaves the daemon). A restarted daemon gets both descriptors back, checks
 // the journal whole, rebuilds the pool from the snapshot, replays the
@@ -40,6 +41,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -66,6 +68,16 @@ struct DaemonIdentity {
   uint64_t starts = 0;
 };
 
+// Who holds the kept descriptors between two runs of the daemon.
+enum class DescriptorKeeper {
+  // systemd's file-descriptor store (//fd_store): they outlive any end of
+  // the daemon, a crash included. Needs $NOTIFY_SOCKET.
+  kServiceManager,
+  // The daemon itself, until it hands them to a successor (//handover):
+  // they outlive a planned restart, not a crash.
+  kDaemon,
+};
+
 struct KeptStateOptions {
   // What the pool's state means (the daemon's flags that shape it:
   // layout, page size, policy, semantics, backend, device). A kept state
@@ -80,6 +92,7 @@ struct KeptStateOptions {
   int64_t log_capacity_bytes = 0;
   // Drop a kept state this build refuses instead of refusing to start.
   bool discard = false;
+  DescriptorKeeper keeper = DescriptorKeeper::kServiceManager;
 };
 
 // What Open found.
@@ -110,7 +123,8 @@ struct KeptStateStats {
 class KeptState final : public PoolChangeLog {
  public:
   // Takes the kept descriptors among `passed` (by kStateFdName and
-  // kSlabFdName; TakePassedFds) and checks the journal whole. OK with
+  // kSlabFdName; TakePassedFds, or a handover) and checks the journal
+  // whole. OK with
   // outcome() kNone, kRecovered, kCorrupt or kDiscarded;
   // FAILED_PRECONDITION when the kept state is one this build refuses and
   // options.discard is not set, saying why and how to go on.
@@ -118,7 +132,17 @@ class KeptState final : public PoolChangeLog {
       const KeptStateOptions& options,
       absl::flat_hash_map<std::string, UniqueFd> passed);
 
+  // Whether Open with `options` would take over the journal in `state_fd`
+  // (read through a duplicate while its writer may still run):
+  // FAILED_PRECONDITION saying why not, as Open would refuse; OK otherwise,
+  // also for a journal that fails a check now (a write in progress: Open
+  // decides once the writer has stopped). A successor asks this before
+  // the running daemon stops.
+  static absl::Status CheckTakeOver(const KeptStateOptions& options,
+                                    int state_fd);
+
   KeptStateOutcome outcome() const { return outcome_; }
+  DescriptorKeeper keeper() const { return options_.keeper; }
   // kRecovered: the pool's state in the snapshot (records not yet
   // applied), the identity kept with it, and the kept slab's descriptor
   // (invalid when none was kept).
@@ -152,6 +176,12 @@ class KeptState final : public PoolChangeLog {
 
   KeptStateStats stats() const;
 
+  // The descriptors a successor takes over, by name (kStateFdName, and
+  // kSlabFdName when there is a slab), not owned; FAILED_PRECONDITION when
+  // the state is not kept (before StartKeeping, or broken). Any thread.
+  absl::StatusOr<std::vector<std::pair<std::string, int>>> KeptDescriptors()
+      const;
+
  private:
   explicit KeptState(const KeptStateOptions& options) : options_(options) {}
   // Marks the kept state broken: stops recording and drops the store's
@@ -166,6 +196,8 @@ class KeptState final : public PoolChangeLog {
   std::string reason_;
   std::unique_ptr<StateJournal> journal_;
   UniqueFd slab_fd_;
+  // The slab StartKeeping kept (not owned: the backend's); -1 for none.
+  int kept_slab_fd_ = -1;
   PoolState state_;
   std::vector<JournalRecord> records_;
   DaemonIdentity identity_;
