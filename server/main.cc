@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -94,7 +95,14 @@ ABSL_FLAG(bool, keep_state, false,
           "file-descriptor store (a systemd unit with "
           "FileDescriptorStoreMax=), and the next start takes the pool over "
           "with its sessions, pages and KV (docs/operations.md, \"Upgrades "
-          "and restarts\"). Needs $NOTIFY_SOCKET.");
+          "and restarts\"). Without a service manager ($NOTIFY_SOCKET "
+          "unset) the daemon holds them itself and hands them to a successor "
+          "started with --take_over; a crash then loses them.");
+ABSL_FLAG(bool, take_over, false,
+          "With --keep_state and no service manager: take the pool, its "
+          "sessions and KV over from the daemon running on the same socket, "
+          "which stops once this one has checked that it can read its state "
+          "(a refusal leaves it serving). A first start when none runs.");
 ABSL_FLAG(int64_t, state_log_bytes, 64 << 20,
           "With --keep_state: bytes of the journal's log of changes between "
           "two snapshots of the pool (a snapshot is written when half is "
@@ -342,7 +350,10 @@ const CommandLineSpec kCommandLine = {
           {"grpc_answer_threads", "threads"},
           {"print_scheduling_policy"}}},
         {"restarts",
-         {{"keep_state"}, {"state_log_bytes", "bytes"}, {"discard_state"}}},
+         {{"keep_state"},
+          {"take_over"},
+          {"state_log_bytes", "bytes"},
+          {"discard_state"}}},
         {"logging", {{"log_level"}, {"debug_checks"}}},
         {"metrics",
          {{"metrics_port", "TCP port"}, {"metrics_host", "address"}}},
@@ -540,12 +551,16 @@ absl::Status PoolPolicyFlags(ServerOptions* options) {
   options->keep_state.enabled = absl::GetFlag(FLAGS_keep_state);
   options->keep_state.log_bytes = absl::GetFlag(FLAGS_state_log_bytes);
   options->keep_state.discard = absl::GetFlag(FLAGS_discard_state);
+  options->keep_state.take_over = absl::GetFlag(FLAGS_take_over);
   if (options->keep_state.log_bytes < (1 << 16) ||
       options->keep_state.log_bytes > (int64_t{1} << 32) ||
       options->keep_state.log_bytes % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--state_log_bytes=%d: a multiple of 8 from 65536 to 4294967296",
         options->keep_state.log_bytes));
+  }
+  if (options->keep_state.take_over && !options->keep_state.enabled) {
+    return absl::InvalidArgumentError("--take_over needs --keep_state");
   }
   if (options->keep_state.discard && !options->keep_state.enabled) {
     return absl::InvalidArgumentError("--discard_state needs --keep_state");
@@ -1002,15 +1017,19 @@ int Main() {
   }
   absl::Status started = (*server)->Start();
   if (!started.ok()) return fail(started);
-  std::thread watcher([&signals, &server, log] {
+  std::atomic<bool> stopped{false};
+  std::thread watcher([&signals, &server, &stopped, log] {
     int signal = 0;
     sigwait(&signals, &signal);
+    if (stopped.load()) return;  // woken below
     log->info("received {}; shutting down", strsignal(signal));
     (*server)->Shutdown();
   });
   (*server)->Wait();
   if (watcher.joinable()) {
-    // Wake the watcher if shutdown came from elsewhere.
+    // Wake the watcher if shutdown came from elsewhere (a successor's
+    // handover).
+    stopped = true;
     pthread_kill(watcher.native_handle(), SIGTERM);
     watcher.join();
   }

@@ -595,6 +595,88 @@ std::string PoolFingerprint(const ServerOptions& options, Backend& backend) {
       "\nmax_pinned_pages_per_owner=", pool.max_pinned_pages_per_owner);
 }
 
+namespace {
+
+// The handover socket: beside the first Unix socket; "" without one.
+std::string HandoverSocketPathFor(const std::vector<std::string>& listen) {
+  for (const std::string& address : listen) {
+    const std::string path = UnixSocketPath(address);
+    if (!path.empty()) return HandoverSocketPath(path);
+  }
+  return "";
+}
+
+// The kept state's descriptors: from the service manager's store when one
+// listens; otherwise from the daemon running on the same socket, when told
+// to take over (which stops that daemon once its state is known to be
+// one this build reads).
+absl::StatusOr<std::unique_ptr<KeptState>> OpenKeptState(
+    const ServerOptions& options, KeptStateOptions kept_options) {
+  using PassedFds = absl::flat_hash_map<std::string, UniqueFd>;
+  if (ServiceManagerListening()) {
+    if (options.keep_state.take_over) {
+      return absl::InvalidArgumentError(
+          "--take_over is for daemons without a service manager; under one, "
+          "restart the unit (systemctl restart) and its store hands the "
+          "pool over");
+    }
+    ASSIGN_OR_RETURN(PassedFds passed, TakePassedFds());
+    return KeptState::Open(kept_options, std::move(passed));
+  }
+  kept_options.keeper = DescriptorKeeper::kDaemon;
+  const std::string path = HandoverSocketPathFor(options.listen);
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        "--keep_state without a service manager hands the pool to a "
+        "successor over a Unix socket beside the daemon's: listen on one "
+        "(--listen=unix://...)");
+  }
+  auto log = Logger("state");
+  if (!options.keep_state.take_over) {
+    log->warn(
+        "no service manager keeps descriptors ($NOTIFY_SOCKET is not set): "
+        "this daemon holds its pool's state itself and hands it to a "
+        "successor started with --take_over (socket {}); a crash loses it",
+        path);
+    return KeptState::Open(kept_options, PassedFds());
+  }
+  constexpr absl::Duration kHandoverTimeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<PendingHandover>> pending =
+      PendingHandover::Request(path, kHandoverTimeout);
+  if (absl::IsNotFound(pending.status())) {
+    log->info("--take_over: {}; starting as a first start",
+              std::string(pending.status().message()));
+    return KeptState::Open(kept_options, PassedFds());
+  }
+  if (!pending.ok()) {
+    return absl::Status(
+        pending.status().code(),
+        absl::StrCat("--take_over: ", pending.status().message()));
+  }
+  PassedFds& offered = (*pending)->fds();
+  auto state = offered.find(kStateFdName);
+  const absl::Status readable =
+      state == offered.end()
+          ? absl::FailedPreconditionError(
+                "the running daemon offered no state journal")
+          : KeptState::CheckTakeOver(kept_options, state->second.get());
+  if (!readable.ok()) {
+    (*pending)->Refuse(readable.message());
+    return absl::FailedPreconditionError(
+        absl::StrCat("--take_over: refused, and the running daemon serves on: ",
+                     readable.message(),
+                     ". Start the build or the flags that kept it, or add "
+                     "--discard_state (every session and its KV is lost)"));
+  }
+  log->info(
+      "--take_over: the running daemon's state is one this build "
+      "reads; asking it to stop");
+  RETURN_IF_ERROR((*pending)->Accept(kHandoverTimeout));
+  return KeptState::Open(kept_options, std::move(offered));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(
     const ServerOptions& options) {
   std::unique_ptr<Server> server(new Server(options));
@@ -622,15 +704,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   PoolOptions pool_options = options.pool;
   const std::string fingerprint = PoolFingerprint(options, *server->backend_);
   if (options.keep_state.enabled) {
-    using PassedFds = absl::flat_hash_map<std::string, UniqueFd>;
-    ASSIGN_OR_RETURN(PassedFds passed, TakePassedFds());
     KeptStateOptions kept_options;
     kept_options.fingerprint = fingerprint;
     kept_options.log_capacity_bytes = options.keep_state.log_bytes;
     kept_options.discard = options.keep_state.discard;
     kept_options.max_owners = options.sessions.max_sessions;
-    ASSIGN_OR_RETURN(server->kept_,
-                     KeptState::Open(kept_options, std::move(passed)));
+    ASSIGN_OR_RETURN(server->kept_, OpenKeptState(options, kept_options));
   }
   KeptState* const kept = server->kept_.get();
   auto recovering = [kept] {
@@ -793,8 +872,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
         *server->pool_, slab != nullptr ? slab->fd : -1, identity));
     const KeptStateStats stats = kept->stats();
     Logger("state")->info(
-        "keeping the pool's state in the service manager's store (start {} "
-        "of this pool{}{})",
+        "keeping the pool's state {} (start {} of this pool{}{})",
+        kept->keeper() == DescriptorKeeper::kServiceManager
+            ? "in the service manager's store"
+            : "in this daemon, for a successor to take over",
         stats.identity.starts,
         stats.outcome == KeptStateOutcome::kRecovered
             ? absl::StrFormat(": recovered with %d records replayed, %d "
@@ -1063,6 +1144,24 @@ absl::Status Server::Start() {
     log->info("metrics on http://{}:{}/metrics", options_.metrics_host,
               metrics_http_->port());
   }
+  if (kept_ != nullptr && kept_->keeper() == DescriptorKeeper::kDaemon) {
+    // Last: a successor may stop this daemon as soon as it listens.
+    HandoverListener::Callbacks handover;
+    handover.offer = [this]() -> absl::StatusOr<std::vector<OfferedFd>> {
+      ASSIGN_OR_RETURN(auto kept, kept_->KeptDescriptors());
+      std::vector<OfferedFd> offer;
+      for (auto& [name, fd] : kept) offer.push_back({name, fd});
+      return offer;
+    };
+    handover.stop = [this] { Shutdown(); };
+    absl::StatusOr<std::unique_ptr<HandoverListener>> listening =
+        HandoverListener::Start(HandoverSocketPathFor(options_.listen),
+                                std::move(handover));
+    if (!listening.ok()) return abandon(listening.status());
+    handover_ = *std::move(listening);
+    log->info("a successor started with --take_over takes the pool over on {}",
+              handover_->path());
+  }
   reaper_ = std::thread([this] { ReapLeases(); });
   release_poller_ = std::thread([this] { core_->RunReleasePoller(); });
   started_ = true;
@@ -1197,6 +1296,9 @@ void Server::Shutdown() {
       return;
     }
   }
+  // No successor may start a handover of a daemon that is stopping (one
+  // in progress is what stops it).
+  if (handover_ != nullptr) handover_->Stop();
   std::shared_ptr<spdlog::logger> log = Logger("server");
   // With the pool's state kept, a successor takes the sessions over: this
   // stop is a restart to them, as a crash is, never their end.

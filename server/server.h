@@ -27,6 +27,7 @@
 #include "allocator/page_pool.h"
 #include "common/handoff_thread.h"
 #include "grpcpp/grpcpp.h"
+#include "handover/handover.h"
 #include "kept_state/kept_state.h"
 #include "kv_events/grpc_stream.h"
 #include "kv_events/publisher.h"
@@ -152,9 +153,15 @@ struct ServerOptions {
   KvEventPublisherOptions kv_events;
   // Keep the pool across the daemon's own restarts (docs/design.md, "A
   // restart keeps the pool"): its state journal and KV slab in the service
-  // manager's fd store, recovered at the next start.
+  // manager's fd store (under a service manager: $NOTIFY_SOCKET), or held
+  // by the daemon and handed to a successor over its handover socket
+  // (otherwise), recovered at the next start.
   struct KeepState {
     bool enabled = false;
+    // Without a service manager: take the pool over from the daemon that
+    // runs on the same socket (it stops once this one has checked it can
+    // read its state); a first start when none runs.
+    bool take_over = false;
     // The journal's log of records between snapshots (a snapshot is
     // written when half of it is used).
     int64_t log_bytes = 64 << 20;
@@ -274,6 +281,9 @@ class Server {
   absl::Status RestoreSessions();
   // Declared before the pool, whose change log it is.
   std::unique_ptr<KeptState> kept_;
+  // Answers a successor's handover (kept_ held by the daemon itself);
+  // null otherwise.
+  std::unique_ptr<HandoverListener> handover_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SessionRegistry> sessions_;
   // Send gRPC answers of shared launches (GrpcService); declared before

@@ -31,6 +31,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -54,6 +55,7 @@ namespace pagealloc {
 namespace {
 
 using ::pagealloc::testing::DaemonStats;
+using ::pagealloc::testing::DescribeWaitStatus;
 using ::pagealloc::testing::FdStoreManager;
 using ::pagealloc::testing::KvPatternByte;
 using ::pagealloc::testing::ReadLog;
@@ -154,6 +156,10 @@ class Worker {
         if (last_ok_) {
           resume_us_.push_back(absl::ToUnixMicros(absl::Now()) -
                                killed_at_us.load());
+          // The longest this client went without an answer, across the
+          // stop: its outage (a handover's successor starts while the old
+          // daemon still serves, so the time from its start overstates it).
+          gap_us_.push_back(std::exchange(longest_gap_us_, 0));
           seen_kill_ = kill;
           CheckAllKv("after a restart");
         }
@@ -169,6 +175,7 @@ class Worker {
   int64_t unknown_outcomes() const { return unknown_outcomes_; }
   int64_t kv_bytes_checked() const { return kv_bytes_checked_; }
   const std::vector<int64_t>& resume_us() const { return resume_us_; }
+  const std::vector<int64_t>& gap_us() const { return gap_us_; }
   const std::vector<std::string>& failures() const { return failures_; }
   absl::Status session_status() const { return client_->session_status(); }
 
@@ -184,6 +191,11 @@ class Worker {
   void Answered() {
     last_ok_ = true;
     answered_++;
+    const int64_t now = absl::ToUnixMicros(absl::Now());
+    if (last_answer_us_ > 0) {
+      longest_gap_us_ = std::max(longest_gap_us_, now - last_answer_us_);
+    }
+    last_answer_us_ = now;
   }
 
   void Failed(const absl::Status& status, const char* what) {
@@ -367,24 +379,65 @@ class Worker {
   int64_t unknown_outcomes_ = 0;
   int64_t kv_bytes_checked_ = 0;
   std::vector<int64_t> resume_us_;
+  int64_t last_answer_us_ = 0;
+  int64_t longest_gap_us_ = 0;
+  std::vector<int64_t> gap_us_;
   std::vector<std::string> failures_;
 };
 
-// How the daemon is stopped: SIGKILL (a crash, at any instant) or SIGTERM
+// How the daemon is stopped: SIGKILL (a crash, at any instant), SIGTERM
 // (a clean stop, `systemctl restart`: it drains, and its sessions are kept
-// for its successor, so each client resumes exactly as after a crash).
-class RestartTest : public ::testing::TestWithParam<int> {};
+// for its successor, so each client resumes exactly as after a crash), both
+// under a service manager that keeps the descriptors; or, with no service
+// manager, a successor started with --take_over, which the daemon hands its
+// descriptors to before it stops (//handover).
+enum class Stop { kSigkill, kSigterm, kHandover };
+
+// Without a service manager: whether the daemon on `target` answers.
+bool Serving(const std::string& target) {
+  return WaitFor([&] { return DaemonStats(target).ok(); }, absl::Seconds(30),
+                 absl::Milliseconds(2));
+}
+
+class RestartTest : public ::testing::TestWithParam<Stop> {};
 
 TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
-  const int stop_signal = GetParam();
+  const Stop stop_kind = GetParam();
+  const bool handover = stop_kind == Stop::kHandover;
+  const int stop_signal = stop_kind == Stop::kSigkill ? SIGKILL : SIGTERM;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdStoreManager> manager,
                        FdStoreManager::Create());
   const DaemonPaths paths = MakePaths();
   const std::vector<std::string> argv = DaemonArgv(paths);
-  ASSERT_OK_AND_ASSIGN(Subprocess daemon, manager->Start(argv, paths.log));
-  ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
-  EXPECT_EQ(manager->stored("pagealloc-slab"), 1) << ReadLog(paths.log);
-  EXPECT_EQ(manager->stored("pagealloc-state"), 1) << ReadLog(paths.log);
+  std::vector<std::string> successor_argv = argv;
+  successor_argv.push_back("--take_over");
+  Subprocess daemon;
+  if (handover) {
+    ASSERT_OK_AND_ASSIGN(daemon, Subprocess::Start(argv, paths.log));
+    ASSERT_TRUE(Serving(paths.target)) << ReadLog(paths.log);
+    // A successor that cannot take this state over (a pool of other
+    // flags) refuses before the daemon stops: it exits, and the daemon
+    // serves on, untouched.
+    std::vector<std::string> other = successor_argv;
+    other.push_back(absl::StrFormat("--page_size=%d", 2 * kPageSize));
+    ASSERT_OK_AND_ASSIGN(Subprocess refused,
+                         Subprocess::Start(other, paths.log));
+    ASSERT_OK_AND_ASSIGN(const int status, refused.Wait(absl::Seconds(60)));
+    EXPECT_NE(status, 0);
+    EXPECT_TRUE(daemon.running());
+    const std::string log = ReadLog(paths.log);
+    EXPECT_THAT(
+        log, ::testing::HasSubstr("refused, and the running daemon serves on"));
+    EXPECT_THAT(log, ::testing::HasSubstr("page_size"));
+    EXPECT_THAT(log,
+                ::testing::HasSubstr("a successor did not take the pool over"));
+    ASSERT_TRUE(Serving(paths.target)) << log;
+  } else {
+    ASSERT_OK_AND_ASSIGN(daemon, manager->Start(argv, paths.log));
+    ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
+    EXPECT_EQ(manager->stored("pagealloc-slab"), 1) << ReadLog(paths.log);
+    EXPECT_EQ(manager->stored("pagealloc-state"), 1) << ReadLog(paths.log);
+  }
 
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < kClients; ++i) {
@@ -401,8 +454,9 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
   }
 
   // A clean stop waits for the calls in flight: a tenth as many.
-  const int run_kills =
-      stop_signal == SIGKILL ? KillsInRun() : std::max(KillsInRun() / 10, 3);
+  const int run_kills = stop_kind == Stop::kSigkill
+                            ? KillsInRun()
+                            : std::max(KillsInRun() / 10, 3);
   std::mt19937_64 rng(42);
   std::vector<int64_t> restart_us;
   auto answered = [&] {
@@ -439,14 +493,28 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
     // Then a random instant in their load.
     absl::SleepFor(absl::Microseconds(rng() % 20000));
     killed_at_us = absl::ToUnixMicros(absl::Now());
-    daemon.Signal(stop_signal);
-    ASSERT_OK(daemon.Wait(absl::Seconds(10)).status());
-    kills = k + 1;
-    ASSERT_OK_AND_ASSIGN(daemon, manager->Start(argv, paths.log));
-    ASSERT_TRUE(manager->WaitReady(absl::Seconds(30)))
-        << "restart " << k + 1 << ":\n"
-        << ReadLog(paths.log);
+    if (handover) {
+      // The successor asks, checks the state, and the daemon stops and
+      // exits; then the successor serves.
+      ASSERT_OK_AND_ASSIGN(Subprocess successor,
+                           Subprocess::Start(successor_argv, paths.log));
+      ASSERT_OK_AND_ASSIGN(const int status, daemon.Wait(absl::Seconds(60)));
+      ASSERT_EQ(status, 0) << DescribeWaitStatus(status);
+      kills = k + 1;
+      daemon = std::move(successor);
+      ASSERT_TRUE(Serving(paths.target)) << "handover " << k + 1 << ":\n"
+                                         << ReadLog(paths.log);
+    } else {
+      daemon.Signal(stop_signal);
+      ASSERT_OK(daemon.Wait(absl::Seconds(10)).status());
+      kills = k + 1;
+      ASSERT_OK_AND_ASSIGN(daemon, manager->Start(argv, paths.log));
+      ASSERT_TRUE(manager->WaitReady(absl::Seconds(30)))
+          << "restart " << k + 1 << ":\n"
+          << ReadLog(paths.log);
+    }
     restart_us.push_back(absl::ToUnixMicros(absl::Now()) - killed_at_us);
+    if (handover) continue;
     // Still one slab and one state: the same descriptors, never a second.
     ASSERT_EQ(manager->stored("pagealloc-slab"), 1);
     ASSERT_EQ(manager->stored("pagealloc-state"), 1);
@@ -460,14 +528,17 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
   EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("is not used")));
   EXPECT_THAT(log,
               ::testing::Not(::testing::HasSubstr("can no longer be kept")));
-  if (stop_signal == SIGTERM) {
+  if (stop_kind != Stop::kSigkill) {
     EXPECT_THAT(log, ::testing::HasSubstr("kept for the successor"));
+  }
+  if (handover) {
+    EXPECT_THAT(log, ::testing::HasSubstr("handing the pool over to pid"));
   }
 
   // Every page is free or held by exactly one client, as the clients say.
   std::map<int64_t, int> holder;
   int64_t operations = 0, unknown = 0, kv_bytes = 0;
-  std::vector<int64_t> resume_us;
+  std::vector<int64_t> resume_us, gap_us;
   for (int i = 0; i < kClients; ++i) {
     Worker& w = *workers[i];
     for (const std::string& failure : w.failures()) ADD_FAILURE() << failure;
@@ -482,6 +553,7 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
     kv_bytes += w.kv_bytes_checked();
     resume_us.insert(resume_us.end(), w.resume_us().begin(),
                      w.resume_us().end());
+    gap_us.insert(gap_us.end(), w.gap_us().begin(), w.gap_us().end());
   }
   AdminOptions admin;
   admin.target = paths.target;
@@ -499,6 +571,7 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
   EXPECT_EQ(stats.sessions_size(), kClients);
 
   std::sort(resume_us.begin(), resume_us.end());
+  std::sort(gap_us.begin(), gap_us.end());
   std::sort(restart_us.begin(), restart_us.end());
   auto at = [](const std::vector<int64_t>& v, double q) {
     return v.empty() ? -1.0 : v[static_cast<size_t>(q * (v.size() - 1))] / 1e3;
@@ -507,21 +580,33 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
       "restart_test: %d %s, %d clients, %lld operations (%lld answers "
       "lost to a kill, reconciled); %lld KV bytes read back intact; kill to "
       "the daemon's READY p50 %.1f ms p99 %.1f ms; kill to a client's first "
-      "answered call p50 %.1f ms p99 %.1f ms (%zu resumes)\n",
-      run_kills, stop_signal == SIGKILL ? "SIGKILLs" : "SIGTERMs", kClients,
-      static_cast<long long>(operations), static_cast<long long>(unknown),
-      static_cast<long long>(kv_bytes), at(restart_us, 0.5),
-      at(restart_us, 0.99), at(resume_us, 0.5), at(resume_us, 0.99),
-      resume_us.size());
+      "answered call p50 %.1f ms p99 %.1f ms (%zu resumes); a client's "
+      "longest wait between two answers across a stop p50 %.1f ms p99 %.1f "
+      "ms\n",
+      run_kills,
+      handover ? "handovers"
+               : (stop_signal == SIGKILL ? "SIGKILLs" : "SIGTERMs"),
+      kClients, static_cast<long long>(operations),
+      static_cast<long long>(unknown), static_cast<long long>(kv_bytes),
+      at(restart_us, 0.5), at(restart_us, 0.99), at(resume_us, 0.5),
+      at(resume_us, 0.99), resume_us.size(), at(gap_us, 0.5), at(gap_us, 0.99));
   daemon.Signal(SIGTERM);
   EXPECT_OK(daemon.Wait(absl::Seconds(30)).status());
 }
 
-INSTANTIATE_TEST_SUITE_P(Signals, RestartTest,
-                         ::testing::Values(SIGKILL, SIGTERM),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return std::string(
-                               info.param == SIGKILL ? "Sigkill" : "Sigterm");
+INSTANTIATE_TEST_SUITE_P(Stops, RestartTest,
+                         ::testing::Values(Stop::kSigkill, Stop::kSigterm,
+                                           Stop::kHandover),
+                         [](const ::testing::TestParamInfo<Stop>& info) {
+                           switch (info.param) {
+                             case Stop::kSigkill:
+                               return std::string("Sigkill");
+                             case Stop::kSigterm:
+                               return std::string("Sigterm");
+                             case Stop::kHandover:
+                               return std::string("Handover");
+                           }
+                           return std::string("Unknown");
                          });
 
 }  // namespace
