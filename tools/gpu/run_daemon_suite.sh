@@ -183,8 +183,10 @@ for t in kv_slab_test multi_client_test restart_test server_process_test \
 done
 # On a GPU host the CUDA backend starts, so server_process_test skips its
 # one no-GPU case; a test that skips for want of a GPU would show here.
-restart_line=$(grep -E "^restart_test:" "$OUT/restart_test.log" | tail -n 1)
-[[ -n $restart_line ]] && add_detail "$restart_line"
+# One line for each way of stopping (SIGKILL, SIGTERM, handover).
+while IFS= read -r restart_line; do
+  add_detail "$restart_line"
+done < <(grep -E "^restart_test:" "$OUT/restart_test.log")
 stress_line=$(grep -E "killed and replaced" "$OUT/stress_test.log" | tail -n 1)
 [[ -n $stress_line ]] && add_detail "$stress_line"
 
