@@ -2,11 +2,22 @@
 // manager): what it offers a successor, and what a successor asks before
 // the running daemon stops (CheckTakeOver) and takes over after (Open).
 // The process-level handover is tests/restart_test.cc's Handover case.
+//
+// And the kept state of this release as a file (testdata/kept_state_v1.
+// journal.gz): a later build must take it over page for page (an upgrade
+// keeps the pool), or refuse it by its format or semantics version, never
+// misread it. A build that changes the format on purpose keeps a reader
+// for this one, or bumps the version so that the refusal is what this test
+// sees. Written by this test with PAGEALLOC_GOLDEN_OUT set:
+//   ./bazelw run //kept_state:kept_state_test -- --gtest_filter='*Golden*'
+//   (with
+//   PAGEALLOC_GOLDEN_OUT=$PWD/kept_state/testdata/kept_state_v1.journal.gz)
 
 #include "kept_state/kept_state.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -14,12 +25,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "allocator/fake_executor.h"
 #include "allocator/page_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/unique_fd.h"
 #include "tests/status_matchers.h"
+#include "zlib.h"
 
 namespace pagealloc {
 namespace {
@@ -45,6 +58,7 @@ PoolOptions PoolWith(PoolChangeLog* log) {
   PoolOptions options;
   options.num_pages = kNumPages;
   options.page_size = kPageSize;
+  options.max_pinned_pages_per_owner = 16;
   options.change_log = log;
   return options;
 }
@@ -174,6 +188,139 @@ TEST(KeptStateTest, AJournalThatFailsAChecksumNowIsLeftToOpen) {
       std::unique_ptr<KeptState> kept,
       KeptState::Open(DaemonKept("page_size=4"), std::move(passed)));
   EXPECT_EQ(kept->outcome(), KeptStateOutcome::kCorrupt);
+}
+
+// The golden state: two sessions, owned pages, frees, a checkpoint, a
+// published chain (one page pinned), an adopt, before and after the
+// snapshot StartKeeping writes, so that the file holds a snapshot of every
+// kind of page and records of every common kind.
+constexpr char kGoldenFingerprint[] = "golden kept state\npage_size=4";
+constexpr char kGoldenPath[] = "kept_state/testdata/kept_state_v1.journal.gz";
+
+PrefixKey GoldenKey(int tag) {
+  PrefixKey key{};
+  for (size_t i = 0; i < key.size(); ++i) key[i] = tag * 31 + i;
+  return key;
+}
+
+std::vector<int64_t> PagesOf(PagePool& pool, OwnerId owner) {
+  absl::StatusOr<PagePool::OwnedPages> owned = pool.PagesOwnedBy(owner);
+  if (!owned.ok()) return {};
+  std::vector<int64_t> pages = owned->owned;
+  pages.insert(pages.end(), owned->shared.begin(), owned->shared.end());
+  return pages;
+}
+
+void GoldenOperations(PagePool& pool, KeptState& kept, int slab_fd) {
+  ASSERT_OK(pool.AddOwner(1, 0, "session one"));
+  ASSERT_OK(pool.AddOwner(2, 40, "session two"));
+  Allocate(pool, 1, 6);
+  Allocate(pool, 2, 3);
+  std::vector<int64_t> one = PagesOf(pool, 1);
+  ASSERT_GE(one.size(), 6u);
+  ASSERT_OK(pool.FreePages(1, {one[1], one[4]}, FreeOrder::kFirstAppearance)
+                .status());
+  ASSERT_OK(pool.Publish(1, {one[0], one[2]}, {GoldenKey(1), GoldenKey(2)},
+                         nullptr, /*pin=*/false)
+                .status());
+  DaemonIdentity identity;
+  identity.slab_id = 0x601de2;
+  ASSERT_OK(kept.StartKeeping(pool, slab_fd, identity));
+  // Records after the snapshot.
+  ASSERT_OK(pool.Checkpoint(2).status());
+  Allocate(pool, 2, 2);
+  const std::vector<PrefixKey> chain = {GoldenKey(1), GoldenKey(2)};
+  ASSERT_OK(pool.MatchPrefix(2, chain, /*adopt=*/true).status());
+  ASSERT_OK_AND_ASSIGN(const PagePool::OwnedPages held, pool.PagesOwnedBy(1));
+  ASSERT_FALSE(held.owned.empty());
+  ASSERT_OK(pool.Publish(1, {held.owned.back()}, {GoldenKey(3)}, &chain.back(),
+                         /*pin=*/true)
+                .status());
+  ASSERT_OK(pool.AddOwner(3, 0, "session three"));
+  Allocate(pool, 3, 1);
+  ASSERT_OK(pool.RemoveOwner(3).status());
+}
+
+KeptStateOptions GoldenOptions() {
+  KeptStateOptions options = DaemonKept(kGoldenFingerprint);
+  options.snapshot_capacity_bytes = 64 << 10;
+  options.log_capacity_bytes = 64 << 10;
+  return options;
+}
+
+TEST(KeptStateGoldenTest, ThisReleasesKeptStateIsTakenOverPageForPage) {
+  unsetenv("NOTIFY_SOCKET");
+  // The pool the golden operations make now, with this build.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<KeptState> kept,
+                       KeptState::Open(GoldenOptions(), {}));
+  FakeExecutor executor;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
+                       PagePool::Create(PoolWith(kept.get()), &executor));
+  UniqueFd slab(memfd_create("slab", MFD_CLOEXEC));
+  GoldenOperations(*pool, *kept, slab.get());
+  ASSERT_OK(pool->CheckInvariants());
+  ASSERT_OK_AND_ASSIGN(auto fds, kept->KeptDescriptors());
+  int journal = -1;
+  for (const auto& [name, fd] : fds) {
+    if (name == kStateFdName) journal = fd;
+  }
+  struct stat st;
+  ASSERT_EQ(fstat(journal, &st), 0);
+  std::string bytes(st.st_size, '\0');
+  ASSERT_EQ(pread(journal, bytes.data(), bytes.size(), 0), st.st_size);
+
+  if (const char* out = std::getenv("PAGEALLOC_GOLDEN_OUT")) {
+    gzFile file = gzopen(out, "wb9");
+    ASSERT_NE(file, nullptr) << out;
+    ASSERT_EQ(gzwrite(file, bytes.data(), bytes.size()),
+              static_cast<int>(bytes.size()));
+    ASSERT_EQ(gzclose(file), Z_OK);
+    GTEST_SKIP() << "wrote " << out;
+  }
+
+  // The file this release wrote.
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  const std::string path =
+      srcdir != nullptr && workspace != nullptr
+          ? absl::StrCat(srcdir, "/", workspace, "/", kGoldenPath)
+          : std::string(kGoldenPath);
+  gzFile file = gzopen(path.c_str(), "rb");
+  ASSERT_NE(file, nullptr) << path;
+  std::string golden;
+  char chunk[1 << 16];
+  int n;
+  while ((n = gzread(file, chunk, sizeof(chunk))) > 0) golden.append(chunk, n);
+  gzclose(file);
+  ASSERT_FALSE(golden.empty());
+
+  UniqueFd golden_fd(memfd_create("golden", MFD_CLOEXEC));
+  ASSERT_EQ(write(golden_fd.get(), golden.data(), golden.size()),
+            static_cast<ssize_t>(golden.size()));
+  EXPECT_OK(KeptState::CheckTakeOver(GoldenOptions(), golden_fd.get()));
+  absl::flat_hash_map<std::string, UniqueFd> passed;
+  passed.emplace(kStateFdName, std::move(golden_fd));
+  passed.emplace(kSlabFdName, UniqueFd(memfd_create("slab", MFD_CLOEXEC)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<KeptState> successor,
+                       KeptState::Open(GoldenOptions(), std::move(passed)));
+  ASSERT_EQ(successor->outcome(), KeptStateOutcome::kRecovered)
+      << successor->stats().reason;
+  EXPECT_EQ(successor->identity().slab_id, 0x601de2u);
+  FakeExecutor recovered_executor;
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<PagePool> recovered,
+      PagePool::CreateFromState(PoolWith(successor.get()), &recovered_executor,
+                                successor->recovered_state()));
+  ASSERT_OK(successor->Replay(*recovered));
+  EXPECT_GT(successor->stats().replayed_records, 0);
+  ASSERT_OK(recovered->CheckInvariants());
+  // Page for page what this build's own run of the same operations holds.
+  EXPECT_TRUE(recovered->ExportState() == pool->ExportState());
+  for (OwnerId owner : {1, 2}) {
+    EXPECT_EQ(PagesOf(*recovered, owner), PagesOf(*pool, owner)) << owner;
+    EXPECT_EQ(*recovered->OwnerMetadata(owner), *pool->OwnerMetadata(owner));
+  }
+  EXPECT_FALSE(recovered->OwnerMetadata(3).ok());
 }
 
 }  // namespace

@@ -224,8 +224,10 @@ void AddKeptStateFamilies(const KeptState* kept, Families* out) {
   out->push_back(std::move(recovery));
   out->push_back(Gauge("pagealloc_state_kept",
                        "1 while every change to the pool is journaled in the "
-                       "service manager's store; 0 without --keep_state or "
-                       "once a change could not be kept (the log says why).",
+                       "kept state (the service manager's store, or this "
+                       "daemon's own for a successor); 0 without "
+                       "--keep_state or once a change could not be kept "
+                       "(the log says why).",
                        stats.keeping ? 1 : 0));
   out->push_back(Gauge("pagealloc_state_starts",
                        "Starts of the daemon on this kept pool (1: the first).",
