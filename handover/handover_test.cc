@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -62,7 +63,11 @@ class HandoverTest : public ::testing::Test {
       return std::vector<OfferedFd>{{"pagealloc-slab", slab_.get()},
                                     {"pagealloc-state", state_.get()}};
     };
-    callbacks.stop = [this] { stops_++; };
+    // As the daemon's Shutdown does: no successor after this one.
+    callbacks.stop = [this] {
+      stops_++;
+      listener_->Stop();
+    };
     ASSERT_OK_AND_ASSIGN(listener_,
                          HandoverListener::Start(path_, std::move(callbacks)));
   }
@@ -110,6 +115,22 @@ TEST_F(HandoverTest, SuccessorThatRefusesLeavesTheDaemonServing) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingHandover> pending,
                        PendingHandover::Request(path_, absl::Seconds(10)));
   ASSERT_OK(pending->Accept(absl::Seconds(10)));
+  EXPECT_EQ(stops_.load(), 1);
+}
+
+TEST_F(HandoverTest, ASecondSuccessorMeanwhileGetsNothing) {
+  StartListener();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingHandover> first,
+                       PendingHandover::Request(path_, absl::Seconds(10)));
+  // The second waits behind the first (one successor at a time).
+  absl::StatusOr<std::unique_ptr<PendingHandover>> second;
+  std::thread asking(
+      [&] { second = PendingHandover::Request(path_, absl::Seconds(30)); });
+  ASSERT_OK(first->Accept(absl::Seconds(10)));
+  EXPECT_EQ(stops_.load(), 1);
+  asking.join();
+  // Refused, or the socket already gone: never an offer.
+  EXPECT_FALSE(second.ok());
   EXPECT_EQ(stops_.load(), 1);
 }
 

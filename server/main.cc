@@ -102,7 +102,8 @@ ABSL_FLAG(bool, take_over, false,
           "With --keep_state and no service manager: take the pool, its "
           "sessions and KV over from the daemon running on the same socket, "
           "which stops once this one has checked that it can read its state "
-          "(a refusal leaves it serving). A first start when none runs.");
+          "(a refusal leaves it serving). Refused when none runs: a first "
+          "start goes without it.");
 ABSL_FLAG(int64_t, state_log_bytes, 64 << 20,
           "With --keep_state: bytes of the journal's log of changes between "
           "two snapshots of the pool (a snapshot is written when half is "

@@ -609,7 +609,7 @@ std::string HandoverSocketPathFor(const std::vector<std::string>& listen) {
 // The kept state's descriptors: from the service manager's store when one
 // listens; otherwise from the daemon running on the same socket, when told
 // to take over (which stops that daemon once its state is known to be
-// one this build reads).
+// one this build reads; none running is an error).
 absl::StatusOr<std::unique_ptr<KeptState>> OpenKeptState(
     const ServerOptions& options, KeptStateOptions kept_options) {
   using PassedFds = absl::flat_hash_map<std::string, UniqueFd>;
@@ -644,9 +644,12 @@ absl::StatusOr<std::unique_ptr<KeptState>> OpenKeptState(
   absl::StatusOr<std::unique_ptr<PendingHandover>> pending =
       PendingHandover::Request(path, kHandoverTimeout);
   if (absl::IsNotFound(pending.status())) {
-    log->info("--take_over: {}; starting as a first start",
-              std::string(pending.status().message()));
-    return KeptState::Open(kept_options, PassedFds());
+    // Never a fresh pool in its place: a second successor, or one started
+    // while the first binds the sockets, must not serve an empty pool on
+    // them.
+    return absl::FailedPreconditionError(
+        absl::StrCat("--take_over: ", pending.status().message(),
+                     "; for a first start, start without --take_over"));
   }
   if (!pending.ok()) {
     return absl::Status(

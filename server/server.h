@@ -160,7 +160,7 @@ struct ServerOptions {
     bool enabled = false;
     // Without a service manager: take the pool over from the daemon that
     // runs on the same socket (it stops once this one has checked it can
-    // read its state); a first start when none runs.
+    // read its state); FAILED_PRECONDITION when none runs.
     bool take_over = false;
     // The journal's log of records between snapshots (a snapshot is
     // written when half of it is used).

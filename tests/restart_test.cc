@@ -413,6 +413,16 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
   successor_argv.push_back("--take_over");
   Subprocess daemon;
   if (handover) {
+    {
+      // --take_over with no daemon to take over is refused, never a
+      // fresh pool on the sockets.
+      ASSERT_OK_AND_ASSIGN(Subprocess alone,
+                           Subprocess::Start(successor_argv, paths.log));
+      ASSERT_OK_AND_ASSIGN(const int status, alone.Wait(absl::Seconds(60)));
+      EXPECT_NE(status, 0);
+      EXPECT_THAT(ReadLog(paths.log),
+                  ::testing::HasSubstr("no daemon answers handovers"));
+    }
     ASSERT_OK_AND_ASSIGN(daemon, Subprocess::Start(argv, paths.log));
     ASSERT_TRUE(Serving(paths.target)) << ReadLog(paths.log);
     // A successor that cannot take this state over (a pool of other
