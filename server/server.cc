@@ -364,13 +364,24 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
-// The memory socket's path: beside the first Unix socket; "" without one.
-std::string MemorySocketPathFor(const std::vector<std::string>& listen) {
+// The first Unix socket among `listen`, which the memory socket and the
+// handover socket sit beside; "" without one.
+std::string FirstUnixSocketPath(const std::vector<std::string>& listen) {
   for (const std::string& address : listen) {
     const std::string path = UnixSocketPath(address);
-    if (!path.empty()) return memory_socket::MemorySocketPath(path);
+    if (!path.empty()) return path;
   }
   return "";
+}
+
+std::string MemorySocketPathFor(const std::vector<std::string>& listen) {
+  const std::string first = FirstUnixSocketPath(listen);
+  return first.empty() ? "" : memory_socket::MemorySocketPath(first);
+}
+
+std::string HandoverSocketPathFor(const std::vector<std::string>& listen) {
+  const std::string first = FirstUnixSocketPath(listen);
+  return first.empty() ? "" : HandoverSocketPath(first);
 }
 
 }  // namespace
@@ -596,15 +607,6 @@ std::string PoolFingerprint(const ServerOptions& options, Backend& backend) {
 }
 
 namespace {
-
-// The handover socket: beside the first Unix socket; "" without one.
-std::string HandoverSocketPathFor(const std::vector<std::string>& listen) {
-  for (const std::string& address : listen) {
-    const std::string path = UnixSocketPath(address);
-    if (!path.empty()) return HandoverSocketPath(path);
-  }
-  return "";
-}
 
 // The kept state's descriptors: from the service manager's store when one
 // listens; otherwise from the daemon running on the same socket, when told
