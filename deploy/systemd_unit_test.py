@@ -210,7 +210,16 @@ def receive_notifications(notify):
 
 
 def run_expanded(argv, tmp):
+    # A short path for the sockets (TEST_TMPDIR is too long for one),
+    # removed at the end whatever the server left there.
     sock_dir = tempfile.mkdtemp(prefix="pagealloc-unit-", dir="/tmp")
+    try:
+        run_expanded_in(argv, tmp, sock_dir)
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def run_expanded_in(argv, tmp, sock_dir):
     socket_path = os.path.join(sock_dir, "gpu3.sock")
     argv = argv + [
         "--listen=unix://" + socket_path,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "tests/daemon_stats.h"
+#include "tests/socket_dir.h"
 #include "tests/wait_for.h"
 
 namespace pagealloc::testing {
@@ -25,12 +26,7 @@ absl::StatusOr<Daemon> StartDaemon(const std::string& name,
                                    const std::vector<std::string>& wrapper) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = tmp != nullptr ? tmp : "/tmp";
-  // Unix socket paths are limited to 107 bytes; Bazel's TEST_TMPDIR is
-  // longer, so sockets live in a short private directory of their own.
-  static const std::string* socket_dir = [] {
-    char pattern[] = "/tmp/pagealloc-test-XXXXXX";
-    return new std::string(mkdtemp(pattern));
-  }();
+  static const std::string* socket_dir = new std::string(MakeSocketDir("test"));
   Daemon daemon;
   daemon.socket_path = absl::StrFormat("%s/%s.sock", *socket_dir, name);
   daemon.target = "unix://" + daemon.socket_path;

@@ -47,6 +47,7 @@
 #include "tests/daemon_stats.h"
 #include "tests/kv_pattern.h"
 #include "tests/service_manager.h"
+#include "tests/socket_dir.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
 #include "tests/wait_for.h"
@@ -58,6 +59,7 @@ using ::pagealloc::testing::DaemonStats;
 using ::pagealloc::testing::DescribeWaitStatus;
 using ::pagealloc::testing::FdStoreManager;
 using ::pagealloc::testing::KvPatternByte;
+using ::pagealloc::testing::MakeSocketDir;
 using ::pagealloc::testing::ReadLog;
 using ::pagealloc::testing::RunfilePath;
 using ::pagealloc::testing::Subprocess;
@@ -97,8 +99,7 @@ struct DaemonPaths {
 };
 
 DaemonPaths MakePaths() {
-  char pattern[] = "/tmp/pagealloc-restart-XXXXXX";
-  const std::string dir = mkdtemp(pattern);
+  const std::string dir = MakeSocketDir("restart");
   const char* tmp = std::getenv("TEST_TMPDIR");
   DaemonPaths paths;
   paths.socket = dir + "/gpu0.sock";
