@@ -1,7 +1,6 @@
 #include "handover/handover.h"
 
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "memory/fd_passing.h"
+#include "unix_socket/listen.h"
 
 namespace pagealloc {
 namespace {
@@ -89,37 +89,21 @@ std::string HandoverSocketPath(absl::string_view socket_path) {
 
 absl::StatusOr<std::unique_ptr<HandoverListener>> HandoverListener::Start(
     std::string path, Callbacks callbacks) {
-  ASSIGN_OR_RETURN(const sockaddr_un address, AddressOf(path));
-  struct stat st;
-  if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s exists and is not a socket; refusing to replace it", path));
-    }
-    UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (probe.valid() &&
-        connect(probe.get(), reinterpret_cast<const sockaddr*>(&address),
-                sizeof(address)) == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("another daemon answers handovers on %s", path));
-    }
-    unlink(path.c_str());  // a dead daemon's
-  }
-  UniqueFd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!listener.valid()) return SystemError("socket (handover)", errno);
-  if (bind(listener.get(), reinterpret_cast<const sockaddr*>(&address),
-           sizeof(address)) != 0) {
-    return SystemError(absl::StrCat("bind ", path), errno);
-  }
+  RETURN_IF_ERROR(AddressOf(path).status());
   // Only this user (or root) may take the pool over; the peer's uid is
-  // checked again at accept.
-  if (chmod(path.c_str(), 0600) != 0 || listen(listener.get(), 4) != 0) {
-    const int error = errno;
-    unlink(path.c_str());
-    return SystemError(absl::StrCat("listen ", path), error);
+  // checked again at accept. A blocking accept: Stop wakes it.
+  UnixListenOptions options;
+  options.type = SOCK_SEQPACKET;
+  options.nonblocking = false;
+  options.mode = 0600;
+  absl::StatusOr<UniqueFd> listener = ListenOnUnixSocket(path, options);
+  if (!listener.ok()) {
+    return absl::Status(
+        listener.status().code(),
+        absl::StrCat("handover socket: ", listener.status().message()));
   }
   std::unique_ptr<HandoverListener> handover(new HandoverListener(
-      std::move(path), std::move(listener), std::move(callbacks)));
+      std::move(path), *std::move(listener), std::move(callbacks)));
   handover->thread_ = std::thread([h = handover.get()] { h->Run(); });
   return handover;
 }

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/unique_fd.h"
+#include "tests/socket_dir.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
@@ -25,8 +26,8 @@ using ::pagealloc::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string SocketPath() {
-  char pattern[] = "/tmp/pagealloc-handover-XXXXXX";
-  return std::string(mkdtemp(pattern)) + "/gpu0.sock.handover";
+  return ::pagealloc::testing::MakeSocketDir("handover") +
+         "/gpu0.sock.handover";
 }
 
 // A memfd holding `text`.
@@ -193,7 +194,7 @@ TEST_F(HandoverTest, ALiveListenerIsNotReplacedAndAStaleOneIs) {
   callbacks.stop = [] {};
   EXPECT_THAT(HandoverListener::Start(path_, callbacks).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("another daemon")));
+                       HasSubstr("another process is serving on " + path_)));
   // A socket file nobody listens on (a daemon that died) is replaced.
   listener_.reset();
   UniqueFd stale(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));

@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <grp.h>
 #include <netdb.h>
 #include <pwd.h>
 #include <signal.h>
@@ -43,6 +42,7 @@
 #include "memory/unique_fd.h"
 #include "server/descriptors.h"
 #include "server/heap_return.h"
+#include "unix_socket/listen.h"
 
 #ifdef PAGEALLOC_HAVE_CUDA
 #include "server/cuda_backend.h"
@@ -126,43 +126,11 @@ std::string UnixSocketPath(const std::string& address) {
   return "";
 }
 
-// Checks that this process may create sockets in `dir`, creating it (not
-// its parents) with `mode` when missing. The error names the directory and
-// errno's text.
-absl::Status CheckSocketDirectory(const std::string& dir, mode_t mode) {
-  // errno picks the code: a missing parent is NOT_FOUND, a denied one
-  // PERMISSION_DENIED.
-  if (mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) {
-    const int error = errno;
-    return absl::Status(
-        absl::ErrnoToStatusCode(error),
-        absl::StrFormat("cannot create the socket directory %s: %s", dir,
-                        std::strerror(error)));
-  }
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0) {
-    const int error = errno;
-    return absl::Status(
-        absl::ErrnoToStatusCode(error),
-        absl::StrFormat("cannot use %s: %s", dir, std::strerror(error)));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot create sockets in %s: %s", dir, std::strerror(ENOTDIR)));
-  }
-  if (access(dir.c_str(), W_OK | X_OK) != 0) {
-    const int error = errno;
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "cannot create sockets in %s: %s (the directory belongs to uid %d, "
-        "mode %04o; this process runs as uid %d)",
-        dir, std::strerror(error), st.st_uid, st.st_mode & 07777, geteuid()));
-  }
-  return absl::OkStatus();
-}
-
-// Makes `path` bindable: creates its directory, refuses a socket another
-// process still serves on, and removes a stale one.
-absl::Status PrepareSocketPath(const std::string& path) {
+// Listens on the Unix socket `path` of `type` with --socket_mode and
+// --socket_group (ListenOnUnixSocket). Its directory is checked first, so
+// that one this user cannot use is refused with the flag's advice.
+absl::StatusOr<UniqueFd> ListenOnSocketFlag(const std::string& path, int type,
+                                            const ServerOptions& options) {
   const size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     const absl::Status usable =
@@ -176,84 +144,11 @@ absl::Status PrepareSocketPath(const std::string& path) {
                           usable.message()));
     }
   }
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "socket path %s is %d bytes long; Unix sockets allow at most %d", path,
-        path.size(), sizeof(addr.sun_path) - 1));
-  }
-  struct stat st;
-  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
-  if (!S_ISSOCK(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s exists and is not a socket; refusing to replace it", path));
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const bool live = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr),
-                                       sizeof(addr)) == 0;
-  if (fd >= 0) close(fd);
-  if (live) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "another process is serving on %s; refusing to start over it", path));
-  }
-  Logger("server")->warn("removing stale socket {}", path);
-  if (unlink(path.c_str()) != 0) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "cannot remove stale socket %s: %s", path, std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SetSocketPermissions(const std::string& path, int mode,
-                                  const std::string& group) {
-  if (chmod(path.c_str(), mode) != 0) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "chmod %o %s failed: %s", mode, path, std::strerror(errno)));
-  }
-  if (group.empty()) return absl::OkStatus();
-  struct group* entry = getgrnam(group.c_str());
-  if (entry == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--socket_group: no group named %s", group));
-  }
-  if (chown(path.c_str(), static_cast<uid_t>(-1), entry->gr_gid) != 0) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "chown :%s %s failed: %s", group, path, std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
-// Binds a Unix socket of `type` at `path` (prepared by PrepareSocketPath),
-// gives it `mode` and `group` before it listens (so no client ever finds
-// it with another mode), and listens. The socket file is removed again on
-// failure.
-absl::StatusOr<UniqueFd> ListenOnUnixSocket(const std::string& path, int type,
-                                            int mode,
-                                            const std::string& group) {
-  UniqueFd listener(socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-  if (!listener.valid() ||
-      bind(listener.get(), reinterpret_cast<sockaddr*>(&address),
-           sizeof(address)) != 0) {
-    return absl::UnavailableError(absl::StrFormat("could not listen on %s: %s",
-                                                  path, std::strerror(errno)));
-  }
-  if (absl::Status permitted = SetSocketPermissions(path, mode, group);
-      !permitted.ok()) {
-    unlink(path.c_str());
-    return permitted;
-  }
-  if (listen(listener.get(), SOMAXCONN) != 0) {
-    const int error = errno;
-    unlink(path.c_str());
-    return absl::UnavailableError(absl::StrFormat("could not listen on %s: %s",
-                                                  path, std::strerror(error)));
-  }
-  return listener;
+  UnixListenOptions listen;
+  listen.type = type;
+  listen.mode = options.socket_mode;
+  listen.group = options.socket_group;
+  return ListenOnUnixSocket(path, listen);
 }
 
 // "ipv4:127.0.0.1:80" -> "127.0.0.1"; "[::1]:80" -> "::1"; "" for no host.
@@ -1081,11 +976,8 @@ absl::Status Server::Start() {
       builder.AddListeningPort(address, tcp_credentials, ports.back().get());
       continue;
     }
-    if (absl::Status prepared = PrepareSocketPath(path); !prepared.ok()) {
-      return unlink_sockets(prepared);
-    }
-    absl::StatusOr<UniqueFd> listener = ListenOnUnixSocket(
-        path, SOCK_STREAM, options_.socket_mode, options_.socket_group);
+    absl::StatusOr<UniqueFd> listener =
+        ListenOnSocketFlag(path, SOCK_STREAM, options_);
     if (!listener.ok()) return unlink_sockets(listener.status());
     socket_paths_.push_back(path);
     acceptor_->AddListener(*std::move(listener), path);
@@ -1216,9 +1108,8 @@ absl::Status Server::StartMemorySocket() {
     return absl::OkStatus();
   }
   const std::string& path = memory_socket_path_;
-  RETURN_IF_ERROR(PrepareSocketPath(path));
-  absl::StatusOr<UniqueFd> listener = ListenOnUnixSocket(
-      path, SOCK_SEQPACKET, options_.socket_mode, options_.socket_group);
+  absl::StatusOr<UniqueFd> listener =
+      ListenOnSocketFlag(path, SOCK_SEQPACKET, options_);
   if (!listener.ok()) {
     return absl::Status(
         listener.status().code(),
