@@ -829,6 +829,9 @@ class _Base:
         slots = _as_host_int64(free_index, "free_index")
         if slots.size == 0:
             return
+        if self.free_group is None and self._free_to_reserve(free_index,
+                                                             slots):
+            return
         # Partial pages of the reserve are refused here, before a group
         # keeps them (SGLang's check).
         pages = self._whole_pages(slots)
@@ -840,6 +843,41 @@ class _Base:
                                     free_index, slots))
         else:
             self._free_slots_now(slots)
+
+    def _free_to_reserve(self, values, slots):
+        """The step's common free: whole pages that the reserve handed out
+        (and that were not published since) go back on its top, and before
+        the device mirror. The reserve's put checks, changing nothing when
+        any fails, that every page is one it handed out and is named once,
+        which _whole_pages checks in Python on the other paths. Returns
+        False, having freed nothing, where the checked path must decide
+        (slots that are not whole pages, pages not all the reserve's, a
+        page named twice: it says which, or frees through the daemon) or
+        where the pages are held back rather than put (need_sort, page
+        size 1)."""
+        ps = self.page_size
+        if (self._reserve is None or self.need_sort or ps == 1 or
+                slots.size % ps):
+            return False
+        blocks = slots.reshape(-1, ps)
+        pages = blocks[:, 0] // ps
+        if not (blocks == (pages * ps)[:, None] + self._slot_offsets).all():
+            return False
+        # Handed out and not published since (pages_published): a page out
+        # of range clips to one the put then refuses, or to page 0, never
+        # handed out.
+        if not np.take(self._taken, pages, mode="clip").all():
+            return False
+        try:
+            # The reserve is a stack: the first page goes on last.
+            self._reserve.put(pages[::-1], self._free_stream())
+        except InvalidArgumentError:
+            return False
+        self._taken[pages] = False
+        if self._mirror is not None:
+            self._mirror.prepend(pages,
+                                 self._on_device_as_given(values, slots))
+        return True
 
     def _on_device_as_given(self, values, host):
         """`values` (whose int64 host copy is `host`) on the allocator's
@@ -854,6 +892,9 @@ class _Base:
         if (isinstance(values, torch.Tensor) and values.is_cuda and
                 (self._device_index is None or
                  values.device.index == self._device_index)):
+            if (values.dtype is torch.int64 and values.dim() == 1 and
+                    not values.requires_grad):
+                return values  # the mirror joins it by a copy
             return values.detach().reshape(-1).to(torch.int64)
         return None
 

@@ -600,6 +600,32 @@ def test_a_killed_process_gives_back_its_whole_reserve(make_daemon):
 # ---------------------------------------------------------- hostile frees
 
 
+def test_a_published_page_is_freed_to_the_daemon_never_to_the_reserve(
+        make_daemon):
+    """A page the reserve handed out and the allocator then published is
+    shared: freeing it, alone or among pages the reserve handed out, drops
+    the session's reference in the daemon (the page stays cached there,
+    held by no session) and never puts it back into the reserve for
+    another request."""
+    for mixed in (False, True):
+        with lone(make_daemon, 4, 8) as allocator:
+            client = allocator.client
+            first = host(allocator.alloc(4))
+            rest = host(allocator.alloc(8))
+            (page,) = pages_of(first, 4)
+            client.publish([page], [b"p" * 32])
+            allocator.pages_published([page])
+            assert client.stats().prefix_published_pages == 1
+            allocator.free(np.concatenate((first, rest)) if mixed else first)
+            stats = client.stats()
+            assert stats.prefix_published_pages == 0
+            assert stats.prefix_cached_pages == 1
+            if not mixed:
+                allocator.free(rest)
+            # Seven pages free, the cached one evictable.
+            assert allocator.available_size() == 8 * 4
+
+
 def test_frees_of_slots_never_given_out_change_nothing(make_daemon):
     daemon = start(make_daemon, 4, 16)
     with daemon.connect(name="a") as ca, daemon.connect(name="b") as cb:
