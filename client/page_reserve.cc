@@ -268,11 +268,15 @@ absl::Status PageReserve::Maintain() {
     refill_in_flight_ = true;
   }
   std::vector<int64_t> pages;
-  // A short pool refuses the whole refill: try half as many, down to one.
+  // A short pool refuses the whole refill: try half as many, down to one;
+  // but an ask that came meanwhile stops it there. Another session starves
+  // too, and this thread answers the ask at once (it rang the bell) rather
+  // than after every smaller refill has been refused.
   absl::Status refilled;
   for (; want >= 1; want /= 2) {
     refilled = Refill(want, &pages);
     if (refilled.code() != absl::StatusCode::kResourceExhausted) break;
+    if (channel != nullptr && channel->ReclaimSeq() != answered_seq_) break;
   }
   absl::MutexLock lock(&mu_);
   // (A Take waiting on it sees the pages below once this lock is released.)

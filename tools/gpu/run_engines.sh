@@ -19,8 +19,10 @@
 #   5. multi_replica     multi_replica_bench.py, split, shared and
 #                        shared-prefix with $REPLICAS replicas (default
 #                        1,2,3)
+#   6. reclaim           reclaim_bench.py: a starving session's wait for
+#                        another's unused reserve, 16 and 256 pages
 # Needs python3 with PyTorch (and Triton for the seed's kernels). STEPS
-# (default all five names) picks steps by name; ENGINE_STEPS (200) sets the
+# (default all six names) picks steps by name; ENGINE_STEPS (200) sets the
 # decode loops' steps; ENGINE_MODES (alloc decode) which of their modes run.
 # ENGINE_ALLOCATORS their --allocators (none,sglang,pagealloc,pagealloc-copy,
 # pagealloc-thin).
@@ -44,7 +46,7 @@ python3 -c 'import torch' 2>/dev/null || die "python3 cannot import torch"
 export PAGEALLOC_LIBRARY=$BIN/client/libpagealloc_client.so
 export PAGEALLOC_SERVER=$BIN/server/pagealloc-server
 export PYTHONPATH=$PKG/python:$PKG/python/tests${PYTHONPATH:+:$PYTHONPATH}
-steps=${STEPS:-python_gpu_tests local_expansion sglang_alloc engine_loop multi_replica}
+steps=${STEPS:-python_gpu_tests local_expansion sglang_alloc engine_loop multi_replica reclaim}
 processes=${PROCESSES:-1,4}
 replicas=${REPLICAS:-1,2,3}
 engine_steps=${ENGINE_STEPS:-200}
@@ -100,6 +102,18 @@ if wanted local_expansion; then
   run_step local_expansion 600 "$log" python3 "$bench/local_expansion_bench.py" \
     --target "$TARGET" --json "$OUT/local_expansion.json"
   add_section "### local_expansion_bench (page size 16)"$'\n\n'"$(table "$log")"
+  stop_daemons
+fi
+
+if wanted reclaim; then
+  start_daemon reclaim --page_size=16 --num_pages=16384
+  for pages in 16 256; do
+    log=$OUT/reclaim_$pages.log
+    run_step "reclaim_$pages" 300 "$log" python3 "$bench/reclaim_bench.py" \
+      --target "$TARGET" --pages "$pages" --iterations 200 \
+      --json "$OUT/reclaim_$pages.json"
+    add_section "### reclaim_bench, $pages pages"$'\n\n'"$(tail -1 "$log")"
+  done
   stop_daemons
 fi
 
