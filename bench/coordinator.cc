@@ -16,6 +16,7 @@
 #include "bench/report.h"
 #include "common/status_macros.h"
 #include "server/server.h"
+#include "tests/socket_dir.h"
 
 namespace pagealloc::bench {
 namespace {
@@ -58,6 +59,16 @@ absl::Duration DaemonBatcherSpin(const std::vector<std::string>& server_flags) {
 
 }  // namespace
 
+namespace {
+
+// RunCoordinator's run once its directory `dir` is made.
+absl::Status RunInDirectory(const BenchOptions& options,
+                            const std::vector<int>& client_counts,
+                            const std::vector<Workload>& modes,
+                            const std::string& dir);
+
+}  // namespace
+
 absl::Status RunCoordinator(const BenchOptions& options) {
   std::vector<int> client_counts;
   for (const std::string& c : options.sweep_clients) {
@@ -88,12 +99,31 @@ absl::Status RunCoordinator(const BenchOptions& options) {
     modes.push_back(mode);
   }
   if (modes.empty()) modes.push_back(w);
-  // Unix socket paths are limited to 107 bytes: a short private directory.
+  // Unix socket paths are limited to 107 bytes: a short private directory,
+  // which also holds the daemon's and the workers' logs.
   char pattern[] = "/tmp/pagealloc-bench-XXXXXX";
   if (mkdtemp(pattern) == nullptr) {
     return absl::InternalError("mkdtemp for the benchmark's socket");
   }
   const std::string dir = pattern;
+  const absl::Status status =
+      RunInDirectory(options, client_counts, modes, dir);
+  if (status.ok()) {
+    testing::RemoveDirectoryTree(dir);
+    return status;
+  }
+  // Kept for whoever reads why the run failed.
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), " (logs in ", dir, ")"));
+}
+
+namespace {
+
+absl::Status RunInDirectory(const BenchOptions& options,
+                            const std::vector<int>& client_counts,
+                            const std::vector<Workload>& modes,
+                            const std::string& dir) {
+  const Workload& w = options.workload;
   ASSIGN_OR_RETURN(DaemonHandle daemon, StartOrAttach(options.daemon, dir));
 
   Floors floors;
@@ -176,4 +206,5 @@ absl::Status RunCoordinator(const BenchOptions& options) {
   return StopDaemon(daemon);
 }
 
+}  // namespace
 }  // namespace pagealloc::bench

@@ -29,12 +29,14 @@ int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
 
 void RemoveDirs() {
   absl::MutexLock lock(&dirs_mu);
-  for (const std::string& dir : *dirs) {
-    nftw(dir.c_str(), RemoveEntry, 8, FTW_DEPTH | FTW_PHYS);
-  }
+  for (const std::string& dir : *dirs) RemoveDirectoryTree(dir);
 }
 
 }  // namespace
+
+void RemoveDirectoryTree(const std::string& dir) {
+  nftw(dir.c_str(), RemoveEntry, 8, FTW_DEPTH | FTW_PHYS);
+}
 
 std::string MakeSocketDir(absl::string_view purpose) {
   std::string pattern = absl::StrCat("/tmp/pagealloc-", purpose, "-XXXXXX");

@@ -18,6 +18,10 @@ namespace pagealloc::testing {
 // process when /tmp cannot take one. Thread-safe.
 std::string MakeSocketDir(absl::string_view purpose);
 
+// Removes `dir` and everything under it (symbolic links not followed);
+// what cannot be removed stays.
+void RemoveDirectoryTree(const std::string& dir);
+
 }  // namespace pagealloc::testing
 
 #endif  // PAGEALLOC_TESTS_SOCKET_DIR_H_
