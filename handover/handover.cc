@@ -89,7 +89,6 @@ std::string HandoverSocketPath(absl::string_view socket_path) {
 
 absl::StatusOr<std::unique_ptr<HandoverListener>> HandoverListener::Start(
     std::string path, Callbacks callbacks) {
-  RETURN_IF_ERROR(AddressOf(path).status());
   // Only this user (or root) may take the pool over; the peer's uid is
   // checked again at accept. A blocking accept: Stop wakes it.
   UnixListenOptions options;

@@ -127,27 +127,15 @@ std::string UnixSocketPath(const std::string& address) {
 }
 
 // Listens on the Unix socket `path` of `type` with --socket_mode and
-// --socket_group (ListenOnUnixSocket). Its directory is checked first, so
-// that one this user cannot use is refused with the flag's advice.
+// --socket_group (ListenOnUnixSocket); a directory this user cannot use is
+// refused with the flag's advice.
 absl::StatusOr<UniqueFd> ListenOnSocketFlag(const std::string& path, int type,
                                             const ServerOptions& options) {
-  const size_t slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0) {
-    const absl::Status usable =
-        CheckSocketDirectory(path.substr(0, slash), 0755);
-    if (!usable.ok()) {
-      return absl::Status(
-          usable.code(),
-          absl::StrFormat("%s; choose a socket in a directory this user may "
-                          "write (--listen=unix:///tmp/pagealloc.sock), or "
-                          "create that directory for this user first",
-                          usable.message()));
-    }
-  }
   UnixListenOptions listen;
   listen.type = type;
   listen.mode = options.socket_mode;
   listen.group = options.socket_group;
+  listen.socket_advice = "--listen=unix:///tmp/pagealloc.sock";
   return ListenOnUnixSocket(path, listen);
 }
 

@@ -8,26 +8,31 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 
 namespace pagealloc {
 namespace {
 
-// Makes `path` bindable for a socket of `type` (ListenOnUnixSocket).
-absl::Status PrepareSocketPath(const std::string& path, int type,
-                               mode_t directory_mode) {
+// Makes `path` bindable for a socket of `options.type` (ListenOnUnixSocket).
+absl::Status PrepareSocketPath(const std::string& path,
+                               const UnixListenOptions& options) {
   const size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     const absl::Status usable =
-        CheckSocketDirectory(path.substr(0, slash), directory_mode);
+        CheckSocketDirectory(path.substr(0, slash), options.directory_mode);
     if (!usable.ok()) {
       return absl::Status(
           usable.code(),
-          absl::StrFormat("%s; choose a socket in a directory this user may "
-                          "write, or create that directory for this user "
-                          "first",
-                          usable.message()));
+          absl::StrFormat(
+              "%s; choose a socket in a directory this user may "
+              "write%s, or create that directory for this user "
+              "first",
+              usable.message(),
+              options.socket_advice.empty()
+                  ? ""
+                  : absl::StrCat(" (", options.socket_advice, ")")));
     }
   }
   sockaddr_un address{};
@@ -49,7 +54,7 @@ absl::Status PrepareSocketPath(const std::string& path, int type,
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
   // A probe of another type than the listener's is refused (EPROTOTYPE)
   // even by a live one, which would then be taken for stale.
-  const UniqueFd probe(socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+  const UniqueFd probe(socket(AF_UNIX, options.type | SOCK_CLOEXEC, 0));
   if (probe.valid() &&
       connect(probe.get(), reinterpret_cast<sockaddr*>(&address),
               sizeof(address)) == 0) {
@@ -116,8 +121,7 @@ absl::Status CheckSocketDirectory(const std::string& dir, mode_t mode) {
 
 absl::StatusOr<UniqueFd> ListenOnUnixSocket(const std::string& path,
                                             const UnixListenOptions& options) {
-  if (absl::Status prepared =
-          PrepareSocketPath(path, options.type, options.directory_mode);
+  if (absl::Status prepared = PrepareSocketPath(path, options);
       !prepared.ok()) {
     return prepared;
   }

@@ -37,6 +37,9 @@ struct UnixListenOptions {
   std::string group;
   // The directory's mode when it has to be created.
   mode_t directory_mode = 0755;
+  // How to choose another socket, in the refusal of a directory this user
+  // cannot use (a flag to name, say); "" for none.
+  std::string socket_advice;
 };
 
 // Binds and listens on `path`. First makes the path bindable: creates its

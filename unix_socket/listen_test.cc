@@ -125,6 +125,12 @@ TEST_P(ListenTest, CreatesAMissingDirectoryButNotItsParents) {
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("cannot create the socket directory " + dir_ +
                                  "/no/such")));
+  // The caller's advice on choosing another socket goes with the refusal.
+  options.socket_advice = "--listen=unix:///tmp/x.sock";
+  EXPECT_THAT(ListenOnUnixSocket(dir_ + "/no/such/gpu0.sock", options).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("may write (--listen=unix:///tmp/x.sock), or "
+                                 "create that directory")));
 }
 
 TEST_P(ListenTest, RefusesAPathTooLongForAUnixSocket) {
