@@ -722,16 +722,8 @@ class _Base:
         (SGLang's check of complete page blocks) or a page named twice."""
         if self._reserve is None:
             return None
-        ps = self.page_size
-        if ps == 1:
-            pages = slots
-        elif slots.size % ps == 0:
-            blocks = slots.reshape(-1, ps)
-            pages = blocks[:, 0] // ps
-            if not (blocks == (pages * ps)[:, None] +
-                    self._slot_offsets).all():
-                return self._not_whole(slots, what)
-        else:
+        pages = self._pages_of_whole(slots)
+        if pages is None:
             return self._not_whole(slots, what)
         if pages.min() < 1 or pages.max() > self.num_pages:
             return self._not_whole(slots, what)
@@ -741,6 +733,21 @@ class _Base:
             # all, the reserve's given back first).
             return None
         self._check_distinct(pages, what)
+        return pages
+
+    def _pages_of_whole(self, slots):
+        """The page ids of `slots` when they are whole pages (page_size
+        slots per page, each page's in order), in the order given; else
+        None. Ranges and owners are not checked."""
+        ps = self.page_size
+        if ps == 1:
+            return slots
+        if slots.size % ps:
+            return None
+        blocks = slots.reshape(-1, ps)
+        pages = blocks[:, 0] // ps
+        if not (blocks == (pages * ps)[:, None] + self._slot_offsets).all():
+            return None
         return pages
 
     def _not_whole(self, slots, what):
@@ -855,13 +862,10 @@ class _Base:
         page named twice: it says which, or frees through the daemon) or
         where the pages are held back rather than put (need_sort, page
         size 1)."""
-        ps = self.page_size
-        if (self._reserve is None or self.need_sort or ps == 1 or
-                slots.size % ps):
+        if self._reserve is None or self.need_sort or self.page_size == 1:
             return False
-        blocks = slots.reshape(-1, ps)
-        pages = blocks[:, 0] // ps
-        if not (blocks == (pages * ps)[:, None] + self._slot_offsets).all():
+        pages = self._pages_of_whole(slots)
+        if pages is None:
             return False
         # Handed out and not published since (pages_published): a page out
         # of range clips to one the put then refuses, or to page 0, never
