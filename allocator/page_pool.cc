@@ -700,11 +700,14 @@ absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
   }
   const char* field = values_are_slots ? "slots" : "pages";
   const int64_t ps = geometry_.page_size;
+  const size_t most_pages =
+      values_are_slots ? values.size() / ps + 1 : values.size();
   std::vector<int64_t> pages;
-  pages.reserve(values_are_slots ? values.size() / ps + 1 : values.size());
+  pages.reserve(most_pages);
   const uint32_t seen = NewSeenEpoch();
   // Shared pages among them: the free drops the owner's reference.
   shared->clear();
+  shared->reserve(most_pages);
   for (size_t i = 0; i < values.size(); ++i) {
     const int64_t value = values[i];
     if (values_are_slots && (value < ps || value >= geometry_.slot_limit())) {
@@ -1122,6 +1125,16 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
   OwnerState& state = it->second;
   std::vector<int64_t> pages;
   pages.reserve(keys.size());
+  // An adopt takes the owner's references as the walk finds the pages (a
+  // second pass over them cost about as much as the walk), counting the
+  // pages new to it; a refusal below gives every one of them back.
+  const int64_t held = state.pages_owned + state.refs.size();
+  int64_t new_refs = 0;
+  auto give_back = [&] {
+    if (adopt) {
+      for (int64_t page : pages) state.refs.Drop(page);
+    }
+  };
   // A key names one page, so a key given twice in the matched prefix is a
   // page found twice: a stamp a page finds it without hashing the chain.
   // Keys past the first miss are never looked at.
@@ -1133,11 +1146,14 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
     if (seen_stamp_[page] == seen) {
       const size_t first =
           std::find(pages.begin(), pages.end(), page) - pages.begin();
+      const size_t repeat = pages.size();
+      give_back();
       return absl::InvalidArgumentError(absl::StrFormat(
-          "keys[%d] repeats keys[%d]: a chain's keys are distinct",
-          pages.size(), first));
+          "keys[%d] repeats keys[%d]: a chain's keys are distinct", repeat,
+          first));
     }
     seen_stamp_[page] = seen;
+    if (adopt) new_refs += state.refs.Add(page);
     pages.push_back(page);
     previous = page;
   }
@@ -1145,13 +1161,8 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
   counters_.prefix_hit_pages += pages.size();
   *counted = !keys.empty();
   if (!adopt || pages.empty()) return pages;
-  // One lookup a page: take the owner's references, counting the pages new
-  // to it, and give them back if that puts it over quota (the rare case).
-  const int64_t held = state.pages_owned + state.refs.size();
-  int64_t new_refs = 0;
-  for (int64_t page : pages) new_refs += state.refs.Add(page);
   if (state.quota_pages > 0 && held + new_refs > state.quota_pages) {
-    for (int64_t page : pages) state.refs.Drop(page);
+    give_back();
     ++counters_.quota_refusals;
     return absl::ResourceExhaustedError(absl::StrFormat(
         "adopting %d shared pages (%d new to owner %d) would put it over "

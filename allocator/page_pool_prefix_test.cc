@@ -152,6 +152,12 @@ TEST_F(PagePoolPrefixTest, AKeyRepeatedInTheMatchedPrefixIsRefused) {
   EXPECT_EQ(after.prefix_lookup_pages, before.prefix_lookup_pages);
   EXPECT_EQ(after.prefix_pages_adopted, before.prefix_pages_adopted);
   EXPECT_EQ(pool_->SharedCount(pages[0]), 1);
+  // The refused adopts took references as their walks found pages, and
+  // gave every one back: Bob holds none (the invariants count them).
+  EXPECT_OK(pool_->CheckInvariants());
+  EXPECT_THAT(pool_->FreePages(kBob, {pages[0]}),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("holds no reference")));
   // After a miss (Key(9)), a repeat is past the match.
   EXPECT_THAT(pool_->MatchPrefix(kBob, {Key(1), Key(9), Key(1), Key(1)}, true),
               IsOkAndHolds(ElementsAre(pages[0])));

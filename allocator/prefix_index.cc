@@ -40,24 +40,6 @@ absl::StatusOr<std::vector<PrefixKey>> ParsePrefixKeys(
   return parsed;
 }
 
-absl::StatusOr<std::vector<PrefixKey>> ParsePackedPrefixKeys(
-    absl::string_view keys, absl::string_view field, int64_t max_keys) {
-  if (keys.size() % kPrefixKeyBytes != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s are %d bytes, not a whole number of %d-byte keys",
-                        field, keys.size(), kPrefixKeyBytes));
-  }
-  const size_t n = keys.size() / kPrefixKeyBytes;
-  if (static_cast<int64_t>(n) > max_keys) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s has %d keys, more than the pool's %d pages", field, n, max_keys));
-  }
-  static_assert(sizeof(PrefixKey) == kPrefixKeyBytes);
-  std::vector<PrefixKey> parsed(n);
-  if (n > 0) std::memcpy(parsed.data(), keys.data(), keys.size());
-  return parsed;
-}
-
 PrefixIndex::PrefixIndex(int64_t num_pages) : num_pages_(num_pages) {}
 
 void PrefixIndex::Uncount(const Entry& entry) {
@@ -90,12 +72,16 @@ void PrefixIndex::LruUnlink(int64_t page) {
 
 void PrefixIndex::Insert(int64_t page, const PrefixKey& key,
                          const PrefixKey* parent) {
-  if (entries_.empty()) entries_.resize(num_pages_ + 1);
+  if (entries_.empty()) {
+    entries_.resize(num_pages_ + 1);
+    next_hints_.resize(num_pages_ + 1);
+    parents_.resize(num_pages_ + 1);
+  }
   pages_.emplace(key, page);
   Entry& entry = entries_[page];
   entry.key = key;
   entry.has_parent = parent != nullptr;
-  entry.parent = parent != nullptr ? *parent : PrefixKey{};
+  parents_[page] = parent != nullptr ? *parent : PrefixKey{};
   entry.count = 1;
   entry.pins = 0;
   entry.in_index = true;
@@ -164,7 +150,11 @@ std::vector<int64_t> PrefixIndex::LruOrder() const {
 
 void PrefixIndex::Clear() {
   pages_.clear();
-  if (!entries_.empty()) entries_.assign(num_pages_ + 1, Entry{});
+  if (!entries_.empty()) {
+    entries_.assign(num_pages_ + 1, Entry{});
+    next_hints_.assign(num_pages_ + 1, 0);
+    parents_.assign(num_pages_ + 1, PrefixKey{});
+  }
   counts_ = PrefixIndexCounts{};
 }
 
@@ -178,7 +168,7 @@ void PrefixIndex::Export(std::vector<PrefixEntryState>* entries,
     const Entry& entry = entries_[p];
     if (!entry.in_index) continue;
     entries->push_back(PrefixEntryState{p, entry.key, entry.has_parent,
-                                        entry.parent, entry.count, entry.pins});
+                                        parents_[p], entry.count, entry.pins});
   }
   *lru = LruOrder();
 }
@@ -190,6 +180,8 @@ absl::Status PrefixIndex::Import(absl::Span<const PrefixEntryState> entries,
   auto refuse = [this](absl::Status status) {
     pages_.clear();
     entries_.clear();
+    next_hints_.clear();
+    parents_.clear();
     counts_ = PrefixIndexCounts{};
     return status;
   };
@@ -199,6 +191,8 @@ absl::Status PrefixIndex::Import(absl::Span<const PrefixEntryState> entries,
                         entries.size(), num_pages_)));
   }
   entries_.assign(num_pages_ + 1, Entry{});
+  next_hints_.assign(num_pages_ + 1, 0);
+  parents_.assign(num_pages_ + 1, PrefixKey{});
   pages_.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     const PrefixEntryState& in = entries[i];
@@ -228,7 +222,7 @@ absl::Status PrefixIndex::Import(absl::Span<const PrefixEntryState> entries,
                           in.page, pages_.find(in.key)->second)));
     }
     entry.key = in.key;
-    entry.parent = in.parent;
+    parents_[in.page] = in.parent;
     entry.has_parent = in.has_parent;
     entry.count = in.count;
     entry.pins = in.pins;

@@ -12,11 +12,9 @@
 namespace pagealloc {
 namespace {
 
-using ::pagealloc::testing::IsOkAndHolds;
 using ::pagealloc::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::IsEmpty;
 
 PrefixKey Key(uint8_t tag) {
   PrefixKey key{};
@@ -123,19 +121,6 @@ TEST(PrefixKeyTest, ChainsOfKeysOfAnotherSizeOrTooManyKeysAreRefused) {
   EXPECT_EQ(PrefixKeyBytes(parsed[0]), a);
   EXPECT_EQ(PrefixKeyBytes(parsed[1]), b);
   EXPECT_EQ(PrefixKeyBytes(parsed[2]), a);
-  // The same keys back to back: one copy, the same chain.
-  const std::string packed = a + b + a;
-  ASSERT_OK_AND_ASSIGN(const std::vector<PrefixKey> unpacked,
-                       ParsePackedPrefixKeys(packed, "keys", 8));
-  EXPECT_EQ(unpacked, parsed);
-  EXPECT_THAT(ParsePackedPrefixKeys(packed, "keys", 2),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("3 keys, more than the pool's 2 pages")));
-  EXPECT_THAT(ParsePackedPrefixKeys(packed.substr(1), "keys", 8),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("keys are 95 bytes, not a whole number of "
-                                 "32-byte keys")));
-  EXPECT_THAT(ParsePackedPrefixKeys("", "keys", 8), IsOkAndHolds(IsEmpty()));
 }
 
 // FindAfter's hint never changes an answer: through inserts, evictions

@@ -145,12 +145,17 @@ absl::Status ChannelCodec::TakeCall(TakenCall* call) const {
   call->free_first =
       copy(arrays.free_first, layout_.free_first,
            arrays.free_first ? num_free_first : 0, &call->free_storage);
-  call->keys = absl::string_view();
+  call->keys = absl::Span<const Key>();
   if (arrays.keys && call->num_requests > 0) {
-    const size_t bytes = static_cast<size_t>(call->num_requests) * kKeyBytes;
-    if (call->key_storage.size() < bytes) call->key_storage.resize(bytes);
-    std::memcpy(call->key_storage.data(), At<char>(layout_.keys()), bytes);
-    call->keys = absl::string_view(call->key_storage.data(), bytes);
+    const size_t n = static_cast<size_t>(call->num_requests);
+    // Grown only: a resize to more keys than the storage holds zeroes the
+    // new ones first, a cost a chain of one size then another would pay on
+    // every call.
+    if (call->key_storage.size() < n) call->key_storage.resize(n);
+    static_assert(sizeof(Key) == kKeyBytes);
+    std::memcpy(call->key_storage.data(), At<char>(layout_.keys()),
+                n * kKeyBytes);
+    call->keys = absl::MakeConstSpan(call->key_storage.data(), n);
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #ifndef PAGEALLOC_FAST_CHANNEL_CODEC_H_
 #define PAGEALLOC_FAST_CHANNEL_CODEC_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -66,12 +67,15 @@ struct TakenCall {
   // empty spans. free_first holds num_free_first page ids.
   std::vector<int64_t> in0_storage, in1_storage, in2_storage, free_storage;
   absl::Span<const int64_t> in0, in1, in2, free_first;
-  // kMatchPrefix: num_requests keys of kKeyBytes bytes, back to back (empty
-  // for every other kind); the int64 arrays are empty then.
-  std::string key_storage;
-  absl::string_view keys = {};
+  // kMatchPrefix: num_requests keys (empty for every other kind); the int64
+  // arrays are empty then. A key is the daemon's prefix key type
+  // (allocator/prefix_index.h's PrefixKey), so the daemon's match walks
+  // this copy as it is, with no second copy into its own type.
+  std::vector<Key> key_storage;
+  absl::Span<const Key> keys;
   absl::string_view key(int32_t index) const {
-    return keys.substr(static_cast<size_t>(index) * kKeyBytes, kKeyBytes);
+    return absl::string_view(reinterpret_cast<const char*>(keys[index].data()),
+                             kKeyBytes);
   }
 };
 

@@ -95,6 +95,7 @@
 #ifndef PAGEALLOC_FAST_CHANNEL_LAYOUT_H_
 #define PAGEALLOC_FAST_CHANNEL_LAYOUT_H_
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -154,6 +155,8 @@ inline constexpr uint32_t kKnownOptions = kAsyncCompletion | kCheckpointFirst |
 // index keys are (allocator/prefix_index.h's kPrefixKeyBytes, a SHA-256
 // digest), fixed so that a key's place follows from its index.
 inline constexpr int32_t kKeyBytes = 32;
+// A key as the daemon takes it out of the channel.
+using Key = std::array<uint8_t, kKeyBytes>;
 
 // Room for the reason a session ended (ChannelHeader::end_reason).
 inline constexpr int32_t kEndReasonBytes = 120;

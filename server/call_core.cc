@@ -702,31 +702,6 @@ void CallCore::SubmitMatchPrefix(uint64_t session_id, absl::string_view token,
                                  absl::Span<const absl::string_view> keys,
                                  bool adopt, Transport transport,
                                  PrefixReply* reply) {
-  MatchChain(
-      session_id, token,
-      [&] {
-        return ParsePrefixKeys(keys, "keys", pool_->geometry().num_pages);
-      },
-      adopt, transport, reply);
-}
-
-void CallCore::SubmitPackedMatchPrefix(uint64_t session_id,
-                                       absl::string_view token,
-                                       absl::string_view keys, bool adopt,
-                                       Transport transport,
-                                       PrefixReply* reply) {
-  MatchChain(
-      session_id, token,
-      [&] {
-        return ParsePackedPrefixKeys(keys, "keys", pool_->geometry().num_pages);
-      },
-      adopt, transport, reply);
-}
-
-void CallCore::MatchChain(
-    uint64_t session_id, absl::string_view token,
-    absl::FunctionRef<absl::StatusOr<std::vector<PrefixKey>>()> parse,
-    bool adopt, Transport transport, PrefixReply* reply) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
@@ -734,15 +709,48 @@ void CallCore::MatchChain(
     return Answer(reply, Method::kMatchPrefix, transport, start,
                   session.status());
   }
-  absl::StatusOr<std::vector<PrefixKey>> parsed = parse();
+  absl::StatusOr<std::vector<PrefixKey>> parsed =
+      ParsePrefixKeys(keys, "keys", pool_->geometry().num_pages);
   if (!parsed.ok()) {
     return Answer(reply, Method::kMatchPrefix, transport, start,
                   parsed.status());
   }
-  const uint64_t owner = (*session)->id();
+  // The chain's span points into the vector's heap buffer, which moves
+  // into the queued operation with it.
+  const absl::Span<const PrefixKey> chain = *parsed;
+  QueueMatch((*session)->id(), chain, *std::move(parsed), adopt, transport,
+             start, reply);
+}
+
+void CallCore::SubmitTakenMatchPrefix(uint64_t session_id,
+                                      absl::string_view token,
+                                      absl::Span<const PrefixKey> keys,
+                                      bool adopt, Transport transport,
+                                      PrefixReply* reply) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      Authenticate(session_id, token);
+  if (!session.ok()) {
+    return Answer(reply, Method::kMatchPrefix, transport, start,
+                  session.status());
+  }
+  // ParsePrefixKeys's one check that a key's type does not make.
+  if (static_cast<int64_t>(keys.size()) > pool_->geometry().num_pages) {
+    return Answer(reply, Method::kMatchPrefix, transport, start,
+                  absl::InvalidArgumentError(absl::StrFormat(
+                      "keys has %d keys, more than the pool's %d pages",
+                      keys.size(), pool_->geometry().num_pages)));
+  }
+  QueueMatch((*session)->id(), keys, {}, adopt, transport, start, reply);
+}
+
+void CallCore::QueueMatch(uint64_t owner, absl::Span<const PrefixKey> chain,
+                          std::vector<PrefixKey> storage, bool adopt,
+                          Transport transport, absl::Time start,
+                          PrefixReply* reply) {
   reply->set_value(0);
   SubmitOp(reply, Method::kMatchPrefix, transport, start, owner,
-           [this, owner, chain = *std::move(parsed), adopt,
+           [this, owner, chain, storage = std::move(storage), adopt,
             reply]() -> absl::Status {
              ASSIGN_OR_RETURN(reply->pages,
                               pool_->MatchPrefix(owner, chain, adopt));

@@ -27,7 +27,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -400,11 +399,12 @@ class CallCore {
   void SubmitMatchPrefix(uint64_t session_id, absl::string_view token,
                          absl::Span<const absl::string_view> keys, bool adopt,
                          Transport transport, PrefixReply* reply);
-  // The same for the keys back to back, 32 bytes each (the fast channel's
-  // copy of its key area): parsed in one copy.
-  void SubmitPackedMatchPrefix(uint64_t session_id, absl::string_view token,
-                               absl::string_view keys, bool adopt,
-                               Transport transport, PrefixReply* reply);
+  // The same for keys the caller has already taken as keys (the fast
+  // channel's copy of its key area), walked where they lie: `keys` must
+  // stay valid and unchanged until the reply completes.
+  void SubmitTakenMatchPrefix(uint64_t session_id, absl::string_view token,
+                              absl::Span<const PrefixKey> keys, bool adopt,
+                              Transport transport, PrefixReply* reply);
   // Removes the session's pins from `pages` (valid until the reply
   // completes); the reply's value is the pins removed.
   void SubmitUnpinPrefix(uint64_t session_id, absl::string_view token,
@@ -488,12 +488,13 @@ class CallCore {
   absl::Status FreeFenced(uint64_t owner, FreeUnit unit,
                           absl::Span<const int64_t> values, FreeOrder order,
                           uint64_t release_value, Reply* reply);
-  // SubmitMatchPrefix's work once `parse` (called after authentication)
-  // has made the chain.
-  void MatchChain(
-      uint64_t session_id, absl::string_view token,
-      absl::FunctionRef<absl::StatusOr<std::vector<PrefixKey>>()> parse,
-      bool adopt, Transport transport, PrefixReply* reply);
+  // Queues the match of `chain` for `owner` (authenticated, the chain
+  // checked). `storage` is what `chain` points into when the call core
+  // made it (it goes with the queued operation), else empty and the
+  // caller keeps `chain` alive until the reply completes.
+  void QueueMatch(uint64_t owner, absl::Span<const PrefixKey> chain,
+                  std::vector<PrefixKey> storage, bool adopt,
+                  Transport transport, absl::Time start, PrefixReply* reply);
   // Queues `op` for `session_id` on the batcher, in order with the session's
   // other work; `reply` completes with its status.
   void SubmitOp(Reply* reply, Method method, Transport transport,

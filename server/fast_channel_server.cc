@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "allocator/prefix_index.h"
 #include "common/adaptive_spin.h"
 #include "common/cpu_relax.h"
 #include "common/logging.h"
@@ -552,8 +554,8 @@ void FastChannelServer::PublishAnswer(Channel& c, uint32_t seq) {
 
 void FastChannelServer::SubmitTakenMatch(Channel& c) {
   const fast_channel::TakenCall& call = c.taken;
-  // The gRPC handler's path: the core authenticates and parses the chain
-  // (the taken copy's keys, back to back) before it returns, then queues
+  // The gRPC handler's path: the core authenticates and checks the chain
+  // (the taken copy's keys) before it returns, then queues
   // the match (and adopt) on the batcher as an operation of the session.
   // Why not answer it here, straight from the pool: a match must apply in
   // order with the session's other work (a free or rollback queued behind
@@ -565,9 +567,13 @@ void FastChannelServer::SubmitTakenMatch(Channel& c) {
   // running the match waits for it; otherwise this thread runs it at once
   // (server/batcher.h, "Who drives"). It joins no launch: it is not an
   // allocation.
-  core_->SubmitPackedMatchPrefix(c.session_id, c.token, call.keys,
-                                 (call.options & fast_channel::kAdopt) != 0,
-                                 Transport::kFastChannel, c.match_reply.get());
+  // The taken copy stays as it is until the answer is out: the poller
+  // takes no other call of the channel while this one is in flight, and
+  // the reply holds the channel.
+  static_assert(std::is_same_v<fast_channel::Key, PrefixKey>);
+  core_->SubmitTakenMatchPrefix(c.session_id, c.token, call.keys,
+                                (call.options & fast_channel::kAdopt) != 0,
+                                Transport::kFastChannel, c.match_reply.get());
 }
 
 void FastChannelServer::CountRings(Channel& c) {

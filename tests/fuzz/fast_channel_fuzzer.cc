@@ -9,9 +9,7 @@
 //     capacity (never the header's);
 //   - an allocation call's arrays either decode into valid requests or are
 //     refused with INVALID_ARGUMENT (DecodeCall); a prefix match's keys
-//     number num_requests, each kKeyBytes long, and either parse into a
-//     chain or are refused with INVALID_ARGUMENT (ParsePackedPrefixKeys,
-//     as the call core parses them);
+//     number num_requests (the pool walks them as they are taken);
 //   - the daemon's answer (per-request results with long messages, a whole
 //     refusal, an operation's value, a match's pages) stays inside the
 //     channel, and the client's codec reads it back consistently.
@@ -29,7 +27,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "allocator/prefix_index.h"
 #include "allocator/requests.h"
 #include "fast_channel/codec.h"
 #include "server/request_decoding.h"
@@ -142,17 +139,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Fail("TakeCall's counts", absl::InternalError("out of capacity"));
   }
   if (call.kind == fast_channel::CallKind::kMatchPrefix) {
-    if (call.keys.size() !=
-            static_cast<size_t>(call.num_requests) * fast_channel::kKeyBytes ||
+    if (call.keys.size() != static_cast<size_t>(call.num_requests) ||
         !call.in0.empty() || !call.in1.empty() || !call.free_first.empty()) {
       Fail("a match's keys", absl::InternalError("wrong shape"));
-    }
-    const absl::StatusOr<std::vector<PrefixKey>> chain =
-        ParsePackedPrefixKeys(call.keys, "keys", kGeometry.num_pages);
-    if (!chain.ok()) {
-      CheckRefusal("ParsePackedPrefixKeys refused", chain.status());
-    } else if (chain->size() != static_cast<size_t>(call.num_requests)) {
-      Fail("a match's parsed chain", absl::InternalError("wrong length"));
     }
   } else if (call.keys.size() != 0) {
     Fail("keys in a call that is not a match", absl::InternalError("keys"));
