@@ -8,6 +8,11 @@
 //     to back, as the C ABI and Python pass them), checked to find the
 //     whole chain, then FreePages of the pages found (timed apart, "free"),
 //     which drops the references, so every iteration adopts again;
+//   - "match+adopt, two chains in turn": the same with a second published
+//     chain of as many pages every other call, so that no cache line of
+//     the keys or of the answer is the last call's (the fast channel
+//     stores only the lines that changed: a chain matched again crosses
+//     cores only where it differs);
 //   - "match": MatchPrefixPacked(chain) without adopt (a peek);
 //   - "match, first key missing": the chain with its first key changed, so
 //     that the walk stops at once: the keys' transport and parse alone.
@@ -24,7 +29,7 @@
 //   //server:pagealloc-server bazel-bin/bench/prefix_match_benchmark
 //   --backend=cpu
 // (or --target=unix:///run/pagealloc/daemon.sock for a running daemon: its
-// pool needs --chain_pages free pages).
+// pool needs twice --chain_pages free pages).
 
 #include <stdlib.h>
 
@@ -41,6 +46,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "bench/clock.h"
 #include "bench/daemon.h"
 #include "client/client.h"
@@ -141,11 +147,53 @@ absl::StatusOr<std::vector<int64_t>> PublishChain(
   return pages;
 }
 
+// A published chain: its keys back to back and its pages.
+struct Chain {
+  std::string packed;
+  std::vector<int64_t> pages;
+};
+
+// Times match+adopt of chains[i % chains.size()] at call i, and the free
+// that drops the references after each, into `adopt_nanos` and
+// `free_nanos`.
+absl::Status MeasureAdopts(Client& reader, absl::Span<const Chain> chains,
+                           std::vector<int64_t>* adopt_nanos,
+                           std::vector<int64_t>* free_nanos) {
+  const int64_t warmup = absl::GetFlag(FLAGS_warmup);
+  const int64_t iterations = absl::GetFlag(FLAGS_iterations);
+  adopt_nanos->reserve(iterations);
+  free_nanos->reserve(iterations);
+  for (int64_t i = 0; i < warmup + iterations; ++i) {
+    const Chain& chain = chains[i % chains.size()];
+    const int64_t t0 = NowNanos();
+    ASSIGN_OR_RETURN(std::vector<int64_t> found,
+                     reader.MatchPrefixPacked(chain.packed, /*adopt=*/true));
+    const int64_t t1 = NowNanos();
+    if (found != chain.pages) {
+      return absl::InternalError(absl::StrFormat(
+          "iteration %d: the match found %d of the chain's %d pages, or "
+          "others",
+          i, found.size(), chain.pages.size()));
+    }
+    ASSIGN_OR_RETURN(const int64_t freed, reader.FreePages(found));
+    const int64_t t2 = NowNanos();
+    if (freed != static_cast<int64_t>(chain.pages.size())) {
+      return absl::InternalError(
+          absl::StrFormat("iteration %d: dropped %d references of %d", i, freed,
+                          chain.pages.size()));
+    }
+    if (i >= warmup) {
+      adopt_nanos->push_back(t1 - t0);
+      free_nanos->push_back(t2 - t1);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Times the calls of one reader session; appends its rows to `rows`.
 absl::Status MeasureReader(const std::string& target,
                            const std::string& transport,
-                           const std::vector<std::string>& keys,
-                           const std::vector<int64_t>& pages,
+                           absl::Span<const Chain> chains,
                            std::vector<Summary>* rows) {
   if (transport != "fast_channel" && transport != "grpc") {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -160,35 +208,17 @@ absl::Status MeasureReader(const std::string& target,
         absl::StrFormat("the %s reader %s a fast channel", transport,
                         fast ? "did not get" : "got"));
   }
-  const std::string packed = absl::StrJoin(keys, "");
+  const std::string& packed = chains[0].packed;
+  const std::vector<int64_t>& pages = chains[0].pages;
   const int64_t warmup = absl::GetFlag(FLAGS_warmup);
   const int64_t iterations = absl::GetFlag(FLAGS_iterations);
   std::vector<int64_t> adopt_nanos, free_nanos, peek_nanos;
-  adopt_nanos.reserve(iterations);
-  free_nanos.reserve(iterations);
+  RETURN_IF_ERROR(
+      MeasureAdopts(*reader, chains.subspan(0, 1), &adopt_nanos, &free_nanos));
+  std::vector<int64_t> turn_nanos, turn_free_nanos;
+  RETURN_IF_ERROR(
+      MeasureAdopts(*reader, chains, &turn_nanos, &turn_free_nanos));
   peek_nanos.reserve(iterations);
-  for (int64_t i = 0; i < warmup + iterations; ++i) {
-    const int64_t t0 = NowNanos();
-    ASSIGN_OR_RETURN(std::vector<int64_t> found,
-                     reader->MatchPrefixPacked(packed, /*adopt=*/true));
-    const int64_t t1 = NowNanos();
-    if (found != pages) {
-      return absl::InternalError(absl::StrFormat(
-          "iteration %d: the match found %d of the chain's %d pages, or "
-          "others",
-          i, found.size(), pages.size()));
-    }
-    ASSIGN_OR_RETURN(const int64_t freed, reader->FreePages(found));
-    const int64_t t2 = NowNanos();
-    if (freed != static_cast<int64_t>(pages.size())) {
-      return absl::InternalError(absl::StrFormat(
-          "iteration %d: dropped %d references of %d", i, freed, pages.size()));
-    }
-    if (i >= warmup) {
-      adopt_nanos.push_back(t1 - t0);
-      free_nanos.push_back(t2 - t1);
-    }
-  }
   for (int64_t i = 0; i < warmup + iterations; ++i) {
     const int64_t t0 = NowNanos();
     ASSIGN_OR_RETURN(std::vector<int64_t> found,
@@ -223,6 +253,8 @@ absl::Status MeasureReader(const std::string& target,
   rows->push_back(Summarize(transport, "match+adopt", adopt_nanos));
   rows->push_back(
       Summarize(transport, "free (drop the references)", free_nanos));
+  rows->push_back(
+      Summarize(transport, "match+adopt, two chains in turn", turn_nanos));
   rows->push_back(Summarize(transport, "match (no adopt)", peek_nanos));
   rows->push_back(Summarize(
       transport, "match, first key missing (keys in, no walk)", miss_nanos));
@@ -253,14 +285,16 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(
       std::unique_ptr<Client> writer,
       Client::Connect(ClientFor(daemon.target, "prefix-bench-writer", false)));
-  const std::vector<std::string> keys =
-      ChainKeys(chain_pages, static_cast<uint64_t>(NowNanos()));
-  ASSIGN_OR_RETURN(const std::vector<int64_t> pages,
-                   PublishChain(*writer, keys));
+  std::vector<Chain> chains(2);
+  for (Chain& chain : chains) {
+    const std::vector<std::string> keys =
+        ChainKeys(chain_pages, static_cast<uint64_t>(NowNanos()));
+    chain.packed = absl::StrJoin(keys, "");
+    ASSIGN_OR_RETURN(chain.pages, PublishChain(*writer, keys));
+  }
   std::vector<Summary> rows;
   for (const std::string& transport : absl::GetFlag(FLAGS_transports)) {
-    RETURN_IF_ERROR(
-        MeasureReader(daemon.target, transport, keys, pages, &rows));
+    RETURN_IF_ERROR(MeasureReader(daemon.target, transport, chains, &rows));
   }
   RETURN_IF_ERROR(writer->Close());
 

@@ -226,6 +226,44 @@ TEST_F(CodecTest, AMatchCarriesItsKeysAndItsAnswerThePagesFound) {
               StatusIs(absl::StatusCode::kInternal, HasSubstr("9 pages")));
 }
 
+// The client stores only the key lines that differ from the last call's
+// and the daemon only the answer lines that differ: what each side reads
+// is the new call and the new answer whatever the last ones were.
+TEST_F(CodecTest, AMatchAfterAnotherReadsAsItsOwn) {
+  const std::vector<std::string> first = Keys(1, 5);
+  std::vector<std::string> second = first;
+  second[2] = Keys(40, 1)[0];  // one key changed in place
+  second.push_back(Keys(50, 1)[0]);
+  const std::vector<std::vector<std::string>> chains = {
+      first, second, first, {first[0]}, second};
+  uint32_t seq = 0;
+  for (const std::vector<std::string>& chain : chains) {
+    const std::string packed = absl::StrJoin(chain, "");
+    CallView match;
+    match.kind = CallKind::kMatchPrefix;
+    match.keys = packed;
+    ASSERT_OK(client_.PostCall(match, ++seq));
+    TakenCall call;
+    ASSERT_OK(daemon_.TakeCall(&call));
+    ASSERT_EQ(call.keys.size(), chain.size()) << seq;
+    for (size_t i = 0; i < chain.size(); ++i) {
+      EXPECT_EQ(call.key(i), chain[i]) << seq << " " << i;
+    }
+    // Pages that differ from the last answer's in some places, not others.
+    std::vector<int64_t> pages(chain.size());
+    for (size_t i = 0; i < chain.size(); ++i) {
+      pages[i] =
+          static_cast<int64_t>(seq % 2 == 0 || i % 3 == 0 ? i + 1 : 100 + i);
+    }
+    ASSERT_OK(daemon_.WriteMatchedPages(pages));
+    daemon_.Publish(seq);
+    EXPECT_OK(client_.CallStatus());
+    ASSERT_OK_AND_ASSIGN(const absl::Span<const int64_t> read,
+                         client_.ReadMatchedPages(chain.size()));
+    EXPECT_EQ(std::vector<int64_t>(read.begin(), read.end()), pages) << seq;
+  }
+}
+
 TEST_F(CodecTest, ClientPostsOnlyWellFormedMatches) {
   std::string keys = absl::StrJoin(Keys(1, 2), "");
   keys.pop_back();
