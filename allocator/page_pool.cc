@@ -1125,14 +1125,25 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
   OwnerState& state = it->second;
   std::vector<int64_t> pages;
   pages.reserve(keys.size());
-  // An adopt takes the owner's references as the walk finds the pages (a
-  // second pass over them cost about as much as the walk), counting the
-  // pages new to it; a refusal below gives every one of them back.
+  // An adopt takes the references as the walk finds the pages (a second
+  // pass over them cost about as much as the walk): the owner's, counting
+  // the pages new to it, and the index's on each published page. Cached
+  // pages, whose first reference takes them off the LRU, wait for the
+  // quota check below (in walk order, as a pass would take them). A
+  // refusal gives every reference taken back.
   const int64_t held = state.pages_owned + state.refs.size();
   int64_t new_refs = 0;
+  std::vector<int64_t> cached;
   auto give_back = [&] {
-    if (adopt) {
-      for (int64_t page : pages) state.refs.Drop(page);
+    if (!adopt) return;
+    size_t next_cached = 0;
+    for (int64_t page : pages) {
+      state.refs.Drop(page);
+      if (next_cached < cached.size() && cached[next_cached] == page) {
+        ++next_cached;
+      } else {
+        index_.UndoAddRefIfPublished(page);
+      }
     }
   };
   // A key names one page, so a key given twice in the matched prefix is a
@@ -1153,7 +1164,10 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
           first));
     }
     seen_stamp_[page] = seen;
-    if (adopt) new_refs += state.refs.Add(page);
+    if (adopt) {
+      new_refs += state.refs.Add(page);
+      if (!index_.AddRefIfPublished(page)) cached.push_back(page);
+    }
     pages.push_back(page);
     previous = page;
   }
@@ -1169,7 +1183,7 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
         "quota: it holds %d of its %d",
         pages.size(), new_refs, owner, held, state.quota_pages));
   }
-  for (int64_t page : pages) index_.AddRef(page);
+  for (int64_t page : cached) index_.AddRef(page);
   counters_.prefix_pages_adopted += pages.size();
   return pages;
 }

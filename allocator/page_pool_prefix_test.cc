@@ -327,6 +327,47 @@ TEST_F(PagePoolPrefixTest, AdoptsCountTowardsTheQuota) {
       StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("over quota")));
 }
 
+// An adopt takes a published page's reference as its walk finds it and a
+// cached page's after the quota check: a refusal gives back the first
+// kind and never touches the second (nor the LRU order); an adopt that
+// goes through holds every page once and takes the cached ones off the
+// LRU.
+TEST_F(PagePoolPrefixTest,
+       ARefusedAdoptOfPublishedAndCachedPagesChangesNothing) {
+  MakePool(16);
+  ASSERT_OK(pool_->AddOwner(3, /*quota_pages=*/3));
+  const std::vector<int64_t> pages = Pages(kAlice, 4);
+  ASSERT_OK(pool_->Publish(kAlice, pages, Keys(1, 4), nullptr, false));
+  // Pages 0 and 2 cached, 1 and 3 still Alice's.
+  ASSERT_OK(pool_->FreePages(kAlice, {pages[2], pages[0]}).status());
+  const std::vector<int64_t> lru = pool_->EvictionOrder();
+  ASSERT_EQ(lru.size(), 2u);
+  const std::vector<int64_t> counts = {0, 1, 0, 1};
+  auto expect_unchanged = [&] {
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(pool_->SharedCount(pages[i]), counts[i]) << i;
+    }
+    EXPECT_EQ(pool_->EvictionOrder(), lru);
+    EXPECT_OK(pool_->CheckInvariants());
+  };
+  EXPECT_THAT(pool_->MatchPrefix(3, Keys(1, 4), true),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("holds 0 of its 3")));
+  expect_unchanged();
+  EXPECT_THAT(pool_->MatchPrefix(3, {Key(1), Key(2), Key(3), Key(2)}, true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("keys[3] repeats keys[1]")));
+  expect_unchanged();
+  EXPECT_THAT(pool_->MatchPrefix(3, Keys(1, 3), true),
+              IsOkAndHolds(ElementsAre(pages[0], pages[1], pages[2])));
+  EXPECT_EQ(pool_->SharedCount(pages[0]), 1);
+  EXPECT_EQ(pool_->SharedCount(pages[1]), 2);
+  EXPECT_EQ(pool_->SharedCount(pages[2]), 1);
+  EXPECT_EQ(pool_->SharedCount(pages[3]), 1);
+  EXPECT_THAT(pool_->EvictionOrder(), IsEmpty());
+  EXPECT_OK(pool_->CheckInvariants());
+}
+
 // Every hostile publish, as a row: the code, the message, and a pool that
 // has not changed.
 TEST_F(PagePoolPrefixTest, HostilePublishesAreRefusedAndChangeNothing) {

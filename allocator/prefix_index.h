@@ -193,6 +193,19 @@ class PrefixIndex {
       AddFirstRef(page);
     }
   }
+  // AddRef of a published page (count > 0), which is only a count: takes
+  // the reference and returns true. Returns false and changes nothing for
+  // a cached page (AddRef's other case, which leaves the LRU). An adopt
+  // takes a chain's references this way as its walk finds the pages.
+  // REQUIRES: Contains(page).
+  bool AddRefIfPublished(int64_t page) {
+    Entry& entry = entries_[page];
+    if (entry.count == 0) return false;
+    ++entry.count;
+    return true;
+  }
+  // Gives back a reference AddRefIfPublished took (a refused adopt).
+  void UndoAddRefIfPublished(int64_t page) { --entries_[page].count; }
   // Drops a reference on `page`; at count 0 it becomes cached and, unless
   // pinned, the most recently used entry of the LRU. REQUIRES: count > 0.
   void Release(int64_t page) {
