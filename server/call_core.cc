@@ -703,23 +703,16 @@ void CallCore::SubmitMatchPrefix(uint64_t session_id, absl::string_view token,
                                  bool adopt, Transport transport,
                                  PrefixReply* reply) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      Authenticate(session_id, token);
-  if (!session.ok()) {
-    return Answer(reply, Method::kMatchPrefix, transport, start,
-                  session.status());
-  }
   absl::StatusOr<std::vector<PrefixKey>> parsed =
       ParsePrefixKeys(keys, "keys", pool_->geometry().num_pages);
-  if (!parsed.ok()) {
-    return Answer(reply, Method::kMatchPrefix, transport, start,
-                  parsed.status());
-  }
+  absl::Status checked = parsed.status();
+  std::vector<PrefixKey> storage;
+  if (parsed.ok()) storage = *std::move(parsed);
   // The chain's span points into the vector's heap buffer, which moves
   // into the queued operation with it.
-  const absl::Span<const PrefixKey> chain = *parsed;
-  QueueMatch((*session)->id(), chain, *std::move(parsed), adopt, transport,
-             start, reply);
+  const absl::Span<const PrefixKey> chain = storage;
+  QueueMatch(session_id, token, start, std::move(checked), chain,
+             std::move(storage), adopt, transport, reply);
 }
 
 void CallCore::SubmitTakenMatchPrefix(uint64_t session_id,
@@ -727,27 +720,27 @@ void CallCore::SubmitTakenMatchPrefix(uint64_t session_id,
                                       absl::Span<const PrefixKey> keys,
                                       bool adopt, Transport transport,
                                       PrefixReply* reply) {
-  const absl::Time start = absl::Now();
+  // Taken keys are keys already: the chain's one other check, its length,
+  // is the pool's (PagePool::MatchPrefix refuses as ParsePrefixKeys does).
+  QueueMatch(session_id, token, absl::Now(), absl::OkStatus(), keys, {}, adopt,
+             transport, reply);
+}
+
+void CallCore::QueueMatch(uint64_t session_id, absl::string_view token,
+                          absl::Time start, absl::Status checked,
+                          absl::Span<const PrefixKey> chain,
+                          std::vector<PrefixKey> storage, bool adopt,
+                          Transport transport, PrefixReply* reply) {
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
   if (!session.ok()) {
     return Answer(reply, Method::kMatchPrefix, transport, start,
                   session.status());
   }
-  // ParsePrefixKeys's one check that a key's type does not make.
-  if (static_cast<int64_t>(keys.size()) > pool_->geometry().num_pages) {
-    return Answer(reply, Method::kMatchPrefix, transport, start,
-                  absl::InvalidArgumentError(absl::StrFormat(
-                      "keys has %d keys, more than the pool's %d pages",
-                      keys.size(), pool_->geometry().num_pages)));
+  if (!checked.ok()) {
+    return Answer(reply, Method::kMatchPrefix, transport, start, checked);
   }
-  QueueMatch((*session)->id(), keys, {}, adopt, transport, start, reply);
-}
-
-void CallCore::QueueMatch(uint64_t owner, absl::Span<const PrefixKey> chain,
-                          std::vector<PrefixKey> storage, bool adopt,
-                          Transport transport, absl::Time start,
-                          PrefixReply* reply) {
+  const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kMatchPrefix, transport, start, owner,
            [this, owner, chain, storage = std::move(storage), adopt,

@@ -401,7 +401,9 @@ class CallCore {
                          Transport transport, PrefixReply* reply);
   // The same for keys the caller has already taken as keys (the fast
   // channel's copy of its key area), walked where they lie: `keys` must
-  // stay valid and unchanged until the reply completes.
+  // stay valid and unchanged until the reply completes. A chain longer
+  // than the pool's pages is refused by the pool, with the same code and
+  // message, once the session's earlier work is done.
   void SubmitTakenMatchPrefix(uint64_t session_id, absl::string_view token,
                               absl::Span<const PrefixKey> keys, bool adopt,
                               Transport transport, PrefixReply* reply);
@@ -488,13 +490,17 @@ class CallCore {
   absl::Status FreeFenced(uint64_t owner, FreeUnit unit,
                           absl::Span<const int64_t> values, FreeOrder order,
                           uint64_t release_value, Reply* reply);
-  // Queues the match of `chain` for `owner` (authenticated, the chain
-  // checked). `storage` is what `chain` points into when the call core
-  // made it (it goes with the queued operation), else empty and the
-  // caller keeps `chain` alive until the reply completes.
-  void QueueMatch(uint64_t owner, absl::Span<const PrefixKey> chain,
+  // The match entry points' common part: authenticates the session, then
+  // answers `checked` (the caller's check of the chain) if it is an error,
+  // else queues the match of `chain` for the session. `storage` is what
+  // `chain` points into when the call core parsed it (it goes with the
+  // queued operation), else empty and the caller keeps `chain` alive until
+  // the reply completes.
+  void QueueMatch(uint64_t session_id, absl::string_view token,
+                  absl::Time start, absl::Status checked,
+                  absl::Span<const PrefixKey> chain,
                   std::vector<PrefixKey> storage, bool adopt,
-                  Transport transport, absl::Time start, PrefixReply* reply);
+                  Transport transport, PrefixReply* reply);
   // Queues `op` for `session_id` on the batcher, in order with the session's
   // other work; `reply` completes with its status.
   void SubmitOp(Reply* reply, Method method, Transport transport,
