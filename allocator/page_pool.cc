@@ -1134,7 +1134,7 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
   const int64_t held = state.pages_owned + state.refs.size();
   int64_t new_refs = 0;
   std::vector<int64_t> cached;
-  auto give_back = [&] {
+  auto give_back = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!adopt) return;
     size_t next_cached = 0;
     for (int64_t page : pages) {
