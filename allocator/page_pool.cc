@@ -707,7 +707,6 @@ absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
   const uint32_t seen = NewSeenEpoch();
   // Shared pages among them: the free drops the owner's reference.
   shared->clear();
-  shared->reserve(most_pages);
   for (size_t i = 0; i < values.size(); ++i) {
     const int64_t value = values[i];
     if (values_are_slots && (value < ps || value >= geometry_.slot_limit())) {
@@ -737,6 +736,9 @@ absl::StatusOr<std::vector<int64_t>> PagePool::ResolveFree(
             "no reference on",
             field, i, value, page));
       }
+      // Sized at the first shared page, so that a free of owned pages
+      // alone (every decode step's) allocates nothing more.
+      if (shared->capacity() == 0) shared->reserve(most_pages);
       shared->push_back(page);
       continue;
     }

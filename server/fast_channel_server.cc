@@ -554,9 +554,10 @@ void FastChannelServer::PublishAnswer(Channel& c, uint32_t seq) {
 
 void FastChannelServer::SubmitTakenMatch(Channel& c) {
   const fast_channel::TakenCall& call = c.taken;
-  // The gRPC handler's path: the core authenticates and checks the chain
-  // (the taken copy's keys) before it returns, then queues
-  // the match (and adopt) on the batcher as an operation of the session.
+  // The gRPC handler's path: the core authenticates the session before it
+  // returns, then queues the match (and adopt) of the taken copy's keys on
+  // the batcher as an operation of the session (the pool checks the
+  // chain's length there).
   // Why not answer it here, straight from the pool: a match must apply in
   // order with the session's other work (a free or rollback queued behind
   // a running launch, a gRPC call of the same session, the release fence's
