@@ -6,14 +6,17 @@
 // client whose daemon severed its memory socket (as a daemon restarted with
 // its state would) reconnects, keeps its KV slab and its old slots, and
 // one without reconnect ends as today; a fenced free and a page reserve
-// from before a reconnect carry on over the new link.
+// from before a reconnect carry on over the new link; a client that
+// resumes onto another pool or another KV slab ends its session.
 
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/page_reserve.h"
@@ -34,6 +37,7 @@
 namespace pagealloc::testing {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int64_t kPageSize = 4;
@@ -525,6 +529,135 @@ TEST_F(ResumeTest, APageReserveAnswersAsksOnTheNewLink) {
   EXPECT_TRUE(
       WaitFor([&] { return Stats().used_pages() == 0; }, absl::Seconds(20)));
 }
+
+// A daemon on the client's socket that takes its Resume but describes
+// another pool than the one the client mapped: a misconfigured or lying
+// successor, which no daemon of ours is (a kept state either comes with
+// its slab or is dropped with every session). It answers with `pool` and
+// records the session a KeepAlive closes.
+class ForeignPoolService final : public v1::PageAllocator::Service {
+ public:
+  explicit ForeignPoolService(v1::PoolInfo pool) : pool_(std::move(pool)) {}
+
+  grpc::Status Resume(grpc::ServerContext* context,
+                      const v1::ResumeRequest* request,
+                      v1::RegisterResponse* response) override {
+    response->set_session_id(request->session().session_id());
+    response->set_session_token(request->session().session_token());
+    *response->mutable_pool() = pool_;
+    response->set_resumed(true);
+    response->set_lease_ms(30000);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status KeepAlive(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::KeepAliveResponse, v1::KeepAliveRequest>*
+          stream) override {
+    v1::KeepAliveRequest request;
+    while (stream->Read(&request)) {
+      if (request.close()) {
+        absl::MutexLock lock(&mu_);
+        closed_.push_back(request.session());
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  std::vector<v1::SessionRef> closed() {
+    absl::MutexLock lock(&mu_);
+    return closed_;
+  }
+
+ private:
+  const v1::PoolInfo pool_;
+  absl::Mutex mu_;
+  std::vector<v1::SessionRef> closed_ ABSL_GUARDED_BY(mu_);
+};
+
+// What the foreign daemon's pool differs in, and what the client says.
+struct ForeignPool {
+  const char* name;
+  void (*change)(v1::PoolInfo&);
+  const char* says;
+};
+
+void PrintTo(const ForeignPool& pool, std::ostream* os) { *os << pool.name; }
+
+class ForeignPoolTest : public ResumeTest,
+                        public ::testing::WithParamInterface<ForeignPool> {};
+
+// A client that resumes its session on a daemon whose pool or KV slab is
+// not the one it mapped holds slots that mean nothing there: the session
+// ends with DATA_LOSS saying what differs, the client closes it on that
+// daemon (so that its pages go back), and later calls fail with the same
+// status rather than write KV into memory nobody else reads.
+TEST_P(ForeignPoolTest, AResumeOntoAnotherPoolEndsTheSession) {
+  ServerOptions options = CpuTestOptions(32, kPageSize);
+  options.kv.layout = *ParseKvLayout(
+      "mha:layers=1,kv_heads=1,head_dim=8,"
+      "dtype=bf16");
+  // A kept state makes a stop a restart to the sessions: their memory
+  // socket closes without a word and their clients reconnect.
+  options.keep_state.enabled = true;
+  StartServer(options);
+  std::unique_ptr<Client> client = Connect(Reconnecting(Options("foreign")));
+  ASSERT_NE(client, nullptr);
+  ASSERT_NE(client->kv_slab(), nullptr);
+  ASSERT_OK_AND_ASSIGN(Allocation allocated, client->Alloc({8}, Inline()));
+  ASSERT_OK(allocated.status());
+  const uint64_t session_id = client->session_id();
+  v1::PoolInfo foreign = client->pool();
+  GetParam().change(foreign);
+
+  const std::string target = server_->target();
+  stub_.reset();
+  server_->Stop();
+  // The successor listens where the daemon did; the client's Resumes
+  // reach it once it does.
+  ForeignPoolService service(foreign);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(target, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> successor = builder.BuildAndStart();
+  ASSERT_NE(successor, nullptr);
+
+  ASSERT_TRUE(WaitFor([&] { return !client->session_status().ok(); },
+                      absl::Seconds(20)));
+  EXPECT_THAT(client->session_status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(GetParam().says),
+                             HasSubstr("the client closed it"))));
+  EXPECT_FALSE(client->reconnecting());
+  EXPECT_EQ(client->link_epoch(), 0u);
+  ASSERT_TRUE(
+      WaitFor([&] { return !service.closed().empty(); }, absl::Seconds(10)));
+  const std::vector<v1::SessionRef> closed = service.closed();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].session_id(), session_id);
+  EXPECT_EQ(closed[0].session_token(), client->session_token());
+  EXPECT_THAT(client->Alloc({4}), StatusIs(absl::StatusCode::kDataLoss,
+                                           HasSubstr(GetParam().says)));
+  client.reset();
+  successor->Shutdown();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WhatDiffers, ForeignPoolTest,
+    ::testing::Values(ForeignPool{"AnotherSlab",
+                                  [](v1::PoolInfo& pool) {
+                                    pool.mutable_kv_slab()->set_slab_id(
+                                        pool.kv_slab().slab_id() ^ 1);
+                                  },
+                                  "is not the memory this client mapped"},
+                      ForeignPool{"AnotherPool",
+                                  [](v1::PoolInfo& pool) {
+                                    pool.set_num_pages(pool.num_pages() * 2);
+                                  },
+                                  "serves another pool"}),
+    [](const ::testing::TestParamInfo<ForeignPool>& info) {
+      return std::string(info.param.name);
+    });
 
 // Without a reconnect timeout (the default where the daemon does not keep
 // its state) the close of the memory socket ends the session as before.
