@@ -1098,10 +1098,10 @@ absl::StatusOr<PublishOutcome> PagePool::PublishLocked(
 absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefix(
     OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt) {
   absl::MutexLock lock(&mu_);
-  bool counted = false;
+  int64_t found = -1;
   absl::StatusOr<std::vector<int64_t>> pages =
-      MatchPrefixLocked(owner, keys, adopt, &counted);
-  if (change_log_ != nullptr && counted) {
+      MatchPrefixLocked(owner, keys, adopt, &found);
+  if (change_log_ != nullptr && found >= 0) {
     // A plain match changes only the lookup counters, a refused adopt the
     // quota refusals too: both are state, so both are recorded.
     PoolChange change;
@@ -1110,6 +1110,9 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefix(
     change.keys = keys;
     change.adopt = adopt;
     change.refused = !pages.ok();
+    change.keys_looked_up = static_cast<int64_t>(keys.size());
+    change.pages_found = found;
+    if (adopt && pages.ok()) change.pages = *pages;
     LogChange(change);
   }
   return pages;
@@ -1117,8 +1120,8 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefix(
 
 absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
     OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt,
-    bool* counted) {
-  *counted = false;
+    int64_t* found) {
+  *found = -1;
   RETURN_IF_ERROR(CheckChainLength(keys.size()));
   auto it = owners_.find(owner);
   if (it == owners_.end()) {
@@ -1175,7 +1178,7 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
   }
   counters_.prefix_lookup_pages += keys.size();
   counters_.prefix_hit_pages += pages.size();
-  *counted = !keys.empty();
+  if (!keys.empty()) *found = static_cast<int64_t>(pages.size());
   if (!adopt || pages.empty()) return pages;
   if (state.quota_pages > 0 && held + new_refs > state.quota_pages) {
     give_back();
@@ -1921,11 +1924,17 @@ absl::Status PagePool::Replay(const PoolChange& change,
                     .status();
       break;
     case PoolChangeKind::kMatchPrefix: {
-      bool counted = false;
+      if (change.keys.empty()) {
+        applied = ReplayFoundMatchLocked(change);
+        break;
+      }
+      // The keys as the caller gave them (the pool's own record, or one of
+      // record format 1).
+      int64_t found = -1;
       applied =
-          MatchPrefixLocked(change.owner, change.keys, change.adopt, &counted)
+          MatchPrefixLocked(change.owner, change.keys, change.adopt, &found)
               .status();
-      if (!counted) {
+      if (found < 0) {
         return absl::DataLossError(absl::StrFormat(
             "replaying a match_prefix of owner %d: it changed nothing here "
             "(%s)",
@@ -1955,6 +1964,62 @@ absl::Status PagePool::Replay(const PoolChange& change,
   return absl::DataLossError(absl::StrFormat("replaying a %s of owner %d: %s",
                                              PoolChangeKindName(change.kind),
                                              change.owner, applied.ToString()));
+}
+
+absl::Status PagePool::ReplayFoundMatchLocked(const PoolChange& change) {
+  const int64_t looked_up = change.keys_looked_up;
+  const int64_t found = change.pages_found;
+  if (looked_up < 1 || looked_up > geometry_.num_pages || found < 0 ||
+      found > looked_up) {
+    return absl::DataLossError(absl::StrFormat(
+        "%d pages found for %d keys looked up (a pool of %d pages)", found,
+        looked_up, geometry_.num_pages));
+  }
+  if (!owners_.contains(change.owner)) {
+    return absl::NotFoundError(
+        absl::StrFormat("unknown owner %d", change.owner));
+  }
+  // Only an adopt of at least one page is ever refused.
+  if (change.refused && (!change.adopt || found == 0)) {
+    return absl::DataLossError(
+        absl::StrFormat("refused, yet it adopted nothing (adopt %d, %d found)",
+                        change.adopt, found));
+  }
+  const bool took = change.adopt && !change.refused && found > 0;
+  if (static_cast<int64_t>(change.pages.size()) != (took ? found : 0)) {
+    return absl::DataLossError(
+        absl::StrFormat("%d pages listed for %d found%s", change.pages.size(),
+                        found, took ? "" : " by a match that took none"));
+  }
+  if (!took) {
+    counters_.prefix_lookup_pages += looked_up;
+    counters_.prefix_hit_pages += found;
+    if (change.refused) ++counters_.quota_refusals;
+    return absl::OkStatus();
+  }
+  // The adopt walks its pages' keys, so that it takes them exactly as the
+  // original did (references, the LRU, the quota check) and finds exactly
+  // them; then the lookups past the matched prefix are counted.
+  std::vector<PrefixKey> keys;
+  keys.reserve(change.pages.size());
+  for (int64_t page : change.pages) {
+    if (page < 1 || page > geometry_.num_pages || !index_.Contains(page)) {
+      return absl::DataLossError(
+          absl::StrFormat("page %d is not in the prefix index", page));
+    }
+    keys.push_back(index_.key(page));
+  }
+  int64_t walked = -1;
+  ASSIGN_OR_RETURN(const std::vector<int64_t> pages,
+                   MatchPrefixLocked(change.owner, keys, true, &walked));
+  if (!std::equal(pages.begin(), pages.end(), change.pages.begin(),
+                  change.pages.end())) {
+    return absl::DataLossError(
+        absl::StrFormat("the walk took %d pages, not the %d recorded",
+                        pages.size(), change.pages.size()));
+  }
+  counters_.prefix_lookup_pages += looked_up - found;
+  return absl::OkStatus();
 }
 
 absl::Status PagePool::ReplayAllocate(const PoolChange& change,

@@ -530,11 +530,19 @@ class PagePool {
                                                const PrefixKey* parent_key,
                                                bool pin)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sets *counted when the call counted its lookups (it then changed the
-  // counters, refused or not, and is recorded).
+  // Sets *found to the number of pages the walk found when the call
+  // counted its lookups (it then changed the counters, refused or not, and
+  // is recorded), to -1 when it did not.
   absl::StatusOr<std::vector<int64_t>> MatchPrefixLocked(
       OwnerId owner, absl::Span<const PrefixKey> keys, bool adopt,
-      bool* counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      int64_t* found) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replays a kMatchPrefix record of what the walk found, without its keys
+  // (record format 2):
+  // an adopt's pages are walked again by their keys in the index, which
+  // must find them all and take them as the original did; a plain match
+  // or a refused adopt counts. DATA_LOSS when it does not apply.
+  absl::Status ReplayFoundMatchLocked(const PoolChange& change)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> UnpinLocked(OwnerId owner,
                                       absl::Span<const int64_t> pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

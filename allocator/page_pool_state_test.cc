@@ -6,6 +6,7 @@
 // did without writing slots. The randomized record-and-replay check with
 // the codec in the loop is //pool_state:pool_replay_test.
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -509,6 +510,79 @@ TEST(PagePoolReplayTest, ReplayedAllocationsCommitWithoutWritingSlots) {
   }
 }
 
+// Keeps the match records the pool makes, with their pages.
+class MatchLog : public PoolChangeLog {
+ public:
+  void Record(const PoolChange& change) override {
+    if (change.kind != PoolChangeKind::kMatchPrefix) return;
+    matches.push_back(change);
+    pages.emplace_back(change.pages.begin(), change.pages.end());
+  }
+  bool WantsSnapshot() override { return false; }
+  void WriteSnapshot(const PoolState&) override {}
+
+  std::vector<PoolChange> matches;  // pages point into `pages`
+  std::vector<std::vector<int64_t>> pages;
+};
+
+// A match is recorded by what its walk found, beside its keys; that
+// record without the keys (record format 2) and one with only the keys
+// (format 1) replay to the pool's state exactly,
+// for an adopt that takes published and cached pages, a plain match, and
+// an adopt refused over quota.
+TEST(PagePoolReplayTest, AMatchReplaysFromWhatItFoundAsFromItsKeys) {
+  constexpr OwnerId kDave = 4;  // a quota of 1 page
+  const std::vector<PrefixKey> keys = {Key(1), Key(2), Key(3), Key(4), Key(50)};
+  struct Match {
+    OwnerId owner;
+    bool adopt;
+  };
+  for (const Match& match :
+       {Match{kCarol, true}, Match{kAlice, false}, Match{kDave, true}}) {
+    SCOPED_TRACE(
+        absl::StrFormat("owner %d adopt %d", match.owner, match.adopt));
+    MatchLog log;
+    FakeExecutor executors[3];
+    std::unique_ptr<PagePool> pools[3];
+    for (int i = 0; i < 3; ++i) {
+      PoolOptions options = Options(FreePolicy::kLifo, false);
+      if (i == 0) options.change_log = &log;
+      ASSERT_OK_AND_ASSIGN(pools[i], PagePool::Create(options, &executors[i]));
+      MakeBusy(*pools[i]);
+      ASSERT_OK(pools[i]->AddOwner(kDave, 1));
+    }
+    log.matches.clear();
+    log.pages.clear();
+    const absl::StatusOr<std::vector<int64_t>> taken =
+        pools[0]->MatchPrefix(match.owner, keys, match.adopt);
+    ASSERT_EQ(log.matches.size(), 1u);
+    PoolChange recorded = log.matches[0];
+    EXPECT_TRUE(std::equal(recorded.keys.begin(), recorded.keys.end(),
+                           keys.begin(), keys.end()));
+    // As record format 2 stores it: no keys.
+    recorded.keys = {};
+    EXPECT_EQ(recorded.keys_looked_up, 5);
+    EXPECT_EQ(recorded.pages_found, 4);  // Key(50) is in no chain
+    EXPECT_EQ(recorded.refused, !taken.ok());
+    EXPECT_EQ(recorded.pages.size(), match.adopt && taken.ok() ? 4u : 0u);
+    if (match.owner == kDave) {
+      EXPECT_EQ(taken.status().code(), absl::StatusCode::kResourceExhausted);
+    }
+
+    ASSERT_OK(pools[1]->Replay(recorded));
+    PoolChange format1;
+    format1.kind = PoolChangeKind::kMatchPrefix;
+    format1.owner = match.owner;
+    format1.keys = keys;
+    format1.adopt = match.adopt;
+    format1.refused = recorded.refused;
+    ASSERT_OK(pools[2]->Replay(format1));
+    const PoolState original = pools[0]->ExportState();
+    EXPECT_EQ(FirstDifference(pools[1]->ExportState(), original), "");
+    EXPECT_EQ(FirstDifference(pools[2]->ExportState(), original), "");
+  }
+}
+
 TEST(PagePoolReplayTest, RecordsThatDoNotApplyAreDataLossAndChangeNothing) {
   TestLog log;
   FakeExecutor executor;
@@ -564,6 +638,36 @@ TEST(PagePoolReplayTest, RecordsThatDoNotApplyAreDataLossAndChangeNothing) {
   EXPECT_THAT(pool->Replay(match),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("recorded as refused, here OK")));
+  // A match recorded by what its walk found, which cannot be what a walk
+  // found here.
+  const std::vector<int64_t> unpublished = {pages[0]};
+  PoolChange found;
+  found.kind = PoolChangeKind::kMatchPrefix;
+  found.owner = kAlice;
+  found.adopt = true;
+  found.keys_looked_up = 2;
+  found.pages_found = 1;
+  found.pages = unpublished;
+  EXPECT_THAT(pool->Replay(found),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("is not in the prefix index")));
+  found.pages = {};
+  EXPECT_THAT(pool->Replay(found), StatusIs(absl::StatusCode::kDataLoss,
+                                            HasSubstr("0 pages listed for 1")));
+  found.refused = true;
+  found.pages_found = 0;
+  EXPECT_THAT(pool->Replay(found),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("refused, yet it adopted nothing")));
+  found.refused = false;
+  found.pages_found = 3;
+  EXPECT_THAT(pool->Replay(found),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("3 pages found for 2 keys")));
+  found.owner = kBob;
+  found.pages_found = 0;
+  EXPECT_THAT(pool->Replay(found), StatusIs(absl::StatusCode::kDataLoss,
+                                            HasSubstr("unknown owner 2")));
   PoolChange unknown;
   unknown.kind = static_cast<PoolChangeKind>(40);
   EXPECT_THAT(pool->Replay(unknown),

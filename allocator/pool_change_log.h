@@ -5,9 +5,13 @@
 //
 // A record holds an operation's inputs, never its outputs: what
 // PagePool::Replay needs to apply the same operation to a pool in the same
-// state and get the same state. Replaying every record of a pool, in order,
-// from its initial state (or from a PoolState it exported, and the records
-// after it) gives a pool in that pool's state exactly.
+// state and get the same state. A prefix match is the one exception: it
+// records what its walk found beside its keys, so that a file need not
+// store the keys (four times the bytes of an adopt's pages, and not needed
+// for a plain match).
+// Replaying every record of a pool, in order, from its initial state (or
+// from a PoolState it exported, and the records after it) gives a pool in
+// that pool's state exactly.
 //
 // A record is a view: its spans and strings point into the caller's
 // arguments and the pool's working storage, valid only during
@@ -40,7 +44,8 @@ enum class PoolChangeKind : uint8_t {
   kClearOwner = 7,         // owner
   kClearPool = 8,          // force
   kPublish = 9,            // owner, pages, keys, parent_key, pin
-  kMatchPrefix = 10,       // owner, keys, adopt, refused
+  kMatchPrefix = 10,       // owner, adopt, refused, keys_looked_up,
+                           // pages_found, pages (format 1: keys)
   kUnpin = 11,             // owner, pages
   kResetPrefixCache = 12,  // nothing
 };
@@ -82,6 +87,7 @@ struct PoolChange {
   // shared pages whose references were dropped, in the order given (the
   // caller's slots or pages, already resolved: no order to apply).
   // kPublish: the caller's pages, one per key. kUnpin: the pages unpinned.
+  // kMatchPrefix: the pages an adopt took (below).
   absl::Span<const int64_t> pages;
   absl::Span<const int64_t> shared_pages;
 
@@ -91,14 +97,27 @@ struct PoolChange {
   // kClearPool.
   bool force = false;
 
-  // kPublish (keys in chain order, parent_key null at a chain's start, pin)
-  // and kMatchPrefix (keys, adopt; refused: the adopt was refused over
-  // quota, which still counts the lookup and the refusal).
+  // kPublish: keys in chain order, parent_key null at a chain's start, pin.
+  // kMatchPrefix: the keys the caller gave (below).
   absl::Span<const PrefixKey> keys;
   const PrefixKey* parent_key = nullptr;
   bool pin = false;
+
+  // kMatchPrefix: what the walk found, which is what record format 2
+  // (pool_state_codec.h) stores rather than the keys (32 bytes a page; a
+  // system prompt's chain is thousands of pages): how many keys it was
+  // given, how many pages it found (the matched prefix), and, for an adopt
+  // that was not refused, those pages in chain order in `pages` (empty
+  // otherwise: a plain match and a refused adopt change only counters).
+  // adopt; refused: the adopt was refused over quota, which still counts
+  // the lookup and the refusal. The pool's records carry `keys` too, for a
+  // file kept in record format 1. Replay walks `keys` when the record has
+  // them (the pool's, or one decoded from format 1), and otherwise walks
+  // the found pages again by their keys in the index (format 2).
   bool adopt = false;
   bool refused = false;
+  int64_t keys_looked_up = 0;
+  int64_t pages_found = 0;
 };
 
 // Where a pool reports its changes. The pool calls it under its lock, in

@@ -152,6 +152,17 @@ absl::Status TakeOverRefusal(const KeptStateOptions& options,
   return absl::OkStatus();
 }
 
+// The newest pool change record format a journal of `journal_format` may
+// hold: journal format 2 came with record format 2, so that a build that
+// reads only format-1 records refuses such a journal at Open. REQUIRES:
+// StateJournal::kMinReadableFormat <= journal_format <= kFormatVersion.
+uint8_t RecordFormatFor(uint32_t journal_format) {
+  static_assert(
+      StateJournal::kFormatVersion == 2 && kPoolChangeFormatVersion == 2,
+      "a new journal or record format: say which records it holds");
+  return journal_format >= 2 ? 2 : 1;
+}
+
 bool KeptByServiceManager(const KeptStateOptions& options) {
   return options.keeper == DescriptorKeeper::kServiceManager;
 }
@@ -243,6 +254,7 @@ absl::StatusOr<std::unique_ptr<KeptState>> KeptState::Open(
     return kept;
   }
   kept->journal_ = std::move(opened->first);
+  kept->record_format_ = RecordFormatFor(recovered.format_version);
   kept->state_ = std::move(snapshot->state);
   kept->identity_ = snapshot->identity;
   kept->records_ = std::move(recovered.records);
@@ -327,6 +339,7 @@ absl::Status KeptState::StartKeeping(PagePool& pool, int slab_fd,
     journal_options.creator = CreatorFor(options_.fingerprint);
     ASSIGN_OR_RETURN(journal_,
                      StateJournal::Create(std::move(fd), journal_options));
+    record_format_ = RecordFormatFor(StateJournal::kFormatVersion);
   }
   // The state as it stands now (recovered and replayed, or fresh), as the
   // base the records that follow apply to.
@@ -374,7 +387,7 @@ absl::string_view KeptState::EncodeSnapshot(const PoolState& state) {
 void KeptState::Record(const PoolChange& change) {
   if (replaying_ || !keeping_) return;
   scratch_.clear();
-  EncodePoolChange(change, &scratch_);
+  EncodePoolChange(change, &scratch_, record_format_);
   const absl::string_view parts[] = {scratch_};
   absl::Status appended = journal_->Append(kPoolChangeRecord, parts);
   if (absl::IsResourceExhausted(appended)) {

@@ -23,6 +23,14 @@
 // used nor dropped: the daemon refuses to start (an operator can go back
 // to the build that wrote it), unless told to discard it.
 //
+// Formats. A journal this build creates is of the newest journal format
+// and holds records of the newest record format (pool_state_codec.h). A
+// journal it takes over keeps the formats it was made with: its records
+// are appended in the newest record format its journal format allows
+// (journal format 1: record format 1), so that the build that made it can
+// still take it back (a rollback), and a build that reads only older
+// formats refuses a newer journal at Open rather than failing in a replay.
+//
 // A record that cannot be kept (the log full even after a snapshot, the
 // snapshot larger than its slot) breaks the kept state: the change is
 // applied but not recorded, so the daemon drops the descriptors from the
@@ -51,6 +59,7 @@
 #include "allocator/pool_change_log.h"
 #include "allocator/pool_state.h"
 #include "memory/unique_fd.h"
+#include "pool_state/pool_state_codec.h"
 #include "state_journal/state_journal.h"
 
 namespace pagealloc {
@@ -195,6 +204,8 @@ class KeptState final : public PoolChangeLog {
   KeptStateOutcome outcome_ = KeptStateOutcome::kNone;
   std::string reason_;
   std::unique_ptr<StateJournal> journal_;
+  // The record format Record writes into journal_ (RecordFormatFor).
+  uint8_t record_format_ = kPoolChangeFormatVersion;
   UniqueFd slab_fd_;
   // The slab StartKeeping kept (not owned: the backend's); -1 for none.
   int kept_slab_fd_ = -1;

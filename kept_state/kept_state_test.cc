@@ -3,15 +3,17 @@
 // the running daemon stops (CheckTakeOver) and takes over after (Open).
 // The process-level handover is tests/restart_test.cc's Handover case.
 //
-// And the kept state of this release as a file (testdata/kept_state_v1.
-// journal.gz): a later build must take it over page for page (an upgrade
-// keeps the pool), or refuse it by its format or semantics version, never
-// misread it. A build that changes the format on purpose keeps a reader
-// for this one, or bumps the version so that the refusal is what this test
-// sees. Written by this test with PAGEALLOC_GOLDEN_OUT set:
+// And the kept states of this release and the earlier ones as files
+// (testdata/kept_state_v<N>.journal.gz; v1 holds its match record in
+// record format 1, v2 in format 2): a later build must take each over page
+// for page (an upgrade keeps the pool), or refuse it by its format or
+// semantics version, never misread it. A build that changes the format on
+// purpose keeps a reader for the old one, or bumps the version so that the
+// refusal is what this test sees, and adds its own file. Written by this
+// test with PAGEALLOC_GOLDEN_OUT set:
 //   ./bazelw run //kept_state:kept_state_test -- --gtest_filter='*Golden*'
 //   (with
-//   PAGEALLOC_GOLDEN_OUT=$PWD/kept_state/testdata/kept_state_v1.journal.gz)
+//   PAGEALLOC_GOLDEN_OUT=$PWD/kept_state/testdata/kept_state_v2.journal.gz)
 
 #include "kept_state/kept_state.h"
 
@@ -195,7 +197,14 @@ TEST(KeptStateTest, AJournalThatFailsAChecksumNowIsLeftToOpen) {
 // snapshot StartKeeping writes, so that the file holds a snapshot of every
 // kind of page and records of every common kind.
 constexpr char kGoldenFingerprint[] = "golden kept state\npage_size=4";
-constexpr char kGoldenPath[] = "kept_state/testdata/kept_state_v1.journal.gz";
+struct Golden {
+  const char* path;
+  uint32_t journal_format;  // which says the format of its records
+};
+constexpr Golden kGoldens[] = {
+    {"kept_state/testdata/kept_state_v1.journal.gz", 1},
+    {"kept_state/testdata/kept_state_v2.journal.gz", 2},
+};
 
 PrefixKey GoldenKey(int tag) {
   PrefixKey key{};
@@ -278,49 +287,100 @@ TEST(KeptStateGoldenTest, ThisReleasesKeptStateIsTakenOverPageForPage) {
     GTEST_SKIP() << "wrote " << out;
   }
 
-  // The file this release wrote.
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  const std::string path =
-      srcdir != nullptr && workspace != nullptr
-          ? absl::StrCat(srcdir, "/", workspace, "/", kGoldenPath)
-          : std::string(kGoldenPath);
-  gzFile file = gzopen(path.c_str(), "rb");
-  ASSERT_NE(file, nullptr) << path;
-  std::string golden;
-  char chunk[1 << 16];
-  int n;
-  while ((n = gzread(file, chunk, sizeof(chunk))) > 0) golden.append(chunk, n);
-  gzclose(file);
-  ASSERT_FALSE(golden.empty());
+  // The files this release and the earlier ones wrote.
+  for (const Golden& kept_golden : kGoldens) {
+    const char* golden_path = kept_golden.path;
+    SCOPED_TRACE(golden_path);
+    const char* srcdir = std::getenv("TEST_SRCDIR");
+    const char* workspace = std::getenv("TEST_WORKSPACE");
+    const std::string path =
+        srcdir != nullptr && workspace != nullptr
+            ? absl::StrCat(srcdir, "/", workspace, "/", golden_path)
+            : std::string(golden_path);
+    gzFile file = gzopen(path.c_str(), "rb");
+    ASSERT_NE(file, nullptr) << path;
+    std::string golden;
+    char chunk[1 << 16];
+    int n;
+    while ((n = gzread(file, chunk, sizeof(chunk))) > 0)
+      golden.append(chunk, n);
+    gzclose(file);
+    ASSERT_FALSE(golden.empty());
 
-  UniqueFd golden_fd(memfd_create("golden", MFD_CLOEXEC));
-  ASSERT_EQ(write(golden_fd.get(), golden.data(), golden.size()),
-            static_cast<ssize_t>(golden.size()));
-  EXPECT_OK(KeptState::CheckTakeOver(GoldenOptions(), golden_fd.get()));
-  absl::flat_hash_map<std::string, UniqueFd> passed;
-  passed.emplace(kStateFdName, std::move(golden_fd));
-  passed.emplace(kSlabFdName, UniqueFd(memfd_create("slab", MFD_CLOEXEC)));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<KeptState> successor,
-                       KeptState::Open(GoldenOptions(), std::move(passed)));
-  ASSERT_EQ(successor->outcome(), KeptStateOutcome::kRecovered)
-      << successor->stats().reason;
-  EXPECT_EQ(successor->identity().slab_id, 0x601de2u);
-  FakeExecutor recovered_executor;
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<PagePool> recovered,
-      PagePool::CreateFromState(PoolWith(successor.get()), &recovered_executor,
-                                successor->recovered_state()));
-  ASSERT_OK(successor->Replay(*recovered));
-  EXPECT_GT(successor->stats().replayed_records, 0);
-  ASSERT_OK(recovered->CheckInvariants());
-  // Page for page what this build's own run of the same operations holds.
-  EXPECT_TRUE(recovered->ExportState() == pool->ExportState());
-  for (OwnerId owner : {1, 2}) {
-    EXPECT_EQ(PagesOf(*recovered, owner), PagesOf(*pool, owner)) << owner;
-    EXPECT_EQ(*recovered->OwnerMetadata(owner), *pool->OwnerMetadata(owner));
+    UniqueFd golden_fd(memfd_create("golden", MFD_CLOEXEC));
+    ASSERT_EQ(write(golden_fd.get(), golden.data(), golden.size()),
+              static_cast<ssize_t>(golden.size()));
+    EXPECT_OK(KeptState::CheckTakeOver(GoldenOptions(), golden_fd.get()));
+    absl::flat_hash_map<std::string, UniqueFd> passed;
+    passed.emplace(kStateFdName, std::move(golden_fd));
+    passed.emplace(kSlabFdName, UniqueFd(memfd_create("slab", MFD_CLOEXEC)));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<KeptState> successor,
+                         KeptState::Open(GoldenOptions(), std::move(passed)));
+    ASSERT_EQ(successor->outcome(), KeptStateOutcome::kRecovered)
+        << successor->stats().reason;
+    EXPECT_EQ(successor->identity().slab_id, 0x601de2u);
+    FakeExecutor recovered_executor;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> recovered,
+                         PagePool::CreateFromState(
+                             PoolWith(successor.get()), &recovered_executor,
+                             successor->recovered_state()));
+    ASSERT_OK(successor->Replay(*recovered));
+    EXPECT_GT(successor->stats().replayed_records, 0);
+    ASSERT_OK(recovered->CheckInvariants());
+    // Page for page what this build's own run of the same operations holds.
+    EXPECT_TRUE(recovered->ExportState() == pool->ExportState());
+    for (OwnerId owner : {1, 2}) {
+      EXPECT_EQ(PagesOf(*recovered, owner), PagesOf(*pool, owner)) << owner;
+      EXPECT_EQ(*recovered->OwnerMetadata(owner), *pool->OwnerMetadata(owner));
+    }
+    EXPECT_FALSE(recovered->OwnerMetadata(3).ok());
+
+    // The successor goes on in the formats the journal was made with, so
+    // that the build that made it can take it back: an adopt's record
+    // holds the keys in record format 1, the pages it took in 2.
+    ASSERT_OK(successor->StartKeeping(*recovered, -1, successor->identity()));
+    ASSERT_OK(
+        recovered->MatchPrefix(2, {GoldenKey(1), GoldenKey(2)}, true).status());
+    ASSERT_OK_AND_ASSIGN(auto kept_fds, successor->KeptDescriptors());
+    int kept_journal = -1;
+    for (const auto& [name, fd] : kept_fds) {
+      if (name == kStateFdName) kept_journal = fd;
+    }
+    ASSERT_GE(kept_journal, 0);
+    ASSERT_OK_AND_ASSIGN(
+        auto reopened,
+        StateJournal::Open(UniqueFd(fcntl(kept_journal, F_DUPFD_CLOEXEC, 0))));
+    const RecoveredJournal& journal = reopened.second;
+    EXPECT_EQ(journal.format_version, kept_golden.journal_format);
+    ASSERT_EQ(journal.records.size(), 1u);
+    const std::string& record = journal.records[0].payload;
+    ASSERT_FALSE(record.empty());
+    EXPECT_EQ(record[0], static_cast<char>(kept_golden.journal_format));
+    EXPECT_EQ(record.size(), kept_golden.journal_format == 1
+                                 ? 2 + 8 + 1 + 1 + 4 + 2 * 32
+                                 : 2 + 8 + 1 + 1 + 3 * 4 + 2 * 8);
   }
-  EXPECT_FALSE(recovered->OwnerMetadata(3).ok());
+}
+
+// A journal this build creates is of the newest journal format, with
+// records of the newest record format.
+TEST(KeptStateTest, ANewJournalIsOfTheNewestFormats) {
+  unsetenv("NOTIFY_SOCKET");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<KeptState> kept,
+                       KeptState::Open(GoldenOptions(), {}));
+  FakeExecutor executor;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
+                       PagePool::Create(PoolWith(kept.get()), &executor));
+  ASSERT_OK(kept->StartKeeping(*pool, -1, DaemonIdentity()));
+  ASSERT_OK(pool->AddOwner(1, 0, "one"));
+  ASSERT_OK_AND_ASSIGN(auto fds, kept->KeptDescriptors());
+  ASSERT_OK_AND_ASSIGN(
+      auto reopened,
+      StateJournal::Open(UniqueFd(fcntl(fds[0].second, F_DUPFD_CLOEXEC, 0))));
+  EXPECT_EQ(reopened.second.format_version, StateJournal::kFormatVersion);
+  ASSERT_EQ(reopened.second.records.size(), 1u);
+  EXPECT_EQ(reopened.second.records[0].payload[0],
+            static_cast<char>(kPoolChangeFormatVersion));
 }
 
 }  // namespace

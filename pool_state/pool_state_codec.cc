@@ -239,7 +239,7 @@ absl::string_view LaunchMessage(const absl::Status& status) {
 
 }  // namespace
 
-size_t EncodedPoolChangeSize(const PoolChange& change) {
+size_t EncodedPoolChangeSize(const PoolChange& change, uint8_t format) {
   constexpr size_t kHeader = 2;
   switch (change.kind) {
     case PoolChangeKind::kAddOwner:
@@ -267,7 +267,10 @@ size_t EncodedPoolChangeSize(const PoolChange& change) {
              (change.parent_key != nullptr ? kKeyBytes : 0) + 4 +
              change.pages.size() * 8 + change.keys.size() * kKeyBytes;
     case PoolChangeKind::kMatchPrefix:
-      return kHeader + 8 + 1 + 1 + 4 + change.keys.size() * kKeyBytes;
+      if (format == 1) {
+        return kHeader + 8 + 1 + 1 + 4 + change.keys.size() * kKeyBytes;
+      }
+      return kHeader + 8 + 1 + 1 + 4 + 4 + 4 + change.pages.size() * 8;
     case PoolChangeKind::kUnpin:
       return kHeader + 8 + 4 + change.pages.size() * 8;
     case PoolChangeKind::kResetPrefixCache:
@@ -276,12 +279,15 @@ size_t EncodedPoolChangeSize(const PoolChange& change) {
   return kHeader;
 }
 
-void EncodePoolChange(const PoolChange& change, std::string* out) {
-  const size_t size = EncodedPoolChangeSize(change);
+void EncodePoolChange(const PoolChange& change, std::string* out,
+                      uint8_t format) {
+  assert(format >= kMinPoolChangeFormatVersion &&
+         format <= kPoolChangeFormatVersion);
+  const size_t size = EncodedPoolChangeSize(change, format);
   const size_t start = out->size();
   out->resize(start + size);
   Writer w(out->data() + start);
-  w.U8(kPoolChangeFormatVersion);
+  w.U8(format);
   w.U8(static_cast<uint8_t>(change.kind));
   switch (change.kind) {
     case PoolChangeKind::kAddOwner:
@@ -345,8 +351,17 @@ void EncodePoolChange(const PoolChange& change, std::string* out) {
       w.U64(change.owner);
       w.Bool(change.adopt);
       w.Bool(change.refused);
-      w.U32(static_cast<uint32_t>(change.keys.size()));
-      for (const PrefixKey& key : change.keys) w.Key(key);
+      if (format == 1) {
+        // The keys as the caller gave them (a record the pool made, or one
+        // decoded from format 1, has them).
+        w.U32(static_cast<uint32_t>(change.keys.size()));
+        for (const PrefixKey& key : change.keys) w.Key(key);
+        break;
+      }
+      w.U32(static_cast<uint32_t>(change.keys_looked_up));
+      w.U32(static_cast<uint32_t>(change.pages_found));
+      w.U32(static_cast<uint32_t>(change.pages.size()));
+      w.I64s(change.pages);
       break;
     case PoolChangeKind::kUnpin:
       w.U64(change.owner);
@@ -367,10 +382,11 @@ absl::Status DecodePoolChange(absl::string_view bytes,
   uint8_t version = 0;
   uint8_t kind = 0;
   PAGEALLOC_READ(r, r.U8(&version), "version");
-  if (version != kPoolChangeFormatVersion) {
+  if (version < kMinPoolChangeFormatVersion ||
+      version > kPoolChangeFormatVersion) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "pool change: format version %d; this decoder reads version %d",
-        version, kPoolChangeFormatVersion));
+        "pool change: format version %d; this decoder reads versions %d..%d",
+        version, kMinPoolChangeFormatVersion, kPoolChangeFormatVersion));
   }
   PAGEALLOC_READ(r, r.U8(&kind), "kind");
   if (kind < 1 || kind > kMaxPoolChangeKind) {
@@ -492,17 +508,36 @@ absl::Status DecodePoolChange(absl::string_view bytes,
       c.keys = out->keys_;
       break;
     }
-    case PoolChangeKind::kMatchPrefix:
+    case PoolChangeKind::kMatchPrefix: {
       PAGEALLOC_READ(r, r.U64(&c.owner), "owner");
       PAGEALLOC_READ(r, r.Bool(&c.adopt), "adopt");
       PAGEALLOC_READ(r, r.Bool(&c.refused), "refused");
-      PAGEALLOC_READ(r, r.Count<uint32_t>(max_pages, kKeyBytes, &n), "keys");
-      out->keys_.resize(n);
-      for (PrefixKey& key : out->keys_) {
-        PAGEALLOC_READ(r, r.Key(&key), "key");
+      if (version == 1) {
+        PAGEALLOC_READ(r, r.Count<uint32_t>(max_pages, kKeyBytes, &n), "keys");
+        out->keys_.resize(n);
+        for (PrefixKey& key : out->keys_) {
+          PAGEALLOC_READ(r, r.Key(&key), "key");
+        }
+        c.keys = out->keys_;
+        break;
       }
-      c.keys = out->keys_;
+      uint32_t looked_up = 0;
+      uint32_t found = 0;
+      PAGEALLOC_READ(r, r.U32(&looked_up), "keys_looked_up");
+      PAGEALLOC_READ(r, r.U32(&found), "pages_found");
+      if (looked_up > max_pages || found > looked_up) {
+        return r.Invalid("pages_found",
+                         absl::StrFormat("%d pages found for %d keys in a "
+                                         "pool of %d pages",
+                                         found, looked_up, max_pages));
+      }
+      PAGEALLOC_READ(r, r.Count<uint32_t>(found, 8, &n), "pages");
+      PAGEALLOC_READ(r, r.I64s(n, &out->pages_), "pages");
+      c.keys_looked_up = looked_up;
+      c.pages_found = found;
+      c.pages = out->pages_;
       break;
+    }
     case PoolChangeKind::kUnpin:
       PAGEALLOC_READ(r, r.U64(&c.owner), "owner");
       PAGEALLOC_READ(r, r.Count<uint32_t>(max_pages, 8, &n), "pages");

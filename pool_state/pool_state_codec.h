@@ -15,7 +15,8 @@
 // u64, i64); a bool is a u8 that is 0 or 1; a key is its 32 bytes; a
 // string is a u32 length and its bytes. Nothing is aligned.
 //
-// A change record (kPoolChangeFormatVersion 1):
+// A change record (kPoolChangeFormatVersion 2; version 1 differs only in
+// kMatchPrefix, below):
 //   u8 version, u8 kind (PoolChangeKind), then by kind:
 //   kAddOwner (1):     u64 owner, i64 quota_pages, string metadata
 //                      (<= kMaxOwnerMetadataBytes)
@@ -34,7 +35,12 @@
 //   kClearPool (8):    bool force
 //   kPublish (9):      u64 owner, bool pin, bool has_parent, [key parent],
 //                      u32 n, n x i64 page, n x key
-//   kMatchPrefix (10): u64 owner, bool adopt, bool refused, u32 n, n x key
+//   kMatchPrefix (10): u64 owner, bool adopt, bool refused,
+//                      u32 keys_looked_up, u32 pages_found (<= it),
+//                      u32 n (pages_found for an adopt that was not
+//                      refused, else 0), n x i64 page;
+//                      version 1: u64 owner, bool adopt, bool refused,
+//                      u32 n, n x key (the keys the caller gave)
 //   kUnpin (11):       u64 owner, u32 n, n x i64 page
 //   kResetPrefixCache (12): nothing
 //
@@ -55,11 +61,11 @@
 //   u64 n + n x i64 prefix_lru; the 16 counters as i64, in PoolCounters'
 //   order.
 //
-// Versions: a decoder takes exactly the versions it knows (now 1 of each)
-// and refuses others with INVALID_ARGUMENT. Any change to a layout, a
-// field's meaning or the set of kinds is a new version, documented here and
-// in docs/design.md; a change to what operations do to the state is a new
-// kPoolSemanticsVersion (pool_state.h), which CreateFromState checks.
+// Versions: a decoder takes exactly the versions it knows (records 1 and
+// 2, states 1) and refuses others with INVALID_ARGUMENT. Any change to a
+// layout, a field's meaning or the set of kinds is a new version, documented
+// here and in docs/design.md; a change to what operations do to the state is a
+// new kPoolSemanticsVersion (pool_state.h), which CreateFromState checks.
 //
 // Decoding trusts nothing it reads: every read is bounds-checked, every
 // enum and bool range-checked, every count bounded by the pool's geometry
@@ -88,18 +94,27 @@
 
 namespace pagealloc {
 
-inline constexpr uint8_t kPoolChangeFormatVersion = 1;
+// Records are written in kPoolChangeFormatVersion and read in every
+// version from kMinPoolChangeFormatVersion on.
+inline constexpr uint8_t kPoolChangeFormatVersion = 2;
+inline constexpr uint8_t kMinPoolChangeFormatVersion = 1;
 inline constexpr uint32_t kPoolStateFormatVersion = 1;
 // Most bytes of a failed launch's message a record keeps.
 inline constexpr size_t kMaxLaunchMessageBytes = 1024;
 
-// Returns the size of `change`'s encoding. O(1).
-size_t EncodedPoolChangeSize(const PoolChange& change);
+// Returns the size of `change`'s encoding in record format `format`. O(1).
+size_t EncodedPoolChangeSize(const PoolChange& change,
+                             uint8_t format = kPoolChangeFormatVersion);
 
-// Appends `change`'s encoding to `out`. Allocates only when `out`'s
-// capacity is short (a caller that clears and reuses one string allocates
-// once it is warm). O(the record's size).
-void EncodePoolChange(const PoolChange& change, std::string* out);
+// Appends `change`'s encoding in record format `format` to `out`.
+// Allocates only when `out`'s capacity is short (a caller that clears and
+// reuses one string allocates once it is warm). O(the record's size).
+// Format 1 is for a file that builds reading only format 1 may take over
+// (docs/design.md, section 16): its match records need `change.keys`,
+// which the pool's records carry beside what the walk found.
+// REQUIRES: kMinPoolChangeFormatVersion <= format <= kPoolChangeFormatVersion.
+void EncodePoolChange(const PoolChange& change, std::string* out,
+                      uint8_t format = kPoolChangeFormatVersion);
 
 // A decoded change record: the PoolChange view and the storage it points
 // into. Decoding into the same object again reuses the storage.

@@ -83,6 +83,9 @@ std::string ChangeDifference(const PoolChange& a, const PoolChange& b) {
   if (a.pin != b.pin || a.adopt != b.adopt || a.refused != b.refused) {
     return "flags";
   }
+  if (a.keys_looked_up != b.keys_looked_up || a.pages_found != b.pages_found) {
+    return "match counts";
+  }
   return "";
 }
 
@@ -147,10 +150,18 @@ struct Records {
     PoolChange& publish_root = add(PoolChangeKind::kPublish);
     publish_root.pages = absl::MakeConstSpan(pages).subspan(0, 1);
     publish_root.keys = absl::MakeConstSpan(keys).subspan(0, 1);
+    PoolChange& adopt = add(PoolChangeKind::kMatchPrefix);
+    adopt.adopt = true;
+    adopt.keys_looked_up = 6;
+    adopt.pages_found = 4;
+    adopt.pages = pages;
+    PoolChange& refused = add(PoolChangeKind::kMatchPrefix);
+    refused.adopt = true;
+    refused.refused = true;
+    refused.keys_looked_up = 5;
+    refused.pages_found = 2;
     PoolChange& match = add(PoolChangeKind::kMatchPrefix);
-    match.keys = keys;
-    match.adopt = true;
-    match.refused = true;
+    match.keys_looked_up = 3;
     add(PoolChangeKind::kUnpin).pages = shared;
     add(PoolChangeKind::kResetPrefixCache).owner = kNoOwner;
   }
@@ -307,6 +318,92 @@ TEST(PoolStateCodecTest, RefusesOtherVersionsGeometriesAndTrailingBytes) {
                HasSubstr("1 bytes past the record")));
 }
 
+// A match records what its walk found: an adopt 8 bytes a page it took,
+// a plain match or a refused adopt no page at all, however long the chain
+// (format 1 recorded 32 bytes a key).
+TEST(PoolStateCodecTest, AMatchRecordHoldsThePagesItTookNotItsKeys) {
+  std::vector<int64_t> pages(2048);
+  for (size_t i = 0; i < pages.size(); ++i) pages[i] = 1 + i;
+  PoolChange adopt;
+  adopt.kind = PoolChangeKind::kMatchPrefix;
+  adopt.owner = 3;
+  adopt.adopt = true;
+  adopt.keys_looked_up = 2050;
+  adopt.pages_found = 2048;
+  adopt.pages = pages;
+  std::string bytes;
+  EncodePoolChange(adopt, &bytes);
+  EXPECT_EQ(bytes.size(), 2 + 8 + 1 + 1 + 3 * 4 + 2048 * 8);
+  DecodedPoolChange decoded;
+  ASSERT_OK(DecodePoolChange(bytes, {16, 4096}, &decoded));
+  EXPECT_EQ(ChangeDifference(decoded.change(), adopt), "");
+
+  PoolChange plain = adopt;
+  plain.adopt = false;
+  plain.pages = {};
+  bytes.clear();
+  EncodePoolChange(plain, &bytes);
+  EXPECT_EQ(bytes.size(), 2 + 8 + 1 + 1 + 3 * 4);
+  ASSERT_OK(DecodePoolChange(bytes, {16, 4096}, &decoded));
+  EXPECT_EQ(ChangeDifference(decoded.change(), plain), "");
+
+  // More found than looked up, or more looked up than the pool has pages,
+  // is no record.
+  bytes[2 + 8 + 1 + 1 + 4] = '\x05';  // pages_found 2053 > 2050
+  bytes[2 + 8 + 1 + 1 + 5] = '\x08';
+  EXPECT_THAT(DecodePoolChange(bytes, {16, 4096}, &decoded),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("pages_found")));
+  EXPECT_THAT(DecodePoolChange(bytes, {16, 2049}, &decoded),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("pages_found")));
+}
+
+// Records of format 1, which a kept state of the previous release holds
+// (and this build appends to it), encode and decode: every kind as in
+// format 2 but a match, which holds the keys the caller gave (and Replay
+// walks them).
+TEST(PoolStateCodecTest, RecordsOfFormat1StillDecode) {
+  Records records;
+  DecodedPoolChange decoded;
+  for (const PoolChange& change : records.changes) {
+    if (change.kind == PoolChangeKind::kMatchPrefix) continue;
+    std::string bytes;
+    EncodePoolChange(change, &bytes, 1);
+    std::string newest;
+    EncodePoolChange(change, &newest);
+    EXPECT_EQ(bytes.substr(1), newest.substr(1))
+        << PoolChangeKindName(change.kind);
+    ASSERT_EQ(bytes[0], 1);
+    ASSERT_OK(DecodePoolChange(bytes, kGeometry, &decoded));
+    EXPECT_EQ(ChangeDifference(decoded.change(), change), "")
+        << PoolChangeKindName(change.kind);
+  }
+  std::string match("\x01\x0a", 2);
+  match += std::string("\x07\x00\x00\x00\x00\x00\x00\x00", 8);  // owner
+  match += std::string("\x01\x00", 2);  // adopt, not refused
+  match += std::string("\x02\x00\x00\x00", 4);
+  for (int tag : {5, 6}) {
+    const PrefixKey key = Key(tag);
+    match.append(reinterpret_cast<const char*>(key.data()), key.size());
+  }
+  ASSERT_OK(DecodePoolChange(match, kGeometry, &decoded));
+  const PoolChange& change = decoded.change();
+  EXPECT_EQ(change.kind, PoolChangeKind::kMatchPrefix);
+  EXPECT_EQ(change.owner, 7u);
+  EXPECT_TRUE(change.adopt);
+  EXPECT_FALSE(change.refused);
+  const std::vector<PrefixKey> keys = {Key(5), Key(6)};
+  EXPECT_TRUE(std::equal(change.keys.begin(), change.keys.end(), keys.begin(),
+                         keys.end()));
+  EXPECT_TRUE(change.pages.empty());
+  EXPECT_EQ(change.keys_looked_up, 0);
+  std::string again;
+  EncodePoolChange(change, &again, 1);
+  EXPECT_EQ(again, match);
+  EXPECT_THAT(
+      DecodePoolChange(match.substr(0, match.size() - 1), kGeometry, &decoded),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("key")));
+}
+
 // Counts are checked against the geometry and the bytes left before
 // anything is reserved: a short record claiming 2^32 - 1 requests, or a
 // free of more pages than the pool has, is refused at once.
@@ -398,7 +495,8 @@ TEST(PoolStateCodecTest, RandomFlipsAndBytesNeverCrash) {
       }
       ++accepted;
       std::string again;
-      EncodePoolChange(decoded.change(), &again);
+      EncodePoolChange(decoded.change(), &again,
+                       static_cast<uint8_t>(bytes[0]));
       ASSERT_EQ(again, bytes) << "round " << round;
     }
   }
@@ -408,7 +506,10 @@ TEST(PoolStateCodecTest, RandomFlipsAndBytesNeverCrash) {
   for (int round = 0; round < 20000; ++round) {
     std::string bytes(2 + rng() % 120, '\0');
     for (char& c : bytes) c = static_cast<char>(rng());
-    bytes[0] = kPoolChangeFormatVersion;
+    bytes[0] = static_cast<char>(
+        kMinPoolChangeFormatVersion +
+        round / kMaxPoolChangeKind %
+            (kPoolChangeFormatVersion - kMinPoolChangeFormatVersion + 1));
     bytes[1] = static_cast<char>(1 + round % kMaxPoolChangeKind);
     (void)DecodePoolChange(bytes, kGeometry, &decoded);
     std::string state_bytes = state.substr(0, 64);

@@ -38,7 +38,14 @@ namespace journal_format {
 inline constexpr char kMagic[8] = {'P', 'A', 'J', 'O', 'U', 'R', 'N', 'L'};
 
 // The format this build writes, and the oldest it reads.
-inline constexpr uint32_t kFormatVersion = 1;
+//   1: the layout below.
+//   2: the same layout. A file of format 2 may hold the daemon's records
+//      in a newer format than a file of format 1 does (pool change record
+//      format 2: kept_state), so that a build that cannot decode those
+//      refuses the file at Open (FAILED_PRECONDITION: start the build that
+//      wrote it) rather than finding an undecodable record in its replay.
+//      A file keeps the format it was created with.
+inline constexpr uint32_t kFormatVersion = 2;
 inline constexpr uint32_t kMinReadableFormat = 1;
 
 inline constexpr int64_t kPageBytes = 4096;
