@@ -529,6 +529,15 @@ void CallCore::RunReleasePoller() {
   poller_mu_.Unlock();
 }
 
+int64_t CallCore::WaitForReleases(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (releases_.any_pending() && absl::Now() < deadline) {
+    PollReleases();
+    absl::SleepFor(kReleasePollInterval);
+  }
+  return releases_.pending_pages();
+}
+
 void CallCore::StopReleasePoller() {
   absl::MutexLock lock(&poller_mu_);
   poller_stop_ = true;

@@ -441,6 +441,12 @@ class CallCore {
   void RunReleasePoller() ABSL_LOCKS_EXCLUDED(poller_mu_);
   void StopReleasePoller() ABSL_LOCKS_EXCLUDED(poller_mu_);
   static constexpr absl::Duration kReleasePollInterval = absl::Milliseconds(1);
+  // Waits up to `timeout` for every pending page's fence to pass and the
+  // page to be freed, looking every kReleasePollInterval (a stop that keeps
+  // the sessions: a successor then finds those pages free, not still the
+  // sessions'). Returns the pages still pending. REQUIRES: the batcher
+  // runs (before its Stop).
+  int64_t WaitForReleases(absl::Duration timeout);
   // Pages freed with a fence that has not passed yet (owned by their
   // sessions): all, and session `session_id`'s.
   int64_t release_pending_pages() const { return releases_.pending_pages(); }

@@ -113,6 +113,12 @@ ABSL_FLAG(bool, discard_state, false,
           "over (another journal format or pool semantics version, or a "
           "pool of other flags) and start a fresh pool, instead of refusing "
           "to start. Every session of the last run and its KV is lost.");
+ABSL_FLAG(int64_t, stop_release_wait_ms, 1000,
+          "With --keep_state: at a stop that keeps the sessions (SIGTERM, "
+          "a handover), how long to wait for frees pending on their release "
+          "fence, so that their pages are freed before the daemon exits. "
+          "Pages still pending then stay their sessions' across the restart "
+          "until freed again.");
 ABSL_FLAG(int64_t, prefix_max_pinned_pages, 1024,
           "Most shared prefix pages one session may pin (Publish with pin: "
           "never evicted while pinned). 0: pins are refused.");
@@ -354,7 +360,8 @@ const CommandLineSpec kCommandLine = {
          {{"keep_state"},
           {"take_over"},
           {"state_log_bytes", "bytes"},
-          {"discard_state"}}},
+          {"discard_state"},
+          {"stop_release_wait_ms", "milliseconds"}}},
         {"logging", {{"log_level"}, {"debug_checks"}}},
         {"metrics",
          {{"metrics_port", "TCP port"}, {"metrics_host", "address"}}},
@@ -560,6 +567,10 @@ absl::Status PoolPolicyFlags(ServerOptions* options) {
         "--state_log_bytes=%d: a multiple of 8 from 65536 to 4294967296",
         options->keep_state.log_bytes));
   }
+  const int64_t release_wait_ms = absl::GetFlag(FLAGS_stop_release_wait_ms);
+  RETURN_IF_ERROR(CheckRange("stop_release_wait_ms", release_wait_ms, 0, 60000,
+                             "milliseconds"));
+  options->keep_state.release_wait = absl::Milliseconds(release_wait_ms);
   if (options->keep_state.take_over && !options->keep_state.enabled) {
     return absl::InvalidArgumentError("--take_over needs --keep_state");
   }

@@ -1200,6 +1200,20 @@ void Server::Shutdown() {
     // Resume can attach a session to this daemon, which is draining.
     memory_socket_->SeverConnections();
   }
+  if (sessions_kept) {
+    // A free pending on its release fence is in this process's memory
+    // only: the kept state has its pages as the session's. Their clients'
+    // streams still write the words (mapped here until the daemon exits),
+    // so a short wait lets the successor find those pages free.
+    const int64_t pending =
+        core_->WaitForReleases(options_.keep_state.release_wait);
+    if (pending > 0) {
+      log->warn(
+          "{} freed pages still wait for their release fence after {}: they "
+          "stay their sessions' across the restart until freed again",
+          pending, absl::FormatDuration(options_.keep_state.release_wait));
+    }
+  }
   // Finishes the queued work: every call taken so far is answered.
   batcher_->Stop();
   if (grpc_answer_senders_ != nullptr) grpc_answer_senders_->Stop();

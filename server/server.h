@@ -168,6 +168,13 @@ struct ServerOptions {
     // Drop a kept state this build refuses (another format, another
     // pool's flags) instead of refusing to start.
     bool discard = false;
+    // At a stop that keeps the sessions: how long to wait for frees
+    // pending on their release fence, whose pages only this process knows
+    // to be freed. Their clients' streams still write the words; pages
+    // whose fence passes are freed (and kept so) before the daemon exits,
+    // and the rest stay their sessions' until freed again or the session
+    // ends.
+    absl::Duration release_wait = absl::Seconds(1);
   } keep_state;
 };
 

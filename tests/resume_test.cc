@@ -9,10 +9,14 @@
 // from before a reconnect carry on over the new link; a client that
 // resumes onto another pool or another KV slab ends its session.
 
+#include <poll.h>
+
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -658,6 +662,82 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<ForeignPool>& info) {
       return std::string(info.param.name);
     });
+
+// A raw session's fenced free of `pages` (FreeRequest.release_value).
+absl::Status FencedFree(v1::PageAllocator::Stub& stub, const RawSession& raw,
+                        const std::vector<int64_t>& pages, uint64_t value) {
+  v1::FreeRequest request;
+  request.mutable_session()->set_session_id(raw.id());
+  request.mutable_session()->set_session_token(raw.registered.session_token());
+  for (int64_t page : pages) request.add_pages(page);
+  request.set_release_value(value);
+  v1::FreeResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return FromGrpcStatus(stub.Free(&context, request, &response));
+}
+
+// A stop that keeps the sessions waits (--stop_release_wait_ms) for the
+// frees pending on their release fence: pages whose fence passes while the
+// daemon stops are freed before it exits, so the kept state has them free;
+// pages whose fence never passes stay their session's.
+class StopReleaseWaitTest : public ResumeTest,
+                            public ::testing::WithParamInterface<bool> {};
+
+TEST_P(StopReleaseWaitTest, AStopFreesThePagesWhoseFencePassesMeanwhile) {
+  const bool fence_passes = GetParam();
+  ServerOptions options = CpuTestOptions(32, kPageSize);
+  options.keep_state.enabled = true;
+  // Long enough that the fence passes within it however slow the host; a
+  // fence that never passes is waited for only briefly.
+  options.keep_state.release_wait =
+      fence_passes ? absl::Seconds(60) : absl::Milliseconds(50);
+  StartServer(options);
+  RawSession raw = OpenRawSession(*stub_, "fenced");
+  ASSERT_NE(raw.header, nullptr);
+  v1::AllocRequest alloc;
+  alloc.mutable_session()->set_session_id(raw.id());
+  alloc.mutable_session()->set_session_token(raw.registered.session_token());
+  alloc.add_num_tokens(3 * kPageSize);
+  alloc.mutable_options()->set_return_inline(true);
+  v1::AllocResponse allocated;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->Alloc(&context, alloc, &allocated).ok());
+  }
+  ASSERT_EQ(allocated.results_size(), 1);
+  ASSERT_EQ(allocated.results(0).slots_size(), 3 * kPageSize);
+  std::vector<int64_t> pages;
+  for (int i = 0; i < 3; ++i) {
+    pages.push_back(allocated.results(0).slots(i * kPageSize) / kPageSize);
+  }
+  ASSERT_OK(FencedFree(*stub_, raw, pages, 1));
+  CallCore& core = server_->server().core();
+  EXPECT_EQ(core.release_pending_pages(), 3);
+
+  std::thread stopper([this] { server_->Stop(); });
+  // The stop severs the session's connection, then waits for its fence.
+  pollfd severed = {raw.memory.connection.get(), POLLIN, 0};
+  ASSERT_EQ(poll(&severed, 1, 60000), 1);
+  if (fence_passes) {
+    // What the session's stream writes once its work on the pages is done.
+    raw.header->release_word.store(1, std::memory_order_release);
+  }
+  stopper.join();
+
+  absl::StatusOr<PagePool::OwnedPages> held =
+      server_->pool().PagesOwnedBy(raw.id());
+  ASSERT_OK(held.status());
+  EXPECT_EQ(held->owned.size(), fence_passes ? 0u : 3u);
+  EXPECT_EQ(core.release_pending_pages(), fence_passes ? 0 : 3);
+  EXPECT_EQ(core.pages_released(), fence_passes ? 3 : 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(FencePassesOrNot, StopReleaseWaitTest,
+                         ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Passes" : "NeverPasses";
+                         });
 
 // Without a reconnect timeout (the default where the daemon does not keep
 // its state) the close of the memory socket ends the session as before.
