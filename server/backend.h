@@ -101,6 +101,12 @@ class RingMemory {
   // holds its own (Describe's fd is -1 afterwards); a backend whose ring
   // needs its descriptor keeps it.
   virtual void CloseDescriptor() {}
+  // The daemon stops with the ring's session kept for a successor: its
+  // destruction leaves the memory to the client's mapping, as a crash
+  // leaves it (the slots handed out keep their values there), instead of
+  // freeing it even where the client maps it. A backend whose rings are
+  // never freed under the client does nothing.
+  virtual void LeaveToClient() {}
 };
 
 // This class is thread-safe: CreateRing may be called from any handler

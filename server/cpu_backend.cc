@@ -44,7 +44,12 @@ class MemfdRing final : public RingMemory {
         new MemfdRing(std::move(region), capacity));
   }
 
-  ~MemfdRing() override { region_->Discard(); }
+  ~MemfdRing() override {
+    if (!left_to_client_.load(std::memory_order_acquire)) region_->Discard();
+  }
+  void LeaveToClient() override {
+    left_to_client_.store(true, std::memory_order_release);
+  }
 
   int64_t* slots() override { return static_cast<int64_t*>(region_->base()); }
   int64_t capacity_slots() const override { return capacity_; }
@@ -64,6 +69,7 @@ class MemfdRing final : public RingMemory {
 
   const std::unique_ptr<SharedRegion> region_;
   const int64_t capacity_;
+  std::atomic<bool> left_to_client_{false};
 };
 
 class CpuBackend final : public Backend {

@@ -83,8 +83,12 @@ struct FastChannelServer::Channel {
   // charge is given back: all but the header, whose session_ended word
   // and end_reason the client reads after the end (the stale-answer
   // fence), which waits among the retired headers until their bounds free
-  // it too.
+  // it too. Not the channel of a session kept for a successor (Stop with
+  // kKeep): its client reads this header until it learns that the daemon
+  // went, and zeros there would read as its session's end; the memory
+  // goes when the client, resumed, unmaps it.
   ~Channel() {
+    if (kept_for_successor.load(std::memory_order_acquire)) return;
     retired_headers->Retire(std::move(region),
                             sizeof(fast_channel::ChannelHeader), absl::Now());
   }
@@ -115,6 +119,9 @@ struct FastChannelServer::Channel {
   std::unique_ptr<MatchReply> match_reply;
   // Its session_ended word is set (Close or Stop; under mu_).
   bool ended = false;
+  // Its session outlives this daemon (Stop with kKeep): ~Channel leaves
+  // its memory to the client's mapping.
+  std::atomic<bool> kept_for_successor{false};
   // The reserve's reclaim (AskForReserves): when the daemon last
   // asked this channel for its reserve, and that ask while unanswered by a
   // return call (absl::ToUnixNanos; 0: none).
@@ -315,7 +322,13 @@ void FastChannelServer::Stop(SessionsAtStop sessions) {
       // them over: then the answers given so far hold (the state journal
       // has them), and the client moves to a new channel when it resumes.
       for (const auto& [id, channel] : channels_) {
-        if (sessions == SessionsAtStop::kKeep || channel->ended) continue;
+        if (sessions == SessionsAtStop::kKeep) {
+          if (!channel->ended) {
+            channel->kept_for_successor.store(true, std::memory_order_release);
+          }
+          continue;
+        }
+        if (channel->ended) continue;
         channel->ended = true;
         channel->codec.EndSession(kShuttingDown);
       }

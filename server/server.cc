@@ -1234,6 +1234,15 @@ void Server::Shutdown() {
       sessions_kept ? SessionsAtStop::kKeep : SessionsAtStop::kEnd;
   if (fast_channels_ != nullptr) fast_channels_->Stop(sessions);
   if (memory_socket_ != nullptr) memory_socket_->Stop(sessions);
+  if (sessions_kept) {
+    // The clients keep what a crash would leave them: the slots in their
+    // rings (their channels: FastChannelServer::Stop).
+    for (const std::shared_ptr<Session>& session : sessions_->List()) {
+      if (std::shared_ptr<RingMemory> ring = session->ring()) {
+        ring->LeaveToClient();
+      }
+    }
+  }
   stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
   core_->StopReleasePoller();

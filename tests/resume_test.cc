@@ -25,11 +25,13 @@
 #include "client/client.h"
 #include "client/page_reserve.h"
 #include "common/grpc_status.h"
+#include "fast_channel/layout.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "memory/kv_layout.h"
 #include "memory/memory_socket.h"
+#include "memory/shared_region.h"
 #include "proto/pagealloc.grpc.pb.h"
 #include "server/server.h"
 #include "tests/daemon_stats.h"
@@ -738,6 +740,48 @@ INSTANTIATE_TEST_SUITE_P(FencePassesOrNot, StopReleaseWaitTest,
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Passes" : "NeverPasses";
                          });
+
+// A daemon that stops with its sessions kept for a successor leaves their
+// channels and rings as they were, even once it is gone, as a crash would:
+// a client still reading its channel (a call in flight when the daemon
+// went) must learn of a restart from its memory socket, not read zeros
+// that say its session ended, and the slots it was given keep their values.
+TEST_F(ResumeTest, AStopThatKeepsTheSessionsLeavesTheirChannelsAndRings) {
+  ServerOptions options = CpuTestOptions(32, kPageSize);
+  options.keep_state.enabled = true;
+  StartServer(options);
+  RawSession raw = OpenRawSession(*stub_, "kept");
+  ASSERT_NE(raw.header, nullptr);
+  v1::AllocRequest alloc;
+  alloc.mutable_session()->set_session_id(raw.id());
+  alloc.mutable_session()->set_session_token(raw.registered.session_token());
+  alloc.add_num_tokens(2 * kPageSize);
+  v1::AllocResponse allocated;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->Alloc(&context, alloc, &allocated).ok());
+  }
+  ASSERT_EQ(allocated.results_size(), 1);
+  const int64_t offset = allocated.results(0).ring_offset();
+  const int64_t count = allocated.results(0).count();
+  ASSERT_EQ(count, 2 * kPageSize);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<SharedRegion> ring,
+      SharedRegion::FromFd(std::move(raw.memory.ring), raw.memory.ring_bytes,
+                           SharedRegion::Access::kReadOnly));
+  const int64_t* slots = static_cast<const int64_t*>(ring->base()) + offset;
+  const std::vector<int64_t> given(slots, slots + count);
+  EXPECT_NE(given[0], 0);
+
+  stub_.reset();
+  server_.reset();  // stopped, and every object of the daemon destroyed
+  EXPECT_EQ(*static_cast<const volatile uint32_t*>(&raw.header->magic),
+            fast_channel::kMagic);
+  EXPECT_EQ(raw.header->session_ended.load(), 0u);
+  EXPECT_EQ(std::vector<int64_t>(slots, slots + count), given);
+  pollfd severed = {raw.memory.connection.get(), POLLIN, 0};
+  EXPECT_EQ(poll(&severed, 1, 0), 1);
+}
 
 // Without a reconnect timeout (the default where the daemon does not keep
 // its state) the close of the memory socket ends the session as before.
