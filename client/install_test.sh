@@ -35,7 +35,7 @@ PROGRAM
 # A --config=asan library needs its sanitizer runtimes first in a program
 # not built with them.
 preload="$(ldd "$prefix/lib/libpagealloc_client.so" |
-  awk '/lib(asan|ubsan)\.so/ {print $3}' | paste -sd: -)"
+  awk '/lib(asan|ubsan)\.so|libclang_rt\.asan/ {print $3}' | paste -sd: -)"
 # shellcheck disable=SC2046  # pkg-config's output is a list of flags
 gcc -std=c99 -Wall -Werror -o "$TEST_TMPDIR/program" "$TEST_TMPDIR/program.c" \
   $(pkg-config --cflags --libs pagealloc_client)

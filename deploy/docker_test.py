@@ -206,7 +206,8 @@ def main():
     # --config=asan; the image is built without sanitizers.
     sanitizer_runtimes = {p for p in linked_packages(server) |
                           linked_packages(cli)
-                          if re.match(r"lib(asan|ubsan|tsan|lsan)\d", p)}
+                          if re.match(r"lib(asan|ubsan|tsan|lsan)\d|"
+                                      r"libclang-rt-", p)}
     needed = ((linked_packages(server) | linked_packages(cli)) -
               BASE_PACKAGES - sanitizer_runtimes)
     check(needed, "ldd found no Debian libraries: the check is broken")

@@ -9,9 +9,10 @@ export PYTHONPATH="$runfiles/python:$runfiles/python/tests"
 export PYTHONDONTWRITEBYTECODE=1
 # Under --config=asan the library is built with AddressSanitizer and UBSan,
 # whose runtimes must come first in a process not built with them (this
-# interpreter): preload the ones the library needs.
+# interpreter): preload the ones the library needs (clang's shared runtime,
+# or GCC's libasan and libubsan).
 preload="$(ldd "$PAGEALLOC_LIBRARY" |
-  awk '/lib(asan|ubsan)\.so/ {print $3}' | paste -sd: -)"
+  awk '/lib(asan|ubsan)\.so|libclang_rt\.asan/ {print $3}' | paste -sd: -)"
 if [[ -n "$preload" ]]; then
   export LD_PRELOAD="$preload${LD_PRELOAD:+:$LD_PRELOAD}"
   # The interpreter keeps objects to its end on purpose: no leak report.

@@ -78,8 +78,9 @@ def sanitizer_preload(library):
     must be preloaded into an interpreter not built with them."""
     listed = subprocess.run(["ldd", library], capture_output=True, text=True,
                             check=True).stdout
+    runtimes = ("libasan.so", "libubsan.so", "libclang_rt.asan")
     return ":".join(line.split()[2] for line in listed.splitlines()
-                    if "libasan.so" in line or "libubsan.so" in line)
+                    if any(runtime in line for runtime in runtimes))
 
 
 DOC_MARKER = "<!-- Run verbatim, as root and as a user, by //python:wheel_test. -->"
