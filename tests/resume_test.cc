@@ -679,6 +679,22 @@ absl::Status FencedFree(v1::PageAllocator::Stub& stub, const RawSession& raw,
   return FromGrpcStatus(stub.Free(&context, request, &response));
 }
 
+// A raw session's Alloc of one request of `tokens` over gRPC (its slots
+// inline or in its ring); a failed call is a test failure.
+v1::AllocResponse RawAlloc(v1::PageAllocator::Stub& stub, const RawSession& raw,
+                           int64_t tokens, bool return_inline) {
+  v1::AllocRequest request;
+  request.mutable_session()->set_session_id(raw.id());
+  request.mutable_session()->set_session_token(raw.registered.session_token());
+  request.add_num_tokens(tokens);
+  request.mutable_options()->set_return_inline(return_inline);
+  v1::AllocResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(stub.Alloc(&context, request, &response).ok());
+  return response;
+}
+
 // A stop that keeps the sessions waits (--stop_release_wait_ms) for the
 // frees pending on their release fence: pages whose fence passes while the
 // daemon stops are freed before it exits, so the kept state has them free;
@@ -697,16 +713,8 @@ TEST_P(StopReleaseWaitTest, AStopFreesThePagesWhoseFencePassesMeanwhile) {
   StartServer(options);
   RawSession raw = OpenRawSession(*stub_, "fenced");
   ASSERT_NE(raw.header, nullptr);
-  v1::AllocRequest alloc;
-  alloc.mutable_session()->set_session_id(raw.id());
-  alloc.mutable_session()->set_session_token(raw.registered.session_token());
-  alloc.add_num_tokens(3 * kPageSize);
-  alloc.mutable_options()->set_return_inline(true);
-  v1::AllocResponse allocated;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub_->Alloc(&context, alloc, &allocated).ok());
-  }
+  const v1::AllocResponse allocated =
+      RawAlloc(*stub_, raw, 3 * kPageSize, /*return_inline=*/true);
   ASSERT_EQ(allocated.results_size(), 1);
   ASSERT_EQ(allocated.results(0).slots_size(), 3 * kPageSize);
   std::vector<int64_t> pages;
@@ -752,15 +760,8 @@ TEST_F(ResumeTest, AStopThatKeepsTheSessionsLeavesTheirChannelsAndRings) {
   StartServer(options);
   RawSession raw = OpenRawSession(*stub_, "kept");
   ASSERT_NE(raw.header, nullptr);
-  v1::AllocRequest alloc;
-  alloc.mutable_session()->set_session_id(raw.id());
-  alloc.mutable_session()->set_session_token(raw.registered.session_token());
-  alloc.add_num_tokens(2 * kPageSize);
-  v1::AllocResponse allocated;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub_->Alloc(&context, alloc, &allocated).ok());
-  }
+  const v1::AllocResponse allocated =
+      RawAlloc(*stub_, raw, 2 * kPageSize, /*return_inline=*/false);
   ASSERT_EQ(allocated.results_size(), 1);
   const int64_t offset = allocated.results(0).ring_offset();
   const int64_t count = allocated.results(0).count();
