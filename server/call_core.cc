@@ -531,8 +531,9 @@ void CallCore::RunReleasePoller() {
 
 int64_t CallCore::WaitForReleases(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
+  // The release poller looks every interval while pages are pending (it
+  // stops after the batcher); this only waits for it.
   while (releases_.any_pending() && absl::Now() < deadline) {
-    PollReleases();
     absl::SleepFor(kReleasePollInterval);
   }
   return releases_.pending_pages();

@@ -442,10 +442,10 @@ class CallCore {
   void StopReleasePoller() ABSL_LOCKS_EXCLUDED(poller_mu_);
   static constexpr absl::Duration kReleasePollInterval = absl::Milliseconds(1);
   // Waits up to `timeout` for every pending page's fence to pass and the
-  // page to be freed, looking every kReleasePollInterval (a stop that keeps
+  // release poller to free the page (a stop that keeps
   // the sessions: a successor then finds those pages free, not still the
   // sessions'). Returns the pages still pending. REQUIRES: the batcher
-  // runs (before its Stop).
+  // and the release poller run (before their Stop).
   int64_t WaitForReleases(absl::Duration timeout);
   // Pages freed with a fence that has not passed yet (owned by their
   // sessions): all, and session `session_id`'s.
