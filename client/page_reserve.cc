@@ -433,6 +433,20 @@ absl::Status PageReserve::PutTagged(absl::Span<const int64_t> pages,
   return absl::OkStatus();
 }
 
+int64_t PageReserve::Disown(absl::Span<const int64_t> pages) {
+  absl::MutexLock lock(&mu_);
+  const int64_t limit = static_cast<int64_t>(handed_.size());
+  int64_t disowned = 0;
+  for (const int64_t page : pages) {
+    if (page < 1 || page >= limit || handed_[page] != 1) continue;
+    handed_[page] = 0;
+    ++disowned;
+  }
+  handed_out_ -= disowned;
+  Report();
+  return disowned;
+}
+
 PageReserveStats PageReserve::stats() const {
   absl::MutexLock lock(&mu_);
   PageReserveStats stats = stats_;

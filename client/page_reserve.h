@@ -154,6 +154,13 @@ class PageReserve {
   absl::Status Put(absl::Span<const int64_t> pages, void* cuda_stream)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The caller keeps `pages`, handed out by this reserve, out of its books
+  // for good: they stay the session's, freed through the daemon, and a Put
+  // refuses them from now on (pages published to the prefix index, which
+  // are shared). Pages it has not handed out are skipped. Returns how many
+  // it let go of.
+  int64_t Disown(absl::Span<const int64_t> pages) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Runs the thread's work once: answers the daemon's ask, refills below
   // the low mark (unless backed off, above), returns above the high mark.
   // The thread calls it every tick; without the thread, tests call it.

@@ -23,6 +23,7 @@
 #include "client/admin.h"
 #include "client/client.h"
 #include "client/local_expansion.h"
+#include "client/page_free.h"
 #include "client/page_reserve.h"
 #include "common/status_macros.h"
 #include "common/version.h"
@@ -1361,6 +1362,54 @@ int32_t pagealloc_reserve_take_device_error(pagealloc_reserve* reserve,
     std::unique_ptr<pagealloc::LocalExpander>& device =
         reserve->expanders[PAGEALLOC_MEMORY_DEVICE];
     return device == nullptr ? absl::OkStatus() : device->TakeDeviceError();
+  });
+}
+
+int32_t pagealloc_reserve_disown(pagealloc_reserve* reserve,
+                                 const int64_t* pages, size_t n,
+                                 int64_t* disowned, pagealloc_error* error) {
+  return pagealloc::Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    RETURN_IF_ERROR(pagealloc::CheckArray(pages, n, "pages"));
+    const int64_t count =
+        reserve->reserve->Disown(absl::MakeConstSpan(pages, n));
+    if (disowned != nullptr) *disowned = count;
+    return absl::OkStatus();
+  });
+}
+
+int32_t pagealloc_reserve_free_slots(pagealloc_reserve* reserve, int32_t memory,
+                                     const int64_t* slots, size_t n,
+                                     void* stream, int32_t fence,
+                                     int64_t* host_copy, int64_t* pages,
+                                     int64_t* num_pages,
+                                     pagealloc_error* error) {
+  return pagealloc::Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    if (memory != PAGEALLOC_MEMORY_HOST && memory != PAGEALLOC_MEMORY_DEVICE) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "memory (%d) is neither PAGEALLOC_MEMORY_HOST (0) nor "
+          "PAGEALLOC_MEMORY_DEVICE (1)",
+          memory));
+    }
+    RETURN_IF_ERROR(pagealloc::CheckArray(slots, n, "slots"));
+    const size_t page_size = static_cast<size_t>(reserve->reserve->page_size());
+    RETURN_IF_ERROR(pagealloc::CheckArray(pages, n / page_size, "pages"));
+    const pagealloc::FreeSource source{memory == PAGEALLOC_MEMORY_DEVICE
+                                           ? pagealloc::ExpansionMemory::kDevice
+                                           : pagealloc::ExpansionMemory::kHost,
+                                       stream, fence != 0};
+    ASSIGN_OR_RETURN(
+        const int64_t freed,
+        pagealloc::FreeWholePages(*reserve->reserve, source, slots,
+                                  static_cast<int64_t>(n), host_copy,
+                                  absl::MakeSpan(pages, n / page_size)));
+    if (num_pages != nullptr) *num_pages = freed;
+    return absl::OkStatus();
   });
 }
 

@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 7
+#define PAGEALLOC_ABI_VERSION_MINOR 8
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -913,6 +913,39 @@ int32_t pagealloc_reserve_last_expansion_pages(pagealloc_reserve* reserve,
                                                int32_t memory, int64_t* pages,
                                                size_t capacity, int64_t* count,
                                                pagealloc_error* error);
+
+/* ABI 1.8. The caller keeps `pages[0..n)`, handed out by this reserve,
+ * out of its books for good (pages published to the prefix index): they
+ * stay the session's, freed through the daemon, and a put or
+ * pagealloc_reserve_free_slots refuses them from now on. Pages the reserve
+ * has not handed out are skipped; `*disowned` (may be NULL) receives how
+ * many it let go of. */
+int32_t pagealloc_reserve_disown(pagealloc_reserve* reserve,
+                                 const int64_t* pages, size_t n,
+                                 int64_t* disowned, pagealloc_error* error);
+
+/* ABI 1.8. SGLang's free of whole pages in this process (client/
+ * page_free.h): `slots[0..n)` in `memory`, page_size slots a page with
+ * each page's in order from its first slot, go back into the reserve, the
+ * first page named the next one a take hands out. Writes the pages' ids in
+ * the order named to `pages` (room for n / page_size) and their number to
+ * `*num_pages` (may be NULL). PAGEALLOC_MEMORY_DEVICE: the slots are CUDA
+ * memory, copied on `stream` (NULL: the legacy default stream) into
+ * `host_copy[0..n)` (pinned memory for an asynchronous copy) before
+ * anything is checked, where they stay, and the call waits for the stream; the
+ * pages are put untagged, the stream's work before the free being done.
+ * PAGEALLOC_MEMORY_HOST: `host_copy` is unused; with `fence` nonzero the pages
+ * are tagged with a release value queued on `stream`, as
+ * pagealloc_reserve_put_on_stream. INVALID_ARGUMENT, and nothing is put, when
+ * the slots are not whole pages or the reserve did not hand out a page or it is
+ * named twice; FAILED_PRECONDITION for device memory in a library built without
+ * CUDA. */
+int32_t pagealloc_reserve_free_slots(pagealloc_reserve* reserve, int32_t memory,
+                                     const int64_t* slots, size_t n,
+                                     void* stream, int32_t fence,
+                                     int64_t* host_copy, int64_t* pages,
+                                     int64_t* num_pages,
+                                     pagealloc_error* error);
 
 /* ------------------------------------------------------------------------
  * Shared prefix pages (ABI 1.4; docs/design.md section 13,
