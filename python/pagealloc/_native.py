@@ -319,6 +319,14 @@ def _declare(lib):
     if lib.pagealloc_abi_version() & 0xFFFF >= 6:  # ABI 1.6
         signatures["pagealloc_reserve_peek"] = (
             i32, [ptr, ptr, size, p_i64, p_error])
+    if lib.pagealloc_abi_version() & 0xFFFF >= 8:  # ABI 1.8
+        signatures.update({
+            "pagealloc_reserve_free_slots":
+                (i32, [ptr, i32, ptr, size, ptr, i32, ptr, ptr, p_i64,
+                       p_error]),
+            "pagealloc_reserve_disown": (i32, [ptr, ptr, size, p_i64,
+                                               p_error]),
+        })
     if lib.pagealloc_abi_version() & 0xFFFF >= 7:  # ABI 1.7
         signatures.update({
             "pagealloc_resume":
@@ -371,3 +379,6 @@ HAS_EXPANSION_PAGES = lib.pagealloc_abi_version() & 0xFFFF >= 5
 HAS_RESERVE_PEEK = lib.pagealloc_abi_version() & 0xFFFF >= 6
 # Whether sessions can be resumed and clients reconnect (1.7).
 HAS_RESUME = lib.pagealloc_abi_version() & 0xFFFF >= 7
+# Whether a reserve frees whole pages of slots in one call, device slots
+# copied on the caller's stream, and lets go of published pages (1.8).
+HAS_RESERVE_FREE_SLOTS = lib.pagealloc_abi_version() & 0xFFFF >= 8

@@ -931,6 +931,81 @@ class PageReserve:
                 self._live(), _address(array), array.size,
                 _stream_handle(stream) or None, ctypes.byref(error)), error)
 
+    def disown(self, pages):
+        """Keeps `pages` (ids this reserve handed out) out of its books for
+        good: they stay the session's, freed through the daemon, and put()
+        and free_slots() refuse them from now on (pages published to the
+        prefix index, which are shared). Pages it has not handed out are
+        skipped. Returns how many it let go of; ABI 1.8."""
+        if not _native.HAS_RESERVE_FREE_SLOTS:
+            raise FailedPreconditionError(
+                "%s cannot disown a reserve's pages (ABI 1.8 needed)" %
+                _native.path)
+        array = _int64_array(pages, "pages")
+        count = ctypes.c_int64(0)
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_disown(
+            self._live(), _address(array), array.size, ctypes.byref(count),
+            ctypes.byref(error)), error)
+        return count.value
+
+    def free_slots(self, slots, pages, *, host_copy=None, stream=None,
+                   fence=False):
+        """Frees whole pages of slots into this reserve in one call (ABI
+        1.8; client/page_free.h): page_size slots a page, each page's in
+        order from its first slot; the first page named is the next one a
+        take hands out. Writes the pages' ids, in the order named, to
+        `pages` (an int64 NumPy array with room for len(slots) //
+        page_size) and returns their number.
+
+        `slots` is a host array, or CUDA memory (a one-dimensional int64
+        torch tensor, or anything with __cuda_array_interface__): that is
+        copied on `stream` (as alloc_extend's) into `host_copy` (an int64
+        host array of at least len(slots), pinned for an asynchronous
+        copy; made when None), where it stays (refused or not, unless
+        `pages` is too short), and the call waits for the stream; the pages are put untagged, the work queued before the free
+        being done. Host slots with `fence` are tagged with a release value
+        queued on `stream`, as put(pages, stream). Raises
+        InvalidArgumentError, and puts nothing, when the slots are not whole
+        pages or a page was not handed out by this reserve or is named
+        twice."""
+        if not _native.HAS_RESERVE_FREE_SLOTS:
+            raise FailedPreconditionError(
+                "%s cannot free slots into a reserve (ABI 1.8 needed)" %
+                _native.path)
+        if type(pages) is not np.ndarray or pages.dtype is not _INT64:
+            raise InvalidArgumentError("pages must be an int64 NumPy array")
+        on_device, address = _cuda_int64(slots, "slots", 0, False)
+        if on_device:
+            n = _cuda_length(slots)
+            if host_copy is None:
+                host_copy = np.empty(n, dtype=np.int64)
+            elif (type(host_copy) is not np.ndarray or
+                  host_copy.dtype is not _INT64 or host_copy.size < n or
+                  not host_copy.flags.c_contiguous):
+                raise InvalidArgumentError(
+                    "host_copy must be a contiguous int64 NumPy array of at "
+                    "least %d entries" % n)
+            memory, copy_address = _native.MEMORY_DEVICE, _address(host_copy)
+            stream_handle = _expansion_stream(stream, slots)
+        else:
+            array = _int64_array(slots, "slots")
+            n, address = array.size, _address(array)
+            memory, copy_address = _native.MEMORY_HOST, None
+            stream_handle = _stream_handle(stream) or None
+        if pages.size < n // self.page_size:
+            # Refused here, before any copy: host_copy is not written.
+            raise InvalidArgumentError(
+                "pages has room for %d ids; the slots name %d pages" %
+                (pages.size, n // self.page_size))
+        count = ctypes.c_int64(0)
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_free_slots(
+            self._live(), memory, address, n, stream_handle, 1 if fence else 0,
+            copy_address, _address(pages), ctypes.byref(count),
+            ctypes.byref(error)), error)
+        return count.value
+
     def alloc_extend(self, prefix_lens, seq_lens, last_loc, out=None, *,
                      stream=None):
         """SGLang's alloc_extend in this process (docs/python.md, "Slots
@@ -1101,6 +1176,14 @@ def _cuda_int64(array, name, count, exact):
     if interface is None:
         return False, None
     return True, _device_int64(interface, name, count, exact)
+
+
+def _cuda_length(array):
+    """The entries of a one-dimensional CUDA array _cuda_int64 accepted."""
+    numel = getattr(array, "numel", None)
+    if numel is not None:
+        return numel()
+    return int(array.__cuda_array_interface__["shape"][0])
 
 
 def _check_count(name, size, count, exact):

@@ -135,6 +135,12 @@ class AllocatorState:
     session_id: int
 
 
+def _pinned_int64(count):
+    """A NumPy view of `count` int64s of pinned host memory (the torch
+    tensor under it stays alive with the view)."""
+    return torch.empty((count,), dtype=torch.int64, pin_memory=True).numpy()
+
+
 def _as_host_int64(values, name):
     """`values` (a tensor on any device, a NumPy array, a list, a ring view)
     as a new or existing contiguous int64 NumPy array on the host."""
@@ -360,7 +366,16 @@ class _Base:
                                          self._mirror_concat,
                                          int(mirror_pages))
         self._mirror_stream = None
+        self._mirror_writer = None  # its torch stream object
         self._mirror_event = None
+        # Frees of whole pages of the reserve in one library call
+        # (_free_to_reserve): the paged allocator's unsorted free, whose
+        # pages go straight back on the reserve's top. The page ids it
+        # freed, and a pinned host copy of CUDA slots (grown as needed).
+        self._frees_in_one_call = (_native.HAS_RESERVE_FREE_SLOTS and
+                                   self.page_size > 1 and not self.need_sort)
+        self._freed_pages = np.empty(self.num_pages + 1, dtype=np.int64)
+        self._free_copy = np.empty(0, dtype=np.int64)
         if self._use_reserve:
             self._open_reserve()
 
@@ -476,6 +491,9 @@ class _Base:
         if pages.size:
             in_range = (pages >= 1) & (pages <= self.num_pages)
             self._taken[pages[in_range]] = False
+            if self._reserve is not None and self._frees_in_one_call:
+                # The reserve's books too: its one-call free checks them.
+                self._reserve.disown(pages)
 
     def _open_reserve(self):
         """Opens the session's reserve. One that may hold the whole pool
@@ -597,15 +615,15 @@ class _Base:
         return out
 
     def _note_mirror_stream(self):
-        """On CUDA: the stream the mirror's slots were written on, and an
-        event after the write."""
+        """On CUDA: the stream the mirror's slots were written on (a raw
+        handle). No event is recorded here: a caller on another stream is
+        ordered by one recorded on this stream when it comes
+        (_order_mirror), which follows the write as well."""
         if torch is None or self._torch_device.type != "cuda":
             return
-        stream = self._current_torch_stream()
-        self._mirror_stream = stream.cuda_stream
-        if self._mirror_event is None:
-            self._mirror_event = torch.cuda.Event()
-        self._mirror_event.record(stream)
+        writer = self._current_torch_stream()
+        self._mirror_writer = writer
+        self._mirror_stream = writer.cuda_stream
 
     def _current_torch_stream(self):
         """The current CUDA stream's torch object, found by its raw handle in
@@ -625,6 +643,11 @@ class _Base:
         raw = self._current_raw_stream(self._device_index)
         if raw == self._mirror_stream:
             return
+        if self._mirror_event is None:
+            self._mirror_event = torch.cuda.Event()
+        # Recorded now on the writer's stream: after the mirror's write,
+        # which was queued there before.
+        self._mirror_event.record(self._mirror_writer)
         stream = torch.cuda.current_stream(self._device_index)
         stream.wait_event(self._mirror_event)
         slots.record_stream(stream)
@@ -833,11 +856,14 @@ class _Base:
         """Frees the pages of `free_index` (slots), SGLang's way; inside a
         free group, at free_group_end. Refused frees raise (the daemon
         checks ownership and double frees; docs/python.md)."""
-        slots = _as_host_int64(free_index, "free_index")
+        if self.free_group is None and self._reserve is not None and \
+                self._frees_in_one_call:
+            slots = self._free_to_reserve(free_index)
+            if slots is None:
+                return
+        else:
+            slots = _as_host_int64(free_index, "free_index")
         if slots.size == 0:
-            return
-        if self.free_group is None and self._free_to_reserve(free_index,
-                                                             slots):
             return
         # Partial pages of the reserve are refused here, before a group
         # keeps them (SGLang's check).
@@ -851,37 +877,70 @@ class _Base:
         else:
             self._free_slots_now(slots)
 
-    def _free_to_reserve(self, values, slots):
-        """The step's common free: whole pages that the reserve handed out
-        (and that were not published since) go back on its top, and before
-        the device mirror. The reserve's put checks, changing nothing when
-        any fails, that every page is one it handed out and is named once,
-        which _whole_pages checks in Python on the other paths. Returns
-        False, having freed nothing, where the checked path must decide
-        (slots that are not whole pages, pages not all the reserve's, a
-        page named twice: it says which, or frees through the daemon) or
-        where the pages are held back rather than put (need_sort, page
-        size 1)."""
-        if self._reserve is None or self.need_sort or self.page_size == 1:
-            return False
-        pages = self._pages_of_whole(slots)
-        if pages is None:
-            return False
-        # Handed out and not published since (pages_published): a page out
-        # of range clips to one the put then refuses, or to page 0, never
-        # handed out.
-        if not np.take(self._taken, pages, mode="clip").all():
-            return False
-        try:
-            # The reserve is a stack: the first page goes on last.
-            self._reserve.put(pages[::-1], self._free_stream())
-        except InvalidArgumentError:
-            return False
+    def _free_to_reserve(self, values):
+        """The step's common free, in one library call
+        (PageReserve.free_slots): whole pages that the reserve handed out
+        (and that were not published since: pages_published) go back on
+        its top, and before the device mirror. A CUDA tensor is read by
+        that call on the current stream, which it waits for, as SGLang's
+        own free waits in torch.unique; host slots are fenced on the
+        current stream. Returns None once freed (or for no slots); else,
+        having freed nothing, the slots as a host int64 array for the
+        checked path to decide (slots that are not whole pages, pages not
+        all the reserve's, a page named twice: it says which, or frees
+        through the daemon)."""
+        device = self._device_int64(values)
+        reserve = self._reserve
+        if device is not None:
+            n = device.numel()
+            if n == 0:
+                return None
+            if n // self.page_size > self._freed_pages.size:
+                # More pages than the pool: the checked path says why.
+                return _as_host_int64(device, "free_index")
+            host = self._free_copy
+            if host.size < n:
+                host = self._free_copy = _pinned_int64(max(n, 2 * host.size))
+            try:
+                count = reserve.free_slots(
+                    device, self._freed_pages, host_copy=host,
+                    stream=self._current_raw_stream(self._device_index))
+            except InvalidArgumentError:
+                return host[:n].copy()
+        else:
+            slots = _as_host_int64(values, "free_index")
+            if slots.size == 0:
+                return None
+            try:
+                count = reserve.free_slots(slots, self._freed_pages,
+                                           stream=self._free_stream(),
+                                           fence=self._fenced)
+            except InvalidArgumentError:
+                return slots
+            if self._mirror is not None:
+                device = self._on_device_as_given(values, slots)
+        pages = self._freed_pages[:count]
         self._taken[pages] = False
         if self._mirror is not None:
-            self._mirror.prepend(pages,
-                                 self._on_device_as_given(values, slots))
-        return True
+            self._mirror.prepend(pages, device)
+        return None
+
+    def _device_int64(self, values):
+        """`values` as a one-dimensional int64 CUDA tensor on the
+        allocator's device (converted there when it is another integer
+        type, as SGLang's int32 req_to_token rows are), or None for
+        anything else (read on the host)."""
+        if (torch is None or not isinstance(values, torch.Tensor) or
+                not values.is_cuda or
+                (self._device_index is not None and
+                 values.device.index != self._device_index)):
+            return None
+        if values.is_floating_point() or values.is_complex():
+            return None  # _as_host_int64 says what is wrong with it
+        if (values.dtype is not torch.int64 or values.dim() != 1 or
+                not values.is_contiguous()):
+            values = values.detach().reshape(-1).to(torch.int64)
+        return values
 
     def _on_device_as_given(self, values, host):
         """`values` (whose int64 host copy is `host`) on the allocator's

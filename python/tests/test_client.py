@@ -935,6 +935,48 @@ def test_reserve_hands_out_the_sessions_pages(daemon):
         assert client.stats().used_pages == 1
 
 
+def test_reserve_frees_whole_pages_of_slots_in_one_call(daemon):
+    """PageReserve.free_slots: whole pages of slots go back on the reserve's
+    top, the first named taken next; anything else is refused with nothing
+    put; a page the reserve let go of (disown: published) is refused."""
+    with daemon.connect(name="frees") as client, \
+            client.reserve(initial_batch=2, max_pages=8) as reserve:
+        a, b, c = (int(p) for p in reserve.take(3))
+
+        def slots_of(*pages):
+            return np.array([p * 4 + k for p in pages for k in range(4)],
+                            dtype=np.int64)
+
+        out = np.full(4, -1, dtype=np.int64)
+        before = reserve.stats()["handed_out"]
+        for slots, words in (
+                (slots_of(a)[:3], "not whole pages"),
+                (slots_of(a)[[1, 0, 2, 3]], "not one whole page"),
+                (slots_of(a) + 1, "not one whole page"),
+                (slots_of(a, a), "named twice"),
+                (slots_of(17), "not handed out")):
+            with pytest.raises(pagealloc.InvalidArgumentError, match=words):
+                reserve.free_slots(slots, out)
+            assert reserve.stats()["handed_out"] == before
+        with pytest.raises(pagealloc.InvalidArgumentError, match="room for"):
+            reserve.free_slots(slots_of(a, b), out[:1])
+        with pytest.raises(pagealloc.InvalidArgumentError, match="int64"):
+            reserve.free_slots(slots_of(a), out.astype(np.int32))
+        # b is published, say: the reserve lets go of it, once.
+        assert reserve.disown([b, b, 99]) == 1
+        assert reserve.disown([b]) == 0
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match="not handed out"):
+            reserve.free_slots(slots_of(c, b), out)
+        assert reserve.free_slots(slots_of(c, a), out) == 2
+        assert out[:2].tolist() == [c, a]
+        assert reserve.take(2).tolist() == [c, a]
+        assert reserve.free_slots(np.zeros(0, dtype=np.int64), out) == 0
+        # The fenced form on the CPU backend frees as the host calls.
+        assert reserve.free_slots(slots_of(a), out, stream=0, fence=True) == 1
+        assert reserve.stats()["handed_out"] == 1  # c (b is disowned)
+
+
 # ------------------------------------------------- slots expanded in process
 
 def test_reserve_expands_extend_and_decode_in_process(daemon):

@@ -260,6 +260,49 @@ def test_reserve_alloc_reaches_the_device_without_host_sync(make_daemon):
         allocator.close()
 
 
+def test_a_free_of_device_slots_reads_them_after_the_stream(make_daemon):
+    """free() of a CUDA tensor (int64 or SGLang's int32 req_to_token rows)
+    in one library call: it reads the slots once the current stream has
+    run the work queued before the free (here a long kernel, then the
+    kernel that writes the slots), puts the pages back on the reserve's top
+    in the order named, and the next alloc is a slice of the device mirror
+    with those slots. A partial page is refused and nothing changes."""
+    from pagealloc import sglang
+
+    daemon = make_daemon("--semantics=sglang", "--page_size=16",
+                         "--num_pages=64")
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, device="cuda", reserve_options=dict(
+                max_pages=64, initial_batch=64, starved_wait=0))
+        first = allocator.alloc(48)     # pages 1, 2, 3
+        want = first.cpu().numpy()
+        available = allocator.available_size()
+        with pytest.raises(Exception, match="complete page blocks"):
+            allocator.free(first[:15])
+        assert allocator.available_size() == available
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(200_000_000)
+            # Pages 3 then 1, written behind the sleep.
+            named = torch.cat((first[32:], first[:16])) + 0
+            allocator.free(named)
+            assert stream.query(), "the free did not wait for its stream"
+        assert allocator.available_size() == available + 32
+        hits = allocator.mirror_stats["hits"]
+        again = allocator.alloc(32)
+        assert allocator.mirror_stats["hits"] == hits + 1
+        np.testing.assert_array_equal(
+            again.cpu().numpy(), np.concatenate((want[32:], want[:16])))
+        # SGLang's int32 rows, pages 2 and 3.
+        allocator.free(torch.cat((first[16:32], again[:16])).to(torch.int32))
+        assert allocator.available_size() == available + 32
+        np.testing.assert_array_equal(
+            allocator.alloc(32).cpu().numpy(),
+            np.concatenate((want[16:32], want[32:])))
+        allocator.close()
+
+
 def test_reserve_legacy_calls_expand_on_the_stream_without_host_sync(
         make_daemon):
     """alloc_extend and alloc_decode on the page reserve read a CUDA
