@@ -4,7 +4,8 @@ processes on one GPU: what an engine pays per step for its KV allocation.
 
     engine_loop_bench.py --allocators none,sglang,pagealloc \\
         --target unix:///run/pagealloc/gpu0.sock --processes 1,2,4 \\
-        [--seed_kernels DIR] [--mode alloc|decode] [--steps 400] [--json OUT]
+        [--seed_kernels DIR] [--mode alloc|decode] [--steps 400] \\
+        [--rounds 5] [--json OUT]
 
 Every step of every process does what a scheduler's decode step does:
 
@@ -40,7 +41,12 @@ Reports per allocator and process count: step time p50/p99 (ms), the
 allocation's host time per step (the allocator's calls: alloc and free)
 p50/p99 (us), cost per step over `none` (p50 step difference, us), and for
 the pagealloc allocators the round trips per step and pages per refill
-(from the reserve's counters). Run it with and without MPS
+(from the reserve's counters). The step's cost over `none` moves by
+hundreds of microseconds from one run of the loop to the next (the GPU's
+clocks, the host's scheduling), more than the allocators differ: with
+--rounds R every allocator runs R times, the allocators in turn within each
+round, each round's cost over that round's `none`, and a second table gives
+per allocator the median over the rounds and their range. Run it with and without MPS
 (nvidia-cuda-mps-control -d) for the MPS rows; the row records which.
 
 On a machine without CUDA it runs the same loop on the CPU (a smaller
@@ -345,6 +351,8 @@ def main(argv=None):
     parser.add_argument("--max_len", type=int, default=2048)
     parser.add_argument("--model_ms", type=float, default=5.0)
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of every allocator, in turn")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--timeout_s", type=float, default=600)
     parser.add_argument("--mps", action="store_true",
@@ -352,41 +360,48 @@ def main(argv=None):
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
+    if args.rounds < 1:
+        raise SystemExit("--rounds (%d) must be >= 1" % args.rounds)
     table = []
-    for processes in [int(p) for p in args.processes.split(",")]:
-        baseline = None
-        for kind in args.allocators.split(","):
-            if kind.startswith("pagealloc") and not args.target:
-                raise SystemExit("--target (or PAGEALLOC_TARGET) is needed "
-                                 "for %s" % kind)
-            if kind == "sglang" and args.mode == "decode" and \
-                    not args.seed_kernels:
-                raise SystemExit("--seed_kernels is needed for sglang in "
-                                 "decode mode")
-            config = dict(vars(args), allocator=kind, processes=processes)
-            rows = run(config)
-            summary = {
-                "allocator": kind, "processes": processes, "mode": args.mode,
-                "mps": rows[0]["mps"], "device": rows[0]["device"],
-                "page_size": rows[0]["page_size"], "batch": args.batch,
-                "step_ms_p50": max(r["step_ms_p50"] for r in rows),
-                "step_ms_p99": max(r["step_ms_p99"] for r in rows),
-                "alloc_us_p50": max(r["alloc_us_p50"] for r in rows),
-                "alloc_us_p99": max(r["alloc_us_p99"] for r in rows),
-                "per_process": rows,
-            }
-            for key in ("round_trips_per_step", "refills_per_step",
-                        "pages_per_refill"):
-                if key in rows[0]:
-                    summary[key] = max(r[key] for r in rows)
-            if kind == "none":
-                baseline = summary["step_ms_p50"]
-            if baseline is not None:
-                summary["over_none_us"] = \
-                    (summary["step_ms_p50"] - baseline) * 1e3
-            table.append(summary)
-            print(json.dumps({k: v for k, v in summary.items()
-                              if k != "per_process"}), flush=True)
+    kinds = args.allocators.split(",")
+    baseline = None
+    for processes, round_index, kind in (
+            (p, r, k) for p in [int(p) for p in args.processes.split(",")]
+            for r in range(args.rounds) for k in kinds):
+        if kind == kinds[0]:
+            baseline = None  # each round's cost over its own `none`
+        if kind.startswith("pagealloc") and not args.target:
+            raise SystemExit("--target (or PAGEALLOC_TARGET) is needed "
+                             "for %s" % kind)
+        if kind == "sglang" and args.mode == "decode" and \
+                not args.seed_kernels:
+            raise SystemExit("--seed_kernels is needed for sglang in "
+                             "decode mode")
+        config = dict(vars(args), allocator=kind, processes=processes)
+        rows = run(config)
+        summary = {
+            "allocator": kind, "processes": processes, "mode": args.mode,
+            "round": round_index,
+            "mps": rows[0]["mps"], "device": rows[0]["device"],
+            "page_size": rows[0]["page_size"], "batch": args.batch,
+            "step_ms_p50": max(r["step_ms_p50"] for r in rows),
+            "step_ms_p99": max(r["step_ms_p99"] for r in rows),
+            "alloc_us_p50": max(r["alloc_us_p50"] for r in rows),
+            "alloc_us_p99": max(r["alloc_us_p99"] for r in rows),
+            "per_process": rows,
+        }
+        for key in ("round_trips_per_step", "refills_per_step",
+                    "pages_per_refill"):
+            if key in rows[0]:
+                summary[key] = max(r[key] for r in rows)
+        if kind == "none":
+            baseline = summary["step_ms_p50"]
+        if baseline is not None:
+            summary["over_none_us"] = \
+                (summary["step_ms_p50"] - baseline) * 1e3
+        table.append(summary)
+        print(json.dumps({k: v for k, v in summary.items()
+                          if k != "per_process"}), flush=True)
     print()
     print("| allocator | procs | MPS | step p50 ms | over none us | "
           "alloc host p50 us | p99 us | round trips/step | pages/refill |")
@@ -401,10 +416,36 @@ def main(argv=None):
             if "round_trips_per_step" in s else "-",
             "%.1f" % s["pages_per_refill"]
             if "pages_per_refill" in s else "-"))
+    if args.rounds > 1:
+        _print_rounds(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)
     return table
+
+
+def _print_rounds(table):
+    """Per allocator and process count, the median over the rounds of the
+    step's p50, of its cost over that round's `none`, and of the
+    allocation's host time, with the range of the cost."""
+    print()
+    print("| allocator | procs | MPS | rounds | step p50 ms, median | "
+          "over none us, median (range) | alloc host p50 us, median |")
+    print("|---|---|---|---|---|---|---|")
+    keys = []
+    for s in table:
+        if (s["allocator"], s["processes"]) not in keys:
+            keys.append((s["allocator"], s["processes"]))
+    for kind, processes in keys:
+        rows = [s for s in table
+                if s["allocator"] == kind and s["processes"] == processes]
+        over = [s["over_none_us"] for s in rows if "over_none_us" in s]
+        print("| %s | %d | %s | %d | %.3f | %s | %.1f |" % (
+            kind, processes, "on" if rows[0]["mps"] else "off", len(rows),
+            percentile([s["step_ms_p50"] for s in rows], 50),
+            "%.0f (%.0f to %.0f)" % (percentile(over, 50), min(over),
+                                      max(over)) if over else "-",
+            percentile([s["alloc_us_p50"] for s in rows], 50)))
 
 
 if __name__ == "__main__":

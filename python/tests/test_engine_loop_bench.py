@@ -49,3 +49,25 @@ def test_engine_loop_bench_reports_every_allocator(make_daemon, tmp_path):
     with pagealloc.Client.connect(daemon.target) as client:
         wait_until(lambda: client.stats().used_pages == 0,
                    what="the schedulers' pages to come back")
+
+
+def test_engine_loop_bench_rounds_take_turns(make_daemon, capsys):
+    """--rounds: the allocators run in turn, each round's cost over its own
+    `none`, and the medians' table names every allocator once."""
+    daemon = make_daemon("--semantics=sglang", "--num_pages=1024",
+                         "--page_size=16")
+    table = engine_loop_bench.main([
+        "--allocators", "none,pagealloc", "--target", daemon.target,
+        "--processes", "1", "--batch", "4", "--max_len", "256",
+        "--page_size", "16", "--pool_pages", "1024", "--model_ms", "0.1",
+        "--steps", "10", "--warmup", "2", "--rounds", "2",
+        "--timeout_s", "120"])
+    assert [(row["round"], row["allocator"]) for row in table] == [
+        (0, "none"), (0, "pagealloc"), (1, "none"), (1, "pagealloc")]
+    for first, second in ((table[0], table[1]), (table[2], table[3])):
+        assert second["over_none_us"] == (
+            second["step_ms_p50"] - first["step_ms_p50"]) * 1e3
+    out = capsys.readouterr().out
+    medians = out[out.index("rounds | step p50 ms, median"):]
+    assert medians.count("| none | 1 |") == 1
+    assert medians.count("| pagealloc | 1 |") == 1
