@@ -50,17 +50,20 @@ def address_of(slots):
 def test_package_reports_versions_and_library():
     assert pagealloc.__version__ == "0.1.0"
     assert pagealloc.ABI_VERSION >> 16 == 1
-    # The readable form the docs use ("1.7"), from the same number.
+    # The readable form the docs use ("1.8"), from the same number.
     assert pagealloc.ABI_VERSION_TEXT == "%d.%d" % (
         pagealloc.ABI_VERSION >> 16, pagealloc.ABI_VERSION & 0xFFFF)
-    assert pagealloc.ABI_VERSION_TEXT == "1.7"
+    assert pagealloc.ABI_VERSION_TEXT == "1.8"
     assert os.path.exists(pagealloc.LIBRARY_PATH)
-    # 1.6's peek and 1.7's resume are declared (ctypes then checks their
-    # arguments).
+    # 1.6's peek, 1.7's resume and 1.8's free in one call are declared
+    # (ctypes then checks their arguments).
     assert _native.HAS_RESERVE_PEEK
     assert _native.lib.pagealloc_reserve_peek.argtypes is not None
     assert _native.HAS_RESUME
     assert _native.lib.pagealloc_resume.argtypes is not None
+    assert _native.HAS_RESERVE_FREE_SLOTS
+    assert _native.lib.pagealloc_reserve_free_slots.argtypes is not None
+    assert _native.lib.pagealloc_reserve_disown.argtypes is not None
 
 
 def test_status_codes_are_grpc_numbers():
