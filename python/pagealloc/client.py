@@ -998,12 +998,20 @@ class PageReserve:
             raise InvalidArgumentError(
                 "pages has room for %d ids; the slots name %d pages" %
                 (pages.size, n // self.page_size))
+        return self._free_slots_at(memory, address, n, stream_handle,
+                                   1 if fence else 0, copy_address,
+                                   _address(pages))
+
+    def _free_slots_at(self, memory, address, n, stream, fence, copy_address,
+                       pages_address):
+        """free_slots for a caller that checked its arguments itself and
+        keeps the memory at these addresses alive (pagealloc.sglang's
+        buffers, made once): the library call alone, on the step's path."""
         count = ctypes.c_int64(0)
         error = _error_buffer()
         _check(_lib.pagealloc_reserve_free_slots(
-            self._live(), memory, address, n, stream_handle, 1 if fence else 0,
-            copy_address, _address(pages), ctypes.byref(count),
-            ctypes.byref(error)), error)
+            self._live(), memory, address, n, stream, fence, copy_address,
+            pages_address, ctypes.byref(count), ctypes.byref(error)), error)
         return count.value
 
     def alloc_extend(self, prefix_lens, seq_lens, last_loc, out=None, *,

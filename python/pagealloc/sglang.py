@@ -375,7 +375,9 @@ class _Base:
         self._frees_in_one_call = (_native.HAS_RESERVE_FREE_SLOTS and
                                    self.page_size > 1 and not self.need_sort)
         self._freed_pages = np.empty(self.num_pages + 1, dtype=np.int64)
+        self._freed_pages_address = self._freed_pages.ctypes.data
         self._free_copy = np.empty(0, dtype=np.int64)
+        self._free_copy_address = None
         if self._use_reserve:
             self._open_reserve()
 
@@ -901,10 +903,13 @@ class _Base:
             host = self._free_copy
             if host.size < n:
                 host = self._free_copy = _pinned_int64(max(n, 2 * host.size))
+                self._free_copy_address = host.ctypes.data
             try:
-                count = reserve.free_slots(
-                    device, self._freed_pages, host_copy=host,
-                    stream=self._current_raw_stream(self._device_index))
+                # free_slots' checks are made above: the call alone.
+                count = reserve._free_slots_at(
+                    _native.MEMORY_DEVICE, device.data_ptr(), n,
+                    self._current_raw_stream(self._device_index), 0,
+                    self._free_copy_address, self._freed_pages_address)
             except InvalidArgumentError:
                 return host[:n].copy()
         else:
@@ -935,12 +940,13 @@ class _Base:
                 (self._device_index is not None and
                  values.device.index != self._device_index)):
             return None
-        if values.is_floating_point() or values.is_complex():
+        if values.dtype is torch.int64:
+            if values.dim() == 1 and values.is_contiguous():
+                return values  # the step's free: nothing to convert
+        elif values.is_floating_point() or values.is_complex():
             return None  # _as_host_int64 says what is wrong with it
-        if (values.dtype is not torch.int64 or values.dim() != 1 or
-                not values.is_contiguous()):
-            values = values.detach().reshape(-1).to(torch.int64)
-        return values
+        # reshape keeps a strided one-dimensional view as it is.
+        return values.detach().reshape(-1).to(torch.int64).contiguous()
 
     def _on_device_as_given(self, values, host):
         """`values` (whose int64 host copy is `host`) on the allocator's

@@ -297,9 +297,14 @@ def test_a_free_of_device_slots_reads_them_after_the_stream(make_daemon):
         # SGLang's int32 rows, pages 2 and 3.
         allocator.free(torch.cat((first[16:32], again[:16])).to(torch.int32))
         assert allocator.available_size() == available + 32
+        third = allocator.alloc(32)
         np.testing.assert_array_equal(
-            allocator.alloc(32).cpu().numpy(),
-            np.concatenate((want[16:32], want[32:])))
+            third.cpu().numpy(), np.concatenate((want[16:32], want[32:])))
+        # A strided view (every other slot of a wider row): page 3.
+        row = torch.zeros(32, dtype=torch.int64, device="cuda")
+        row[::2] = third[16:]
+        allocator.free(row[::2])
+        assert allocator.available_size() == available + 16
         allocator.close()
 
 
