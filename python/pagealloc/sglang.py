@@ -88,9 +88,9 @@ except ImportError:  # pragma: no cover - depends on the host
 # Allocation calls whose ring slots stay untouched after they return.
 DEFAULT_KEEP_ALLOCATIONS = 8
 # The most slots of the reserve's top mirrored on the device by default
-# (_reserve_mirror.py; mirror_pages=None: this many slots' pages, and no
-# mirror at page size 1): a decode step's alloc(need_size) is a slice of it
-# for several steps between two copies.
+# (_reserve_mirror.py; mirror_pages=None: this many slots' pages): a decode
+# step's alloc(need_size) is a slice of it for several steps between two
+# copies.
 DEFAULT_MIRROR_SLOTS = 4096
 
 _INT64 = np.dtype(np.int64)
@@ -262,10 +262,7 @@ class _Base:
             raise ValueError("keep_allocations (%d) is negative" %
                              keep_allocations)
         if mirror_pages is None:
-            # The token allocator's frees queue behind its free list, never
-            # on the reserve's top: a mirror would miss after every merge.
-            mirror_pages = (DEFAULT_MIRROR_SLOTS // int(page_size)
-                            if int(page_size) > 1 else 0)
+            mirror_pages = DEFAULT_MIRROR_SLOTS // int(page_size)
         if int(mirror_pages) < 0:
             raise ValueError("mirror_pages (%d) is negative" % mirror_pages)
 

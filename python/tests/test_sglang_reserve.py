@@ -351,13 +351,11 @@ def test_steady_state_makes_no_synchronous_refill(make_daemon, page_size,
         stats = allocator.reserve.stats()
         assert stats["sync_refills"] == warm["sync_refills"] <= 1
         assert stats["takes"] >= warm["takes"] + 200  # merges take too
-        if page_size == 1:
-            # No mirror at page size 1 by default (the token allocator's
-            # frees queue behind its free list).
-            assert mirror is None
-        elif pagealloc._native.HAS_RESERVE_PEEK:
-            # The freed pages go back on the reserve's top and before the
-            # mirror: the next take is its next pages whenever the
+        if pagealloc._native.HAS_RESERVE_PEEK:
+            # Paged: the freed pages go back on the reserve's top and
+            # before the mirror. Token allocator: its frees queue behind
+            # the free list, the mirror's pages stay the next. Either way
+            # the next take is the mirror's next pages whenever the
             # reserve's thread did not refill on top in between.
             hits = allocator.mirror_stats["hits"] - mirror["hits"]
             misses = allocator.mirror_stats["misses"] - mirror["misses"]
@@ -711,10 +709,10 @@ def test_alloc_bench_reports_every_row(make_daemon, tmp_path):
             # none once warm, unless its thread's refill is late for a step:
             # on a loaded 2-core host under ASan, 2 of 20 steps were.
             assert row["round_trips_per_step"] <= 0.5
-        # The mirror at page size 16 (none at 1: the default's); each step
-        # frees what it took, so the next take is the mirror's next pages
-        # unless the reserve's thread refilled on top meanwhile.
-        has_mirror = (row["path"] == "mirror" and row["page_size"] == 16 and
+        # The mirror, on its path. At page size 16 each step frees what it
+        # took, so the next take is the mirror's next pages unless the
+        # reserve's thread refilled on top meanwhile.
+        has_mirror = (row["path"] == "mirror" and
                       pagealloc._native.HAS_RESERVE_PEEK)
         assert ("mirror_hit_rate" in row) == has_mirror
         if has_mirror:
