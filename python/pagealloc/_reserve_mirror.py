@@ -72,8 +72,8 @@ class ReserveMirror:
         None, and the mirror is forgotten."""
         start = self._next
         end = start + pages.size
-        if end > self._pages.size or not np.array_equal(
-                self._pages[start:end], pages):
+        if end > self._pages.size or not (
+                self._pages[start:end] == pages).all():
             self.invalidate()
             self.misses += 1
             return None

@@ -620,9 +620,10 @@ class _Base:
         (_order_mirror), which follows the write as well."""
         if torch is None or self._torch_device.type != "cuda":
             return
-        writer = self._current_torch_stream()
-        self._mirror_writer = writer
-        self._mirror_stream = writer.cuda_stream
+        raw = self._current_raw_stream(self._device_index)
+        if raw != self._mirror_stream:  # its torch object looked up anew
+            self._mirror_writer = self._current_torch_stream()
+            self._mirror_stream = raw
 
     def _current_torch_stream(self):
         """The current CUDA stream's torch object, found by its raw handle in
