@@ -64,9 +64,9 @@ absl::StatusOr<int64_t> FreeWholePages(PageReserve& reserve,
   }
   const int64_t num_pages = n / page_size;
   if (static_cast<int64_t>(pages.size()) < num_pages) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "pages holds %d ids; the slots name %d pages", pages.size(),
-        num_pages));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("pages holds %d ids; the slots name %d pages",
+                        pages.size(), num_pages));
   }
   for (int64_t p = 0; p < num_pages; ++p) {
     const int64_t* block = host + p * page_size;

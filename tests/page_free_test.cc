@@ -109,9 +109,9 @@ TEST_F(PageFreeTest, SlotsThatAreNotWholePagesAreRefused) {
                        HasSubstr("not whole pages")));
   std::vector<int64_t> shuffled = SlotsOf({taken_[0], taken_[1]});
   std::swap(shuffled[1], shuffled[2]);
-  EXPECT_THAT(Free(shuffled).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("slots[0:4]")));
+  EXPECT_THAT(
+      Free(shuffled).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slots[0:4]")));
   // A page's slots starting inside it: not a whole page either.
   std::vector<int64_t> shifted = SlotsOf({taken_[1]});
   for (int64_t& slot : shifted) ++slot;
@@ -135,9 +135,9 @@ TEST_F(PageFreeTest, PagesNotHandedOutOrNamedTwiceAreRefused) {
   EXPECT_THAT(Free(SlotsOf({kPages + 1})).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("not handed out")));
-  EXPECT_THAT(Free(SlotsOf({taken_[1], taken_[1]})).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("named twice")));
+  EXPECT_THAT(
+      Free(SlotsOf({taken_[1], taken_[1]})).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("named twice")));
   EXPECT_TRUE(Now() == before);
   // The pages themselves are still the caller's to free.
   ASSERT_OK_AND_ASSIGN(const int64_t freed, Free(SlotsOf(taken_)));
