@@ -17,6 +17,7 @@ last_loc), so its slots are SGLang's. The drop-in's tensors must be
 identical, slot for slot, on a long random trace.
 """
 
+import contextlib
 import importlib.util
 import os
 
@@ -230,11 +231,11 @@ def test_stream_reads_slots_after_the_daemon_without_host_sync(make_daemon):
         np.testing.assert_array_equal(doubled.cpu().numpy(), want * 2)
 
 
-def test_reserve_alloc_reaches_the_device_without_host_sync(make_daemon):
-    """alloc(n) from the page reserve: the slots come to the CUDA device in
-    one copy on the current stream, queued behind a long kernel (about a
-    second) without the call waiting for it, and they are the pool's first
-    pages in order (one session, the reserve the whole pool)."""
+@contextlib.contextmanager
+def _lone_allocator(make_daemon):
+    """pagealloc.sglang's paged allocator on a CUDA device, the only
+    session of a new daemon of 64 pages of 16, its reserve the whole pool
+    (so its pages come in the pool's order)."""
     from pagealloc import sglang
 
     daemon = make_daemon("--semantics=sglang", "--page_size=16",
@@ -243,6 +244,16 @@ def test_reserve_alloc_reaches_the_device_without_host_sync(make_daemon):
         allocator = sglang.make_allocator(
             client, device="cuda", reserve_options=dict(
                 max_pages=64, initial_batch=64, starved_wait=0))
+        yield allocator
+        allocator.close()
+
+
+def test_reserve_alloc_reaches_the_device_without_host_sync(make_daemon):
+    """alloc(n) from the page reserve: the slots come to the CUDA device in
+    one copy on the current stream, queued behind a long kernel (about a
+    second) without the call waiting for it, and they are the pool's first
+    pages in order (one session, the reserve the whole pool)."""
+    with _lone_allocator(make_daemon) as allocator:
         # Loads the copy's path and puts page 1 back on top.
         allocator.free(allocator.alloc(16))
         (torch.ones(1, dtype=torch.int64, device="cuda") * 2).cpu()
@@ -257,7 +268,6 @@ def test_reserve_alloc_reaches_the_device_without_host_sync(make_daemon):
             assert out.device.type == "cuda"
             want = np.arange(16 + 32 * i, 48 + 32 * i, dtype=np.int64)
             np.testing.assert_array_equal(out.cpu().numpy(), want * 2)
-        allocator.close()
 
 
 def test_a_free_of_device_slots_reads_them_after_the_stream(make_daemon):
@@ -267,14 +277,7 @@ def test_a_free_of_device_slots_reads_them_after_the_stream(make_daemon):
     kernel that writes the slots), puts the pages back on the reserve's top
     in the order named, and the next alloc is a slice of the device mirror
     with those slots. A partial page is refused and nothing changes."""
-    from pagealloc import sglang
-
-    daemon = make_daemon("--semantics=sglang", "--page_size=16",
-                         "--num_pages=64")
-    with daemon.connect() as client:
-        allocator = sglang.make_allocator(
-            client, device="cuda", reserve_options=dict(
-                max_pages=64, initial_batch=64, starved_wait=0))
+    with _lone_allocator(make_daemon) as allocator:
         first = allocator.alloc(48)     # pages 1, 2, 3
         want = first.cpu().numpy()
         available = allocator.available_size()
@@ -305,7 +308,6 @@ def test_a_free_of_device_slots_reads_them_after_the_stream(make_daemon):
         row[::2] = third[16:]
         allocator.free(row[::2])
         assert allocator.available_size() == available + 16
-        allocator.close()
 
 
 def test_reserve_legacy_calls_expand_on_the_stream_without_host_sync(
@@ -315,14 +317,7 @@ def test_reserve_legacy_calls_expand_on_the_stream_without_host_sync(
     queued behind a long kernel (about a second) without the call waiting
     for it, and they are the pool's first pages in order (one session, the
     reserve the whole pool)."""
-    from pagealloc import sglang
-
-    daemon = make_daemon("--semantics=sglang", "--page_size=16",
-                         "--num_pages=64")
-    with daemon.connect() as client:
-        allocator = sglang.make_allocator(
-            client, device="cuda", reserve_options=dict(
-                max_pages=64, initial_batch=64, starved_wait=0))
+    with _lone_allocator(make_daemon) as allocator:
         # (Filling the reserve with the pool may have refilled on this
         # thread once, when its own thread had not started yet.)
         refills = allocator.reserve.stats()["sync_refills"]
@@ -355,4 +350,3 @@ def test_reserve_legacy_calls_expand_on_the_stream_without_host_sync(
         pages = torch.arange(1, 5, dtype=torch.int64)
         allocator.free((pages[:, None] * 16 + torch.arange(16)).reshape(-1))
         assert allocator.reserve.stats()["pages"] == 64
-        allocator.close()
