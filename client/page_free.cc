@@ -1,6 +1,7 @@
 #include "client/page_free.h"
 
 #include <iterator>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -71,7 +72,9 @@ absl::StatusOr<int64_t> FreeWholePages(PageReserve& reserve,
   for (int64_t p = 0; p < num_pages; ++p) {
     const int64_t* block = host + p * page_size;
     const int64_t first = block[0];
-    bool whole = first >= 0 && first % page_size == 0;
+    // A page's last slot must be an int64 too: first + i never overflows.
+    bool whole = first >= 0 && first % page_size == 0 &&
+                 first <= std::numeric_limits<int64_t>::max() - page_size + 1;
     for (int64_t i = 1; whole && i < page_size; ++i) {
       whole = block[i] == first + i;
     }

@@ -8,6 +8,7 @@
 #include "client/page_free.h"
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -133,6 +134,11 @@ TEST_F(PageFreeTest, PagesNotHandedOutOrNamedTwiceAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("not handed out")));
   EXPECT_THAT(Free(SlotsOf({kPages + 1})).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not handed out")));
+  // The last whole page below INT64_MAX.
+  const int64_t top = std::numeric_limits<int64_t>::max() / kPageSize;
+  EXPECT_THAT(Free(SlotsOf({top})).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("not handed out")));
   EXPECT_THAT(
