@@ -956,14 +956,7 @@ class _Base:
             return host
         if self._torch_device.type == "cpu":
             return torch.from_numpy(host)
-        if (isinstance(values, torch.Tensor) and values.is_cuda and
-                (self._device_index is None or
-                 values.device.index == self._device_index)):
-            if (values.dtype is torch.int64 and values.dim() == 1 and
-                    not values.requires_grad):
-                return values  # the mirror joins it by a copy
-            return values.detach().reshape(-1).to(torch.int64)
-        return None
+        return self._device_int64(values)  # the mirror joins it by a copy
 
     def free_page_ids(self, page_ids):
         """Frees pages by id (SGLang's free_page_ids), the first the next
