@@ -765,6 +765,7 @@ uint32_t PagePool::NewSeenEpoch() const {
 
 absl::Status PagePool::ReleasePages(OwnerState& state,
                                     absl::Span<const int64_t> pages) {
+  EndAwait(state, pages);
   for (int64_t page : pages) owner_of_[page] = kNoOwner;
   state.pages_owned -= pages.size();
   counters_.pages_freed += pages.size();
@@ -886,6 +887,7 @@ absl::StatusOr<int64_t> PagePool::RollbackLocked(OwnerId owner,
   state.given_log.resize(position);
   state.checkpoints.resize(checkpoint_id == 0 ? target : target + 1);
   if (state.checkpoints.empty()) state.given_log.clear();
+  EndAwait(state, pages);
   for (int64_t page : pages) owner_of_[page] = kNoOwner;
   state.pages_owned -= pages.size();
   counters_.pages_freed += pages.size();
@@ -954,6 +956,7 @@ absl::StatusOr<int64_t> PagePool::ClearPoolLocked(bool force) {
   }
   for (auto& [id, state] : owners_) {
     state.pages_owned = 0;
+    state.awaiting_release.clear();
     state.refs.Clear();
     state.pins.clear();
     EndCheckpoints(state);
@@ -1193,6 +1196,75 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
   return pages;
 }
 
+absl::Status PagePool::AwaitRelease(OwnerId owner,
+                                    absl::Span<const int64_t> pages) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(AwaitReleaseLocked(owner, pages));
+  if (change_log_ != nullptr && !pages.empty()) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kAwaitRelease;
+    change.owner = owner;
+    change.pages = pages;
+    LogChange(change);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagePool::AwaitReleaseLocked(OwnerId owner,
+                                          absl::Span<const int64_t> pages) {
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  OwnerState& state = it->second;
+  // Pages already waiting and the call's own pages, in one stamp epoch:
+  // a page marked twice is a repeat either way.
+  const uint32_t epoch = NewSeenEpoch();
+  for (int64_t page : state.awaiting_release) seen_stamp_[page] = epoch;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const int64_t page = pages[i];
+    if (page < 1 || page > geometry_.num_pages) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pages[%d] (%d) is outside the pool's pages 1..%d", i,
+                          page, geometry_.num_pages));
+    }
+    const bool held =
+        owner_of_[page] == owner ||
+        (owner_of_[page] == kSharedOwner && state.refs.count(page) > 0);
+    if (!held || seen_stamp_[page] == epoch) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pages[%d] (%d) %s", i, page,
+          !held ? absl::StrFormat("is not a page owner %d holds", owner)
+                : std::string("awaits release already")));
+    }
+    seen_stamp_[page] = epoch;
+  }
+  state.awaiting_release.insert(state.awaiting_release.end(), pages.begin(),
+                                pages.end());
+  return absl::OkStatus();
+}
+
+void PagePool::EndAwait(OwnerState& state, absl::Span<const int64_t> pages) {
+  if (state.awaiting_release.empty() || pages.empty()) return;
+  const uint32_t epoch = NewSeenEpoch();
+  for (int64_t page : pages) seen_stamp_[page] = epoch;
+  std::vector<int64_t>& awaiting = state.awaiting_release;
+  awaiting.erase(
+      std::remove_if(awaiting.begin(), awaiting.end(),
+                     [&](int64_t page) { return seen_stamp_[page] == epoch; }),
+      awaiting.end());
+}
+
+absl::StatusOr<std::vector<int64_t>> PagePool::PagesAwaitingRelease(
+    OwnerId owner) const {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  return it->second.awaiting_release;
+}
+
 absl::StatusOr<int64_t> PagePool::Unpin(OwnerId owner,
                                         absl::Span<const int64_t> pages) {
   absl::MutexLock lock(&mu_);
@@ -1230,6 +1302,7 @@ absl::StatusOr<int64_t> PagePool::UnpinLocked(OwnerId owner,
 }
 
 void PagePool::ReleaseRefs(OwnerState& state, absl::Span<const int64_t> pages) {
+  EndAwait(state, pages);
   for (auto page = pages.rbegin(); page != pages.rend(); ++page) {
     state.refs.Drop(*page);
     index_.Release(*page);
@@ -1253,6 +1326,7 @@ void PagePool::DropShared(OwnerState& state) {
   for (size_t i = pages.size(); i-- > 0;) {
     for (int64_t k = counts[i]; k > 0; --k) index_.Release(pages[i]);
   }
+  EndAwait(state, pages);
   state.refs.Clear();
   pages.assign(state.pins.begin(), state.pins.end());
   std::sort(pages.begin(), pages.end(), std::greater<int64_t>());
@@ -1486,6 +1560,20 @@ absl::Status PagePool::CheckInvariants() {
         absl::StrFormat("%d pages are shared, the prefix index holds %d",
                         shared, index_.size()));
   }
+  for (const auto& [id, state] : owners_) {
+    absl::flat_hash_set<int64_t> awaiting;
+    for (int64_t page : state.awaiting_release) {
+      const bool held =
+          page >= 1 && page <= n &&
+          (owner_of_[page] == id ||
+           (owner_of_[page] == kSharedOwner && state.refs.count(page) > 0));
+      if (!held || !awaiting.insert(page).second) {
+        return absl::InternalError(
+            absl::StrFormat("owner %d: page %d awaits release %s", id, page,
+                            held ? "twice" : "but is not the owner's"));
+      }
+    }
+  }
   for (const auto& [page, count] : refs) {
     if (!index_.Contains(page)) {
       return absl::InternalError(absl::StrFormat(
@@ -1594,6 +1682,7 @@ PoolState PagePool::ExportStateLocked() const {
     });
     out.pins.assign(owner.pins.begin(), owner.pins.end());
     std::sort(out.pins.begin(), out.pins.end());
+    out.awaiting_release = owner.awaiting_release;
   }
   index_.Export(&state.prefix_entries, &state.prefix_lru);
   state.counters = counters_;
@@ -1785,6 +1874,27 @@ absl::Status PagePool::RestoreState(const PoolState& state) {
       }
       ++pins_on[page];
     }
+    if (owner.awaiting_release.size() > static_cast<size_t>(n)) {
+      return Corrupt("owner %d: %d pages await release, in a pool of %d", id,
+                     owner.awaiting_release.size(), n);
+    }
+    absl::flat_hash_set<int64_t> awaiting;
+    for (size_t a = 0; a < owner.awaiting_release.size(); ++a) {
+      const int64_t page = owner.awaiting_release[a];
+      const bool held =
+          page >= 1 && page <= n &&
+          (state.owner_of[page] == id ||
+           (state.owner_of[page] == kSharedOwner &&
+            std::binary_search(owner.refs.begin(), owner.refs.end(),
+                               std::pair<int64_t, int64_t>(page, 0),
+                               [](const auto& x, const auto& y) {
+                                 return x.first < y.first;
+                               })));
+      if (!held || !awaiting.insert(page).second) {
+        return Corrupt("owner %d: awaiting_release[%d] (%d) is %s", id, a, page,
+                       held ? "listed twice" : "not a page the owner holds");
+      }
+    }
   }
   auto listed = [&state](OwnerId id) {
     auto it = std::lower_bound(
@@ -1873,6 +1983,7 @@ absl::Status PagePool::RestoreState(const PoolState& state) {
     for (const auto& [page, count] : in.refs) owner.refs.Set(page, count);
     owner.pins.reserve(in.pins.size());
     owner.pins.insert(in.pins.begin(), in.pins.end());
+    owner.awaiting_release = in.awaiting_release;
     owners_.emplace(in.id, std::move(owner));
   }
   for (int64_t p = 1; p <= n; ++p) {
@@ -1952,6 +2063,9 @@ absl::Status PagePool::Replay(const PoolChange& change,
     }
     case PoolChangeKind::kUnpin:
       applied = UnpinLocked(change.owner, change.pages).status();
+      break;
+    case PoolChangeKind::kAwaitRelease:
+      applied = AwaitReleaseLocked(change.owner, change.pages);
       break;
     case PoolChangeKind::kResetPrefixCache:
       applied = ResetPrefixCacheLocked().status();

@@ -299,6 +299,27 @@ class PagePool {
       OwnerId owner, absl::Span<const int64_t> values, bool values_are_slots,
       FreeOrder order = FreeOrder::kDefault) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Marks `pages` of `owner` as awaiting release: a free that waits for
+  // the owner's release fence has been accepted for them
+  // (docs/design.md, "The release fence"), and they stay the owner's until
+  // it is done (FreePages). Nothing else changes: no operation's outcome
+  // depends on it. The mark is state, kept across the daemon's restart, so
+  // that a restarted daemon knows which of a session's pages were freed
+  // already and waited only for the session's GPU work. A page stops
+  // awaiting when it stops being the owner's (freed, rolled back, cleared,
+  // its reference dropped); one the owner publishes meanwhile awaits as
+  // the shared page it holds a reference on. Each page must be the
+  // owner's or a shared page it holds a reference on, and not awaiting
+  // already: FAILED_PRECONDITION naming pages[i] otherwise (a repeat too),
+  // INVALID_ARGUMENT for a page outside the pool, NOT_FOUND for an unknown
+  // owner; nothing changes then.
+  absl::Status AwaitRelease(OwnerId owner, absl::Span<const int64_t> pages)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // `owner`'s pages awaiting release, in the order they began to wait, or
+  // NOT_FOUND.
+  absl::StatusOr<std::vector<int64_t>> PagesAwaitingRelease(OwnerId owner) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Pushes a checkpoint on `owner`'s stack and returns its id (per owner,
   // from 1, never reused). From then on the pool records the pages the
   // owner is given. At kMaxCheckpoints active checkpoints the oldest ends.
@@ -468,6 +489,9 @@ class PagePool {
     absl::flat_hash_set<int64_t> pins;
     // AddOwner's opaque bytes.
     std::string metadata;
+    // Pages awaiting release (AwaitRelease), in the order they began to
+    // wait; empty on the common path, where nothing is fenced.
+    std::vector<int64_t> awaiting_release;
   };
 
   // What an allocation's launch did (for its record).
@@ -542,6 +566,13 @@ class PagePool {
   // must find them all and take them as the original did; a plain match
   // or a refused adopt counts. DATA_LOSS when it does not apply.
   absl::Status ReplayFoundMatchLocked(const PoolChange& change)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AwaitReleaseLocked(OwnerId owner,
+                                  absl::Span<const int64_t> pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the wait of those of `pages` that await release in `state` (they
+  // stopped being its owner's). O(1) when none awaits.
+  void EndAwait(OwnerState& state, absl::Span<const int64_t> pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> UnpinLocked(OwnerId owner,
                                       absl::Span<const int64_t> pages)

@@ -86,9 +86,12 @@ void MakeBusy(PagePool& pool) {
   const PrefixKey parent = Key(2);
   ASSERT_OK(
       pool.Publish(kCarol, pinned, {Key(9)}, &parent, /*pin=*/true).status());
-  Pages(pool, kBob, 2);
+  const std::vector<int64_t> bobs = Pages(pool, kBob, 2);
   ASSERT_OK(pool.FreePages(kAlice, {before[0]}).status());
   ASSERT_OK(pool.MatchPrefix(kBob, {Key(7)}, /*adopt=*/false).status());
+  // Freed behind a fence: one of Bob's pages, and a reference Carol holds.
+  ASSERT_OK(pool.AwaitRelease(kBob, {bobs[1]}));
+  ASSERT_OK(pool.AwaitRelease(kCarol, {chain[1]}));
   ASSERT_OK(pool.CheckInvariants());
 }
 
@@ -197,6 +200,68 @@ TEST(PagePoolMetadataTest, MetadataIsKeptAndBounded) {
 
 // Each row breaks one invariant of a valid state; CreateFromState must
 // refuse it with DATA_LOSS naming the violation (and never crash).
+// Pages freed behind a fence await release while they stay their owner's;
+// the mark ends with their owner's hold on them, however it ends.
+TEST(PagePoolAwaitReleaseTest, PagesAwaitUntilTheyLeaveTheirOwner) {
+  FakeExecutor executor;
+  ASSERT_OK_AND_ASSIGN(
+      auto pool,
+      PagePool::Create(Options(FreePolicy::kLifo, false), &executor));
+  ASSERT_OK(pool->AddOwner(kAlice, 0));
+  ASSERT_OK(pool->AddOwner(kBob, 0));
+  const std::vector<int64_t> a = Pages(*pool, kAlice, 4);
+  ASSERT_OK(pool->Checkpoint(kAlice).status());
+  const std::vector<int64_t> given = Pages(*pool, kAlice, 2);
+  const std::vector<int64_t> b = Pages(*pool, kBob, 1);
+  auto awaiting = [&](OwnerId owner) {
+    return pool->PagesAwaitingRelease(owner).value_or(std::vector<int64_t>{});
+  };
+
+  // Refusals change nothing.
+  EXPECT_THAT(pool->AwaitRelease(99, {a[0]}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("owner 99")));
+  EXPECT_THAT(pool->AwaitRelease(kAlice, {a[0], 33}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("pages[1] (33) is outside")));
+  EXPECT_THAT(pool->AwaitRelease(kAlice, {a[0], b[0]}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("is not a page owner 1 holds")));
+  EXPECT_THAT(
+      pool->AwaitRelease(kAlice, {a[0], a[0]}),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("pages[1]")));
+  EXPECT_THAT(awaiting(kAlice), ::testing::IsEmpty());
+
+  ASSERT_OK(pool->AwaitRelease(kAlice, {a[2], a[0], given[0]}));
+  EXPECT_THAT(awaiting(kAlice), ElementsAre(a[2], a[0], given[0]));
+  EXPECT_THAT(pool->AwaitRelease(kAlice, {a[1], a[0]}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("pages[1] (" + std::to_string(a[0]) +
+                                 ") awaits release already")));
+  EXPECT_THAT(awaiting(kAlice), ElementsAre(a[2], a[0], given[0]));
+  ASSERT_OK(pool->CheckInvariants());
+
+  // Its free (the fence passed) ends the wait; so does a rollback.
+  ASSERT_OK(pool->FreePages(kAlice, {a[0]}).status());
+  EXPECT_THAT(awaiting(kAlice), ElementsAre(a[2], given[0]));
+  ASSERT_OK(pool->Rollback(kAlice).status());
+  EXPECT_THAT(awaiting(kAlice), ElementsAre(a[2]));
+  // Published meanwhile, it awaits as the reference its owner holds, until
+  // that is dropped.
+  ASSERT_OK(pool->Publish(kAlice, {a[2]}, {Key(1)}, nullptr, false).status());
+  EXPECT_THAT(awaiting(kAlice), ElementsAre(a[2]));
+  ASSERT_OK(pool->CheckInvariants());
+  ASSERT_OK(pool->FreePages(kAlice, {a[2]}).status());
+  EXPECT_THAT(awaiting(kAlice), ::testing::IsEmpty());
+  // A clear of the owner or of the pool ends every wait.
+  ASSERT_OK(pool->AwaitRelease(kAlice, {a[1]}));
+  ASSERT_OK(pool->ClearOwner(kAlice).status());
+  EXPECT_THAT(awaiting(kAlice), ::testing::IsEmpty());
+  ASSERT_OK(pool->AwaitRelease(kBob, {b[0]}));
+  ASSERT_OK(pool->Clear());
+  EXPECT_THAT(awaiting(kBob), ::testing::IsEmpty());
+  ASSERT_OK(pool->CheckInvariants());
+}
+
 TEST(PagePoolRestoreTest, RefusesEveryKindOfInconsistentState) {
   for (const FreePolicy policy : {FreePolicy::kLifo, FreePolicy::kSorted}) {
     SCOPED_TRACE(FreePolicyName(policy));
@@ -209,11 +274,17 @@ TEST(PagePoolRestoreTest, RefusesEveryKindOfInconsistentState) {
     ASSERT_FALSE(valid.prefix_entries.empty());
     ASSERT_EQ(valid.owners.size(), 3u);
     const int64_t free_page = valid.free_pages[0];
-    // A page of Bob's (who has no checkpoint, so no log names it), and a
-    // cached page (no owner holds a reference on it).
+    // A page of Bob's (who has no checkpoint, so no log names it) that
+    // does not await release, and a cached page (no owner holds a
+    // reference on it).
     int64_t owned_page = 0;
+    const std::vector<int64_t>& bob_awaits = valid.owners[1].awaiting_release;
     for (int64_t p = 1; p <= valid.num_pages; ++p) {
-      if (valid.owner_of[p] == kBob) owned_page = p;
+      if (valid.owner_of[p] == kBob &&
+          std::find(bob_awaits.begin(), bob_awaits.end(), p) ==
+              bob_awaits.end()) {
+        owned_page = p;
+      }
     }
     ASSERT_NE(owned_page, 0);
     ASSERT_FALSE(valid.prefix_lru.empty());
@@ -298,6 +369,22 @@ TEST(PagePoolRestoreTest, RefusesEveryKindOfInconsistentState) {
         {"liveness bits short",
          [](PoolState& s) { s.owners[0].given_live.pop_back(); },
          "liveness bits"},
+        {"a page awaiting release that is another's",
+         [&](PoolState& s) {
+           s.owners[0].awaiting_release.push_back(owned_page);
+         },
+         "awaiting_release[0] ("},
+        {"a page awaiting release twice",
+         [](PoolState& s) {
+           s.owners[1].awaiting_release.push_back(
+               s.owners[1].awaiting_release[0]);
+         },
+         "listed twice"},
+        {"a cached page awaiting release",
+         [&](PoolState& s) {
+           s.owners[2].awaiting_release.push_back(cached_page);
+         },
+         "not a page the owner holds"},
         {"too many pins",
          [](PoolState& s) {
            for (int64_t k = 0; k < 5; ++k) s.owners[1].pins.push_back(40 + k);
@@ -413,6 +500,10 @@ TEST(PagePoolChangeLogTest, EveryChangeIsRecordedInOrderAndRefusalsAreNot) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("double free")));
   ASSERT_OK(pool->Unpin(kAlice, {pages[0], pages[1]}).status());
+  ASSERT_OK(pool->AwaitRelease(kAlice, {pages[3]}));
+  EXPECT_THAT(pool->AwaitRelease(kAlice, {pages[3]}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("awaits release already")));
   Pages(*pool, kBob, 3);
   EXPECT_THAT(
       pool->MatchPrefix(kBob, {Key(1)}, true),
@@ -430,9 +521,9 @@ TEST(PagePoolChangeLogTest, EveryChangeIsRecordedInOrderAndRefusalsAreNot) {
       ElementsAre("add_owner meta", "add_owner ", "allocate 1 requests",
                   "allocate 1 requests failed: launch lost", "checkpoint",
                   "publish", "match_prefix", "free 1+1", "unpin",
-                  "allocate 1 requests", "match_prefix refused", "rollback",
-                  "reset_prefix_cache", "clear_owner", "remove_owner",
-                  "clear_pool"));
+                  "await_release", "allocate 1 requests",
+                  "match_prefix refused", "rollback", "reset_prefix_cache",
+                  "clear_owner", "remove_owner", "clear_pool"));
 }
 
 TEST(PagePoolChangeLogTest, ASnapshotIsTheStateAfterItsRecord) {

@@ -28,6 +28,8 @@ absl::string_view PoolChangeKindName(PoolChangeKind kind) {
       return "unpin";
     case PoolChangeKind::kResetPrefixCache:
       return "reset_prefix_cache";
+    case PoolChangeKind::kAwaitRelease:
+      return "await_release";
   }
   return "unknown";
 }

@@ -48,8 +48,9 @@ enum class PoolChangeKind : uint8_t {
                            // pages_found, pages (format 1: keys)
   kUnpin = 11,             // owner, pages
   kResetPrefixCache = 12,  // nothing
+  kAwaitRelease = 13,      // owner, pages (record format 3 on)
 };
-inline constexpr uint8_t kMaxPoolChangeKind = 12;
+inline constexpr uint8_t kMaxPoolChangeKind = 13;
 
 // Returns "add_owner", "allocate", ...; "unknown" for another value.
 absl::string_view PoolChangeKindName(PoolChangeKind kind);
@@ -87,6 +88,7 @@ struct PoolChange {
   // shared pages whose references were dropped, in the order given (the
   // caller's slots or pages, already resolved: no order to apply).
   // kPublish: the caller's pages, one per key. kUnpin: the pages unpinned.
+  // kAwaitRelease: the pages that begin to await release, in order.
   // kMatchPrefix: the pages an adopt took (below).
   absl::Span<const int64_t> pages;
   absl::Span<const int64_t> shared_pages;

@@ -92,6 +92,8 @@ void DiffOwner(absl::string_view at, const PoolOwnerState& a,
   d.List(absl::StrFormat("%s.given_live", at), a.given_live, b.given_live);
   d.List(absl::StrFormat("%s.refs", at), a.refs, b.refs);
   d.List(absl::StrFormat("%s.pins", at), a.pins, b.pins);
+  d.List(absl::StrFormat("%s.awaiting_release", at), a.awaiting_release,
+         b.awaiting_release);
 }
 
 void DiffEntry(absl::string_view at, const PrefixEntryState& a,

@@ -89,6 +89,11 @@ struct PoolOwnerState {
   // the shared pages the owner pins, ascending.
   std::vector<std::pair<int64_t, int64_t>> refs;
   std::vector<int64_t> pins;
+  // Pages awaiting release, in the order they began to wait: freed by a
+  // free that waits for the owner's release fence (PagePool::AwaitRelease).
+  // Each is the owner's, or a shared page it holds a reference on; each
+  // once.
+  std::vector<int64_t> awaiting_release;
 
   bool operator==(const PoolOwnerState& other) const;
   bool operator!=(const PoolOwnerState& other) const {

@@ -137,6 +137,8 @@ class Driver {
       const OwnerId owner = Uniform(1, kOwners);
       if (pool_->RemoveOwner(owner).ok()) Forget(owner);
       (void)AddOwner(owner);
+    } else if (op < 95) {
+      AwaitRelease();
     } else {
       AllocateBatch();
     }
@@ -372,6 +374,30 @@ class Driver {
       if (Uniform(0, 9) == 0) pages.push_back(pages.front());  // a repeat
       (void)pool_->FreePages(owner, pages, order);
     }
+  }
+
+  // Marks some of an owner's pages (of a sequence, or adopted shared ones)
+  // as awaiting release; now and then a page it does not hold, or one
+  // marked already (refused).
+  void AwaitRelease() {
+    const OwnerId owner = RandomOwner();
+    if (owner > kOwners) {
+      (void)pool_->AwaitRelease(owner, {1});
+      return;
+    }
+    std::vector<int64_t> pages;
+    if (!adopted_[owner].empty() && Uniform(0, 2) == 0) {
+      pages.push_back(adopted_[owner][Uniform(0, adopted_[owner].size() - 1)]);
+    } else if (!sequences_[owner].empty()) {
+      std::vector<Sequence>& seqs = sequences_[owner];
+      pages = PagesOf(seqs[Uniform(0, seqs.size() - 1)]);
+      std::shuffle(pages.begin(), pages.end(), rng_);
+      pages.resize(Uniform(1, pages.size()));
+    }
+    if (pages.empty() || Uniform(0, 5) == 0) {
+      pages.push_back(Uniform(1, options_.num_pages));
+    }
+    (void)pool_->AwaitRelease(owner, pages);
   }
 
   void Rollback() {

@@ -239,6 +239,10 @@ absl::string_view LaunchMessage(const absl::Status& status) {
 
 }  // namespace
 
+bool PoolChangeFormatHolds(uint8_t format, PoolChangeKind kind) {
+  return kind != PoolChangeKind::kAwaitRelease || format >= 3;
+}
+
 size_t EncodedPoolChangeSize(const PoolChange& change, uint8_t format) {
   constexpr size_t kHeader = 2;
   switch (change.kind) {
@@ -272,6 +276,7 @@ size_t EncodedPoolChangeSize(const PoolChange& change, uint8_t format) {
       }
       return kHeader + 8 + 1 + 1 + 4 + 4 + 4 + change.pages.size() * 8;
     case PoolChangeKind::kUnpin:
+    case PoolChangeKind::kAwaitRelease:
       return kHeader + 8 + 4 + change.pages.size() * 8;
     case PoolChangeKind::kResetPrefixCache:
       return kHeader;
@@ -282,7 +287,8 @@ size_t EncodedPoolChangeSize(const PoolChange& change, uint8_t format) {
 void EncodePoolChange(const PoolChange& change, std::string* out,
                       uint8_t format) {
   assert(format >= kMinPoolChangeFormatVersion &&
-         format <= kPoolChangeFormatVersion);
+         format <= kPoolChangeFormatVersion &&
+         PoolChangeFormatHolds(format, change.kind));
   const size_t size = EncodedPoolChangeSize(change, format);
   const size_t start = out->size();
   out->resize(start + size);
@@ -364,6 +370,7 @@ void EncodePoolChange(const PoolChange& change, std::string* out,
       w.I64s(change.pages);
       break;
     case PoolChangeKind::kUnpin:
+    case PoolChangeKind::kAwaitRelease:
       w.U64(change.owner);
       w.U32(static_cast<uint32_t>(change.pages.size()));
       w.I64s(change.pages);
@@ -389,8 +396,10 @@ absl::Status DecodePoolChange(absl::string_view bytes,
         version, kMinPoolChangeFormatVersion, kPoolChangeFormatVersion));
   }
   PAGEALLOC_READ(r, r.U8(&kind), "kind");
-  if (kind < 1 || kind > kMaxPoolChangeKind) {
-    return r.Invalid("kind", absl::StrFormat("unknown kind %d", kind));
+  if (kind < 1 || kind > kMaxPoolChangeKind ||
+      !PoolChangeFormatHolds(version, static_cast<PoolChangeKind>(kind))) {
+    return r.Invalid(
+        "kind", absl::StrFormat("unknown kind %d in format %d", kind, version));
   }
   PoolChange& c = out->change_;
   c = PoolChange{};
@@ -539,6 +548,7 @@ absl::Status DecodePoolChange(absl::string_view bytes,
       break;
     }
     case PoolChangeKind::kUnpin:
+    case PoolChangeKind::kAwaitRelease:
       PAGEALLOC_READ(r, r.U64(&c.owner), "owner");
       PAGEALLOC_READ(r, r.Count<uint32_t>(max_pages, 8, &n), "pages");
       PAGEALLOC_READ(r, r.I64s(n, &out->pages_), "pages");
@@ -556,21 +566,22 @@ absl::Status DecodePoolChange(absl::string_view bytes,
 
 namespace {
 
-size_t EncodedOwnerSize(const PoolOwnerState& owner) {
+size_t EncodedOwnerSize(const PoolOwnerState& owner, uint32_t format) {
   return 8 + 8 + 4 + owner.metadata.size() + 8 + 4 +
          owner.checkpoints.size() * 16 + 8 + owner.given_log.size() * 8 +
          BitmapBytes(owner.given_log.size()) + 8 + owner.refs.size() * 16 + 8 +
-         owner.pins.size() * 8;
+         owner.pins.size() * 8 +
+         (format >= 2 ? 8 + owner.awaiting_release.size() * 8 : 0);
 }
 
-size_t EncodedStateSize(const PoolState& state) {
+size_t EncodedStateSize(const PoolState& state, uint32_t format) {
   const size_t pages = state.owner_of.size();
   size_t size = kStateHeaderBytes + 8 + state.free_pages.size() * 8 + 8 +
                 state.parked_pages.size() * 8 + pages * 8 +
                 BitmapBytes(state.allocated_once.size()) +
                 state.last_owner.size() * 8 + 8;
   for (const PoolOwnerState& owner : state.owners) {
-    size += EncodedOwnerSize(owner);
+    size += EncodedOwnerSize(owner, format);
   }
   size += 8 + state.prefix_entries.size() * kEntryBytes + 8 +
           state.prefix_lru.size() * 8 + kCounters * 8;
@@ -591,7 +602,10 @@ void EncodeCounters(const PoolCounters& c, Writer& w) {
 
 }  // namespace
 
-void EncodePoolState(const PoolState& state, std::string* out) {
+void EncodePoolState(const PoolState& state, std::string* out,
+                     uint32_t format) {
+  assert(format >= kMinPoolStateFormatVersion &&
+         format <= kPoolStateFormatVersion);
   // The per-page tables are written as num_pages + 1 entries whatever
   // their sizes (a state that CreateFromState would refuse still
   // encodes): missing entries are kNoOwner / false.
@@ -607,12 +621,12 @@ void EncodePoolState(const PoolState& state, std::string* out) {
     padded.last_owner.resize(state.scrub ? pages : 0, kNoOwner);
     s = &padded;
   }
-  const size_t size = EncodedStateSize(*s);
+  const size_t size = EncodedStateSize(*s, format);
   const size_t start = out->size();
   out->resize(start + size);
   Writer w(out->data() + start);
   w.Raw(kStateMagic, sizeof kStateMagic);
-  w.U32(kPoolStateFormatVersion);
+  w.U32(format);
   w.U32(s->semantics_version);
   w.I64(s->num_pages);
   w.I64(s->page_size);
@@ -654,6 +668,10 @@ void EncodePoolState(const PoolState& state, std::string* out) {
     }
     w.U64(owner.pins.size());
     w.I64s(owner.pins);
+    if (format >= 2) {
+      w.U64(owner.awaiting_release.size());
+      w.I64s(owner.awaiting_release);
+    }
   }
   w.U64(s->prefix_entries.size());
   for (const PrefixEntryState& entry : s->prefix_entries) {
@@ -685,10 +703,11 @@ absl::StatusOr<PoolState> DecodePoolState(absl::string_view bytes,
   }
   uint32_t version = 0;
   PAGEALLOC_READ(r, r.U32(&version), "version");
-  if (version != kPoolStateFormatVersion) {
+  if (version < kMinPoolStateFormatVersion ||
+      version > kPoolStateFormatVersion) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "pool state: format version %d; this decoder reads version %d", version,
-        kPoolStateFormatVersion));
+        "pool state: format version %d; this decoder reads versions %d..%d",
+        version, kMinPoolStateFormatVersion, kPoolStateFormatVersion));
   }
   PAGEALLOC_READ(r, r.U32(&s.semantics_version), "semantics_version");
   PAGEALLOC_READ(r, r.I64(&s.num_pages), "num_pages");
@@ -767,6 +786,12 @@ absl::StatusOr<PoolState> DecodePoolState(absl::string_view bytes,
     }
     PAGEALLOC_READ(r, r.Count<uint64_t>(n, 8, &count), "owner pins");
     PAGEALLOC_READ(r, r.I64s(count, &owner.pins), "owner pins");
+    if (version >= 2) {
+      PAGEALLOC_READ(r, r.Count<uint64_t>(n, 8, &count),
+                     "owner awaiting_release");
+      PAGEALLOC_READ(r, r.I64s(count, &owner.awaiting_release),
+                     "owner awaiting_release");
+    }
   }
   PAGEALLOC_READ(r, r.Count<uint64_t>(n, kEntryBytes, &count),
                  "prefix_entries");

@@ -15,8 +15,9 @@
 // u64, i64); a bool is a u8 that is 0 or 1; a key is its 32 bytes; a
 // string is a u32 length and its bytes. Nothing is aligned.
 //
-// A change record (kPoolChangeFormatVersion 2; version 1 differs only in
-// kMatchPrefix, below):
+// A change record (kPoolChangeFormatVersion 3; version 2 is version 3
+// without kAwaitRelease, and version 1 differs from 2 only in kMatchPrefix,
+// below):
 //   u8 version, u8 kind (PoolChangeKind), then by kind:
 //   kAddOwner (1):     u64 owner, i64 quota_pages, string metadata
 //                      (<= kMaxOwnerMetadataBytes)
@@ -43,8 +44,10 @@
 //                      u32 n, n x key (the keys the caller gave)
 //   kUnpin (11):       u64 owner, u32 n, n x i64 page
 //   kResetPrefixCache (12): nothing
+//   kAwaitRelease (13): u64 owner, u32 n, n x i64 page (version 3 on)
 //
-// A state (kPoolStateFormatVersion 1), the fields of PoolState in order:
+// A state (kPoolStateFormatVersion 2; version 1 is version 2 without the
+// owners' awaiting_release lists), the fields of PoolState in order:
 //   "PPST", u32 version, u32 semantics_version, i64 num_pages,
 //   i64 page_size, u8 free_policy, u8 semantics, bool scrub, u8 0,
 //   i64 max_pinned_pages_per_owner, i64 ring_head,
@@ -55,14 +58,19 @@
 //   u64 owners, each: u64 id, i64 quota_pages, string metadata,
 //     u64 next_checkpoint_id, u32 n + n x (u64 id, u64 log_position),
 //     u64 n + n x i64 given_log + given_live as a bitmap of ceil(n / 8)
-//     bytes, u64 n + n x (i64 page, i64 count) refs, u64 n + n x i64 pins;
+//     bytes, u64 n + n x (i64 page, i64 count) refs, u64 n + n x i64 pins,
+//     [version 2: u64 n + n x i64 awaiting_release];
 //   u64 entries, each 85 bytes: i64 page, key, bool has_parent, key parent,
 //     i64 count, i32 pins;
 //   u64 n + n x i64 prefix_lru; the 16 counters as i64, in PoolCounters'
 //   order.
 //
-// Versions: a decoder takes exactly the versions it knows (records 1 and
-// 2, states 1) and refuses others with INVALID_ARGUMENT. Any change to a
+// Versions: a decoder takes exactly the versions it knows (records 1 to
+// 3, states 1 and 2) and refuses others with INVALID_ARGUMENT. An encoder
+// writes an older version for a file that older builds may take back
+// (docs/design.md, section 16): a record an older version cannot hold
+// (kAwaitRelease before 3) is not written to it, nor a state's
+// awaiting_release lists to state version 1. Any change to a
 // layout, a field's meaning or the set of kinds is a new version, documented
 // here and in docs/design.md; a change to what operations do to the state is a
 // new kPoolSemanticsVersion (pool_state.h), which CreateFromState checks.
@@ -96,9 +104,14 @@ namespace pagealloc {
 
 // Records are written in kPoolChangeFormatVersion and read in every
 // version from kMinPoolChangeFormatVersion on.
-inline constexpr uint8_t kPoolChangeFormatVersion = 2;
+inline constexpr uint8_t kPoolChangeFormatVersion = 3;
 inline constexpr uint8_t kMinPoolChangeFormatVersion = 1;
-inline constexpr uint32_t kPoolStateFormatVersion = 1;
+// States likewise.
+inline constexpr uint32_t kPoolStateFormatVersion = 2;
+inline constexpr uint32_t kMinPoolStateFormatVersion = 1;
+
+// Whether record format `format` can hold a record of `kind`.
+bool PoolChangeFormatHolds(uint8_t format, PoolChangeKind kind);
 // Most bytes of a failed launch's message a record keeps.
 inline constexpr size_t kMaxLaunchMessageBytes = 1024;
 
@@ -112,7 +125,8 @@ size_t EncodedPoolChangeSize(const PoolChange& change,
 // Format 1 is for a file that builds reading only format 1 may take over
 // (docs/design.md, section 16): its match records need `change.keys`,
 // which the pool's records carry beside what the walk found.
-// REQUIRES: kMinPoolChangeFormatVersion <= format <= kPoolChangeFormatVersion.
+// REQUIRES: kMinPoolChangeFormatVersion <= format <= kPoolChangeFormatVersion
+// and PoolChangeFormatHolds(format, change.kind).
 void EncodePoolChange(const PoolChange& change, std::string* out,
                       uint8_t format = kPoolChangeFormatVersion);
 
@@ -154,8 +168,11 @@ absl::Status DecodePoolChange(absl::string_view bytes,
                               const PoolGeometry& geometry,
                               DecodedPoolChange* out);
 
-// Appends `state`'s encoding to `out`. O(pages + owners' lists).
-void EncodePoolState(const PoolState& state, std::string* out);
+// Appends `state`'s encoding in state format `format` to `out` (format 1
+// leaves out the owners' awaiting_release lists). O(pages + owners' lists).
+// REQUIRES: kMinPoolStateFormatVersion <= format <= kPoolStateFormatVersion.
+void EncodePoolState(const PoolState& state, std::string* out,
+                     uint32_t format = kPoolStateFormatVersion);
 
 // Decodes a state of a pool of `geometry` (the daemon's own; a state of
 // another geometry is DATA_LOSS). Returns DATA_LOSS for malformed bytes,

@@ -164,6 +164,7 @@ struct Records {
     match.keys_looked_up = 3;
     add(PoolChangeKind::kUnpin).pages = shared;
     add(PoolChangeKind::kResetPrefixCache).owner = kNoOwner;
+    add(PoolChangeKind::kAwaitRelease).pages = pages;
   }
 };
 
@@ -197,6 +198,7 @@ PoolState RichState() {
   a.given_live = {false, true, true, true, true, false, true, true, false};
   a.refs = {{9, 2}, {11, 1}};
   a.pins = {9, 13};
+  a.awaiting_release = {12, 9, 10};
   PoolOwnerState& b = s.owners.emplace_back();
   b.id = 0xfffffffffffffff0ULL;
   for (int k = 0; k < 3; ++k) {
@@ -279,6 +281,26 @@ TEST(PoolStateCodecTest, StateRoundTrips) {
   }
 }
 
+// State format 1 (a journal taken over from a build of journal format 2 or
+// older keeps it) is format 2 without the owners' pages awaiting release:
+// written without them, and read by this build.
+TEST(PoolStateCodecTest, StateFormat1LeavesOutThePagesAwaitingRelease) {
+  const PoolState state = RichState();
+  std::string bytes;
+  EncodePoolState(state, &bytes, 1);
+  std::string newest;
+  EncodePoolState(state, &newest);
+  EXPECT_EQ(bytes[4], 1);
+  EXPECT_EQ(
+      newest.size() - bytes.size(),
+      8 * state.owners.size() + 8 * state.owners[0].awaiting_release.size());
+  ASSERT_OK_AND_ASSIGN(const PoolState decoded,
+                       DecodePoolState(bytes, kGeometry));
+  PoolState expected = state;
+  for (PoolOwnerState& owner : expected.owners) owner.awaiting_release.clear();
+  EXPECT_EQ(FirstDifference(decoded, expected), "");
+}
+
 TEST(PoolStateCodecTest, RefusesOtherVersionsGeometriesAndTrailingBytes) {
   std::string state;
   EncodePoolState(RichState(), &state);
@@ -287,10 +309,11 @@ TEST(PoolStateCodecTest, RefusesOtherVersionsGeometriesAndTrailingBytes) {
       StatusIs(absl::StatusCode::kDataLoss,
                HasSubstr("a pool of 40 pages of 16; this pool has 41")));
   std::string newer = state;
-  newer[4] = 2;
+  newer[4] = 3;
   EXPECT_THAT(DecodePoolState(newer, kGeometry),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("format version 2")));
+                       HasSubstr("format version 3; this decoder reads "
+                                 "versions 1..2")));
   EXPECT_THAT(DecodePoolState(state + "x", kGeometry),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("1 bytes past the state")));
@@ -307,10 +330,22 @@ TEST(PoolStateCodecTest, RefusesOtherVersionsGeometriesAndTrailingBytes) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("format version 9")));
   change[0] = kPoolChangeFormatVersion;
-  change[1] = 13;
+  change[1] = 14;
   EXPECT_THAT(
       DecodePoolChange(change, kGeometry, &decoded),
-      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("unknown kind 13")));
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("unknown kind 14")));
+  // Pages awaiting release came with format 3: a record of format 2 that
+  // says it is one is no record a build of format 2 could have written.
+  std::string awaiting;
+  EncodePoolChange(records.changes.back(), &awaiting);
+  ASSERT_EQ(records.changes.back().kind, PoolChangeKind::kAwaitRelease);
+  ASSERT_OK(DecodePoolChange(awaiting, kGeometry, &decoded));
+  awaiting[0] = 2;
+  EXPECT_THAT(DecodePoolChange(awaiting, kGeometry, &decoded),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("unknown kind 13 in format 2")));
+  EXPECT_FALSE(PoolChangeFormatHolds(2, PoolChangeKind::kAwaitRelease));
+  EXPECT_TRUE(PoolChangeFormatHolds(2, PoolChangeKind::kUnpin));
   change[1] = 1;
   EXPECT_THAT(
       DecodePoolChange(change + std::string(1, '\0'), kGeometry, &decoded),
@@ -365,7 +400,10 @@ TEST(PoolStateCodecTest, RecordsOfFormat1StillDecode) {
   Records records;
   DecodedPoolChange decoded;
   for (const PoolChange& change : records.changes) {
-    if (change.kind == PoolChangeKind::kMatchPrefix) continue;
+    if (change.kind == PoolChangeKind::kMatchPrefix ||
+        !PoolChangeFormatHolds(1, change.kind)) {
+      continue;
+    }
     std::string bytes;
     EncodePoolChange(change, &bytes, 1);
     std::string newest;
