@@ -152,15 +152,22 @@ absl::Status TakeOverRefusal(const KeptStateOptions& options,
   return absl::OkStatus();
 }
 
-// The newest pool change record format a journal of `journal_format` may
-// hold: journal format 2 came with record format 2, so that a build that
-// reads only format-1 records refuses such a journal at Open. REQUIRES:
+// The newest pool change record format and pool state format a journal of
+// `journal_format` may hold: journal format 2 came with record format 2,
+// and 3 with record format 3 and state format 2, so that a build that
+// cannot decode them refuses such a journal at Open. REQUIRES:
 // StateJournal::kMinReadableFormat <= journal_format <= kFormatVersion.
 uint8_t RecordFormatFor(uint32_t journal_format) {
   static_assert(
-      StateJournal::kFormatVersion == 2 && kPoolChangeFormatVersion == 2,
+      StateJournal::kFormatVersion == 3 && kPoolChangeFormatVersion == 3,
       "a new journal or record format: say which records it holds");
-  return journal_format >= 2 ? 2 : 1;
+  return journal_format >= 3 ? 3 : journal_format >= 2 ? 2 : 1;
+}
+uint32_t StateFormatFor(uint32_t journal_format) {
+  static_assert(
+      StateJournal::kFormatVersion == 3 && kPoolStateFormatVersion == 2,
+      "a new journal or state format: say which states it holds");
+  return journal_format >= 3 ? 2 : 1;
 }
 
 bool KeptByServiceManager(const KeptStateOptions& options) {
@@ -255,6 +262,7 @@ absl::StatusOr<std::unique_ptr<KeptState>> KeptState::Open(
   }
   kept->journal_ = std::move(opened->first);
   kept->record_format_ = RecordFormatFor(recovered.format_version);
+  kept->state_format_ = StateFormatFor(recovered.format_version);
   kept->state_ = std::move(snapshot->state);
   kept->identity_ = snapshot->identity;
   kept->records_ = std::move(recovered.records);
@@ -340,6 +348,7 @@ absl::Status KeptState::StartKeeping(PagePool& pool, int slab_fd,
     ASSIGN_OR_RETURN(journal_,
                      StateJournal::Create(std::move(fd), journal_options));
     record_format_ = RecordFormatFor(StateJournal::kFormatVersion);
+    state_format_ = StateFormatFor(StateJournal::kFormatVersion);
   }
   // The state as it stands now (recovered and replayed, or fresh), as the
   // base the records that follow apply to.
@@ -378,7 +387,7 @@ absl::string_view KeptState::EncodeSnapshot(const PoolState& state) {
   out.assign(reinterpret_cast<const char*>(&header), sizeof(header));
   out += options_.fingerprint;
   const size_t state_start = out.size();
-  EncodePoolState(state, &out);
+  EncodePoolState(state, &out, state_format_);
   header.state_bytes = out.size() - state_start;
   std::memcpy(out.data(), &header, sizeof(header));
   return out;
@@ -386,6 +395,11 @@ absl::string_view KeptState::EncodeSnapshot(const PoolState& state) {
 
 void KeptState::Record(const PoolChange& change) {
   if (replaying_ || !keeping_) return;
+  // A journal taken over in an older format keeps it (a rollback may take
+  // it back): a change it cannot hold, pages beginning to await release, is
+  // not kept there. They stay their session's after a restart, as with
+  // the build that made the file.
+  if (!PoolChangeFormatHolds(record_format_, change.kind)) return;
   scratch_.clear();
   EncodePoolChange(change, &scratch_, record_format_);
   const absl::string_view parts[] = {scratch_};

@@ -27,9 +27,13 @@
 // and holds records of the newest record format (pool_state_codec.h). A
 // journal it takes over keeps the formats it was made with: its records
 // are appended in the newest record format its journal format allows
-// (journal format 1: record format 1), so that the build that made it can
-// still take it back (a rollback), and a build that reads only older
-// formats refuses a newer journal at Open rather than failing in a replay.
+// (journal format 1: record format 1; format 2: record format 2), and its
+// snapshots in the state format it allows (state format 2 from journal
+// format 3), so that the build that made it can still take it back (a
+// rollback), and a build that reads only older formats refuses a newer
+// journal at Open rather than failing in a replay. What an older format
+// cannot hold (pages awaiting release: record and state formats of journal
+// format 3) is not kept in such a file.
 //
 // A record that cannot be kept (the log full even after a snapshot, the
 // snapshot larger than its slot) breaks the kept state: the change is
@@ -206,6 +210,8 @@ class KeptState final : public PoolChangeLog {
   std::unique_ptr<StateJournal> journal_;
   // The record format Record writes into journal_ (RecordFormatFor).
   uint8_t record_format_ = kPoolChangeFormatVersion;
+  // The pool state format its snapshots are written in (StateFormatFor).
+  uint32_t state_format_ = kPoolStateFormatVersion;
   UniqueFd slab_fd_;
   // The slab StartKeeping kept (not owned: the backend's); -1 for none.
   int kept_slab_fd_ = -1;

@@ -5,7 +5,8 @@
 //
 // And the kept states of this release and the earlier ones as files
 // (testdata/kept_state_v<N>.journal.gz; v1 holds its match record in
-// record format 1, v2 in format 2): a later build must take each over page
+// record format 1, v2 in format 2; v3 holds pages awaiting release, in its
+// snapshot and in a record): a later build must take each over page
 // for page (an upgrade keeps the pool), or refuse it by its format or
 // semantics version, never misread it. A build that changes the format on
 // purpose keeps a reader for the old one, or bumps the version so that the
@@ -13,7 +14,7 @@
 // test with PAGEALLOC_GOLDEN_OUT set:
 //   ./bazelw run //kept_state:kept_state_test -- --gtest_filter='*Golden*'
 //   (with
-//   PAGEALLOC_GOLDEN_OUT=$PWD/kept_state/testdata/kept_state_v2.journal.gz)
+//   PAGEALLOC_GOLDEN_OUT=$PWD/kept_state/testdata/kept_state_v3.journal.gz)
 
 #include "kept_state/kept_state.h"
 
@@ -22,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -216,6 +218,7 @@ struct Golden {
 constexpr Golden kGoldens[] = {
     {"kept_state/testdata/kept_state_v1.journal.gz", 1},
     {"kept_state/testdata/kept_state_v2.journal.gz", 2},
+    {"kept_state/testdata/kept_state_v3.journal.gz", 3},
 };
 
 PrefixKey GoldenKey(int tag) {
@@ -244,6 +247,8 @@ void GoldenOperations(PagePool& pool, KeptState& kept, int slab_fd) {
   ASSERT_OK(pool.Publish(1, {one[0], one[2]}, {GoldenKey(1), GoldenKey(2)},
                          nullptr, /*pin=*/false)
                 .status());
+  // Freed behind a fence (journal format 3 on): in the snapshot.
+  ASSERT_OK(pool.AwaitRelease(1, {one[3]}));
   DaemonIdentity identity;
   identity.slab_id = 0x601de2;
   ASSERT_OK(kept.StartKeeping(pool, slab_fd, identity));
@@ -260,6 +265,19 @@ void GoldenOperations(PagePool& pool, KeptState& kept, int slab_fd) {
   ASSERT_OK(pool.AddOwner(3, 0, "session three"));
   Allocate(pool, 3, 1);
   ASSERT_OK(pool.RemoveOwner(3).status());
+  // And in a record.
+  const std::vector<int64_t> two = PagesOf(pool, 2);
+  ASSERT_FALSE(two.empty());
+  ASSERT_OK(pool.AwaitRelease(2, {two.back()}));
+}
+
+// The state a file of `journal_format` keeps of `state`: before journal
+// format 3, no page awaits release.
+PoolState KeptIn(uint32_t journal_format, PoolState state) {
+  if (journal_format < 3) {
+    for (PoolOwnerState& owner : state.owners) owner.awaiting_release.clear();
+  }
+  return state;
 }
 
 KeptStateOptions GoldenOptions() {
@@ -340,7 +358,10 @@ TEST(KeptStateGoldenTest, ThisReleasesKeptStateIsTakenOverPageForPage) {
     EXPECT_GT(successor->stats().replayed_records, 0);
     ASSERT_OK(recovered->CheckInvariants());
     // Page for page what this build's own run of the same operations holds.
-    EXPECT_TRUE(recovered->ExportState() == pool->ExportState());
+    EXPECT_EQ(FirstDifference(
+                  recovered->ExportState(),
+                  KeptIn(kept_golden.journal_format, pool->ExportState())),
+              "");
     for (OwnerId owner : {1, 2}) {
       EXPECT_EQ(PagesOf(*recovered, owner), PagesOf(*pool, owner)) << owner;
       EXPECT_EQ(*recovered->OwnerMetadata(owner), *pool->OwnerMetadata(owner));
@@ -353,13 +374,28 @@ TEST(KeptStateGoldenTest, ThisReleasesKeptStateIsTakenOverPageForPage) {
     ASSERT_OK(successor->StartKeeping(*recovered, -1, successor->identity()));
     ASSERT_OK(
         recovered->MatchPrefix(2, {GoldenKey(1), GoldenKey(2)}, true).status());
+    // A page beginning to await release is a record from journal format 3
+    // on, and not kept in an older file.
+    ASSERT_OK_AND_ASSIGN(const PagePool::OwnedPages twos,
+                         recovered->PagesOwnedBy(2));
+    ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> waiting,
+                         recovered->PagesAwaitingRelease(2));
+    int64_t page = 0;
+    for (int64_t p : twos.owned) {
+      if (std::find(waiting.begin(), waiting.end(), p) == waiting.end())
+        page = p;
+    }
+    ASSERT_NE(page, 0);
+    ASSERT_OK(recovered->AwaitRelease(2, {page}));
     ASSERT_OK_AND_ASSIGN(auto kept_fds, successor->KeptDescriptors());
     ASSERT_EQ(kept_fds.size(), 1u);  // no slab: the state alone
     ASSERT_OK_AND_ASSIGN(auto reopened,
                          StateJournal::Open(Dup(kept_fds[0].second)));
     const RecoveredJournal& journal = reopened.second;
     EXPECT_EQ(journal.format_version, kept_golden.journal_format);
-    ASSERT_EQ(journal.records.size(), 1u);
+    ASSERT_EQ(journal.records.size(),
+              kept_golden.journal_format >= 3 ? 2u : 1u);
+    EXPECT_EQ(successor->stats().failures, 0);
     const std::string& record = journal.records[0].payload;
     ASSERT_FALSE(record.empty());
     EXPECT_EQ(record[0], static_cast<char>(kept_golden.journal_format));

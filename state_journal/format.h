@@ -45,7 +45,10 @@ inline constexpr char kMagic[8] = {'P', 'A', 'J', 'O', 'U', 'R', 'N', 'L'};
 //      refuses the file at Open (FAILED_PRECONDITION: start the build that
 //      wrote it) rather than finding an undecodable record in its replay.
 //      A file keeps the format it was created with.
-inline constexpr uint32_t kFormatVersion = 2;
+//   3: the same layout; the daemon's records and snapshots in it may be of
+//      pool change record format 3 and pool state format 2 (pages awaiting
+//      release: kept_state).
+inline constexpr uint32_t kFormatVersion = 3;
 inline constexpr uint32_t kMinReadableFormat = 1;
 
 inline constexpr int64_t kPageBytes = 4096;
