@@ -137,22 +137,18 @@ absl::StatusOr<std::shared_ptr<Session>> CallCore::ResumeSession(
   // session's work, ahead of anything the resuming client sends.
   std::vector<ReleaseQueues::Released> released =
       releases_.Detach(session->id(), absl::Now());
-  if (!released.empty()) {
-    const uint64_t owner = session->id();
-    batcher_
-        ->SubmitOp(owner,
-                   [this, owner, released = std::move(released)] {
-                     for (const ReleaseQueues::Released& r : released) {
-                       absl::StatusOr<int64_t> freed = pool_->FreePages(
-                           owner, r.pages, FreeOrder::kFirstAppearance);
-                       if (freed.ok()) {
-                         pages_released_.fetch_add(*freed,
-                                                   std::memory_order_relaxed);
-                       }
-                     }
-                   })
-        .IgnoreError();  // refused only while the batcher stops
-  }
+  // And the pages the pool still marks as awaiting release: those of a
+  // daemon that restarted with the session, whose queue was not kept.
+  const uint64_t owner = session->id();
+  batcher_
+      ->SubmitOp(owner,
+                 [this, owner, released = std::move(released)] {
+                   for (const ReleaseQueues::Released& r : released) {
+                     FreeAwaited(owner, r.pages);
+                   }
+                   FreeStillAwaited(owner);
+                 })
+      .IgnoreError();  // refused only while the batcher stops
   for (SessionObserver* observer : observers_) {
     observer->SessionResumed(session->id(), relinked->old_generation,
                              was_connected);
@@ -472,8 +468,17 @@ absl::Status CallCore::FreeFenced(uint64_t owner, FreeUnit unit,
     reply->set_value(freed);
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(
-      releases_.Add(owner, release_value, std::move(pages), absl::Now()));
+  RETURN_IF_ERROR(releases_.Add(owner, release_value, pages, absl::Now()));
+  // The pool marks them too, so that a kept state knows them: a daemon
+  // restarted before the fence passed frees them when the session resumes
+  // (its client waits for its fences first), not never.
+  absl::Status marked = pool_->AwaitRelease(owner, pages);
+  if (!marked.ok()) {
+    log_->error(
+        "session {}: {} pages freed with a fence are not marked as "
+        "awaiting release in the pool: {}",
+        owner, pages.size(), marked.ToString());
+  }
   reply->set_value(n);
   // A fence that has passed already (the CPU backend's, whose client
   // writes its word before it posts the free) frees at once.
@@ -492,17 +497,32 @@ void CallCore::ReleasePassed() {
     // The pages were checked when the free arrived and have stayed the
     // session's since (pending pages leave the queue when a rollback or a
     // clear gives them back, and with their session).
-    absl::StatusOr<int64_t> freed = pool_->FreePages(
-        released.owner, released.pages, FreeOrder::kFirstAppearance);
-    if (freed.ok()) {
-      pages_released_.fetch_add(*freed, std::memory_order_relaxed);
-    } else {
-      log_->error(
-          "session {}: {} pages whose release fence passed could not "
-          "be freed: {}",
-          released.owner, released.pages.size(), freed.status().ToString());
-    }
+    FreeAwaited(released.owner, released.pages);
   }
+}
+
+void CallCore::FreeAwaited(uint64_t owner, absl::Span<const int64_t> pages) {
+  absl::StatusOr<int64_t> freed =
+      pool_->FreePages(owner, pages, FreeOrder::kFirstAppearance);
+  if (freed.ok()) {
+    pages_released_.fetch_add(*freed, std::memory_order_relaxed);
+  } else {
+    log_->error(
+        "session {}: {} pages whose release fence passed could not be "
+        "freed: {}",
+        owner, pages.size(), freed.status().ToString());
+  }
+}
+
+void CallCore::FreeStillAwaited(uint64_t owner) {
+  absl::StatusOr<std::vector<int64_t>> awaiting =
+      pool_->PagesAwaitingRelease(owner);
+  if (!awaiting.ok() || awaiting->empty()) return;
+  log_->info(
+      "session {}: {} pages freed with a fence before the daemon's restart "
+      "are freed now that the session resumed",
+      owner, awaiting->size());
+  FreeAwaited(owner, *awaiting);
 }
 
 void CallCore::PollReleases() {

@@ -491,6 +491,15 @@ class CallCore {
   // the batcher's driving thread only (before a launch, or as an
   // operation), so it is ordered with every session's work.
   void ReleasePassed();
+  // Frees into the pool `pages` of `owner` whose wait for a release fence
+  // is over, counting them (pages_released) or logging why not. Driving
+  // thread.
+  void FreeAwaited(uint64_t owner, absl::Span<const int64_t> pages);
+  // Frees the pages the pool still marks as awaiting release for `owner`
+  // (PagePool::AwaitRelease): those a restarted daemon recovered, at the
+  // session's Resume, whose client waited for its fences first. Driving
+  // thread.
+  void FreeStillAwaited(uint64_t owner);
   // A fenced free's op: checks it, queues its pages, frees at once what
   // has passed. Driving thread.
   absl::Status FreeFenced(uint64_t owner, FreeUnit unit,

@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "common/grpc_status.h"
 #include "grpcpp/client_context.h"
 #include "tests/status_matchers.h"
 #include "tests/wait_for.h"
@@ -41,11 +42,13 @@ std::string RawSession::CallMessage() {
 }
 
 RawSession OpenRawSession(v1::PageAllocator::Stub& stub,
-                          const std::string& name, int64_t quota_pages) {
+                          const std::string& name, int64_t quota_pages,
+                          bool resumable) {
   RawSession raw;
   v1::RegisterRequest request;
   request.set_client_name(name);
   request.set_quota_pages(quota_pages);
+  request.set_resumable(resumable);
   request.set_fast_channel(true);
   grpc::ClientContext context;
   EXPECT_TRUE(stub.Register(&context, request, &raw.registered).ok());
@@ -68,6 +71,33 @@ RawSession OpenRawSession(v1::PageAllocator::Stub& stub,
     raw.header = static_cast<fc::ChannelHeader*>(raw.region->base());
   }
   return raw;
+}
+
+v1::AllocResponse RawAlloc(v1::PageAllocator::Stub& stub, const RawSession& raw,
+                           int64_t tokens, bool return_inline) {
+  v1::AllocRequest request;
+  request.mutable_session()->set_session_id(raw.id());
+  request.mutable_session()->set_session_token(raw.registered.session_token());
+  request.add_num_tokens(tokens);
+  request.mutable_options()->set_return_inline(return_inline);
+  v1::AllocResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(stub.Alloc(&context, request, &response).ok());
+  return response;
+}
+
+absl::Status FencedFree(v1::PageAllocator::Stub& stub, const RawSession& raw,
+                        const std::vector<int64_t>& pages, uint64_t value) {
+  v1::FreeRequest request;
+  request.mutable_session()->set_session_id(raw.id());
+  request.mutable_session()->set_session_token(raw.registered.session_token());
+  for (int64_t page : pages) request.add_pages(page);
+  request.set_release_value(value);
+  v1::FreeResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return FromGrpcStatus(stub.Free(&context, request, &response));
 }
 
 }  // namespace pagealloc::testing

@@ -9,7 +9,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "fast_channel/layout.h"
 #include "memory/memory_socket.h"
@@ -49,9 +51,21 @@ struct RawSession {
 // channel through `stub`, receives its memory over the memory socket and
 // maps the channel. Failures are test failures (EXPECT); the session is then
 // incomplete (region null).
+// A resumable session (RegisterRequest.resumable) is kept across its
+// link's loss and the daemon's restart, for a Resume.
 RawSession OpenRawSession(v1::PageAllocator::Stub& stub,
                           const std::string& name = "raw",
-                          int64_t quota_pages = 0);
+                          int64_t quota_pages = 0, bool resumable = false);
+
+// The session's Alloc of one request of `tokens` over gRPC (its slots
+// inline or in its ring); a failed call is a test failure.
+v1::AllocResponse RawAlloc(v1::PageAllocator::Stub& stub, const RawSession& raw,
+                           int64_t tokens, bool return_inline);
+
+// The session's free of `pages` that waits for its release word to reach
+// `value` (FreeRequest.release_value).
+absl::Status FencedFree(v1::PageAllocator::Stub& stub, const RawSession& raw,
+                        const std::vector<int64_t>& pages, uint64_t value);
 
 }  // namespace pagealloc::testing
 

@@ -42,10 +42,12 @@
 #include "client/admin.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_process.h"
 #include "tests/daemon_stats.h"
 #include "tests/kv_pattern.h"
+#include "tests/raw_session.h"
 #include "tests/service_manager.h"
 #include "tests/socket_dir.h"
 #include "tests/status_matchers.h"
@@ -58,8 +60,12 @@ namespace {
 using ::pagealloc::testing::DaemonStats;
 using ::pagealloc::testing::DescribeWaitStatus;
 using ::pagealloc::testing::FdStoreManager;
+using ::pagealloc::testing::FencedFree;
 using ::pagealloc::testing::KvPatternByte;
 using ::pagealloc::testing::MakeSocketDir;
+using ::pagealloc::testing::OpenRawSession;
+using ::pagealloc::testing::RawAlloc;
+using ::pagealloc::testing::RawSession;
 using ::pagealloc::testing::ReadLog;
 using ::pagealloc::testing::RunfilePath;
 using ::pagealloc::testing::Subprocess;
@@ -619,6 +625,76 @@ INSTANTIATE_TEST_SUITE_P(Stops, RestartTest,
                            }
                            return std::string("Unknown");
                          });
+
+// A free that waits for its session's release fence keeps its pages the
+// session's until the fence passes. The daemon dies before it does: the
+// restarted daemon knows those pages were freed (the kept state marks them
+// as awaiting release), keeps them the session's (its GPU work may still
+// read them) and frees them when the session resumes, as a live daemon
+// frees them at a Resume; its client waits for its fences before it
+// resumes (Client's reconnect).
+TEST(RestartFenceTest, PagesAwaitingTheirFenceAtACrashAreFreedAtTheResume) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdStoreManager> manager,
+                       FdStoreManager::Create());
+  const DaemonPaths paths = MakePaths();
+  const std::vector<std::string> argv = DaemonArgv(paths);
+  ASSERT_OK_AND_ASSIGN(Subprocess daemon, manager->Start(argv, paths.log));
+  ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
+  auto stub = v1::PageAllocator::NewStub(
+      grpc::CreateChannel(paths.target, grpc::InsecureChannelCredentials()));
+  RawSession raw =
+      OpenRawSession(*stub, "fenced", /*quota_pages=*/0, /*resumable=*/true);
+  ASSERT_NE(raw.header, nullptr);
+  // Five pages, three freed behind the fence and two kept.
+  const v1::AllocResponse allocated =
+      RawAlloc(*stub, raw, 5 * kPageSize, /*return_inline=*/true);
+  ASSERT_EQ(allocated.results_size(), 1);
+  ASSERT_EQ(allocated.results(0).slots_size(), 5 * kPageSize);
+  std::vector<int64_t> pages;
+  for (int i = 0; i < 5; ++i) {
+    pages.push_back(allocated.results(0).slots(i * kPageSize) / kPageSize);
+  }
+  const std::vector<int64_t> fenced(pages.begin(), pages.begin() + 3);
+  ASSERT_OK(FencedFree(*stub, raw, fenced, /*value=*/1));
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(paths.target));
+  EXPECT_EQ(stats.used_pages(), 5);
+
+  daemon.Signal(SIGKILL);
+  ASSERT_OK(daemon.Wait(absl::Seconds(10)).status());
+  ASSERT_OK_AND_ASSIGN(daemon, manager->Start(argv, paths.log));
+  ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
+  // (A channel to the dead daemon may fail its first call.)
+  ASSERT_TRUE(Serving(paths.target)) << ReadLog(paths.log);
+  // Still the session's: its GPU work may be reading them.
+  ASSERT_OK_AND_ASSIGN(stats, DaemonStats(paths.target));
+  EXPECT_EQ(stats.used_pages(), 5);
+
+  // The session's stream passes the fence (in the old channel, which the
+  // new daemon never sees), then its client resumes.
+  raw.header->release_word.store(1, std::memory_order_release);
+  stub = v1::PageAllocator::NewStub(
+      grpc::CreateChannel(paths.target, grpc::InsecureChannelCredentials()));
+  v1::ResumeRequest resume;
+  resume.mutable_session()->set_session_id(raw.id());
+  resume.mutable_session()->set_session_token(raw.registered.session_token());
+  v1::RegisterResponse resumed;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  ASSERT_TRUE(stub->Resume(&context, resume, &resumed).ok());
+  // The fenced pages go free; the two kept stay the session's.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::GetStatsResponse> now = DaemonStats(paths.target);
+        return now.ok() && now->used_pages() == 2;
+      },
+      absl::Seconds(30)))
+      << ReadLog(paths.log);
+  EXPECT_THAT(ReadLog(paths.log),
+              ::testing::HasSubstr("3 pages freed with a fence before the "
+                                   "daemon's restart are freed now"));
+  daemon.Signal(SIGTERM);
+  EXPECT_OK(daemon.Wait(absl::Seconds(30)).status());
+}
 
 }  // namespace
 }  // namespace pagealloc

@@ -665,36 +665,6 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.name);
     });
 
-// A raw session's fenced free of `pages` (FreeRequest.release_value).
-absl::Status FencedFree(v1::PageAllocator::Stub& stub, const RawSession& raw,
-                        const std::vector<int64_t>& pages, uint64_t value) {
-  v1::FreeRequest request;
-  request.mutable_session()->set_session_id(raw.id());
-  request.mutable_session()->set_session_token(raw.registered.session_token());
-  for (int64_t page : pages) request.add_pages(page);
-  request.set_release_value(value);
-  v1::FreeResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  return FromGrpcStatus(stub.Free(&context, request, &response));
-}
-
-// A raw session's Alloc of one request of `tokens` over gRPC (its slots
-// inline or in its ring); a failed call is a test failure.
-v1::AllocResponse RawAlloc(v1::PageAllocator::Stub& stub, const RawSession& raw,
-                           int64_t tokens, bool return_inline) {
-  v1::AllocRequest request;
-  request.mutable_session()->set_session_id(raw.id());
-  request.mutable_session()->set_session_token(raw.registered.session_token());
-  request.add_num_tokens(tokens);
-  request.mutable_options()->set_return_inline(return_inline);
-  v1::AllocResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  EXPECT_TRUE(stub.Alloc(&context, request, &response).ok());
-  return response;
-}
-
 // A stop that keeps the sessions waits (--stop_release_wait_ms) for the
 // frees pending on their release fence: pages whose fence passes while the
 // daemon stops are freed before it exits, so the kept state has them free;
