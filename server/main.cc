@@ -118,7 +118,7 @@ ABSL_FLAG(int64_t, stop_release_wait_ms, 1000,
           "a handover), how long to wait for frees pending on their release "
           "fence, so that their pages are freed before the daemon exits. "
           "Pages still pending then stay their sessions' across the restart "
-          "until freed again.");
+          "and are freed when each session resumes.");
 ABSL_FLAG(int64_t, prefix_max_pinned_pages, 1024,
           "Most shared prefix pages one session may pin (Publish with pin: "
           "never evicted while pinned). 0: pins are refused.");

@@ -1201,16 +1201,18 @@ void Server::Shutdown() {
     memory_socket_->SeverConnections();
   }
   if (sessions_kept) {
-    // A free pending on its release fence is in this process's memory
-    // only: the kept state has its pages as the session's. Their clients'
-    // streams still write the words (mapped here until the daemon exits),
-    // so a short wait lets the successor find those pages free.
+    // A free pending on its release fence waits on a word only this
+    // process maps: the kept state has its pages as the session's,
+    // awaiting release until the session resumes. Their clients' streams
+    // still write the words (mapped here until the daemon exits), so a
+    // short wait lets the successor find those pages free.
     const int64_t pending =
         core_->WaitForReleases(options_.keep_state.release_wait);
     if (pending > 0) {
       log->warn(
           "{} freed pages still wait for their release fence after {}: they "
-          "stay their sessions' across the restart until freed again",
+          "stay their sessions' across the restart, and are freed when each "
+          "session resumes",
           pending, absl::FormatDuration(options_.keep_state.release_wait));
     }
   }

@@ -169,11 +169,11 @@ struct ServerOptions {
     // pool's flags) instead of refusing to start.
     bool discard = false;
     // At a stop that keeps the sessions: how long to wait for frees
-    // pending on their release fence, whose pages only this process knows
-    // to be freed. Their clients' streams still write the words; pages
-    // whose fence passes are freed (and kept so) before the daemon exits,
-    // and the rest stay their sessions' until freed again or the session
-    // ends.
+    // pending on their release fence, whose words only this process
+    // maps. Their clients' streams still write the words; pages whose
+    // fence passes are freed (and kept so) before the daemon exits, and
+    // the rest stay their sessions', marked as awaiting release in the
+    // kept state, until each session resumes.
     absl::Duration release_wait = absl::Seconds(1);
   } keep_state;
 };
