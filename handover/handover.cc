@@ -229,6 +229,15 @@ void HandoverListener::Serve(int peer) {
   }
 }
 
+bool HandoverSocketLive(const std::string& path) {
+  absl::StatusOr<sockaddr_un> address = AddressOf(path);
+  if (!address.ok()) return false;
+  UniqueFd socket_fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  return socket_fd.valid() &&
+         connect(socket_fd.get(), reinterpret_cast<const sockaddr*>(&*address),
+                 sizeof(*address)) == 0;
+}
+
 absl::StatusOr<std::unique_ptr<PendingHandover>> PendingHandover::Request(
     const std::string& path, absl::Duration timeout) {
   ASSIGN_OR_RETURN(const sockaddr_un address, AddressOf(path));

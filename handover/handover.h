@@ -24,10 +24,12 @@
 // successor whose daemon dies between GO and DONE goes on as after a
 // crash: the journal holds every operation that was answered.
 //
-// Without a service manager nothing holds the descriptors when the daemon
-// itself dies: a crash loses the kept state (the clients' own mappings keep
-// the KV memory, but the next daemon cannot reach it). A handover is for
-// planned restarts and upgrades.
+// The daemon's descriptor keeper (//fd_keeper), a process of its own,
+// answers successors on this socket with this protocol in the daemon's
+// place, so that the descriptors outlive a crash of the daemon too; a
+// daemon without one (--fd_keeper=false) answers them itself, and its
+// crash loses the kept state (the clients' own mappings keep the KV memory,
+// but the next daemon cannot reach it).
 
 #ifndef PAGEALLOC_HANDOVER_HANDOVER_H_
 #define PAGEALLOC_HANDOVER_HANDOVER_H_
@@ -108,6 +110,11 @@ class HandoverListener {
   int refused_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
+
+// Whether a process listens on the handover socket `path` (a daemon, or a
+// descriptor keeper): a connection to it succeeds. The listener sees a
+// successor that leaves at once.
+bool HandoverSocketLive(const std::string& path);
 
 // The successor's side. This class is thread-compatible.
 class PendingHandover {

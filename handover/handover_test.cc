@@ -208,5 +208,20 @@ TEST_F(HandoverTest, ALiveListenerIsNotReplacedAndAStaleOneIs) {
   EXPECT_OK(HandoverListener::Start(path_, callbacks).status());
 }
 
+TEST(HandoverSocketLiveTest, SaysWhetherAProcessListens) {
+  const std::string path = SocketPath();
+  EXPECT_FALSE(HandoverSocketLive(path));
+  HandoverListener::Callbacks callbacks;
+  callbacks.offer = []() -> absl::StatusOr<std::vector<OfferedFd>> {
+    return absl::FailedPreconditionError("nothing kept");
+  };
+  callbacks.stop = [] {};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HandoverListener> listener,
+                       HandoverListener::Start(path, callbacks));
+  EXPECT_TRUE(HandoverSocketLive(path));
+  listener.reset();
+  EXPECT_FALSE(HandoverSocketLive(path));
+}
+
 }  // namespace
 }  // namespace pagealloc

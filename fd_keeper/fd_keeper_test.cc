@@ -1,0 +1,172 @@
+// The descriptor keeper as a process: it answers a successor's handover
+// while its daemon runs (stopping the daemon first), after the daemon's
+// death (at once), and never after it was retired or lingered out. This
+// test plays the daemon; the keeper is fd_keeper_main_for_test, which runs
+// RunFdKeeper as the daemon's own main does.
+
+#include "fd_keeper/fd_keeper.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "handover/handover.h"
+#include "memory/unique_fd.h"
+#include "tests/socket_dir.h"
+#include "tests/status_matchers.h"
+#include "tests/subprocess.h"
+#include "tests/wait_for.h"
+
+namespace pagealloc {
+namespace {
+
+using ::pagealloc::testing::RunfilePath;
+using ::pagealloc::testing::StatusIs;
+using ::pagealloc::testing::WaitFor;
+using ::testing::HasSubstr;
+
+UniqueFd MemfdWith(const std::string& text) {
+  UniqueFd fd(memfd_create("fd-keeper-test", MFD_CLOEXEC));
+  EXPECT_EQ(write(fd.get(), text.data(), text.size()),
+            static_cast<ssize_t>(text.size()));
+  return fd;
+}
+
+std::string ReadAll(int fd) {
+  char buffer[256];
+  const ssize_t n = pread(fd, buffer, sizeof(buffer), 0);
+  return n > 0 ? std::string(buffer, n) : std::string();
+}
+
+// Whether keeper `pid` has exited (reaped here once the FdKeeper that
+// spawned it is gone, as init reaps it once the daemon is).
+bool Gone(pid_t pid) {
+  waitpid(pid, nullptr, WNOHANG);
+  return kill(pid, 0) != 0;
+}
+
+class FdKeeperTest : public ::testing::Test {
+ protected:
+  FdKeeper::Options Options(absl::Duration linger = absl::Seconds(30)) {
+    FdKeeper::Options options;
+    options.binary = RunfilePath("fd_keeper/fd_keeper_main_for_test");
+    options.socket_path = path_;
+    options.fds = {{"pagealloc-slab", slab_.get()},
+                   {"pagealloc-state", state_.get()}};
+    options.linger = linger;
+    options.stop = [this] { ++stops_; };
+    return options;
+  }
+
+  // Takes the pool over as a successor does: the descriptors, checked.
+  void TakeOver() {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingHandover> pending,
+                         PendingHandover::Request(path_, absl::Seconds(10)));
+    ASSERT_EQ(pending->fds().size(), 2u);
+    EXPECT_EQ(ReadAll(pending->fds().at("pagealloc-slab").get()), "kv bytes");
+    EXPECT_EQ(ReadAll(pending->fds().at("pagealloc-state").get()), "journal");
+    ASSERT_OK(pending->Accept(absl::Seconds(10)));
+  }
+
+  const std::string path_ =
+      ::pagealloc::testing::MakeSocketDir("fdkeeper") + "/gpu0.sock.handover";
+  UniqueFd slab_ = MemfdWith("kv bytes");
+  UniqueFd state_ = MemfdWith("journal");
+  std::atomic<int> stops_{0};
+};
+
+TEST_F(FdKeeperTest, ARunningDaemonIsStoppedBeforeItsSuccessorGoesOn) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdKeeper> keeper,
+                       FdKeeper::Spawn(Options()));
+  // A successor that cannot take the state over changes nothing.
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingHandover> pending,
+                         PendingHandover::Request(path_, absl::Seconds(10)));
+    pending->Refuse("another build");
+  }
+  EXPECT_EQ(stops_, 0);
+  TakeOver();
+  EXPECT_EQ(stops_, 1);
+  EXPECT_TRUE(keeper->handed_over());
+  EXPECT_TRUE(WaitFor([&] { return Gone(keeper->pid()); }, absl::Seconds(10)));
+  EXPECT_FALSE(keeper->lost());
+  // Its socket went before DONE: the successor listens there next.
+  EXPECT_NE(access(path_.c_str(), F_OK), 0);
+}
+
+TEST_F(FdKeeperTest, ADeadDaemonsPoolIsTakenOverFromItsKeeper) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdKeeper> keeper,
+                       FdKeeper::Spawn(Options()));
+  const pid_t pid = keeper->pid();
+  // The daemon dies: its end of the link closes, and so do its own
+  // descriptors. The keeper's still hold the memory.
+  keeper.reset();
+  slab_.reset();
+  state_.reset();
+  TakeOver();
+  EXPECT_EQ(stops_, 0);  // nothing to stop
+  EXPECT_TRUE(WaitFor([&] { return Gone(pid); }, absl::Seconds(10)));
+  EXPECT_THAT(
+      PendingHandover::Request(path_, absl::Seconds(10)).status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("no daemon answers")));
+}
+
+TEST_F(FdKeeperTest, ARetiredKeeperOffersNothing) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdKeeper> keeper,
+                       FdKeeper::Spawn(Options()));
+  keeper->Retire();
+  keeper->Retire();  // idempotent
+  EXPECT_TRUE(WaitFor([&] { return Gone(keeper->pid()); }, absl::Seconds(10)));
+  EXPECT_FALSE(keeper->lost());
+  EXPECT_THAT(
+      PendingHandover::Request(path_, absl::Seconds(10)).status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("no daemon answers")));
+}
+
+TEST_F(FdKeeperTest, AKeeperWithNoSuccessorLeavesAfterItsLinger) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdKeeper> keeper,
+                       FdKeeper::Spawn(Options(absl::Milliseconds(200))));
+  const pid_t pid = keeper->pid();
+  keeper.reset();  // the daemon is gone
+  EXPECT_TRUE(WaitFor([&] { return Gone(pid); }, absl::Seconds(10)));
+  EXPECT_THAT(
+      PendingHandover::Request(path_, absl::Seconds(10)).status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("no daemon answers")));
+}
+
+TEST_F(FdKeeperTest, ASecondKeeperOnALiveSocketIsRefused) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdKeeper> keeper,
+                       FdKeeper::Spawn(Options()));
+  EXPECT_THAT(FdKeeper::Spawn(Options()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("handover socket")));
+  // The first still answers.
+  TakeOver();
+  EXPECT_EQ(stops_, 1);
+}
+
+TEST_F(FdKeeperTest, AKeeperThatCannotStartSaysSo) {
+  FdKeeper::Options options = Options();
+  options.binary = "/nonexistent/pagealloc-server";
+  EXPECT_THAT(FdKeeper::Spawn(options).status(),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("/nonexistent/pagealloc-server")));
+  options = Options();
+  options.fds.clear();
+  EXPECT_THAT(FdKeeper::Spawn(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1 to 16 descriptors, not 0")));
+}
+
+}  // namespace
+}  // namespace pagealloc
