@@ -449,9 +449,11 @@ void KeptState::Break(const absl::Status& why) {
       "service manager's store (or no longer offered to a successor); a "
       "restart now starts a fresh pool",
       std::string(why.message()));
-  if (!KeptByServiceManager(options_)) return;
-  RemoveStoredFds(kStateFdName).IgnoreError();
-  RemoveStoredFds(kSlabFdName).IgnoreError();
+  if (KeptByServiceManager(options_)) {
+    RemoveStoredFds(kStateFdName).IgnoreError();
+    RemoveStoredFds(kSlabFdName).IgnoreError();
+  }
+  if (break_observer_) break_observer_();
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, int>>>

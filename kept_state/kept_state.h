@@ -50,6 +50,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -189,6 +190,15 @@ class KeptState final : public PoolChangeLog {
 
   KeptStateStats stats() const;
 
+  // Runs `observer` when the kept state breaks (a change it could not
+  // keep), under the pool's lock, after the service manager's store
+  // dropped the descriptors: whoever else holds them for a successor
+  // (//fd_keeper) must drop them too. It must be quick and must not call
+  // into the pool. Set before the daemon serves.
+  void SetBreakObserver(std::function<void()> observer) {
+    break_observer_ = std::move(observer);
+  }
+
   // The descriptors a successor takes over, by name (kStateFdName, and
   // kSlabFdName when there is a slab), not owned; FAILED_PRECONDITION when
   // the state is not kept (before StartKeeping, or broken). Any thread.
@@ -218,6 +228,7 @@ class KeptState final : public PoolChangeLog {
   PoolState state_;
   std::vector<JournalRecord> records_;
   DaemonIdentity identity_;
+  std::function<void()> break_observer_;
   bool replaying_ = false;
   bool keeping_ = false;
   // A record found the log full: the snapshot that follows it must be

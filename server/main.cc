@@ -40,6 +40,7 @@
 #include "common/logging.h"
 #include "common/socket_location.h"
 #include "common/status_macros.h"
+#include "fd_keeper/fd_keeper.h"
 #include "kv_events/publisher.h"
 #include "memory/kv_layout.h"
 #include "server/descriptors.h"
@@ -96,14 +97,26 @@ ABSL_FLAG(bool, keep_state, false,
           "FileDescriptorStoreMax=), and the next start takes the pool over "
           "with its sessions, pages and KV (docs/operations.md, \"Upgrades "
           "and restarts\"). Without a service manager ($NOTIFY_SOCKET "
-          "unset) the daemon holds them itself and hands them to a successor "
-          "started with --take_over; a crash then loses them.");
+          "unset) a descriptor keeper process holds them (--fd_keeper) and "
+          "hands them to a successor started with --take_over, after a "
+          "planned stop or a crash of the daemon.");
 ABSL_FLAG(bool, take_over, false,
           "With --keep_state and no service manager: take the pool, its "
           "sessions and KV over from the daemon running on the same socket, "
           "which stops once this one has checked that it can read its state "
           "(a refusal leaves it serving). Refused when none runs: a first "
           "start goes without it.");
+ABSL_FLAG(bool, fd_keeper, true,
+          "With --keep_state and no service manager: spawn a descriptor "
+          "keeper, a small process of this executable that holds the KV "
+          "slab and the state journal and hands them to a successor started "
+          "with --take_over, so that a crash of the daemon keeps the pool "
+          "too. Off: the daemon holds them itself, and only a planned "
+          "restart keeps the pool.");
+ABSL_FLAG(int64_t, fd_keeper_linger_ms, 300000,
+          "With --fd_keeper: how long the keeper waits for a successor after "
+          "the daemon is gone (stopped or crashed) before it lets the pool "
+          "go, freeing its KV memory.");
 ABSL_FLAG(int64_t, state_log_bytes, 64 << 20,
           "With --keep_state: bytes of the journal's log of changes between "
           "two snapshots of the pool (a snapshot is written when half is "
@@ -359,6 +372,8 @@ const CommandLineSpec kCommandLine = {
         {"restarts",
          {{"keep_state"},
           {"take_over"},
+          {"fd_keeper"},
+          {"fd_keeper_linger_ms", "milliseconds"},
           {"state_log_bytes", "bytes"},
           {"discard_state"},
           {"stop_release_wait_ms", "milliseconds"}}},
@@ -571,6 +586,14 @@ absl::Status PoolPolicyFlags(ServerOptions* options) {
   RETURN_IF_ERROR(CheckRange("stop_release_wait_ms", release_wait_ms, 0, 60000,
                              "milliseconds"));
   options->keep_state.release_wait = absl::Milliseconds(release_wait_ms);
+  if (absl::GetFlag(FLAGS_fd_keeper)) {
+    // This executable, whatever became of its file since it started.
+    options->keep_state.keeper_binary = "/proc/self/exe";
+  }
+  const int64_t linger_ms = absl::GetFlag(FLAGS_fd_keeper_linger_ms);
+  RETURN_IF_ERROR(CheckRange("fd_keeper_linger_ms", linger_ms, 0, 86400000,
+                             "milliseconds"));
+  options->keep_state.keeper_linger = absl::Milliseconds(linger_ms);
   if (options->keep_state.take_over && !options->keep_state.enabled) {
     return absl::InvalidArgumentError("--take_over needs --keep_state");
   }
@@ -1052,6 +1075,11 @@ int Main() {
 }  // namespace pagealloc
 
 int main(int argc, char** argv) {
+  // The descriptor keeper this daemon (or its predecessor) spawned: not a
+  // daemon, and no flags of one.
+  if (argc > 1 && std::string(argv[1]) == pagealloc::kFdKeeperArg) {
+    return pagealloc::RunFdKeeper(argc, argv);
+  }
   std::vector<char*> args =
       pagealloc::ParseCommandLine(argc, argv, pagealloc::kCommandLine);
   if (args.size() > 1) {

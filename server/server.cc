@@ -518,11 +518,25 @@ absl::StatusOr<std::unique_ptr<KeptState>> OpenKeptState(
   }
   auto log = Logger("state");
   if (!options.keep_state.take_over) {
-    log->warn(
-        "no service manager keeps descriptors ($NOTIFY_SOCKET is not set): "
-        "this daemon holds its pool's state itself and hands it to a "
-        "successor started with --take_over (socket {}); a crash loses it",
-        path);
+    // A live handover socket is a running daemon's, or the descriptor
+    // keeper's of one that died: its pool is there to take over, and a
+    // fresh pool must not take its place (nor its keeper's socket).
+    if (HandoverSocketLive(path)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "a daemon, or the descriptor keeper of one that died, holds a "
+          "kept pool on %s: start with --take_over to take it over (add "
+          "--discard_state to start a fresh pool instead), or stop that "
+          "process",
+          path));
+    }
+    if (options.keep_state.keeper_binary.empty()) {
+      log->warn(
+          "no service manager keeps descriptors ($NOTIFY_SOCKET is not set) "
+          "and no descriptor keeper (--fd_keeper=false): this daemon holds "
+          "its pool's state itself and hands it to a successor started with "
+          "--take_over (socket {}); a crash loses it",
+          path);
+    }
     return KeptState::Open(kept_options, PassedFds());
   }
   constexpr absl::Duration kHandoverTimeout = absl::Seconds(60);
@@ -1030,22 +1044,17 @@ absl::Status Server::Start() {
               metrics_http_->port());
   }
   if (kept_ != nullptr && kept_->keeper() == DescriptorKeeper::kDaemon) {
-    // Last: a successor may stop this daemon as soon as it listens.
-    HandoverListener::Callbacks handover;
-    handover.offer = [this]() -> absl::StatusOr<std::vector<OfferedFd>> {
-      ASSIGN_OR_RETURN(auto kept, kept_->KeptDescriptors());
-      std::vector<OfferedFd> offer;
-      for (auto& [name, fd] : kept) offer.push_back({name, fd});
-      return offer;
+    // Last: a successor may stop this daemon as soon as it listens. The
+    // stop returns once this daemon has stopped (a stop already under way
+    // included): only then may the successor go on.
+    auto stop = [this] {
+      Shutdown();
+      Wait();
     };
-    handover.stop = [this] { Shutdown(); };
-    absl::StatusOr<std::unique_ptr<HandoverListener>> listening =
-        HandoverListener::Start(HandoverSocketPathFor(options_.listen),
-                                std::move(handover));
-    if (!listening.ok()) return abandon(listening.status());
-    handover_ = *std::move(listening);
-    log->info("a successor started with --take_over takes the pool over on {}",
-              handover_->path());
+    absl::Status listening = options_.keep_state.keeper_binary.empty()
+                                 ? ListenForSuccessors(stop)
+                                 : SpawnKeeper(stop);
+    if (!listening.ok()) return abandon(listening);
   }
   reaper_ = std::thread([this] { ReapLeases(); });
   release_poller_ = std::thread([this] { core_->RunReleasePoller(); });
@@ -1167,6 +1176,56 @@ void Server::ReapLeases() {
   }
 }
 
+absl::Status Server::ListenForSuccessors(std::function<void()> stop) {
+  HandoverListener::Callbacks handover;
+  handover.offer = [this]() -> absl::StatusOr<std::vector<OfferedFd>> {
+    ASSIGN_OR_RETURN(auto kept, kept_->KeptDescriptors());
+    std::vector<OfferedFd> offer;
+    for (auto& [name, fd] : kept) offer.push_back({name, fd});
+    return offer;
+  };
+  handover.stop = std::move(stop);
+  ASSIGN_OR_RETURN(
+      handover_, HandoverListener::Start(HandoverSocketPathFor(options_.listen),
+                                         handover));
+  Logger("server")->info(
+      "a successor started with --take_over takes the pool over on {}; a "
+      "crash of this daemon loses it (no descriptor keeper)",
+      handover_->path());
+  return absl::OkStatus();
+}
+
+absl::Status Server::SpawnKeeper(std::function<void()> stop) {
+  FdKeeper::Options keeper;
+  keeper.binary = options_.keep_state.keeper_binary;
+  keeper.socket_path = HandoverSocketPathFor(options_.listen);
+  keeper.linger = options_.keep_state.keeper_linger;
+  keeper.stop = std::move(stop);
+  ASSIGN_OR_RETURN(auto kept, kept_->KeptDescriptors());
+  for (auto& [name, fd] : kept) keeper.fds.push_back({name, fd});
+  absl::StatusOr<std::unique_ptr<FdKeeper>> spawned =
+      FdKeeper::Spawn(std::move(keeper));
+  if (!spawned.ok()) {
+    return absl::Status(
+        spawned.status().code(),
+        absl::StrCat("descriptor keeper: ", spawned.status().message(),
+                     absl::IsFailedPrecondition(spawned.status())
+                         ? " (a daemon or the keeper of one that died holds "
+                           "this pool: start with --take_over to take it "
+                           "over)"
+                         : ""));
+  }
+  keeper_ = *std::move(spawned);
+  // A state that can no longer be kept must not reach a successor.
+  kept_->SetBreakObserver([keeper = keeper_.get()] { keeper->Retire(); });
+  Logger("server")->info(
+      "descriptor keeper pid {} holds the pool's descriptors: a successor "
+      "started with --take_over takes the pool over on {}, after a planned "
+      "stop or a crash of this daemon",
+      keeper_->pid(), HandoverSocketPathFor(options_.listen));
+  return absl::OkStatus();
+}
+
 void Server::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
@@ -1187,6 +1246,18 @@ void Server::Shutdown() {
   // With the pool's state kept, a successor takes the sessions over: this
   // stop is a restart to them, as a crash is, never their end.
   const bool sessions_kept = kept_ != nullptr && kept_->stats().keeping;
+  if (keeper_ != nullptr) {
+    if (!sessions_kept) {
+      keeper_->Retire();
+    } else if (!keeper_->handed_over()) {
+      log->info(
+          "the descriptor keeper (pid {}) keeps the pool for a successor "
+          "started with --take_over for {} after this daemon exits (kill "
+          "it to free the pool's memory at once)",
+          keeper_->pid(),
+          absl::FormatDuration(options_.keep_state.keeper_linger));
+    }
+  }
   log->info("draining: refusing new calls, finishing queued work{}",
             sessions_kept ? "; the sessions are kept for the successor" : "");
   core_->StartDraining();

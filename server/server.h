@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "allocator/page_pool.h"
 #include "common/handoff_thread.h"
+#include "fd_keeper/fd_keeper.h"
 #include "grpcpp/grpcpp.h"
 #include "handover/handover.h"
 #include "kept_state/kept_state.h"
@@ -168,6 +169,15 @@ struct ServerOptions {
     // Drop a kept state this build refuses (another format, another
     // pool's flags) instead of refusing to start.
     bool discard = false;
+    // Without a service manager: the executable of the descriptor keeper
+    // (//fd_keeper; the daemon's own, /proc/self/exe), which holds the
+    // kept descriptors in a process of its own, so that the pool outlives
+    // this daemon's crash too, and answers successors on the handover
+    // socket. Empty: the daemon holds them and answers successors itself
+    // (a planned restart keeps the pool, a crash does not).
+    std::string keeper_binary;
+    // How long the keeper waits for a successor after the daemon is gone.
+    absl::Duration keeper_linger = absl::Minutes(5);
     // At a stop that keeps the sessions: how long to wait for frees
     // pending on their release fence, whose words only this process
     // maps. Their clients' streams still write the words; pages whose
@@ -286,11 +296,20 @@ class Server {
   // Registers the sessions the kept pool's owners are (their records are
   // the owners' metadata), each with a fresh lease.
   absl::Status RestoreSessions();
+  // Without a service manager: answers successors' handovers here, with
+  // the descriptors this process holds (no keeper configured).
+  absl::Status ListenForSuccessors(std::function<void()> stop);
+  // Without a service manager: spawns the descriptor keeper, which holds
+  // the kept descriptors and answers successors (//fd_keeper).
+  absl::Status SpawnKeeper(std::function<void()> stop);
   // Declared before the pool, whose change log it is.
   std::unique_ptr<KeptState> kept_;
-  // Answers a successor's handover (kept_ held by the daemon itself);
-  // null otherwise.
+  // Answers a successor's handover (kept_ held by the daemon itself,
+  // without a keeper); null otherwise.
   std::unique_ptr<HandoverListener> handover_;
+  // Holds kept_'s descriptors in a process of its own and answers
+  // successors (options_.keep_state.keeper_binary); null otherwise.
+  std::unique_ptr<FdKeeper> keeper_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SessionRegistry> sessions_;
   // Send gRPC answers of shared launches (GrpcService); declared before

@@ -21,6 +21,7 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -36,6 +37,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -126,7 +128,10 @@ std::vector<std::string> DaemonArgv(const DaemonPaths& paths) {
           absl::StrFormat("--num_pages=%d", kNumPages),
           absl::StrFormat("--page_size=%d", kPageSize),
           std::string("--kv_layout=") + kLayout, "--ring_capacity_slots=4096",
-          "--lease_ms=60000", "--debug_checks"};
+          "--lease_ms=60000", "--debug_checks",
+          // Without a service manager: a keeper outlives the last daemon
+          // of a case by this much.
+          "--fd_keeper_linger_ms=10000"};
 }
 
 // One scheduler: its session, the pages it holds and what it wrote there.
@@ -396,14 +401,27 @@ class Worker {
 // (a clean stop, `systemctl restart`: it drains, and its sessions are kept
 // for its successor, so each client resumes exactly as after a crash), both
 // under a service manager that keeps the descriptors; or, with no service
-// manager, a successor started with --take_over, which the daemon hands its
-// descriptors to before it stops (//handover).
-enum class Stop { kSigkill, kSigterm, kHandover };
+// manager, where the daemon's descriptor keeper holds them (//fd_keeper),
+// a successor started with --take_over, which the daemon is stopped for
+// (//handover), or SIGKILL, after which a successor started with
+// --take_over takes the pool from the keeper.
+enum class Stop { kSigkill, kSigterm, kHandover, kSigkillKeeper };
 
 // Without a service manager: whether the daemon on `target` answers.
+// Whether the daemon on `target` answers calls.
 bool Serving(const std::string& target) {
   return WaitFor([&] { return DaemonStats(target).ok(); }, absl::Seconds(30),
                  absl::Milliseconds(2));
+}
+
+// Without a service manager: whether the daemon on `target` answers calls
+// and successors (last of all, its keeper listens on the handover socket).
+bool ServingAndKept(const std::string& target) {
+  const std::string handover =
+      std::string(absl::StripPrefix(target, "unix://")) + ".handover";
+  return Serving(target) &&
+         WaitFor([&] { return access(handover.c_str(), F_OK) == 0; },
+                 absl::Seconds(30), absl::Milliseconds(2));
 }
 
 class RestartTest : public ::testing::TestWithParam<Stop> {};
@@ -411,7 +429,11 @@ class RestartTest : public ::testing::TestWithParam<Stop> {};
 TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
   const Stop stop_kind = GetParam();
   const bool handover = stop_kind == Stop::kHandover;
-  const int stop_signal = stop_kind == Stop::kSigkill ? SIGKILL : SIGTERM;
+  const bool no_manager = handover || stop_kind == Stop::kSigkillKeeper;
+  const int stop_signal =
+      stop_kind == Stop::kSigkill || stop_kind == Stop::kSigkillKeeper
+          ? SIGKILL
+          : SIGTERM;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdStoreManager> manager,
                        FdStoreManager::Create());
   const DaemonPaths paths = MakePaths();
@@ -431,7 +453,7 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
                   ::testing::HasSubstr("no daemon answers handovers"));
     }
     ASSERT_OK_AND_ASSIGN(daemon, Subprocess::Start(argv, paths.log));
-    ASSERT_TRUE(Serving(paths.target)) << ReadLog(paths.log);
+    ASSERT_TRUE(ServingAndKept(paths.target)) << ReadLog(paths.log);
     // A successor that cannot take this state over (a pool of other
     // flags) refuses before the daemon stops: it exits, and the daemon
     // serves on, untouched.
@@ -448,7 +470,10 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
     EXPECT_THAT(log, ::testing::HasSubstr("page_size"));
     EXPECT_THAT(log,
                 ::testing::HasSubstr("a successor did not take the pool over"));
-    ASSERT_TRUE(Serving(paths.target)) << log;
+    ASSERT_TRUE(ServingAndKept(paths.target)) << log;
+  } else if (no_manager) {
+    ASSERT_OK_AND_ASSIGN(daemon, Subprocess::Start(argv, paths.log));
+    ASSERT_TRUE(ServingAndKept(paths.target)) << ReadLog(paths.log);
   } else {
     ASSERT_OK_AND_ASSIGN(daemon, manager->Start(argv, paths.log));
     ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
@@ -470,7 +495,9 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
         [&, w = worker.get()] { w->Run(stop, kills, killed_at_us); });
   }
 
-  // A clean stop waits for the calls in flight: a tenth as many.
+  // A clean stop waits for the calls in flight, and a start without a
+  // service manager checks the journal through a successor's handover
+  // first: a tenth as many.
   const int run_kills = stop_kind == Stop::kSigkill
                             ? KillsInRun()
                             : std::max(KillsInRun() / 10, 3);
@@ -519,8 +546,28 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
       ASSERT_EQ(status, 0) << DescribeWaitStatus(status);
       kills = k + 1;
       daemon = std::move(successor);
-      ASSERT_TRUE(Serving(paths.target)) << "handover " << k + 1 << ":\n"
-                                         << ReadLog(paths.log);
+      ASSERT_TRUE(ServingAndKept(paths.target)) << "handover " << k + 1 << ":\n"
+                                                << ReadLog(paths.log);
+    } else if (no_manager) {
+      // A crash: the keeper holds the pool until the successor takes it.
+      daemon.Signal(SIGKILL);
+      ASSERT_OK(daemon.Wait(absl::Seconds(10)).status());
+      kills = k + 1;
+      if (k == 0) {
+        // A start without --take_over would put a fresh pool in the kept
+        // one's place: refused, and the keeper keeps it.
+        ASSERT_OK_AND_ASSIGN(Subprocess fresh,
+                             Subprocess::Start(argv, paths.log));
+        ASSERT_OK_AND_ASSIGN(const int status, fresh.Wait(absl::Seconds(60)));
+        EXPECT_NE(status, 0);
+        EXPECT_THAT(ReadLog(paths.log),
+                    ::testing::HasSubstr("the descriptor keeper of one that "
+                                         "died, holds a kept pool"));
+      }
+      ASSERT_OK_AND_ASSIGN(daemon,
+                           Subprocess::Start(successor_argv, paths.log));
+      ASSERT_TRUE(ServingAndKept(paths.target)) << "restart " << k + 1 << ":\n"
+                                                << ReadLog(paths.log);
     } else {
       daemon.Signal(stop_signal);
       ASSERT_OK(daemon.Wait(absl::Seconds(10)).status());
@@ -531,7 +578,7 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
           << ReadLog(paths.log);
     }
     restart_us.push_back(absl::ToUnixMicros(absl::Now()) - killed_at_us);
-    if (handover) continue;
+    if (no_manager) continue;
     // Still one slab and one state: the same descriptors, never a second.
     ASSERT_EQ(manager->stored("pagealloc-slab"), 1);
     ASSERT_EQ(manager->stored("pagealloc-state"), 1);
@@ -548,8 +595,13 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
   if (stop_kind != Stop::kSigkill) {
     EXPECT_THAT(log, ::testing::HasSubstr("kept for the successor"));
   }
-  if (handover) {
+  if (no_manager) {
     EXPECT_THAT(log, ::testing::HasSubstr("handing the pool over to pid"));
+    EXPECT_THAT(log, ::testing::HasSubstr("descriptor keeper pid"));
+  }
+  if (stop_kind == Stop::kSigkillKeeper) {
+    EXPECT_THAT(log, ::testing::HasSubstr("the daemon is gone: its pool is "
+                                          "kept for a successor"));
   }
 
   // Every page is free or held by exactly one client, as the clients say.
@@ -601,8 +653,11 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
       "longest wait between two answers across a stop p50 %.1f ms p99 %.1f "
       "ms\n",
       run_kills,
-      handover ? "handovers"
-               : (stop_signal == SIGKILL ? "SIGKILLs" : "SIGTERMs"),
+      handover
+          ? "handovers"
+          : (stop_signal == SIGKILL
+                 ? (no_manager ? "SIGKILLs (descriptor keeper)" : "SIGKILLs")
+                 : "SIGTERMs"),
       kClients, static_cast<long long>(operations),
       static_cast<long long>(unknown), static_cast<long long>(kv_bytes),
       at(restart_us, 0.5), at(restart_us, 0.99), at(resume_us, 0.5),
@@ -613,7 +668,8 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
 
 INSTANTIATE_TEST_SUITE_P(Stops, RestartTest,
                          ::testing::Values(Stop::kSigkill, Stop::kSigterm,
-                                           Stop::kHandover),
+                                           Stop::kHandover,
+                                           Stop::kSigkillKeeper),
                          [](const ::testing::TestParamInfo<Stop>& info) {
                            switch (info.param) {
                              case Stop::kSigkill:
@@ -622,6 +678,8 @@ INSTANTIATE_TEST_SUITE_P(Stops, RestartTest,
                                return std::string("Sigterm");
                              case Stop::kHandover:
                                return std::string("Handover");
+                             case Stop::kSigkillKeeper:
+                               return std::string("SigkillKeeper");
                            }
                            return std::string("Unknown");
                          });
