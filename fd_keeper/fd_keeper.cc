@@ -102,9 +102,26 @@ absl::StatusOr<std::unique_ptr<FdKeeper>> FdKeeper::Spawn(
     posix_spawn_file_actions_adddup2(&actions, sources[i].get(),
                                      kLinkFd + static_cast<int>(i));
   }
+  // The daemon blocks the signals it waits for (SIGTERM, SIGINT): the
+  // keeper starts with none blocked and default dispositions, so that an
+  // operator's `kill` ends it.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int signal : {SIGTERM, SIGINT, SIGHUP, SIGPIPE}) {
+    sigaddset(&defaults, signal);
+  }
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setflags(&attributes,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = 0;
   const int spawned = posix_spawn(&pid, options.binary.c_str(), &actions,
-                                  nullptr, argv.data(), environ);
+                                  &attributes, argv.data(), environ);
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) {
     return absl::InternalError(
@@ -194,9 +211,9 @@ void FdKeeper::Run() {
       lost_ = !retired_ && !handed_over_;
       if (lost_) {
         log->error(
-            "the descriptor keeper (pid {}) is gone: a crash of this daemon "
-            "would now lose its pool (a planned restart with --take_over "
-            "still keeps it)",
+            "the descriptor keeper (pid {}) is gone: no successor can take "
+            "this daemon's pool over now, and its end (a stop or a crash) "
+            "loses the pool",
             pid_);
       }
       mu_.Unlock();

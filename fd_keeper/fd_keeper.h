@@ -100,7 +100,8 @@ class FdKeeper {
   // Whether a successor has taken the pool over (the daemon was stopped).
   bool handed_over() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the keeper's end closed while this daemon runs (it died or was
-  // killed): a crash would now lose the pool.
+  // killed): nothing answers successors now, and the daemon's end loses
+  // the pool.
   bool lost() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

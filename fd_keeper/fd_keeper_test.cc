@@ -6,6 +6,7 @@
 
 #include "fd_keeper/fd_keeper.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -153,6 +154,23 @@ TEST_F(FdKeeperTest, ASecondKeeperOnALiveSocketIsRefused) {
   // The first still answers.
   TakeOver();
   EXPECT_EQ(stops_, 1);
+}
+
+// The daemon blocks the signals it waits for; its keeper does not inherit
+// that: an operator's kill ends it, and the pool with it.
+TEST_F(FdKeeperTest, AKeeperEndsOnSigtermThoughItsDaemonBlocksIt) {
+  sigset_t blocked, before;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGTERM);
+  sigaddset(&blocked, SIGINT);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &blocked, &before), 0);
+  absl::StatusOr<std::unique_ptr<FdKeeper>> keeper = FdKeeper::Spawn(Options());
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  ASSERT_OK(keeper.status());
+  ASSERT_EQ(kill((*keeper)->pid(), SIGTERM), 0);
+  EXPECT_TRUE(WaitFor([&] { return (*keeper)->lost(); }, absl::Seconds(10)));
+  EXPECT_TRUE(
+      WaitFor([&] { return Gone((*keeper)->pid()); }, absl::Seconds(10)));
 }
 
 TEST_F(FdKeeperTest, AKeeperThatCannotStartSaysSo) {
