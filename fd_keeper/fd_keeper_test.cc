@@ -8,7 +8,6 @@
 
 #include <pthread.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "handover/handover.h"
 #include "memory/unique_fd.h"
+#include "tests/memfd_text.h"
 #include "tests/socket_dir.h"
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
@@ -31,23 +31,12 @@
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::MemfdWithText;
+using ::pagealloc::testing::ReadText;
 using ::pagealloc::testing::RunfilePath;
 using ::pagealloc::testing::StatusIs;
 using ::pagealloc::testing::WaitFor;
 using ::testing::HasSubstr;
-
-UniqueFd MemfdWith(const std::string& text) {
-  UniqueFd fd(memfd_create("fd-keeper-test", MFD_CLOEXEC));
-  EXPECT_EQ(write(fd.get(), text.data(), text.size()),
-            static_cast<ssize_t>(text.size()));
-  return fd;
-}
-
-std::string ReadAll(int fd) {
-  char buffer[256];
-  const ssize_t n = pread(fd, buffer, sizeof(buffer), 0);
-  return n > 0 ? std::string(buffer, n) : std::string();
-}
 
 // Whether keeper `pid` has exited (reaped here once the FdKeeper that
 // spawned it is gone, as init reaps it once the daemon is).
@@ -74,15 +63,15 @@ class FdKeeperTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PendingHandover> pending,
                          PendingHandover::Request(path_, absl::Seconds(10)));
     ASSERT_EQ(pending->fds().size(), 2u);
-    EXPECT_EQ(ReadAll(pending->fds().at("pagealloc-slab").get()), "kv bytes");
-    EXPECT_EQ(ReadAll(pending->fds().at("pagealloc-state").get()), "journal");
+    EXPECT_EQ(ReadText(pending->fds().at("pagealloc-slab").get()), "kv bytes");
+    EXPECT_EQ(ReadText(pending->fds().at("pagealloc-state").get()), "journal");
     ASSERT_OK(pending->Accept(absl::Seconds(10)));
   }
 
   const std::string path_ =
       ::pagealloc::testing::MakeSocketDir("fdkeeper") + "/gpu0.sock.handover";
-  UniqueFd slab_ = MemfdWith("kv bytes");
-  UniqueFd state_ = MemfdWith("journal");
+  UniqueFd slab_ = MemfdWithText("kv bytes");
+  UniqueFd state_ = MemfdWithText("journal");
   std::atomic<int> stops_{0};
 };
 

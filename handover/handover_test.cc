@@ -1,6 +1,5 @@
 #include "handover/handover.h"
 
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -16,32 +15,21 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/unique_fd.h"
+#include "tests/memfd_text.h"
 #include "tests/socket_dir.h"
 #include "tests/status_matchers.h"
 
 namespace pagealloc {
 namespace {
 
+using ::pagealloc::testing::MemfdWithText;
+using ::pagealloc::testing::ReadText;
 using ::pagealloc::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string SocketPath() {
   return ::pagealloc::testing::MakeSocketDir("handover") +
          "/gpu0.sock.handover";
-}
-
-// A memfd holding `text`.
-UniqueFd MemfdWith(const std::string& text) {
-  UniqueFd fd(memfd_create("handover-test", MFD_CLOEXEC));
-  EXPECT_EQ(write(fd.get(), text.data(), text.size()),
-            static_cast<ssize_t>(text.size()));
-  return fd;
-}
-
-std::string ReadAll(int fd) {
-  char buffer[256];
-  const ssize_t n = pread(fd, buffer, sizeof(buffer), 0);
-  return n > 0 ? std::string(buffer, n) : std::string();
 }
 
 // Polls `done` for up to 10 s: the listener answers on its own thread.
@@ -74,8 +62,8 @@ class HandoverTest : public ::testing::Test {
   }
 
   const std::string path_ = SocketPath();
-  UniqueFd slab_ = MemfdWith("the KV slab");
-  UniqueFd state_ = MemfdWith("the journal");
+  UniqueFd slab_ = MemfdWithText("the KV slab");
+  UniqueFd state_ = MemfdWithText("the journal");
   absl::Status offer_error_ = absl::OkStatus();
   std::atomic<int> stops_{0};
   std::unique_ptr<HandoverListener> listener_;
@@ -87,8 +75,8 @@ TEST_F(HandoverTest, SuccessorGetsTheDescriptorsAndTheDaemonStops) {
                        PendingHandover::Request(path_, absl::Seconds(10)));
   ASSERT_EQ(pending->fds().size(), 2u);
   // The successor's own descriptors, to the daemon's files.
-  EXPECT_EQ(ReadAll(pending->fds()["pagealloc-slab"].get()), "the KV slab");
-  EXPECT_EQ(ReadAll(pending->fds()["pagealloc-state"].get()), "the journal");
+  EXPECT_EQ(ReadText(pending->fds()["pagealloc-slab"].get()), "the KV slab");
+  EXPECT_EQ(ReadText(pending->fds()["pagealloc-state"].get()), "the journal");
   EXPECT_NE(pending->fds()["pagealloc-state"].get(), state_.get());
   // Nothing stops before the successor says GO.
   EXPECT_EQ(stops_.load(), 0);

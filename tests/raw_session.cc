@@ -87,6 +87,24 @@ v1::AllocResponse RawAlloc(v1::PageAllocator::Stub& stub, const RawSession& raw,
   return response;
 }
 
+std::vector<int64_t> RawAllocPages(v1::PageAllocator::Stub& stub,
+                                   const RawSession& raw, int64_t pages,
+                                   int64_t page_size) {
+  const v1::AllocResponse allocated =
+      RawAlloc(stub, raw, pages * page_size, /*return_inline=*/true);
+  if (allocated.results_size() != 1 ||
+      allocated.results(0).slots_size() != pages * page_size) {
+    ADD_FAILURE() << "an Alloc of " << pages << " pages answered "
+                  << allocated.ShortDebugString();
+    return {};
+  }
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < pages; ++i) {
+    ids.push_back(allocated.results(0).slots(i * page_size) / page_size);
+  }
+  return ids;
+}
+
 absl::Status FencedFree(v1::PageAllocator::Stub& stub, const RawSession& raw,
                         const std::vector<int64_t>& pages, uint64_t value) {
   v1::FreeRequest request;

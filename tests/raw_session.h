@@ -62,6 +62,13 @@ RawSession OpenRawSession(v1::PageAllocator::Stub& stub,
 v1::AllocResponse RawAlloc(v1::PageAllocator::Stub& stub, const RawSession& raw,
                            int64_t tokens, bool return_inline);
 
+// The session's Alloc of `pages` whole pages of `page_size` tokens, their
+// slots inline; returns the pages, in order (empty, and a test failure,
+// when the call did not give them).
+std::vector<int64_t> RawAllocPages(v1::PageAllocator::Stub& stub,
+                                   const RawSession& raw, int64_t pages,
+                                   int64_t page_size);
+
 // The session's free of `pages` that waits for its release word to reach
 // `value` (FreeRequest.release_value).
 absl::Status FencedFree(v1::PageAllocator::Stub& stub, const RawSession& raw,

@@ -66,7 +66,7 @@ using ::pagealloc::testing::FencedFree;
 using ::pagealloc::testing::KvPatternByte;
 using ::pagealloc::testing::MakeSocketDir;
 using ::pagealloc::testing::OpenRawSession;
-using ::pagealloc::testing::RawAlloc;
+using ::pagealloc::testing::RawAllocPages;
 using ::pagealloc::testing::RawSession;
 using ::pagealloc::testing::ReadLog;
 using ::pagealloc::testing::RunfilePath;
@@ -704,14 +704,8 @@ TEST(RestartFenceTest, PagesAwaitingTheirFenceAtACrashAreFreedAtTheResume) {
       OpenRawSession(*stub, "fenced", /*quota_pages=*/0, /*resumable=*/true);
   ASSERT_NE(raw.header, nullptr);
   // Five pages, three freed behind the fence and two kept.
-  const v1::AllocResponse allocated =
-      RawAlloc(*stub, raw, 5 * kPageSize, /*return_inline=*/true);
-  ASSERT_EQ(allocated.results_size(), 1);
-  ASSERT_EQ(allocated.results(0).slots_size(), 5 * kPageSize);
-  std::vector<int64_t> pages;
-  for (int i = 0; i < 5; ++i) {
-    pages.push_back(allocated.results(0).slots(i * kPageSize) / kPageSize);
-  }
+  const std::vector<int64_t> pages = RawAllocPages(*stub, raw, 5, kPageSize);
+  ASSERT_EQ(pages.size(), 5u);
   const std::vector<int64_t> fenced(pages.begin(), pages.begin() + 3);
   ASSERT_OK(FencedFree(*stub, raw, fenced, /*value=*/1));
   ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(paths.target));

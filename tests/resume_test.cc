@@ -683,14 +683,8 @@ TEST_P(StopReleaseWaitTest, AStopFreesThePagesWhoseFencePassesMeanwhile) {
   StartServer(options);
   RawSession raw = OpenRawSession(*stub_, "fenced");
   ASSERT_NE(raw.header, nullptr);
-  const v1::AllocResponse allocated =
-      RawAlloc(*stub_, raw, 3 * kPageSize, /*return_inline=*/true);
-  ASSERT_EQ(allocated.results_size(), 1);
-  ASSERT_EQ(allocated.results(0).slots_size(), 3 * kPageSize);
-  std::vector<int64_t> pages;
-  for (int i = 0; i < 3; ++i) {
-    pages.push_back(allocated.results(0).slots(i * kPageSize) / kPageSize);
-  }
+  const std::vector<int64_t> pages = RawAllocPages(*stub_, raw, 3, kPageSize);
+  ASSERT_EQ(pages.size(), 3u);
   ASSERT_OK(FencedFree(*stub_, raw, pages, 1));
   CallCore& core = server_->server().core();
   EXPECT_EQ(core.release_pending_pages(), 3);
