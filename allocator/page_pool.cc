@@ -1249,10 +1249,11 @@ void PagePool::EndAwait(OwnerState& state, absl::Span<const int64_t> pages) {
   const uint32_t epoch = NewSeenEpoch();
   for (int64_t page : pages) seen_stamp_[page] = epoch;
   std::vector<int64_t>& awaiting = state.awaiting_release;
-  awaiting.erase(
-      std::remove_if(awaiting.begin(), awaiting.end(),
-                     [&](int64_t page) { return seen_stamp_[page] == epoch; }),
-      awaiting.end());
+  size_t kept = 0;
+  for (int64_t page : awaiting) {
+    if (seen_stamp_[page] != epoch) awaiting[kept++] = page;
+  }
+  awaiting.resize(kept);
 }
 
 absl::StatusOr<std::vector<int64_t>> PagePool::PagesAwaitingRelease(
