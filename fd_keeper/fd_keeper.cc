@@ -211,9 +211,9 @@ void FdKeeper::Run() {
       lost_ = !retired_ && !handed_over_;
       if (lost_) {
         log->error(
-            "the descriptor keeper (pid {}) is gone: no successor can take "
-            "this daemon's pool over now, and its end (a stop or a crash) "
-            "loses the pool",
+            "the descriptor keeper (pid {}) is gone: until another keeps "
+            "the pool, no successor can take it over, and this daemon's end "
+            "(a stop or a crash) loses it",
             pid_);
       }
       mu_.Unlock();

@@ -1165,6 +1165,7 @@ void Server::ReapLeases() {
   while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
     const absl::Time now = absl::Now();
     core_->ReclaimExpired(now);
+    RespawnLostKeeper();
     if (now >= next_heap_return) {
       next_heap_return = now + kHeapReturnPeriod;
       const HeapReturn returned = ReturnFreeHeapMemory(kHeapReturnThreshold);
@@ -1196,11 +1197,22 @@ absl::Status Server::ListenForSuccessors(std::function<void()> stop) {
 }
 
 absl::Status Server::SpawnKeeper(std::function<void()> stop) {
+  {
+    absl::MutexLock lock(&keeper_mu_);
+    keeper_stop_ = std::move(stop);
+    RETURN_IF_ERROR(SpawnKeeperLocked());
+  }
+  // A state that can no longer be kept must not reach a successor.
+  kept_->SetBreakObserver([this] { RetireKeeper(); });
+  return absl::OkStatus();
+}
+
+absl::Status Server::SpawnKeeperLocked() {
   FdKeeper::Options keeper;
   keeper.binary = options_.keep_state.keeper_binary;
   keeper.socket_path = HandoverSocketPathFor(options_.listen);
   keeper.linger = options_.keep_state.keeper_linger;
-  keeper.stop = std::move(stop);
+  keeper.stop = keeper_stop_;
   ASSIGN_OR_RETURN(auto kept, kept_->KeptDescriptors());
   for (auto& [name, fd] : kept) keeper.fds.push_back({name, fd});
   absl::StatusOr<std::unique_ptr<FdKeeper>> spawned =
@@ -1216,14 +1228,39 @@ absl::Status Server::SpawnKeeper(std::function<void()> stop) {
                          : ""));
   }
   keeper_ = *std::move(spawned);
-  // A state that can no longer be kept must not reach a successor.
-  kept_->SetBreakObserver([keeper = keeper_.get()] { keeper->Retire(); });
   Logger("server")->info(
       "descriptor keeper pid {} holds the pool's descriptors: a successor "
       "started with --take_over takes the pool over on {}, after a planned "
       "stop or a crash of this daemon",
       keeper_->pid(), HandoverSocketPathFor(options_.listen));
   return absl::OkStatus();
+}
+
+void Server::RetireKeeper() {
+  absl::MutexLock lock(&keeper_mu_);
+  keeper_retired_ = true;
+  if (keeper_ != nullptr) keeper_->Retire();
+}
+
+void Server::RespawnLostKeeper() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+  }
+  absl::MutexLock lock(&keeper_mu_);
+  if (keeper_ == nullptr || keeper_retired_ || !keeper_->lost()) return;
+  const pid_t lost = keeper_->pid();
+  keeper_.reset();  // its link's thread has ended
+  if (absl::Status spawned = SpawnKeeperLocked(); !spawned.ok()) {
+    Logger("server")->error(
+        "the descriptor keeper (pid {}) was lost and none could replace it "
+        "({}): this daemon's stop or crash loses its pool",
+        lost, std::string(spawned.message()));
+    return;
+  }
+  Logger("server")->warn(
+      "the descriptor keeper (pid {}) was lost; pid {} keeps the pool now",
+      lost, keeper_->pid());
 }
 
 void Server::Shutdown() {
@@ -1246,10 +1283,11 @@ void Server::Shutdown() {
   // With the pool's state kept, a successor takes the sessions over: this
   // stop is a restart to them, as a crash is, never their end.
   const bool sessions_kept = kept_ != nullptr && kept_->stats().keeping;
-  if (keeper_ != nullptr) {
-    if (!sessions_kept) {
-      keeper_->Retire();
-    } else if (!keeper_->handed_over()) {
+  if (!sessions_kept) {
+    RetireKeeper();
+  } else {
+    absl::MutexLock lock(&keeper_mu_);
+    if (keeper_ != nullptr && !keeper_->handed_over()) {
       log->info(
           "the descriptor keeper (pid {}) keeps the pool for a successor "
           "started with --take_over for {} after this daemon exits (kill "

@@ -301,15 +301,29 @@ class Server {
   absl::Status ListenForSuccessors(std::function<void()> stop);
   // Without a service manager: spawns the descriptor keeper, which holds
   // the kept descriptors and answers successors (//fd_keeper).
-  absl::Status SpawnKeeper(std::function<void()> stop);
+  absl::Status SpawnKeeper(std::function<void()> stop)
+      ABSL_LOCKS_EXCLUDED(keeper_mu_);
+  absl::Status SpawnKeeperLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(keeper_mu_);
+  // Tells the keeper to drop the descriptors, for good (the kept state
+  // broke, or the sessions end).
+  void RetireKeeper() ABSL_LOCKS_EXCLUDED(keeper_mu_);
+  // Spawns a keeper in place of one that was lost (killed) while this
+  // daemon runs, so that its stop or crash keeps the pool again.
+  void RespawnLostKeeper() ABSL_LOCKS_EXCLUDED(keeper_mu_, mu_);
   // Declared before the pool, whose change log it is.
   std::unique_ptr<KeptState> kept_;
   // Answers a successor's handover (kept_ held by the daemon itself,
   // without a keeper); null otherwise.
   std::unique_ptr<HandoverListener> handover_;
   // Holds kept_'s descriptors in a process of its own and answers
-  // successors (options_.keep_state.keeper_binary); null otherwise.
-  std::unique_ptr<FdKeeper> keeper_;
+  // successors (options_.keep_state.keeper_binary); null otherwise. A
+  // keeper lost while the daemon runs (killed) is spawned anew by the
+  // reaper's thread; one retired (the kept state broke, or the daemon
+  // stops without keeping its sessions) is not.
+  absl::Mutex keeper_mu_;
+  std::unique_ptr<FdKeeper> keeper_ ABSL_GUARDED_BY(keeper_mu_);
+  std::function<void()> keeper_stop_ ABSL_GUARDED_BY(keeper_mu_);
+  bool keeper_retired_ ABSL_GUARDED_BY(keeper_mu_) = false;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SessionRegistry> sessions_;
   // Send gRPC answers of shared launches (GrpcService); declared before

@@ -408,6 +408,19 @@ class Worker {
 enum class Stop { kSigkill, kSigterm, kHandover, kSigkillKeeper };
 
 // Without a service manager: whether the daemon on `target` answers.
+// The pid of the last descriptor keeper a daemon's log says it spawned
+// ("descriptor keeper pid P holds the pool's descriptors"); 0 if none.
+pid_t LastKeeperPid(const std::string& log) {
+  const std::string spawned = "descriptor keeper pid ";
+  const size_t holds = log.rfind(" holds the pool's descriptors");
+  if (holds == std::string::npos) return 0;
+  const size_t at = log.rfind(spawned, holds);
+  if (at == std::string::npos) return 0;
+  const size_t start = at + spawned.size();
+  int pid = 0;
+  return absl::SimpleAtoi(log.substr(start, holds - start), &pid) ? pid : 0;
+}
+
 // Whether the daemon on `target` answers calls.
 bool Serving(const std::string& target) {
   return WaitFor([&] { return DaemonStats(target).ok(); }, absl::Seconds(30),
@@ -533,6 +546,22 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
       FAIL() << "after restart " << k << " not every client had a call "
              << "answered within 60 s:\n"
              << stuck << ReadLog(paths.log);
+    }
+    if (stop_kind == Stop::kSigkillKeeper && k == 1) {
+      // A keeper killed while its daemon runs is replaced, so that the
+      // daemon's next crash keeps the pool too.
+      const pid_t keeper = LastKeeperPid(ReadLog(paths.log));
+      ASSERT_NE(keeper, 0) << ReadLog(paths.log);
+      ASSERT_EQ(kill(keeper, SIGKILL), 0);
+      const std::string replaced = absl::StrFormat(
+          "the descriptor keeper (pid %d) was lost; pid", keeper);
+      ASSERT_TRUE(WaitFor(
+          [&] {
+            return ReadLog(paths.log).find(replaced) != std::string::npos;
+          },
+          absl::Seconds(30)))
+          << ReadLog(paths.log);
+      ASSERT_NE(LastKeeperPid(ReadLog(paths.log)), keeper);
     }
     // Then a random instant in their load.
     absl::SleepFor(absl::Microseconds(rng() % 20000));
