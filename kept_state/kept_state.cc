@@ -500,6 +500,10 @@ KeptStateStats KeptState::stats() const {
   stats.outcome = outcome_;
   stats.reason = reason_;
   stats.keeping = keeping_flag_;
+  stats.outlives_crash =
+      stats.keeping &&
+      (KeptByServiceManager(options_) ||
+       (crash_survival_probe_ != nullptr && crash_survival_probe_()));
   stats.records = records_appended_;
   stats.record_bytes = record_bytes_;
   stats.snapshots = snapshots_;

@@ -123,7 +123,11 @@ struct KeptStateStats {
   KeptStateOutcome outcome = KeptStateOutcome::kNone;
   std::string reason;    // why a kept state was discarded; "" otherwise
   bool keeping = false;  // recording (not broken)
-  int64_t records = 0;   // appended since start
+  // Keeping, and the descriptors are held where a crash of the daemon
+  // leaves them: the service manager's store, or a descriptor keeper that
+  // is alive (SetCrashSurvivalProbe).
+  bool outlives_crash = false;
+  int64_t records = 0;  // appended since start
   int64_t record_bytes = 0;
   int64_t snapshots = 0;  // written since start
   int64_t failures = 0;   // records or snapshots that could not be kept
@@ -190,6 +194,14 @@ class KeptState final : public PoolChangeLog {
 
   KeptStateStats stats() const;
 
+  // Where the daemon holds the descriptors itself (DescriptorKeeper::
+  // kDaemon): `probe` says whether a process of its own (//fd_keeper) holds
+  // them too, so that they outlive the daemon's crash. Called by stats(),
+  // from any thread. Set before the daemon serves.
+  void SetCrashSurvivalProbe(std::function<bool()> probe) {
+    crash_survival_probe_ = std::move(probe);
+  }
+
   // Runs `observer` when the kept state breaks (a change it could not
   // keep), under the pool's lock, after the service manager's store
   // dropped the descriptors: whoever else holds them for a successor
@@ -229,6 +241,7 @@ class KeptState final : public PoolChangeLog {
   std::vector<JournalRecord> records_;
   DaemonIdentity identity_;
   std::function<void()> break_observer_;
+  std::function<bool()> crash_survival_probe_;
   bool replaying_ = false;
   bool keeping_ = false;
   // A record found the log full: the snapshot that follows it must be

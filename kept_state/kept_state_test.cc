@@ -136,6 +136,28 @@ TEST_F(KeptByTheDaemonTest, OffersTheSlabAndTheJournal) {
   EXPECT_TRUE(kept_->stats().keeping);
 }
 
+// Held by the daemon alone, the descriptors die with it; a live keeper
+// of its own (the probe) makes them outlive its crash.
+TEST_F(KeptByTheDaemonTest, OutlivesACrashOnlyWhileAKeeperHoldsTheDescriptors) {
+  EXPECT_FALSE(kept_->stats().outlives_crash);
+  bool keeper_alive = true;
+  kept_->SetCrashSurvivalProbe([&keeper_alive] { return keeper_alive; });
+  EXPECT_TRUE(kept_->stats().outlives_crash);
+  keeper_alive = false;
+  EXPECT_FALSE(kept_->stats().outlives_crash);
+  keeper_alive = true;
+  // A state that can no longer be kept outlives nothing, and tells its
+  // observer (which retires the keeper).
+  int broke = 0;
+  kept_->SetBreakObserver([&broke] { ++broke; });
+  PoolState huge = pool_->ExportState();
+  huge.owners.front().metadata.assign(24 << 20, 'x');
+  kept_->WriteSnapshot(huge);  // larger than its slot
+  EXPECT_EQ(broke, 1);
+  EXPECT_FALSE(kept_->stats().keeping);
+  EXPECT_FALSE(kept_->stats().outlives_crash);
+}
+
 TEST_F(KeptByTheDaemonTest, ASuccessorChecksThenTakesOverTheSamePool) {
   EXPECT_OK(KeptState::CheckTakeOver(DaemonKept("page_size=4"), state_fd()));
 

@@ -229,6 +229,13 @@ void AddKeptStateFamilies(const KeptState* kept, Families* out) {
                        "--keep_state or once a change could not be kept "
                        "(the log says why).",
                        stats.keeping ? 1 : 0));
+  out->push_back(Gauge("pagealloc_state_outlives_crash",
+                       "1 while the kept state's descriptors are held where "
+                       "a crash of the daemon leaves them: the service "
+                       "manager's store, or a live descriptor keeper "
+                       "(--fd_keeper); 0 otherwise (a crash now loses the "
+                       "pool).",
+                       stats.outlives_crash ? 1 : 0));
   out->push_back(Gauge("pagealloc_state_starts",
                        "Starts of the daemon on this kept pool (1: the first).",
                        stats.identity.starts));

@@ -1204,6 +1204,10 @@ absl::Status Server::SpawnKeeper(std::function<void()> stop) {
   }
   // A state that can no longer be kept must not reach a successor.
   kept_->SetBreakObserver([this] { RetireKeeper(); });
+  kept_->SetCrashSurvivalProbe([this] {
+    absl::MutexLock lock(&keeper_mu_);
+    return keeper_ != nullptr && !keeper_retired_ && !keeper_->lost();
+  });
   return absl::OkStatus();
 }
 
