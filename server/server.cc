@@ -1197,10 +1197,11 @@ absl::Status Server::ListenForSuccessors(std::function<void()> stop) {
 }
 
 absl::Status Server::SpawnKeeper(std::function<void()> stop) {
+  ASSIGN_OR_RETURN(std::unique_ptr<FdKeeper> keeper, StartKeeper(stop));
   {
     absl::MutexLock lock(&keeper_mu_);
     keeper_stop_ = std::move(stop);
-    RETURN_IF_ERROR(SpawnKeeperLocked());
+    keeper_ = std::move(keeper);
   }
   // A state that can no longer be kept must not reach a successor.
   kept_->SetBreakObserver([this] { RetireKeeper(); });
@@ -1211,12 +1212,13 @@ absl::Status Server::SpawnKeeper(std::function<void()> stop) {
   return absl::OkStatus();
 }
 
-absl::Status Server::SpawnKeeperLocked() {
+absl::StatusOr<std::unique_ptr<FdKeeper>> Server::StartKeeper(
+    std::function<void()> stop) {
   FdKeeper::Options keeper;
   keeper.binary = options_.keep_state.keeper_binary;
   keeper.socket_path = HandoverSocketPathFor(options_.listen);
   keeper.linger = options_.keep_state.keeper_linger;
-  keeper.stop = keeper_stop_;
+  keeper.stop = std::move(stop);
   ASSIGN_OR_RETURN(auto kept, kept_->KeptDescriptors());
   for (auto& [name, fd] : kept) keeper.fds.push_back({name, fd});
   absl::StatusOr<std::unique_ptr<FdKeeper>> spawned =
@@ -1231,13 +1233,12 @@ absl::Status Server::SpawnKeeperLocked() {
                            "over)"
                          : ""));
   }
-  keeper_ = *std::move(spawned);
   Logger("server")->info(
       "descriptor keeper pid {} holds the pool's descriptors: a successor "
       "started with --take_over takes the pool over on {}, after a planned "
       "stop or a crash of this daemon",
-      keeper_->pid(), HandoverSocketPathFor(options_.listen));
-  return absl::OkStatus();
+      (*spawned)->pid(), HandoverSocketPathFor(options_.listen));
+  return spawned;
 }
 
 void Server::RetireKeeper() {
@@ -1251,20 +1252,38 @@ void Server::RespawnLostKeeper() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
   }
-  absl::MutexLock lock(&keeper_mu_);
-  if (keeper_ == nullptr || keeper_retired_ || !keeper_->lost()) return;
-  const pid_t lost = keeper_->pid();
-  keeper_.reset();  // its link's thread has ended
-  if (absl::Status spawned = SpawnKeeperLocked(); !spawned.ok()) {
+  // The spawn runs outside the lock, which the break observer takes under
+  // the pool's lock and /metrics through the crash probe.
+  std::unique_ptr<FdKeeper> gone;
+  std::function<void()> stop;
+  {
+    absl::MutexLock lock(&keeper_mu_);
+    if (keeper_ == nullptr || keeper_retired_ || !keeper_->lost()) return;
+    gone = std::move(keeper_);
+    stop = keeper_stop_;
+  }
+  const pid_t lost = gone->pid();
+  gone.reset();  // its link's thread has ended
+  absl::StatusOr<std::unique_ptr<FdKeeper>> spawned = StartKeeper(stop);
+  if (!spawned.ok()) {
     Logger("server")->error(
         "the descriptor keeper (pid {}) was lost and none could replace it "
         "({}): this daemon's stop or crash loses its pool",
-        lost, std::string(spawned.message()));
+        lost, std::string(spawned.status().message()));
     return;
+  }
+  const pid_t replacement = (*spawned)->pid();
+  {
+    absl::MutexLock lock(&keeper_mu_);
+    if (keeper_retired_) {
+      (*spawned)->Retire();  // the state broke meanwhile
+      return;
+    }
+    keeper_ = *std::move(spawned);
   }
   Logger("server")->warn(
       "the descriptor keeper (pid {}) was lost; pid {} keeps the pool now",
-      lost, keeper_->pid());
+      lost, replacement);
 }
 
 void Server::Shutdown() {

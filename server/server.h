@@ -303,7 +303,10 @@ class Server {
   // the kept descriptors and answers successors (//fd_keeper).
   absl::Status SpawnKeeper(std::function<void()> stop)
       ABSL_LOCKS_EXCLUDED(keeper_mu_);
-  absl::Status SpawnKeeperLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(keeper_mu_);
+  // Spawns a keeper of kept_'s descriptors that runs `stop` when a
+  // successor takes over.
+  absl::StatusOr<std::unique_ptr<FdKeeper>> StartKeeper(
+      std::function<void()> stop) ABSL_LOCKS_EXCLUDED(keeper_mu_);
   // Tells the keeper to drop the descriptors, for good (the kept state
   // broke, or the sessions end).
   void RetireKeeper() ABSL_LOCKS_EXCLUDED(keeper_mu_);
