@@ -104,8 +104,9 @@ ABSL_FLAG(bool, take_over, false,
           "With --keep_state and no service manager: take the pool, its "
           "sessions and KV over from the daemon running on the same socket, "
           "which stops once this one has checked that it can read its state "
-          "(a refusal leaves it serving). Refused when none runs: a first "
-          "start goes without it.");
+          "(a refusal leaves it serving), or from the descriptor keeper of "
+          "one that died. Refused when nothing answers: a first start goes "
+          "without it.");
 ABSL_FLAG(bool, fd_keeper, true,
           "With --keep_state and no service manager: spawn a descriptor "
           "keeper, a small process of this executable that holds the KV "
