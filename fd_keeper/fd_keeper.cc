@@ -300,10 +300,10 @@ int RunFdKeeper(int argc, char** argv) {
     absl::MutexLock lock(&mu);
     listening = listener.get();
   }
-  if (!SendLink(kLinkFd, "READY").ok()) {
-    listener->Stop();
-    return 1;  // the daemon went before it listened: nothing to keep
-  }
+  // A daemon that died before it heard this is found gone below, as one
+  // that dies later: its journal was whole when it spawned the keeper, so
+  // the pool is kept for a successor either way.
+  SendLink(kLinkFd, "READY").IgnoreError();
 
   const absl::Duration linger = absl::Milliseconds(linger_ms);
   absl::Time linger_until = absl::InfiniteFuture();

@@ -28,6 +28,8 @@
 //
 //   keeper -> daemon   "READY" once it listens, or "FAILED <why>" and it
 //                      exits (the socket is another live daemon's)
+//                      (a daemon that died before READY is one that died:
+//                      the keeper keeps its pool)
 //   keeper -> daemon   "STOP": a successor said GO; stop, keeping the
 //                      sessions (every call answered, every change kept)
 //   daemon -> keeper   "STOPPED" once it has

@@ -6,8 +6,11 @@
 
 #include "fd_keeper/fd_keeper.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +30,8 @@
 #include "tests/status_matchers.h"
 #include "tests/subprocess.h"
 #include "tests/wait_for.h"
+
+extern char** environ;
 
 namespace pagealloc {
 namespace {
@@ -109,6 +114,42 @@ TEST_F(FdKeeperTest, ADeadDaemonsPoolIsTakenOverFromItsKeeper) {
   EXPECT_THAT(
       PendingHandover::Request(path_, absl::Seconds(10)).status(),
       StatusIs(absl::StatusCode::kNotFound, HasSubstr("no daemon answers")));
+}
+
+// A daemon may die while its keeper starts, before it hears READY: its
+// journal was whole when it spawned the keeper, which keeps the pool.
+TEST_F(FdKeeperTest, AKeeperWhoseDaemonDiedBeforeItsReadyKeepsThePool) {
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair), 0);
+  UniqueFd daemon_end(pair[0]);
+  UniqueFd keeper_end(pair[1]);
+  daemon_end.reset();  // the daemon is gone already
+  std::string binary = RunfilePath("fd_keeper/fd_keeper_main_for_test");
+  std::vector<std::string> args = {
+      binary,  kFdKeeperArg,     path_,
+      "30000", "pagealloc-slab", "pagealloc-state"};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  // Through duplicates above 3..5, so that no dup2 overwrites a source.
+  const UniqueFd sources[] = {UniqueFd(fcntl(keeper_end.get(), F_DUPFD, 64)),
+                              UniqueFd(fcntl(slab_.get(), F_DUPFD, 64)),
+                              UniqueFd(fcntl(state_.get(), F_DUPFD, 64))};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  for (int i = 0; i < 3; ++i) {
+    posix_spawn_file_actions_adddup2(&actions, sources[i].get(), 3 + i);
+  }
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(),
+                        environ),
+            0);
+  posix_spawn_file_actions_destroy(&actions);
+  keeper_end.reset();
+  ASSERT_TRUE(WaitFor([&] { return access(path_.c_str(), F_OK) == 0; },
+                      absl::Seconds(10)));
+  TakeOver();
+  EXPECT_TRUE(WaitFor([&] { return Gone(pid); }, absl::Seconds(10)));
 }
 
 TEST_F(FdKeeperTest, ARetiredKeeperOffersNothing) {

@@ -1054,6 +1054,14 @@ absl::Status Server::Start() {
     absl::Status listening = options_.keep_state.keeper_binary.empty()
                                  ? ListenForSuccessors(stop)
                                  : SpawnKeeper(stop);
+    if (!listening.ok() && !absl::IsFailedPrecondition(listening)) {
+      // The keeper did not start. This daemon may hold the only copies of
+      // a pool it took over: it serves on and answers successors itself
+      // (a crash then loses the pool: pagealloc_state_outlives_crash 0).
+      log->error("{}; this daemon answers successors itself",
+                 listening.ToString());
+      listening = ListenForSuccessors(stop);
+    }
     if (!listening.ok()) return abandon(listening);
   }
   reaper_ = std::thread([this] { ReapLeases(); });

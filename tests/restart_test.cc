@@ -19,6 +19,7 @@
 // each client's first answered call is measured and printed; the test
 // does not depend on it.
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +27,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -37,6 +40,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -112,7 +116,9 @@ DaemonPaths MakePaths() {
   DaemonPaths paths;
   paths.socket = dir + "/gpu0.sock";
   paths.target = "unix://" + paths.socket;
-  paths.log = std::string(tmp != nullptr ? tmp : dir.c_str()) + "/daemon.log";
+  // One log per case: later cases must not pass on an earlier one's lines.
+  paths.log = std::string(tmp != nullptr ? tmp : dir.c_str()) + "/daemon-" +
+              dir.substr(dir.rfind('/') + 1) + ".log";
   return paths;
 }
 
@@ -408,17 +414,35 @@ class Worker {
 enum class Stop { kSigkill, kSigterm, kHandover, kSigkillKeeper };
 
 // Without a service manager: whether the daemon on `target` answers.
-// The pid of the last descriptor keeper a daemon's log says it spawned
-// ("descriptor keeper pid P holds the pool's descriptors"); 0 if none.
-pid_t LastKeeperPid(const std::string& log) {
-  const std::string spawned = "descriptor keeper pid ";
-  const size_t holds = log.rfind(" holds the pool's descriptors");
-  if (holds == std::string::npos) return 0;
-  const size_t at = log.rfind(spawned, holds);
-  if (at == std::string::npos) return 0;
-  const size_t start = at + spawned.size();
-  int pid = 0;
-  return absl::SimpleAtoi(log.substr(start, holds - start), &pid) ? pid : 0;
+// The descriptor keeper daemon `daemon` spawned (its child running
+// --internal_fd_keeper), or 0 while it has none.
+pid_t KeeperOf(pid_t daemon) {
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return 0;
+  pid_t found = 0;
+  while (dirent* entry = readdir(proc)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
+    std::ifstream stat(absl::StrFormat("/proc/%d/stat", pid));
+    std::string line;
+    std::getline(stat, line);
+    // pid (comm) state ppid ...: comm may hold spaces, so after its ')'.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> fields =
+        absl::StrSplit(line.substr(close + 2), ' ');
+    int parent = 0;
+    if (fields.size() < 2 || !absl::SimpleAtoi(fields[1], &parent) ||
+        parent != daemon) {
+      continue;
+    }
+    std::ifstream cmdline(absl::StrFormat("/proc/%d/cmdline", pid));
+    const std::string args((std::istreambuf_iterator<char>(cmdline)),
+                           std::istreambuf_iterator<char>());
+    if (args.find("--internal_fd_keeper") != std::string::npos) found = pid;
+  }
+  closedir(proc);
+  return found;
 }
 
 // Whether the daemon on `target` answers calls.
@@ -481,8 +505,15 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
     EXPECT_THAT(
         log, ::testing::HasSubstr("refused, and the running daemon serves on"));
     EXPECT_THAT(log, ::testing::HasSubstr("page_size"));
-    EXPECT_THAT(log,
-                ::testing::HasSubstr("a successor did not take the pool over"));
+    // (The keeper logs the refusal on its own thread.)
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          return ReadLog(paths.log).find(
+                     "a successor did not take the pool over") !=
+                 std::string::npos;
+        },
+        absl::Seconds(30)))
+        << ReadLog(paths.log);
     ASSERT_TRUE(ServingAndKept(paths.target)) << log;
   } else if (no_manager) {
     ASSERT_OK_AND_ASSIGN(daemon, Subprocess::Start(argv, paths.log));
@@ -550,8 +581,17 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
     if (stop_kind == Stop::kSigkillKeeper && k == 1) {
       // A keeper killed while its daemon runs is replaced, so that the
       // daemon's next crash keeps the pool too.
-      const pid_t keeper = LastKeeperPid(ReadLog(paths.log));
-      ASSERT_NE(keeper, 0) << ReadLog(paths.log);
+      // The daemon's keeper, once the daemon has seen it listen.
+      pid_t keeper = 0;
+      ASSERT_TRUE(WaitFor(
+          [&] {
+            keeper = KeeperOf(daemon.pid());
+            return keeper != 0 && ReadLog(paths.log).find(absl::StrFormat(
+                                      "descriptor keeper pid %d holds",
+                                      keeper)) != std::string::npos;
+          },
+          absl::Seconds(30)))
+          << ReadLog(paths.log);
       ASSERT_EQ(kill(keeper, SIGKILL), 0);
       const std::string replaced = absl::StrFormat(
           "the descriptor keeper (pid %d) was lost; pid", keeper);
@@ -561,7 +601,13 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
           },
           absl::Seconds(30)))
           << ReadLog(paths.log);
-      ASSERT_NE(LastKeeperPid(ReadLog(paths.log)), keeper);
+      pid_t replacement = 0;
+      EXPECT_TRUE(WaitFor(
+          [&] {
+            replacement = KeeperOf(daemon.pid());
+            return replacement != 0 && replacement != keeper;
+          },
+          absl::Seconds(30)));
     }
     // Then a random instant in their load.
     absl::SleepFor(absl::Microseconds(rng() % 20000));
