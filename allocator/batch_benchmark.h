@@ -81,13 +81,20 @@ std::unique_ptr<BatchFixture<Executor>> MakeBatchFixture(
 
 // The benchmark loop: allocates the fixture's batch (timed), then frees the
 // pages it took (untimed: every slot at a page start is a new page). Stops
-// with an error when the pool refuses either.
+// with an error when the pool refuses either. With `tagged` the batch is
+// one call with a call id, as a client's call is (PagePool::Allocate keeps
+// it as the owner's latest).
 template <typename Executor>
-void AllocateAndFree(benchmark::State& state, BatchFixture<Executor>& f) {
+void AllocateAndFree(benchmark::State& state, BatchFixture<Executor>& f,
+                     bool tagged = false) {
   std::vector<int64_t> new_pages;
   std::vector<AllocResult> results;
+  CallSpan call{static_cast<int64_t>(f.requests.size()), false, {}};
+  const absl::Span<const CallSpan> calls =
+      tagged ? absl::MakeConstSpan(&call, 1) : absl::Span<const CallSpan>();
   for (auto _ : state) {
-    f.pool->Allocate(f.requests, &results);
+    ++call.call.id;
+    f.pool->Allocate(f.requests, calls, &results);
     state.PauseTiming();
     new_pages.clear();
     for (int64_t slot : f.out) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -222,7 +223,7 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
   const absl::Span<AllocResult> result_span = absl::MakeSpan(results);
 
   const absl::Span<const CallSpan> given_calls = calls;
-  const CallSpan whole_batch{static_cast<int64_t>(requests.size()), false};
+  const CallSpan whole_batch{static_cast<int64_t>(requests.size()), false, {}};
   if (calls.empty()) {
     calls = absl::MakeConstSpan(&whole_batch, 1);
   } else {
@@ -261,6 +262,10 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
 PagePool::LaunchOutcome PagePool::AllocateLocked(
     absl::Span<const AllocRequest> requests, absl::Span<const CallSpan> calls,
     absl::Span<AllocResult> results, const ReplayedLaunch* replay) {
+  bool tagged = false;
+  for (const CallSpan& call : calls) tagged |= call.call.id != 0;
+  scratch_.refused_calls.clear();
+  if (ABSL_PREDICT_FALSE(tagged)) BeginTaggedCalls(requests, calls, results);
   const int64_t batch_pages = ValidateRequests(requests, results);
   const absl::Status room = MakeRoomForBatch(batch_pages);
   if (!room.ok()) {
@@ -271,8 +276,212 @@ PagePool::LaunchOutcome PagePool::AllocateLocked(
   }
   if (!AdmitAndPlan(requests, calls, results)) return LaunchOutcome::kNone;
   if (!ExecutePlan(results, replay)) return LaunchOutcome::kFailed;
+  const int64_t first = head_;
   CommitPlan(requests);
+  if (ABSL_PREDICT_FALSE(tagged)) {
+    EndTaggedCalls(requests, calls, results, first);
+  }
   return LaunchOutcome::kRan;
+}
+
+absl::StatusOr<const PoolKeptCall*> PagePool::RetriedLocked(
+    OwnerId owner, CallTag call, CallPart part) const {
+  const auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  if (!call.retry || call.id == 0) return nullptr;
+  // Every tagged call that took effect with an id above the oldest kept
+  // one is kept (the oldest goes first): one of those not kept never took
+  // effect, and runs.
+  const std::vector<PoolKeptCall>& kept = it->second.kept_calls;
+  for (const PoolKeptCall& entry : kept) {
+    if (entry.id == call.id)
+      return (entry.parts & part) != 0 ? &entry : nullptr;
+  }
+  if (kept.size() < kKeptCallsPerOwner || call.id > kept.front().id) {
+    return nullptr;
+  }
+  return absl::AbortedError(absl::StrFormat(
+      "call %d was sent again after the daemon restarted, but the session's "
+      "%d later calls %d..%d took effect before the restart: whether call "
+      "%d did is unknown (ListPages gives the session's pages)",
+      call.id, kept.size(), kept.front().id, kept.back().id, call.id));
+}
+
+absl::StatusOr<std::optional<PoolKeptCall>> PagePool::RetriedCall(
+    OwnerId owner, CallTag call, CallPart part) const {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const PoolKeptCall* kept, RetriedLocked(owner, call, part));
+  if (kept == nullptr) return std::nullopt;
+  return *kept;
+}
+
+absl::StatusOr<uint64_t> PagePool::LastCallId(OwnerId owner) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = owners_.find(owner);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown owner %d", owner));
+  }
+  const std::vector<PoolKeptCall>& kept = it->second.kept_calls;
+  return kept.empty() ? 0 : kept.back().id;
+}
+
+PoolKeptCall* PagePool::NoteCall(OwnerId owner, CallTag call, CallPart part) {
+  if (call.id == 0) return nullptr;
+  const auto it = owners_.find(owner);
+  if (it == owners_.end()) return nullptr;
+  std::vector<PoolKeptCall>& kept = it->second.kept_calls;
+  uint64_t order = 0;
+  for (const PoolKeptCall& entry : kept) order = std::max(order, entry.order);
+  ++order;
+  // Ascending ids: the common call is the newest, at the back.
+  auto at = kept.end();
+  while (at != kept.begin() && (at - 1)->id >= call.id) --at;
+  if (at != kept.end() && at->id == call.id) {
+    at->parts |= part;
+    at->order = order;
+    return &*at;
+  }
+  if (kept.size() == kKeptCallsPerOwner) {
+    // Older than every kept call: not kept (a retry of it is refused).
+    if (at == kept.begin()) return nullptr;
+    // The oldest goes; its entry, pages' storage and all, is reused (every
+    // call of a client is tagged: no allocation per call).
+    std::rotate(kept.begin(), kept.begin() + 1, at);
+    --at;
+  } else {
+    at = kept.insert(at, PoolKeptCall{});
+  }
+  at->id = call.id;
+  at->parts = part;
+  at->order = order;
+  at->freed = 0;
+  at->checkpoint_id = 0;
+  at->returned = 0;
+  at->pages.clear();
+  return &*at;
+}
+
+void PagePool::BeginTaggedCalls(absl::Span<const AllocRequest> requests,
+                                absl::Span<const CallSpan> calls,
+                                absl::Span<AllocResult> results) {
+  scratch_.refused_calls.assign(calls.size(), 0);
+  size_t begin = 0;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const CallSpan& call = calls[c];
+    const size_t end = begin + call.num_requests;
+    const CallTag tag = call.call;
+    absl::Status refused;
+    if (tag.id != 0 && end > begin) {
+      const OwnerId owner = requests[begin].owner;
+      for (size_t i = begin + 1; i < end && refused.ok(); ++i) {
+        if (requests[i].owner != owner) {
+          refused = absl::InvalidArgumentError(
+              "a tagged call's requests have more than one owner");
+        }
+      }
+      absl::StatusOr<const PoolKeptCall*> kept =
+          refused.ok() ? RetriedLocked(owner, tag, kCallAllocate)
+                       : absl::StatusOr<const PoolKeptCall*>(nullptr);
+      if (!kept.ok()) {
+        // An unknown owner is validation's to refuse, request by request.
+        if (!absl::IsNotFound(kept.status())) refused = kept.status();
+      } else if (*kept != nullptr) {
+        // The call's allocation took effect and its answer was lost: give
+        // its pages back (to the front, in order: the free list as it was
+        // when it ran, unless others have run since), then run it again.
+        OwnerState& state = owners_.find(owner)->second;
+        PoolKeptCall& last = *std::find_if(
+            state.kept_calls.begin(), state.kept_calls.end(),
+            [&](const PoolKeptCall& entry) { return entry.id == tag.id; });
+        // Its pages must be the owner's still, none awaiting release and
+        // none taken again by a kept call that took effect after it (a
+        // clear or a rollback in between gave them back). A call that
+        // took effect before it may list some of them: freed, and given
+        // to this one since.
+        const uint32_t epoch = NewSeenEpoch();
+        for (int64_t page : state.awaiting_release) seen_stamp_[page] = epoch;
+        for (const PoolKeptCall& other : state.kept_calls) {
+          if (other.order <= last.order) continue;
+          for (int64_t page : other.pages) seen_stamp_[page] = epoch;
+        }
+        if ((last.parts & kCallPagesMoved) != 0 && !last.pages.empty()) {
+          refused = absl::AbortedError(absl::StrFormat(
+              "call %d was sent again after the daemon restarted; it had "
+              "taken effect, but more of the session's calls were in flight "
+              "than the daemon keeps: whether it may run again is unknown "
+              "(ListPages gives the session's pages)",
+              tag.id));
+        }
+        for (int64_t page :
+             refused.ok() ? last.pages : std::vector<int64_t>()) {
+          if (owner_of_[page] != owner || seen_stamp_[page] == epoch) {
+            refused = absl::AbortedError(absl::StrFormat(
+                "call %d was sent again after the daemon restarted; it had "
+                "taken effect, but page %d it took is no longer the "
+                "session's to give back: whether the call may run again is "
+                "unknown (ListPages gives the session's pages)",
+                tag.id, page));
+            break;
+          }
+          seen_stamp_[page] = epoch;
+        }
+        if (refused.ok()) {
+          for (int64_t page : last.pages) owner_of_[page] = kNoOwner;
+          state.pages_owned -= last.pages.size();
+          counters_.pages_freed += last.pages.size();
+          const absl::Status pushed = PushFront(last.pages);
+          last.pages.clear();
+          last.parts &= ~kCallAllocate;
+          if (!pushed.ok()) refused = pushed;
+        }
+      }
+    }
+    if (!refused.ok()) {
+      for (size_t i = begin; i < end; ++i) results[i].status = refused;
+      scratch_.refused_calls[c] = 1;
+    }
+    begin = end;
+  }
+}
+
+void PagePool::EndTaggedCalls(absl::Span<const AllocRequest> requests,
+                              absl::Span<const CallSpan> calls,
+                              absl::Span<const AllocResult> results,
+                              int64_t first) {
+  // The batch's pages left the front of the free list in request order.
+  int64_t position = first;
+  size_t begin = 0;
+  for (const CallSpan& call : calls) {
+    const size_t end = begin + call.num_requests;
+    bool given = false;
+    for (size_t i = begin; i < end; ++i) given |= results[i].status.ok();
+    PoolKeptCall* last =
+        given ? NoteCall(requests[begin].owner, call.call, kCallAllocate)
+              : nullptr;
+    if (last != nullptr) {
+      // Its pages are the ones it takes now.
+      last->pages.clear();
+      last->parts &= ~kCallPagesMoved;
+    }
+    if (given && last == nullptr && call.call.id != 0) {
+      // Not kept: its pages may be ones a kept call gave and lost (a
+      // clear in between); no kept allocation may give its pages back.
+      for (PoolKeptCall& kept :
+           owners_.find(requests[begin].owner)->second.kept_calls) {
+        if ((kept.parts & kCallAllocate) != 0) kept.parts |= kCallPagesMoved;
+      }
+    }
+    for (size_t i = begin; i < end; ++i) {
+      if (!results[i].status.ok()) continue;
+      for (int64_t k = 0; k < results[i].num_new_pages; ++k) {
+        if (last != nullptr) last->pages.push_back(ring_[position]);
+        if (++position == capacity_) position = 0;
+      }
+    }
+    begin = end;
+  }
 }
 
 int64_t PagePool::ValidateRequests(absl::Span<const AllocRequest> requests,
@@ -304,6 +513,8 @@ int64_t PagePool::ValidateRequestsOf(absl::Span<const AllocRequest> requests,
   for (size_t i = 0; i < requests.size(); ++i) {
     const AllocRequest& request = requests[i];
     AllocResult& result = results[i];
+    // Refused before validation (a tagged call's retry).
+    if (ABSL_PREDICT_FALSE(!result.status.ok())) continue;
     if (!IsValidShape(request, geometry)) {
       result.status = ValidateShape(request, geometry_);  // never OK here
       continue;
@@ -530,9 +741,15 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
                       capacity_, ring_copies_, requests.size());
   scratch_.pages_by_owner.clear();
   OwnerCursor cursor;
+  const std::vector<uint8_t>& refused_calls = scratch_.refused_calls;
   size_t begin = 0;
-  for (const CallSpan& call : calls) {
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const CallSpan& call = calls[c];
     const size_t end = begin + call.num_requests;
+    if (!refused_calls.empty() && refused_calls[c]) {
+      begin = end;
+      continue;
+    }
     if (!AdmitCall(requests, begin, end, call.all_or_nothing, builder, cursor,
                    results)) {
       return false;
@@ -640,16 +857,16 @@ absl::Status PagePool::CheckLastLocOwned(const AllocRequest& request,
 
 absl::StatusOr<int64_t> PagePool::FreeSlots(OwnerId owner,
                                             absl::Span<const int64_t> slots,
-                                            FreeOrder order) {
+                                            FreeOrder order, CallTag call) {
   absl::MutexLock lock(&mu_);
-  return FreeDistinct(owner, slots, /*values_are_slots=*/true, order);
+  return FreeDistinct(owner, slots, /*values_are_slots=*/true, order, call);
 }
 
 absl::StatusOr<int64_t> PagePool::FreePages(OwnerId owner,
                                             absl::Span<const int64_t> pages,
-                                            FreeOrder order) {
+                                            FreeOrder order, CallTag call) {
   absl::MutexLock lock(&mu_);
-  return FreeDistinct(owner, pages, /*values_are_slots=*/false, order);
+  return FreeDistinct(owner, pages, /*values_are_slots=*/false, order, call);
 }
 
 absl::StatusOr<std::vector<int64_t>> PagePool::CheckFree(
@@ -667,21 +884,31 @@ absl::StatusOr<std::vector<int64_t>> PagePool::CheckFree(
 absl::StatusOr<int64_t> PagePool::FreeDistinct(OwnerId owner,
                                                absl::Span<const int64_t> values,
                                                bool values_are_slots,
-                                               FreeOrder order) {
+                                               FreeOrder order, CallTag call) {
+  if (ABSL_PREDICT_FALSE(call.retry)) {
+    ASSIGN_OR_RETURN(const PoolKeptCall* kept,
+                     RetriedLocked(owner, call, kCallFree));
+    if (kept != nullptr) return kept->freed;
+  }
   std::vector<int64_t> shared;
   ASSIGN_OR_RETURN(
       const std::vector<int64_t> pages,
       ResolveFree(owner, values, values_are_slots, order, &shared));
   RETURN_IF_ERROR(ApplyFree(owners_.find(owner)->second, pages, shared));
+  const int64_t freed = static_cast<int64_t>(pages.size() + shared.size());
+  if (PoolKeptCall* last = NoteCall(owner, call, kCallFree)) {
+    last->freed = freed;
+  }
   if (change_log_ != nullptr) {
     PoolChange change;
     change.kind = PoolChangeKind::kFree;
     change.owner = owner;
     change.pages = pages;
     change.shared_pages = shared;
+    change.call = call;
     LogChange(change);
   }
-  return static_cast<int64_t>(pages.size() + shared.size());
+  return freed;
 }
 
 absl::Status PagePool::ApplyFree(OwnerState& state,
@@ -781,10 +1008,22 @@ absl::Status PagePool::ReleasePages(OwnerState& state,
   return PushFront(pages);
 }
 
-absl::StatusOr<uint64_t> PagePool::Checkpoint(OwnerId owner) {
+absl::StatusOr<uint64_t> PagePool::Checkpoint(OwnerId owner, CallTag call) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const PoolKeptCall* kept,
+                   RetriedLocked(owner, call, kCallCheckpoint));
+  if (kept != nullptr) return kept->checkpoint_id;
   ASSIGN_OR_RETURN(const uint64_t id, CheckpointLocked(owner));
-  LogOwnerChange(PoolChangeKind::kCheckpoint, owner);
+  if (PoolKeptCall* last = NoteCall(owner, call, kCallCheckpoint)) {
+    last->checkpoint_id = id;
+  }
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kCheckpoint;
+    change.owner = owner;
+    change.call = call;
+    LogChange(change);
+  }
   return id;
 }
 
@@ -830,15 +1069,23 @@ void PagePool::MaybeCompactLog(OwnerId owner, OwnerState& state) {
 }
 
 absl::StatusOr<int64_t> PagePool::Rollback(OwnerId owner,
-                                           uint64_t checkpoint_id) {
+                                           uint64_t checkpoint_id,
+                                           CallTag call) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const PoolKeptCall* kept,
+                   RetriedLocked(owner, call, kCallRollback));
+  if (kept != nullptr) return kept->returned;
   ASSIGN_OR_RETURN(const int64_t returned,
                    RollbackLocked(owner, checkpoint_id));
+  if (PoolKeptCall* last = NoteCall(owner, call, kCallRollback)) {
+    last->returned = returned;
+  }
   if (change_log_ != nullptr) {
     PoolChange change;
     change.kind = PoolChangeKind::kRollback;
     change.owner = owner;
     change.checkpoint_id = checkpoint_id;
+    change.call = call;
     LogChange(change);
   }
   return returned;
@@ -897,10 +1144,22 @@ absl::StatusOr<int64_t> PagePool::RollbackLocked(OwnerId owner,
   return static_cast<int64_t>(pages.size());
 }
 
-absl::StatusOr<int64_t> PagePool::ClearOwner(OwnerId owner) {
+absl::StatusOr<int64_t> PagePool::ClearOwner(OwnerId owner, CallTag call) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const PoolKeptCall* kept,
+                   RetriedLocked(owner, call, kCallClear));
+  if (kept != nullptr) return kept->returned;
   ASSIGN_OR_RETURN(const int64_t freed, ClearOwnerLocked(owner));
-  LogOwnerChange(PoolChangeKind::kClearOwner, owner);
+  if (PoolKeptCall* last = NoteCall(owner, call, kCallClear)) {
+    last->returned = freed;
+  }
+  if (change_log_ != nullptr) {
+    PoolChange change;
+    change.kind = PoolChangeKind::kClearOwner;
+    change.owner = owner;
+    change.call = call;
+    LogChange(change);
+  }
   return freed;
 }
 
@@ -1197,14 +1456,21 @@ absl::StatusOr<std::vector<int64_t>> PagePool::MatchPrefixLocked(
 }
 
 absl::Status PagePool::AwaitRelease(OwnerId owner,
-                                    absl::Span<const int64_t> pages) {
+                                    absl::Span<const int64_t> pages,
+                                    CallTag call) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const PoolKeptCall* kept,
+                   RetriedLocked(owner, call, kCallFree));
+  if (kept != nullptr) return absl::OkStatus();
   RETURN_IF_ERROR(AwaitReleaseLocked(owner, pages));
-  if (change_log_ != nullptr && !pages.empty()) {
+  PoolKeptCall* last = NoteCall(owner, call, kCallFree);
+  if (last != nullptr) last->freed = static_cast<int64_t>(pages.size());
+  if (change_log_ != nullptr && (!pages.empty() || last != nullptr)) {
     PoolChange change;
     change.kind = PoolChangeKind::kAwaitRelease;
     change.owner = owner;
     change.pages = pages;
+    change.call = call;
     LogChange(change);
   }
   return absl::OkStatus();
@@ -1684,6 +1950,7 @@ PoolState PagePool::ExportStateLocked() const {
     out.pins.assign(owner.pins.begin(), owner.pins.end());
     std::sort(out.pins.begin(), out.pins.end());
     out.awaiting_release = owner.awaiting_release;
+    out.kept_calls = owner.kept_calls;
   }
   index_.Export(&state.prefix_entries, &state.prefix_lru);
   state.counters = counters_;
@@ -1896,6 +2163,31 @@ absl::Status PagePool::RestoreState(const PoolState& state) {
                        held ? "listed twice" : "not a page the owner holds");
       }
     }
+    // The kept calls' pages need not be the owner's still (later
+    // operations may have freed them): a retry checks.
+    if (owner.kept_calls.size() > kKeptCallsPerOwner) {
+      return Corrupt("owner %d: %d kept calls, at most %d", id,
+                     owner.kept_calls.size(), kKeptCallsPerOwner);
+    }
+    for (size_t c = 0; c < owner.kept_calls.size(); ++c) {
+      const PoolKeptCall& kept = owner.kept_calls[c];
+      if (kept.id == 0 || (c > 0 && owner.kept_calls[c - 1].id >= kept.id) ||
+          (kept.parts & ~kKnownCallParts) != 0 ||
+          (!kept.pages.empty() && (kept.parts & kCallAllocate) == 0) ||
+          kept.pages.size() > static_cast<size_t>(n)) {
+        return Corrupt(
+            "owner %d: kept call %d (%d) with parts %#x and %d pages, not in "
+            "order or not a call",
+            id, c, kept.id, kept.parts, kept.pages.size());
+      }
+      for (size_t k = 0; k < kept.pages.size(); ++k) {
+        if (kept.pages[k] < 1 || kept.pages[k] > n) {
+          return Corrupt(
+              "owner %d: kept call %d's pages[%d] (%d) is outside [1, %d]", id,
+              kept.id, k, kept.pages[k], n);
+        }
+      }
+    }
   }
   auto listed = [&state](OwnerId id) {
     auto it = std::lower_bound(
@@ -1985,6 +2277,7 @@ absl::Status PagePool::RestoreState(const PoolState& state) {
     owner.pins.reserve(in.pins.size());
     owner.pins.insert(in.pins.begin(), in.pins.end());
     owner.awaiting_release = in.awaiting_release;
+    owner.kept_calls = in.kept_calls;
     owners_.emplace(in.id, std::move(owner));
   }
   for (int64_t p = 1; p <= n; ++p) {
@@ -2017,16 +2310,30 @@ absl::Status PagePool::Replay(const PoolChange& change,
       return ReplayAllocate(change, results);
     case PoolChangeKind::kFree:
       applied = ReplayFree(change);
+      if (applied.ok()) {
+        ReplayNote(change, static_cast<int64_t>(change.pages.size() +
+                                                change.shared_pages.size()));
+      }
       break;
-    case PoolChangeKind::kCheckpoint:
-      applied = CheckpointLocked(change.owner).status();
+    case PoolChangeKind::kCheckpoint: {
+      absl::StatusOr<uint64_t> id = CheckpointLocked(change.owner);
+      applied = id.status();
+      if (id.ok()) ReplayNote(change, static_cast<int64_t>(*id));
       break;
-    case PoolChangeKind::kRollback:
-      applied = RollbackLocked(change.owner, change.checkpoint_id).status();
+    }
+    case PoolChangeKind::kRollback: {
+      absl::StatusOr<int64_t> returned =
+          RollbackLocked(change.owner, change.checkpoint_id);
+      applied = returned.status();
+      if (returned.ok()) ReplayNote(change, *returned);
       break;
-    case PoolChangeKind::kClearOwner:
-      applied = ClearOwnerLocked(change.owner).status();
+    }
+    case PoolChangeKind::kClearOwner: {
+      absl::StatusOr<int64_t> freed = ClearOwnerLocked(change.owner);
+      applied = freed.status();
+      if (freed.ok()) ReplayNote(change, *freed);
       break;
+    }
     case PoolChangeKind::kClearPool:
       applied = ClearPoolLocked(change.force).status();
       break;
@@ -2067,6 +2374,9 @@ absl::Status PagePool::Replay(const PoolChange& change,
       break;
     case PoolChangeKind::kAwaitRelease:
       applied = AwaitReleaseLocked(change.owner, change.pages);
+      if (applied.ok()) {
+        ReplayNote(change, static_cast<int64_t>(change.pages.size()));
+      }
       break;
     case PoolChangeKind::kResetPrefixCache:
       applied = ResetPrefixCacheLocked().status();
@@ -2079,6 +2389,37 @@ absl::Status PagePool::Replay(const PoolChange& change,
   return absl::DataLossError(absl::StrFormat("replaying a %s of owner %d: %s",
                                              PoolChangeKindName(change.kind),
                                              change.owner, applied.ToString()));
+}
+
+void PagePool::ReplayNote(const PoolChange& change, int64_t value) {
+  switch (change.kind) {
+    case PoolChangeKind::kFree:
+    case PoolChangeKind::kAwaitRelease:
+      if (PoolKeptCall* last = NoteCall(change.owner, change.call, kCallFree)) {
+        last->freed = value;
+      }
+      return;
+    case PoolChangeKind::kCheckpoint:
+      if (PoolKeptCall* last =
+              NoteCall(change.owner, change.call, kCallCheckpoint)) {
+        last->checkpoint_id = static_cast<uint64_t>(value);
+      }
+      return;
+    case PoolChangeKind::kRollback:
+      if (PoolKeptCall* last =
+              NoteCall(change.owner, change.call, kCallRollback)) {
+        last->returned = value;
+      }
+      return;
+    case PoolChangeKind::kClearOwner:
+      if (PoolKeptCall* last =
+              NoteCall(change.owner, change.call, kCallClear)) {
+        last->returned = value;
+      }
+      return;
+    default:
+      return;
+  }
 }
 
 absl::Status PagePool::ReplayFoundMatchLocked(const PoolChange& change) {
@@ -2141,7 +2482,7 @@ absl::Status PagePool::ReplayAllocate(const PoolChange& change,
                                       std::vector<AllocResult>* results_out) {
   const absl::Span<const AllocRequest> requests = change.requests;
   absl::Span<const CallSpan> calls = change.calls;
-  const CallSpan whole_batch{static_cast<int64_t>(requests.size()), false};
+  const CallSpan whole_batch{static_cast<int64_t>(requests.size()), false, {}};
   if (calls.empty()) {
     calls = absl::MakeConstSpan(&whole_batch, 1);
   } else {

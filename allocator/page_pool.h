@@ -244,6 +244,24 @@ class PagePool {
   // the refusal was RESOURCE_EXHAUSTED (it does not fit) and ABORTED
   // otherwise, each message naming the request that decided.
   //
+  // A call tagged with a CallTag (docs/design.md, "Retries by call id";
+  // its requests share one owner) is kept among its owner's latest calls
+  // (the kKeptCallsPerOwner largest ids that took effect) when a request
+  // of it was admitted: the pages it took, in order (none for a request of
+  // no new page). A retry of a call (CallTag.retry):
+  //   - of a kept call whose allocation took effect: the pages it took go
+  //     back to the front of the free list first (its caller never had
+  //     them: the answer was lost with the daemon), and then it runs as a
+  //     first call would, within the same operation. When one of those
+  //     pages is no longer the owner's (or awaits release, or another kept
+  //     call took it again), or a tagged allocation of the owner was too
+  //     old to be kept since (kCallPagesMoved), every request of the call
+  //     is refused with ABORTED (whether it took effect is unknown).
+  //   - of a call older than every kept one, with kKeptCallsPerOwner kept:
+  //     every request of the call is refused with ABORTED.
+  //   - otherwise (the call, or its allocation, did not take effect): it
+  //     runs as a first call would.
+  //
   // Under kSorted, parked pages are merged into the free list and the list
   // sorted ascending: under Semantics::kPagealloc once, before admission,
   // when the batch as a whole needs more pages than are free; under
@@ -275,18 +293,25 @@ class PagePool {
   // range), FAILED_PRECONDITION (a free page: "was never allocated", or
   // "was already freed" for a double free), PERMISSION_DENIED (a page of
   // another owner) or NOT_FOUND (unknown owner), naming slots[i].
+  //
+  // Tagged operations. FreeSlots, FreePages, AwaitRelease, Checkpoint,
+  // Rollback and ClearOwner take the caller's CallTag (`call`; the default
+  // is untagged). A tagged one that takes effect is kept as a part of its
+  // call among the owner's latest (PoolKeptCall, as Allocate keeps its
+  // calls); a retry is answered as RetriedCall says, changing nothing when
+  // it is answered from what was kept.
   absl::StatusOr<int64_t> FreeSlots(OwnerId owner,
                                     absl::Span<const int64_t> slots,
-                                    FreeOrder order = FreeOrder::kDefault)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                    FreeOrder order = FreeOrder::kDefault,
+                                    CallTag call = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
   // As FreeSlots, for page ids (messages name pages[i]). The default order
   // is first appearance under both semantics: a list of page ids is
   // SGLang's free_segment (one slot per page, in the sequence's order).
   absl::StatusOr<int64_t> FreePages(OwnerId owner,
                                     absl::Span<const int64_t> pages,
-                                    FreeOrder order = FreeOrder::kDefault)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                    FreeOrder order = FreeOrder::kDefault,
+                                    CallTag call = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checks a free of `values` (slots when `values_are_slots`, else page
   // ids) exactly as FreeSlots / FreePages would, with the same errors, and
@@ -312,9 +337,10 @@ class PagePool {
   // owner's or a shared page it holds a reference on, and not awaiting
   // already: FAILED_PRECONDITION naming pages[i] otherwise (a repeat too),
   // INVALID_ARGUMENT for a page outside the pool, NOT_FOUND for an unknown
-  // owner; nothing changes then.
-  absl::Status AwaitRelease(OwnerId owner, absl::Span<const int64_t> pages)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // owner; nothing changes then. Tagged, it is the free part of its call
+  // (the free's answer: pages.size() pages freed).
+  absl::Status AwaitRelease(OwnerId owner, absl::Span<const int64_t> pages,
+                            CallTag call = {}) ABSL_LOCKS_EXCLUDED(mu_);
   // `owner`'s pages awaiting release, in the order they began to wait, or
   // NOT_FOUND.
   absl::StatusOr<std::vector<int64_t>> PagesAwaitingRelease(OwnerId owner) const
@@ -324,7 +350,8 @@ class PagePool {
   // from 1, never reused). From then on the pool records the pages the
   // owner is given. At kMaxCheckpoints active checkpoints the oldest ends.
   // Returns NOT_FOUND for an unknown owner.
-  absl::StatusOr<uint64_t> Checkpoint(OwnerId owner) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<uint64_t> Checkpoint(OwnerId owner, CallTag call = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Returns every page `owner` was given since checkpoint `checkpoint_id`
   // and still owns to the front of the free list, in the order they were
@@ -338,15 +365,37 @@ class PagePool {
   // or none with that id (never taken, or ended: rolled back past, by a
   // rollback with id 0, by ClearOwner or Clear, or as the oldest beyond
   // kMaxCheckpoints), or NOT_FOUND.
-  absl::StatusOr<int64_t> Rollback(OwnerId owner, uint64_t checkpoint_id = 0)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<int64_t> Rollback(OwnerId owner, uint64_t checkpoint_id = 0,
+                                   CallTag call = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees every page `owner` holds (ascending, as RemoveOwner does) and
   // ends its checkpoints; the owner stays registered. When no page of the
   // pool is owned afterwards, the free list is reset to 1..num_pages and
   // nothing stays parked (SGLang's clear). Returns the pages freed, or
   // NOT_FOUND.
-  absl::StatusOr<int64_t> ClearOwner(OwnerId owner) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<int64_t> ClearOwner(OwnerId owner, CallTag call = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What `part` of tagged `call` of `owner` does now: the kept call, when
+  // `call` is a retry of one and that part took effect (the caller answers
+  // with what it kept: PoolKeptCall's fields, and does nothing); nullopt
+  // when it is to run (untagged, a first try, or a retry of a call or part
+  // that did not take effect: a call newer than the oldest kept, or any
+  // while fewer than kKeptCallsPerOwner are kept, that is not kept never
+  // took effect); ABORTED when `call` is a retry older than every kept
+  // call and kKeptCallsPerOwner are kept (whether it took effect is
+  // unknown); NOT_FOUND for an unknown owner. The tagged operations
+  // answer so themselves; a caller that must know before it acts (a
+  // fenced free checks its pages first, which the done free changed)
+  // asks here, in order with the owner's other operations.
+  absl::StatusOr<std::optional<PoolKeptCall>> RetriedCall(OwnerId owner,
+                                                          CallTag call,
+                                                          CallPart part) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The id of `owner`'s latest tagged call (0: none), or NOT_FOUND. A
+  // client that resumes the session numbers its calls on from it.
+  absl::StatusOr<uint64_t> LastCallId(OwnerId owner) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees every page and resets the free list to 1..num_pages. Owners stay
   // registered; checkpoints end. Without `force`, refuses with
@@ -492,6 +541,8 @@ class PagePool {
     // Pages awaiting release (AwaitRelease), in the order they began to
     // wait; empty on the common path, where nothing is fenced.
     std::vector<int64_t> awaiting_release;
+    // The owner's latest tagged calls (PoolOwnerState.kept_calls).
+    std::vector<PoolKeptCall> kept_calls;
   };
 
   // What an allocation's launch did (for its record).
@@ -570,6 +621,34 @@ class PagePool {
   absl::Status AwaitReleaseLocked(OwnerId owner,
                                   absl::Span<const int64_t> pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RetriedCall under the lock: the kept call to answer with, or null to
+  // run the part.
+  absl::StatusOr<const PoolKeptCall*> RetriedLocked(OwnerId owner, CallTag call,
+                                                    CallPart part) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes that `part` of tagged `call` took effect for `owner`: returns
+  // its kept call for the caller to fill in the part's answer (a new one
+  // replaces the oldest when kKeptCallsPerOwner are kept), or null when
+  // the call is not kept (untagged, or older than every kept call with
+  // kKeptCallsPerOwner kept). Valid until the next NoteCall.
+  PoolKeptCall* NoteCall(OwnerId owner, CallTag call, CallPart part)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocate's tagged calls before validation: refuses the retries that
+  // cannot run, and gives back the pages of those that run again.
+  void BeginTaggedCalls(absl::Span<const AllocRequest> requests,
+                        absl::Span<const CallSpan> calls,
+                        absl::Span<AllocResult> results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the commit: keeps each tagged call a request of which was admitted,
+  // with the pages it took (from ring position `first` on, in request order).
+  void EndTaggedCalls(absl::Span<const AllocRequest> requests,
+                      absl::Span<const CallSpan> calls,
+                      absl::Span<const AllocResult> results, int64_t first)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replay's half of a tagged operation: notes its part as the original
+  // did, with `value` its answer.
+  void ReplayNote(const PoolChange& change, int64_t value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the wait of those of `pages` that await release in `state` (they
   // stopped being its owner's). O(1) when none awaits.
   void EndAwait(OwnerState& state, absl::Span<const int64_t> pages)
@@ -642,7 +721,8 @@ class PagePool {
   // slots[i] or pages[i].
   absl::StatusOr<int64_t> FreeDistinct(OwnerId owner,
                                        absl::Span<const int64_t> values,
-                                       bool values_are_slots, FreeOrder order)
+                                       bool values_are_slots, FreeOrder order,
+                                       CallTag call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees what ResolveFree resolved: drops `state`'s references on
   // `shared`, then releases `pages`.
@@ -833,6 +913,10 @@ class PagePool {
     std::vector<int64_t> pages_needed;
     absl::flat_hash_map<OwnerId, int64_t> pages_by_owner;
     PlanStorage plan_storage;
+    // Per call of a batch with tagged calls: refused before validation
+    // (BeginTaggedCalls), so admission skips it whole, its merge too
+    // (a refused retry changes nothing). Empty for an untagged batch.
+    std::vector<uint8_t> refused_calls;
     // The last launch's status (a failed one's error, for its record).
     absl::Status launch_status;
   };

@@ -24,13 +24,13 @@ namespace {
 // Runs one batch shape: range(0) the page size, range(1) the requests,
 // range(2) (extend only) the new tokens per request. Reports the time per
 // request as a counter (ns_per_request) next to items (requests) per second.
-void RunBatch(benchmark::State& state, RequestKind kind) {
+void RunBatch(benchmark::State& state, RequestKind kind, bool tagged = false) {
   const int64_t page_size = state.range(0);
   const int64_t num_requests = state.range(1);
   const int64_t tokens = kind == RequestKind::kDecode ? 1 : state.range(2);
   auto f =
       MakeBatchFixture<FakeExecutor>(num_requests, tokens, page_size, kind);
-  AllocateAndFree(state, *f);
+  AllocateAndFree(state, *f, tagged);
   state.SetItemsProcessed(state.iterations() * num_requests);
   state.counters["ns_per_request"] = benchmark::Counter(
       static_cast<double>(state.iterations() * num_requests) * 1e-9,
@@ -46,6 +46,16 @@ void BM_Decode(benchmark::State& state) {
 BENCHMARK(BM_Decode)
     ->ArgNames({"ps", "requests"})
     ->ArgsProduct({{1, 16, 64}, {1, 64, 256, 1024, 4096, 8192}});
+
+// The same batch as one call with a call id, as every client call is
+// (docs/design.md, "Retries by call id"): the pool keeps it as the owner's
+// latest, with the pages it took.
+void BM_DecodeTagged(benchmark::State& state) {
+  RunBatch(state, RequestKind::kDecode, /*tagged=*/true);
+}
+BENCHMARK(BM_DecodeTagged)
+    ->ArgNames({"ps", "requests"})
+    ->ArgsProduct({{1, 16}, {1, 256, 4096}});
 
 void BM_Extend(benchmark::State& state) {
   RunBatch(state, RequestKind::kExtend);

@@ -220,7 +220,7 @@ TEST_F(PagePoolPrefixTest, AnAllocationThatDoesNotFitEvictsItsShortfallOnce) {
   std::vector<AllocRequest> batch = {
       {RequestKind::kAlloc, kBob, 0, 0, 8, -1, a.data()},
       {RequestKind::kAlloc, kBob, 1, 0, 12, -1, b.data()}};
-  std::vector<CallSpan> calls = {{1, false}, {1, false}};
+  std::vector<CallSpan> calls = {{1, false, {}}, {1, false, {}}};
   const int64_t launches = executor_.launches();
   for (const AllocResult& result : pool_->Allocate(batch, calls)) {
     EXPECT_OK(result.status);

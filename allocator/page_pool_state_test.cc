@@ -571,7 +571,7 @@ TEST(PagePoolReplayTest, ReplayedAllocationsCommitWithoutWritingSlots) {
       requests.push_back({RequestKind::kExtend, kBob, 6, 0, 1, -1, nullptr});
       return requests;
     };
-    const std::vector<CallSpan> calls = {{3, false}, {4, true}};
+    const std::vector<CallSpan> calls = {{3, false, {}}, {4, true, {}}};
     for (int round = 0; round < 4; ++round) {
       SCOPED_TRACE(round);
       if (round == 2)
@@ -712,7 +712,7 @@ TEST(PagePoolReplayTest, RecordsThatDoNotApplyAreDataLossAndChangeNothing) {
   EXPECT_THAT(pool->Replay(allocate),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("here nothing was launched")));
-  const std::vector<CallSpan> short_calls = {{2, false}};
+  const std::vector<CallSpan> short_calls = {{2, false, {}}};
   allocate.launch_failure = nullptr;
   allocate.calls = short_calls;
   EXPECT_THAT(pool->Replay(allocate),

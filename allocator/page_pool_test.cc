@@ -680,7 +680,7 @@ TEST_F(PagePoolTest, SglangMergeIsPerCallWithinALaunch) {
   std::vector<std::vector<int64_t>> slots;
   auto results =
       Run({Alloc(kBob, 4), Decode(kBob, 1, -1), Extend(kBob, 0, 1, -1)}, &slots,
-          {{1, false}, {1, false}, {1, false}});
+          {{1, false, {}}, {1, false, {}}, {1, false, {}}});
   for (const AllocResult& result : results) ASSERT_OK(result.status);
   EXPECT_THAT(slots[0], ElementsAre(28, 29, 30, 31));
   EXPECT_THAT(slots[1], ElementsAre(32));
@@ -697,7 +697,7 @@ TEST_F(PagePoolTest, AllOrNothingCallIsRefusedWhole) {
   std::vector<std::vector<int64_t>> slots;
   auto results =
       Run({Alloc(kAlice, 8), Alloc(kAlice, 12), Alloc(kBob, 4), Alloc(kBob, 8)},
-          &slots, {{2, true}, {2, false}});
+          &slots, {{2, true, {}}, {2, false, {}}});
   EXPECT_THAT(results[0].status,
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("alloc request 0: refused with its "
@@ -717,30 +717,31 @@ TEST_F(PagePoolTest, AllOrNothingCallIsRefusedWhole) {
   EXPECT_TRUE(before == Take());
   // A request refused for another reason refuses the rest as ABORTED; an
   // over-long one counts as not fitting.
-  results = Run({Alloc(kAlice, 4), Decode(kAlice, 2, 16)}, &slots, {{2, true}});
+  results =
+      Run({Alloc(kAlice, 4), Decode(kAlice, 2, 16)}, &slots, {{2, true, {}}});
   EXPECT_THAT(results[0].status,
               StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("request 1: last_locs[1] (16): page 4 was "
                                  "never allocated")));
   EXPECT_THAT(results[1].status, StatusIs(absl::StatusCode::kFailedPrecondition,
                                           HasSubstr("page 4")));
-  results = Run({Alloc(kAlice, 4), Alloc(kAlice, 20)}, &slots, {{2, true}});
+  results = Run({Alloc(kAlice, 4), Alloc(kAlice, 20)}, &slots, {{2, true, {}}});
   EXPECT_THAT(results[0].status,
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("exceeds the pool's 16 usable slots")));
   // Over quota decides like a shortage.
   constexpr OwnerId kCarol = 3;
   ASSERT_OK(pool_->AddOwner(kCarol, 1));
-  results = Run({Alloc(kCarol, 4), Alloc(kCarol, 4)}, &slots, {{2, true}});
+  results = Run({Alloc(kCarol, 4), Alloc(kCarol, 4)}, &slots, {{2, true, {}}});
   EXPECT_THAT(results[0].status, StatusIs(absl::StatusCode::kResourceExhausted,
                                           HasSubstr("over quota")));
   EXPECT_TRUE(before == Take());
   // The same call fits once there is room, whole.
-  results = Run({Alloc(kAlice, 8), Alloc(kAlice, 8)}, &slots, {{2, true}});
+  results = Run({Alloc(kAlice, 8), Alloc(kAlice, 8)}, &slots, {{2, true, {}}});
   EXPECT_OK(results[0].status);
   EXPECT_OK(results[1].status);
   // Calls that do not cover the batch are a caller's bug.
-  results = Run({Alloc(kBob, 4)}, &slots, {{2, true}});
+  results = Run({Alloc(kBob, 4)}, &slots, {{2, true, {}}});
   EXPECT_THAT(results[0].status, StatusIs(absl::StatusCode::kInternal,
                                           HasSubstr("cover 2 requests")));
 }
@@ -1031,7 +1032,7 @@ TEST_F(PagePoolTest, ScrubOfARefusedAllOrNothingCallListsNothing) {
     batch[1].destination = out.data() + 2;
     batch[2].destination = out.data() + 5;
     const std::vector<AllocResult> results =
-        pool->Allocate(batch, {{2, true}, {1, false}});
+        pool->Allocate(batch, {{2, true, {}}, {1, false, {}}});
     EXPECT_THAT(results[0].status,
                 StatusIs(absl::StatusCode::kResourceExhausted,
                          HasSubstr("refused with its all-or-nothing call")));

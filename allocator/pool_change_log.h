@@ -50,6 +50,8 @@ enum class PoolChangeKind : uint8_t {
   kResetPrefixCache = 12,  // nothing
   kAwaitRelease = 13,      // owner, pages (record format 3 on)
 };
+// From record format 4 on, kAllocate's calls carry their CallTag, and
+// kFree, kCheckpoint, kRollback, kClearOwner and kAwaitRelease carry `call`.
 inline constexpr uint8_t kMaxPoolChangeKind = 13;
 
 // Returns "add_owner", "allocate", ...; "unknown" for another value.
@@ -92,6 +94,10 @@ struct PoolChange {
   // kMatchPrefix: the pages an adopt took (below).
   absl::Span<const int64_t> pages;
   absl::Span<const int64_t> shared_pages;
+
+  // kFree, kCheckpoint, kRollback, kClearOwner, kAwaitRelease: the call's
+  // tag (id 0: untagged). kAllocate's are in `calls`.
+  CallTag call;
 
   // kRollback.
   uint64_t checkpoint_id = 0;

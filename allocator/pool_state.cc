@@ -94,6 +94,22 @@ void DiffOwner(absl::string_view at, const PoolOwnerState& a,
   d.List(absl::StrFormat("%s.pins", at), a.pins, b.pins);
   d.List(absl::StrFormat("%s.awaiting_release", at), a.awaiting_release,
          b.awaiting_release);
+  for (size_t k = 0; k < a.kept_calls.size() && k < b.kept_calls.size(); ++k) {
+    const PoolKeptCall& ka = a.kept_calls[k];
+    const PoolKeptCall& kb = b.kept_calls[k];
+    const std::string call = absl::StrFormat("%s.kept_calls[%d]", at, k);
+    d.Field(call + ".id", ka.id, kb.id);
+    d.Field(call + ".parts", ka.parts, kb.parts);
+    d.Field(call + ".order", ka.order, kb.order);
+    d.Field(call + ".freed", ka.freed, kb.freed);
+    d.Field(call + ".checkpoint_id", ka.checkpoint_id, kb.checkpoint_id);
+    d.Field(call + ".returned", ka.returned, kb.returned);
+    d.List(call + ".pages", ka.pages, kb.pages);
+  }
+  if (!d.done() && a.kept_calls.size() != b.kept_calls.size()) {
+    d.Field(absl::StrFormat("%s.kept_calls.size()", at), a.kept_calls.size(),
+            b.kept_calls.size());
+  }
 }
 
 void DiffEntry(absl::string_view at, const PrefixEntryState& a,

@@ -71,6 +71,52 @@ struct PoolCheckpointState {
   }
 };
 
+// The parts of a call the pool keeps (PoolLastCall.parts): an allocation
+// call can free pages and take a checkpoint first, each its own operation.
+enum CallPart : uint32_t {
+  kCallAllocate = 1u << 0,
+  kCallFree = 1u << 1,  // FreeSlots, FreePages, AwaitRelease
+  kCallCheckpoint = 1u << 2,
+  kCallRollback = 1u << 3,
+  kCallClear = 1u << 4,  // ClearOwner
+  // Not a part: set on a kept allocation once a tagged allocation of the
+  // owner was not kept (more calls in flight than are kept), whose pages
+  // could be ones this one gave and lost: its pages can no longer be given
+  // back, and a retry of it is refused.
+  kCallPagesMoved = 1u << 5,
+};
+inline constexpr uint32_t kKnownCallParts = (1u << 6) - 1;
+
+// Tagged calls kept per owner: its latest ones, so that a session with
+// several calls in flight at a restart (a scheduler's thread and its page
+// reserve's) has each answered.
+inline constexpr size_t kKeptCallsPerOwner = 4;
+
+// One of an owner's latest tagged calls whose parts took effect, and what
+// each part answered: what a retry of that call is answered with
+// (PagePool::Allocate and the tagged operations say how).
+struct PoolKeptCall {
+  uint64_t id = 0;  // 0: none yet
+  uint32_t parts = 0;
+  // When a part of it last took effect, against the owner's other kept
+  // calls (larger: later; calls of one session may take effect out of
+  // their ids' order): a retried allocation's pages must not be ones a
+  // call that took effect after it holds.
+  uint64_t order = 0;
+  int64_t freed = 0;           // kCallFree: pages freed
+  uint64_t checkpoint_id = 0;  // kCallCheckpoint: the checkpoint taken
+  int64_t returned = 0;        // kCallRollback, kCallClear: pages returned
+  // kCallAllocate: the pages the call took, in the order it took them.
+  std::vector<int64_t> pages;
+
+  bool operator==(const PoolKeptCall& other) const {
+    return id == other.id && parts == other.parts && order == other.order &&
+           freed == other.freed && checkpoint_id == other.checkpoint_id &&
+           returned == other.returned && pages == other.pages;
+  }
+  bool operator!=(const PoolKeptCall& other) const { return !(*this == other); }
+};
+
 // One registered owner.
 struct PoolOwnerState {
   OwnerId id = kNoOwner;
@@ -94,6 +140,9 @@ struct PoolOwnerState {
   // Each is the owner's, or a shared page it holds a reference on; each
   // once.
   std::vector<int64_t> awaiting_release;
+  // The owner's latest tagged calls that took effect, ids ascending, at
+  // most kKeptCallsPerOwner (state format 3 on).
+  std::vector<PoolKeptCall> kept_calls;
 
   bool operator==(const PoolOwnerState& other) const;
   bool operator!=(const PoolOwnerState& other) const {

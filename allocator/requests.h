@@ -50,6 +50,22 @@ struct AllocRequest {
   int64_t* destination = nullptr;
 };
 
+// A client's call as the pool keeps it for a retry (docs/design.md,
+// "Retries by call id"): the session numbers its mutating calls, and one
+// sent again after the daemon restarted under it carries the same id and
+// `retry`. The pool keeps each owner's latest call, so that a retry of a
+// call that took effect is answered as it was rather than done twice.
+// id 0: an untagged call, which the pool keeps nothing of.
+struct CallTag {
+  uint64_t id = 0;
+  bool retry = false;
+
+  bool operator==(const CallTag& other) const {
+    return id == other.id && retry == other.retry;
+  }
+  bool operator!=(const CallTag& other) const { return !(*this == other); }
+};
+
 // One allocation call's requests within a batch: the next `num_requests`
 // requests (calls follow each other in order). SGLang's merge trigger and
 // all-or-nothing admission work per call.
@@ -57,6 +73,8 @@ struct CallSpan {
   int64_t num_requests = 0;
   // Admit every request of the call or none (AllocOptions.all_or_nothing).
   bool all_or_nothing = false;
+  // The call's tag (PagePool::Allocate says what a retry does).
+  CallTag call;
 };
 
 // A request in extend form, with its page arithmetic.

@@ -191,7 +191,7 @@ class Twins {
         requests.push_back(RandomRequest(owner, kind, &sequence));
         continues.emplace_back(owner, sequence);
       }
-      calls.push_back({n, Uniform(0, 3) == 0});
+      calls.push_back({n, Uniform(0, 3) == 0, {}});
     }
     std::vector<int64_t> copies_out;
     std::vector<int64_t> general_out;

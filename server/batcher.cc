@@ -386,8 +386,8 @@ void Batcher::GatherRequests(std::vector<Work>* pending) {
   int64_t scratch_used = 0;
   for (Work& work : *pending) {
     AllocCall& call = *work.alloc;
-    calls.push_back(
-        {static_cast<int64_t>(call.requests.size()), call.all_or_nothing});
+    calls.push_back({static_cast<int64_t>(call.requests.size()),
+                     call.all_or_nothing, call.call});
     if (call.return_inline) {
       for (AllocRequest& request : call.requests) {
         request.destination = scratch_->slots() + scratch_used;

@@ -122,6 +122,8 @@ struct AllocCall {
   bool async_completion = false;
   // Admit every request of the call or none (PagePool's CallSpan).
   bool all_or_nothing = false;
+  // The client's tag for the call (PagePool's CallSpan; id 0: untagged).
+  CallTag call;
   // Whether completion->Before must run first.
   bool has_before = false;
   // The submitting thread serves calls for good (a fast-channel poller),

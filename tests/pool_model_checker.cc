@@ -151,7 +151,7 @@ absl::Status PoolModelChecker::StepAllocate() {
                           ? left
                           : choices_->Uniform(1, std::min<int64_t>(left, 4));
     const bool all_or_nothing = choices_->Uniform(0, 2) == 0;
-    calls.push_back({n, all_or_nothing});
+    calls.push_back({n, all_or_nothing, {}});
     model_calls.push_back({n, all_or_nothing});
     left -= n;
   }
