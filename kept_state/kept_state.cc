@@ -154,20 +154,24 @@ absl::Status TakeOverRefusal(const KeptStateOptions& options,
 
 // The newest pool change record format and pool state format a journal of
 // `journal_format` may hold: journal format 2 came with record format 2,
-// and 3 with record format 3 and state format 2, so that a build that
-// cannot decode them refuses such a journal at Open. REQUIRES:
+// 3 with record format 3 and state format 2, and 4 with record format 4
+// and state format 3, so that a build that cannot decode them refuses such
+// a journal at Open. REQUIRES:
 // StateJournal::kMinReadableFormat <= journal_format <= kFormatVersion.
 uint8_t RecordFormatFor(uint32_t journal_format) {
   static_assert(
-      StateJournal::kFormatVersion == 3 && kPoolChangeFormatVersion == 3,
+      StateJournal::kFormatVersion == 4 && kPoolChangeFormatVersion == 4,
       "a new journal or record format: say which records it holds");
-  return journal_format >= 3 ? 3 : journal_format >= 2 ? 2 : 1;
+  return journal_format >= 4   ? 4
+         : journal_format >= 3 ? 3
+         : journal_format >= 2 ? 2
+                               : 1;
 }
 uint32_t StateFormatFor(uint32_t journal_format) {
   static_assert(
-      StateJournal::kFormatVersion == 3 && kPoolStateFormatVersion == 2,
+      StateJournal::kFormatVersion == 4 && kPoolStateFormatVersion == 3,
       "a new journal or state format: say which states it holds");
-  return journal_format >= 3 ? 2 : 1;
+  return journal_format >= 4 ? 3 : journal_format >= 3 ? 2 : 1;
 }
 
 bool KeptByServiceManager(const KeptStateOptions& options) {
@@ -398,7 +402,8 @@ void KeptState::Record(const PoolChange& change) {
   // A journal taken over in an older format keeps it (a rollback may take
   // it back): a change it cannot hold, pages beginning to await release, is
   // not kept there. They stay their session's after a restart, as with
-  // the build that made the file.
+  // the build that made the file. Before record format 4 the calls' tags
+  // are left out too (the encoder drops them): KeepsCallTags says so.
   if (!PoolChangeFormatHolds(record_format_, change.kind)) return;
   scratch_.clear();
   EncodePoolChange(change, &scratch_, record_format_);

@@ -27,13 +27,13 @@
 // and holds records of the newest record format (pool_state_codec.h). A
 // journal it takes over keeps the formats it was made with: its records
 // are appended in the newest record format its journal format allows
-// (journal format 1: record format 1; format 2: record format 2), and its
-// snapshots in the state format it allows (state format 2 from journal
-// format 3), so that the build that made it can still take it back (a
-// rollback), and a build that reads only older formats refuses a newer
-// journal at Open rather than failing in a replay. What an older format
-// cannot hold (pages awaiting release: record and state formats of journal
-// format 3) is not kept in such a file.
+// (journal format N: record format N), and its snapshots in the state
+// format it allows (state format 2 from journal format 3, 3 from 4), so
+// that the build that made it can still take it back (a rollback), and a
+// build that reads only older formats refuses a newer journal at Open
+// rather than failing in a replay. What an older format cannot hold (pages
+// awaiting release before journal format 3; the calls' tags and each
+// session's latest call before 4) is not kept in such a file.
 //
 // A record that cannot be kept (the log full even after a snapshot, the
 // snapshot larger than its slot) breaks the kept state: the change is
@@ -161,6 +161,12 @@ class KeptState final : public PoolChangeLog {
 
   KeptStateOutcome outcome() const { return outcome_; }
   DescriptorKeeper keeper() const { return options_.keeper; }
+  // Whether the kept records hold the calls' tags (not in a journal taken
+  // over from before journal format 4). Where not, the server refuses
+  // retries: one answered from a file without them could run a call twice.
+  bool KeepsCallTags() const {
+    return PoolChangeFormatHoldsTags(record_format_);
+  }
   // kRecovered: the pool's state in the snapshot (records not yet
   // applied), the identity kept with it, and the kept slab's descriptor
   // (invalid when none was kept).

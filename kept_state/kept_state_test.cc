@@ -6,15 +6,16 @@
 // And the kept states of this release and the earlier ones as files
 // (testdata/kept_state_v<N>.journal.gz; v1 holds its match record in
 // record format 1, v2 in format 2; v3 holds pages awaiting release, in its
-// snapshot and in a record): a later build must take each over page
-// for page (an upgrade keeps the pool), or refuse it by its format or
-// semantics version, never misread it. A build that changes the format on
-// purpose keeps a reader for the old one, or bumps the version so that the
-// refusal is what this test sees, and adds its own file. Written by this
-// test with PAGEALLOC_GOLDEN_OUT set:
+// snapshot and in a record; v4 holds tagged calls: sessions' latest calls
+// in its snapshot, tagged calls in its records): a later build must take
+// each over page for page (an upgrade keeps the pool), or refuse it by its
+// format or semantics version, never misread it. A build that changes the
+// format on purpose keeps a reader for the old one, or bumps the version so
+// that the refusal is what this test sees, and adds its own file. Written
+// by this test with PAGEALLOC_GOLDEN_OUT set:
 //   ./bazelw run //kept_state:kept_state_test -- --gtest_filter='*Golden*'
 //   (with
-//   PAGEALLOC_GOLDEN_OUT=$PWD/kept_state/testdata/kept_state_v3.journal.gz)
+//   PAGEALLOC_GOLDEN_OUT=$PWD/kept_state/testdata/kept_state_v4.journal.gz)
 
 #include "kept_state/kept_state.h"
 
@@ -26,7 +27,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +38,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/unique_fd.h"
+#include "pool_state/pool_state_codec.h"
 #include "tests/status_matchers.h"
 #include "zlib.h"
 
@@ -69,12 +73,31 @@ PoolOptions PoolWith(PoolChangeLog* log) {
 
 UniqueFd Dup(int fd) { return UniqueFd(fcntl(fd, F_DUPFD_CLOEXEC, 0)); }
 
-// Takes `pages` pages for `owner`.
-void Allocate(PagePool& pool, OwnerId owner, int64_t pages) {
+// Takes `pages` pages for `owner`, in one call tagged `call` (untagged by
+// default).
+void Allocate(PagePool& pool, OwnerId owner, int64_t pages, CallTag call = {}) {
   std::vector<int64_t> slots(pages * kPageSize);
   AllocRequest request{RequestKind::kAlloc, owner, 0,           0,
                        pages * kPageSize,   -1,    slots.data()};
-  ASSERT_OK(pool.Allocate({request})[0].status);
+  const CallSpan calls[] = {{1, false, call}};
+  ASSERT_OK(pool.Allocate({request}, call.id != 0
+                                         ? calls
+                                         : absl::Span<const CallSpan>())[0]
+                .status);
+}
+
+// The records in the journal `fd` holds, decoded for a pool of the tests'
+// geometry.
+std::vector<std::string> RecordsIn(int fd) {
+  absl::StatusOr<std::pair<std::unique_ptr<StateJournal>, RecoveredJournal>>
+      opened = StateJournal::Open(UniqueFd(fcntl(fd, F_DUPFD_CLOEXEC, 0)));
+  EXPECT_OK(opened.status());
+  std::vector<std::string> records;
+  if (!opened.ok()) return records;
+  for (JournalRecord& record : opened->second.records) {
+    records.push_back(std::move(record.payload));
+  }
+  return records;
 }
 
 class KeptByTheDaemonTest : public ::testing::Test {
@@ -192,6 +215,29 @@ TEST_F(KeptByTheDaemonTest, ANewJournalIsOfTheNewestFormats) {
   }
 }
 
+// ... whose records keep the calls' tags, so that a successor can answer
+// a retry from them.
+TEST_F(KeptByTheDaemonTest, ANewJournalKeepsTheCallsTags) {
+  EXPECT_TRUE(kept_->KeepsCallTags());
+  Allocate(*pool_, 2, 2, {5, false});
+  ASSERT_OK_AND_ASSIGN(const PagePool::OwnedPages twos, pool_->PagesOwnedBy(2));
+  ASSERT_OK(pool_
+                ->FreePages(2, {twos.owned.front()},
+                            FreeOrder::kFirstAppearance, {6, false})
+                .status());
+  const std::vector<std::string> records = RecordsIn(state_fd());
+  ASSERT_GE(records.size(), 2u);
+  DecodedPoolChange decoded;
+  ASSERT_OK(DecodePoolChange(records[records.size() - 2], pool_->geometry(),
+                             &decoded));
+  ASSERT_EQ(decoded.change().kind, PoolChangeKind::kAllocate);
+  ASSERT_EQ(decoded.change().calls.size(), 1u);
+  EXPECT_EQ(decoded.change().calls[0].call, (CallTag{5, false}));
+  ASSERT_OK(DecodePoolChange(records.back(), pool_->geometry(), &decoded));
+  ASSERT_EQ(decoded.change().kind, PoolChangeKind::kFree);
+  EXPECT_EQ(decoded.change().call, (CallTag{6, false}));
+}
+
 TEST_F(KeptByTheDaemonTest, ASuccessorOfOtherFlagsRefusesBeforeTheDaemonStops) {
   EXPECT_THAT(KeptState::CheckTakeOver(DaemonKept("page_size=8"), state_fd()),
               StatusIs(absl::StatusCode::kFailedPrecondition,
@@ -231,7 +277,11 @@ TEST(KeptStateTest, AJournalThatFailsAChecksumNowIsLeftToOpen) {
 // The golden state: two sessions, owned pages, frees, a checkpoint, a
 // published chain (one page pinned), an adopt, before and after the
 // snapshot StartKeeping writes, so that the file holds a snapshot of every
-// kind of page and records of every common kind.
+// kind of page and records of every common kind. Some calls are tagged
+// (journal format 4 on): an allocation before the snapshot (session one's
+// latest call, with its pages, is in the snapshot), and after it a
+// checkpoint and an allocation of one call and a free; a file of an older
+// format holds the same operations untagged, which leave the same pages.
 constexpr char kGoldenFingerprint[] = "golden kept state\npage_size=4";
 struct Golden {
   const char* path;
@@ -241,6 +291,7 @@ constexpr Golden kGoldens[] = {
     {"kept_state/testdata/kept_state_v1.journal.gz", 1},
     {"kept_state/testdata/kept_state_v2.journal.gz", 2},
     {"kept_state/testdata/kept_state_v3.journal.gz", 3},
+    {"kept_state/testdata/kept_state_v4.journal.gz", 4},
 };
 
 PrefixKey GoldenKey(int tag) {
@@ -260,8 +311,10 @@ std::vector<int64_t> PagesOf(PagePool& pool, OwnerId owner) {
 void GoldenOperations(PagePool& pool, KeptState& kept, int slab_fd) {
   ASSERT_OK(pool.AddOwner(1, 0, "session one"));
   ASSERT_OK(pool.AddOwner(2, 40, "session two"));
-  Allocate(pool, 1, 6);
-  Allocate(pool, 2, 3);
+  // Tagged (journal format 4 on): in the snapshot, session one's latest
+  // call with its six pages.
+  Allocate(pool, 1, 6, {1, false});
+  Allocate(pool, 2, 3, {1, false});
   std::vector<int64_t> one = PagesOf(pool, 1);
   ASSERT_GE(one.size(), 6u);
   ASSERT_OK(pool.FreePages(1, {one[1], one[4]}, FreeOrder::kFirstAppearance)
@@ -274,9 +327,10 @@ void GoldenOperations(PagePool& pool, KeptState& kept, int slab_fd) {
   DaemonIdentity identity;
   identity.slab_id = 0x601de2;
   ASSERT_OK(kept.StartKeeping(pool, slab_fd, identity));
-  // Records after the snapshot.
-  ASSERT_OK(pool.Checkpoint(2).status());
-  Allocate(pool, 2, 2);
+  // Records after the snapshot. A call of session two that checkpoints,
+  // then allocates: its latest call, from the records.
+  ASSERT_OK(pool.Checkpoint(2, {2, false}).status());
+  Allocate(pool, 2, 2, {2, false});
   const std::vector<PrefixKey> chain = {GoldenKey(1), GoldenKey(2)};
   ASSERT_OK(pool.MatchPrefix(2, chain, /*adopt=*/true).status());
   ASSERT_OK_AND_ASSIGN(const PagePool::OwnedPages held, pool.PagesOwnedBy(1));
@@ -285,7 +339,13 @@ void GoldenOperations(PagePool& pool, KeptState& kept, int slab_fd) {
                          /*pin=*/true)
                 .status());
   ASSERT_OK(pool.AddOwner(3, 0, "session three"));
-  Allocate(pool, 3, 1);
+  Allocate(pool, 3, 1, {1, false});
+  // A tagged free of its page before the session goes leaves the pages as
+  // the session's removal alone (an older file's) does.
+  const std::vector<int64_t> three = PagesOf(pool, 3);
+  ASSERT_EQ(three.size(), 1u);
+  ASSERT_OK(pool.FreePages(3, three, FreeOrder::kFirstAppearance, {2, false})
+                .status());
   ASSERT_OK(pool.RemoveOwner(3).status());
   // And in a record.
   const std::vector<int64_t> two = PagesOf(pool, 2);
@@ -294,12 +354,49 @@ void GoldenOperations(PagePool& pool, KeptState& kept, int slab_fd) {
 }
 
 // The state a file of `journal_format` keeps of `state`: before journal
-// format 3, no page awaits release.
+// format 3, no page awaits release; before 4, no session has kept calls.
 PoolState KeptIn(uint32_t journal_format, PoolState state) {
-  if (journal_format < 3) {
-    for (PoolOwnerState& owner : state.owners) owner.awaiting_release.clear();
+  for (PoolOwnerState& owner : state.owners) {
+    if (journal_format < 3) owner.awaiting_release.clear();
+    if (journal_format < 4) owner.kept_calls.clear();
   }
   return state;
+}
+
+// The journal in `golden_path` (relative to the workspace), uncompressed;
+// empty when it cannot be read.
+std::string ReadGolden(const char* golden_path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  const std::string path =
+      srcdir != nullptr && workspace != nullptr
+          ? absl::StrCat(srcdir, "/", workspace, "/", golden_path)
+          : std::string(golden_path);
+  gzFile file = gzopen(path.c_str(), "rb");
+  EXPECT_NE(file, nullptr) << path;
+  std::string golden;
+  if (file == nullptr) return golden;
+  char chunk[1 << 16];
+  int n;
+  while ((n = gzread(file, chunk, sizeof(chunk))) > 0) golden.append(chunk, n);
+  gzclose(file);
+  return golden;
+}
+
+// A memfd holding `bytes`.
+UniqueFd MemfdWith(const std::string& bytes) {
+  UniqueFd fd(memfd_create("golden", MFD_CLOEXEC));
+  EXPECT_EQ(write(fd.get(), bytes.data(), bytes.size()),
+            static_cast<ssize_t>(bytes.size()));
+  return fd;
+}
+
+// `owner`'s latest call in `state` (an empty one when it is not there).
+PoolKeptCall LastCallOf(const PoolState& state, OwnerId owner) {
+  for (const PoolOwnerState& o : state.owners) {
+    if (o.id == owner && !o.kept_calls.empty()) return o.kept_calls.back();
+  }
+  return PoolKeptCall();
 }
 
 KeptStateOptions GoldenOptions() {
@@ -341,27 +438,30 @@ TEST(KeptStateGoldenTest, ThisReleasesKeptStateIsTakenOverPageForPage) {
 
   // The files this release and the earlier ones wrote.
   for (const Golden& kept_golden : kGoldens) {
-    const char* golden_path = kept_golden.path;
-    SCOPED_TRACE(golden_path);
-    const char* srcdir = std::getenv("TEST_SRCDIR");
-    const char* workspace = std::getenv("TEST_WORKSPACE");
-    const std::string path =
-        srcdir != nullptr && workspace != nullptr
-            ? absl::StrCat(srcdir, "/", workspace, "/", golden_path)
-            : std::string(golden_path);
-    gzFile file = gzopen(path.c_str(), "rb");
-    ASSERT_NE(file, nullptr) << path;
-    std::string golden;
-    char chunk[1 << 16];
-    int n;
-    while ((n = gzread(file, chunk, sizeof(chunk))) > 0)
-      golden.append(chunk, n);
-    gzclose(file);
+    const uint32_t format = kept_golden.journal_format;
+    SCOPED_TRACE(kept_golden.path);
+    const std::string golden = ReadGolden(kept_golden.path);
     ASSERT_FALSE(golden.empty());
 
-    UniqueFd golden_fd(memfd_create("golden", MFD_CLOEXEC));
-    ASSERT_EQ(write(golden_fd.get(), golden.data(), golden.size()),
-              static_cast<ssize_t>(golden.size()));
+    UniqueFd golden_fd = MemfdWith(golden);
+    // Its records hold the calls' tags from journal format 4 on: a tagged
+    // allocation and a tagged free among them.
+    {
+      bool tagged_allocate = false;
+      bool tagged_free = false;
+      DecodedPoolChange decoded;
+      for (const std::string& record : RecordsIn(golden_fd.get())) {
+        ASSERT_OK(DecodePoolChange(record, pool->geometry(), &decoded));
+        const PoolChange& change = decoded.change();
+        for (const CallSpan& call : change.calls) {
+          tagged_allocate |= call.call.id != 0;
+        }
+        tagged_free |=
+            change.kind == PoolChangeKind::kFree && change.call.id != 0;
+      }
+      EXPECT_EQ(tagged_allocate, format >= 4);
+      EXPECT_EQ(tagged_free, format >= 4);
+    }
     EXPECT_OK(KeptState::CheckTakeOver(GoldenOptions(), golden_fd.get()));
     absl::flat_hash_map<std::string, UniqueFd> passed;
     passed.emplace(kStateFdName, std::move(golden_fd));
@@ -380,10 +480,34 @@ TEST(KeptStateGoldenTest, ThisReleasesKeptStateIsTakenOverPageForPage) {
     EXPECT_GT(successor->stats().replayed_records, 0);
     ASSERT_OK(recovered->CheckInvariants());
     // Page for page what this build's own run of the same operations holds.
-    EXPECT_EQ(FirstDifference(
-                  recovered->ExportState(),
-                  KeptIn(kept_golden.journal_format, pool->ExportState())),
-              "");
+    const PoolState recovered_state = recovered->ExportState();
+    EXPECT_EQ(
+        FirstDifference(recovered_state, KeptIn(format, pool->ExportState())),
+        "");
+    // The sessions' latest calls (journal format 4 on): session one's from
+    // the snapshot, with the pages it took; session two's from the records,
+    // a checkpoint and an allocation of one call.
+    const PoolKeptCall one = LastCallOf(recovered_state, 1);
+    const PoolKeptCall two = LastCallOf(recovered_state, 2);
+    if (format >= 4) {
+      EXPECT_EQ(one, LastCallOf(pool->ExportState(), 1));
+      EXPECT_EQ(one.id, 1u);
+      EXPECT_EQ(one.parts, kCallAllocate);
+      EXPECT_EQ(one.pages.size(), 6u);
+      EXPECT_EQ(two, LastCallOf(pool->ExportState(), 2));
+      EXPECT_EQ(two.id, 2u);
+      EXPECT_EQ(two.parts, kCallCheckpoint | kCallAllocate);
+      EXPECT_EQ(two.pages.size(), 2u);
+      // A retry of it after the restart is answered from what was kept.
+      ASSERT_OK_AND_ASSIGN(
+          const std::optional<PoolKeptCall> retried,
+          recovered->RetriedCall(2, {2, true}, kCallCheckpoint));
+      ASSERT_TRUE(retried.has_value());
+      EXPECT_EQ(retried->checkpoint_id, two.checkpoint_id);
+    } else {
+      EXPECT_EQ(one, PoolKeptCall());
+      EXPECT_EQ(two, PoolKeptCall());
+    }
     for (OwnerId owner : {1, 2}) {
       EXPECT_EQ(PagesOf(*recovered, owner), PagesOf(*pool, owner)) << owner;
       EXPECT_EQ(*recovered->OwnerMetadata(owner), *pool->OwnerMetadata(owner));
@@ -408,7 +532,10 @@ TEST(KeptStateGoldenTest, ThisReleasesKeptStateIsTakenOverPageForPage) {
         page = p;
     }
     ASSERT_NE(page, 0);
-    ASSERT_OK(recovered->AwaitRelease(2, {page}));
+    // Tagged: a file of journal format 4 keeps the tag, one of 3 the
+    // record without it (and the server refuses retries on such a file).
+    EXPECT_EQ(successor->KeepsCallTags(), format >= 4);
+    ASSERT_OK(recovered->AwaitRelease(2, {page}, {3, false}));
     ASSERT_OK_AND_ASSIGN(auto kept_fds, successor->KeptDescriptors());
     ASSERT_EQ(kept_fds.size(), 1u);  // no slab: the state alone
     ASSERT_OK_AND_ASSIGN(auto reopened,
@@ -424,7 +551,92 @@ TEST(KeptStateGoldenTest, ThisReleasesKeptStateIsTakenOverPageForPage) {
     EXPECT_EQ(record.size(), kept_golden.journal_format == 1
                                  ? 2 + 8 + 1 + 1 + 4 + 2 * 32
                                  : 2 + 8 + 1 + 1 + 3 * 4 + 2 * 8);
+    if (format >= 3) {
+      const std::string& fence = journal.records[1].payload;
+      ASSERT_FALSE(fence.empty());
+      EXPECT_EQ(fence[0], static_cast<char>(format));
+      EXPECT_EQ(fence.size(), 2 + 8 + 4 + 8 + (format >= 4 ? 9 : 0));
+      DecodedPoolChange decoded;
+      ASSERT_OK(DecodePoolChange(fence, recovered->geometry(), &decoded));
+      EXPECT_EQ(decoded.change().kind, PoolChangeKind::kAwaitRelease);
+      const CallTag kept_tag = format >= 4 ? CallTag{3, false} : CallTag{};
+      EXPECT_EQ(decoded.change().call, kept_tag);
+    }
   }
+}
+
+// A journal of format 3 taken over keeps record format 3, which cannot hold
+// the calls' tags: tagged calls are kept untagged, KeepsCallTags says so,
+// and a successor of that file knows of no session's latest call (so that
+// a retry answered from it could run a call twice: the server refuses
+// retries then).
+TEST(KeptStateGoldenTest, AJournalOfFormat3KeepsItsRecordsUntagged) {
+  unsetenv("NOTIFY_SOCKET");
+  const std::string golden =
+      ReadGolden("kept_state/testdata/kept_state_v3.journal.gz");
+  ASSERT_FALSE(golden.empty());
+  absl::flat_hash_map<std::string, UniqueFd> passed;
+  passed.emplace(kStateFdName, MemfdWith(golden));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<KeptState> kept,
+                       KeptState::Open(GoldenOptions(), std::move(passed)));
+  ASSERT_EQ(kept->outcome(), KeptStateOutcome::kRecovered)
+      << kept->stats().reason;
+  EXPECT_FALSE(kept->KeepsCallTags());
+  FakeExecutor executor;
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<PagePool> pool,
+      PagePool::CreateFromState(PoolWith(kept.get()), &executor,
+                                kept->recovered_state()));
+  ASSERT_OK(kept->Replay(*pool));
+  ASSERT_OK(kept->StartKeeping(*pool, -1, kept->identity()));
+  EXPECT_FALSE(kept->KeepsCallTags());
+
+  // This build's pool keeps the calls in memory all the same.
+  Allocate(*pool, 1, 2, {7, false});
+  const std::vector<int64_t> ones = PagesOf(*pool, 1);
+  ASSERT_FALSE(ones.empty());
+  ASSERT_OK(
+      pool->FreePages(1, {ones.back()}, FreeOrder::kFirstAppearance, {8, false})
+          .status());
+  ASSERT_OK(pool->Checkpoint(1, {9, false}).status());
+  ASSERT_OK_AND_ASSIGN(const uint64_t latest, pool->LastCallId(1));
+  EXPECT_EQ(latest, 9u);
+
+  ASSERT_OK_AND_ASSIGN(auto fds, kept->KeptDescriptors());
+  ASSERT_EQ(fds.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(auto reopened, StateJournal::Open(Dup(fds[0].second)));
+  EXPECT_EQ(reopened.second.format_version, 3u);
+  ASSERT_EQ(reopened.second.records.size(), 3u);
+  DecodedPoolChange decoded;
+  for (const JournalRecord& record : reopened.second.records) {
+    ASSERT_FALSE(record.payload.empty());
+    EXPECT_EQ(record.payload[0], 3);
+    ASSERT_OK(DecodePoolChange(record.payload, pool->geometry(), &decoded));
+    EXPECT_EQ(decoded.change().call, CallTag());
+    for (const CallSpan& call : decoded.change().calls) {
+      EXPECT_EQ(call.call, CallTag());
+    }
+  }
+  EXPECT_EQ(kept->stats().failures, 0);
+
+  // A successor of the file: the same pages, no latest call.
+  absl::flat_hash_map<std::string, UniqueFd> again;
+  again.emplace(kStateFdName, Dup(fds[0].second));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<KeptState> successor,
+                       KeptState::Open(GoldenOptions(), std::move(again)));
+  ASSERT_EQ(successor->outcome(), KeptStateOutcome::kRecovered);
+  EXPECT_FALSE(successor->KeepsCallTags());
+  FakeExecutor successor_executor;
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<PagePool> recovered,
+      PagePool::CreateFromState(PoolWith(successor.get()), &successor_executor,
+                                successor->recovered_state()));
+  ASSERT_OK(successor->Replay(*recovered));
+  EXPECT_EQ(
+      FirstDifference(recovered->ExportState(), KeptIn(3, pool->ExportState())),
+      "");
+  ASSERT_OK_AND_ASSIGN(const uint64_t kept_latest, recovered->LastCallId(1));
+  EXPECT_EQ(kept_latest, 0u);
 }
 
 }  // namespace

@@ -57,11 +57,14 @@ class EncodingLog : public PoolChangeLog {
 
 enum class Log { kNone, kNull, kEncode };
 
-// range(0) the page size, range(1) the requests, range(2) the log.
+// range(0) the page size, range(1) the requests, range(2) the log,
+// range(3) whether the batch is one tagged call, as a client's call is
+// (docs/design.md, "Retries by call id").
 void BM_DecodeWithLog(benchmark::State& state) {
   const int64_t page_size = state.range(0);
   const int64_t num_requests = state.range(1);
   const Log log = static_cast<Log>(state.range(2));
+  const bool tagged = state.range(3) != 0;
   NullLog null_log;
   EncodingLog encoding_log;
   PoolChangeLog* change_log = nullptr;
@@ -70,7 +73,7 @@ void BM_DecodeWithLog(benchmark::State& state) {
   auto f = MakeBatchFixture<FakeExecutor>(num_requests, 1, page_size,
                                           RequestKind::kDecode,
                                           /*extra_pages=*/0, change_log);
-  AllocateAndFree(state, *f);
+  AllocateAndFree(state, *f, tagged);
   state.SetItemsProcessed(state.iterations() * num_requests);
   state.counters["ns_per_request"] = benchmark::Counter(
       static_cast<double>(state.iterations() * num_requests) * 1e-9,
@@ -80,8 +83,8 @@ void BM_DecodeWithLog(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_DecodeWithLog)
-    ->ArgNames({"ps", "requests", "log"})
-    ->ArgsProduct({{1, 16}, {256, 4096}, {0, 1, 2}});
+    ->ArgNames({"ps", "requests", "log", "tagged"})
+    ->ArgsProduct({{1, 16}, {256, 4096}, {0, 1, 2}, {0, 1}});
 
 // One decode batch's record: encoded into a warm string, and decoded.
 void BM_EncodeDecodeRecord(benchmark::State& state) {

@@ -17,13 +17,25 @@
 // publish (pinned or not, chains that other owners published already),
 // match and adopt (refused over quota too), unpin, reset of the cache;
 // clear an owner, clear the pool (refused and forced), remove an owner and
-// register it again with new metadata. Every combination of policy,
-// semantics, page size 1 and 16, and scrub.
+// register it again with new metadata. Allocations' calls, frees, fences,
+// checkpoints, rollbacks and clears are tagged with call ids now and then
+// (docs/design.md, "Retries by call id"), some of them retries: of a call
+// the owner's window of kept calls holds (answered from what the pool
+// kept, or an allocation run again after its pages went back, or refused
+// when they moved on), of a kept call whose part did not take effect (the
+// part runs), of one older than the window (refused), of one that never
+// took effect; and first tries of older ids (kept in order while in the
+// window; below a full window run and not kept, an allocation marking the
+// kept ones kCallPagesMoved). So the records and the state carry the
+// owners' kept calls, which replay must reproduce exactly; every tagged
+// kind's retry is recorded in every configuration. Every combination of
+// policy, semantics, page size 1 and 16, and scrub.
 
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -51,6 +63,9 @@ class EncodingLog : public PoolChangeLog {
   void Record(const PoolChange& change) override {
     EncodePoolChange(change, &records.emplace_back());
     is_allocate.push_back(change.kind == PoolChangeKind::kAllocate);
+    bool retry = change.call.retry;
+    for (const CallSpan& call : change.calls) retry |= call.call.retry;
+    retried[static_cast<int>(change.kind)] |= retry;
   }
   bool WantsSnapshot() override {
     return snapshot_at > 0 && records.size() == snapshot_at;
@@ -63,6 +78,8 @@ class EncodingLog : public PoolChangeLog {
   std::vector<std::string> records;
   std::vector<bool> is_allocate;
   std::string snapshot;
+  // retried[kind]: a record of that kind is of a retry (a retry that ran).
+  bool retried[kMaxPoolChangeKind + 1] = {};
 };
 
 struct Params {
@@ -74,6 +91,27 @@ struct Params {
   friend void PrintTo(const Params& p, std::ostream* os) {
     *os << FreePolicyName(p.policy) << " " << SemanticsName(p.semantics)
         << " page_size " << p.page_size << (p.scrub ? " scrub" : "");
+  }
+};
+
+// How the tagged calls a driver sent were answered, by what the pool said
+// before each (PagePool::RetriedCall).
+struct TagCounts {
+  int64_t tagged = 0;
+  int64_t retries = 0;
+  int64_t answered = 0;  // a retry answered from the kept call
+  int64_t rerun = 0;     // an allocation's retry whose pages went back
+  int64_t refused = 0;   // a retry of an earlier call (ABORTED)
+  // A first try below a full window of kept calls (runs, is not kept).
+  int64_t too_old = 0;
+
+  void Add(const TagCounts& o) {
+    tagged += o.tagged;
+    retries += o.retries;
+    answered += o.answered;
+    rerun += o.rerun;
+    refused += o.refused;
+    too_old += o.too_old;
   }
 };
 
@@ -114,7 +152,8 @@ class Driver {
     } else if (op < 50) {
       Free();
     } else if (op < 56) {
-      (void)pool_->Checkpoint(RandomOwner());
+      const OwnerId owner = RandomOwner();
+      (void)pool_->Checkpoint(owner, Tag(owner, PoolChangeKind::kCheckpoint));
     } else if (op < 62) {
       Rollback();
     } else if (op < 70) {
@@ -127,7 +166,10 @@ class Driver {
       (void)pool_->ResetPrefixCache();
     } else if (op < 87) {
       const OwnerId owner = RandomOwner();
-      if (pool_->ClearOwner(owner).ok()) Forget(owner);
+      if (pool_->ClearOwner(owner, Tag(owner, PoolChangeKind::kClearOwner))
+              .ok()) {
+        Forget(owner);
+      }
     } else if (op < 89) {
       const bool force = Uniform(0, 2) == 0;
       if (pool_->ClearPool(force).ok()) {
@@ -152,6 +194,7 @@ class Driver {
     return results_;
   }
   int64_t launches_failed() const { return launches_failed_; }
+  const TagCounts& tags() const { return tags_; }
 
  private:
   struct Sequence {
@@ -167,6 +210,97 @@ class Driver {
     return Uniform(0, 30) == 0 ? 9 : Uniform(1, kOwners);
   }
   int64_t ps() const { return params_.page_size; }
+
+  // `owner`'s kept calls (PoolOwnerState.kept_calls), ids ascending.
+  std::vector<PoolKeptCall> Kept(OwnerId owner) {
+    if (owner > kOwners) return {};
+    for (const PoolOwnerState& state : pool_->ExportState().owners) {
+      if (state.id == owner) return state.kept_calls;
+    }
+    return {};
+  }
+  // The ids of `owner`'s kept calls whose `part` took effect (`took`) or
+  // did not.
+  std::vector<uint64_t> KeptIds(OwnerId owner, CallPart part, bool took) {
+    std::vector<uint64_t> ids;
+    for (const PoolKeptCall& kept : Kept(owner)) {
+      if (((kept.parts & part) != 0) == took) ids.push_back(kept.id);
+    }
+    return ids;
+  }
+
+  // The part of its call an operation of `kind` is.
+  static CallPart PartOf(PoolChangeKind kind) {
+    switch (kind) {
+      case PoolChangeKind::kAllocate:
+        return kCallAllocate;
+      case PoolChangeKind::kCheckpoint:
+        return kCallCheckpoint;
+      case PoolChangeKind::kRollback:
+        return kCallRollback;
+      case PoolChangeKind::kClearOwner:
+        return kCallClear;
+      default:  // kFree, kAwaitRelease
+        return kCallFree;
+    }
+  }
+
+  // A tag for an operation of `kind` of `owner`: untagged about a third of
+  // the time; else mostly a new id (the owner's next), now and then a
+  // retry: of its latest id; of a kept call whose part took effect
+  // (answered, or an allocation given back and run again); of a kept call
+  // whose part did not (the part runs, kept with the call); of an older id
+  // (refused once it left the window of kept calls); of one it never sent;
+  // or a first try that reuses an older id (kept when in the window; else
+  // not, and an allocation's marks the kept ones kCallPagesMoved). Until a
+  // retry of `kind` has been recorded (one that ran), half the tagged ones
+  // are retries that run, so that every kind's retry is replayed however
+  // rarely the kind takes effect. Counts what the pool says the retry will
+  // do.
+  CallTag Tag(OwnerId owner, PoolChangeKind kind) {
+    const CallPart part = PartOf(kind);
+    int64_t choice = Uniform(0, 39);
+    if (choice < 13) return CallTag{};
+    if (!log_.retried[static_cast<int>(kind)] && Uniform(0, 1) == 0) {
+      choice = 34;
+    }
+    uint64_t& latest = owner <= kOwners ? last_id_[owner] : stranger_id_;
+    CallTag tag;
+    if (choice < 31 || latest == 0) {
+      tag = {++latest, false};
+    } else if (choice < 33) {
+      tag = {latest, true};
+    } else if (choice < 34) {
+      const std::vector<uint64_t> ids = KeptIds(owner, part, /*took=*/true);
+      tag = {ids.empty() ? latest : ids[Uniform(0, ids.size() - 1)], true};
+    } else if (choice < 35) {
+      // Else one it never sent: either way the part runs.
+      const std::vector<uint64_t> ids = KeptIds(owner, part, /*took=*/false);
+      tag = {ids.empty() ? ++latest : ids[Uniform(0, ids.size() - 1)], true};
+    } else if (choice < 37) {
+      tag = {static_cast<uint64_t>(Uniform(1, latest)), true};
+    } else if (choice < 38) {
+      tag = {++latest, true};  // its first try was lost on the way
+    } else {
+      tag = {static_cast<uint64_t>(Uniform(1, latest)), false};
+      const std::vector<PoolKeptCall> kept = Kept(owner);
+      if (kept.size() == kKeptCallsPerOwner && tag.id < kept.front().id) {
+        ++tags_.too_old;
+      }
+    }
+    ++tags_.tagged;
+    if (tag.retry) {
+      ++tags_.retries;
+      const absl::StatusOr<std::optional<PoolKeptCall>> kept =
+          pool_->RetriedCall(owner, tag, part);
+      if (absl::IsAborted(kept.status())) {
+        ++tags_.refused;
+      } else if (kept.ok() && kept->has_value()) {
+        ++(part == kCallAllocate ? tags_.rerun : tags_.answered);
+      }
+    }
+    return tag;
+  }
 
   absl::Status AddOwner(OwnerId owner) {
     ++registrations_;
@@ -272,7 +406,12 @@ class Driver {
         requests.push_back(r);
         sequence_of.push_back(sequence);
       }
-      calls.push_back({n, Uniform(0, 2) == 0});
+      calls.push_back(
+          {n, Uniform(0, 2) == 0, Tag(owner, PoolChangeKind::kAllocate)});
+      if (calls.back().call.id != 0 && n > 1 && Uniform(0, 30) == 0) {
+        // A tagged call of two owners (refused whole).
+        requests.back().owner = owner % kOwners + 1;
+      }
     }
     // Destinations, one buffer; now and then a request without one.
     std::vector<int64_t> offsets;
@@ -293,7 +432,7 @@ class Driver {
     }
     if (Uniform(0, 60) == 0) {
       // Calls that do not add up: refused before the lock, not recorded.
-      calls.push_back({1, false});
+      calls.push_back({1, false, {}});
       (void)pool_->Allocate(requests, calls);
       return;
     }
@@ -344,14 +483,18 @@ class Driver {
     const FreeOrder order =
         static_cast<FreeOrder>(Uniform(0, 2));  // default, asc, first
     if (owner > kOwners) {
-      (void)pool_->FreePages(owner, {1});
+      (void)pool_->FreePages(owner, {1}, order,
+                             Tag(owner, PoolChangeKind::kFree));
       return;
     }
     std::vector<int64_t>& adopted = adopted_[owner];
     if (!adopted.empty() && Uniform(0, 2) == 0) {
       const size_t n = Uniform(1, adopted.size());
       std::vector<int64_t> pages(adopted.end() - n, adopted.end());
-      if (pool_->FreePages(owner, pages, order).ok()) {
+      if (pool_
+              ->FreePages(owner, pages, order,
+                          Tag(owner, PoolChangeKind::kFree))
+              .ok()) {
         adopted.resize(adopted.size() - n);
       }
       return;
@@ -367,12 +510,14 @@ class Driver {
           Uniform(0, 2) == 0 ? Uniform(0, seq.slots.size() - 1) : 0;
       std::vector<int64_t> slots(seq.slots.begin() + from, seq.slots.end());
       std::shuffle(slots.begin(), slots.end(), rng_);
-      (void)pool_->FreeSlots(owner, slots, order);
+      (void)pool_->FreeSlots(owner, slots, order,
+                             Tag(owner, PoolChangeKind::kFree));
     } else {
       std::vector<int64_t> pages = PagesOf(seq);
       std::shuffle(pages.begin(), pages.end(), rng_);
       if (Uniform(0, 9) == 0) pages.push_back(pages.front());  // a repeat
-      (void)pool_->FreePages(owner, pages, order);
+      (void)pool_->FreePages(owner, pages, order,
+                             Tag(owner, PoolChangeKind::kFree));
     }
   }
 
@@ -382,7 +527,8 @@ class Driver {
   void AwaitRelease() {
     const OwnerId owner = RandomOwner();
     if (owner > kOwners) {
-      (void)pool_->AwaitRelease(owner, {1});
+      (void)pool_->AwaitRelease(owner, {1},
+                                Tag(owner, PoolChangeKind::kAwaitRelease));
       return;
     }
     std::vector<int64_t> pages;
@@ -397,13 +543,15 @@ class Driver {
     if (pages.empty() || Uniform(0, 5) == 0) {
       pages.push_back(Uniform(1, options_.num_pages));
     }
-    (void)pool_->AwaitRelease(owner, pages);
+    if (Uniform(0, 20) == 0) pages.clear();  // a tagged one is recorded
+    (void)pool_->AwaitRelease(owner, pages,
+                              Tag(owner, PoolChangeKind::kAwaitRelease));
   }
 
   void Rollback() {
     const OwnerId owner = RandomOwner();
     const uint64_t id = Uniform(0, 1) == 0 ? 0 : Uniform(1, 12);
-    (void)pool_->Rollback(owner, id);
+    (void)pool_->Rollback(owner, id, Tag(owner, PoolChangeKind::kRollback));
   }
 
   static PrefixKey ChainKey(int64_t chain, int64_t depth) {
@@ -475,6 +623,11 @@ class Driver {
   std::vector<std::vector<AllocResult>> results_;
   int64_t registrations_ = 0;
   int64_t launches_failed_ = 0;
+  // The latest call id sent for each owner (and for the unknown one); ids
+  // go on across a removal, as a client's would not need to.
+  uint64_t last_id_[kOwners + 1] = {};
+  uint64_t stranger_id_ = 0;
+  TagCounts tags_;
 };
 
 // Replays `records[from..]` (decoded) into `pool`, checking each
@@ -517,6 +670,16 @@ TEST_P(PoolReplayTest, ReplayAndRestoreReachTheOriginalsState) {
   int64_t records = 0;
   int64_t failed_launches = 0;
   int64_t kinds[kMaxPoolChangeKind + 1] = {};
+  // Records with a tag, and with a retry, by kind; the owners' kept calls
+  // at the end and at the snapshot, those that kept pages, those marked
+  // kCallPagesMoved, and the owners whose window was full.
+  int64_t tagged_kinds[kMaxPoolChangeKind + 1] = {};
+  int64_t retry_kinds[kMaxPoolChangeKind + 1] = {};
+  int64_t kept_calls = 0;
+  int64_t kept_calls_with_pages = 0;
+  int64_t kept_calls_moved = 0;
+  int64_t full_windows = 0;
+  TagCounts tags;
   PoolCounters counters;
   for (int sequence = 0; sequence < kSequences; ++sequence) {
     const uint64_t seed = 1000 * sequence + 17 * params.page_size +
@@ -535,12 +698,37 @@ TEST_P(PoolReplayTest, ReplayAndRestoreReachTheOriginalsState) {
     ASSERT_FALSE(log.snapshot.empty());
     records += log.records.size();
     failed_launches += driver.launches_failed();
+    tags.Add(driver.tags());
     DecodedPoolChange decoded;
     for (const std::string& record : log.records) {
       ASSERT_OK(DecodePoolChange(record, driver.pool().geometry(), &decoded));
-      ++kinds[static_cast<int>(decoded.change().kind)];
+      const PoolChange& change = decoded.change();
+      const int kind = static_cast<int>(change.kind);
+      ++kinds[kind];
+      bool tagged = change.call.id != 0;
+      bool retry = change.call.retry;
+      for (const CallSpan& call : change.calls) {
+        tagged |= call.call.id != 0;
+        retry |= call.call.retry;
+      }
+      tagged_kinds[kind] += tagged;
+      retry_kinds[kind] += retry;
     }
     const PoolState original = driver.pool().ExportState();
+    // And at the snapshot: (b) starts from what it kept of them.
+    ASSERT_OK_AND_ASSIGN(
+        const PoolState at_snapshot,
+        DecodePoolState(log.snapshot, driver.pool().geometry()));
+    for (const PoolState* state : {&original, &at_snapshot}) {
+      for (const PoolOwnerState& owner : state->owners) {
+        full_windows += owner.kept_calls.size() == kKeptCallsPerOwner;
+        for (const PoolKeptCall& call : owner.kept_calls) {
+          ++kept_calls;
+          kept_calls_with_pages += !call.pages.empty();
+          kept_calls_moved += (call.parts & kCallPagesMoved) != 0;
+        }
+      }
+    }
     counters.free_list_sorts += original.counters.free_list_sorts;
     counters.quota_refusals += original.counters.quota_refusals;
     counters.out_of_pages_refusals += original.counters.out_of_pages_refusals;
@@ -584,6 +772,21 @@ TEST_P(PoolReplayTest, ReplayAndRestoreReachTheOriginalsState) {
   }
   std::cout << "records:" << summary << "; failed launches " << failed_launches
             << "\n";
+  summary.clear();
+  for (int kind = 1; kind <= kMaxPoolChangeKind; ++kind) {
+    if (tagged_kinds[kind] == 0) continue;
+    absl::StrAppendFormat(&summary, " %s %d (%d retries)",
+                          PoolChangeKindName(static_cast<PoolChangeKind>(kind)),
+                          tagged_kinds[kind], retry_kinds[kind]);
+  }
+  std::cout << "tagged records:" << summary << "; calls tagged " << tags.tagged
+            << ", retries " << tags.retries << " (answered " << tags.answered
+            << ", allocations run again " << tags.rerun << ", refused "
+            << tags.refused << "); first tries too old to keep " << tags.too_old
+            << "; kept calls " << kept_calls << " (" << kept_calls_with_pages
+            << " with pages, " << kept_calls_moved
+            << " with their pages moved; " << full_windows
+            << " full windows)\n";
   // The generator reaches every kind of record, and failed launches.
   for (int kind = 1; kind <= kMaxPoolChangeKind; ++kind) {
     EXPECT_GT(kinds[kind], 0)
@@ -591,6 +794,26 @@ TEST_P(PoolReplayTest, ReplayAndRestoreReachTheOriginalsState) {
   }
   EXPECT_GT(failed_launches, 0);
   EXPECT_GT(records, 2000);
+  // Every kind that takes a tag is recorded tagged, and retried; retries
+  // are answered from the kept call, run again, and refused; first tries
+  // come too old to keep; owners keep calls, some of them allocations, and
+  // fill their window.
+  for (PoolChangeKind kind :
+       {PoolChangeKind::kAllocate, PoolChangeKind::kFree,
+        PoolChangeKind::kCheckpoint, PoolChangeKind::kRollback,
+        PoolChangeKind::kClearOwner, PoolChangeKind::kAwaitRelease}) {
+    EXPECT_GT(tagged_kinds[static_cast<int>(kind)], 0)
+        << PoolChangeKindName(kind);
+    EXPECT_GT(retry_kinds[static_cast<int>(kind)], 0)
+        << PoolChangeKindName(kind);
+  }
+  EXPECT_GT(tags.answered, 0);
+  EXPECT_GT(tags.rerun, 0);
+  EXPECT_GT(tags.refused, 0);
+  EXPECT_GT(tags.too_old, 0);
+  EXPECT_GT(kept_calls, 0);
+  EXPECT_GT(kept_calls_with_pages, 0);
+  EXPECT_GT(full_windows, 0);
   // ... and the paths whose outcome depends most on the state's order.
   EXPECT_GT(counters.quota_refusals, 0);
   EXPECT_GT(counters.out_of_pages_refusals, 0);

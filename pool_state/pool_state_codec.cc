@@ -21,16 +21,35 @@ static_assert(sizeof(PrefixKey) == kPrefixKeyBytes, "a key is its bytes");
 // The fixed sizes of the format (pool_state_codec.h).
 constexpr size_t kKeyBytes = kPrefixKeyBytes;
 constexpr size_t kRequestBytes = 2 + 5 * 8;
+// A call: num_requests and all_or_nothing, then (record format 4 on) its
+// tag.
 constexpr size_t kCallBytes = 8 + 1;
+constexpr size_t kTagBytes = 8 + 1;
 constexpr size_t kEntryBytes = 8 + kKeyBytes + 1 + kKeyBytes + 8 + 4;
-static_assert(kRequestBytes == 42 && kEntryBytes == 85, "the documented sizes");
+static_assert(kRequestBytes == 42 && kEntryBytes == 85 && kCallBytes == 9 &&
+                  kTagBytes == 9,
+              "the documented sizes");
 constexpr char kStateMagic[4] = {'P', 'P', 'S', 'T'};
 constexpr size_t kStateHeaderBytes = 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8;
 constexpr size_t kCounters = 16;
 static_assert(sizeof(PoolCounters) == kCounters * sizeof(int64_t),
               "every counter is encoded");
-// The smallest encoding of one owner (all lists empty).
+// The smallest encoding of one owner (all lists empty) in state format 1,
+// and what later formats add to it: awaiting_release's count (2), the kept
+// calls' count (3). A kept call's fixed fields and its pages' count.
 constexpr size_t kMinOwnerBytes = 8 + 8 + 4 + 8 + 4 + 8 + 8 + 8;
+constexpr size_t kKeptCallBytes = 8 + 4 + 8 + 8 + 8 + 8 + 8;
+
+size_t MinOwnerBytes(uint32_t format) {
+  return kMinOwnerBytes + (format >= 2 ? 8 : 0) + (format >= 3 ? 4 : 0);
+}
+
+// The bytes of a tag in record format `format` (none before 4), and of a
+// call.
+size_t TagBytes(uint8_t format) {
+  return PoolChangeFormatHoldsTags(format) ? kTagBytes : 0;
+}
+size_t CallBytes(uint8_t format) { return kCallBytes + TagBytes(format); }
 
 // The host's value of little-endian `v` (and back).
 template <typename T>
@@ -64,6 +83,12 @@ class Writer {
     p_ += n;
   }
   void Key(const PrefixKey& key) { Raw(key.data(), key.size()); }
+  // A retry flag on an untagged call means nothing to the pool (it keeps
+  // nothing of id 0), and the decoder refuses it: it is written as 0.
+  void Tag(const CallTag& tag) {
+    U64(tag.id);
+    Bool(tag.id != 0 && tag.retry);
+  }
   void String(absl::string_view s) {
     U32(static_cast<uint32_t>(s.size()));
     Raw(s.data(), s.size());
@@ -138,6 +163,17 @@ class Reader {
     if (!Need(kKeyBytes)) return false;
     std::memcpy(key->data(), p_, kKeyBytes);
     p_ += kKeyBytes;
+    return true;
+  }
+  // A call's tag: a retry must name the call it retries.
+  bool Tag(CallTag* tag) {
+    const char* at = p_;
+    if (!U64(&tag->id) || !Bool(&tag->retry)) return false;
+    if (tag->retry && tag->id == 0) {
+      failed_at_ = at;
+      why_ = "a retry without a call id";
+      return false;
+    }
     return true;
   }
   // A string of at most `max` bytes.
@@ -249,21 +285,23 @@ size_t EncodedPoolChangeSize(const PoolChange& change, uint8_t format) {
     case PoolChangeKind::kAddOwner:
       return kHeader + 8 + 8 + 4 + change.metadata.size();
     case PoolChangeKind::kRemoveOwner:
+      return kHeader + 8;
     case PoolChangeKind::kCheckpoint:
     case PoolChangeKind::kClearOwner:
-      return kHeader + 8;
+      return kHeader + 8 + TagBytes(format);
     case PoolChangeKind::kAllocate:
       return kHeader + 4 + 4 + 1 +
              (change.launch_failure != nullptr
                   ? 4 + 4 + LaunchMessage(*change.launch_failure).size()
                   : 0) +
              change.requests.size() * kRequestBytes +
-             change.calls.size() * kCallBytes;
+             change.calls.size() * CallBytes(format);
     case PoolChangeKind::kFree:
       return kHeader + 8 + 4 + 4 +
-             8 * (change.pages.size() + change.shared_pages.size());
+             8 * (change.pages.size() + change.shared_pages.size()) +
+             TagBytes(format);
     case PoolChangeKind::kRollback:
-      return kHeader + 8 + 8;
+      return kHeader + 8 + 8 + TagBytes(format);
     case PoolChangeKind::kClearPool:
       return kHeader + 1;
     case PoolChangeKind::kPublish:
@@ -276,8 +314,9 @@ size_t EncodedPoolChangeSize(const PoolChange& change, uint8_t format) {
       }
       return kHeader + 8 + 1 + 1 + 4 + 4 + 4 + change.pages.size() * 8;
     case PoolChangeKind::kUnpin:
-    case PoolChangeKind::kAwaitRelease:
       return kHeader + 8 + 4 + change.pages.size() * 8;
+    case PoolChangeKind::kAwaitRelease:
+      return kHeader + 8 + 4 + change.pages.size() * 8 + TagBytes(format);
     case PoolChangeKind::kResetPrefixCache:
       return kHeader;
   }
@@ -293,6 +332,9 @@ void EncodePoolChange(const PoolChange& change, std::string* out,
   const size_t start = out->size();
   out->resize(start + size);
   Writer w(out->data() + start);
+  // Older formats cannot hold the calls' tags: their records are the same
+  // without them.
+  const bool tags = PoolChangeFormatHoldsTags(format);
   w.U8(format);
   w.U8(static_cast<uint8_t>(change.kind));
   switch (change.kind) {
@@ -302,9 +344,12 @@ void EncodePoolChange(const PoolChange& change, std::string* out,
       w.String(change.metadata);
       break;
     case PoolChangeKind::kRemoveOwner:
+      w.U64(change.owner);
+      break;
     case PoolChangeKind::kCheckpoint:
     case PoolChangeKind::kClearOwner:
       w.U64(change.owner);
+      if (tags) w.Tag(change.call);
       break;
     case PoolChangeKind::kAllocate: {
       w.U32(static_cast<uint32_t>(change.requests.size()));
@@ -327,6 +372,7 @@ void EncodePoolChange(const PoolChange& change, std::string* out,
       for (const CallSpan& call : change.calls) {
         w.I64(call.num_requests);
         w.Bool(call.all_or_nothing);
+        if (tags) w.Tag(call.call);
       }
       break;
     }
@@ -336,10 +382,12 @@ void EncodePoolChange(const PoolChange& change, std::string* out,
       w.U32(static_cast<uint32_t>(change.shared_pages.size()));
       w.I64s(change.pages);
       w.I64s(change.shared_pages);
+      if (tags) w.Tag(change.call);
       break;
     case PoolChangeKind::kRollback:
       w.U64(change.owner);
       w.U64(change.checkpoint_id);
+      if (tags) w.Tag(change.call);
       break;
     case PoolChangeKind::kClearPool:
       w.Bool(change.force);
@@ -374,6 +422,9 @@ void EncodePoolChange(const PoolChange& change, std::string* out,
       w.U64(change.owner);
       w.U32(static_cast<uint32_t>(change.pages.size()));
       w.I64s(change.pages);
+      if (tags && change.kind == PoolChangeKind::kAwaitRelease) {
+        w.Tag(change.call);
+      }
       break;
     case PoolChangeKind::kResetPrefixCache:
       break;
@@ -404,6 +455,8 @@ absl::Status DecodePoolChange(absl::string_view bytes,
   PoolChange& c = out->change_;
   c = PoolChange{};
   c.kind = static_cast<PoolChangeKind>(kind);
+  // Records of older formats hold no tags: their calls decode untagged.
+  const bool tags = PoolChangeFormatHoldsTags(version);
   uint64_t n = 0;
   switch (c.kind) {
     case PoolChangeKind::kAddOwner:
@@ -414,9 +467,12 @@ absl::Status DecodePoolChange(absl::string_view bytes,
       c.metadata = out->metadata_;
       break;
     case PoolChangeKind::kRemoveOwner:
+      PAGEALLOC_READ(r, r.U64(&c.owner), "owner");
+      break;
     case PoolChangeKind::kCheckpoint:
     case PoolChangeKind::kClearOwner:
       PAGEALLOC_READ(r, r.U64(&c.owner), "owner");
+      if (tags) PAGEALLOC_READ(r, r.Tag(&c.call), "call");
       break;
     case PoolChangeKind::kAllocate: {
       uint32_t num_requests = 0;
@@ -440,7 +496,8 @@ absl::Status DecodePoolChange(absl::string_view bytes,
         c.launch_failure = &out->launch_failure_;
       }
       if (num_requests > r.left() / kRequestBytes ||
-          num_calls > (r.left() - num_requests * kRequestBytes) / kCallBytes) {
+          num_calls >
+              (r.left() - num_requests * kRequestBytes) / CallBytes(version)) {
         return r.Invalid("requests",
                          absl::StrFormat("%d requests and %d calls do not fit "
                                          "in the bytes left",
@@ -472,6 +529,8 @@ absl::Status DecodePoolChange(absl::string_view bytes,
       for (CallSpan& call : out->calls_) {
         PAGEALLOC_READ(r, r.I64(&call.num_requests), "call num_requests");
         PAGEALLOC_READ(r, r.Bool(&call.all_or_nothing), "call all_or_nothing");
+        call.call = CallTag{};
+        if (tags) PAGEALLOC_READ(r, r.Tag(&call.call), "call tag");
       }
       c.requests = out->requests_;
       c.calls = out->calls_;
@@ -486,6 +545,7 @@ absl::Status DecodePoolChange(absl::string_view bytes,
       PAGEALLOC_READ(r, r.I64s(n, &out->pages_), "pages");
       PAGEALLOC_READ(r, r.I64s(num_shared, &out->shared_pages_),
                      "shared_pages");
+      if (tags) PAGEALLOC_READ(r, r.Tag(&c.call), "call");
       c.pages = out->pages_;
       c.shared_pages = out->shared_pages_;
       break;
@@ -493,6 +553,7 @@ absl::Status DecodePoolChange(absl::string_view bytes,
     case PoolChangeKind::kRollback:
       PAGEALLOC_READ(r, r.U64(&c.owner), "owner");
       PAGEALLOC_READ(r, r.U64(&c.checkpoint_id), "checkpoint_id");
+      if (tags) PAGEALLOC_READ(r, r.Tag(&c.call), "call");
       break;
     case PoolChangeKind::kClearPool:
       PAGEALLOC_READ(r, r.Bool(&c.force), "force");
@@ -552,6 +613,9 @@ absl::Status DecodePoolChange(absl::string_view bytes,
       PAGEALLOC_READ(r, r.U64(&c.owner), "owner");
       PAGEALLOC_READ(r, r.Count<uint32_t>(max_pages, 8, &n), "pages");
       PAGEALLOC_READ(r, r.I64s(n, &out->pages_), "pages");
+      if (tags && c.kind == PoolChangeKind::kAwaitRelease) {
+        PAGEALLOC_READ(r, r.Tag(&c.call), "call");
+      }
       c.pages = out->pages_;
       break;
     case PoolChangeKind::kResetPrefixCache:
@@ -566,12 +630,21 @@ absl::Status DecodePoolChange(absl::string_view bytes,
 
 namespace {
 
+size_t KeptCallsBytes(const PoolOwnerState& owner) {
+  size_t bytes = 4;
+  for (const PoolKeptCall& kept : owner.kept_calls) {
+    bytes += kKeptCallBytes + kept.pages.size() * 8;
+  }
+  return bytes;
+}
+
 size_t EncodedOwnerSize(const PoolOwnerState& owner, uint32_t format) {
   return 8 + 8 + 4 + owner.metadata.size() + 8 + 4 +
          owner.checkpoints.size() * 16 + 8 + owner.given_log.size() * 8 +
          BitmapBytes(owner.given_log.size()) + 8 + owner.refs.size() * 16 + 8 +
          owner.pins.size() * 8 +
-         (format >= 2 ? 8 + owner.awaiting_release.size() * 8 : 0);
+         (format >= 2 ? 8 + owner.awaiting_release.size() * 8 : 0) +
+         (format >= 3 ? KeptCallsBytes(owner) : 0);
 }
 
 size_t EncodedStateSize(const PoolState& state, uint32_t format) {
@@ -672,6 +745,19 @@ void EncodePoolState(const PoolState& state, std::string* out,
       w.U64(owner.awaiting_release.size());
       w.I64s(owner.awaiting_release);
     }
+    if (format >= 3) {
+      w.U32(static_cast<uint32_t>(owner.kept_calls.size()));
+      for (const PoolKeptCall& kept : owner.kept_calls) {
+        w.U64(kept.id);
+        w.U32(kept.parts);
+        w.U64(kept.order);
+        w.I64(kept.freed);
+        w.U64(kept.checkpoint_id);
+        w.I64(kept.returned);
+        w.U64(kept.pages.size());
+        w.I64s(kept.pages);
+      }
+    }
   }
   w.U64(s->prefix_entries.size());
   for (const PrefixEntryState& entry : s->prefix_entries) {
@@ -756,9 +842,9 @@ absl::StatusOr<PoolState> DecodePoolState(absl::string_view bytes,
     for (OwnerId& owner : s.last_owner) r.U64(&owner);
   }
   uint64_t num_owners = 0;
-  PAGEALLOC_READ(r,
-                 r.Count<uint64_t>(~uint64_t{0}, kMinOwnerBytes, &num_owners),
-                 "owners");
+  PAGEALLOC_READ(
+      r, r.Count<uint64_t>(~uint64_t{0}, MinOwnerBytes(version), &num_owners),
+      "owners");
   s.owners.resize(num_owners);
   for (PoolOwnerState& owner : s.owners) {
     PAGEALLOC_READ(r, r.U64(&owner.id), "owner id");
@@ -791,6 +877,28 @@ absl::StatusOr<PoolState> DecodePoolState(absl::string_view bytes,
                      "owner awaiting_release");
       PAGEALLOC_READ(r, r.I64s(count, &owner.awaiting_release),
                      "owner awaiting_release");
+    }
+    if (version >= 3) {
+      // Whether the calls' fields agree (ids ascending, known parts, pages
+      // only for an allocation) is CreateFromState's to check; their count
+      // is bounded by what a pool keeps, their pages like every other list
+      // of pages.
+      PAGEALLOC_READ(
+          r, r.Count<uint32_t>(kKeptCallsPerOwner, kKeptCallBytes, &count),
+          "owner kept_calls");
+      owner.kept_calls.resize(count);
+      for (PoolKeptCall& kept : owner.kept_calls) {
+        PAGEALLOC_READ(r, r.U64(&kept.id), "owner kept call id");
+        PAGEALLOC_READ(r, r.U32(&kept.parts), "owner kept call parts");
+        PAGEALLOC_READ(r, r.U64(&kept.order), "owner kept call order");
+        PAGEALLOC_READ(r, r.I64(&kept.freed), "owner kept call freed");
+        PAGEALLOC_READ(r, r.U64(&kept.checkpoint_id),
+                       "owner kept call checkpoint_id");
+        PAGEALLOC_READ(r, r.I64(&kept.returned), "owner kept call returned");
+        PAGEALLOC_READ(r, r.Count<uint64_t>(n, 8, &count),
+                       "owner kept call pages");
+        PAGEALLOC_READ(r, r.I64s(count, &kept.pages), "owner kept call pages");
+      }
     }
   }
   PAGEALLOC_READ(r, r.Count<uint64_t>(n, kEntryBytes, &count),

@@ -15,13 +15,14 @@
 // u64, i64); a bool is a u8 that is 0 or 1; a key is its 32 bytes; a
 // string is a u32 length and its bytes. Nothing is aligned.
 //
-// A change record (kPoolChangeFormatVersion 3; version 2 is version 3
-// without kAwaitRelease, and version 1 differs from 2 only in kMatchPrefix,
-// below):
+// A change record (kPoolChangeFormatVersion 4; version 3 is version 4
+// without the calls' tags, version 2 is version 3 without kAwaitRelease,
+// and version 1 differs from 2 only in kMatchPrefix, below):
 //   u8 version, u8 kind (PoolChangeKind), then by kind:
 //   kAddOwner (1):     u64 owner, i64 quota_pages, string metadata
 //                      (<= kMaxOwnerMetadataBytes)
-//   kRemoveOwner (2), kCheckpoint (5), kClearOwner (7): u64 owner
+//   kRemoveOwner (2):  u64 owner
+//   kCheckpoint (5), kClearOwner (7): u64 owner, tag
 //   kAllocate (3):     u32 requests, u32 calls, bool launch_failed,
 //                      [launch_failed: u32 status code (1..16), string
 //                      message (<= kMaxLaunchMessageBytes; longer ones are
@@ -29,10 +30,12 @@
 //                      (RequestKind), u8 flags (bit 0: it had a
 //                      destination; the other bits 0), u64 owner, i64
 //                      index, i64 prefix_len, i64 seq_len, i64 last_loc;
-//                      then per call 9 bytes: i64 num_requests, bool
-//                      all_or_nothing
-//   kFree (4):         u64 owner, u32 pages, u32 shared_pages, i64 each
-//   kRollback (6):     u64 owner, u64 checkpoint_id
+//                      then per call 18 bytes: i64 num_requests, bool
+//                      all_or_nothing, tag (CallSpan.call) (versions 1 to
+//                      3: 9 bytes, without the tag)
+//   kFree (4):         u64 owner, u32 pages, u32 shared_pages, i64 each,
+//                      tag
+//   kRollback (6):     u64 owner, u64 checkpoint_id, tag
 //   kClearPool (8):    bool force
 //   kPublish (9):      u64 owner, bool pin, bool has_parent, [key parent],
 //                      u32 n, n x i64 page, n x key
@@ -44,10 +47,17 @@
 //                      u32 n, n x key (the keys the caller gave)
 //   kUnpin (11):       u64 owner, u32 n, n x i64 page
 //   kResetPrefixCache (12): nothing
-//   kAwaitRelease (13): u64 owner, u32 n, n x i64 page (version 3 on)
+//   kAwaitRelease (13): u64 owner, u32 n, n x i64 page, tag (version 3
+//                      on; version 3 without the tag)
+// where a tag (version 4 on; versions 1 to 3 have none, and those fields
+// end before it) is 9 bytes: u64 call id, bool retry (PoolChange.call,
+// CallTag). A retry names its call: retry 1 with id 0 is malformed, and
+// the encoder writes an untagged call's retry flag as 0 (the pool keeps
+// nothing of an untagged call).
 //
-// A state (kPoolStateFormatVersion 2; version 1 is version 2 without the
-// owners' awaiting_release lists), the fields of PoolState in order:
+// A state (kPoolStateFormatVersion 3; version 2 is version 3 without the
+// owners' kept_calls, and version 1 is version 2 without their
+// awaiting_release lists), the fields of PoolState in order:
 //   "PPST", u32 version, u32 semantics_version, i64 num_pages,
 //   i64 page_size, u8 free_policy, u8 semantics, bool scrub, u8 0,
 //   i64 max_pinned_pages_per_owner, i64 ring_head,
@@ -59,21 +69,29 @@
 //     u64 next_checkpoint_id, u32 n + n x (u64 id, u64 log_position),
 //     u64 n + n x i64 given_log + given_live as a bitmap of ceil(n / 8)
 //     bytes, u64 n + n x (i64 page, i64 count) refs, u64 n + n x i64 pins,
-//     [version 2: u64 n + n x i64 awaiting_release];
+//     [version 2 on: u64 n + n x i64 awaiting_release],
+//     [version 3: u32 n (<= kKeptCallsPerOwner) + n kept calls, each
+//     u64 id, u32 parts, u64 order, i64 freed, u64 checkpoint_id,
+//     i64 returned, u64 m + m x i64 pages];
 //   u64 entries, each 85 bytes: i64 page, key, bool has_parent, key parent,
 //     i64 count, i32 pins;
 //   u64 n + n x i64 prefix_lru; the 16 counters as i64, in PoolCounters'
 //   order.
 //
 // Versions: a decoder takes exactly the versions it knows (records 1 to
-// 3, states 1 and 2) and refuses others with INVALID_ARGUMENT. An encoder
-// writes an older version for a file that older builds may take back
-// (docs/design.md, section 16): a record an older version cannot hold
-// (kAwaitRelease before 3) is not written to it, nor a state's
-// awaiting_release lists to state version 1. Any change to a
-// layout, a field's meaning or the set of kinds is a new version, documented
-// here and in docs/design.md; a change to what operations do to the state is a
-// new kPoolSemanticsVersion (pool_state.h), which CreateFromState checks.
+// 4, states 1 to 3) and refuses others with INVALID_ARGUMENT; what an older
+// version does not hold decodes as its default (no tags: untagged calls;
+// no awaiting_release, no kept_calls: empty). An encoder writes an older
+// version for a file that older builds may take back (docs/design.md,
+// section 16), and drops what that version cannot hold: a record of a
+// kind it lacks (kAwaitRelease before 3) is not written at all; the
+// calls' tags are left out of records before version 4 (the record is
+// still written, untagged); the owners' kept_calls are left out of states
+// before version 3, and their awaiting_release lists out of version 1.
+// Any change to a layout, a field's meaning or the set of kinds is a new
+// version, documented here and in docs/design.md; a change to what
+// operations do to the state is a new kPoolSemanticsVersion
+// (pool_state.h), which CreateFromState checks.
 //
 // Decoding trusts nothing it reads: every read is bounds-checked, every
 // enum and bool range-checked, every count bounded by the pool's geometry
@@ -104,14 +122,23 @@ namespace pagealloc {
 
 // Records are written in kPoolChangeFormatVersion and read in every
 // version from kMinPoolChangeFormatVersion on.
-inline constexpr uint8_t kPoolChangeFormatVersion = 3;
+inline constexpr uint8_t kPoolChangeFormatVersion = 4;
 inline constexpr uint8_t kMinPoolChangeFormatVersion = 1;
 // States likewise.
-inline constexpr uint32_t kPoolStateFormatVersion = 2;
+inline constexpr uint32_t kPoolStateFormatVersion = 3;
 inline constexpr uint32_t kMinPoolStateFormatVersion = 1;
 
-// Whether record format `format` can hold a record of `kind`.
+// Whether record format `format` can hold a record of `kind` (every kind
+// but kAwaitRelease from format 1, that one from 3). A format that holds a
+// kind may still drop some of its fields: the calls' tags before format 4
+// (PoolChangeFormatHoldsTags).
 bool PoolChangeFormatHolds(uint8_t format, PoolChangeKind kind);
+// Whether record format `format` keeps the calls' tags (CallTag): format 4
+// on. A file of an older format forgets which calls took effect, so that
+// a retry answered from it could run a call twice.
+inline constexpr bool PoolChangeFormatHoldsTags(uint8_t format) {
+  return format >= 4;
+}
 // Most bytes of a failed launch's message a record keeps.
 inline constexpr size_t kMaxLaunchMessageBytes = 1024;
 
@@ -124,7 +151,8 @@ size_t EncodedPoolChangeSize(const PoolChange& change,
 // reuses one string allocates once it is warm). O(the record's size).
 // Format 1 is for a file that builds reading only format 1 may take over
 // (docs/design.md, section 16): its match records need `change.keys`,
-// which the pool's records carry beside what the walk found.
+// which the pool's records carry beside what the walk found. Formats 1
+// to 3 leave out the calls' tags.
 // REQUIRES: kMinPoolChangeFormatVersion <= format <= kPoolChangeFormatVersion
 // and PoolChangeFormatHolds(format, change.kind).
 void EncodePoolChange(const PoolChange& change, std::string* out,
@@ -168,8 +196,9 @@ absl::Status DecodePoolChange(absl::string_view bytes,
                               const PoolGeometry& geometry,
                               DecodedPoolChange* out);
 
-// Appends `state`'s encoding in state format `format` to `out` (format 1
-// leaves out the owners' awaiting_release lists). O(pages + owners' lists).
+// Appends `state`'s encoding in state format `format` to `out` (formats 1
+// and 2 leave out the owners' kept_calls, format 1 their awaiting_release
+// lists too). O(pages + owners' lists).
 // REQUIRES: kMinPoolStateFormatVersion <= format <= kPoolStateFormatVersion.
 void EncodePoolState(const PoolState& state, std::string* out,
                      uint32_t format = kPoolStateFormatVersion);

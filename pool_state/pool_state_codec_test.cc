@@ -1,12 +1,17 @@
 // The codec: every kind of record and a state with every field set round
-// trip; every truncation of their encodings, random byte flips and random
-// bytes decode to an error or to some value, never a crash, and never an
-// allocation beyond the input's size (counts are checked against the bytes
-// left before anything is reserved: ASan would report a huge allocation).
+// trip, in the newest formats and in the older ones (which drop what they
+// cannot hold: the calls' tags before record format 4, each owner's latest
+// call before state format 3); every truncation of their encodings, random
+// byte flips and random bytes decode to an error or to some value, never a
+// crash, and never an allocation beyond the input's size (counts are
+// checked against the bytes left before anything is reserved: ASan would
+// report a huge allocation).
 
 #include "pool_state/pool_state_codec.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +27,7 @@ namespace pagealloc {
 namespace {
 
 using ::pagealloc::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr PoolGeometry kGeometry{/*page_size=*/16, /*num_pages=*/40};
@@ -55,10 +61,12 @@ std::string ChangeDifference(const PoolChange& a, const PoolChange& b) {
   if (a.calls.size() != b.calls.size()) return "calls";
   for (size_t i = 0; i < a.calls.size(); ++i) {
     if (a.calls[i].num_requests != b.calls[i].num_requests ||
-        a.calls[i].all_or_nothing != b.calls[i].all_or_nothing) {
+        a.calls[i].all_or_nothing != b.calls[i].all_or_nothing ||
+        a.calls[i].call != b.calls[i].call) {
       return absl::StrFormat("calls[%d]", i);
     }
   }
+  if (a.call != b.call) return "call";
   if ((a.launch_failure == nullptr) != (b.launch_failure == nullptr) ||
       (a.launch_failure != nullptr && *a.launch_failure != *b.launch_failure)) {
     return "launch_failure";
@@ -114,7 +122,8 @@ struct Records {
       r.destination = i == 6 ? nullptr : &slot;
       requests.push_back(r);
     }
-    calls = {{4, true}, {0, false}, {5, false}};
+    // The first and the last call tagged, the last a retry.
+    calls = {{4, true, {11, false}}, {0, false, {}}, {5, false, {12, true}}};
     auto add = [this](PoolChangeKind kind) -> PoolChange& {
       PoolChange& c = changes.emplace_back();
       c.kind = kind;
@@ -136,9 +145,12 @@ struct Records {
     PoolChange& free = add(PoolChangeKind::kFree);
     free.pages = pages;
     free.shared_pages = shared;
-    add(PoolChangeKind::kCheckpoint);
-    add(PoolChangeKind::kRollback).checkpoint_id = 77;
-    add(PoolChangeKind::kClearOwner);
+    free.call = {0xfedcba9876543210ULL, true};
+    add(PoolChangeKind::kCheckpoint).call = {21, false};
+    PoolChange& rollback = add(PoolChangeKind::kRollback);
+    rollback.checkpoint_id = 77;
+    rollback.call = {22, true};
+    add(PoolChangeKind::kClearOwner).call = {23, true};
     PoolChange& clear_pool = add(PoolChangeKind::kClearPool);
     clear_pool.owner = kNoOwner;
     clear_pool.force = true;
@@ -164,9 +176,38 @@ struct Records {
     match.keys_looked_up = 3;
     add(PoolChangeKind::kUnpin).pages = shared;
     add(PoolChangeKind::kResetPrefixCache).owner = kNoOwner;
-    add(PoolChangeKind::kAwaitRelease).pages = pages;
+    PoolChange& await_release = add(PoolChangeKind::kAwaitRelease);
+    await_release.pages = pages;
+    await_release.call = {24, false};
   }
 };
+
+// Whether records of `kind` carry a tag (record format 4 on): kAllocate's
+// per call, these in PoolChange.call.
+bool Tagged(PoolChangeKind kind) {
+  switch (kind) {
+    case PoolChangeKind::kAllocate:
+    case PoolChangeKind::kFree:
+    case PoolChangeKind::kCheckpoint:
+    case PoolChangeKind::kRollback:
+    case PoolChangeKind::kClearOwner:
+    case PoolChangeKind::kAwaitRelease:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// `change` as a record format before 4 keeps it: every call untagged.
+// The result's calls point into `calls`.
+PoolChange Untagged(const PoolChange& change, std::vector<CallSpan>* calls) {
+  PoolChange untagged = change;
+  untagged.call = CallTag{};
+  calls->assign(change.calls.begin(), change.calls.end());
+  for (CallSpan& call : *calls) call.call = CallTag{};
+  untagged.calls = *calls;
+  return untagged;
+}
 
 PoolState RichState() {
   PoolState s;
@@ -199,6 +240,18 @@ PoolState RichState() {
   a.refs = {{9, 2}, {11, 1}};
   a.pins = {9, 13};
   a.awaiting_release = {12, 9, 10};
+  // Not consistent calls (CreateFromState's to check): every field set.
+  PoolKeptCall& first = a.kept_calls.emplace_back();
+  first.id = 7;
+  first.parts = kCallFree;
+  first.freed = 2;
+  PoolKeptCall& last = a.kept_calls.emplace_back();
+  last.id = 0x0102030405060708ULL;
+  last.parts = kCallAllocate | kCallFree | kCallCheckpoint | 0x40;
+  last.freed = 3;
+  last.checkpoint_id = 8;
+  last.returned = -5;
+  last.pages = {14, 16, 40, 1};
   PoolOwnerState& b = s.owners.emplace_back();
   b.id = 0xfffffffffffffff0ULL;
   for (int k = 0; k < 3; ++k) {
@@ -251,6 +304,151 @@ TEST(PoolStateCodecTest, EveryKindOfRecordRoundTrips) {
   }
 }
 
+// Format 4 adds a tag of 9 bytes to each call of an allocation and to
+// each free, checkpoint, rollback, clear and fence, after the fields
+// format 3 has; the tags round trip, retries and all.
+TEST(PoolStateCodecTest, Format4TagsTheCalls) {
+  Records records;
+  DecodedPoolChange decoded;
+  int tagged = 0;
+  for (const PoolChange& change : records.changes) {
+    SCOPED_TRACE(PoolChangeKindName(change.kind));
+    std::string bytes;
+    EncodePoolChange(change, &bytes, 4);
+    std::string format3;
+    EncodePoolChange(change, &format3, 3);
+    const size_t tags = change.kind == PoolChangeKind::kAllocate
+                            ? change.calls.size()
+                        : Tagged(change.kind) ? 1
+                                              : 0;
+    EXPECT_EQ(bytes.size(), format3.size() + 9 * tags);
+    EXPECT_EQ(bytes.size(), EncodedPoolChangeSize(change, 4));
+    ASSERT_OK(DecodePoolChange(bytes, kGeometry, &decoded));
+    EXPECT_EQ(ChangeDifference(decoded.change(), change), "");
+    if (Tagged(change.kind) && change.kind != PoolChangeKind::kAllocate) {
+      // The tag comes last: u64 id, bool retry.
+      uint64_t id = 0;
+      std::memcpy(&id, bytes.data() + bytes.size() - 9, 8);
+      EXPECT_EQ(id, change.call.id);
+      EXPECT_EQ(bytes.back(), change.call.retry ? 1 : 0);
+      EXPECT_EQ(bytes.substr(1, format3.size() - 1), format3.substr(1));
+    }
+    if (Tagged(change.kind) &&
+        (change.call.id != 0 ||
+         std::any_of(change.calls.begin(), change.calls.end(),
+                     [](const CallSpan& c) { return c.call.id != 0; }))) {
+      ++tagged;
+    }
+  }
+  EXPECT_EQ(tagged, 6);  // every kind that has a tag
+  // An allocation's calls: 18 bytes each, the tag after all_or_nothing.
+  const PoolChange& allocate = records.changes[2];
+  ASSERT_EQ(allocate.kind, PoolChangeKind::kAllocate);
+  std::string bytes;
+  EncodePoolChange(allocate, &bytes);
+  const size_t calls_at = 2 + 4 + 4 + 1 + allocate.requests.size() * 42;
+  ASSERT_EQ(bytes.size(), calls_at + 3 * 18);
+  for (size_t i = 0; i < 3; ++i) {
+    const char* call = bytes.data() + calls_at + 18 * i;
+    int64_t num_requests = 0;
+    uint64_t id = 0;
+    std::memcpy(&num_requests, call, 8);
+    std::memcpy(&id, call + 9, 8);
+    EXPECT_EQ(num_requests, allocate.calls[i].num_requests) << i;
+    EXPECT_EQ(call[8], allocate.calls[i].all_or_nothing ? 1 : 0) << i;
+    EXPECT_EQ(id, allocate.calls[i].call.id) << i;
+    EXPECT_EQ(call[17], allocate.calls[i].call.retry ? 1 : 0) << i;
+  }
+}
+
+// Formats 1 to 3 (a journal taken over from a build of journal format 3 or
+// older keeps its format) cannot hold the tags: their records are written
+// without them, every kind that the format holds, and decode untagged.
+TEST(PoolStateCodecTest, FormatsBefore4DropTheTags) {
+  Records records;
+  DecodedPoolChange decoded;
+  for (uint8_t format = 1; format <= 3; ++format) {
+    for (const PoolChange& change : records.changes) {
+      SCOPED_TRACE(absl::StrFormat("format %d, %s", format,
+                                   PoolChangeKindName(change.kind)));
+      if (!PoolChangeFormatHolds(format, change.kind)) continue;
+      EXPECT_FALSE(PoolChangeFormatHoldsTags(format));
+      std::vector<CallSpan> calls;
+      const PoolChange untagged = Untagged(change, &calls);
+      std::string bytes;
+      EncodePoolChange(change, &bytes, format);
+      EXPECT_EQ(bytes.size(), EncodedPoolChangeSize(change, format));
+      std::string without;
+      EncodePoolChange(untagged, &without, format);
+      EXPECT_EQ(bytes, without);
+      ASSERT_OK(DecodePoolChange(bytes, kGeometry, &decoded));
+      if (change.kind == PoolChangeKind::kMatchPrefix && format == 1) {
+        continue;  // holds the keys, not what was found
+      }
+      EXPECT_EQ(ChangeDifference(decoded.change(), untagged), "");
+      EXPECT_EQ(decoded.change().call, CallTag());
+      for (const CallSpan& call : decoded.change().calls) {
+        EXPECT_EQ(call.call, CallTag());
+      }
+    }
+  }
+  EXPECT_TRUE(PoolChangeFormatHoldsTags(4));
+}
+
+// A retry names the call it retries: a tag that says retry with call id 0
+// is no tag a pool wrote (DATA_LOSS), nor is a retry byte other than 0 or
+// 1. The encoder writes an untagged call's retry flag as 0 (the pool keeps
+// nothing of an untagged call), so that what it writes always decodes.
+TEST(PoolStateCodecTest, ARetryWithoutACallIdIsRefused) {
+  Records records;
+  DecodedPoolChange decoded;
+  for (const PoolChange& change : records.changes) {
+    // (An allocation of no calls, the whole batch one call, has no tag.)
+    if (!Tagged(change.kind) ||
+        (change.kind == PoolChangeKind::kAllocate && change.calls.empty())) {
+      continue;
+    }
+    SCOPED_TRACE(PoolChangeKindName(change.kind));
+    std::string bytes;
+    EncodePoolChange(change, &bytes);
+    // The record's last tag: the last call's, or the record's own.
+    const size_t tag_at = bytes.size() - 9;
+    std::string no_id = bytes;
+    std::memset(no_id.data() + tag_at, 0, 8);
+    no_id.back() = 1;
+    EXPECT_THAT(DecodePoolChange(no_id, kGeometry, &decoded),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         HasSubstr("a retry without a call id")));
+    std::string bad_bool = bytes;
+    bad_bool.back() = 2;
+    EXPECT_THAT(
+        DecodePoolChange(bad_bool, kGeometry, &decoded),
+        StatusIs(absl::StatusCode::kDataLoss, HasSubstr("out of range")));
+    // No id and no retry: an untagged call.
+    no_id.back() = 0;
+    ASSERT_OK(DecodePoolChange(no_id, kGeometry, &decoded));
+  }
+
+  PoolChange free;
+  free.kind = PoolChangeKind::kFree;
+  free.owner = 3;
+  free.call = {0, true};
+  std::string bytes;
+  EncodePoolChange(free, &bytes);
+  EXPECT_EQ(bytes.back(), 0);
+  ASSERT_OK(DecodePoolChange(bytes, kGeometry, &decoded));
+  EXPECT_EQ(decoded.change().call, CallTag());
+  const std::vector<CallSpan> calls = {{0, false, {0, true}}};
+  PoolChange allocate;
+  allocate.kind = PoolChangeKind::kAllocate;
+  allocate.calls = calls;
+  bytes.clear();
+  EncodePoolChange(allocate, &bytes);
+  EXPECT_EQ(bytes.back(), 0);
+  ASSERT_OK(DecodePoolChange(bytes, kGeometry, &decoded));
+  EXPECT_EQ(decoded.change().calls[0].call, CallTag());
+}
+
 TEST(PoolStateCodecTest, RecordsAppendToTheCallersBuffer) {
   Records records;
   std::string bytes = "head";
@@ -283,22 +481,115 @@ TEST(PoolStateCodecTest, StateRoundTrips) {
 
 // State format 1 (a journal taken over from a build of journal format 2 or
 // older keeps it) is format 2 without the owners' pages awaiting release:
-// written without them, and read by this build.
+// written without them (and without their latest calls, which format 2
+// lacks too), and read by this build.
 TEST(PoolStateCodecTest, StateFormat1LeavesOutThePagesAwaitingRelease) {
   const PoolState state = RichState();
   std::string bytes;
   EncodePoolState(state, &bytes, 1);
-  std::string newest;
-  EncodePoolState(state, &newest);
+  std::string format2;
+  EncodePoolState(state, &format2, 2);
   EXPECT_EQ(bytes[4], 1);
   EXPECT_EQ(
-      newest.size() - bytes.size(),
+      format2.size() - bytes.size(),
       8 * state.owners.size() + 8 * state.owners[0].awaiting_release.size());
   ASSERT_OK_AND_ASSIGN(const PoolState decoded,
                        DecodePoolState(bytes, kGeometry));
   PoolState expected = state;
-  for (PoolOwnerState& owner : expected.owners) owner.awaiting_release.clear();
+  for (PoolOwnerState& owner : expected.owners) {
+    owner.awaiting_release.clear();
+    owner.kept_calls.clear();
+  }
   EXPECT_EQ(FirstDifference(decoded, expected), "");
+}
+
+// State format 3 keeps each owner's latest calls after its pages awaiting
+// release: a 4-byte count, then 52 bytes a call and 8 a page. Format 2 (a
+// journal taken over from a build of journal format 3 keeps it) is format
+// 3 without them: written without them, and read by this build with every
+// owner's kept calls empty.
+TEST(PoolStateCodecTest, StateFormat3KeepsEachOwnersLatestCalls) {
+  const PoolState state = RichState();
+  ASSERT_EQ(state.owners[0].kept_calls.size(), 2u);
+  ASSERT_FALSE(state.owners[0].kept_calls[1].pages.empty());
+  std::string newest;
+  EncodePoolState(state, &newest);
+  EXPECT_EQ(newest[4], 3);
+  ASSERT_OK_AND_ASSIGN(const PoolState decoded,
+                       DecodePoolState(newest, kGeometry));
+  EXPECT_EQ(decoded.owners[0].kept_calls, state.owners[0].kept_calls);
+  EXPECT_TRUE(decoded.owners[1].kept_calls.empty());
+  EXPECT_EQ(FirstDifference(decoded, state), "");
+
+  std::string bytes;
+  EncodePoolState(state, &bytes, 2);
+  EXPECT_EQ(bytes[4], 2);
+  EXPECT_EQ(newest.size() - bytes.size(),
+            4 * state.owners.size() + (8 + 4 + 8 + 8 + 8 + 8 + 8) * 2 +
+                8 * state.owners[0].kept_calls[1].pages.size());
+  ASSERT_OK_AND_ASSIGN(const PoolState older,
+                       DecodePoolState(bytes, kGeometry));
+  PoolState expected = state;
+  for (PoolOwnerState& owner : expected.owners) owner.kept_calls.clear();
+  EXPECT_EQ(FirstDifference(older, expected), "");
+  // The pages awaiting release are still there.
+  EXPECT_EQ(older.owners[0].awaiting_release, state.owners[0].awaiting_release);
+}
+
+// The latest call's pages are bounded like every other list of pages: by
+// the pool's pages, and by the bytes left before anything is reserved.
+TEST(PoolStateCodecTest, ALatestCallsPagesAreBounded) {
+  std::string state;
+  EncodePoolState(RichState(), &state);
+  // Owner 4's latest call: its id, then 44 bytes on its pages' count.
+  const uint64_t id = 0x0102030405060708ULL;
+  const size_t id_at = state.find(std::string(
+      reinterpret_cast<const char*>(&id), sizeof(id)));  // little-endian
+  ASSERT_NE(id_at, std::string::npos);
+  const size_t count_at = id_at + 8 + 4 + 8 + 8 + 8 + 8;
+  uint64_t count = 0;
+  std::memcpy(&count, state.data() + count_at, 8);
+  ASSERT_EQ(count, RichState().owners[0].kept_calls[1].pages.size());
+
+  auto with_count = [&](uint64_t n, size_t keep) {
+    std::string bytes = state.substr(0, keep);
+    std::memcpy(bytes.data() + count_at, &n, 8);
+    return bytes;
+  };
+  // More pages than the pool has.
+  EXPECT_THAT(DecodePoolState(with_count(kGeometry.num_pages + 1, state.size()),
+                              kGeometry),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("owner kept call pages at byte")));
+  EXPECT_THAT(
+      DecodePoolState(with_count(~uint64_t{0}, state.size()), kGeometry),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("out of range")));
+  // As many as the pool has, with the bytes of two.
+  EXPECT_THAT(
+      DecodePoolState(with_count(kGeometry.num_pages, count_at + 8 + 16),
+                      kGeometry),
+      StatusIs(absl::StatusCode::kDataLoss,
+               HasSubstr("owner kept call pages at byte")));
+  EXPECT_THAT(
+      DecodePoolState(with_count(kGeometry.num_pages, count_at + 8 + 16),
+                      kGeometry),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
+  // Owners are bounded by format 3's smallest owner (68 bytes: format 2's
+  // 64 and the kept calls' count): in a state of no owners and empty
+  // lists, the 144 bytes after the owners' count (the prefix index's two
+  // counts and the counters) cannot hold three.
+  PoolState empty;
+  empty.num_pages = kGeometry.num_pages;
+  empty.page_size = kGeometry.page_size;
+  std::string few;
+  EncodePoolState(empty, &few);
+  const size_t owners_at = 48 + 8 + 8 + 8 * (kGeometry.num_pages + 1) + 6;
+  ASSERT_EQ(few.size(), owners_at + 8 + 8 + 8 + 16 * 8);
+  few[owners_at] = 3;
+  EXPECT_THAT(
+      DecodePoolState(few, kGeometry),
+      StatusIs(absl::StatusCode::kDataLoss,
+               AllOf(HasSubstr("owners at byte"), HasSubstr("truncated"))));
 }
 
 TEST(PoolStateCodecTest, RefusesOtherVersionsGeometriesAndTrailingBytes) {
@@ -309,11 +600,11 @@ TEST(PoolStateCodecTest, RefusesOtherVersionsGeometriesAndTrailingBytes) {
       StatusIs(absl::StatusCode::kDataLoss,
                HasSubstr("a pool of 40 pages of 16; this pool has 41")));
   std::string newer = state;
-  newer[4] = 3;
+  newer[4] = 4;
   EXPECT_THAT(DecodePoolState(newer, kGeometry),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("format version 3; this decoder reads "
-                                 "versions 1..2")));
+                       HasSubstr("format version 4; this decoder reads "
+                                 "versions 1..3")));
   EXPECT_THAT(DecodePoolState(state + "x", kGeometry),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("1 bytes past the state")));
@@ -329,6 +620,11 @@ TEST(PoolStateCodecTest, RefusesOtherVersionsGeometriesAndTrailingBytes) {
   EXPECT_THAT(DecodePoolChange(change, kGeometry, &decoded),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("format version 9")));
+  change[0] = 5;
+  EXPECT_THAT(DecodePoolChange(change, kGeometry, &decoded),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("format version 5; this decoder reads "
+                                 "versions 1..4")));
   change[0] = kPoolChangeFormatVersion;
   change[1] = 14;
   EXPECT_THAT(
@@ -392,10 +688,10 @@ TEST(PoolStateCodecTest, AMatchRecordHoldsThePagesItTookNotItsKeys) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("pages_found")));
 }
 
-// Records of format 1, which a kept state of the previous release holds
+// Records of format 1, which a kept state of an earlier release holds
 // (and this build appends to it), encode and decode: every kind as in
-// format 2 but a match, which holds the keys the caller gave (and Replay
-// walks them).
+// format 3 (untagged) but a match, which holds the keys the caller gave
+// (and Replay walks them).
 TEST(PoolStateCodecTest, RecordsOfFormat1StillDecode) {
   Records records;
   DecodedPoolChange decoded;
@@ -406,13 +702,14 @@ TEST(PoolStateCodecTest, RecordsOfFormat1StillDecode) {
     }
     std::string bytes;
     EncodePoolChange(change, &bytes, 1);
-    std::string newest;
-    EncodePoolChange(change, &newest);
-    EXPECT_EQ(bytes.substr(1), newest.substr(1))
+    std::string format3;
+    EncodePoolChange(change, &format3, 3);
+    EXPECT_EQ(bytes.substr(1), format3.substr(1))
         << PoolChangeKindName(change.kind);
     ASSERT_EQ(bytes[0], 1);
     ASSERT_OK(DecodePoolChange(bytes, kGeometry, &decoded));
-    EXPECT_EQ(ChangeDifference(decoded.change(), change), "")
+    std::vector<CallSpan> calls;
+    EXPECT_EQ(ChangeDifference(decoded.change(), Untagged(change, &calls)), "")
         << PoolChangeKindName(change.kind);
   }
   std::string match("\x01\x0a", 2);
@@ -524,7 +821,7 @@ TEST(PoolStateCodecTest, RandomFlipsAndBytesNeverCrash) {
       }
       ++accepted;
       std::string again;
-      EncodePoolState(*decoded_state, &again);
+      EncodePoolState(*decoded_state, &again, static_cast<uint8_t>(bytes[4]));
       ASSERT_EQ(again, bytes) << "round " << round;
     } else {
       if (!DecodePoolChange(bytes, kGeometry, &decoded).ok()) {

@@ -48,7 +48,11 @@ inline constexpr char kMagic[8] = {'P', 'A', 'J', 'O', 'U', 'R', 'N', 'L'};
 //   3: the same layout; the daemon's records and snapshots in it may be of
 //      pool change record format 3 and pool state format 2 (pages awaiting
 //      release: kept_state).
-inline constexpr uint32_t kFormatVersion = 3;
+//   4: the same layout; the daemon's records and snapshots in it may be of
+//      pool change record format 4 and pool state format 3 (the calls'
+//      tags and each session's latest call, for retries by call id:
+//      kept_state).
+inline constexpr uint32_t kFormatVersion = 4;
 inline constexpr uint32_t kMinReadableFormat = 1;
 
 inline constexpr int64_t kPageBytes = 4096;
