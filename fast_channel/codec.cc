@@ -121,6 +121,7 @@ absl::Status ChannelCodec::TakeCall(TakenCall* call) const {
   const int64_t release_up_to = h->release_ring_up_to;
   const int32_t num_free_first = h->num_free_first;
   const uint64_t release_value = h->release_value;
+  const uint64_t call_id = h->call_id;
   if (!IsKnownKind(kind)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("fast channel: unknown call kind %d", kind));
@@ -158,8 +159,14 @@ absl::Status ChannelCodec::TakeCall(TakenCall* call) const {
         absl::StrFormat("fast channel: num_free_first (%d) is outside [0, %d]",
                         num_free_first, capacity_.max_requests));
   }
+  const bool tagged = static_cast<CallKind>(kind) != CallKind::kMatchPrefix;
+  if ((options & kRetry) != 0 && call_id == 0) {
+    return absl::InvalidArgumentError(
+        "fast channel: a retry (option bit kRetry) without a call_id");
+  }
   call->kind = static_cast<CallKind>(kind);
   call->options = options;
+  call->call_id = tagged ? call_id : 0;
   call->release_ring_up_to = release_up_to;
   const bool is_free =
       call->kind == CallKind::kFreeSlots || call->kind == CallKind::kFreePages;
@@ -377,6 +384,7 @@ absl::Status ChannelCodec::PostCall(const CallView& call, uint32_t seq) {
   header_->options = call.options;
   header_->release_ring_up_to = call.release_ring_up_to;
   header_->release_value = call.release_value;
+  header_->call_id = call.call_id;
   header_->request_seq.store(seq, std::memory_order_seq_cst);
   return absl::OkStatus();
 }

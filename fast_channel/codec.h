@@ -46,6 +46,8 @@ struct CallView {
   absl::Span<const int64_t> free_first;
   // kFreeSlots / kFreePages: the release fence's value (layout.h); 0: none.
   uint64_t release_value = 0;
+  // SessionRef.call_id (0: none; kRetry in `options` marks a retry).
+  uint64_t call_id = 0;
   // kMatchPrefix: the chain's keys back to back, kKeyBytes bytes each (the
   // int64 arrays must then be empty: the keys take their memory). Packed,
   // as the channel holds them, so that posting is one copy.
@@ -62,6 +64,9 @@ struct TakenCall {
   // kFreeSlots / kFreePages: the release fence's value (0: none); 0 for
   // every other kind, whatever the header says.
   uint64_t release_value = 0;
+  // SessionRef.call_id (0: none, and always 0 for kMatchPrefix); a retry
+  // (kRetry in `options`) always has one.
+  uint64_t call_id = 0;
   int32_t num_requests = 0;
   // The arrays the kind uses hold num_requests values; the others are
   // empty spans. free_first holds num_free_first page ids.

@@ -116,6 +116,34 @@ TEST_F(CodecTest, AFreeCarriesItsReleaseValueAndNoOtherKindDoes) {
   EXPECT_EQ(daemon_.ReadReleaseWord(), 7u);
 }
 
+TEST_F(CodecTest, ACallCarriesItsIdAndARetryNeedsOne) {
+  const std::vector<int64_t> seq = {3}, last = {7};
+  CallView decode{CallKind::kDecode, kRetry, 0, {}, seq, last, {}};
+  decode.call_id = 12;
+  ASSERT_OK(client_.PostCall(decode, 1));
+  TakenCall call;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_EQ(call.call_id, 12u);
+  EXPECT_EQ(call.options & kRetry, kRetry);
+  // A retry without an id is refused.
+  decode.call_id = 0;
+  ASSERT_OK(client_.PostCall(decode, 2));
+  EXPECT_THAT(daemon_.TakeCall(&call),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("without a call_id")));
+  // A match carries none, whatever the header says, and may not retry.
+  const std::string keys(kKeyBytes, 'k');
+  CallView match{CallKind::kMatchPrefix, 0, 0, {}, {}, {}, {}};
+  match.keys = keys;
+  ASSERT_OK(client_.PostCall(match, 3));
+  daemon_.header()->call_id = 99;
+  ASSERT_OK(daemon_.TakeCall(&call));
+  EXPECT_EQ(call.call_id, 0u);
+  daemon_.header()->options = kRetry;
+  EXPECT_THAT(daemon_.TakeCall(&call),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0x40")));
+}
+
 TEST_F(CodecTest, TakenCallIsACopyTheClientCannotChange) {
   const std::vector<int64_t> seq = {3}, last = {7};
   ASSERT_OK(client_.PostCall({CallKind::kDecode, 0, 0, {}, seq, last, {}}, 1));

@@ -105,7 +105,7 @@ namespace fast_channel {
 
 inline constexpr uint32_t kMagic = 0x50414643;  // "PAFC"
 // Bumped whenever a field's meaning or offset changes; both ends check it.
-inline constexpr uint32_t kVersion = 10;
+inline constexpr uint32_t kVersion = 11;
 
 // What a call is (the gRPC method it stands for).
 enum class CallKind : uint32_t {
@@ -147,9 +147,12 @@ inline constexpr uint32_t kFreeAscending = 1u << 3;
 inline constexpr uint32_t kFreeFirstAppearance = 1u << 4;
 // MatchPrefixRequest.adopt, for kMatchPrefix only.
 inline constexpr uint32_t kAdopt = 1u << 5;
-inline constexpr uint32_t kKnownOptions = kAsyncCompletion | kCheckpointFirst |
-                                          kAllOrNothing | kFreeAscending |
-                                          kFreeFirstAppearance | kAdopt;
+// SessionRef.retry: the call is sent again with its call_id (every kind
+// but kMatchPrefix; refused without a call_id).
+inline constexpr uint32_t kRetry = 1u << 6;
+inline constexpr uint32_t kKnownOptions =
+    kAsyncCompletion | kCheckpointFirst | kAllOrNothing | kFreeAscending |
+    kFreeFirstAppearance | kAdopt | kRetry;
 
 // A prefix key's size on the wire (kMatchPrefix): what the daemon's prefix
 // index keys are (allocator/prefix_index.h's kPrefixKeyBytes, a SHA-256
@@ -187,6 +190,8 @@ struct alignas(64) ChannelHeader {
   // Not 0: the pages leave the session only once its release_word >= this
   // value. 0: at once.
   uint64_t release_value;
+  // SessionRef.call_id (0: none); ignored for kMatchPrefix.
+  uint64_t call_id;
 
   // The answer (daemon writes, then sets response_seq = request_seq).
   alignas(64) std::atomic<uint32_t> response_seq;
@@ -262,6 +267,7 @@ static_assert(offsetof(ChannelHeader, options) == 76);
 static_assert(offsetof(ChannelHeader, release_ring_up_to) == 80);
 static_assert(offsetof(ChannelHeader, num_free_first) == 88);
 static_assert(offsetof(ChannelHeader, release_value) == 96);
+static_assert(offsetof(ChannelHeader, call_id) == 104);
 static_assert(offsetof(ChannelHeader, response_seq) == 128);
 static_assert(offsetof(ChannelHeader, client_waiting) == 132);
 static_assert(offsetof(ChannelHeader, call_code) == 136);

@@ -159,6 +159,23 @@ absl::StatusOr<std::shared_ptr<Session>> CallCore::ResumeSession(
   return CountResume(std::move(session), was_connected);
 }
 
+absl::StatusOr<CallTag> CallCore::KeptTag(CallTag call) const {
+  if (call.retry && call.id == 0) {
+    return absl::InvalidArgumentError(
+        "session.retry is set without a session.call_id");
+  }
+  if (options_.call_tags_kept) return call;
+  if (call.retry) {
+    return absl::AbortedError(absl::StrFormat(
+        "call %d was sent again after the daemon restarted, but this daemon "
+        "keeps its state in a format from an older release, which holds no "
+        "call ids: whether the call took effect is unknown (ListPages gives "
+        "the session's pages)",
+        call.id));
+  }
+  return CallTag{};
+}
+
 absl::StatusOr<std::shared_ptr<Session>> CallCore::Authenticate(
     uint64_t session_id, absl::string_view token) {
   if (draining_) return DrainingError();
@@ -264,6 +281,8 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
       sessions_->Authenticate(input.session_id, input.session_token);
   if (!authenticated.ok()) return refuse(authenticated.status());
   Session& session = **authenticated;
+  absl::StatusOr<CallTag> tag = KeptTag(input.call);
+  if (!tag.ok()) return refuse(tag.status());
   {
     const absl::Status valid =
         DecodeCall(input.arrays, session.id(), pool_->geometry(), limits_,
@@ -315,6 +334,7 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
   reply->inline_results_ = input.return_inline;
   reply->free_pages_first_ = input.free_pages_first;
   reply->checkpoint_first_ = input.checkpoint_first;
+  reply->call_ = *tag;
   reply->pages_freed_first_ = 0;
 
   *call = AllocCall();
@@ -324,6 +344,7 @@ bool CallCore::PrepareAlloc(const AllocCallInput& input, AllocReply* reply,
   call->return_inline = input.return_inline;
   call->async_completion = input.async_completion;
   call->all_or_nothing = input.all_or_nothing;
+  call->call = *tag;
   call->has_before = !input.free_pages_first.empty() || input.checkpoint_first;
   call->completion = reply;
   return true;
@@ -336,8 +357,11 @@ absl::Status AllocReply::Before() {
         core_->releases_.any_pending()
             ? core_->releases_.CheckNotPending(owner, free_pages_first_)
             : absl::OkStatus();
+    // Tagged, the free is a part of the call: a retry of a call whose
+    // free took effect is answered with what it freed.
     absl::StatusOr<int64_t> freed =
-        none_pending.ok() ? core_->pool_->FreePages(owner, free_pages_first_)
+        none_pending.ok() ? core_->pool_->FreePages(owner, free_pages_first_,
+                                                    FreeOrder::kDefault, call_)
                           : absl::StatusOr<int64_t>(none_pending);
     if (!freed.ok()) {
       // Free's message names pages[i]; here they are these pages.
@@ -347,7 +371,9 @@ absl::Status AllocReply::Before() {
     }
     pages_freed_first_ = *freed;
   }
-  if (checkpoint_first_) return core_->pool_->Checkpoint(owner).status();
+  if (checkpoint_first_) {
+    return core_->pool_->Checkpoint(owner, call_).status();
+  }
   return absl::OkStatus();
 }
 
@@ -423,26 +449,30 @@ void CallCore::Answer(Reply* reply, Method method, Transport transport,
 void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
                           FreeUnit unit, absl::Span<const int64_t> values,
                           Transport transport, Reply* reply, FreeOrder order,
-                          uint64_t release_value) {
+                          uint64_t release_value, CallTag call) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
   if (!session.ok()) {
     return Answer(reply, Method::kFree, transport, start, session.status());
   }
+  absl::StatusOr<CallTag> tag = KeptTag(call);
+  if (!tag.ok())
+    return Answer(reply, Method::kFree, transport, start, tag.status());
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kFree, transport, start, owner,
-           [this, owner, unit, values, reply, order,
-            release_value]() -> absl::Status {
+           [this, owner, unit, values, reply, order, release_value,
+            call = *tag]() -> absl::Status {
              if (release_value != 0 || releases_.any_pending()) {
                return FreeFenced(owner, unit, values, order, release_value,
-                                 reply);
+                                 call, reply);
              }
-             ASSIGN_OR_RETURN(const int64_t freed,
-                              unit == FreeUnit::kSlots
-                                  ? pool_->FreeSlots(owner, values, order)
-                                  : pool_->FreePages(owner, values, order));
+             ASSIGN_OR_RETURN(
+                 const int64_t freed,
+                 unit == FreeUnit::kSlots
+                     ? pool_->FreeSlots(owner, values, order, call)
+                     : pool_->FreePages(owner, values, order, call));
              reply->set_value(freed);
              return absl::OkStatus();
            });
@@ -451,7 +481,17 @@ void CallCore::SubmitFree(uint64_t session_id, absl::string_view token,
 absl::Status CallCore::FreeFenced(uint64_t owner, FreeUnit unit,
                                   absl::Span<const int64_t> values,
                                   FreeOrder order, uint64_t release_value,
-                                  Reply* reply) {
+                                  CallTag call, Reply* reply) {
+  if (call.retry) {
+    // Answered before the checks: a free that took effect has changed
+    // what they would find (its pages are free now, or awaiting).
+    ASSIGN_OR_RETURN(std::optional<PoolKeptCall> kept,
+                     pool_->RetriedCall(owner, call, kCallFree));
+    if (kept.has_value()) {
+      reply->set_value(kept->freed);
+      return absl::OkStatus();
+    }
+  }
   // The pool's own checks (range, double free, another session's page),
   // with its messages; then none of the pages may be pending already.
   ASSIGN_OR_RETURN(
@@ -464,7 +504,7 @@ absl::Status CallCore::FreeFenced(uint64_t owner, FreeUnit unit,
     // checked pages, in the order the check resolved.
     ASSIGN_OR_RETURN(
         const int64_t freed,
-        pool_->FreePages(owner, pages, FreeOrder::kFirstAppearance));
+        pool_->FreePages(owner, pages, FreeOrder::kFirstAppearance, call));
     reply->set_value(freed);
     return absl::OkStatus();
   }
@@ -472,7 +512,7 @@ absl::Status CallCore::FreeFenced(uint64_t owner, FreeUnit unit,
   // The pool marks them too, so that a kept state knows them: a daemon
   // restarted before the fence passed frees them when the session resumes
   // (its client waits for its fences first), not never.
-  absl::Status marked = pool_->AwaitRelease(owner, pages);
+  absl::Status marked = pool_->AwaitRelease(owner, pages, call);
   if (!marked.ok()) {
     log_->error(
         "session {}: {} pages freed with a fence are not marked as "
@@ -571,19 +611,21 @@ absl::Status CallCore::AttachReleaseWord(uint64_t session_id,
 }
 
 void CallCore::SubmitCheckpoint(uint64_t session_id, absl::string_view token,
-                                Transport transport, Reply* reply) {
+                                Transport transport, Reply* reply,
+                                CallTag call) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
-  if (!session.ok()) {
-    return Answer(reply, Method::kCheckpoint, transport, start,
-                  session.status());
+  absl::StatusOr<CallTag> tag = session.ok() ? KeptTag(call) : session.status();
+  if (!tag.ok()) {
+    return Answer(reply, Method::kCheckpoint, transport, start, tag.status());
   }
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kCheckpoint, transport, start, owner,
-           [this, owner, reply]() -> absl::Status {
-             ASSIGN_OR_RETURN(const uint64_t id, pool_->Checkpoint(owner));
+           [this, owner, reply, call = *tag]() -> absl::Status {
+             ASSIGN_OR_RETURN(const uint64_t id,
+                              pool_->Checkpoint(owner, call));
              reply->set_value(static_cast<int64_t>(id));
              return absl::OkStatus();
            });
@@ -591,19 +633,20 @@ void CallCore::SubmitCheckpoint(uint64_t session_id, absl::string_view token,
 
 void CallCore::SubmitRollback(uint64_t session_id, absl::string_view token,
                               Transport transport, Reply* reply,
-                              uint64_t checkpoint_id) {
+                              uint64_t checkpoint_id, CallTag call) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
-  if (!session.ok()) {
-    return Answer(reply, Method::kRollback, transport, start, session.status());
+  absl::StatusOr<CallTag> tag = session.ok() ? KeptTag(call) : session.status();
+  if (!tag.ok()) {
+    return Answer(reply, Method::kRollback, transport, start, tag.status());
   }
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kRollback, transport, start, owner,
-           [this, owner, reply, checkpoint_id]() -> absl::Status {
+           [this, owner, reply, checkpoint_id, call = *tag]() -> absl::Status {
              ASSIGN_OR_RETURN(const int64_t returned,
-                              pool_->Rollback(owner, checkpoint_id));
+                              pool_->Rollback(owner, checkpoint_id, call));
              // Pending pages the rollback gave back leave the queue.
              if (releases_.any_pending()) {
                releases_.Retain(owner, [this, owner](int64_t page) {
@@ -638,19 +681,21 @@ void CallCore::SubmitListPages(uint64_t session_id, absl::string_view token,
 }
 
 void CallCore::SubmitClearSession(uint64_t session_id, absl::string_view token,
-                                  Transport transport, Reply* reply) {
+                                  Transport transport, Reply* reply,
+                                  CallTag call) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Session>> session =
       Authenticate(session_id, token);
-  if (!session.ok()) {
-    return Answer(reply, Method::kClearSession, transport, start,
-                  session.status());
+  absl::StatusOr<CallTag> tag = session.ok() ? KeptTag(call) : session.status();
+  if (!tag.ok()) {
+    return Answer(reply, Method::kClearSession, transport, start, tag.status());
   }
   const uint64_t owner = (*session)->id();
   reply->set_value(0);
   SubmitOp(reply, Method::kClearSession, transport, start, owner,
-           [this, owner, reply]() -> absl::Status {
-             ASSIGN_OR_RETURN(const int64_t freed, pool_->ClearOwner(owner));
+           [this, owner, reply, call = *tag]() -> absl::Status {
+             ASSIGN_OR_RETURN(const int64_t freed,
+                              pool_->ClearOwner(owner, call));
              // Its pending pages were among those cleared.
              releases_.Retain(owner, [](int64_t) { return false; });
              reply->set_value(freed);

@@ -164,6 +164,7 @@ class AllocReply : public Reply, private AllocCompletion {
   bool inline_results_ = false;
   absl::Span<const int64_t> free_pages_first_;
   bool checkpoint_first_ = false;
+  CallTag call_;
   int64_t pages_freed_first_ = 0;
 };
 
@@ -205,6 +206,8 @@ struct AllocCallInput {
   bool checkpoint_first = false;
   // AllocOptions.all_or_nothing: admit every request of the call or none.
   bool all_or_nothing = false;
+  // SessionRef.call_id and retry (docs/design.md, "Retries by call id").
+  CallTag call;
 };
 
 // What Free frees: slots (their pages) or pages.
@@ -260,6 +263,12 @@ class CallCore {
     // The daemon keeps the pool across its restarts (--keep_state), so a
     // client whose daemon died reconnects by default (PoolInfo.state_kept).
     bool state_kept = false;
+    // Calls' tags are kept where a successor finds them: no kept state
+    // (nothing outlives this process), or a kept state in a format that
+    // holds them (KeptState::KeepsCallTags). When false, tags are dropped
+    // and retries refused: a successor could not tell a done call from
+    // one never done.
+    bool call_tags_kept = true;
   };
   // (The per-session pin bound is the pool's:
   // PoolOptions.max_pinned_pages_per_owner.)
@@ -328,6 +337,13 @@ class CallCore {
   // sessions were reclaimed. Called periodically by the server.
   int ReclaimExpired(absl::Time now);
   absl::Duration lease() const { return sessions_->options().lease; }
+  // The id of the session's latest call the pool kept (0: none or an
+  // unknown session), for a Resume's answer.
+  uint64_t LastCallId(uint64_t session_id) const {
+    return pool_->LastCallId(session_id).value_or(0);
+  }
+  // Options.call_tags_kept.
+  bool call_tags_kept() const { return options_.call_tags_kept; }
 
   // ---- Allocation calls.
 
@@ -353,22 +369,27 @@ class CallCore {
   // reply's value counts them. FAILED_PRECONDITION for a release value on
   // a session without a release word (no fast channel). A page pending
   // already is a double free (FAILED_PRECONDITION), fenced or not.
+  //
+  // `call` is the call's tag (SessionRef.call_id and retry; PagePool's
+  // tagged operations say what a retry does). A retry while the kept state
+  // cannot hold tags (Options.call_tags_kept false) is refused with
+  // ABORTED; a tag is then not kept either.
   void SubmitFree(uint64_t session_id, absl::string_view token, FreeUnit unit,
                   absl::Span<const int64_t> values, Transport transport,
                   Reply* reply, FreeOrder order = FreeOrder::kDefault,
-                  uint64_t release_value = 0);
+                  uint64_t release_value = 0, CallTag call = {});
   // Pushes a checkpoint; the reply's value is its id.
   void SubmitCheckpoint(uint64_t session_id, absl::string_view token,
-                        Transport transport, Reply* reply);
+                        Transport transport, Reply* reply, CallTag call = {});
   // Rolls back to checkpoint `checkpoint_id` (0: the latest, which ends:
   // PagePool::Rollback); the reply's value is the pages returned.
   void SubmitRollback(uint64_t session_id, absl::string_view token,
                       Transport transport, Reply* reply,
-                      uint64_t checkpoint_id = 0);
+                      uint64_t checkpoint_id = 0, CallTag call = {});
   // Frees every page of the session and ends its checkpoints
   // (PagePool::ClearOwner); the reply's value is the pages freed.
   void SubmitClearSession(uint64_t session_id, absl::string_view token,
-                          Transport transport, Reply* reply);
+                          Transport transport, Reply* reply, CallTag call = {});
   // The session's pages (PagePool::PagesOwnedBy), in order with its queued
   // work: `reply->pages` the owned ones, `reply->shared` the shared ones.
   void SubmitListPages(uint64_t session_id, absl::string_view token,
@@ -504,7 +525,11 @@ class CallCore {
   // has passed. Driving thread.
   absl::Status FreeFenced(uint64_t owner, FreeUnit unit,
                           absl::Span<const int64_t> values, FreeOrder order,
-                          uint64_t release_value, Reply* reply);
+                          uint64_t release_value, CallTag call, Reply* reply);
+  // The tag a call goes to the pool with: `call` itself, or, when the kept
+  // state cannot hold tags (Options.call_tags_kept), none, and ABORTED for
+  // a retry.
+  absl::StatusOr<CallTag> KeptTag(CallTag call) const;
   // The match entry points' common part: authenticates the session, then
   // answers `checked` (the caller's check of the chain) if it is an error,
   // else queues the match of `chain` for the session. `storage` is what

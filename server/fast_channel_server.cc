@@ -21,6 +21,15 @@
 namespace pagealloc {
 namespace {
 
+// The call's tag as the pool keeps it (SessionRef.call_id, retry).
+CallTag TagOf(const fast_channel::TakenCall& call) {
+  return CallTag{call.call_id, (call.options & fast_channel::kRetry) != 0};
+}
+
+}  // namespace
+
+namespace {
+
 // epoll data of a poller's own wake-up eventfd; channels' doorbells carry
 // their session id, which is never 0.
 constexpr uint64_t kWakeTag = 0;
@@ -487,7 +496,7 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
       return;
     case CallKind::kCheckpoint:
       core_->SubmitCheckpoint(c.session_id, c.token, Transport::kFastChannel,
-                              &reply);
+                              &reply, TagOf(call));
       return;
     case CallKind::kRollback:
       if (call.in1.size() > 1) {
@@ -499,7 +508,8 @@ void FastChannelServer::Take(const std::shared_ptr<Channel>& channel,
       }
       core_->SubmitRollback(
           c.session_id, c.token, Transport::kFastChannel, &reply,
-          call.in1.empty() ? 0 : static_cast<uint64_t>(call.in1[0]));
+          call.in1.empty() ? 0 : static_cast<uint64_t>(call.in1[0]),
+          TagOf(call));
       return;
     case CallKind::kMatchPrefix:  // answered above, through its own reply
       return;
@@ -521,6 +531,7 @@ void FastChannelServer::PrepareTakenAlloc(Channel& c, Method method,
   input.checkpoint_first = (call.options & fast_channel::kCheckpointFirst) != 0;
   input.free_pages_first = call.free_first;
   input.all_or_nothing = (call.options & fast_channel::kAllOrNothing) != 0;
+  input.call = TagOf(call);
   AllocCall prepared_call;
   if (core_->PrepareAlloc(input, c.reply.get(), &prepared_call)) {
     // This poller serves its channels for good (see AllocCall).
@@ -552,7 +563,8 @@ void FastChannelServer::SubmitTakenFree(Channel& c) {
   core_->SubmitFree(
       c.session_id, c.token,
       call.kind == CallKind::kFreeSlots ? FreeUnit::kSlots : FreeUnit::kPages,
-      call.in1, Transport::kFastChannel, &reply, order, call.release_value);
+      call.in1, Transport::kFastChannel, &reply, order, call.release_value,
+      TagOf(call));
 }
 
 void FastChannelServer::PublishAnswer(Channel& c, uint32_t seq) {

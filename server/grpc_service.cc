@@ -15,6 +15,11 @@
 namespace pagealloc {
 namespace {
 
+// The call's tag as the pool keeps it (SessionRef.call_id, retry).
+CallTag TagOf(const v1::SessionRef& session) {
+  return CallTag{session.call_id(), session.retry()};
+}
+
 v1::Backend ToWire(BackendKind kind) {
   return kind == BackendKind::kCuda ? v1::BACKEND_CUDA : v1::BACKEND_CPU;
 }
@@ -419,6 +424,7 @@ grpc::ServerUnaryReactor* GrpcService::Resume(
   }
   FillRegisterResponse(**session, request->fast_channel(), response);
   response->set_resumed(true);
+  response->set_last_call_id(core_->LastCallId((*session)->id()));
   Finish(reactor, Method::kResume, start, absl::OkStatus());
   return reactor;
 }
@@ -433,6 +439,7 @@ void GrpcService::FillRegisterResponse(const Session& session,
   response->set_lease_ms(absl::ToInt64Milliseconds(core_->lease()));
   response->set_quota_pages(session.quota_pages());
   response->set_resumable(session.resumable());
+  response->set_retries_kept(core_->call_tags_kept());
   response->set_memory_socket(memory_socket_);
   if (!fast_channel || channels_ == nullptr || memory_socket_.empty()) return;
   const absl::StatusOr<ChannelCapacity> opened =
@@ -491,6 +498,7 @@ grpc::ServerUnaryReactor* GrpcService::HandleAlloc(
   input.free_pages_first = options.free_pages_first();
   input.checkpoint_first = options.checkpoint_first();
   input.all_or_nothing = options.all_or_nothing();
+  input.call = TagOf(request.session());
   // Deletes itself once it has finished the call, possibly before
   // SubmitPrepared returns.
   auto* reply = new AllocCallReply(reactor, response, options.packed_results(),
@@ -545,7 +553,8 @@ grpc::ServerUnaryReactor* GrpcService::Free(
       new OpReply(
           reactor,
           [response](int64_t freed) { response->set_pages_freed(freed); }),
-      FromWire(request->order()), request->release_value());
+      FromWire(request->order()), request->release_value(),
+      TagOf(request->session()));
   return reactor;
 }
 
@@ -553,11 +562,12 @@ grpc::ServerUnaryReactor* GrpcService::Checkpoint(
     grpc::CallbackServerContext* context, const v1::CheckpointRequest* request,
     v1::CheckpointResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  core_->SubmitCheckpoint(request->session().session_id(),
-                          request->session().session_token(), Transport::kGrpc,
-                          new OpReply(reactor, [response](int64_t id) {
-                            response->set_checkpoint_id(id);
-                          }));
+  core_->SubmitCheckpoint(
+      request->session().session_id(), request->session().session_token(),
+      Transport::kGrpc,
+      new OpReply(reactor,
+                  [response](int64_t id) { response->set_checkpoint_id(id); }),
+      TagOf(request->session()));
   return reactor;
 }
 
@@ -571,7 +581,7 @@ grpc::ServerUnaryReactor* GrpcService::Rollback(
                                     [response](int64_t returned) {
                                       response->set_pages_returned(returned);
                                     }),
-                        request->checkpoint_id());
+                        request->checkpoint_id(), TagOf(request->session()));
   return reactor;
 }
 
@@ -676,9 +686,11 @@ grpc::ServerUnaryReactor* GrpcService::ClearSession(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   core_->SubmitClearSession(
       request->session().session_id(), request->session().session_token(),
-      Transport::kGrpc, new OpReply(reactor, [response](int64_t freed) {
-        response->set_pages_freed(freed);
-      }));
+      Transport::kGrpc,
+      new OpReply(
+          reactor,
+          [response](int64_t freed) { response->set_pages_freed(freed); }),
+      TagOf(request->session()));
   return reactor;
 }
 

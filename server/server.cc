@@ -721,6 +721,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(
   core_options.allow_forced_clear = options.allow_forced_clear;
   core_options.register_secret = options.register_secret;
   core_options.state_kept = kept != nullptr;
+  core_options.call_tags_kept = kept == nullptr || kept->KeepsCallTags();
   server->core_ = std::make_unique<CallCore>(
       core_options, server->pool_.get(), server->backend_.get(),
       server->sessions_.get(), server->batcher_.get());
