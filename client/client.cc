@@ -157,6 +157,7 @@ void Client::Accept(const v1::RegisterResponse& response) {
   lease_ms_ = response.lease_ms();
   quota_pages_ = response.quota_pages();
   reconnect_timeout_ = options_.reconnect_timeout;
+  NoteCalls(response);
   if (reconnect_timeout_ < absl::ZeroDuration()) {
     reconnect_timeout_ = pool_.state_kept() ? absl::Milliseconds(lease_ms_)
                                             : absl::ZeroDuration();
@@ -309,11 +310,21 @@ bool DaemonHungUp(int connection) {
   return recv(connection, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
+// Marks a call's failure as the daemon's restart under it (Tagged sends
+// such a call again).
+constexpr absl::string_view kRestartedPayload = "pagealloc.v1/restarted";
+
 absl::Status Restarted(const absl::Status& seen) {
-  return absl::UnavailableError(absl::StrFormat(
+  absl::Status status = absl::UnavailableError(absl::StrFormat(
       "the daemon restarted during this call; whether it took effect is "
       "unknown (%s)",
       seen.ok() ? "the daemon went away" : seen.ToString()));
+  status.SetPayload(kRestartedPayload, absl::Cord("1"));
+  return status;
+}
+
+bool IsRestarted(const absl::Status& status) {
+  return status.GetPayload(kRestartedPayload).has_value();
 }
 
 }  // namespace
@@ -528,8 +539,54 @@ absl::Status Client::ReconnectOnce(absl::Time give_up, bool* retry) {
     channel_ = std::move(channel);
     stub_ = std::move(stub);
   }
+  NoteCalls(response);
   Install(*std::move(link));
   return absl::OkStatus();
+}
+
+void Client::NoteCalls(const v1::RegisterResponse& response) {
+  retries_kept_.store(response.retries_kept(), std::memory_order_release);
+  // Ids go on after the latest the daemon kept (another process's, for a
+  // session resumed from elsewhere), never back.
+  uint64_t next = next_call_id_.load(std::memory_order_relaxed);
+  while (
+      next <= response.last_call_id() &&
+      !next_call_id_.compare_exchange_weak(next, response.last_call_id() + 1)) {
+  }
+}
+
+template <typename T, typename Attempt>
+absl::StatusOr<T> Client::Tagged(Attempt attempt) {
+  CallTag tag{next_call_id_.fetch_add(1, std::memory_order_relaxed), false};
+  for (int sent = 1;; ++sent) {
+    const uint64_t epoch = link_epoch();
+    absl::StatusOr<T> answer = attempt(tag);
+    if (answer.ok() || !IsRestarted(answer.status()) || sent == kMaxCallSends ||
+        !WaitForLinkAfter(epoch) ||
+        !retries_kept_.load(std::memory_order_acquire)) {
+      return answer;
+    }
+    tag.retry = true;
+    calls_sent_again_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+bool Client::WaitForLinkAfter(uint64_t epoch) {
+  const absl::Time deadline = absl::Now() + options_.call_timeout;
+  absl::MutexLock lock(&mu_);
+  while (
+      session_status_.ok() && !closed_ &&
+      (reconnecting_ || link_epoch_.load(std::memory_order_relaxed) <= epoch)) {
+    if (link_changed_.WaitWithDeadline(&mu_, deadline)) return false;
+  }
+  return session_status_.ok() && !closed_;
+}
+
+v1::SessionRef Client::TaggedRef(CallTag tag) const {
+  v1::SessionRef ref = Ref();
+  ref.set_call_id(tag.id);
+  ref.set_retry(tag.retry);
+  return ref;
 }
 
 bool Client::SleepUnlessStopped(absl::Duration wait) {
@@ -752,9 +809,9 @@ bool Client::reconnecting() const {
 template <typename Request, typename Method>
 absl::StatusOr<Allocation> Client::CallAlloc(Request& request,
                                              const CallOptions& options,
-                                             Method method) {
+                                             Method method, CallTag tag) {
   ASSIGN_OR_RETURN(const CallStart start, Begin(/*grpc=*/true));
-  *request.mutable_session() = Ref();
+  *request.mutable_session() = TaggedRef(tag);
   v1::AllocOptions* wire = request.mutable_options();
   wire->set_return_inline(options.return_inline);
   wire->set_async_completion(options.async_completion);
@@ -895,39 +952,65 @@ absl::StatusOr<Allocation> Client::ToAllocation(const AnswerArrays& answer,
 absl::StatusOr<Allocation> Client::AllocExtend(
     absl::Span<const int64_t> prefix_lens, absl::Span<const int64_t> seq_lens,
     absl::Span<const int64_t> last_locs, const CallOptions& options) {
+  return Tagged<Allocation>([&](CallTag tag) {
+    return AllocExtendOnce(prefix_lens, seq_lens, last_locs, options, tag);
+  });
+}
+
+absl::StatusOr<Allocation> Client::AllocExtendOnce(
+    absl::Span<const int64_t> prefix_lens, absl::Span<const int64_t> seq_lens,
+    absl::Span<const int64_t> last_locs, const CallOptions& options,
+    CallTag tag) {
   if (auto fast = FastCall(fast_channel::CallKind::kExtend, prefix_lens,
-                           seq_lens, last_locs, options)) {
+                           seq_lens, last_locs, options, tag)) {
     return *std::move(fast);
   }
   v1::AllocExtendRequest request;
   request.mutable_prefix_lens()->Add(prefix_lens.begin(), prefix_lens.end());
   request.mutable_seq_lens()->Add(seq_lens.begin(), seq_lens.end());
   request.mutable_last_locs()->Add(last_locs.begin(), last_locs.end());
-  return CallAlloc(request, options, &v1::PageAllocator::Stub::AllocExtend);
+  return CallAlloc(request, options, &v1::PageAllocator::Stub::AllocExtend,
+                   tag);
 }
 
 absl::StatusOr<Allocation> Client::AllocDecode(
     absl::Span<const int64_t> seq_lens, absl::Span<const int64_t> last_locs,
     const CallOptions& options) {
+  return Tagged<Allocation>([&](CallTag tag) {
+    return AllocDecodeOnce(seq_lens, last_locs, options, tag);
+  });
+}
+
+absl::StatusOr<Allocation> Client::AllocDecodeOnce(
+    absl::Span<const int64_t> seq_lens, absl::Span<const int64_t> last_locs,
+    const CallOptions& options, CallTag tag) {
   if (auto fast = FastCall(fast_channel::CallKind::kDecode, {}, seq_lens,
-                           last_locs, options)) {
+                           last_locs, options, tag)) {
     return *std::move(fast);
   }
   v1::AllocDecodeRequest request;
   request.mutable_seq_lens()->Add(seq_lens.begin(), seq_lens.end());
   request.mutable_last_locs()->Add(last_locs.begin(), last_locs.end());
-  return CallAlloc(request, options, &v1::PageAllocator::Stub::AllocDecode);
+  return CallAlloc(request, options, &v1::PageAllocator::Stub::AllocDecode,
+                   tag);
 }
 
 absl::StatusOr<Allocation> Client::Alloc(absl::Span<const int64_t> num_tokens,
                                          const CallOptions& options) {
+  return Tagged<Allocation>(
+      [&](CallTag tag) { return AllocOnce(num_tokens, options, tag); });
+}
+
+absl::StatusOr<Allocation> Client::AllocOnce(
+    absl::Span<const int64_t> num_tokens, const CallOptions& options,
+    CallTag tag) {
   if (auto fast = FastCall(fast_channel::CallKind::kAlloc, {}, num_tokens, {},
-                           options)) {
+                           options, tag)) {
     return *std::move(fast);
   }
   v1::AllocRequest request;
   request.mutable_num_tokens()->Add(num_tokens.begin(), num_tokens.end());
-  return CallAlloc(request, options, &v1::PageAllocator::Stub::Alloc);
+  return CallAlloc(request, options, &v1::PageAllocator::Stub::Alloc, tag);
 }
 
 FastChannelClient* Client::BeginFast(absl::StatusOr<CallStart>* start) {
@@ -961,7 +1044,7 @@ absl::Status Client::PostFastCall(FastChannelClient& fast,
 
 std::optional<absl::StatusOr<int64_t>> Client::FastOp(
     fast_channel::CallKind kind, absl::Span<const int64_t> values,
-    uint32_t option_bits, uint64_t release_value) {
+    uint32_t option_bits, uint64_t release_value, CallTag tag) {
   const FastChannelClient* seen = fast_.load(std::memory_order_acquire);
   if (seen == nullptr ||
       values.size() > static_cast<size_t>(seen->max_requests())) {
@@ -977,9 +1060,10 @@ std::optional<absl::StatusOr<int64_t>> Client::FastOp(
   }
   fast_channel::CallView call;
   call.kind = kind;
-  call.options = option_bits;
+  call.options = option_bits | (tag.retry ? fast_channel::kRetry : 0);
   call.in1 = values;
   call.release_value = release_value;
+  call.call_id = tag.id;
   if (absl::Status posted = PostFastCall(*fast, *start, call); !posted.ok()) {
     return posted;
   }
@@ -1017,7 +1101,7 @@ std::optional<absl::StatusOr<std::vector<int64_t>>> Client::FastMatch(
 std::optional<absl::StatusOr<Allocation>> Client::FastCall(
     fast_channel::CallKind kind, absl::Span<const int64_t> in0,
     absl::Span<const int64_t> in1, absl::Span<const int64_t> in2,
-    const CallOptions& options) {
+    const CallOptions& options, CallTag tag) {
   const FastChannelClient* seen = fast_.load(std::memory_order_acquire);
   if (seen == nullptr || options.return_inline) return std::nullopt;
   // Parallel arrays of different lengths are the daemon's to refuse, with
@@ -1040,10 +1124,12 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   const uint32_t option_bits =
       (options.async_completion ? fast_channel::kAsyncCompletion : 0) |
       (options.checkpoint_first ? fast_channel::kCheckpointFirst : 0) |
-      (options.all_or_nothing ? fast_channel::kAllOrNothing : 0);
+      (options.all_or_nothing ? fast_channel::kAllOrNothing : 0) |
+      (tag.retry ? fast_channel::kRetry : 0);
   fast_channel::CallView call;
   call.kind = kind;
   call.options = option_bits;
+  call.call_id = tag.id;
   call.in0 = in0;
   call.in1 = in1;
   call.in2 = in2;
@@ -1068,9 +1154,10 @@ std::optional<absl::StatusOr<Allocation>> Client::FastCall(
   return Fenced(ToAllocation(answer, options, *start));
 }
 
-absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request) {
+absl::StatusOr<int64_t> Client::SendFree(v1::FreeRequest& request,
+                                         CallTag tag) {
   ASSIGN_OR_RETURN(const CallStart start, Begin(/*grpc=*/true));
-  *request.mutable_session() = Ref();
+  *request.mutable_session() = TaggedRef(tag);
   v1::FreeResponse response;
   auto context = NewContext(start.deadline);
   absl::Status status = Observe(
@@ -1117,9 +1204,18 @@ absl::StatusOr<int64_t> Client::Free(bool slots,
                                      absl::Span<const int64_t> values,
                                      v1::FreeOrder order,
                                      uint64_t release_value) {
+  return Tagged<int64_t>([&](CallTag tag) {
+    return FreeOnce(slots, values, order, release_value, tag);
+  });
+}
+
+absl::StatusOr<int64_t> Client::FreeOnce(bool slots,
+                                         absl::Span<const int64_t> values,
+                                         v1::FreeOrder order,
+                                         uint64_t release_value, CallTag tag) {
   if (auto fast = FastOp(slots ? fast_channel::CallKind::kFreeSlots
                                : fast_channel::CallKind::kFreePages,
-                         values, FreeOrderBits(order), release_value)) {
+                         values, FreeOrderBits(order), release_value, tag)) {
     return *std::move(fast);
   }
   v1::FreeRequest request;
@@ -1127,7 +1223,7 @@ absl::StatusOr<int64_t> Client::Free(bool slots,
       ->Add(values.begin(), values.end());
   request.set_order(order);
   request.set_release_value(release_value);
-  return SendFree(request);
+  return SendFree(request, tag);
 }
 
 absl::StatusOr<uint64_t> Client::QueueRelease(void* cuda_stream) {
@@ -1195,13 +1291,17 @@ absl::StatusOr<int64_t> Client::FreeGroup::End() {
 absl::Status Client::Checkpoint() { return CheckpointId().status(); }
 
 absl::StatusOr<uint64_t> Client::CheckpointId() {
-  if (auto fast = FastOp(fast_channel::CallKind::kCheckpoint, {})) {
+  return Tagged<uint64_t>([this](CallTag tag) { return CheckpointOnce(tag); });
+}
+
+absl::StatusOr<uint64_t> Client::CheckpointOnce(CallTag tag) {
+  if (auto fast = FastOp(fast_channel::CallKind::kCheckpoint, {}, 0, 0, tag)) {
     if (!fast->ok()) return fast->status();
     return static_cast<uint64_t>(**fast);
   }
   ASSIGN_OR_RETURN(const CallStart start, Begin(/*grpc=*/true));
   v1::CheckpointRequest request;
-  *request.mutable_session() = Ref();
+  *request.mutable_session() = TaggedRef(tag);
   v1::CheckpointResponse response;
   auto context = NewContext(start.deadline);
   const absl::Status status = Observe(
@@ -1215,15 +1315,22 @@ absl::StatusOr<uint64_t> Client::CheckpointId() {
 absl::StatusOr<int64_t> Client::Rollback() { return Rollback(uint64_t{0}); }
 
 absl::StatusOr<int64_t> Client::Rollback(uint64_t checkpoint_id) {
+  return Tagged<int64_t>(
+      [&](CallTag tag) { return RollbackOnce(checkpoint_id, tag); });
+}
+
+absl::StatusOr<int64_t> Client::RollbackOnce(uint64_t checkpoint_id,
+                                             CallTag tag) {
   const int64_t id = static_cast<int64_t>(checkpoint_id);
   if (auto fast = FastOp(fast_channel::CallKind::kRollback,
                          checkpoint_id == 0 ? absl::Span<const int64_t>()
-                                            : absl::MakeConstSpan(&id, 1))) {
+                                            : absl::MakeConstSpan(&id, 1),
+                         0, 0, tag)) {
     return *std::move(fast);
   }
   ASSIGN_OR_RETURN(const CallStart start, Begin(/*grpc=*/true));
   v1::RollbackRequest request;
-  *request.mutable_session() = Ref();
+  *request.mutable_session() = TaggedRef(tag);
   request.set_checkpoint_id(checkpoint_id);
   v1::RollbackResponse response;
   auto context = NewContext(start.deadline);
@@ -1235,9 +1342,13 @@ absl::StatusOr<int64_t> Client::Rollback(uint64_t checkpoint_id) {
 }
 
 absl::StatusOr<int64_t> Client::ClearSession() {
+  return Tagged<int64_t>([this](CallTag tag) { return ClearSessionOnce(tag); });
+}
+
+absl::StatusOr<int64_t> Client::ClearSessionOnce(CallTag tag) {
   ASSIGN_OR_RETURN(const CallStart start, Begin(/*grpc=*/true));
   v1::ClearSessionRequest request;
-  *request.mutable_session() = Ref();
+  *request.mutable_session() = TaggedRef(tag);
   v1::ClearSessionResponse response;
   auto context = NewContext(start.deadline);
   absl::Status status = Observe(FromGrpcStatus(start.stub->ClearSession(

@@ -511,13 +511,24 @@ class Client {
   //
   // Calls while reconnecting wait for it, up to their call timeout, then
   // run on the new link (or fail as the session did). A call in flight
-  // when the daemon died fails once with UNAVAILABLE "the daemon restarted
-  // during this call; whether it took effect is unknown": no call is
-  // retried, as a mutating call may have taken effect before the death
-  // (idempotent call ids, which would make retries safe, are a later
-  // step), except GetStats, which changes nothing and is retried once on
-  // the new link. Before it Resumes, the client waits (up to its call
-  // timeout) for the streams of its fenced frees to pass their release
+  // when the daemon died is sent again on the new link, with the call id
+  // it was first sent with (docs/design.md, "Retries by call id"): the
+  // calls that change the session's pages (AllocExtend, AllocDecode,
+  // Alloc, FreeSlots, FreePages and their fenced forms, Checkpoint,
+  // Rollback, ClearSession) carry one, and the restarted daemon answers a
+  // call that took effect as it was (an allocation whose answer was lost
+  // is given its pages again) and does one that did not, so neither is
+  // done twice. Such a call fails, once, only when the daemon cannot tell:
+  // ABORTED when a later call of the session took effect first (two calls
+  // in flight on different threads), or when the daemon keeps no call ids
+  // (RegisterResponse.retries_kept false: a state taken over from an older
+  // release); the caller then reconciles with ListPages. The other calls
+  // (Publish, MatchPrefix, UnpinPrefix, ReleaseRing, ListPages) are not
+  // sent again: one in flight when the daemon died fails once with
+  // UNAVAILABLE "the daemon restarted during this call; whether it took
+  // effect is unknown", except GetStats, which changes nothing and is
+  // retried once on the new link. Before it Resumes, the client waits (up to
+  // its call timeout) for the streams of its fenced frees to pass their release
   // values, since the daemon releases the pages of pending fenced frees at
   // Resume.
   //
@@ -540,6 +551,11 @@ class Client {
 
   // Whether a reconnect is under way now.
   bool reconnecting() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls sent again after the daemon restarted under them (see above),
+  // since the client was made.
+  int64_t calls_sent_again() const {
+    return calls_sent_again_.load(std::memory_order_relaxed);
+  }
   // The current link: 0 for Connect's or Resume's, one more after each
   // reconnect.
   uint64_t link_epoch() const {
@@ -569,6 +585,12 @@ class Client {
     // socket was out of reach, and once the link is lost).
     UniqueFd memory_connection;
   };
+  // A call's id in the session and whether it is sent again
+  // (SessionRef.call_id and retry).
+  struct CallTag {
+    uint64_t id = 0;
+    bool retry = false;
+  };
   // What a call runs on, taken when it starts (Begin).
   struct CallStart {
     uint64_t epoch = 0;
@@ -585,6 +607,9 @@ class Client {
       const ClientOptions& options, const v1::ResumeRequest* resume);
   // Keeps what the calls need of a Register or Resume answer.
   void Accept(const v1::RegisterResponse& response);
+  // Takes a Register's or Resume's word on call ids: whether the daemon
+  // answers retries, and the latest id it kept (ids go on after it).
+  void NoteCalls(const v1::RegisterResponse& response);
   // Receives the session's memory for `response` over the memory socket and
   // maps it as a link (the KV slab too when `map_kv_slab`, into kv_slab_).
   absl::StatusOr<std::unique_ptr<Link>> MapLink(
@@ -624,22 +649,39 @@ class Client {
   // The fast call's liveness check: the session's status, or UNAVAILABLE
   // once the link of `epoch` is lost.
   absl::Status LinkAlive(uint64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs a call that changes the session's pages under a new call id
+  // (SessionRef.call_id): `attempt(tag)` sends it once, on either
+  // transport. When the daemon restarted under it (a Restarted status),
+  // waits for the new link and sends it again with the same id and
+  // `retry` (the daemon answers a call that took effect as it was, and
+  // does one that did not), up to kMaxCallSends times in all. Without
+  // retries kept by the daemon (RegisterResponse.retries_kept), or when
+  // the session is gone, the first error is the answer.
+  template <typename T, typename Attempt>
+  absl::StatusOr<T> Tagged(Attempt attempt) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr int kMaxCallSends = 8;
+  // Waits, up to the call timeout, for a link after `epoch` (the daemon
+  // restarted); false when the session ended or the wait timed out.
+  bool WaitForLinkAfter(uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ref() with the call's tag.
+  v1::SessionRef TaggedRef(CallTag tag) const;
   // Fills the common fields, sends, and turns the response into slots.
   template <typename Request, typename Method>
   absl::StatusOr<Allocation> CallAlloc(Request& request,
                                        const CallOptions& options,
-                                       Method method);
+                                       Method method, CallTag tag);
   // The same call through the fast channel: `kind` and its arrays (in0 may
   // be empty); nullopt when it cannot carry it (too many requests).
   std::optional<absl::StatusOr<Allocation>> FastCall(
       fast_channel::CallKind kind, absl::Span<const int64_t> in0,
       absl::Span<const int64_t> in1, absl::Span<const int64_t> in2,
-      const CallOptions& options) ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
+      const CallOptions& options, CallTag tag)
+      ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
   // Free / Checkpoint / Rollback through the fast channel: the operation's
   // count (pages freed or returned); nullopt when it cannot carry it.
   std::optional<absl::StatusOr<int64_t>> FastOp(
       fast_channel::CallKind kind, absl::Span<const int64_t> values,
-      uint32_t option_bits = 0, uint64_t release_value = 0)
+      uint32_t option_bits, uint64_t release_value, CallTag tag)
       ABSL_LOCKS_EXCLUDED(fast_mu_, mu_);
   // MatchPrefix through the fast channel, of packed keys: the pages
   // matched; nullopt when it cannot carry the chain (too many keys).
@@ -657,6 +699,22 @@ class Client {
   // (0: none).
   absl::StatusOr<int64_t> Free(bool slots, absl::Span<const int64_t> values,
                                v1::FreeOrder order, uint64_t release_value);
+  // The body of each tagged call (one send).
+  absl::StatusOr<Allocation> AllocExtendOnce(
+      absl::Span<const int64_t> prefix_lens, absl::Span<const int64_t> seq_lens,
+      absl::Span<const int64_t> last_locs, const CallOptions& options,
+      CallTag tag);
+  absl::StatusOr<Allocation> AllocDecodeOnce(
+      absl::Span<const int64_t> seq_lens, absl::Span<const int64_t> last_locs,
+      const CallOptions& options, CallTag tag);
+  absl::StatusOr<Allocation> AllocOnce(absl::Span<const int64_t> num_tokens,
+                                       const CallOptions& options, CallTag tag);
+  absl::StatusOr<int64_t> FreeOnce(bool slots, absl::Span<const int64_t> values,
+                                   v1::FreeOrder order, uint64_t release_value,
+                                   CallTag tag);
+  absl::StatusOr<uint64_t> CheckpointOnce(CallTag tag);
+  absl::StatusOr<int64_t> RollbackOnce(uint64_t checkpoint_id, CallTag tag);
+  absl::StatusOr<int64_t> ClearSessionOnce(CallTag tag);
   // Waits, up to the call timeout, until the release word has reached the
   // last value queued, so that the pages freed with a fence (which the
   // daemon reclaims with the session, and releases at a Resume) are no
@@ -685,7 +743,7 @@ class Client {
                                           const CallOptions& options,
                                           const CallStart& start) const;
   // Sends a Free carrying slots or pages; returns pages freed.
-  absl::StatusOr<int64_t> SendFree(v1::FreeRequest& request);
+  absl::StatusOr<int64_t> SendFree(v1::FreeRequest& request, CallTag tag);
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
   // Records `status` as the session's end when it says the session is gone.
   // A failure of a call whose link was lost (`start`) is the daemon's
@@ -732,6 +790,11 @@ class Client {
   std::atomic<FastChannelClient*> fast_{nullptr};
   std::atomic<const ReleaseWordWriter*> release_writer_{nullptr};
   std::atomic<uint64_t> link_epoch_{0};
+  // The next call id (Tagged), and whether the daemon answers retries
+  // (RegisterResponse.retries_kept; each Resume says again).
+  std::atomic<uint64_t> next_call_id_{1};
+  std::atomic<bool> retries_kept_{false};
+  std::atomic<int64_t> calls_sent_again_{0};
   // The largest completion value answered on the current link
   // (OrderAfterCompletion).
   mutable std::atomic<uint64_t> last_completion_value_{0};

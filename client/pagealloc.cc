@@ -648,6 +648,12 @@ uint64_t pagealloc_link_epoch(const pagealloc_client* client) {
   return client != nullptr ? client->client->link_epoch() : 0;
 }
 
+uint64_t pagealloc_calls_sent_again(const pagealloc_client* client) {
+  return client != nullptr
+             ? static_cast<uint64_t>(client->client->calls_sent_again())
+             : 0;
+}
+
 int32_t pagealloc_reconnecting(const pagealloc_client* client) {
   return client != nullptr && client->client->reconnecting() ? 1 : 0;
 }
@@ -941,6 +947,29 @@ int32_t pagealloc_clear_session(pagealloc_client* client, int64_t* pages_freed,
   return pagealloc::GuardedValue(
       client, pages_freed, error,
       [](pagealloc::Client& c) { return c.ClearSession(); });
+}
+
+int32_t pagealloc_list_pages(pagealloc_client* client, int64_t* pages,
+                             size_t capacity, size_t* count,
+                             pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckClient(client));
+    if (count == nullptr || (pages == nullptr && capacity > 0)) {
+      return absl::InvalidArgumentError(
+          "pagealloc_list_pages: count is NULL, or pages is NULL with a "
+          "capacity");
+    }
+    ASSIGN_OR_RETURN(const std::vector<int64_t> owned,
+                     client->client->ListPages());
+    *count = owned.size();
+    if (owned.size() > capacity) {
+      return absl::OutOfRangeError(absl::StrFormat(
+          "pagealloc_list_pages: the session owns %d pages, room for %d",
+          owned.size(), capacity));
+    }
+    std::copy(owned.begin(), owned.end(), pages);
+    return absl::OkStatus();
+  });
 }
 
 int32_t pagealloc_checkpoint(pagealloc_client* client, pagealloc_error* error) {

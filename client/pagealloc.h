@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 8
+#define PAGEALLOC_ABI_VERSION_MINOR 9
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -251,6 +251,17 @@ int32_t pagealloc_session_resumable(const pagealloc_client* client);
  * slots stay readable. */
 uint64_t pagealloc_link_epoch(const pagealloc_client* client);
 int32_t pagealloc_reconnecting(const pagealloc_client* client);
+
+/* ABI 1.9. The calls this handle sent again after the daemon restarted
+ * under them. Every call that changes the session's pages carries a call
+ * id (allocations, frees, checkpoints, rollbacks, clears): one in flight
+ * when the daemon died is sent again with its id once the client has
+ * resumed, and the restarted daemon answers it once, whether or not it
+ * took effect before the death (docs/design.md, "Retries by call id").
+ * Such a call fails only when the daemon cannot tell (PAGEALLOC_ABORTED:
+ * a later call of the session took effect first, or the daemon keeps its
+ * state in a format without call ids). */
+uint64_t pagealloc_calls_sent_again(const pagealloc_client* client);
 
 /* Closes the session (unless closed or lost), unmaps its ring and frees
  * the handle. NULL is ignored. */
@@ -576,6 +587,18 @@ int32_t pagealloc_rollback_to(pagealloc_client* client, uint64_t checkpoint_id,
  * `*pages_freed` (may be NULL) receives the pages freed. */
 int32_t pagealloc_clear_session(pagealloc_client* client, int64_t* pages_freed,
                                 pagealloc_error* error);
+
+/* ABI 1.9. The pages the session owns as the daemon has them, ascending,
+ * in order with its earlier calls (pagealloc::Client::ListPages; shared
+ * prefix pages it holds references on are not listed): up to `capacity`
+ * into `pages` (may be NULL when capacity is 0), and their count into
+ * `*count`. OUT_OF_RANGE, with `*count` set to the pages owned and nothing
+ * written, when they do not fit. After a call that failed because the
+ * daemon could not tell whether it took effect, the caller reconciles
+ * with this. */
+int32_t pagealloc_list_pages(pagealloc_client* client, int64_t* pages,
+                             size_t capacity, size_t* count,
+                             pagealloc_error* error);
 
 /* ------------------------------------------------------------------------
  * Stats

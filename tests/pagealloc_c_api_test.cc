@@ -892,6 +892,33 @@ TEST_F(PageallocCApiTest, CheckpointIdsRollBackAndEnd) {
             PAGEALLOC_FAILED_PRECONDITION);
 }
 
+TEST_F(PageallocCApiTest, ListPagesGivesTheSessionsPages) {
+  size_t count = 7;
+  EXPECT_EQ(pagealloc_list_pages(client_, nullptr, 0, &count, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  EXPECT_EQ(count, 0u);
+  pagealloc_allocation_destroy(Alloc({8}));
+  // Too little room: the count says how much is needed, nothing written.
+  int64_t pages[4] = {-1, -1, -1, -1};
+  EXPECT_EQ(pagealloc_list_pages(client_, pages, 1, &count, &error_),
+            PAGEALLOC_OUT_OF_RANGE);
+  EXPECT_EQ(count, 2u);
+  EXPECT_EQ(pages[0], -1);
+  ASSERT_EQ(pagealloc_list_pages(client_, pages, 4, &count, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  ASSERT_EQ(count, 2u);
+  EXPECT_LT(pages[0], pages[1]);
+  EXPECT_EQ(pagealloc_list_pages(client_, nullptr, 4, &count, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_EQ(pagealloc_list_pages(client_, pages, 4, nullptr, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  // Nothing was sent again: the daemon never restarted.
+  EXPECT_EQ(pagealloc_calls_sent_again(client_), 0u);
+  EXPECT_EQ(pagealloc_calls_sent_again(nullptr), 0u);
+}
+
 TEST_F(PageallocCApiTest, ClearSessionAndClearPool) {
   pagealloc_client* other = nullptr;
   ASSERT_EQ(Connect(&other), PAGEALLOC_OK);

@@ -7,10 +7,11 @@
 // upgrade), and started again on the same socket with the descriptors the
 // manager kept. After each restart every client carries on by itself
 // (ClientOptions.reconnect_timeout) and checks:
-//   - its session survived with exactly the pages it held: an operation
-//     answered before the kill is there, and one whose answer the kill
-//     took (the call failed UNAVAILABLE, "whether it took effect is
-//     unknown") is there whole or not at all (ListPages);
+//   - its session survived with exactly the pages it held (ListPages): an
+//     operation answered before the kill is there, and one whose answer
+//     the kill took was sent again by the client with its call id and
+//     answered once (docs/design.md, "Retries by call id"): no call fails
+//     because of a kill, and none is done twice;
 //   - the KV it wrote into every page it holds is intact, byte for byte;
 // and at the end every page is free or held by exactly one client, as the
 // clients' own records say (the daemon checks its invariants after every
@@ -38,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -47,6 +49,8 @@
 #include "absl/time/time.h"
 #include "client/admin.h"
 #include "client/client.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -67,6 +71,7 @@ using ::pagealloc::testing::DaemonStats;
 using ::pagealloc::testing::DescribeWaitStatus;
 using ::pagealloc::testing::FdStoreManager;
 using ::pagealloc::testing::FencedFree;
+using ::pagealloc::testing::IsOkAndHolds;
 using ::pagealloc::testing::KvPatternByte;
 using ::pagealloc::testing::MakeSocketDir;
 using ::pagealloc::testing::OpenRawSession;
@@ -74,6 +79,7 @@ using ::pagealloc::testing::RawAllocPages;
 using ::pagealloc::testing::RawSession;
 using ::pagealloc::testing::ReadLog;
 using ::pagealloc::testing::RunfilePath;
+using ::pagealloc::testing::StatusIs;
 using ::pagealloc::testing::Subprocess;
 using ::pagealloc::testing::WaitFor;
 
@@ -180,6 +186,7 @@ class Worker {
           gap_us_.push_back(std::exchange(longest_gap_us_, 0));
           seen_kill_ = kill;
           CheckAllKv("after a restart");
+          CheckExact();
         }
       }
     }
@@ -191,6 +198,8 @@ class Worker {
   // Calls answered so far (any thread may read it).
   int64_t answered() const { return answered_.load(); }
   int64_t unknown_outcomes() const { return unknown_outcomes_; }
+  // Calls the client sent again after a restart (answered once).
+  int64_t calls_sent_again() const { return client_->calls_sent_again(); }
   int64_t kv_bytes_checked() const { return kv_bytes_checked_; }
   const std::vector<int64_t>& resume_us() const { return resume_us_; }
   const std::vector<int64_t>& gap_us() const { return gap_us_; }
@@ -218,8 +227,18 @@ class Worker {
 
   void Failed(const absl::Status& status, const char* what) {
     last_ok_ = false;
-    if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
+    if (absl::StrContains(status.message(), "whether it took effect is")) {
+      // The client sends such a call again with its call id: a kill must
+      // never leave a call's outcome unknown to its caller.
       ++unknown_outcomes_;
+      reconcile_ = true;
+      Fail(absl::StrFormat("%s was not answered across a restart: %s", what,
+                           status.ToString()));
+      return;
+    }
+    if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
+      // Refused without effect (the daemon draining, a reconnect longer
+      // than the call's timeout): the pages are as they were.
       reconcile_ = true;
       return;
     }
@@ -284,7 +303,30 @@ class Worker {
     Answered();
   }
 
-  // After calls whose outcome is unknown: the session's pages as the
+  // After a restart: the session's pages as the daemon has them are
+  // exactly the ones held (every call was answered once).
+  void CheckExact() {
+    if (reconcile_) return;
+    absl::StatusOr<std::vector<int64_t>> owned = client_->ListPages();
+    if (!owned.ok()) {
+      // Another kill under it: checked after the next restart.
+      if (!absl::IsUnavailable(owned.status())) {
+        Fail("ListPages: " + owned.status().ToString());
+      }
+      return;
+    }
+    const std::set<int64_t> daemon(owned->begin(), owned->end());
+    if (daemon != pages_) {
+      Fail(absl::StrFormat(
+          "after a restart the daemon holds %d pages for it, it holds %d "
+          "(%d of the daemon's not its own)",
+          daemon.size(), pages_.size(),
+          std::count_if(daemon.begin(), daemon.end(),
+                        [this](int64_t p) { return pages_.count(p) == 0; })));
+    }
+  }
+
+  // After calls refused or not answered: the session's pages as the
   // daemon has them must be the ones held, give or take exactly those
   // calls.
   void Reconcile() {
@@ -681,7 +723,7 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
 
   // Every page is free or held by exactly one client, as the clients say.
   std::map<int64_t, int> holder;
-  int64_t operations = 0, unknown = 0, kv_bytes = 0;
+  int64_t operations = 0, unknown = 0, kv_bytes = 0, sent_again = 0;
   std::vector<int64_t> resume_us, gap_us;
   for (int i = 0; i < kClients; ++i) {
     Worker& w = *workers[i];
@@ -694,6 +736,7 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
     }
     operations += w.operations();
     unknown += w.unknown_outcomes();
+    sent_again += w.calls_sent_again();
     kv_bytes += w.kv_bytes_checked();
     resume_us.insert(resume_us.end(), w.resume_us().begin(),
                      w.resume_us().end());
@@ -721,8 +764,9 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
     return v.empty() ? -1.0 : v[static_cast<size_t>(q * (v.size() - 1))] / 1e3;
   };
   std::printf(
-      "restart_test: %d %s, %d clients, %lld operations (%lld answers "
-      "lost to a kill, reconciled); %lld KV bytes read back intact; kill to "
+      "restart_test: %d %s, %d clients, %lld operations (%lld sent again "
+      "after a kill and answered once, %lld not answered); %lld KV bytes "
+      "read back intact; kill to "
       "the daemon's READY p50 %.1f ms p99 %.1f ms; kill to a client's first "
       "answered call p50 %.1f ms p99 %.1f ms (%zu resumes); a client's "
       "longest wait between two answers across a stop p50 %.1f ms p99 %.1f "
@@ -734,9 +778,10 @@ TEST_P(RestartTest, StopUnderLoadLosesNoPageAndNoKvByte) {
                  ? (no_manager ? "SIGKILLs (descriptor keeper)" : "SIGKILLs")
                  : "SIGTERMs"),
       kClients, static_cast<long long>(operations),
-      static_cast<long long>(unknown), static_cast<long long>(kv_bytes),
-      at(restart_us, 0.5), at(restart_us, 0.99), at(resume_us, 0.5),
-      at(resume_us, 0.99), resume_us.size(), at(gap_us, 0.5), at(gap_us, 0.99));
+      static_cast<long long>(sent_again), static_cast<long long>(unknown),
+      static_cast<long long>(kv_bytes), at(restart_us, 0.5),
+      at(restart_us, 0.99), at(resume_us, 0.5), at(resume_us, 0.99),
+      resume_us.size(), at(gap_us, 0.5), at(gap_us, 0.99));
   daemon.Signal(SIGTERM);
   EXPECT_OK(daemon.Wait(absl::Seconds(30)).status());
 }
@@ -819,6 +864,209 @@ TEST(RestartFenceTest, PagesAwaitingTheirFenceAtACrashAreFreedAtTheResume) {
   EXPECT_THAT(ReadLog(paths.log),
               ::testing::HasSubstr("3 pages freed with a fence before the "
                                    "daemon's restart are freed now"));
+  daemon.Signal(SIGTERM);
+  EXPECT_OK(daemon.Wait(absl::Seconds(30)).status());
+}
+
+// Tagged calls over gRPC, as a client sends them, with the daemon killed
+// after their answers: each retry is answered as the call was, once.
+class RetrySession {
+ public:
+  RetrySession(const std::string& target, RawSession* raw)
+      : target_(target), raw_(raw) {
+    Redial();
+  }
+  void Redial() {
+    stub_ = v1::PageAllocator::NewStub(
+        grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+  }
+  v1::PageAllocator::Stub& stub() { return *stub_; }
+  v1::SessionRef Ref(uint64_t call_id, bool retry) const {
+    v1::SessionRef ref;
+    ref.set_session_id(raw_->id());
+    ref.set_session_token(raw_->registered.session_token());
+    ref.set_call_id(call_id);
+    ref.set_retry(retry);
+    return ref;
+  }
+  static std::unique_ptr<grpc::ClientContext> Context() {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    return context;
+  }
+  // An Alloc of `pages` whole pages, inline: the pages, or the call's
+  // status (a request refused is the call's status here).
+  absl::StatusOr<std::vector<int64_t>> Alloc(int64_t pages, uint64_t call_id,
+                                             bool retry) {
+    v1::AllocRequest request;
+    *request.mutable_session() = Ref(call_id, retry);
+    request.add_num_tokens(pages * kPageSize);
+    request.mutable_options()->set_return_inline(true);
+    v1::AllocResponse response;
+    RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->Alloc(Context().get(), request, &response)));
+    if (response.results_size() != 1) {
+      return absl::InternalError(response.ShortDebugString());
+    }
+    const v1::RequestResult& result = response.results(0);
+    if (result.code() != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(result.code()),
+                          result.message());
+    }
+    std::vector<int64_t> ids;
+    for (int i = 0; i < result.slots_size(); i += kPageSize) {
+      ids.push_back(result.slots(i) / kPageSize);
+    }
+    return ids;
+  }
+  absl::StatusOr<int64_t> Free(const std::vector<int64_t>& pages,
+                               uint64_t call_id, bool retry) {
+    v1::FreeRequest request;
+    *request.mutable_session() = Ref(call_id, retry);
+    for (int64_t page : pages) request.add_pages(page);
+    v1::FreeResponse response;
+    RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->Free(Context().get(), request, &response)));
+    return response.pages_freed();
+  }
+  absl::StatusOr<uint64_t> Checkpoint(uint64_t call_id, bool retry) {
+    v1::CheckpointRequest request;
+    *request.mutable_session() = Ref(call_id, retry);
+    v1::CheckpointResponse response;
+    RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->Checkpoint(Context().get(), request, &response)));
+    return response.checkpoint_id();
+  }
+  absl::StatusOr<std::vector<int64_t>> ListPages() {
+    v1::ListPagesRequest request;
+    *request.mutable_session() = Ref(0, false);
+    v1::ListPagesResponse response;
+    RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->ListPages(Context().get(), request, &response)));
+    return std::vector<int64_t>(response.pages().begin(),
+                                response.pages().end());
+  }
+  absl::StatusOr<v1::RegisterResponse> Resume() {
+    Redial();
+    v1::ResumeRequest request;
+    *request.mutable_session() = Ref(0, false);
+    v1::RegisterResponse response;
+    RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->Resume(Context().get(), request, &response)));
+    return response;
+  }
+
+ private:
+  const std::string target_;
+  RawSession* const raw_;
+  std::unique_ptr<v1::PageAllocator::Stub> stub_;
+};
+
+std::vector<int64_t> Sorted(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+TEST(RestartRetryTest, CallsSentAgainAfterAKillAreAnsweredOnce) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdStoreManager> manager,
+                       FdStoreManager::Create());
+  const DaemonPaths paths = MakePaths();
+  const std::vector<std::string> argv = DaemonArgv(paths);
+  ASSERT_OK_AND_ASSIGN(Subprocess daemon, manager->Start(argv, paths.log));
+  ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
+  auto stub = v1::PageAllocator::NewStub(
+      grpc::CreateChannel(paths.target, grpc::InsecureChannelCredentials()));
+  RawSession raw =
+      OpenRawSession(*stub, "retried", /*quota_pages=*/0, /*resumable=*/true);
+  ASSERT_NE(raw.header, nullptr);
+  EXPECT_TRUE(raw.registered.retries_kept());
+  RetrySession session(paths.target, &raw);
+  auto restart = [&] {
+    daemon.Signal(SIGKILL);
+    ASSERT_OK(daemon.Wait(absl::Seconds(10)).status());
+    ASSERT_OK_AND_ASSIGN(daemon, manager->Start(argv, paths.log));
+    ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
+    ASSERT_TRUE(Serving(paths.target)) << ReadLog(paths.log);
+  };
+
+  // Calls 1 to 3 answered, then the daemon dies: their answers could have
+  // been lost with it.
+  ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> first,
+                       session.Alloc(3, /*call_id=*/1, /*retry=*/false));
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_OK_AND_ASSIGN(const int64_t freed,
+                       session.Free({first[0]}, /*call_id=*/2, false));
+  EXPECT_EQ(freed, 1);
+  ASSERT_OK_AND_ASSIGN(const uint64_t checkpoint,
+                       session.Checkpoint(/*call_id=*/3, false));
+  restart();
+  ASSERT_OK_AND_ASSIGN(v1::RegisterResponse resumed, session.Resume());
+  EXPECT_EQ(resumed.last_call_id(), 3u);
+  EXPECT_TRUE(resumed.retries_kept());
+
+  // The calls sent again are answered as they were, not done again: the
+  // daemon keeps a session's latest four.
+  ASSERT_OK_AND_ASSIGN(const uint64_t again, session.Checkpoint(3, true));
+  EXPECT_EQ(again, checkpoint);
+  EXPECT_THAT(session.Free({first[0]}, 2, true), IsOkAndHolds(1));
+  // An allocation whose page a later call freed cannot run again.
+  EXPECT_THAT(session.Alloc(3, 1, true),
+              StatusIs(absl::StatusCode::kAborted,
+                       ::testing::HasSubstr("no longer the session's")));
+  // A retry needs an id.
+  EXPECT_THAT(session.Free({first[1]}, 0, true),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  std::vector<int64_t> held(first.begin() + 1, first.end());
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> listed, session.ListPages());
+  EXPECT_EQ(Sorted(listed), Sorted(held));
+
+  // An allocation whose answer a kill took: sent again, it is given its
+  // pages again (the same ones: nothing ran in between), and holds them
+  // once.
+  ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> second,
+                       session.Alloc(2, /*call_id=*/4, false));
+  restart();
+  ASSERT_OK_AND_ASSIGN(resumed, session.Resume());
+  EXPECT_EQ(resumed.last_call_id(), 4u);
+  ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> second_again,
+                       session.Alloc(2, 4, true));
+  EXPECT_EQ(second_again, second);
+  held.insert(held.end(), second.begin(), second.end());
+  ASSERT_OK_AND_ASSIGN(listed, session.ListPages());
+  EXPECT_EQ(Sorted(listed), Sorted(held));
+  // And once more, with no restart between: still held once.
+  ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> third_try,
+                       session.Alloc(2, 4, true));
+  EXPECT_EQ(third_try, second);
+  ASSERT_OK_AND_ASSIGN(listed, session.ListPages());
+  EXPECT_EQ(Sorted(listed), Sorted(held));
+
+  // A free whose answer a kill took: answered with its count, not refused
+  // as a double free.
+  ASSERT_OK_AND_ASSIGN(const int64_t freed_second,
+                       session.Free(second, /*call_id=*/5, false));
+  EXPECT_EQ(freed_second, 2);
+  restart();
+  ASSERT_OK(session.Resume().status());
+  ASSERT_OK_AND_ASSIGN(const int64_t freed_again,
+                       session.Free(second, 5, true));
+  EXPECT_EQ(freed_again, 2);
+  ASSERT_OK_AND_ASSIGN(listed, session.ListPages());
+  EXPECT_EQ(Sorted(listed),
+            Sorted(std::vector<int64_t>(first.begin() + 1, first.end())));
+  // Four later calls push a call out: whether it took effect is unknown.
+  for (uint64_t id = 6; id <= 9; ++id) {
+    ASSERT_OK(session.Checkpoint(id, false).status());
+  }
+  EXPECT_THAT(session.Free(second, 5, true),
+              StatusIs(absl::StatusCode::kAborted,
+                       ::testing::HasSubstr("later calls 6..9")));
+  // A retry of a call that never reached the daemon runs.
+  ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> fresh,
+                       session.Alloc(1, /*call_id=*/10, /*retry=*/true));
+  EXPECT_EQ(fresh.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(v1::GetStatsResponse stats, DaemonStats(paths.target));
+  EXPECT_EQ(stats.used_pages(), 3);
   daemon.Signal(SIGTERM);
   EXPECT_OK(daemon.Wait(absl::Seconds(30)).status());
 }

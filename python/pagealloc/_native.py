@@ -338,6 +338,12 @@ def _declare(lib):
             "pagealloc_link_epoch": (ctypes.c_uint64, [c_client]),
             "pagealloc_reconnecting": (i32, [c_client]),
         })
+    if lib.pagealloc_abi_version() & 0xFFFF >= 9:  # ABI 1.9
+        signatures.update({
+            "pagealloc_calls_sent_again": (ctypes.c_uint64, [c_client]),
+            "pagealloc_list_pages":
+                (i32, [c_client, ptr, size, ctypes.POINTER(size), p_error]),
+        })
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
         function.restype = restype
@@ -379,6 +385,8 @@ HAS_EXPANSION_PAGES = lib.pagealloc_abi_version() & 0xFFFF >= 5
 HAS_RESERVE_PEEK = lib.pagealloc_abi_version() & 0xFFFF >= 6
 # Whether sessions can be resumed and clients reconnect (1.7).
 HAS_RESUME = lib.pagealloc_abi_version() & 0xFFFF >= 7
+# Calls sent again by id after a restart are counted (1.9).
+HAS_CALL_IDS = lib.pagealloc_abi_version() & 0xFFFF >= 9
 # Whether a reserve frees whole pages of slots in one call, device slots
 # copied on the caller's stream, and lets go of published pages (1.8).
 HAS_RESERVE_FREE_SLOTS = lib.pagealloc_abi_version() & 0xFFFF >= 8

@@ -1318,6 +1318,16 @@ class Client:
         return _lib.pagealloc_link_epoch(self._handle)
 
     @property
+    def calls_sent_again(self):
+        """Calls this client sent again, with their call ids, after the
+        daemon restarted under them (ABI 1.9; 0 before). The restarted
+        daemon answers each once: a call that took effect is not done
+        twice."""
+        if not _native.HAS_CALL_IDS:
+            return 0
+        return _lib.pagealloc_calls_sent_again(self._handle)
+
+    @property
     def reconnecting(self):
         """True while the client reconnects to a restarted daemon (calls
         wait for it, up to their call_timeout)."""
@@ -1818,6 +1828,28 @@ class Client:
         _check(_lib.pagealloc_clear_session(self._handle, ctypes.byref(freed),
                                             ctypes.byref(error)), error)
         return freed.value
+
+    def list_pages(self):
+        """The pages this session owns as the daemon has them, ascending,
+        as an int64 NumPy array (shared prefix pages it holds references
+        on are not listed), in order with its earlier calls: what a caller
+        reconciles with after a call the daemon could not answer across its
+        restart (ABI 1.9)."""
+        if not _native.HAS_CALL_IDS:
+            raise FailedPreconditionError(
+                "list_pages needs the library's ABI 1.9")
+        count = ctypes.c_size_t()
+        while True:
+            pages = np.zeros(max(count.value, 1), dtype=np.int64)
+            error = _error_buffer()
+            code = _lib.pagealloc_list_pages(
+                self._handle, pages.ctypes.data, pages.size,
+                ctypes.byref(count), ctypes.byref(error))
+            # More pages than room: the count says how many, try again.
+            if code == StatusCode.OUT_OF_RANGE and count.value > pages.size:
+                continue
+            _check(code, error)
+            return pages[:count.value]
 
     def free_lists(self, max_pages=4096):
         """A debug read of the pool's free lists: (free_pages,

@@ -53,7 +53,7 @@ def test_package_reports_versions_and_library():
     # The readable form the docs use ("1.8"), from the same number.
     assert pagealloc.ABI_VERSION_TEXT == "%d.%d" % (
         pagealloc.ABI_VERSION >> 16, pagealloc.ABI_VERSION & 0xFFFF)
-    assert pagealloc.ABI_VERSION_TEXT == "1.8"
+    assert pagealloc.ABI_VERSION_TEXT == "1.9"
     assert os.path.exists(pagealloc.LIBRARY_PATH)
     # 1.6's peek, 1.7's resume and 1.8's free in one call are declared
     # (ctypes then checks their arguments).
@@ -64,6 +64,8 @@ def test_package_reports_versions_and_library():
     assert _native.HAS_RESERVE_FREE_SLOTS
     assert _native.lib.pagealloc_reserve_free_slots.argtypes is not None
     assert _native.lib.pagealloc_reserve_disown.argtypes is not None
+    assert _native.HAS_CALL_IDS
+    assert _native.lib.pagealloc_calls_sent_again.argtypes is not None
 
 
 def test_status_codes_are_grpc_numbers():

@@ -181,3 +181,32 @@ def test_without_reconnect_a_dead_daemon_ends_the_session(daemon):
     assert isinstance(status, pagealloc.UnavailableError), status
     assert "the daemon went away" in str(status)
     assert not client.reconnecting
+
+
+def test_a_kept_pool_comes_back_with_the_sessions_pages(make_daemon):
+    # No service manager: the daemon's descriptor keeper holds the pool for
+    # the successor started with --take_over.
+    flags = ("--num_pages=16", "--page_size=%d" % PAGE_SIZE, "--keep_state",
+             "--fd_keeper_linger_ms=2000")
+    daemon = make_daemon(*flags)
+    client = daemon.connect("kept", resumable=True, reconnect_timeout=60,
+                            reconnect_backoff=(0.01, 0.2))
+    pages = _pages_of(client.alloc([8], return_inline=True).check())
+    assert list(client.list_pages()) == pages
+    # The keeper starts beside the daemon; a kill before it listens would
+    # leave no successor a pool to take.
+    wait_until(lambda: "descriptor keeper pid" in daemon.log(),
+               what="the descriptor keeper to hold the pool")
+    daemon.kill()
+    wait_until(lambda: client.reconnecting, what="the reconnect to start")
+    daemon.start_again(*(flags + ("--take_over",)))
+    wait_until(lambda: client.link_epoch == 1, timeout_s=60,
+               what="the reconnect to the successor")
+    assert client.alive
+    # The session's pages as the successor has them, and nothing was in
+    # flight to send again.
+    assert list(client.list_pages()) == pages
+    assert client.calls_sent_again == 0
+    assert client.free_pages(pages) == 2
+    assert client.list_pages().size == 0
+    client.close()
