@@ -455,8 +455,13 @@ void PagePool::EndTaggedCalls(absl::Span<const AllocRequest> requests,
   size_t begin = 0;
   for (const CallSpan& call : calls) {
     const size_t end = begin + call.num_requests;
+    // A refused request took no page (num_new_pages 0).
     bool given = false;
-    for (size_t i = begin; i < end; ++i) given |= results[i].status.ok();
+    int64_t taken = 0;
+    for (size_t i = begin; i < end; ++i) {
+      given |= results[i].status.ok();
+      taken += results[i].num_new_pages;
+    }
     PoolKeptCall* last =
         given ? NoteCall(requests[begin].owner, call.call, kCallAllocate)
               : nullptr;
@@ -473,13 +478,18 @@ void PagePool::EndTaggedCalls(absl::Span<const AllocRequest> requests,
         if ((kept.parts & kCallAllocate) != 0) kept.parts |= kCallPagesMoved;
       }
     }
-    for (size_t i = begin; i < end; ++i) {
-      if (!results[i].status.ok()) continue;
-      for (int64_t k = 0; k < results[i].num_new_pages; ++k) {
-        if (last != nullptr) last->pages.push_back(ring_[position]);
-        if (++position == capacity_) position = 0;
-      }
+    // The call's pages are one run of the ring, in two parts when it wraps
+    // around the ring's end: copied whole (a decode call of thousands of
+    // one-page requests would otherwise append page by page).
+    const int64_t before_end = std::min(taken, capacity_ - position);
+    if (last != nullptr) {
+      last->pages.assign(ring_.begin() + position,
+                         ring_.begin() + position + before_end);
+      last->pages.insert(last->pages.end(), ring_.begin(),
+                         ring_.begin() + (taken - before_end));
     }
+    position += taken;
+    if (position >= capacity_) position -= capacity_;
     begin = end;
   }
 }
