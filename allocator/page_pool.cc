@@ -1018,23 +1018,30 @@ absl::Status PagePool::ReleasePages(OwnerState& state,
   return PushFront(pages);
 }
 
-absl::StatusOr<uint64_t> PagePool::Checkpoint(OwnerId owner, CallTag call) {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(const PoolKeptCall* kept,
-                   RetriedLocked(owner, call, kCallCheckpoint));
-  if (kept != nullptr) return kept->checkpoint_id;
-  ASSIGN_OR_RETURN(const uint64_t id, CheckpointLocked(owner));
-  if (PoolKeptCall* last = NoteCall(owner, call, kCallCheckpoint)) {
-    last->checkpoint_id = id;
-  }
+template <typename T, typename Run>
+absl::StatusOr<T> PagePool::RunTagged(OwnerId owner, CallTag call,
+                                      CallPart part, T PoolKeptCall::*answer,
+                                      PoolChange change, Run run) {
+  ASSIGN_OR_RETURN(const PoolKeptCall* kept, RetriedLocked(owner, call, part));
+  if (kept != nullptr) return kept->*answer;
+  ASSIGN_OR_RETURN(const T value, run());
+  if (PoolKeptCall* last = NoteCall(owner, call, part)) last->*answer = value;
   if (change_log_ != nullptr) {
-    PoolChange change;
-    change.kind = PoolChangeKind::kCheckpoint;
     change.owner = owner;
     change.call = call;
     LogChange(change);
   }
-  return id;
+  return value;
+}
+
+absl::StatusOr<uint64_t> PagePool::Checkpoint(OwnerId owner, CallTag call) {
+  absl::MutexLock lock(&mu_);
+  PoolChange change;
+  change.kind = PoolChangeKind::kCheckpoint;
+  return RunTagged(owner, call, kCallCheckpoint, &PoolKeptCall::checkpoint_id,
+                   change, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                     return CheckpointLocked(owner);
+                   });
 }
 
 absl::StatusOr<uint64_t> PagePool::CheckpointLocked(OwnerId owner) {
@@ -1082,23 +1089,13 @@ absl::StatusOr<int64_t> PagePool::Rollback(OwnerId owner,
                                            uint64_t checkpoint_id,
                                            CallTag call) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(const PoolKeptCall* kept,
-                   RetriedLocked(owner, call, kCallRollback));
-  if (kept != nullptr) return kept->returned;
-  ASSIGN_OR_RETURN(const int64_t returned,
-                   RollbackLocked(owner, checkpoint_id));
-  if (PoolKeptCall* last = NoteCall(owner, call, kCallRollback)) {
-    last->returned = returned;
-  }
-  if (change_log_ != nullptr) {
-    PoolChange change;
-    change.kind = PoolChangeKind::kRollback;
-    change.owner = owner;
-    change.checkpoint_id = checkpoint_id;
-    change.call = call;
-    LogChange(change);
-  }
-  return returned;
+  PoolChange change;
+  change.kind = PoolChangeKind::kRollback;
+  change.checkpoint_id = checkpoint_id;
+  return RunTagged(owner, call, kCallRollback, &PoolKeptCall::returned, change,
+                   [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                     return RollbackLocked(owner, checkpoint_id);
+                   });
 }
 
 absl::StatusOr<int64_t> PagePool::RollbackLocked(OwnerId owner,
@@ -1156,21 +1153,12 @@ absl::StatusOr<int64_t> PagePool::RollbackLocked(OwnerId owner,
 
 absl::StatusOr<int64_t> PagePool::ClearOwner(OwnerId owner, CallTag call) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(const PoolKeptCall* kept,
-                   RetriedLocked(owner, call, kCallClear));
-  if (kept != nullptr) return kept->returned;
-  ASSIGN_OR_RETURN(const int64_t freed, ClearOwnerLocked(owner));
-  if (PoolKeptCall* last = NoteCall(owner, call, kCallClear)) {
-    last->returned = freed;
-  }
-  if (change_log_ != nullptr) {
-    PoolChange change;
-    change.kind = PoolChangeKind::kClearOwner;
-    change.owner = owner;
-    change.call = call;
-    LogChange(change);
-  }
-  return freed;
+  PoolChange change;
+  change.kind = PoolChangeKind::kClearOwner;
+  return RunTagged(owner, call, kCallClear, &PoolKeptCall::returned, change,
+                   [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                     return ClearOwnerLocked(owner);
+                   });
 }
 
 absl::StatusOr<int64_t> PagePool::ClearOwnerLocked(OwnerId owner) {

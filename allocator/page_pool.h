@@ -633,6 +633,15 @@ class PagePool {
   // kKeptCallsPerOwner kept). Valid until the next NoteCall.
   PoolKeptCall* NoteCall(OwnerId owner, CallTag call, CallPart part)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A tagged operation's frame, under the lock: a retry of `part` that
+  // took effect is answered with the kept call's `answer`, and nothing
+  // runs; otherwise `run` (returning absl::StatusOr<T>) runs and, when it
+  // succeeds, the part is kept with its answer and `change`, tagged with
+  // `call`, is recorded.
+  template <typename T, typename Run>
+  absl::StatusOr<T> RunTagged(OwnerId owner, CallTag call, CallPart part,
+                              T PoolKeptCall::*answer, PoolChange change,
+                              Run run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocate's tagged calls before validation: refuses the retries that
   // cannot run, and gives back the pages of those that run again.
   void BeginTaggedCalls(absl::Span<const AllocRequest> requests,

@@ -811,18 +811,43 @@ INSTANTIATE_TEST_SUITE_P(Stops, RestartTest,
 // read them) and frees them when the session resumes, as a live daemon
 // frees them at a Resume; its client waits for its fences before it
 // resumes (Client's reconnect).
+// A daemon under a service manager and one resumable session of it, opened
+// by hand (tests/raw_session.h): the cases below drive the session's calls
+// themselves and kill the daemon between them.
+struct ManagedDaemon {
+  std::unique_ptr<FdStoreManager> manager;
+  DaemonPaths paths;
+  std::vector<std::string> argv;
+  Subprocess daemon;
+  std::unique_ptr<v1::PageAllocator::Stub> stub;
+  RawSession raw;
+};
+
+// Starts the daemon and opens the session `name`; failures are fatal to
+// the test (check with ASSERT_NO_FATAL_FAILURE).
+void StartManagedDaemon(const std::string& name, ManagedDaemon* m) {
+  ASSERT_OK_AND_ASSIGN(m->manager, FdStoreManager::Create());
+  m->paths = MakePaths();
+  m->argv = DaemonArgv(m->paths);
+  ASSERT_OK_AND_ASSIGN(m->daemon, m->manager->Start(m->argv, m->paths.log));
+  ASSERT_TRUE(m->manager->WaitReady(absl::Seconds(30)))
+      << ReadLog(m->paths.log);
+  m->stub = v1::PageAllocator::NewStub(
+      grpc::CreateChannel(m->paths.target, grpc::InsecureChannelCredentials()));
+  m->raw = OpenRawSession(*m->stub, name, /*quota_pages=*/0,
+                          /*resumable=*/true);
+  ASSERT_NE(m->raw.header, nullptr);
+}
+
 TEST(RestartFenceTest, PagesAwaitingTheirFenceAtACrashAreFreedAtTheResume) {
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdStoreManager> manager,
-                       FdStoreManager::Create());
-  const DaemonPaths paths = MakePaths();
-  const std::vector<std::string> argv = DaemonArgv(paths);
-  ASSERT_OK_AND_ASSIGN(Subprocess daemon, manager->Start(argv, paths.log));
-  ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
-  auto stub = v1::PageAllocator::NewStub(
-      grpc::CreateChannel(paths.target, grpc::InsecureChannelCredentials()));
-  RawSession raw =
-      OpenRawSession(*stub, "fenced", /*quota_pages=*/0, /*resumable=*/true);
-  ASSERT_NE(raw.header, nullptr);
+  ManagedDaemon m;
+  ASSERT_NO_FATAL_FAILURE(StartManagedDaemon("fenced", &m));
+  FdStoreManager* const manager = m.manager.get();
+  const DaemonPaths& paths = m.paths;
+  const std::vector<std::string>& argv = m.argv;
+  Subprocess& daemon = m.daemon;
+  std::unique_ptr<v1::PageAllocator::Stub>& stub = m.stub;
+  RawSession& raw = m.raw;
   // Five pages, three freed behind the fence and two kept.
   const std::vector<int64_t> pages = RawAllocPages(*stub, raw, 5, kPageSize);
   ASSERT_EQ(pages.size(), 5u);
@@ -968,17 +993,13 @@ std::vector<int64_t> Sorted(std::vector<int64_t> v) {
 }
 
 TEST(RestartRetryTest, CallsSentAgainAfterAKillAreAnsweredOnce) {
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FdStoreManager> manager,
-                       FdStoreManager::Create());
-  const DaemonPaths paths = MakePaths();
-  const std::vector<std::string> argv = DaemonArgv(paths);
-  ASSERT_OK_AND_ASSIGN(Subprocess daemon, manager->Start(argv, paths.log));
-  ASSERT_TRUE(manager->WaitReady(absl::Seconds(30))) << ReadLog(paths.log);
-  auto stub = v1::PageAllocator::NewStub(
-      grpc::CreateChannel(paths.target, grpc::InsecureChannelCredentials()));
-  RawSession raw =
-      OpenRawSession(*stub, "retried", /*quota_pages=*/0, /*resumable=*/true);
-  ASSERT_NE(raw.header, nullptr);
+  ManagedDaemon m;
+  ASSERT_NO_FATAL_FAILURE(StartManagedDaemon("retried", &m));
+  FdStoreManager* const manager = m.manager.get();
+  const DaemonPaths& paths = m.paths;
+  const std::vector<std::string>& argv = m.argv;
+  Subprocess& daemon = m.daemon;
+  RawSession& raw = m.raw;
   EXPECT_TRUE(raw.registered.retries_kept());
   RetrySession session(paths.target, &raw);
   auto restart = [&] {
