@@ -414,8 +414,8 @@ void PagePool::BeginTaggedCalls(absl::Span<const AllocRequest> requests,
               "(ListPages gives the session's pages)",
               tag.id));
         }
-        for (int64_t page :
-             refused.ok() ? last.pages : std::vector<int64_t>()) {
+        for (size_t k = 0; refused.ok() && k < last.pages.size(); ++k) {
+          const int64_t page = last.pages[k];
           if (owner_of_[page] != owner || seen_stamp_[page] == epoch) {
             refused = absl::AbortedError(absl::StrFormat(
                 "call %d was sent again after the daemon restarted; it had "
@@ -423,7 +423,6 @@ void PagePool::BeginTaggedCalls(absl::Span<const AllocRequest> requests,
                 "session's to give back: whether the call may run again is "
                 "unknown (ListPages gives the session's pages)",
                 tag.id, page));
-            break;
           }
           seen_stamp_[page] = epoch;
         }
