@@ -67,6 +67,7 @@ import numpy as np
 
 from pagealloc import _native
 from pagealloc import client as _client_module
+from pagealloc._reserve_head import ReserveHead
 from pagealloc._reserve_mirror import ReserveMirror
 from pagealloc.client import Client
 from pagealloc.errors import (InvalidArgumentError, ResourceExhaustedError,
@@ -357,7 +358,21 @@ class _Base:
         # stream its slots were written on (a raw handle) and an event
         # after that, for a caller that allocates on another stream.
         self._mirror = None
-        if int(mirror_pages) and _native.HAS_RESERVE_PEEK:
+        # The token allocator's (page size 1) instead holds the head of its
+        # free list, taken from the reserve (_reserve_head.py): its alloc is
+        # a slice without a library call, as SGLang's is.
+        self._head = None
+        if int(mirror_pages) and self._use_reserve and self.page_size == 1:
+            self._head = ReserveHead(self._mirror_to_device,
+                                     self._mirror_concat, int(mirror_pages))
+            # The head fills up from half of what the reserve holds: a low
+            # mark of the head's size keeps that much there (the reserve's
+            # thread refills to twice it, off the step), half the
+            # reserve's default bound at most (a quarter of the pool).
+            self._reserve_options.setdefault(
+                "initial_batch", max(1, min(int(mirror_pages),
+                                            self.num_pages // 8)))
+        elif int(mirror_pages) and _native.HAS_RESERVE_PEEK:
             self._mirror = ReserveMirror(self.page_size,
                                          self._mirror_to_device,
                                          self._mirror_concat,
@@ -435,6 +450,8 @@ class _Base:
                  stats.prefix_evictable_pages)
         if reserve is not None:
             pages += after["pages"]
+        if self._head is not None:
+            pages += len(self._head)
         return pages * self.page_size
 
     # SGLang's scheduler hooks (newer SGLang calls these on every
@@ -474,7 +491,7 @@ class _Base:
         """The device mirror of the reserve's top (None without one):
         pages mirrored now, takes it answered with a slice (hits) and takes
         it did not (misses: the slots were copied)."""
-        mirror = self._mirror
+        mirror = self._mirror if self._head is None else self._head
         if mirror is None:
             return None
         return dict(pages=len(mirror), hits=mirror.hits,
@@ -533,6 +550,11 @@ class _Base:
         if reserve is None:
             return False
         self._flush_held()
+        if self._head is not None:
+            # The head's pages, the next handed out, go back on top.
+            head = self._head.drain()
+            if head.size:
+                reserve.put(head[::-1])
         moved = reserve.stats()["pages"] > 0
         self._reserve = None
         reserve.close()
@@ -554,6 +576,10 @@ class _Base:
         in (need_sort), and puts the whole list back in that order."""
         reserve = self._reserve
         held = np.concatenate(self._held)
+        # The token allocator's head is the list's front: it goes in first
+        # (need_sort sorts it with the rest, as SGLang's merge does).
+        head = (self._head.drain() if self._head is not None else
+                np.zeros(0, dtype=np.int64))
         try:
             listed = reserve.take(min(reserve.stats()["pages"],
                                       self.num_pages))
@@ -562,7 +588,7 @@ class _Base:
             # and the pool could not make up for them: the held pages go
             # on top of what the reserve holds.
             listed = np.zeros(0, dtype=np.int64)
-        merged = np.concatenate((listed, held))
+        merged = np.concatenate((head, listed, held))
         if self.need_sort:
             merged.sort()
         self._held, self._num_held = [], 0
@@ -1307,11 +1333,59 @@ class TokenToKVPoolAllocator(_Base):
     def alloc(self, need_size):
         """need_size slots from the front of the free list, or None."""
         need_size = int(need_size)
+        head = self._head
+        if head is not None and 0 < need_size <= len(head):
+            # The step's call: a slice of the head, as SGLang's is of its
+            # free list.
+            head.hits += 1
+            return self._hand_out_head(need_size)
         if need_size <= 0:
             return self._empty()
+        if head is not None:
+            return self._alloc_to_head(need_size)
         if self._use_reserve:
             return self._alloc_pages(need_size)
         return self._result(self._call(*self._alloc_call(need_size)))
+
+    def _hand_out_head(self, need_size):
+        pages, slots = self._head.take(need_size)
+        self._taken[pages] = True
+        if self._mirror_stream is not None:
+            self._order_mirror(slots)
+        return slots
+
+    def _alloc_to_head(self, need_size):
+        """alloc(need_size) that the head cannot serve alone: the rest
+        taken from the reserve (after SGLang's merge when the two hold too
+        few), and the head filled up to its bound ahead of the next calls
+        with pages the reserve can spare (no round trip); None when the
+        pool cannot supply them."""
+        reserve = self._live_reserve()
+        head = self._head
+        head.misses += 1
+        if (self._num_held and
+                need_size - len(head) > reserve.stats()["pages"]):
+            self._merge_held()  # which moves the head into the reserve
+        short = need_size - len(head)
+        try:
+            pages = reserve.take(short)
+        except ResourceExhaustedError:
+            return None
+        # Half of what the reserve holds at most: a head that emptied it
+        # would send the next call short of pages to the pool itself (a
+        # round trip) before the reserve's thread refilled. A reserve that
+        # may hold the whole pool has nothing to refill.
+        spare = reserve.stats()["pages"]
+        if self._reserve_options.get("max_pages", 0) < self.num_pages:
+            spare //= 2
+        ahead = min(head.max_pages - len(head) - short, spare)
+        if ahead > 0:
+            try:
+                pages = np.concatenate((pages, reserve.take(ahead)))
+            except ResourceExhaustedError:
+                pass  # the reserve's thread returned them meanwhile
+        head.extend(pages)
+        return self._hand_out_head(need_size)
 
     def _free_slots_now(self, slots):
         self._release_pages(slots)

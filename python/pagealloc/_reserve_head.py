@@ -1,0 +1,75 @@
+"""The head of the token allocator's free list, taken from the session's
+reserve ahead of need, with its slots on the allocator's device.
+
+SGLang's token allocator (page size 1) answers ``alloc(need_size)`` with a
+slice of a free-slot tensor on the GPU and nothing else. A take from the
+session's reserve (client/page_reserve.h) is a library call, and the device
+mirror of the reserve's top (_reserve_mirror.py) must check each take's
+pages against its guess, since the reserve's thread may refill on top of
+them. The head instead holds its pages: they are taken from the reserve in
+one batch, in the reserve's order, so nothing but this allocator moves
+them, and an alloc is a slice of the head's device tensor and of its host
+copy (the pages the allocator records as handed out).
+
+The pages in the head are the session's in the daemon's books and handed
+out in the reserve's: the reserve's thread cannot give them to a starving
+session. The head is bounded (``max_pages``, the allocator's mirror_pages)
+and goes back to the reserve whenever the reserve closes, as the pages the
+allocator holds back for SGLang's merge do.
+"""
+
+import numpy as np
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class ReserveHead:
+    """Pages taken from the reserve, the next handed out first. Not
+    thread-safe (the allocator's, as SGLang's allocator is the scheduler
+    thread's).
+
+    `to_device(slots)`: host int64 slots (a new array the head never writes
+    again) as the caller's result type on the device. `concat(a, b)`: two
+    such values joined (torch.cat, np.concatenate). Every slice ``take``
+    returns is of one such value, which no later call writes into."""
+
+    def __init__(self, to_device, concat, max_pages):
+        if max_pages < 1:
+            raise ValueError("max_pages (%d) must be >= 1" % max_pages)
+        self._to_device = to_device
+        self._concat = concat
+        self.max_pages = int(max_pages)
+        self._pages = _EMPTY  # page ids (== slots at page size 1)
+        self._slots = None    # the same on the device
+        self._next = 0
+        self.hits = 0    # takes answered with a slice
+        self.misses = 0  # takes that needed pages from the reserve first
+
+    def __len__(self):
+        return self._pages.size - self._next
+
+    def take(self, n):
+        """(pages, slots): the head's next `n` pages on the host (a view)
+        and on the device (a slice), 0 < n <= len(self)."""
+        start = self._next
+        end = self._next = start + n
+        return self._pages[start:end], self._slots[start:end]
+
+    def extend(self, pages):
+        """Appends `pages`, just taken from the reserve in its order, behind
+        the head's own (one copy to the device; the rest of the head's
+        slots joined on the device)."""
+        pages = np.array(pages, dtype=np.int64)
+        rest = self._pages[self._next:]
+        added = self._to_device(pages.copy())
+        if rest.size:
+            added = self._concat(self._slots[self._next:], added)
+            pages = np.concatenate((rest, pages))
+        self._pages, self._slots, self._next = pages, added, 0
+
+    def drain(self):
+        """Empties the head; returns its pages, the next first, for the
+        reserve to take back."""
+        rest = self._pages[self._next:].copy()
+        self._pages, self._slots, self._next = _EMPTY, None, 0
+        return rest
