@@ -1077,6 +1077,34 @@ class PageReserve:
                 ctypes.byref(count), ctypes.byref(error)), error)
         return pages[:count.value].copy()
 
+    def _alloc_decode_at(self, seq_address, n, loc_address, out_address,
+                         stream):
+        """alloc_decode for a caller that checked its arguments itself and
+        keeps the memory at these addresses alive (pagealloc.sglang: the
+        host seq_lens, a contiguous int64 CUDA last_loc and out of n
+        entries, a cudaStream_t int): the library call alone, on the
+        step's path. Returns the slots written."""
+        written = ctypes.c_int64(-1)
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_alloc_decode(
+            self._live(), _native.MEMORY_DEVICE, n, seq_address, loc_address,
+            out_address, stream, ctypes.byref(written), ctypes.byref(error)),
+            error)
+        return written.value
+
+    def _expansion_pages_at(self, on_device, address, capacity):
+        """last_expansion_pages into `capacity` int64s at `address` (a
+        caller's buffer, kept alive by it); returns their number, of which
+        the first `capacity` at most are written."""
+        count = ctypes.c_int64(0)
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_last_expansion_pages(
+            self._live(),
+            _native.MEMORY_DEVICE if on_device else _native.MEMORY_HOST,
+            address, capacity, ctypes.byref(count), ctypes.byref(error)),
+            error)
+        return count.value
+
     def take_device_error(self):
         """Raises InvalidArgumentError for the first device last_loc the
         expansion kernel refused since the last call of this (its slots

@@ -388,6 +388,10 @@ class _Base:
                                    self.page_size > 1 and not self.need_sort)
         self._freed_pages = np.empty(self.num_pages + 1, dtype=np.int64)
         self._freed_pages_address = self._freed_pages.ctypes.data
+        # The pages an expansion on the device took (it takes at most the
+        # pool).
+        self._expansion_pages = np.empty(self.num_pages + 1, dtype=np.int64)
+        self._expansion_address = self._expansion_pages.ctypes.data
         self._free_copy = np.empty(0, dtype=np.int64)
         self._free_copy_address = None
         if self._use_reserve:
@@ -1489,11 +1493,15 @@ class PagedTokenToKVPoolAllocator(_Base):
         the slot of the token before it. None for the whole batch when the
         new pages do not fit."""
         if self._expands_on_reserve():
-            seq, _ = self._host_input(
+            seq, seq_address = self._host_input(
                 seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
                 "seq_lens_cpu", _SEQ)
             if seq.size == 0:
                 return self._empty()
+            if (self._num_held == 0 and self._reserve is not None and
+                    _is_device_int64(last_loc, seq.size)):
+                # The step's call: its arguments are checked here.
+                return self._decode_on_device(seq, seq_address, last_loc)
             out = self._expand_on_reserve(None, seq, last_loc)
             if out is not _THIN:
                 return out
@@ -1562,6 +1570,26 @@ class PagedTokenToKVPoolAllocator(_Base):
             return out
         return self._slots_result(out)
 
+    def _decode_on_device(self, seq, seq_address, last_loc):
+        """alloc_decode on the reserve from a contiguous int64 CUDA
+        last_loc of one entry per request (_expand_on_reserve's device
+        case, the library's calls alone): the slots written on the
+        current stream, or None when the pool cannot supply the pages."""
+        n = seq.size
+        out = torch.empty((n,), dtype=torch.int64, device=last_loc.device)
+        reserve = self._reserve
+        try:
+            written = reserve._alloc_decode_at(
+                seq_address, n, last_loc.data_ptr(), out.data_ptr(),
+                self._current_raw_stream(last_loc.get_device()))
+        except ResourceExhaustedError:
+            return None  # as _expand_on_reserve: nothing was taken
+        pages = self._expansion_pages
+        count = reserve._expansion_pages_at(True, self._expansion_address,
+                                            pages.size)
+        self._taken[pages[:count]] = True
+        return out if written == n else out[:written]
+
     def _continues_taken_pages(self, prefix, seq, last_loc):
         """Whether every request of a host batch that writes into the rest
         of its last_loc's page continues a page the reserve handed out."""
@@ -1629,6 +1657,15 @@ class PagedTokenToKVPoolAllocator(_Base):
             self.free_page_reps_group.append(reps)
             return
         self._release_pages(reps // self.page_size)
+
+
+def _is_device_int64(values, n):
+    """Whether `values` is a one-dimensional, contiguous int64 CUDA tensor
+    of `n` entries (what the library's device expansion reads as is)."""
+    return (torch is not None and isinstance(values, torch.Tensor) and
+            values.is_cuda and values.dtype is torch.int64 and
+            values.dim() == 1 and values.is_contiguous() and
+            values.numel() == n)
 
 
 def _check_extend_total(prefix, seq, extend_num_tokens):
