@@ -70,10 +70,12 @@ def percentile(values, q):
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
-class _SlicedFreeList:
+class SGLangFreeList:
     """SGLang's paged allocator in one process, restated: a device tensor of
     free page ids; alloc(n) slices whole pages off its front, free puts the
-    freed pages at its end (its unsorted free path)."""
+    freed pages at its end (its unsorted free path). At page size 1 its
+    token allocator: alloc(n) is the slice itself, free appends the slots
+    as given."""
 
     def __init__(self, first_page, num_pages, page_size, device):
         self.page_size = page_size
@@ -89,6 +91,8 @@ class _SlicedFreeList:
             return None
         pages = self.free_pages[:num_pages]
         self.free_pages = self.free_pages[num_pages:]
+        if self.page_size == 1:
+            return pages
         return (pages[:, None] * self.page_size + self.offsets).reshape(-1)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc, kernel):
@@ -106,6 +110,9 @@ class _SlicedFreeList:
 
     def free(self, slots):
         if slots.numel() == 0:
+            return
+        if self.page_size == 1:
+            self.free_pages = torch.cat((self.free_pages, slots))
             return
         pages = torch.unique(slots // self.page_size)
         self.free_pages = torch.cat((self.free_pages, pages))
@@ -166,7 +173,7 @@ def run_process(rank, config, results):
     else:
         page_size = config["page_size"]
         pool_pages = config["pool_pages"] // config["processes"]
-        allocator = _SlicedFreeList(1, pool_pages, page_size, device)
+        allocator = SGLangFreeList(1, pool_pages, page_size, device)
     kernel = None
     if kind == "sglang" and mode == "decode":
         sys.path.insert(0, config["seed_kernels"])

@@ -739,13 +739,18 @@ def test_alloc_bench_reports_every_row(make_daemon, tmp_path):
     for target in targets:
         args += ["--target", target]
     rows = sglang_alloc_bench.main(args + [
-        "--iterations", "20", "--warmup", "5", "--json",
+        "--iterations", "20", "--warmup", "5", "--decode_requests", "8",
+        "--json",
         str(tmp_path / "rows.json")])
     assert sorted((row["page_size"], row["path"]) for row in rows) == [
         (ps, path) for ps in (1, 16) for path in ("mirror", "reserve",
                                                   "thin")]
     for row in rows:
         assert row["alloc_p50_us"] > 0 and row["free_p50_us"] > 0
+        assert ("decode_p50_us" in row) == (row["page_size"] > 1)
+        if row["page_size"] > 1:
+            assert row["decode_p50_us"] > 0
+            assert row["decode_new_page_p50_us"] > 0
         if row["path"] != "thin":
             # The thin path makes one round trip a step. The reserve's make
             # none once warm, unless its thread's refill is late for a step:
