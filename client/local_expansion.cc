@@ -56,6 +56,11 @@ absl::StatusOr<std::unique_ptr<LocalExpander>> LocalExpander::Create(
     return absl::InvalidArgumentError(absl::StrFormat(
         "staging_buffers (%d) must be >= 2", options.staging_buffers));
   }
+  if (options.max_staging_buffers < options.staging_buffers) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_staging_buffers (%d) must be >= staging_buffers (%d)",
+        options.max_staging_buffers, options.staging_buffers));
+  }
   std::unique_ptr<LocalExpander> expander(
       new LocalExpander(reserve, geometry, options));
   if (options.memory == ExpansionMemory::kDevice) {
@@ -226,16 +231,25 @@ absl::Status LocalExpander::InitDevice() {
                      reinterpret_cast<void**>(&device_error_), error_, 0),
                  "mapping the local expansion's error word"));
   for (int k = 0; k < options_.staging_buffers; ++k) {
-    auto staging = std::make_unique<Staging>();
-    const absl::Status created = CudaStatus(
-        cudaEventCreateWithFlags(&staging->event, cudaEventDisableTiming),
-        "creating a staging event");
-    if (!created.ok()) return created;
-    staging_.push_back(std::move(staging));
     // Allocated here, so that the first calls allocate nothing.
-    RETURN_IF_ERROR(ResizeStaging(kInitialStagingBytes, staging_.back().get()));
+    RETURN_IF_ERROR(AddStaging(staging_.size(), kInitialStagingBytes).status());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<LocalExpander::Staging*> LocalExpander::AddStaging(
+    size_t at, int64_t bytes) {
+  auto staging = std::make_unique<Staging>();
+  RETURN_IF_ERROR(CudaStatus(
+      cudaEventCreateWithFlags(&staging->event, cudaEventDisableTiming),
+      "creating a staging event"));
+  Staging* const added = staging.get();
+  // In the ring before its buffers exist, so that the destructor frees
+  // whatever was allocated.
+  staging_.insert(staging_.begin() + static_cast<std::ptrdiff_t>(at),
+                  std::move(staging));
+  RETURN_IF_ERROR(ResizeStaging(bytes, added));
+  return added;
 }
 
 LocalExpander::~LocalExpander() {
@@ -263,9 +277,19 @@ absl::StatusOr<LocalExpander::Staging*> LocalExpander::FreeStaging(
       return CudaStatus(state, "querying a staging event");
     }
   }
+  if (found == nullptr &&
+      staging_.size() < static_cast<size_t>(options_.max_staging_buffers)) {
+    // Every buffer is queued behind the stream's work: the caller is that
+    // many calls ahead of its GPU. One more, before the oldest in the ring
+    // (which stays the next looked at), rather than a wait on the host.
+    ASSIGN_OR_RETURN(found, AddStaging(next_staging_,
+                                       std::max(bytes, kInitialStagingBytes)));
+    next_staging_ = (next_staging_ + 1) % staging_.size();
+    ++stats_.staging_adds;
+  }
   if (found == nullptr) {
     // Every buffer is queued behind the stream's work: the caller is
-    // staging_buffers calls ahead of its GPU. Wait for the oldest.
+    // max_staging_buffers calls ahead of its GPU. Wait for the oldest.
     found = staging_[next_staging_].get();
     next_staging_ = (next_staging_ + 1) % staging_.size();
     ++stats_.staging_waits;

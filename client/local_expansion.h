@@ -67,9 +67,12 @@ struct LocalExpanderOptions {
   ExpansionMemory memory = ExpansionMemory::kHost;
   // kDevice: staging buffers, each with its event (256 KB each to begin
   // with, doubled for a batch that needs more). A call takes one whose
-  // copy has run; it waits on the host only when every one is still queued
-  // behind the stream's work (>= 2).
+  // copy has run. When every one is still queued behind the stream's work
+  // (a caller that queues its GPU work before each call and synchronizes
+  // seldom) it adds one, up to max_staging_buffers, and only then waits on
+  // the host for the oldest (>= 2; <= max_staging_buffers).
   int staging_buffers = 4;
+  int max_staging_buffers = 32;
 };
 
 // A snapshot of an expander's counts.
@@ -80,6 +83,7 @@ struct LocalExpanderStats {
   int64_t slots = 0;          // slots written
   int64_t staging_waits = 0;  // kDevice: calls that waited for a buffer
   int64_t staging_grows = 0;  // kDevice: buffers reallocated for a larger batch
+  int64_t staging_adds = 0;   // kDevice: buffers added, every one being busy
 };
 
 class LocalExpander {
@@ -166,6 +170,9 @@ class LocalExpander {
   // kDevice: replaces `staging`'s buffers (unused: its event has completed)
   // with ones of `bytes`.
   absl::Status ResizeStaging(int64_t bytes, Staging* staging);
+  // kDevice: a new staging buffer of `bytes`, its event never recorded,
+  // inserted into the ring at index `at`.
+  absl::StatusOr<Staging*> AddStaging(size_t at, int64_t bytes);
 
   PageReserve* const reserve_;
   const PoolGeometry geometry_;

@@ -12,9 +12,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -96,8 +99,12 @@ TEST_P(LocalExpansionGpuTest, DeviceSlotsEqualTheHostAndThinPaths) {
   Client& thin = *pair.thin;
   LocalExpanderOptions device_options;
   device_options.memory = ExpansionMemory::kDevice;
-  // One buffer per batch: the calls never wait on the host for a buffer.
-  device_options.staging_buffers = kBatches;
+  // Two buffers to begin with, and room for one per batch: with the stream
+  // held until every call is made, each call after the second finds every
+  // buffer queued and adds one rather than wait on the host (which would
+  // never return here).
+  device_options.staging_buffers = 2;
+  device_options.max_staging_buffers = kBatches;
   ASSERT_OK_AND_ASSIGN(
       std::unique_ptr<LocalExpander> device,
       LocalExpander::Create(*pair.local, reserve, device_options));
@@ -105,6 +112,23 @@ TEST_P(LocalExpansionGpuTest, DeviceSlotsEqualTheHostAndThinPaths) {
                        LocalExpander::Create(*pair.local, reserve));
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            cudaSuccess);
+  // GPU work queued ahead of the calls: the stream runs nothing past this
+  // host function while `held` (static: the function may read it after a
+  // failed assertion left the test; the guard lets the stream go then).
+  static std::atomic<bool> held;
+  held.store(true);
+  struct LetGo {
+    ~LetGo() { held.store(false); }
+  } let_go;
+  ASSERT_EQ(cudaLaunchHostFunc(
+                stream,
+                [](void*) {
+                  while (held.load()) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                  }
+                },
+                nullptr),
             cudaSuccess);
 
   std::vector<std::unique_ptr<DeviceBatch>> on_device;
@@ -156,10 +180,15 @@ TEST_P(LocalExpansionGpuTest, DeviceSlotsEqualTheHostAndThinPaths) {
     // copy of the page ids).
     ASSERT_OK(PutBackBatch(*reserve, order, prefix_pages));
   }
+  held.store(false);
   // The only host sync between the calls and the check.
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_OK(device->TakeDeviceError());
   EXPECT_EQ(device->stats().staging_waits, 0);
+  // Each call that staged a batch while every buffer was queued added one;
+  // a batch without slots stages nothing.
+  EXPECT_GE(device->stats().staging_adds, 1);
+  EXPECT_LE(device->stats().staging_adds, kBatches - 2);
   for (int b = 0; b < kBatches; ++b) {
     SCOPED_TRACE(absl::StrFormat("batch %d", b));
     std::vector<int64_t> slots = Download(*on_device[b]);
