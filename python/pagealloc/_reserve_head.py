@@ -9,7 +9,12 @@ pages against its guess, since the reserve's thread may refill on top of
 them. The head instead holds its pages: they are taken from the reserve in
 one batch, in the reserve's order, so nothing but this allocator moves
 them, and an alloc is a slice of the head's device tensor and of its host
-copy (the pages the allocator records as handed out).
+copy.
+
+The allocator records which pages it handed out (its `_taken`) when it
+next reads that record, not per alloc: the pages a run of takes handed out
+are one range of the head's (`unmarked`), marked in one write, so the
+step's alloc moves a cursor and nothing else.
 
 The pages in the head are the session's in the daemon's books and handed
 out in the reserve's: the reserve's thread cannot give them to a starving
@@ -42,6 +47,10 @@ class ReserveHead:
         self._pages = _EMPTY  # page ids (== slots at page size 1)
         self._slots = None    # the same on the device
         self._next = 0
+        # Handed out but not yet reported by unmarked(): the head's pages
+        # from _marked to _next, and those of arrays it no longer holds.
+        self._marked = 0
+        self._unmarked = []
         self.hits = 0    # takes answered with a slice
         self.misses = 0  # takes that needed pages from the reserve first
 
@@ -55,10 +64,29 @@ class ReserveHead:
         end = self._next = start + n
         return self._pages[start:end], self._slots[start:end]
 
+    def unmarked(self):
+        """The pages handed out since the last call of this, in the order
+        they were taken (None when there are none)."""
+        if self._marked == self._next and not self._unmarked:
+            return None
+        self._keep_unmarked()
+        out = (self._unmarked[0] if len(self._unmarked) == 1 else
+               np.concatenate(self._unmarked))
+        self._unmarked = []
+        return out
+
+    def _keep_unmarked(self):
+        """Moves the handed-out range not yet reported into _unmarked,
+        before the head's arrays are replaced."""
+        if self._next > self._marked:
+            self._unmarked.append(self._pages[self._marked:self._next])
+        self._marked = self._next
+
     def extend(self, pages):
         """Appends `pages`, just taken from the reserve in its order, behind
         the head's own (one copy to the device; the rest of the head's
         slots joined on the device)."""
+        self._keep_unmarked()
         pages = np.array(pages, dtype=np.int64)
         rest = self._pages[self._next:]
         added = self._to_device(pages.copy())
@@ -66,10 +94,13 @@ class ReserveHead:
             added = self._concat(self._slots[self._next:], added)
             pages = np.concatenate((rest, pages))
         self._pages, self._slots, self._next = pages, added, 0
+        self._marked = 0
 
     def drain(self):
         """Empties the head; returns its pages, the next first, for the
-        reserve to take back."""
+        reserve to take back (those handed out stay for unmarked())."""
+        self._keep_unmarked()
         rest = self._pages[self._next:].copy()
         self._pages, self._slots, self._next = _EMPTY, None, 0
+        self._marked = 0
         return rest

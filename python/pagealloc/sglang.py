@@ -291,6 +291,13 @@ class _Base:
                     "device must be a CUDA device, not %s" % self.device)
             if self._torch_device.type == "cuda":
                 self._device_index = self._torch_device.index
+                if (self._device_index is None and
+                        torch.cuda.is_available()):
+                    # "cuda" names the current device: the one this
+                    # allocator's tensors are made on, now, as SGLang's
+                    # are. Pinned, so that a call does not read it again
+                    # (about 1 us with every stream lookup).
+                    self._device_index = torch.cuda.current_device()
         # On the CUDA backend with PyTorch the current stream is ordered
         # after the daemon's kernel and an event recorded on it per call.
         self._ordered = self._on_device and torch is not None
@@ -340,8 +347,10 @@ class _Base:
         self._reserve_options.setdefault("starved_wait", 0)
         self._reserve = None
         # Per page id: True while taken from the open reserve and not put
-        # back (the pages a free may put back without a round trip).
-        self._taken = np.zeros(self.num_pages + 1, dtype=bool)
+        # back (the pages a free may put back without a round trip). Read
+        # through _taken, which first marks what the head handed out.
+        self._taken_bits = np.zeros(self.num_pages + 1, dtype=bool)
+        self._head = None
         # Pages freed but held back from the reserve, oldest first, as
         # SGLang holds them: the token allocator's freed slots queue behind
         # its free list, and with need_sort they are parked until a merge.
@@ -361,7 +370,6 @@ class _Base:
         # The token allocator's (page size 1) instead holds the head of its
         # free list, taken from the reserve (_reserve_head.py): its alloc is
         # a slice without a library call, as SGLang's is.
-        self._head = None
         if int(mirror_pages) and self._use_reserve and self.page_size == 1:
             self._head = ReserveHead(self._mirror_to_device,
                                      self._mirror_concat, int(mirror_pages))
@@ -958,6 +966,19 @@ class _Base:
             self._mirror.prepend(pages, device)
         return None
 
+    @property
+    def _taken(self):
+        """_taken_bits, with the pages the head handed out since the last
+        read marked first: the token allocator's alloc only moves the
+        head's cursor (_reserve_head.py), and a run of them is marked here
+        in one write."""
+        head = self._head
+        if head is not None:
+            handed_out = head.unmarked()
+            if handed_out is not None:
+                self._taken_bits[handed_out] = True
+        return self._taken_bits
+
     def _device_int64(self, values):
         """`values` as a one-dimensional int64 CUDA tensor on the
         allocator's device (converted there when it is another integer
@@ -1352,8 +1373,7 @@ class TokenToKVPoolAllocator(_Base):
         return self._result(self._call(*self._alloc_call(need_size)))
 
     def _hand_out_head(self, need_size):
-        pages, slots = self._head.take(need_size)
-        self._taken[pages] = True
+        slots = self._head.take(need_size)[1]
         if self._mirror_stream is not None:
             self._order_mirror(slots)
         return slots

@@ -22,6 +22,7 @@ import pytest
 
 import pagealloc
 from pagealloc import sglang
+from pagealloc._reserve_head import ReserveHead
 from pagealloc.sglang_model import make_allocator_model
 
 import test_sglang
@@ -570,6 +571,48 @@ def test_the_token_allocators_head_is_sliced_without_a_take(make_daemon,
         assert allocator.mirror_stats["pages"] == 0
         assert allocator.client.stats().used_pages == 14
         assert allocator.available_size() == 64 - 14
+
+
+def test_the_heads_handed_out_pages_are_reported_once_across_refills():
+    """The head reports the pages it handed out (for the allocator's
+    record) once each, in order, including those of arrays a refill or a
+    drain replaced."""
+    head = ReserveHead(np.copy, lambda a, b: np.concatenate((a, b)), 8)
+    assert head.unmarked() is None
+    head.extend([1, 2, 3, 4])
+    assert head.take(3)[0].tolist() == [1, 2, 3]
+    head.extend([5, 6])  # the head's array replaced: 4, 5, 6
+    assert head.take(2)[1].tolist() == [4, 5]
+    assert head.unmarked().tolist() == [1, 2, 3, 4, 5]
+    assert head.unmarked() is None
+    assert head.take(1)[0].tolist() == [6]
+    head.extend([7, 8])
+    assert head.take(1)[0].tolist() == [7]
+    assert head.drain().tolist() == [8]
+    assert head.unmarked().tolist() == [6, 7]
+    assert head.unmarked() is None and len(head) == 0
+
+
+def test_the_token_allocators_frees_find_the_heads_pages_taken(make_daemon):
+    """Slots handed out by several allocs, across a refill of the head,
+    are the allocator's to free without a round trip (its record of them
+    is written when a free reads it); a slot the head still holds is not."""
+    with lone(make_daemon, 1, 64, mirror_pages=8) as allocator:
+        first = host(allocator.alloc(6))
+        second = host(allocator.alloc(5))  # 2 from the head, then a refill
+        assert allocator.mirror_stats["misses"] == 2
+        reserve = allocator.reserve
+        takes = reserve.stats()["takes"]
+        allocator.free(second)
+        allocator.free(first)
+        # Held back behind the free list, as SGLang's token allocator
+        # holds them: the reserve is still open, nothing went to the
+        # daemon.
+        assert allocator.reserve is reserve
+        assert reserve.stats()["takes"] == takes
+        assert allocator.available_size() == 64
+        with pytest.raises(pagealloc.PageallocError):
+            allocator.free_page_ids(first[:1])  # freed already
 
 
 # ---------------------------------------------------------------- sharing
