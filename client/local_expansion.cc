@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/plan_expansion.h"
 #include "common/status_macros.h"
+#include "kernels/expand_plan.h"
 
 #if defined(PAGEALLOC_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -38,6 +39,13 @@ struct LocalExpander::Staging {
 #endif
 };
 
+// An inline decode's kernel parameters, packed on the host and copied by
+// the launch itself (so one is enough), and whether any launch used them.
+struct LocalExpander::InlineDecode {
+  MaxLocalDecodeParams params;
+  bool launched = false;
+};
+
 absl::StatusOr<std::unique_ptr<LocalExpander>> LocalExpander::Create(
     const Client& client, PageReserve* reserve,
     const LocalExpanderOptions& options) {
@@ -60,6 +68,12 @@ absl::StatusOr<std::unique_ptr<LocalExpander>> LocalExpander::Create(
     return absl::InvalidArgumentError(absl::StrFormat(
         "max_staging_buffers (%d) must be >= staging_buffers (%d)",
         options.max_staging_buffers, options.staging_buffers));
+  }
+  if (options.inline_decode_requests < 0 ||
+      options.inline_decode_requests > kMaxLocalDecodeRequests) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "inline_decode_requests (%d) must be in [0, %d]",
+        options.inline_decode_requests, kMaxLocalDecodeRequests));
   }
   std::unique_ptr<LocalExpander> expander(
       new LocalExpander(reserve, geometry, options));
@@ -178,11 +192,20 @@ absl::StatusOr<int64_t> LocalExpander::Expand(
     ++stats_.refused;
     return taken;
   }
-  BuildPlan(out);
   if (host) {
+    BuildPlan(out);
     ExpandPlan(storage_.plan, pages_.data());
   } else {
-    const absl::Status launched = LaunchOnStream(last_loc, stream);
+    absl::StatusOr<bool> inlined = false;
+    if (kind == RequestKind::kDecode && n > 0 &&
+        static_cast<int64_t>(n) <= options_.inline_decode_requests) {
+      inlined = LaunchDecodeInline(last_loc, out, total_pages, stream);
+    }
+    absl::Status launched = inlined.status();
+    if (inlined.ok() && !*inlined) {
+      BuildPlan(out);
+      launched = LaunchOnStream(last_loc, stream);
+    }
     if (!launched.ok()) {
       ++stats_.refused;
       // Nothing ran: the pages are the reserve's again.
@@ -230,6 +253,7 @@ absl::Status LocalExpander::InitDevice() {
       CudaStatus(cudaHostGetDevicePointer(
                      reinterpret_cast<void**>(&device_error_), error_, 0),
                  "mapping the local expansion's error word"));
+  inline_decode_ = std::make_unique<InlineDecode>();
   for (int k = 0; k < options_.staging_buffers; ++k) {
     // Allocated here, so that the first calls allocate nothing.
     RETURN_IF_ERROR(AddStaging(staging_.size(), kInitialStagingBytes).status());
@@ -254,7 +278,11 @@ absl::StatusOr<LocalExpander::Staging*> LocalExpander::AddStaging(
 
 LocalExpander::~LocalExpander() {
   // The kernels write the error word and read the device buffers until
-  // their events complete.
+  // their events complete. An inline decode records no event: its kernel
+  // may write the error word until the device is done with it.
+  if (inline_decode_ != nullptr && inline_decode_->launched) {
+    cudaDeviceSynchronize();
+  }
   for (const std::unique_ptr<Staging>& staging : staging_) {
     cudaEventSynchronize(staging->event);
     cudaEventDestroy(staging->event);
@@ -357,6 +385,31 @@ absl::Status LocalExpander::LaunchOnStream(const int64_t* last_loc,
   return CudaStatus(recorded, "recording a staging event");
 }
 
+absl::StatusOr<bool> LocalExpander::LaunchDecodeInline(const int64_t* last_loc,
+                                                       int64_t* out,
+                                                       int64_t num_pages,
+                                                       void* stream) {
+  LocalDecodeHeader header;
+  header.last_loc =
+      DeviceLastLoc{last_loc, geometry_.slot_limit(), device_error_};
+  header.out = out;
+  header.page_size = geometry_.page_size;
+  MaxLocalDecodeParams& params = inline_decode_->params;
+  ASSIGN_OR_RETURN(
+      const bool packed,
+      PackLocalDecode(
+          new_pages_,
+          absl::MakeConstSpan(pages_.data(), static_cast<size_t>(num_pages)),
+          header, &params));
+  if (!packed) return false;
+  inline_decode_->launched = true;
+  RETURN_IF_ERROR(CudaStatus(
+      LaunchExpandLocalDecode(params, static_cast<cudaStream_t>(stream)),
+      "launching the local decode"));
+  ++stats_.inline_decodes;
+  return true;
+}
+
 absl::Status LocalExpander::TakeDeviceError() {
   if (error_ == nullptr) return absl::OkStatus();
   volatile unsigned long long* word = error_;  // NOLINT(runtime/int)
@@ -390,6 +443,11 @@ absl::Status LocalExpander::LaunchOnStream(const int64_t*, void*) {
 }
 
 absl::Status LocalExpander::ResizeStaging(int64_t, Staging*) {
+  return absl::FailedPreconditionError("built without CUDA");
+}
+
+absl::StatusOr<bool> LocalExpander::LaunchDecodeInline(const int64_t*, int64_t*,
+                                                       int64_t, void*) {
   return absl::FailedPreconditionError("built without CUDA");
 }
 

@@ -8,7 +8,10 @@
 //     pages and the packed plan from pinned staging, one launch of the
 //     project's expand kernel (kernels/alloc_kernels.h,
 //     LaunchExpandPlanLastLoc); no host sync, no device-to-host copy, no
-//     launch in the daemon's context.
+//     launch in the daemon's context. A decode of up to
+//     inline_decode_requests requests is one launch alone: its new pages
+//     travel in the kernel's parameters (LaunchExpandLocalDecode), with no
+//     plan built, no copy and no staging buffer.
 //   - kHost: the same plan expanded on the host (allocator/plan_expansion.h)
 //     from a host last_loc into a host array.
 //
@@ -73,6 +76,11 @@ struct LocalExpanderOptions {
   // the host for the oldest (>= 2; <= max_staging_buffers).
   int staging_buffers = 4;
   int max_staging_buffers = 32;
+  // kDevice: decode batches of up to this many requests pass their new
+  // pages in the kernel's parameters; larger ones are uploaded. 0: every
+  // batch is uploaded. In [0, 2036] (kernels/expand_plan.h,
+  // kMaxLocalDecodeRequests).
+  int64_t inline_decode_requests = 2036;
 };
 
 // A snapshot of an expander's counts.
@@ -84,6 +92,7 @@ struct LocalExpanderStats {
   int64_t staging_waits = 0;  // kDevice: calls that waited for a buffer
   int64_t staging_grows = 0;  // kDevice: buffers reallocated for a larger batch
   int64_t staging_adds = 0;   // kDevice: buffers added, every one being busy
+  int64_t inline_decodes = 0;  // kDevice: decodes launched with no upload
 };
 
 class LocalExpander {
@@ -148,7 +157,8 @@ class LocalExpander {
   ExpansionMemory memory() const { return options_.memory; }
 
  private:
-  struct Staging;  // a pinned host buffer, its device twin and its event
+  struct Staging;       // a pinned host buffer, its device twin and its event
+  struct InlineDecode;  // the parameters of an inline decode's launch
 
   LocalExpander(PageReserve* reserve, const PoolGeometry& geometry,
                 const LocalExpanderOptions& options);
@@ -165,6 +175,12 @@ class LocalExpander {
   // kDevice: uploads pages_ and the plan on `stream` and launches the
   // kernel that reads `last_loc` there.
   absl::Status LaunchOnStream(const int64_t* last_loc, void* stream);
+  // kDevice: launches the decode of shapes_ over the first `num_pages` of
+  // pages_ on `stream` with
+  // its pages in the kernel's parameters; false, launching nothing, when
+  // the batch does not fit there (the caller uploads it).
+  absl::StatusOr<bool> LaunchDecodeInline(const int64_t* last_loc, int64_t* out,
+                                          int64_t num_pages, void* stream);
   // kDevice: a staging buffer whose copy has run, with room for `bytes`.
   absl::StatusOr<Staging*> FreeStaging(int64_t bytes);
   // kDevice: replaces `staging`'s buffers (unused: its event has completed)
@@ -191,6 +207,7 @@ class LocalExpander {
   // kDevice.
   std::vector<std::unique_ptr<Staging>> staging_;
   size_t next_staging_ = 0;
+  std::unique_ptr<InlineDecode> inline_decode_;
   // Two host-mapped words the kernel writes (DeviceLastLoc::error).
   unsigned long long* error_ = nullptr;         // NOLINT(runtime/int)
   unsigned long long* device_error_ = nullptr;  // NOLINT(runtime/int)

@@ -121,6 +121,9 @@ const void* InlineKernel(const InlinePlanHeader& header, dim3* grid) {
 static_assert(offsetof(InlineExpandParams<kInlineTierWords[0]>, words) ==
                   offsetof(MaxInlineExpandParams, words),
               "inline tiers share one layout");
+static_assert(offsetof(LocalDecodeParams<kLocalDecodeTierWords[0]>, words) ==
+                  offsetof(MaxLocalDecodeParams, words),
+              "local decode tiers share one layout");
 
 }  // namespace
 
@@ -168,6 +171,28 @@ cudaError_t LaunchExpandInlinePlan(const MaxInlineExpandParams& params,
   void* args[] = {const_cast<MaxInlineExpandParams*>(&params)};
   const cudaError_t launched =
       cudaLaunchKernel(kernel, grid, dim3(kExpandThreads), args, 0, stream);
+  if (launched != cudaSuccess) return launched;
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchExpandLocalDecode(const MaxLocalDecodeParams& params,
+                                    cudaStream_t stream) {
+  const LocalDecodeHeader& h = params.header;
+  if (h.num_requests < 1 || h.num_requests > kMaxLocalDecodeRequests ||
+      h.page_size < 1 || h.out == nullptr || h.last_loc.last_loc == nullptr ||
+      h.last_loc.error == nullptr || h.last_loc.slot_limit <= h.page_size) {
+    return cudaErrorInvalidValue;
+  }
+  const void* kernel =
+      LocalDecodeWords(h.num_requests) <= kLocalDecodeTierWords[0]
+          ? reinterpret_cast<const void*>(
+                &ExpandLocalDecodeKernel<kLocalDecodeTierWords[0]>)
+          : reinterpret_cast<const void*>(
+                &ExpandLocalDecodeKernel<kLocalDecodeTierWords[1]>);
+  void* args[] = {const_cast<MaxLocalDecodeParams*>(&params)};
+  const cudaError_t launched = cudaLaunchKernel(
+      kernel, dim3(static_cast<unsigned>(Blocks(h.num_requests))),
+      dim3(kExpandThreads), args, 0, stream);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }

@@ -113,6 +113,16 @@ __global__ void __launch_bounds__(kExpandThreads,
       blockIdx.x, blockIdx.y, static_cast<int>(threadIdx.x));
 }
 
+// The client's local decode (LocalDecodeParams, kWords: the size tier).
+// Grid: ceil(num_requests / kExpandThreads) blocks of kExpandThreads.
+template <int kWords>
+__global__ void __launch_bounds__(kExpandThreads, kExpandMinBlocksPerSm)
+    ExpandLocalDecodeKernel(
+        const __grid_constant__ LocalDecodeParams<kWords> params) {
+  ExpandLocalDecodeThread(
+      params, static_cast<int64_t>(blockIdx.x) * kExpandThreads + threadIdx.x);
+}
+
 }  // namespace pagealloc
 
 #endif  // PAGEALLOC_KERNELS_ALLOC_KERNELS_CUH_

@@ -42,6 +42,15 @@ cudaError_t LaunchExpandPlanLastLoc(const ExpandParams& params,
 cudaError_t LaunchExpandInlinePlan(const MaxInlineExpandParams& params,
                                    cudaStream_t stream);
 
+// Launches the client's local decode (LocalDecodeParams, PackLocalDecode)
+// on `stream` in the smallest parameter tier (kLocalDecodeTierWords) that
+// holds its requests. cudaErrorInvalidValue, launching nothing, for a
+// request count out of [1, kMaxLocalDecodeRequests], a null array or error
+// word, or a slot_limit not above page_size. `params` may be reused as soon
+// as this returns: the launch copies it.
+cudaError_t LaunchExpandLocalDecode(const MaxLocalDecodeParams& params,
+                                    cudaStream_t stream);
+
 }  // namespace pagealloc
 
 #endif  // PAGEALLOC_KERNELS_ALLOC_KERNELS_H_

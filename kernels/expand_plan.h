@@ -389,6 +389,73 @@ struct LastLocSource {
   }
 };
 
+// --- A local decode passed whole in the kernel's parameters ---
+//
+// The client library's alloc_decode on the caller's stream
+// (client/local_expansion.h) for a batch of up to kMaxLocalDecodeRequests:
+// every request writes one slot, out[r]: the first slot of the new page the
+// host took for it, or, when it continues its prefix's page, the slot after
+// its last_loc, read and checked on the device as LastLocPlan does (a
+// refused value is reported and the slot is 0, in the padding page). The
+// page ids travel in the parameters, two 32-bit ids a word (low half
+// first), 0 for a request that continues its page: page 0 is never handed
+// out. Nothing is uploaded: one launch, with no copy before it and no
+// staging buffer to wait for.
+struct LocalDecodeHeader {
+  DeviceLastLoc last_loc;
+  int64_t* out;          // [num_requests], device memory
+  int64_t page_size;     // >= 1
+  int64_t num_requests;  // in [1, kMaxLocalDecodeRequests]
+};
+
+template <int kWords>
+struct LocalDecodeParams {
+  LocalDecodeHeader header;
+  int64_t words[kWords];
+};
+
+// Parameter sizes the launcher picks from: 2 KB (500 requests) and 8 KB,
+// the sizes that measured cheaper than an upload for the daemon's inline
+// plans (above).
+inline constexpr int kLocalDecodeTierWords[2] = {250, 1018};
+inline constexpr int64_t kMaxLocalDecodeRequests =
+    2 * int64_t{kLocalDecodeTierWords[1]};
+using MaxLocalDecodeParams = LocalDecodeParams<kLocalDecodeTierWords[1]>;
+static_assert(sizeof(LocalDecodeParams<kLocalDecodeTierWords[0]>) == 2048,
+              "the small tier is 2 KB");
+static_assert(sizeof(MaxLocalDecodeParams) == 8192, "the large tier is 8 KB");
+
+// Returns the words a local decode of n requests fills.
+inline constexpr int64_t LocalDecodeWords(int64_t n) { return (n + 1) / 2; }
+
+// Returns request r's new page in `words` (0: it continues its page).
+PAGEALLOC_HOST_DEVICE int64_t LocalDecodePage(const int64_t* words, int64_t r) {
+  const auto word = static_cast<uint64_t>(words[r >> 1]);
+  return static_cast<int64_t>((word >> ((r & 1) * 32)) & 0xffffffffu);
+}
+
+// One thread of the local decode kernel (grid: ceil(num_requests /
+// kExpandThreads) blocks of kExpandThreads): writes request r's slot.
+template <int kWords>
+PAGEALLOC_HOST_DEVICE void ExpandLocalDecodeThread(
+    const LocalDecodeParams<kWords>& p, int64_t r) {
+  const LocalDecodeHeader& h = p.header;
+  if (r >= h.num_requests) return;
+  const int64_t page = LocalDecodePage(p.words, r);
+  const int64_t ps = h.page_size;
+  if (page != 0) {
+    h.out[r] = page * ps;
+    return;
+  }
+  const int64_t loc = h.last_loc.last_loc[r];
+  if (loc >= ps && loc < h.last_loc.slot_limit && loc % ps + 1 < ps) {
+    h.out[r] = loc + 1;
+    return;
+  }
+  ReportBadLastLoc(h.last_loc.error, r, loc);
+  h.out[r] = 0;
+}
+
 // Returns the last request r in [lo, hi] with slot_begin(r) <= slot: the
 // request that writes batch slot `slot`.
 // REQUIRES: slot_begin(lo) <= slot < num_slots, lo <= hi < num_requests.

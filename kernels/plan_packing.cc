@@ -326,4 +326,42 @@ ExpandParams MakeExpandParams(const PackedPlan& packed,
   return params;
 }
 
+absl::StatusOr<bool> PackLocalDecode(absl::Span<const int64_t> new_pages,
+                                     absl::Span<const int64_t> pages,
+                                     const LocalDecodeHeader& header,
+                                     MaxLocalDecodeParams* params) {
+  const auto n = static_cast<int64_t>(new_pages.size());
+  if (n == 0) {
+    return absl::InvalidArgumentError("a local decode of no request");
+  }
+  if (n > kMaxLocalDecodeRequests) return false;
+  params->header = header;
+  params->header.num_requests = n;
+  int64_t* const words = params->words;
+  std::memset(words, 0, LocalDecodeWords(n) * sizeof(int64_t));
+  size_t next = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    if (new_pages[r] == 0) continue;
+    if (new_pages[r] != 1 || next >= pages.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "request %d of a local decode takes %d new pages (%d ids given)", r,
+          new_pages[r], pages.size()));
+    }
+    const int64_t page = pages[next++];
+    if (page < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "request %d of a local decode takes page %d", r, page));
+    }
+    if (page >= (int64_t{1} << 31)) return false;
+    words[r >> 1] |=
+        static_cast<int64_t>(static_cast<uint64_t>(page) << ((r & 1) * 32));
+  }
+  if (next != pages.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a local decode takes %d new pages, not the %d ids given", next,
+        pages.size()));
+  }
+  return true;
+}
+
 }  // namespace pagealloc

@@ -80,6 +80,20 @@ absl::StatusOr<bool> PackInlinePlan(const BatchPlan& plan,
                                     const int64_t* free_ring,
                                     MaxInlineExpandParams* params);
 
+// Packs a decode of the client's local expansion into `params` (kernels/
+// expand_plan.h, LocalDecodeParams): request r takes a new page when
+// new_pages[r] is 1, the next of `pages` in order, and continues its
+// prefix's page when it is 0. Sets params->header to `header` with
+// num_requests new_pages.size(). Returns false, with `params` unspecified,
+// when the batch does not fit: more than kMaxLocalDecodeRequests requests,
+// or a page id of 2^31 or more (the uploaded plan takes it then).
+// INVALID_ARGUMENT for an empty batch, a count other than 0 or 1, a page id
+// below 1, or pages.size() other than the counts' sum.
+absl::StatusOr<bool> PackLocalDecode(absl::Span<const int64_t> new_pages,
+                                     absl::Span<const int64_t> pages,
+                                     const LocalDecodeHeader& header,
+                                     MaxLocalDecodeParams* params);
+
 // Returns the kernel parameters for `packed`, whose block was copied to
 // `device_block`, reading pages from `free_ring`.
 ExpandParams MakeExpandParams(const PackedPlan& packed,

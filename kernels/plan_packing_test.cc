@@ -604,5 +604,117 @@ TEST_F(LastLocPlanTest, RefusedLastLocGoesToPageZeroAndIsReported) {
   EXPECT_EQ(error[1], static_cast<unsigned long long>(11 * kPageSize + 4));
 }
 
+// The client's local decode (LocalDecodeParams): packed on the host, every
+// thread of its kernel emulated. Request r writes the first slot of the
+// next new page when it takes one, else the slot after its last_loc.
+class LocalDecodeTest : public ::testing::Test {
+ protected:
+  // Packs and runs the decode; returns out (one word past it poisoned).
+  std::vector<int64_t> Run(const std::vector<int64_t>& new_pages,
+                           const std::vector<int64_t>& pages,
+                           const std::vector<int64_t>& last_locs,
+                           int64_t page_size, int64_t slot_limit,
+                           unsigned long long error[2]) {
+    std::vector<int64_t> out(new_pages.size() + 1, kPoison);
+    LocalDecodeHeader header;
+    header.last_loc = DeviceLastLoc{last_locs.data(), slot_limit, error};
+    header.out = out.data();
+    header.page_size = page_size;
+    const absl::StatusOr<bool> packed =
+        PackLocalDecode(new_pages, pages, header, params_.get());
+    EXPECT_TRUE(packed.ok() && *packed) << packed.status();
+    const int64_t n = params_->header.num_requests;
+    EXPECT_EQ(n, static_cast<int64_t>(new_pages.size()));
+    const int64_t blocks = (n + kExpandThreads - 1) / kExpandThreads;
+    for (int64_t r = 0; r < blocks * kExpandThreads; ++r) {
+      ExpandLocalDecodeThread(*params_, r);
+    }
+    return out;
+  }
+
+  std::unique_ptr<MaxLocalDecodeParams> params_ =
+      std::make_unique<MaxLocalDecodeParams>();
+};
+
+TEST_F(LocalDecodeTest, WritesEachRequestsSlotOnRandomBatches) {
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(absl::StrFormat("seed %d", seed));
+  for (const int64_t page_size : {1, 3, 16, 64}) {
+    for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{255}, int64_t{500},
+                            int64_t{501}, kMaxLocalDecodeRequests}) {
+      const int64_t num_pages = int64_t{1} << 30;  // ids up to 2^30
+      const int64_t slot_limit = (num_pages + 1) * page_size;
+      std::vector<int64_t> new_pages(n);
+      std::vector<int64_t> pages;
+      std::vector<int64_t> last_locs(n);
+      std::vector<int64_t> expected(n + 1, kPoison);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t page = 1 + static_cast<int64_t>(rng() % num_pages);
+        const int64_t offset = static_cast<int64_t>(rng() % page_size);
+        // A request continues its page unless the slot after last_loc
+        // starts a new one (the host's plan: NewPagesNeeded).
+        last_locs[r] = page * page_size + offset;
+        new_pages[r] = page_size == 1 || offset == page_size - 1 ? 1 : 0;
+        if (new_pages[r] == 1) {
+          pages.push_back(1 + static_cast<int64_t>(rng() % num_pages));
+          expected[r] = pages.back() * page_size;
+        } else {
+          expected[r] = last_locs[r] + 1;
+        }
+      }
+      SCOPED_TRACE(absl::StrFormat("page_size %d, %d requests", page_size, n));
+      unsigned long long error[2] = {0, 0};
+      EXPECT_EQ(Run(new_pages, pages, last_locs, page_size, slot_limit, error),
+                expected);
+      EXPECT_EQ(error[0], 0u);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+TEST_F(LocalDecodeTest, RefusedLastLocGoesToPageZeroAndTheFirstIsReported) {
+  constexpr int64_t kPageSize = 16;
+  const int64_t slot_limit = 11 * kPageSize;
+  // Request 1 names page 0; 2 the last slot of its page (no room);
+  // 3 takes page 7; 4 lies past the slab's end; 5 is negative.
+  const std::vector<int64_t> last_locs = {
+      kPageSize + 4, 4, 2 * kPageSize + 15, 99, 11 * kPageSize + 4, -3};
+  unsigned long long error[2] = {0, 0};
+  const std::vector<int64_t> out =
+      Run({0, 0, 0, 1, 0, 0}, {7}, last_locs, kPageSize, slot_limit, error);
+  EXPECT_EQ(out, (std::vector<int64_t>{kPageSize + 5, 0, 0, 7 * kPageSize, 0, 0,
+                                       kPoison}));
+  EXPECT_EQ(error[0], 2u);  // request 1, the first refused
+  EXPECT_EQ(error[1], 4u);
+}
+
+TEST_F(LocalDecodeTest, PackingRefusesWhatItCannotCarry) {
+  LocalDecodeHeader header;
+  header.page_size = 16;
+  std::vector<int64_t> many(kMaxLocalDecodeRequests + 1, 0);
+  EXPECT_THAT(PackLocalDecode(many, {}, header, params_.get()),
+              ::pagealloc::testing::IsOkAndHolds(false));
+  const int64_t wide = int64_t{1} << 31;
+  EXPECT_THAT(PackLocalDecode({1}, {wide}, header, params_.get()),
+              ::pagealloc::testing::IsOkAndHolds(false));
+  EXPECT_THAT(PackLocalDecode({1}, {wide - 1}, header, params_.get()),
+              ::pagealloc::testing::IsOkAndHolds(true));
+  EXPECT_EQ(LocalDecodePage(params_->words, 0), wide - 1);
+  EXPECT_THAT(PackLocalDecode({}, {}, header, params_.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(PackLocalDecode({2}, {5, 6}, header, params_.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("takes 2 new pages")));
+  EXPECT_THAT(PackLocalDecode({1, 0}, {5, 6}, header, params_.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not the 2 ids given")));
+  EXPECT_THAT(PackLocalDecode({1, 1}, {5}, header, params_.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(
+      PackLocalDecode({1}, {0}, header, params_.get()),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("takes page 0")));
+}
+
 }  // namespace
 }  // namespace pagealloc

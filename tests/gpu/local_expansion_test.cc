@@ -5,7 +5,9 @@
 // equal, slot for slot, the host expansion's over the same reserve pages
 // and the thin path's on the same free list (a CPU-backend daemon: the
 // CUDA thin path is held to it by cuda_executor_test). A last_loc outside
-// the slab is reported and its slots go to page 0. Without a GPU it skips.
+// the slab is reported and its slots go to page 0. Each runs with decodes
+// passed in the kernel's parameters (the default) and uploaded as plans.
+// Without a GPU it skips.
 
 #include "client/local_expansion.h"
 
@@ -18,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -85,20 +88,30 @@ std::vector<int64_t> Download(const DeviceBatch& batch) {
   return host;
 }
 
-class LocalExpansionGpuTest : public ::testing::TestWithParam<int64_t> {};
+// Options for a device expander: decodes inline (the default) or uploaded.
+LocalExpanderOptions DeviceOptions(bool inline_decodes) {
+  LocalExpanderOptions options;
+  options.memory = ExpansionMemory::kDevice;
+  if (!inline_decodes) options.inline_decode_requests = 0;
+  return options;
+}
+
+// (page size, decodes inline)
+class LocalExpansionGpuTest
+    : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
 
 TEST_P(LocalExpansionGpuTest, DeviceSlotsEqualTheHostAndThinPaths) {
   SKIP_WITHOUT_GPU();
-  const int64_t page_size = GetParam();
+  const auto [page_size, inline_decodes] = GetParam();
   const uint64_t seed = std::random_device{}();
   std::mt19937_64 rng(seed);
-  SCOPED_TRACE(absl::StrFormat("page_size %d seed %d", page_size, seed));
+  SCOPED_TRACE(absl::StrFormat("page_size %d inline %d seed %d", page_size,
+                               inline_decodes, seed));
   ExpansionPair pair;
   ASSERT_OK(StartExpansionPair(kPages, page_size, &pair));
   PageReserve* const reserve = pair.reserve.get();
   Client& thin = *pair.thin;
-  LocalExpanderOptions device_options;
-  device_options.memory = ExpansionMemory::kDevice;
+  LocalExpanderOptions device_options = DeviceOptions(inline_decodes);
   // Two buffers to begin with, and room for one per batch: with the stream
   // held until every call is made, each call after the second finds every
   // buffer queued and adds one rather than wait on the host (which would
@@ -186,9 +199,12 @@ TEST_P(LocalExpansionGpuTest, DeviceSlotsEqualTheHostAndThinPaths) {
   EXPECT_OK(device->TakeDeviceError());
   EXPECT_EQ(device->stats().staging_waits, 0);
   // Each call that staged a batch while every buffer was queued added one;
-  // a batch without slots stages nothing.
-  EXPECT_GE(device->stats().staging_adds, 1);
+  // a batch without slots stages nothing, nor does an inline decode.
+  if (!inline_decodes) {
+    EXPECT_GE(device->stats().staging_adds, 1);
+  }
   EXPECT_LE(device->stats().staging_adds, kBatches - 2);
+  EXPECT_EQ(device->stats().inline_decodes, inline_decodes ? kBatches / 2 : 0);
   for (int b = 0; b < kBatches; ++b) {
     SCOPED_TRACE(absl::StrFormat("batch %d", b));
     std::vector<int64_t> slots = Download(*on_device[b]);
@@ -200,13 +216,17 @@ TEST_P(LocalExpansionGpuTest, DeviceSlotsEqualTheHostAndThinPaths) {
   cudaStreamDestroy(stream);
 }
 
-INSTANTIATE_TEST_SUITE_P(PageSizes, LocalExpansionGpuTest,
-                         ::testing::Values(1, 16, 64),
-                         [](const ::testing::TestParamInfo<int64_t>& info) {
-                           return absl::StrFormat("PageSize%d", info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    PageSizes, LocalExpansionGpuTest,
+    ::testing::Combine(::testing::Values(1, 16, 64), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<int64_t, bool>>& info) {
+      return absl::StrFormat("PageSize%d%s", std::get<0>(info.param),
+                             std::get<1>(info.param) ? "Inline" : "Uploaded");
+    });
 
-TEST(LocalExpansionGpuRefusalTest, LastLocOutsideTheSlabGoesToPageZero) {
+class LocalExpansionGpuRefusalTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LocalExpansionGpuRefusalTest, LastLocOutsideTheSlabGoesToPageZero) {
   SKIP_WITHOUT_GPU();
   constexpr int64_t kPageSize = 16;
   std::unique_ptr<InProcessServer> daemon =
@@ -216,10 +236,9 @@ TEST(LocalExpansionGpuRefusalTest, LastLocOutsideTheSlabGoesToPageZero) {
   ASSERT_NE(client, nullptr);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PageReserve> reserve,
                        PageReserve::Create(client.get(), ManualReserve(4, 8)));
-  LocalExpanderOptions options;
-  options.memory = ExpansionMemory::kDevice;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<LocalExpander> expander,
-                       LocalExpander::Create(*client, reserve.get(), options));
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<LocalExpander> expander,
+      LocalExpander::Create(*client, reserve.get(), DeviceOptions(GetParam())));
   std::vector<int64_t> page;
   ASSERT_OK(reserve->Take(1, &page));
   // Request 0 continues its page; request 1 names a slot past the slab.
@@ -239,7 +258,14 @@ TEST(LocalExpansionGpuRefusalTest, LastLocOutsideTheSlabGoesToPageZero) {
                HasSubstr(absl::StrFormat("last_locs[1] (%d)",
                                          (kPages + 5) * kPageSize + 4))));
   EXPECT_OK(expander->TakeDeviceError());  // taken: cleared
+  EXPECT_EQ(expander->stats().inline_decodes, GetParam() ? 1 : 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Decodes, LocalExpansionGpuRefusalTest,
+                         ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Inline" : "Uploaded";
+                         });
 
 }  // namespace
 }  // namespace pagealloc
