@@ -9,7 +9,8 @@ daemon), with and without GPU work queued before each call.
     sglang_alloc_bench.py --target unix:///run/pagealloc/ps1.sock \\
         --target unix:///run/pagealloc/ps16.sock \\
         [--need_size 256] [--decode_requests 256] [--iterations 5000]
-        [--seed_kernels DIR] [--json OUT]
+        [--seed_kernels DIR] [--paths mirror,reserve,thin] [--passes 1]
+        [--json OUT]
 
 Each --target is a daemon run with --semantics=sglang; its page size picks
 the allocator (the token allocator at page size 1, the paged one
@@ -44,6 +45,12 @@ p50 and p99 host microseconds of alloc and of free, the p50 of the two
 alloc_decode calls, for the reserve the round trips per step (refills on
 the caller's thread), and for the mirror (or head) the share of
 allocations it answered with a slice.
+
+--passes K runs every path K times in turn (SGLang's first in each pass):
+the host's timings drift within a run, so the table gives each figure's
+median over the passes, and a second table, with --seed_kernels, each
+path's ratio to SGLang's call of the same pass: the median and range of
+the per-pass ratios of the p50s.
 """
 
 import argparse
@@ -183,7 +190,7 @@ class _SGLangCalls:
 
 def run(target, args, work):
     rows = []
-    paths = PATHS
+    paths = tuple(p for p in PATHS if p[0] in args.paths.split(","))
     if args.seed_kernels and work is not None:
         sys.path.insert(0, args.seed_kernels)
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -246,13 +253,26 @@ def main(argv=None):
     parser.add_argument("--seed_kernels", default="",
                         help="a directory with the seed's "
                         "seed_triton_kernels.py: adds SGLang's own calls")
+    parser.add_argument("--paths", default="mirror,reserve,thin",
+                        help="pagealloc's paths to time, of " +
+                        ",".join(p[0] for p in PATHS))
+    parser.add_argument("--passes", type=int, default=1,
+                        help="runs of every path, in turn")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.passes < 1:
+        raise SystemExit("--passes (%d) must be >= 1" % args.passes)
 
     work = matmul_work(args.matmul)
-    rows = []
-    for target in args.target:
-        rows += run(target, args, work)
+    passes = []
+    for index in range(args.passes):
+        rows = []
+        for target in args.target:
+            rows += run(target, args, work)
+        for row in rows:
+            row["pass"] = index
+        passes.append(rows)
+    rows = median_rows(passes) if args.passes > 1 else passes[0]
     header = ("page_size", "path", "gpu_work", "alloc_p50_us",
               "alloc_p99_us", "free_p50_us", "free_p99_us",
               "decode_p50_us", "decode_new_page_p50_us",
@@ -262,12 +282,76 @@ def main(argv=None):
     for row in rows:
         print("| " + " | ".join(str(row.get(name, "-")) for name in header) +
               " |")
+    ratios = sglang_ratios(passes)
+    if ratios:
+        print()
+        print("| page_size | path | gpu_work | call | ratio to SGLang's, "
+              "median | range | passes |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in ratios:
+            print("| %d | %s | %s | %s | %.2f | %.2f to %.2f | %d |" % (
+                r["page_size"], r["path"], r["gpu_work"], r["call"],
+                r["median"], r["min"], r["max"], r["passes"]))
     if work is None:
         print("gpu_work: skipped (no CUDA device with PyTorch)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f)
+            json.dump({"rows": rows, "passes": passes, "ratios": ratios}, f)
     return rows
+
+
+def _row_key(row):
+    return row["page_size"], row["path"], row["gpu_work"]
+
+
+_FIGURES = ("alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us",
+            "decode_p50_us", "decode_p99_us", "decode_new_page_p50_us",
+            "decode_new_page_p99_us")
+
+
+def median_rows(passes):
+    """One row per (page size, path, GPU work): each figure's median over
+    the passes, the rest from the first pass."""
+    merged = []
+    for first in passes[0]:
+        same = [r for rows in passes for r in rows
+                if _row_key(r) == _row_key(first)]
+        row = dict(first)
+        row.pop("pass", None)
+        for name in _FIGURES:
+            values = [r[name] for r in same if name in r]
+            if values:
+                row[name] = round(float(np.median(values)), 2)
+        merged.append(row)
+    return merged
+
+
+def sglang_ratios(passes):
+    """Per page size, GPU work, pagealloc path and call (alloc, decode,
+    decode_new_page): the ratios of its p50 to SGLang's in the same pass,
+    their median and range. Empty without "sglang" rows."""
+    ratios = []
+    for first in passes[0]:
+        if first["path"] == "sglang":
+            continue
+        for call in ("alloc", "decode", "decode_new_page"):
+            name = call + "_p50_us"
+            values = []
+            for rows in passes:
+                ours = [r for r in rows if _row_key(r) == _row_key(first)]
+                peer = [r for r in rows
+                        if _row_key(r) == (first["page_size"], "sglang",
+                                           first["gpu_work"])]
+                if ours and peer and name in ours[0] and name in peer[0]:
+                    values.append(ours[0][name] / peer[0][name])
+            if values:
+                ratios.append({
+                    "page_size": first["page_size"], "path": first["path"],
+                    "gpu_work": first["gpu_work"], "call": call,
+                    "median": float(np.median(values)),
+                    "min": min(values), "max": max(values),
+                    "passes": len(values)})
+    return ratios
 
 
 if __name__ == "__main__":

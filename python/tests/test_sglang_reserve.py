@@ -810,3 +810,38 @@ def test_alloc_bench_reports_every_row(make_daemon, tmp_path):
         assert ("mirror_hit_rate" in row) == has_mirror
         if has_mirror and row["page_size"] > 1:
             assert row["mirror_hit_rate"] > 0
+
+
+def test_alloc_bench_passes_take_medians_and_ratios_per_pass(make_daemon,
+                                                             tmp_path):
+    """--passes runs the chosen paths in turn and reports each figure's
+    median over the passes; the ratios to SGLang's calls are taken pass by
+    pass (checked on made-up rows: SGLang's calls need CUDA)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "bench"))
+    import sglang_alloc_bench
+    target = start(make_daemon, 16, 64).target
+    rows = sglang_alloc_bench.main([
+        "--target", target, "--iterations", "10", "--warmup", "2",
+        "--decode_requests", "4", "--paths", "mirror", "--passes", "2"])
+    assert [(row["page_size"], row["path"]) for row in rows] == [
+        (16, "mirror")]
+    assert rows[0]["alloc_p50_us"] > 0 and "pass" not in rows[0]
+
+    def row(path, alloc, decode):
+        return {"page_size": 16, "path": path, "gpu_work": False,
+                "alloc_p50_us": alloc, "decode_p50_us": decode}
+    passes = [[row("sglang", 10.0, 100.0), row("mirror", 5.0, 40.0)],
+              [row("sglang", 20.0, 50.0), row("mirror", 30.0, 30.0)],
+              [row("sglang", 10.0, 80.0), row("mirror", 12.0, 60.0)]]
+    medians = sglang_alloc_bench.median_rows(passes)
+    assert [(r["path"], r["alloc_p50_us"], r["decode_p50_us"])
+            for r in medians] == [("sglang", 10.0, 80.0),
+                                  ("mirror", 12.0, 40.0)]
+    ratios = {r["call"]: r for r in sglang_alloc_bench.sglang_ratios(passes)}
+    assert set(ratios) == {"alloc", "decode"}
+    assert ratios["alloc"]["median"] == pytest.approx(1.2)
+    assert ratios["alloc"]["min"] == pytest.approx(0.5)
+    assert ratios["alloc"]["max"] == pytest.approx(1.5)
+    assert ratios["decode"]["median"] == pytest.approx(0.6)
+    assert ratios["decode"]["passes"] == 3
