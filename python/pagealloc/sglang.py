@@ -69,6 +69,7 @@ from pagealloc import _native
 from pagealloc import client as _client_module
 from pagealloc._reserve_head import ReserveHead
 from pagealloc._reserve_mirror import ReserveMirror
+from pagealloc._unread_frees import MAX_UNREAD, UnreadFrees
 from pagealloc.client import Client
 from pagealloc.errors import (InvalidArgumentError, ResourceExhaustedError,
                               StatusCode)
@@ -357,6 +358,11 @@ class _Base:
         self._held = []
         self._num_held = 0
         self._hold_limit = max(64, self.num_pages // 8)
+        # The token allocator's frees of CUDA slots whose copies to the
+        # host have not been read (_unread_frees.py; None: every free is
+        # read as it is made), and whether they are being read now.
+        self._unread = None
+        self._reading_frees = False
         self._slot_offsets = np.arange(self.page_size, dtype=np.int64)
         self._scratch = np.zeros(self.num_pages + 1, dtype=np.int64)
         self._index = np.arange(self.num_pages + 1, dtype=np.int64)
@@ -460,6 +466,9 @@ class _Base:
         # design.md section 13), so they are this scheduler's to take.
         pages = (stats.free_pages + stats.parked_pages + self._num_held +
                  stats.prefix_evictable_pages)
+        if self._unread is not None:
+            # Freed already, as SGLang counts a free at once.
+            pages += self._unread.slots // self.page_size
         if reserve is not None:
             pages += after["pages"]
         if self._head is not None:
@@ -516,6 +525,7 @@ class _Base:
         allocator goes to the daemon, which drops the session's reference
         (the page stays cached for the other sessions)."""
         pages = _as_host_int64(pages, "pages")
+        self._read_frees(wait=True)
         if pages.size:
             in_range = (pages >= 1) & (pages <= self.num_pages)
             self._taken[pages[in_range]] = False
@@ -558,6 +568,7 @@ class _Base:
         """Returns the reserve's pages and those held back to the daemon;
         the pages handed out stay the session's and are freed through the
         daemon from here on. Returns whether any page went back."""
+        self._read_frees(wait=True)
         reserve = self._reserve
         if reserve is None:
             return False
@@ -586,6 +597,7 @@ class _Base:
         reserve: takes the reserve's pages (its free list, front first),
         appends the held pages (the token allocator's queue) or sorts them
         in (need_sort), and puts the whole list back in that order."""
+        self._read_frees(wait=True)
         reserve = self._reserve
         held = np.concatenate(self._held)
         # The token allocator's head is the list's front: it goes in first
@@ -843,6 +855,7 @@ class _Base:
     # --------------------------------------------------------- free lists
 
     def _lists(self):
+        self._read_frees(wait=True)
         max_pages = max(1, min(self.num_pages, 1 << 20))
         return self._client.free_lists(max_pages=max_pages)
 
@@ -877,6 +890,7 @@ class _Base:
         do meanwhile."""
         if not self.need_sort:
             return
+        self._read_frees(wait=True)
         if self._reserve is not None:
             if self._held:
                 self._merge_held()
@@ -889,6 +903,41 @@ class _Base:
 
     def _free_slots_now(self, slots):
         raise NotImplementedError
+
+    def _read_frees(self, wait):
+        """Frees, oldest first, the token allocator's frees of CUDA slots
+        whose copies have landed on the host (all of them, waiting for
+        each, when `wait`), as free() frees host slots. A free that cannot
+        be made (a slot named twice, one of no page this session holds)
+        raises here, at the call that reads it, and frees none of its
+        slots; the later ones stay to be read."""
+        unread = self._unread
+        if unread is None or not len(unread) or self._reading_frees:
+            return
+        self._reading_frees = True
+        try:
+            while True:
+                slots = unread.pop_landed(wait)
+                if slots is None:
+                    return
+                try:
+                    self._free_host_slots(slots)
+                except InvalidArgumentError as error:
+                    raise InvalidArgumentError(
+                        "an earlier free of %d CUDA slots, read now: %s" %
+                        (slots.size, error)) from None
+        finally:
+            self._reading_frees = False
+
+    def _free_host_slots(self, slots):
+        """free() of host int64 slots outside a free group."""
+        if slots.size == 0:
+            return
+        pages = self._whole_pages(slots)
+        if pages is not None:
+            self._release_pages(pages, checked=True)
+        else:
+            self._free_slots_now(slots)
 
     def free(self, free_index):
         """Frees the pages of `free_index` (slots), SGLang's way; inside a
@@ -1015,6 +1064,7 @@ class _Base:
         pages = _as_host_int64(page_ids, "page_ids")
         if pages.size == 0:
             return
+        self._read_frees(wait=True)
         if self.free_group is not None:
             self.free_group.append((pages[:, None] * self.page_size +
                                     self._slot_offsets).reshape(-1))
@@ -1332,10 +1382,13 @@ class _Base:
         raise NotImplementedError("alloc_decode is only for paged allocator")
 
     def close(self):
-        """Ends the session (the daemon frees its pages)."""
-        self._release_all()
-        self._close_reserve()
-        self._client.close()
+        """Ends the session (the daemon frees its pages), also when a free
+        read now raises."""
+        try:
+            self._release_all()
+            self._close_reserve()
+        finally:
+            self._client.close()
 
 
 class TokenToKVPoolAllocator(_Base):
@@ -1344,6 +1397,10 @@ class TokenToKVPoolAllocator(_Base):
     ``alloc(n)`` returns n slots from the front of the free list, or None;
     ``free`` puts the slots back at the list's end in the order given
     (``--semantics=sglang`` at page size 1: FIFO reuse, as SGLang's).
+
+    On the GPU a free of CUDA slots does not wait for the stream: it queues
+    their copy to the host and is read at a later call (_unread_frees.py,
+    docs/python.md), which raises for a free that cannot be made.
     """
 
     def __init__(self, size, dtype=None, device=None, kvcache=None,
@@ -1354,6 +1411,50 @@ class TokenToKVPoolAllocator(_Base):
         super().__init__(size, 1, dtype, device, kvcache, need_sort, client,
                          keep_allocations, client_name, use_reserve,
                          reserve_options, mirror_pages)
+        if self._head is not None and self._ordered:
+            self._unread = UnreadFrees(self._current_torch_stream)
+
+    def free(self, free_index):
+        """Frees `free_index` (slots), each at the free list's end in the
+        order given. CUDA slots on the allocator's device are read once
+        their copy has landed (at a later call), not now."""
+        if self._defers(free_index):
+            if self.free_group is not None:
+                self.free_group.append(free_index)  # read at the group's end
+                return
+            if len(self._unread) >= MAX_UNREAD:
+                self._read_frees(wait=True)
+            self._unread.add(free_index)
+            self._read_frees(wait=False)  # those landed meanwhile
+            return
+        self._read_frees(wait=True)  # in order: the earlier frees first
+        super().free(free_index)
+
+    def _defers(self, values):
+        """Whether a free of `values` is queued rather than read now: an
+        integer CUDA tensor on the allocator's device, with the reserve
+        open."""
+        return (self._unread is not None and self._reserve is not None and
+                isinstance(values, torch.Tensor) and values.is_cuda and
+                values.dtype in (torch.int64, torch.int32) and
+                values.device.index == self._device_index)
+
+    def free_group_end(self):
+        """Frees what the group collected, in the order freed: its CUDA
+        slots joined on the device and queued as one free."""
+        pending = self.free_group
+        if self._unread is None or not pending or not any(
+                isinstance(p, torch.Tensor) for p in pending):
+            super().free_group_end()
+            return
+        self.free_group = None
+        self.free_page_reps_group = []
+        if all(isinstance(p, torch.Tensor) for p in pending):
+            self.free(torch.cat([p.reshape(-1).to(torch.int64)
+                                 for p in pending]))
+            return
+        for part in pending:
+            self.free(part)
 
     def alloc(self, need_size):
         """need_size slots from the front of the free list, or None."""
@@ -1384,9 +1485,15 @@ class TokenToKVPoolAllocator(_Base):
         few), and the head filled up to its bound ahead of the next calls
         with pages the reserve can spare (no round trip); None when the
         pool cannot supply them."""
+        self._read_frees(wait=False)
         reserve = self._live_reserve()
         head = self._head
         head.misses += 1
+        if self._unread is not None and len(self._unread) and \
+                need_size - len(head) > reserve.stats()["pages"]:
+            # SGLang's free list holds every free made so far.
+            self._read_frees(wait=True)
+            reserve = self._live_reserve()
         if (self._num_held and
                 need_size - len(head) > reserve.stats()["pages"]):
             self._merge_held()  # which moves the head into the reserve

@@ -350,3 +350,55 @@ def test_reserve_legacy_calls_expand_on_the_stream_without_host_sync(
         pages = torch.arange(1, 5, dtype=torch.int64)
         allocator.free((pages[:, None] * 16 + torch.arange(16)).reshape(-1))
         assert allocator.reserve.stats()["pages"] == 64
+
+
+def test_a_token_free_of_cuda_slots_does_not_wait_for_the_stream(
+        make_daemon):
+    """At page size 1 a free of CUDA slots queues their copy to the host
+    and returns while the stream is still busy (a long kernel, then the
+    kernel that writes the slots); it counts as freed at once, and the
+    slots come back at the free list's end in the order freed, as
+    SGLang's token allocator appends them (one session, its reserve the
+    whole pool). A free group's CUDA frees are one such free. A free that
+    names a slot twice raises at the call that reads it, and frees none of
+    its slots."""
+    from pagealloc import InvalidArgumentError, sglang
+
+    daemon = make_daemon("--semantics=sglang", "--page_size=1",
+                         "--num_pages=256")
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, device="cuda", reserve_options=dict(
+                max_pages=256, initial_batch=256, starved_wait=0))
+        first = allocator.alloc(8)
+        np.testing.assert_array_equal(first.cpu().numpy(), np.arange(1, 9))
+        available = allocator.available_size()
+        assert available == 248
+        # Loads the kernels below outside the busy stream.
+        (first[[0]] + 0).cpu()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(2_000_000_000)
+            allocator.free(first[[4, 5, 6, 7]] + 0)   # slots 5..8
+            allocator.free_group_begin()
+            allocator.free(first[[0]] + 0)            # slot 1
+            allocator.free(first[[1]].to(torch.int32))  # slot 2, int32
+            allocator.free_group_end()
+            assert not stream.query(), "a free waited for its stream"
+            assert allocator.available_size() == available + 6
+        stream.synchronize()
+        # Everything left, then the freed slots in the order freed.
+        rest = allocator.alloc(available + 6)
+        np.testing.assert_array_equal(
+            rest.cpu().numpy(),
+            np.concatenate((np.arange(9, 257), [5, 6, 7, 8, 1, 2])))
+        allocator.free(rest[:-6])
+        twice = torch.tensor([3, 3], dtype=torch.int64, device="cuda")
+        allocator.free(twice)
+        torch.cuda.synchronize()
+        with pytest.raises(InvalidArgumentError, match="earlier free.*twice"):
+            allocator.free_page_ids([4])  # reads the free of [3, 3] first
+        allocator.free_page_ids([4])
+        allocator.free(torch.tensor([3], dtype=torch.int64, device="cuda"))
+        assert allocator.available_size() == 256 - 6
+        allocator.close()
