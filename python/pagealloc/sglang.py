@@ -1419,6 +1419,8 @@ class TokenToKVPoolAllocator(_Base):
         order given. CUDA slots on the allocator's device are read once
         their copy has landed (at a later call), not now."""
         if self._defers(free_index):
+            if free_index.numel() == 0:
+                return
             if self.free_group is not None:
                 self.free_group.append(free_index)  # read at the group's end
                 return
