@@ -195,7 +195,7 @@ def run(target, args, work):
         sys.path.insert(0, args.seed_kernels)
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from seed_triton_kernels import alloc_decode_kernel
-        paths = (("sglang", None, alloc_decode_kernel),) + PATHS
+        paths = (("sglang", None, alloc_decode_kernel),) + paths
     for path, use_reserve, mirror_pages in paths:
         for queued in ((False, True) if work is not None else (False,)):
             client = pagealloc.Client.connect(target, name="sglang-bench")

@@ -374,8 +374,16 @@ def test_a_token_free_of_cuda_slots_does_not_wait_for_the_stream(
         np.testing.assert_array_equal(first.cpu().numpy(), np.arange(1, 9))
         available = allocator.available_size()
         assert available == 248
-        # Loads the kernels below outside the busy stream.
-        (first[[0]] + 0).cpu()
+        # Loads the kernels used below outside the busy stream (CUDA loads
+        # a kernel at its first launch, which waits for the device).
+        warm = first[[0]] + 0
+        torch.cat([warm.to(torch.int32).reshape(-1).to(torch.int64),
+                   warm.reshape(-1)]).cpu()
+        # Pinned blocks for the two frees' copies, in PyTorch's cache: a
+        # new one is a cudaHostAlloc.
+        pinned = [torch.empty((8,), dtype=torch.int64, pin_memory=True)
+                  for _ in range(2)]
+        del pinned
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             torch.cuda._sleep(2_000_000_000)

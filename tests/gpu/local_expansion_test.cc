@@ -13,6 +13,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -47,6 +49,14 @@ using ::pagealloc::testing::StartExpansionPair;
 using ::pagealloc::testing::StatusIs;
 using ::pagealloc::testing::ThinSlotsOnFreeList;
 using ::testing::HasSubstr;
+
+// Every kernel is loaded when CUDA starts. Loaded lazily (CUDA's default),
+// a kernel's first launch waits for the device, which never comes free
+// while DeviceSlotsEqualTheHostAndThinPaths holds its stream.
+const bool kEagerModuleLoading = [] {
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/1);
+  return true;
+}();
 
 constexpr int64_t kPages = 256;
 constexpr int64_t kPoison = -0x5a5a5a5a5a5a5a5b;
