@@ -12,7 +12,6 @@
 #include "client/local_expansion.h"
 
 #include <cuda_runtime_api.h>
-
 #include <stdlib.h>
 
 #include <algorithm>
