@@ -10,7 +10,8 @@ Instead the free only queues the copy: the slots go to pinned host memory
 on the current stream, with an event after them, and the allocator reads
 them once the event has passed, at a later call that needs them (or when
 too many are on their way). By then the work queued before the free is
-done, so a read page is past its release fence too.
+done, so a read page is past its release fence too. A CPU tensor's slots
+are copied at once and land at once: every tensor free takes the same way.
 """
 
 import collections
@@ -27,45 +28,54 @@ MAX_UNREAD = 64
 
 
 class UnreadFrees:
-    """Copies of freed CUDA slots not yet read, oldest first. Not
-    thread-safe (the allocator's). `current_stream`: a function returning
-    the current stream's torch object, where the events are recorded."""
+    """Copies of freed slots not yet read, oldest first. Not thread-safe
+    (the allocator's). `current_stream`: a function returning the current
+    CUDA stream's torch object, where the events are recorded."""
 
     def __init__(self, current_stream):
         self._current_stream = current_stream
-        self._entries = collections.deque()  # (pinned host tensor, event)
+        # (number, host tensor, event or None: landed)
+        self._entries = collections.deque()
         self._spare_events = []
+        self._added = 0
         self.slots = 0  # in the entries
 
     def __len__(self):
         return len(self._entries)
 
     def add(self, values):
-        """Queues the copy of `values` (an integer CUDA tensor) into pinned
-        host memory on the current stream."""
-        host = torch.empty((values.numel(),), dtype=values.dtype,
-                           pin_memory=True)
-        # The caching host allocator keeps the block until the copy has run
-        # (it records the stream's use of it).
-        host.copy_(values.reshape(-1), non_blocking=True)
-        event = (self._spare_events.pop() if self._spare_events else
-                 torch.cuda.Event())
-        event.record(self._current_stream())
-        self._entries.append((host, event))
+        """Queues the copy of `values` (an integer tensor): a CUDA tensor's
+        into pinned host memory on the current stream, a CPU tensor's now.
+        Returns the free's number, which pop_landed returns with it."""
+        if values.is_cuda:
+            host = torch.empty((values.numel(),), dtype=values.dtype,
+                               pin_memory=True)
+            # The caching host allocator keeps the block until the copy
+            # has run (it records the stream's use of it).
+            host.copy_(values.reshape(-1), non_blocking=True)
+            event = (self._spare_events.pop() if self._spare_events else
+                     torch.cuda.Event())
+            event.record(self._current_stream())
+        else:
+            host, event = values.reshape(-1).clone(), None
+        self._added += 1
+        self._entries.append((self._added, host, event))
         self.slots += host.numel()
+        return self._added
 
     def pop_landed(self, wait):
-        """The oldest free's slots as a new host int64 array once its copy
-        has landed (waiting for it when `wait`), or None when there is none
-        or it has not landed."""
+        """(number, slots as a new host int64 array) of the oldest free
+        once its copy has landed (waiting for it when `wait`), or None when
+        there is none or it has not landed."""
         if not self._entries:
             return None
-        host, event = self._entries[0]
-        if not event.query():
-            if not wait:
-                return None
-            event.synchronize()
+        number, host, event = self._entries[0]
+        if event is not None:
+            if not event.query():
+                if not wait:
+                    return None
+                event.synchronize()
+            self._spare_events.append(event)
         self._entries.popleft()
-        self._spare_events.append(event)
         self.slots -= host.numel()
-        return np.array(host.numpy(), dtype=np.int64)
+        return number, np.array(host.numpy(), dtype=np.int64)

@@ -904,25 +904,29 @@ class _Base:
     def _free_slots_now(self, slots):
         raise NotImplementedError
 
-    def _read_frees(self, wait):
-        """Frees, oldest first, the token allocator's frees of CUDA slots
-        whose copies have landed on the host (all of them, waiting for
-        each, when `wait`), as free() frees host slots. A free that cannot
-        be made (a slot named twice, one of no page this session holds)
+    def _read_frees(self, wait, own=None):
+        """Frees, oldest first, the token allocator's queued frees whose
+        copies have landed on the host (all of them, waiting for each,
+        when `wait`), as free() frees host slots. A free that cannot be
+        made (a slot named twice, one of no page this session holds)
         raises here, at the call that reads it, and frees none of its
-        slots; the later ones stay to be read."""
+        slots; the later ones stay to be read. `own`: the number of the
+        free the calling free() queued, whose error is its own."""
         unread = self._unread
         if unread is None or not len(unread) or self._reading_frees:
             return
         self._reading_frees = True
         try:
             while True:
-                slots = unread.pop_landed(wait)
-                if slots is None:
+                landed = unread.pop_landed(wait)
+                if landed is None:
                     return
+                number, slots = landed
                 try:
                     self._free_host_slots(slots)
                 except InvalidArgumentError as error:
+                    if number == own:
+                        raise
                     raise InvalidArgumentError(
                         "an earlier free of %d CUDA slots, read now: %s" %
                         (slots.size, error)) from None
@@ -1411,7 +1415,7 @@ class TokenToKVPoolAllocator(_Base):
         super().__init__(size, 1, dtype, device, kvcache, need_sort, client,
                          keep_allocations, client_name, use_reserve,
                          reserve_options, mirror_pages)
-        if self._head is not None and self._ordered:
+        if self._head is not None and torch is not None:
             self._unread = UnreadFrees(self._current_torch_stream)
 
     def free(self, free_index):
@@ -1422,24 +1426,31 @@ class TokenToKVPoolAllocator(_Base):
             if free_index.numel() == 0:
                 return
             if self.free_group is not None:
-                self.free_group.append(free_index)  # read at the group's end
+                # Read at the group's end: a CUDA tensor as SGLang's group
+                # holds it, a CPU tensor as it is now.
+                self.free_group.append(free_index if free_index.is_cuda
+                                       else free_index.clone())
                 return
             if len(self._unread) >= MAX_UNREAD:
                 self._read_frees(wait=True)
-            self._unread.add(free_index)
-            self._read_frees(wait=False)  # those landed meanwhile
+            own = self._unread.add(free_index)
+            # Those landed meanwhile (a CPU tensor's at once).
+            self._read_frees(wait=False, own=own)
             return
         self._read_frees(wait=True)  # in order: the earlier frees first
         super().free(free_index)
 
     def _defers(self, values):
-        """Whether a free of `values` is queued rather than read now: an
-        integer CUDA tensor on the allocator's device, with the reserve
-        open."""
+        """Whether a free of `values` is queued: an int64 or int32 tensor,
+        on the CPU or on the allocator's CUDA device, with the reserve
+        open (a CUDA tensor's is read at a later call, a CPU tensor's at
+        once)."""
         return (self._unread is not None and self._reserve is not None and
-                isinstance(values, torch.Tensor) and values.is_cuda and
+                isinstance(values, torch.Tensor) and
                 values.dtype in (torch.int64, torch.int32) and
-                values.device.index == self._device_index)
+                (values.device.type == "cpu" or
+                 (values.is_cuda and
+                  values.device.index == self._device_index)))
 
     def free_group_end(self):
         """Frees what the group collected, in the order freed: its CUDA

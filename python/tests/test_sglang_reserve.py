@@ -845,3 +845,38 @@ def test_alloc_bench_passes_take_medians_and_ratios_per_pass(make_daemon,
     assert ratios["alloc"]["max"] == pytest.approx(1.5)
     assert ratios["decode"]["median"] == pytest.approx(0.6)
     assert ratios["decode"]["passes"] == 3
+
+
+def test_the_token_allocators_tensor_frees_keep_sglangs_order(make_daemon):
+    """The token allocator's frees of tensors go through its queue of
+    frees (_unread_frees.py; a CPU tensor's lands at once, a CUDA tensor's
+    later, test_sglang_gpu.py): the freed slots come back at the free
+    list's end in the order freed, a free group's tensors and arrays
+    included, int32 too; a free naming a slot twice raises its own error
+    and frees nothing (one session, its reserve the whole pool)."""
+    torch = pytest.importorskip("torch")
+    daemon = start(make_daemon, 1, 256)
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, device="cpu", reserve_options=whole_pool(256))
+        first = torch.as_tensor(host(allocator.alloc(8)))
+        assert first.tolist() == list(range(1, 9))
+        allocator.free(first[[4, 5, 6, 7]])
+        allocator.free_group_begin()
+        allocator.free(first[[0]])
+        allocator.free(first[[2]].numpy())  # an array between two tensors
+        allocator.free(first[[1]].to(torch.int32))
+        allocator.free_group_end()
+        assert allocator.available_size() == 248 + 7
+        rest = torch.as_tensor(host(allocator.alloc(255)))
+        np.testing.assert_array_equal(
+            rest.numpy(), np.concatenate((np.arange(9, 257),
+                                          [5, 6, 7, 8, 1, 3, 2])))
+        allocator.free(rest[:-7])
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match="^INVALID_ARGUMENT: free_index names page 5 twice"):
+            allocator.free(torch.tensor([5, 5]))
+        assert allocator.available_size() == 256 - 8  # 4 and the 7
+        allocator.free(torch.tensor([5], dtype=torch.int32))
+        assert allocator.available_size() == 256 - 7
+        allocator.close()
