@@ -401,9 +401,11 @@ def test_a_token_free_of_cuda_slots_does_not_wait_for_the_stream(
             rest.cpu().numpy(),
             np.concatenate((np.arange(9, 257), [5, 6, 7, 8, 1, 2])))
         allocator.free(rest[:-6])
-        twice = torch.tensor([3, 3], dtype=torch.int64, device="cuda")
-        allocator.free(twice)
-        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            twice = torch.tensor([3, 3], dtype=torch.int64, device="cuda")
+            torch.cuda._sleep(200_000_000)
+            allocator.free(twice)  # lands after the sleep: read later
+        stream.synchronize()
         with pytest.raises(InvalidArgumentError, match="earlier free.*twice"):
             allocator.free_page_ids([4])  # reads the free of [3, 3] first
         allocator.free_page_ids([4])
