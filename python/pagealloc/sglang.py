@@ -933,13 +933,19 @@ class _Base:
         finally:
             self._reading_frees = False
 
-    def _free_host_slots(self, slots):
-        """free() of host int64 slots outside a free group."""
+    def _free_host_slots(self, slots, given=None):
+        """free() of host int64 slots outside a free group: whole pages of
+        the reserve back into it, anything else the checked way. `given`:
+        the slots as the caller gave them (their device tensor joins the
+        mirror without a copy), or None."""
         if slots.size == 0:
             return
         pages = self._whole_pages(slots)
         if pages is not None:
-            self._release_pages(pages, checked=True)
+            self._release_pages(pages, checked=True,
+                                device_slots=self._on_device_as_given(
+                                    given, slots) if given is not None
+                                else None)
         else:
             self._free_slots_now(slots)
 
@@ -954,19 +960,13 @@ class _Base:
                 return
         else:
             slots = _as_host_int64(free_index, "free_index")
-        if slots.size == 0:
-            return
-        # Partial pages of the reserve are refused here, before a group
-        # keeps them (SGLang's check).
-        pages = self._whole_pages(slots)
-        if self.free_group is not None:
+        if self.free_group is None:
+            self._free_host_slots(slots, given=free_index)
+        elif slots.size:
+            # Partial pages of the reserve are refused here, before the
+            # group keeps them (SGLang's check).
+            self._whole_pages(slots)
             self.free_group.append(slots.copy())
-        elif pages is not None:
-            self._release_pages(pages, checked=True,
-                                device_slots=self._on_device_as_given(
-                                    free_index, slots))
-        else:
-            self._free_slots_now(slots)
 
     def _free_to_reserve(self, values):
         """The step's common free, in one library call
@@ -1502,14 +1502,14 @@ class TokenToKVPoolAllocator(_Base):
         reserve = self._live_reserve()
         head = self._head
         head.misses += 1
-        if self._unread is not None and len(self._unread) and \
-                need_size - len(head) > reserve.stats()["pages"]:
-            # SGLang's free list holds every free made so far.
-            self._read_frees(wait=True)
-            reserve = self._live_reserve()
-        if (self._num_held and
-                need_size - len(head) > reserve.stats()["pages"]):
-            self._merge_held()  # which moves the head into the reserve
+        if need_size - len(head) > reserve.stats()["pages"]:
+            if self._unread is not None and len(self._unread):
+                # SGLang's free list holds every free made so far.
+                self._read_frees(wait=True)
+                reserve = self._live_reserve()
+            if (self._num_held and
+                    need_size - len(head) > reserve.stats()["pages"]):
+                self._merge_held()  # which moves the head into the reserve
         short = need_size - len(head)
         try:
             pages = reserve.take(short)
