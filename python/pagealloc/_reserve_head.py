@@ -51,18 +51,27 @@ class ReserveHead:
         # from _marked to _next, and those of arrays it no longer holds.
         self._marked = 0
         self._unmarked = []
-        self.hits = 0    # takes answered with a slice
-        self.misses = 0  # takes that needed pages from the reserve first
+        self.takes = 0   # every take
+        self.misses = 0  # the allocator's: takes it filled the head for
+
+    @property
+    def hits(self):
+        """Takes the head answered as it stood."""
+        return self.takes - self.misses
 
     def __len__(self):
         return self._pages.size - self._next
 
     def take(self, n):
-        """(pages, slots): the head's next `n` pages on the host (a view)
-        and on the device (a slice), 0 < n <= len(self)."""
+        """The device slots of the head's next `n` pages (a slice), or None
+        when `n` is not in [1, len(self)]: the step's alloc in one call."""
         start = self._next
-        end = self._next = start + n
-        return self._pages[start:end], self._slots[start:end]
+        end = start + n
+        if n <= 0 or end > self._pages.size:
+            return None
+        self._next = end
+        self.takes += 1
+        return self._slots[start:end]
 
     def unmarked(self):
         """The pages handed out since the last call of this, in the order

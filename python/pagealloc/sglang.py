@@ -690,7 +690,9 @@ class _Base:
         """A caller on another stream than the mirror's write: its stream
         waits for the write, and the slots' memory stays allocated for it
         (the caching allocator's record_stream)."""
-        raw = self._current_raw_stream(self._device_index)
+        index = self._device_index
+        raw = (self._raw_stream(index) if self._raw_stream is not None and
+               index is not None else self._current_raw_stream(index))
         if raw == self._mirror_stream:
             return
         if self._mirror_event is None:
@@ -1473,11 +1475,14 @@ class TokenToKVPoolAllocator(_Base):
         """need_size slots from the front of the free list, or None."""
         need_size = int(need_size)
         head = self._head
-        if head is not None and 0 < need_size <= len(head):
+        if head is not None:
             # The step's call: a slice of the head, as SGLang's is of its
             # free list.
-            head.hits += 1
-            return self._hand_out_head(need_size)
+            slots = head.take(need_size)
+            if slots is not None:
+                if self._mirror_stream is not None:
+                    self._order_mirror(slots)
+                return slots
         if need_size <= 0:
             return self._empty()
         if head is not None:
@@ -1485,12 +1490,6 @@ class TokenToKVPoolAllocator(_Base):
         if self._use_reserve:
             return self._alloc_pages(need_size)
         return self._result(self._call(*self._alloc_call(need_size)))
-
-    def _hand_out_head(self, need_size):
-        slots = self._head.take(need_size)[1]
-        if self._mirror_stream is not None:
-            self._order_mirror(slots)
-        return slots
 
     def _alloc_to_head(self, need_size):
         """alloc(need_size) that the head cannot serve alone: the rest
@@ -1529,7 +1528,10 @@ class TokenToKVPoolAllocator(_Base):
             except ResourceExhaustedError:
                 pass  # the reserve's thread returned them meanwhile
         head.extend(pages)
-        return self._hand_out_head(need_size)
+        slots = head.take(need_size)
+        if self._mirror_stream is not None:
+            self._order_mirror(slots)
+        return slots
 
     def _free_slots_now(self, slots):
         self._release_pages(slots)

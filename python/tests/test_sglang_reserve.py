@@ -586,14 +586,14 @@ def test_the_heads_handed_out_pages_are_reported_once_across_refills():
     head = ReserveHead(np.copy, lambda a, b: np.concatenate((a, b)), 8)
     assert head.unmarked() is None
     head.extend([1, 2, 3, 4])
-    assert head.take(3)[0].tolist() == [1, 2, 3]
+    assert head.take(3).tolist() == [1, 2, 3]
     head.extend([5, 6])  # the head's array replaced: 4, 5, 6
-    assert head.take(2)[1].tolist() == [4, 5]
+    assert head.take(2).tolist() == [4, 5]
     assert head.unmarked().tolist() == [1, 2, 3, 4, 5]
     assert head.unmarked() is None
-    assert head.take(1)[0].tolist() == [6]
+    assert head.take(1).tolist() == [6]
     head.extend([7, 8])
-    assert head.take(1)[0].tolist() == [7]
+    assert head.take(1).tolist() == [7]
     assert head.drain().tolist() == [8]
     assert head.unmarked().tolist() == [6, 7]
     assert head.unmarked() is None and len(head) == 0
