@@ -384,13 +384,18 @@ def test_a_token_free_of_cuda_slots_does_not_wait_for_the_stream(
         pinned = [torch.empty((8,), dtype=torch.int64, pin_memory=True)
                   for _ in range(2)]
         del pinned
+        # The indices on the device beforehand: a host index is copied up
+        # by a blocking copy, which would wait for the busy stream itself.
+        index = [torch.tensor(i, dtype=torch.int64, device="cuda")
+                 for i in ([4, 5, 6, 7], [0], [1])]
+        torch.cuda.synchronize()
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             torch.cuda._sleep(2_000_000_000)
-            allocator.free(first[[4, 5, 6, 7]] + 0)   # slots 5..8
+            allocator.free(first[index[0]] + 0)          # slots 5..8
             allocator.free_group_begin()
-            allocator.free(first[[0]] + 0)            # slot 1
-            allocator.free(first[[1]].to(torch.int32))  # slot 2, int32
+            allocator.free(first[index[1]] + 0)          # slot 1
+            allocator.free(first[index[2]].to(torch.int32))  # slot 2, int32
             allocator.free_group_end()
             assert not stream.query(), "a free waited for its stream"
             assert allocator.available_size() == available + 6
