@@ -5,7 +5,7 @@ processes on one GPU: what an engine pays per step for its KV allocation.
     engine_loop_bench.py --allocators none,sglang,pagealloc \\
         --target unix:///run/pagealloc/gpu0.sock --processes 1,2,4 \\
         [--seed_kernels DIR] [--mode alloc|decode] [--steps 400] \\
-        [--rounds 5] [--json OUT]
+        [--rounds 5] [--interleave B] [--json OUT]
 
 Every step of every process does what a scheduler's decode step does:
 
@@ -46,7 +46,13 @@ hundreds of microseconds from one run of the loop to the next (the GPU's
 clocks, the host's scheduling), more than the allocators differ: with
 --rounds R every allocator runs R times, the allocators in turn within each
 round, each round's cost over that round's `none`, and a second table gives
-per allocator the median over the rounds and their range. Run it with and without MPS
+per allocator the median over the rounds and their range. With
+--interleave B every process instead holds every allocator's loop at once
+(the same requests, the same model step) and runs them B steps each in
+turn: a block's median step less that of the `none` block before it, and
+less SGLang's block in the same cycle, per cycle, whose medians and
+quartiles a last table gives. Drift then falls on every allocator alike.
+Run it with and without MPS
 (nvidia-cuda-mps-control -d) for the MPS rows; the row records which.
 
 On a machine without CUDA it runs the same loop on the CPU (a smaller
@@ -146,144 +152,155 @@ def _model_step(device, model_ms):
     return step
 
 
-def run_process(rank, config, results):
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        torch.cuda.set_device(0)
-    rng = np.random.default_rng(1234 + rank)
-    kind = config["allocator"]
-    mode = config["mode"]
-    bs = config["batch"]
-    max_len = config["max_len"]
+class SchedulerLoop:
+    """One allocator's scheduler in this process: its requests, its KV
+    tensor and req_to_token, and the step that allocates, writes, runs the
+    model and frees (the module's docstring). Loops of several allocators
+    in one process share the model step and replay the same requests (the
+    same seed), so that they differ in their allocator only."""
 
-    client = None
-    if kind.startswith("pagealloc"):
-        import pagealloc
-        from pagealloc import sglang
-        client = pagealloc.Client.connect(config["target"],
-                                          name="engine-loop-%d" % rank)
-        page_size = client.pool.page_size
-        kwargs = {}
-        if kind == "pagealloc-thin":
-            kwargs["use_reserve"] = False
-        elif kind == "pagealloc-copy":
-            kwargs["mirror_pages"] = 0
-        allocator = sglang.make_allocator(client, **kwargs)
-        pool_pages = client.pool.num_pages
-    else:
-        page_size = config["page_size"]
-        pool_pages = config["pool_pages"] // config["processes"]
-        allocator = SGLangFreeList(1, pool_pages, page_size, device)
-    kernel = None
-    if kind == "sglang" and mode == "decode":
-        sys.path.insert(0, config["seed_kernels"])
-        from seed_triton_kernels import alloc_decode_kernel as kernel
+    def __init__(self, kind, config, rank, device, model):
+        self.kind = kind
+        self.config = config
+        self.device = device
+        self.model = model
+        self.rng = np.random.default_rng(1234 + rank)
+        self.mode = mode = config["mode"]
+        bs = config["batch"]
+        self.max_len = max_len = config["max_len"]
+        self.client = None
+        if kind.startswith("pagealloc"):
+            import pagealloc
+            from pagealloc import sglang
+            self.client = pagealloc.Client.connect(
+                config["target"], name="engine-loop-%d" % rank)
+            page_size = self.client.pool.page_size
+            kwargs = {}
+            if kind == "pagealloc-thin":
+                kwargs["use_reserve"] = False
+            elif kind == "pagealloc-copy":
+                kwargs["mirror_pages"] = 0
+            self.allocator = sglang.make_allocator(self.client, **kwargs)
+            pool_pages = self.client.pool.num_pages
+        else:
+            page_size = config["page_size"]
+            pool_pages = config["pool_pages"] // config["processes"]
+            self.allocator = SGLangFreeList(1, pool_pages, page_size, device)
+        self.page_size = page_size
+        self.kernel = None
+        if kind == "sglang" and mode == "decode":
+            sys.path.insert(0, config["seed_kernels"])
+            from seed_triton_kernels import alloc_decode_kernel
+            self.kernel = alloc_decode_kernel
+        # Pages are 1..pool_pages (page 0 is SGLang's padding page).
+        self.kv = torch.zeros(((pool_pages + 1) * page_size, 8),
+                              dtype=torch.float16, device=device)
+        # The static slots the baseline writes at (one page per request).
+        self.static_loc = torch.arange(bs, dtype=torch.int64,
+                                       device=device) * page_size + page_size
+        self.value = torch.ones((bs, 8), dtype=torch.float16, device=device)
+        self.req_to_token = torch.zeros((bs, max_len), dtype=torch.int64,
+                                        device=device)
+        self.seq = np.zeros(bs, dtype=np.int64)     # tokens each holds
+        self.target = np.zeros(bs, dtype=np.int64)  # the length it retires at
+        self.last_loc = torch.zeros(bs, dtype=torch.int64, device=device)
+        self.rows_index = torch.arange(bs, dtype=torch.int64, device=device)
+        self.offsets = torch.arange(page_size, dtype=torch.int64,
+                                    device=device)
+        self.alloc_ns = 0  # the allocator's host time in this step
+        for r in range(bs):
+            if not self._admit(r):
+                raise SystemExit("rank %d: the pool cannot hold the batch" %
+                                 rank)
+        if device == "cuda":
+            torch.cuda.synchronize()
 
-    model = _model_step(device, config["model_ms"])
-    # Pages are 1..pool_pages (page 0 is SGLang's padding page).
-    kv = torch.zeros(((pool_pages + 1) * page_size, 8),
-                     dtype=torch.float16, device=device)
-    # The static slots the baseline writes at (one page per request).
-    static_loc = torch.arange(bs, dtype=torch.int64, device=device) * \
-        page_size + page_size
-    value = torch.ones((bs, 8), dtype=torch.float16, device=device)
-    req_to_token = torch.zeros((bs, max_len), dtype=torch.int64,
-                               device=device)
-
-    seq = np.zeros(bs, dtype=np.int64)       # tokens each request holds
-    target = np.zeros(bs, dtype=np.int64)    # the length it retires at
-    last_loc = torch.zeros(bs, dtype=torch.int64, device=device)
-    alloc_ns = []
-    step_ns = []
-
-    def timed(fn, *args):
+    def _timed(self, fn, *args):
         start = time.perf_counter_ns()
         out = fn(*args)
-        timed.ns += time.perf_counter_ns() - start
+        self.alloc_ns += time.perf_counter_ns() - start
         return out
-    timed.ns = 0
 
-    def admit(r):
-        prompt = int(rng.integers(64, max_len // 2))
-        seq[r] = prompt
-        target[r] = min(max_len - 1, prompt + int(rng.integers(16, 512)))
-        if kind == "none":
+    def _admit(self, r):
+        prompt = int(self.rng.integers(64, self.max_len // 2))
+        self.seq[r] = prompt
+        self.target[r] = min(self.max_len - 1,
+                             prompt + int(self.rng.integers(16, 512)))
+        if self.kind == "none":
             return True
-        need = -(-prompt // page_size) * page_size
-        slots = timed(allocator.alloc, need)
+        ps = self.page_size
+        slots = self._timed(self.allocator.alloc, -(-prompt // ps) * ps)
         if slots is None:
             return False
-        req_to_token[r, :prompt] = slots[:prompt]
-        last_loc[r] = slots[prompt - 1]
+        self.req_to_token[r, :prompt] = slots[:prompt]
+        self.last_loc[r] = slots[prompt - 1]
         return True
 
-    for r in range(bs):
-        if not admit(r):
-            raise SystemExit("rank %d: the pool cannot hold the batch" % rank)
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-    rows_index = torch.arange(bs, dtype=torch.int64, device=device)
-    offsets = torch.arange(page_size, dtype=torch.int64, device=device)
-    total = config["warmup"] + config["steps"]
-    stats_before = None
-    for step in range(total):
-        if step == config["warmup"]:
-            stats_before = _reserve_stats(allocator)
+    def step(self):
+        """One decode step: (its wall time, the allocator's host time in
+        it), in ns."""
+        kind, ps, device = self.kind, self.page_size, self.device
+        seq = self.seq
         start = time.perf_counter_ns()
-        timed.ns = 0
+        self.alloc_ns = 0
         seq += 1
         if kind == "none":
-            loc = static_loc
-        elif mode == "alloc":
-            starts = np.nonzero((seq - 1) % page_size == 0)[0]
-            loc = last_loc + 1
+            loc = self.static_loc
+        elif self.mode == "alloc":
+            starts = np.nonzero((seq - 1) % ps == 0)[0]
+            loc = self.last_loc + 1
             if starts.size:
-                slots = timed(allocator.alloc, int(starts.size) * page_size)
+                slots = self._timed(self.allocator.alloc,
+                                    int(starts.size) * ps)
                 if slots is None:
-                    raise SystemExit("rank %d step %d: out of pages" %
-                                     (rank, step))
+                    raise SystemExit("%s: out of pages" % kind)
                 index = torch.from_numpy(starts).to(device, non_blocking=True)
-                loc[index] = slots[::page_size]
+                loc[index] = slots[::ps]
         else:
             seq_dev = torch.from_numpy(seq).to(device, non_blocking=True)
+            args = (seq_dev, seq, self.last_loc)
             if kind == "sglang":
-                loc = timed(allocator.alloc_decode, seq_dev, seq, last_loc,
-                            kernel)
-            else:
-                loc = timed(allocator.alloc_decode, seq_dev, seq, last_loc)
+                args += (self.kernel,)
+            loc = self._timed(self.allocator.alloc_decode, *args)
             if loc is None:
-                raise SystemExit("rank %d step %d: out of pages" %
-                                 (rank, step))
-        kv[loc] = value
+                raise SystemExit("%s: out of pages" % kind)
+        self.kv[loc] = self.value
         if kind != "none":
             positions = torch.from_numpy(seq - 1).to(device,
                                                      non_blocking=True)
-            req_to_token[rows_index, positions] = loc
+            self.req_to_token[self.rows_index, positions] = loc
             last_loc = loc.clone() if kind == "sglang" else loc
-            last_loc = last_loc.to(torch.int64)
-        model()
+            self.last_loc = last_loc.to(torch.int64)
+        self.model()
         if device == "cuda":
             torch.cuda.synchronize()
         # As SGLang's scheduler does once the step's results are on the
         # host: finished requests free their slots, new ones are admitted.
-        for r in np.nonzero(seq >= target)[0]:
+        for r in np.nonzero(seq >= self.target)[0]:
             if kind != "none":
                 # Whole pages, as SGLang's page-aligned contract frees
                 # them: every slot of each page the request holds.
-                pages = req_to_token[r, :int(seq[r]):page_size] // page_size
-                timed(allocator.free,
-                      (pages[:, None] * page_size + offsets).reshape(-1))
-            if not admit(r):
-                raise SystemExit("rank %d step %d: out of pages" %
-                                 (rank, step))
-        if step >= config["warmup"]:
-            step_ns.append(time.perf_counter_ns() - start)
-            alloc_ns.append(timed.ns)
+                pages = self.req_to_token[r, :int(seq[r]):ps] // ps
+                self._timed(self.allocator.free,
+                            (pages[:, None] * ps + self.offsets).reshape(-1))
+            if not self._admit(r):
+                raise SystemExit("%s: out of pages" % kind)
+        return time.perf_counter_ns() - start, self.alloc_ns
+
+    def reserve_stats(self):
+        return _reserve_stats(self.allocator)
+
+    def close(self):
+        if hasattr(self.allocator, "close"):
+            self.allocator.close()
+
+
+def _row(loop, config, rank, step_ns, alloc_ns, stats_before):
+    """The result row of one allocator's steps in one process."""
     row = {
-        "allocator": kind, "mode": mode, "rank": rank,
-        "processes": config["processes"], "page_size": page_size,
-        "batch": bs, "device": device,
+        "allocator": loop.kind, "mode": loop.mode, "rank": rank,
+        "processes": config["processes"], "page_size": loop.page_size,
+        "batch": config["batch"], "device": loop.device,
         "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")) or
         config["mps"],
         "step_ms_p50": percentile(step_ns, 50) / 1e6,
@@ -291,9 +308,9 @@ def run_process(rank, config, results):
         "alloc_us_p50": percentile(alloc_ns, 50) / 1e3,
         "alloc_us_p99": percentile(alloc_ns, 99) / 1e3,
     }
-    stats_after = _reserve_stats(allocator)
+    stats_after = loop.reserve_stats()
     if stats_before is not None and stats_after is not None:
-        steps = config["steps"]
+        steps = len(step_ns)
         refills = stats_after["refills"] - stats_before["refills"]
         row["round_trips_per_step"] = (
             stats_after["sync_refills"] - stats_before["sync_refills"]) / steps
@@ -301,9 +318,50 @@ def run_process(rank, config, results):
         row["pages_per_refill"] = (
             (stats_after["pages_refilled"] - stats_before["pages_refilled"])
             / max(1, refills))
-    if hasattr(allocator, "close"):
-        allocator.close()
-    results.put(row)
+    return row
+
+
+def run_process(rank, config, results):
+    """One scheduler process: config["allocator"]'s loop for warmup + steps
+    steps; with config["interleave"] B > 0, config["allocators"]' loops
+    side by side, B steps each in turn, and per allocator the per-cycle
+    difference of its block's median step from the first allocator's."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    model = _model_step(device, config["model_ms"])
+    block = config["interleave"]
+    kinds = (config["allocators"].split(",") if block
+             else [config["allocator"]])
+    loops = [SchedulerLoop(kind, config, rank, device, model)
+             for kind in kinds]
+    for loop in loops:
+        for _ in range(config["warmup"]):
+            loop.step()
+    stats_before = [loop.reserve_stats() for loop in loops]
+    steps = config["steps"]
+    block = block or steps
+    step_ns = [[] for _ in loops]
+    alloc_ns = [[] for _ in loops]
+    block_p50 = [[] for _ in loops]  # each block's median step, ns
+    while len(step_ns[0]) < steps:
+        for i, loop in enumerate(loops):
+            times = [loop.step() for _ in range(min(block,
+                                                    steps - len(step_ns[i])))]
+            step_ns[i] += [t[0] for t in times]
+            alloc_ns[i] += [t[1] for t in times]
+            block_p50[i].append(percentile([t[0] for t in times], 50))
+    rows = []
+    for i, loop in enumerate(loops):
+        row = _row(loop, config, rank, step_ns[i], alloc_ns[i],
+                   stats_before[i])
+        if config["interleave"]:
+            over = [(mine - first) / 1e3
+                    for mine, first in zip(block_p50[i], block_p50[0])]
+            row["over_first_us_cycles"] = over
+        rows.append(row)
+        loop.close()
+    results.put(rows if config["interleave"] else rows[0])
 
 
 def _reserve_stats(allocator):
@@ -360,6 +418,11 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of every allocator, in turn")
+    parser.add_argument("--interleave", type=int, default=0,
+                        metavar="B",
+                        help="every process runs every allocator side by "
+                        "side, B steps each in turn (0: one run per "
+                        "allocator)")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--timeout_s", type=float, default=600)
     parser.add_argument("--mps", action="store_true",
@@ -369,14 +432,13 @@ def main(argv=None):
 
     if args.rounds < 1:
         raise SystemExit("--rounds (%d) must be >= 1" % args.rounds)
-    table = []
+    if args.interleave < 0:
+        raise SystemExit("--interleave (%d) must be >= 0" % args.interleave)
     kinds = args.allocators.split(",")
-    baseline = None
-    for processes, round_index, kind in (
-            (p, r, k) for p in [int(p) for p in args.processes.split(",")]
-            for r in range(args.rounds) for k in kinds):
-        if kind == kinds[0]:
-            baseline = None  # each round's cost over its own `none`
+    if args.interleave and kinds[0] != "none":
+        raise SystemExit("--interleave measures against `none`: name it "
+                         "first in --allocators")
+    for kind in kinds:
         if kind.startswith("pagealloc") and not args.target:
             raise SystemExit("--target (or PAGEALLOC_TARGET) is needed "
                              "for %s" % kind)
@@ -384,31 +446,44 @@ def main(argv=None):
                 not args.seed_kernels:
             raise SystemExit("--seed_kernels is needed for sglang in "
                              "decode mode")
-        config = dict(vars(args), allocator=kind, processes=processes)
-        rows = run(config)
-        summary = {
-            "allocator": kind, "processes": processes, "mode": args.mode,
-            "round": round_index,
-            "mps": rows[0]["mps"], "device": rows[0]["device"],
-            "page_size": rows[0]["page_size"], "batch": args.batch,
-            "step_ms_p50": max(r["step_ms_p50"] for r in rows),
-            "step_ms_p99": max(r["step_ms_p99"] for r in rows),
-            "alloc_us_p50": max(r["alloc_us_p50"] for r in rows),
-            "alloc_us_p99": max(r["alloc_us_p99"] for r in rows),
-            "per_process": rows,
-        }
-        for key in ("round_trips_per_step", "refills_per_step",
-                    "pages_per_refill"):
-            if key in rows[0]:
-                summary[key] = max(r[key] for r in rows)
-        if kind == "none":
-            baseline = summary["step_ms_p50"]
-        if baseline is not None:
-            summary["over_none_us"] = \
-                (summary["step_ms_p50"] - baseline) * 1e3
-        table.append(summary)
-        print(json.dumps({k: v for k, v in summary.items()
-                          if k != "per_process"}), flush=True)
+    table = []
+    for processes in [int(p) for p in args.processes.split(",")]:
+        for round_index in range(args.rounds):
+            if args.interleave:
+                # Every process runs every allocator, in blocks, in turn.
+                config = dict(vars(args), allocator=args.allocators,
+                              processes=processes)
+                per_process = run(config)
+                runs = [(kind, [rows[i] for rows in per_process])
+                        for i, kind in enumerate(kinds)]
+            else:
+                runs = []
+                for kind in kinds:
+                    config = dict(vars(args), allocator=kind,
+                                  processes=processes)
+                    runs.append((kind, run(config)))
+            baseline = None  # each round's cost over its own `none`
+            for kind, rows in runs:
+                summary = _summary(kind, processes, round_index, rows, args)
+                if kind == "none":
+                    baseline = summary["step_ms_p50"]
+                if args.interleave:
+                    # The median over the cycles (and processes) of a
+                    # block's median step less the `none` block's before it.
+                    cycles = [c for r in rows
+                              for c in r["over_first_us_cycles"]]
+                    summary["over_none_us_cycles"] = cycles
+                    summary["over_none_us"] = percentile(cycles, 50)
+                elif baseline is not None:
+                    summary["over_none_us"] = \
+                        (summary["step_ms_p50"] - baseline) * 1e3
+                table.append(summary)
+            if args.interleave and "sglang" in kinds:
+                _pair_with_sglang(table[-len(kinds):])
+            for summary in table[-len(kinds):]:
+                print(json.dumps({k: v for k, v in summary.items()
+                                  if not k.endswith("_cycles") and
+                                  k != "per_process"}), flush=True)
     print()
     print("| allocator | procs | MPS | step p50 ms | over none us | "
           "alloc host p50 us | p99 us | round trips/step | pages/refill |")
@@ -425,10 +500,76 @@ def main(argv=None):
             if "pages_per_refill" in s else "-"))
     if args.rounds > 1:
         _print_rounds(table)
+    if args.interleave:
+        _print_cycles(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)
     return table
+
+
+def _summary(kind, processes, round_index, rows, args):
+    """One allocator's row over its processes' rows: the slowest
+    process's figures."""
+    summary = {
+        "allocator": kind, "processes": processes, "mode": args.mode,
+        "round": round_index, "interleave": args.interleave,
+        "mps": rows[0]["mps"], "device": rows[0]["device"],
+        "page_size": rows[0]["page_size"], "batch": args.batch,
+        "step_ms_p50": max(r["step_ms_p50"] for r in rows),
+        "step_ms_p99": max(r["step_ms_p99"] for r in rows),
+        "alloc_us_p50": max(r["alloc_us_p50"] for r in rows),
+        "alloc_us_p99": max(r["alloc_us_p99"] for r in rows),
+        "per_process": rows,
+    }
+    for key in ("round_trips_per_step", "refills_per_step",
+                "pages_per_refill"):
+        if key in rows[0]:
+            summary[key] = max(r[key] for r in rows)
+    return summary
+
+
+def _pair_with_sglang(summaries):
+    """For each allocator of one interleaved round but `none`: its block's
+    median step less SGLang's block's in the same cycle and process (the
+    sharpest comparison the run holds: the two blocks ran moments apart),
+    per cycle and their median."""
+    sglang = next(s for s in summaries if s["allocator"] == "sglang")
+    for s in summaries:
+        if s["allocator"] != "none":
+            pairs = [mine - theirs for mine, theirs in zip(
+                s["over_none_us_cycles"], sglang["over_none_us_cycles"])]
+            s["vs_sglang_us_cycles"] = pairs
+            s["vs_sglang_us"] = percentile(pairs, 50)
+
+
+def _print_cycles(table):
+    """Per allocator and process count, over every interleaved cycle of
+    every round and process: the block's cost over `none` and its
+    difference from SGLang's, as median (quartiles)."""
+    print()
+    print("| allocator | procs | MPS | cycles | over none us, median "
+          "(p25 to p75) | over SGLang us, median (p25 to p75) |")
+    print("|---|---|---|---|---|---|")
+    keys = []
+    for s in table:
+        if (s["allocator"], s["processes"]) not in keys:
+            keys.append((s["allocator"], s["processes"]))
+
+    def quartiles(values):
+        return "%.0f (%.0f to %.0f)" % (percentile(values, 50),
+                                        percentile(values, 25),
+                                        percentile(values, 75))
+    for kind, processes in keys:
+        if kind == "none":
+            continue
+        rows = [s for s in table
+                if s["allocator"] == kind and s["processes"] == processes]
+        over = [c for s in rows for c in s["over_none_us_cycles"]]
+        pairs = [c for s in rows for c in s.get("vs_sglang_us_cycles", [])]
+        print("| %s | %d | %s | %d | %s | %s |" % (
+            kind, processes, "on" if rows[0]["mps"] else "off", len(over),
+            quartiles(over), quartiles(pairs) if pairs else "-"))
 
 
 def _print_rounds(table):

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "bench"))
 
@@ -71,3 +73,50 @@ def test_engine_loop_bench_rounds_take_turns(make_daemon, capsys):
     medians = out[out.index("rounds | step p50 ms, median"):]
     assert medians.count("| none | 1 |") == 1
     assert medians.count("| pagealloc | 1 |") == 1
+
+
+def test_engine_loop_bench_interleaves_the_allocators(make_daemon, capsys):
+    """--interleave: each process runs every allocator in blocks, in turn;
+    a row's per-cycle costs are its blocks' medians less `none`'s, its
+    pairs with SGLang those less SGLang's of the same cycle."""
+    daemon = make_daemon("--semantics=sglang", "--num_pages=2048",
+                         "--page_size=16")
+    table = engine_loop_bench.main([
+        "--allocators", "none,sglang,pagealloc", "--target", daemon.target,
+        "--processes", "1,2", "--batch", "4", "--max_len", "256",
+        "--page_size", "16", "--pool_pages", "2048", "--model_ms", "0.1",
+        "--steps", "10", "--warmup", "2", "--interleave", "3",
+        "--timeout_s", "120"])
+    assert [(row["allocator"], row["processes"]) for row in table] == [
+        (kind, processes) for processes in (1, 2)
+        for kind in ("none", "sglang", "pagealloc")]
+    for none, sglang, paged in (table[0:3], table[3:6]):
+        processes = none["processes"]
+        # 10 steps in blocks of 3: 4 cycles in each process.
+        assert len(none["over_none_us_cycles"]) == 4 * processes
+        assert none["over_none_us_cycles"] == [0.0] * (4 * processes)
+        assert "vs_sglang_us" not in none
+        assert sglang["vs_sglang_us_cycles"] == [0.0] * (4 * processes)
+        assert paged["vs_sglang_us_cycles"] == [
+            mine - theirs for mine, theirs in zip(
+                paged["over_none_us_cycles"],
+                sglang["over_none_us_cycles"])]
+        assert paged["over_none_us"] == engine_loop_bench.percentile(
+            paged["over_none_us_cycles"], 50)
+        assert "round_trips_per_step" in paged
+        assert "round_trips_per_step" not in sglang
+        for row in (none, sglang, paged):
+            assert len(row["per_process"]) == processes
+            assert 0 < row["step_ms_p50"] <= row["step_ms_p99"]
+    out = capsys.readouterr().out
+    cycles = out[out.index("over SGLang us, median"):]
+    assert cycles.count("| pagealloc | 2 | off | 8 |") == 1
+    with pagealloc.Client.connect(daemon.target) as client:
+        wait_until(lambda: client.stats().used_pages == 0,
+                   what="the schedulers' pages to come back")
+
+
+def test_engine_loop_bench_interleave_needs_none_first():
+    with pytest.raises(SystemExit, match="name it first"):
+        engine_loop_bench.main(["--allocators", "sglang,none",
+                                "--interleave", "4"])

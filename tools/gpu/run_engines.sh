@@ -25,7 +25,8 @@
 # (default all six names) picks steps by name; ENGINE_STEPS (200) sets the
 # decode loops' steps; ENGINE_MODES (alloc decode) which of their modes run.
 # ENGINE_ALLOCATORS their --allocators (none,sglang,pagealloc,pagealloc-copy,
-# pagealloc-thin).
+# pagealloc-thin). ENGINE_INTERLEAVE=B runs the allocators side by side in
+# every process, B steps each in turn (engine_loop_bench.py --interleave).
 # MPS=1 runs everything under a CUDA MPS control daemon of the run's own.
 # Usage: run_engines.sh [--anchor DIR] [OUT_DIR]
 #   (default ./gpu-results). Writes OUT_DIR/engines/: a log and a JSON per
@@ -52,6 +53,7 @@ replicas=${REPLICAS:-1,2,3}
 engine_steps=${ENGINE_STEPS:-200}
 engine_modes=${ENGINE_MODES:-alloc decode}
 engine_allocators=${ENGINE_ALLOCATORS:-none,sglang,pagealloc,pagealloc-copy,pagealloc-thin}
+engine_interleave=${ENGINE_INTERLEAVE:-0}
 bench=$PKG/python/bench
 
 wanted() { [[ " $steps " == *" $1 "* ]]; }
@@ -142,7 +144,7 @@ if wanted engine_loop; then
       "$bench/engine_loop_bench.py" \
       --allocators "$engine_allocators" --target "$TARGET" \
       --processes "$processes" --mode "$mode" --steps "$engine_steps" \
-      ${ANCHOR:+--seed_kernels "$ANCHOR"} \
+      --interleave "$engine_interleave" ${ANCHOR:+--seed_kernels "$ANCHOR"} \
       --json "$OUT/engine_loop_$mode.json"
     add_section "### engine_loop_bench --mode $mode"$'\n\n'"$(table "$log")"
     stop_daemons
