@@ -10,6 +10,7 @@
 #include "absl/base/optimization.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "allocator/plan_expansion.h"
 #include "common/status_macros.h"
 
 namespace pagealloc {
@@ -216,7 +217,8 @@ std::vector<AllocResult> PagePool::Allocate(
 
 void PagePool::Allocate(absl::Span<const AllocRequest> requests,
                         absl::Span<const CallSpan> calls,
-                        std::vector<AllocResult>* results_out) {
+                        std::vector<AllocResult>* results_out,
+                        Expansion expansion) {
   std::vector<AllocResult>& results = *results_out;
   results.clear();
   results.resize(requests.size());
@@ -244,8 +246,8 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
   }
 
   absl::MutexLock lock(&mu_);
-  const LaunchOutcome launch =
-      AllocateLocked(requests, calls, result_span, /*replay=*/nullptr);
+  const LaunchOutcome launch = AllocateLocked(requests, calls, result_span,
+                                              /*replay=*/nullptr, expansion);
   if (change_log_ != nullptr) {
     // Every batch, refused requests and all: refusals count.
     PoolChange change;
@@ -261,7 +263,8 @@ void PagePool::Allocate(absl::Span<const AllocRequest> requests,
 
 PagePool::LaunchOutcome PagePool::AllocateLocked(
     absl::Span<const AllocRequest> requests, absl::Span<const CallSpan> calls,
-    absl::Span<AllocResult> results, const ReplayedLaunch* replay) {
+    absl::Span<AllocResult> results, const ReplayedLaunch* replay,
+    Expansion expansion) {
   bool tagged = false;
   for (const CallSpan& call : calls) tagged |= call.call.id != 0;
   scratch_.refused_calls.clear();
@@ -275,7 +278,7 @@ PagePool::LaunchOutcome PagePool::AllocateLocked(
     return LaunchOutcome::kNone;
   }
   if (!AdmitAndPlan(requests, calls, results)) return LaunchOutcome::kNone;
-  if (!ExecutePlan(results, replay)) return LaunchOutcome::kFailed;
+  if (!ExecutePlan(results, replay, expansion)) return LaunchOutcome::kFailed;
   const int64_t first = head_;
   CommitPlan(requests);
   if (ABSL_PREDICT_FALSE(tagged)) {
@@ -770,11 +773,23 @@ bool PagePool::AdmitAndPlan(absl::Span<const AllocRequest> requests,
 }
 
 bool PagePool::ExecutePlan(absl::Span<AllocResult> results,
-                           const ReplayedLaunch* replay) {
+                           const ReplayedLaunch* replay, Expansion expansion) {
   const PlanStorage& storage = scratch_.plan_storage;
   absl::Status& executed = scratch_.launch_status;
   if (replay == nullptr) {
-    executed = executor_->Execute(storage.plan);
+    if (expansion == Expansion::kExecutor) {
+      executed = executor_->Execute(storage.plan);
+    } else if (!storage.plan.scrub_pages.empty()) {
+      // Handed out unzeroed, another owner's KV would be readable.
+      executed = absl::FailedPreconditionError(
+          "the batch has pages to scrub, which only the executor can zero: "
+          "it cannot be expanded by the pool");
+    } else {
+      // The executor's ring mirrors ring_ (the class invariant), so the
+      // slots are those its launch would write.
+      ExpandPlan(storage.plan, ring_.data());
+      executed = absl::OkStatus();
+    }
   } else {
     // A replayed batch writes no slots: its destinations are not recorded.
     executed = replay->failure == nullptr ? absl::OkStatus() : *replay->failure;

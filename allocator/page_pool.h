@@ -77,6 +77,20 @@ namespace pagealloc {
 // by no single owner. Never a registered owner.
 inline constexpr OwnerId kSharedOwner = ~OwnerId{0};
 
+// Who writes an allocation's slots (PagePool::Allocate).
+enum class Expansion : uint8_t {
+  // The executor's launch, at destinations in its address space.
+  kExecutor,
+  // The pool itself, on the calling thread, from its own copy of the free
+  // list (ExpandPlan, plan_expansion.h), at host destinations; the executor
+  // is not called. For a call whose slots its caller needs on the host at
+  // once, such as a session reserve's refill of whole pages: on the CUDA
+  // backend the executor's launch and the copy back would wait for the
+  // daemon's turn on the GPU, which the clients' own contexts hold for
+  // milliseconds at a time without MPS.
+  kPool,
+};
+
 struct PoolOptions {
   int64_t num_pages = 0;  // usable pages, >= 1
   int64_t page_size = 1;  // tokens per page, >= 1
@@ -276,13 +290,20 @@ class PagePool {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same, into `results` (resized to one per request). A caller that
   // allocates batch after batch keeps one vector and so reuses its storage.
+  // With Expansion::kPool every destination is host memory, and the pool
+  // writes the slots there itself instead of launching the executor.
   void Allocate(absl::Span<const AllocRequest> requests,
                 std::vector<AllocResult>* results) ABSL_LOCKS_EXCLUDED(mu_) {
     Allocate(requests, {}, results);
   }
   void Allocate(absl::Span<const AllocRequest> requests,
                 absl::Span<const CallSpan> calls,
-                std::vector<AllocResult>* results) ABSL_LOCKS_EXCLUDED(mu_);
+                std::vector<AllocResult>* results,
+                Expansion expansion = Expansion::kExecutor)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the pool lists pages to scrub (PoolOptions.scrub), which only the
+  // executor can zero: Expansion::kPool then refuses a batch that has any.
+  bool scrubs() const { return scrub_; }
 
   // Frees the distinct pages of `slots` (slot / page_size), all or nothing,
   // and puts them back in `order` (FreeOrder::kDefault: the pool's) under
@@ -589,7 +610,8 @@ class PagePool {
   LaunchOutcome AllocateLocked(absl::Span<const AllocRequest> requests,
                                absl::Span<const CallSpan> calls,
                                absl::Span<AllocResult> results,
-                               const ReplayedLaunch* replay)
+                               const ReplayedLaunch* replay,
+                               Expansion expansion = Expansion::kExecutor)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> CheckpointLocked(OwnerId owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -861,7 +883,7 @@ class PagePool {
   // executor's status (kept in scratch_.launch_status) with no slots and no
   // pages, and the call returns false. REQUIRES: AdmitAndPlan returned true.
   bool ExecutePlan(absl::Span<AllocResult> results,
-                   const ReplayedLaunch* replay)
+                   const ReplayedLaunch* replay, Expansion expansion)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the plan's pages to the admitted requests' owners (recording them
   // in active checkpoints), moves the free list's head past them and

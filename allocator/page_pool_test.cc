@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "allocator/fake_executor.h"
@@ -1064,6 +1065,142 @@ TEST_F(PagePoolTest, NoScrubWithoutTheOption) {
   ASSERT_OK(pool_->Allocate({request})[0].status);
   EXPECT_THAT(executor_.scrubbed_pages(), IsEmpty());
   EXPECT_EQ(pool_->LastOwnerOf(1), kNoOwner);
+}
+
+// Expansion::kPool: the pool writes the slots the executor would have, from
+// its own free list, and never calls the executor. Two pools take the same
+// random trace (extends that start or continue a sequence, decodes, whole
+// pages, frees, several owners), one expanded by the executor and one by
+// the pool; every result and slot must match.
+class PoolExpansionTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(PoolExpansionTest, ThePoolWritesTheExecutorsSlots) {
+  const int64_t page_size = GetParam();
+  FakeExecutor by_executor_executor, by_pool_executor;
+  const PoolOptions options{512, page_size, FreePolicy::kLifo,
+                            Semantics::kSglang};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> by_executor,
+                       PagePool::Create(options, &by_executor_executor));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> by_pool,
+                       PagePool::Create(options, &by_pool_executor));
+  for (OwnerId owner : {kAlice, kBob}) {
+    ASSERT_OK(by_executor->AddOwner(owner, 0));
+    ASSERT_OK(by_pool->AddOwner(owner, 0));
+  }
+  struct Sequence {
+    OwnerId owner;
+    std::vector<int64_t> slots;
+  };
+  std::vector<Sequence> sequences;
+  std::mt19937_64 rng(page_size);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int step = 0; step < 300; ++step) {
+    // A batch of up to 4 requests, each of a sequence of its own.
+    std::vector<AllocRequest> batch;
+    std::vector<int> of;  // the sequence each request extends, or -1
+    std::vector<bool> taken(sequences.size(), false);
+    for (int64_t n = uniform(1, 4); n > 0; --n) {
+      const int64_t pick =
+          uniform(-1, static_cast<int64_t>(sequences.size()) - 1);
+      if (pick < 0 || taken[pick]) {
+        const OwnerId owner = uniform(0, 1) ? kAlice : kBob;
+        batch.push_back(
+            uniform(0, 2) == 0
+                ? PagePoolTest::Alloc(owner, page_size * uniform(1, 3))
+                : PagePoolTest::Extend(owner, 0, uniform(1, 40), -1));
+        of.push_back(-1);
+        continue;
+      }
+      taken[pick] = true;
+      const Sequence& sequence = sequences[pick];
+      const int64_t len = static_cast<int64_t>(sequence.slots.size());
+      batch.push_back(uniform(0, 1)
+                          ? PagePoolTest::Decode(sequence.owner, len + 1,
+                                                 sequence.slots.back())
+                          : PagePoolTest::Extend(sequence.owner, len,
+                                                 len + uniform(1, 20),
+                                                 sequence.slots.back()));
+      of.push_back(static_cast<int>(pick));
+    }
+    std::vector<std::vector<int64_t>> executor_slots(batch.size()),
+        pool_slots(batch.size());
+    std::vector<AllocRequest> executor_batch = batch, pool_batch = batch;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t n = ToExtendShape(batch[i]).num_slots();
+      executor_slots[i].assign(n, -7);
+      pool_slots[i].assign(n, -9);
+      executor_batch[i].destination = executor_slots[i].data();
+      pool_batch[i].destination = pool_slots[i].data();
+    }
+    std::vector<AllocResult> executor_results, pool_results;
+    by_executor->Allocate(executor_batch, {}, &executor_results);
+    by_pool->Allocate(pool_batch, {}, &pool_results, Expansion::kPool);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      ASSERT_EQ(executor_results[i].status, pool_results[i].status)
+          << "step " << step << " request " << i;
+      if (!pool_results[i].status.ok()) continue;
+      ASSERT_EQ(executor_slots[i], pool_slots[i])
+          << "step " << step << " request " << i;
+      if (of[i] < 0) {
+        sequences.push_back({batch[i].owner, pool_slots[i]});
+      } else {
+        std::vector<int64_t>& slots = sequences[of[i]].slots;
+        slots.insert(slots.end(), pool_slots[i].begin(), pool_slots[i].end());
+      }
+    }
+    // Now and then a sequence ends and frees its slots.
+    while (!sequences.empty() && uniform(0, 2) == 0) {
+      const size_t end = uniform(0, static_cast<int64_t>(sequences.size()) - 1);
+      const Sequence sequence = sequences[end];
+      sequences.erase(sequences.begin() + end);
+      ASSERT_OK(
+          by_executor->FreeSlots(sequence.owner, sequence.slots).status());
+      ASSERT_OK(by_pool->FreeSlots(sequence.owner, sequence.slots).status());
+    }
+    ASSERT_EQ(by_executor->FreeList(), by_pool->FreeList());
+  }
+  EXPECT_GT(by_executor_executor.launches(), 0);
+  EXPECT_EQ(by_pool_executor.launches(), 0);
+  EXPECT_OK(by_pool->CheckInvariants());
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, PoolExpansionTest,
+                         ::testing::Values(1, 4, 16));
+
+// Under --kv_scrub the pool expands a batch only when none of its pages
+// needs zeroing, which only the executor can do: a batch with a page
+// changing owner is refused whole, and nothing changes.
+TEST(PoolExpansionScrubTest, ABatchWithPagesToScrubIsRefused) {
+  FakeExecutor executor;
+  PoolOptions options{4, 2, FreePolicy::kLifo};
+  options.scrub = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
+                       PagePool::Create(options, &executor));
+  ASSERT_OK(pool->AddOwner(kAlice, 0));
+  ASSERT_OK(pool->AddOwner(kBob, 0));
+  EXPECT_TRUE(pool->scrubs());
+  std::vector<int64_t> out(8, -1);
+  auto alloc = [&](OwnerId owner, int64_t tokens) {
+    AllocRequest request = PagePoolTest::Alloc(owner, tokens);
+    request.destination = out.data();
+    std::vector<AllocResult> results;
+    pool->Allocate({request}, {}, &results, Expansion::kPool);
+    return results[0].status;
+  };
+  // Fresh pages: nothing to zero, expanded by the pool.
+  ASSERT_OK(alloc(kAlice, 2));
+  EXPECT_THAT(out, ElementsAre(2, 3, -1, -1, -1, -1, -1, -1));
+  ASSERT_THAT(pool->FreePages(kAlice, {1}), IsOkAndHolds(1));
+  const std::vector<int64_t> free_list = pool->FreeList();
+  // Alice's old page would go to Bob unzeroed.
+  EXPECT_THAT(alloc(kBob, 2), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                       HasSubstr("scrub")));
+  EXPECT_EQ(pool->FreeList(), free_list);
+  EXPECT_EQ(pool->OwnerOf(1), kNoOwner);
+  EXPECT_EQ(executor.launches(), 0);
+  EXPECT_OK(pool->CheckInvariants());
 }
 
 }  // namespace

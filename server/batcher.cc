@@ -1,6 +1,8 @@
 #include "server/batcher.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -360,38 +362,73 @@ void Batcher::RunBatch(std::vector<Work>* batch) {
 
 void Batcher::Launch(std::vector<Work>* pending) {
   if (pending->empty()) return;
+  if (!pool_->scrubs()) {
+    // The return_inline calls are answered on the host: the pool writes
+    // their slots itself (Expansion::kPool), so they wait for no launch and
+    // no copy back. A session's calls are never split between the two
+    // launches: `pending` holds at most one call of each session (RunBatch).
+    const auto on_host = std::stable_partition(
+        pending->begin(), pending->end(),
+        [](const Work& work) { return !work.alloc->return_inline; });
+    if (on_host != pending->end()) {
+      host_pending_.assign(std::make_move_iterator(on_host),
+                           std::make_move_iterator(pending->end()));
+      pending->erase(on_host, pending->end());
+      LaunchCalls(&host_pending_, Expansion::kPool);
+      host_pending_.clear();
+    }
+  }
+  LaunchCalls(pending, Expansion::kExecutor);
+}
+
+void Batcher::LaunchCalls(std::vector<Work>* pending, Expansion expansion) {
+  if (pending->empty()) return;
   if (before_launch_) before_launch_();
   const absl::Time start = absl::Now();
-  GatherRequests(pending);
-  pool_->Allocate(launch_requests_, launch_calls_, &launch_results_);
+  GatherRequests(pending, expansion);
+  pool_->Allocate(launch_requests_, launch_calls_, &launch_results_, expansion);
   LaunchInfo launch;
   launch.batch_calls = pending->size();
   launch.batch_requests = launch_requests_.size();
-  const absl::Status completion = CompleteLaunch(*pending, start, &launch);
+  const absl::Status completion =
+      CompleteLaunch(*pending, start, expansion, &launch);
   size_t first = 0;
   for (Work& work : *pending) {
-    FinishCall(work, first, completion, start, &launch);
+    FinishCall(work, first, completion, start, expansion, &launch);
     first += work.alloc->requests.size();
   }
   pending->clear();
 }
 
-void Batcher::GatherRequests(std::vector<Work>* pending) {
+void Batcher::GatherRequests(std::vector<Work>* pending, Expansion expansion) {
   std::vector<AllocRequest>& requests = launch_requests_;
   requests.clear();
   // Each call's requests, so that the pool admits an all-or-nothing call
   // whole and (under SGLang's semantics) decides its merge per call.
   std::vector<CallSpan>& calls = launch_calls_;
   calls.clear();
-  int64_t scratch_used = 0;
+  int64_t* inline_base = scratch_->slots();
+  if (expansion == Expansion::kPool) {
+    // Host memory for the pool to write into, sized before any destination
+    // points into it.
+    int64_t total = 0;
+    for (const Work& work : *pending) {
+      for (const AllocRequest& request : work.alloc->requests) {
+        total += ToExtendShape(request).num_slots();
+      }
+    }
+    host_slots_.resize(total);
+    inline_base = host_slots_.data();
+  }
+  int64_t inline_used = 0;
   for (Work& work : *pending) {
     AllocCall& call = *work.alloc;
     calls.push_back({static_cast<int64_t>(call.requests.size()),
                      call.all_or_nothing, call.call});
     if (call.return_inline) {
       for (AllocRequest& request : call.requests) {
-        request.destination = scratch_->slots() + scratch_used;
-        scratch_used += ToExtendShape(request).num_slots();
+        request.destination = inline_base + inline_used;
+        inline_used += ToExtendShape(request).num_slots();
       }
     }
     requests.insert(requests.end(), call.requests.begin(), call.requests.end());
@@ -399,13 +436,16 @@ void Batcher::GatherRequests(std::vector<Work>* pending) {
 }
 
 absl::Status Batcher::CompleteLaunch(const std::vector<Work>& pending,
-                                     absl::Time start, LaunchInfo* launch) {
+                                     absl::Time start, Expansion expansion,
+                                     LaunchInfo* launch) {
   bool any_sync = false;
+  // The pool's own expansion issues nothing to wait for.
   bool launched = false;
   for (const AllocResult& result : launch_results_) {
     launched = launched || (result.status.ok() && result.num_slots > 0);
     launch->batch_slots += result.status.ok() ? result.num_slots : 0;
   }
+  launched = launched && expansion == Expansion::kExecutor;
   for (const Work& work : pending) {
     any_sync =
         any_sync || !work.alloc->async_completion || work.alloc->return_inline;
@@ -438,7 +478,7 @@ absl::Status Batcher::CompleteLaunch(const std::vector<Work>& pending,
 
 void Batcher::FinishCall(const Work& work, size_t first,
                          const absl::Status& completion, absl::Time start,
-                         LaunchInfo* launch) {
+                         Expansion expansion, LaunchInfo* launch) {
   AllocCall& call = *work.alloc;
   const size_t n = call.requests.size();
   std::vector<AllocResult>& results = launch_results_;
@@ -456,11 +496,16 @@ void Batcher::FinishCall(const Work& work, size_t first,
     for (size_t i = first; i < first + n; ++i) {
       AllocResult& result = results[i];
       if (!result.status.ok() || result.num_slots == 0) continue;
+      const int64_t* written = launch_requests_[i].destination;
+      if (expansion == Expansion::kPool) {
+        inline_slots.insert(inline_slots.end(), written,
+                            written + result.num_slots);
+        continue;
+      }
       const size_t at = inline_slots.size();
       inline_slots.resize(at + result.num_slots);
-      const absl::Status copied =
-          backend_->CopyToHost(launch_requests_[i].destination,
-                               result.num_slots, inline_slots.data() + at);
+      const absl::Status copied = backend_->CopyToHost(
+          written, result.num_slots, inline_slots.data() + at);
       if (!copied.ok()) {
         // inline_slots holds the accepted requests' slots only.
         result.status = copied;

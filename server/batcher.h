@@ -114,8 +114,11 @@ struct AllocCall {
   uint64_t session_id = 0;
   // The requests, owned by the submitter, which keeps them alive until the
   // call completes. Destinations already point into the session's ring,
-  // except when return_inline is set: then the batcher points them at its
-  // scratch buffer and copies the slots into `inline_slots`.
+  // except when return_inline is set: then the pool writes the slots into
+  // the batcher's host memory itself, with no launch (Expansion::kPool), or,
+  // when the pool scrubs, the launch writes them to the batcher's scratch
+  // buffer and the batcher copies them back; either way they are handed
+  // over as `inline_slots`.
   absl::Span<AllocRequest> requests;
   int64_t num_slots = 0;
   bool return_inline = false;
@@ -278,25 +281,33 @@ class Batcher {
   bool RunOpsWhileGathering() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `batch` against the pool. REQUIRES: this thread is the driver.
   void RunBatch(std::vector<Work>* batch) ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs the allocation calls gathered so far as one launch.
+  // Runs the allocation calls gathered so far: the return_inline ones
+  // expanded by the pool on the host (unless the pool scrubs), the others
+  // as one launch.
   void Launch(std::vector<Work>* pending) ABSL_LOCKS_EXCLUDED(mu_);
-  // Launch's steps. Collects the requests and call spans of `pending` into
-  // launch_requests_ and launch_calls_, pointing the destinations of
-  // return_inline calls into the scratch buffer.
-  void GatherRequests(std::vector<Work>* pending);
-  // Completes the launch the pool has just run (launch_results_): the
-  // backend's completion (a host wait when any call needs one), the launch
-  // id, execute time and metrics in `launch`. Returns the completion's
-  // status.
-  absl::Status CompleteLaunch(const std::vector<Work>& pending,
-                              absl::Time start, LaunchInfo* launch)
+  // Admits `pending` in one pool call whose slots `expansion` writes, and
+  // answers each call. Empties `pending`.
+  void LaunchCalls(std::vector<Work>* pending, Expansion expansion)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // LaunchCalls' steps. Collects the requests and call spans of `pending`
+  // into launch_requests_ and launch_calls_, pointing the destinations of
+  // return_inline calls into the scratch buffer (Expansion::kExecutor) or
+  // host_slots_ (kPool).
+  void GatherRequests(std::vector<Work>* pending, Expansion expansion);
+  // Completes the launch the pool has just run (launch_results_): the
+  // backend's completion (a host wait when any call needs one; none for
+  // the pool's own expansion), the launch id, execute time and metrics in
+  // `launch`. Returns the completion's status.
+  absl::Status CompleteLaunch(const std::vector<Work>& pending,
+                              absl::Time start, Expansion expansion,
+                              LaunchInfo* launch) ABSL_LOCKS_EXCLUDED(mu_);
   // Hands `work`'s call its results (launch_results_ from `first`): a
   // failed completion fails its accepted requests, inline slots are copied
-  // to the host, then its completion's Done runs.
+  // to the host (from the device scratch, or from host_slots_), then its
+  // completion's Done runs.
   void FinishCall(const Work& work, size_t first,
                   const absl::Status& completion, absl::Time start,
-                  LaunchInfo* launch);
+                  Expansion expansion, LaunchInfo* launch);
 
   const Options options_;
   PagePool* const pool_;
@@ -337,6 +348,10 @@ class Batcher {
   std::vector<CallSpan> launch_calls_;
   std::vector<AllocResult> launch_results_;
   std::vector<int64_t> inline_slots_;
+  // The return_inline calls of a batch, and the host memory the pool
+  // expands their slots into (Expansion::kPool).
+  std::vector<Work> host_pending_;
+  std::vector<int64_t> host_slots_;
   std::thread thread_;
 };
 

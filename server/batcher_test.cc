@@ -54,10 +54,12 @@ class BatcherTest : public ::testing::Test {
       status = cancelled;
       done.Notify();
     }
-    void Done(absl::Span<const AllocResult> results, absl::Span<const int64_t>,
+    void Done(absl::Span<const AllocResult> results,
+              absl::Span<const int64_t> slots,
               const LaunchInfo& launch) override {
       if (on_done) on_done();
       status = results[0].status;
+      inline_slots.assign(slots.begin(), slots.end());
       launch_id = launch.launch_id;
       batch_requests = launch.batch_requests;
       thread = std::this_thread::get_id();
@@ -71,6 +73,7 @@ class BatcherTest : public ::testing::Test {
     int32_t batch_requests = 0;
     std::thread::id thread;
     absl::Status status;
+    std::vector<int64_t> inline_slots;
   };
   AllocCall DecodeCall(OwnerId owner, Completion* completion) {
     AllocCall call;
@@ -475,6 +478,101 @@ TEST_F(BatcherTest, StopFinishesQueuedWorkThenRefuses) {
   EXPECT_THAT(batcher_->SubmitOp(1, [] {}),
               StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
 }
+
+// Forwards to another executor, counting its launches.
+class CountingExecutor final : public PlanExecutor {
+ public:
+  explicit CountingExecutor(PlanExecutor* inner) : inner_(inner) {}
+  absl::Status InitFreeRing(int64_t capacity) override {
+    return inner_->InitFreeRing(capacity);
+  }
+  absl::Status WriteFreeRing(int64_t position,
+                             absl::Span<const int64_t> pages) override {
+    return inner_->WriteFreeRing(position, pages);
+  }
+  absl::Status Execute(const BatchPlan& plan) override {
+    ++launches;
+    return inner_->Execute(plan);
+  }
+  absl::Status Synchronize() override { return inner_->Synchronize(); }
+  absl::StatusOr<std::vector<int64_t>> ReadFreeRing() override {
+    return inner_->ReadFreeRing();
+  }
+  const char* name() const override { return inner_->name(); }
+
+  std::atomic<int> launches{0};
+
+ private:
+  PlanExecutor* const inner_;
+};
+
+// A return_inline call (a reserve's refill) is answered from the pool's
+// own expansion, without a launch, when it shares a batch with a call that
+// launches, too; under --kv_scrub it goes through the executor, which
+// zeroes pages changing owner.
+class BatcherInlineTest : public BatcherTest,
+                          public ::testing::WithParamInterface<bool> {};
+
+TEST_P(BatcherInlineTest, InlineCallsNeedNoLaunchUnlessThePoolScrubs) {
+  const bool scrub = GetParam();
+  backend_ = MakeCpuBackend();
+  CountingExecutor executor(backend_->executor());
+  PoolOptions pool_options{64, kPageSize, FreePolicy::kLifo};
+  pool_options.scrub = scrub;
+  ASSERT_OK_AND_ASSIGN(pool_, PagePool::Create(pool_options, &executor));
+  ASSERT_OK(pool_->AddOwner(1, 0));
+  ASSERT_OK(pool_->AddOwner(2, 0));
+  Batcher::Options options;
+  options.debug_checks = true;
+  ASSERT_OK_AND_ASSIGN(batcher_,
+                       Batcher::Create(options, pool_.get(), backend_.get()));
+
+  // Session 1's refill of two pages, and session 2's call of one page into
+  // memory of its own (the CPU executor's address space is the host's), in
+  // one batch.
+  Completion refill, ring;
+  AllocCall refill_call = DecodeCall(1, &refill);
+  refill.request.seq_len = 2 * kPageSize;
+  refill_call.num_slots = 2 * kPageSize;
+  std::vector<int64_t> ring_slots(kPageSize, -1);
+  AllocCall ring_call = DecodeCall(2, &ring);
+  ring_call.return_inline = false;
+  ring.request.destination = ring_slots.data();
+  std::vector<AllocCall> calls;
+  calls.push_back(std::move(refill_call));
+  calls.push_back(std::move(ring_call));
+  ASSERT_OK(batcher_->SubmitAllocs(std::move(calls)));
+  refill.done.WaitForNotification();
+  ring.done.WaitForNotification();
+  ASSERT_OK(refill.status);
+  ASSERT_OK(ring.status);
+  // Session 2's call's launch (which the refill shares under scrub).
+  EXPECT_EQ(executor.launches.load(), 1);
+  // Whole pages of session 1's, in order, on the host.
+  ASSERT_EQ(refill.inline_slots.size(), 2u * kPageSize);
+  for (int64_t k = 0; k < 2 * kPageSize; ++k) {
+    const int64_t slot = refill.inline_slots[k];
+    EXPECT_EQ(slot % kPageSize, k % kPageSize);
+    EXPECT_EQ(pool_->OwnerOf(slot / kPageSize), 1u);
+  }
+  EXPECT_EQ(ring_slots[0] % kPageSize, 0);
+  EXPECT_EQ(pool_->OwnerOf(ring_slots[0] / kPageSize), 2u);
+
+  // A batch of refills alone launches nothing; under scrub it launches
+  // (here with nothing to zero: session 1 takes its own pages back).
+  ASSERT_OK(pool_->FreeSlots(1, refill.inline_slots).status());
+  Completion again;
+  ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &again)));
+  again.done.WaitForNotification();
+  ASSERT_OK(again.status);
+  EXPECT_EQ(executor.launches.load(), scrub ? 2 : 1);
+  ASSERT_EQ(again.inline_slots.size(), static_cast<size_t>(kPageSize));
+  EXPECT_EQ(again.inline_slots[0], refill.inline_slots[0]);  // LIFO
+  EXPECT_EQ(pool_->OwnerOf(again.inline_slots[0] / kPageSize), 1u);
+  batcher_->Stop();
+}
+
+INSTANTIATE_TEST_SUITE_P(Scrub, BatcherInlineTest, ::testing::Bool());
 
 TEST(BatcherMetricsTest, EveryHistogramHasAscendingBounds) {
   const BatcherMetrics metrics;
