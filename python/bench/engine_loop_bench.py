@@ -39,7 +39,9 @@ Allocators:
 
 Reports per allocator and process count: step time p50/p99 (ms), the
 allocation's host time per step (the allocator's calls: alloc and free)
-p50/p99 (us), cost per step over `none` (p50 step difference, us), and for
+p50/p99 (us), the step's phases (queueing its GPU work, planning and
+allocation included; the wait for the GPU; retiring and admitting), cost
+per step over `none` (p50 step difference, us), and for
 the pagealloc allocators the round trips per step and pages per refill
 (from the reserve's counters). The step's cost over `none` moves by
 hundreds of microseconds from one run of the loop to the next (the GPU's
@@ -237,8 +239,9 @@ class SchedulerLoop:
         return True
 
     def step(self):
-        """One decode step: (its wall time, the allocator's host time in
-        it), in ns."""
+        """One decode step, in ns: its wall time, the allocator's host time
+        in it, and its three phases (queueing the step's GPU work, the
+        wait for it, retiring and admitting requests)."""
         kind, ps, device = self.kind, self.page_size, self.device
         seq = self.seq
         start = time.perf_counter_ns()
@@ -272,8 +275,10 @@ class SchedulerLoop:
             last_loc = loc.clone() if kind == "sglang" else loc
             self.last_loc = last_loc.to(torch.int64)
         self.model()
+        queued = time.perf_counter_ns()
         if device == "cuda":
             torch.cuda.synchronize()
+        synced = time.perf_counter_ns()
         # As SGLang's scheduler does once the step's results are on the
         # host: finished requests free their slots, new ones are admitted.
         for r in np.nonzero(seq >= self.target)[0]:
@@ -285,7 +290,9 @@ class SchedulerLoop:
                             (pages[:, None] * ps + self.offsets).reshape(-1))
             if not self._admit(r):
                 raise SystemExit("%s: out of pages" % kind)
-        return time.perf_counter_ns() - start, self.alloc_ns
+        end = time.perf_counter_ns()
+        return (end - start, self.alloc_ns, queued - start, synced - queued,
+                end - synced)
 
     def reserve_stats(self):
         return _reserve_stats(self.allocator)
@@ -295,8 +302,11 @@ class SchedulerLoop:
             self.allocator.close()
 
 
-def _row(loop, config, rank, step_ns, alloc_ns, stats_before):
-    """The result row of one allocator's steps in one process."""
+def _row(loop, config, rank, times, stats_before):
+    """The result row of one allocator's steps in one process (`times`:
+    SchedulerLoop.step's tuples)."""
+    step_ns = [t[0] for t in times]
+    alloc_ns = [t[1] for t in times]
     row = {
         "allocator": loop.kind, "mode": loop.mode, "rank": rank,
         "processes": config["processes"], "page_size": loop.page_size,
@@ -307,6 +317,11 @@ def _row(loop, config, rank, step_ns, alloc_ns, stats_before):
         "step_ms_p99": percentile(step_ns, 99) / 1e6,
         "alloc_us_p50": percentile(alloc_ns, 50) / 1e3,
         "alloc_us_p99": percentile(alloc_ns, 99) / 1e3,
+        # Where the step's time went: queueing its work (planning and
+        # allocating included), waiting for the GPU, retiring and admitting.
+        "queue_us_p50": percentile([t[2] for t in times], 50) / 1e3,
+        "sync_us_p50": percentile([t[3] for t in times], 50) / 1e3,
+        "retire_us_p50": percentile([t[4] for t in times], 50) / 1e3,
     }
     stats_after = loop.reserve_stats()
     if stats_before is not None and stats_after is not None:
@@ -318,6 +333,11 @@ def _row(loop, config, rank, step_ns, alloc_ns, stats_before):
         row["pages_per_refill"] = (
             (stats_after["pages_refilled"] - stats_before["pages_refilled"])
             / max(1, refills))
+        if "mirror_hits" in stats_after and "mirror_hits" in stats_before:
+            hits = stats_after["mirror_hits"] - stats_before["mirror_hits"]
+            misses = (stats_after["mirror_misses"] -
+                      stats_before["mirror_misses"])
+            row["mirror_hit_rate"] = hits / max(1, hits + misses)
     return row
 
 
@@ -341,20 +361,17 @@ def run_process(rank, config, results):
     stats_before = [loop.reserve_stats() for loop in loops]
     steps = config["steps"]
     block = block or steps
-    step_ns = [[] for _ in loops]
-    alloc_ns = [[] for _ in loops]
+    times = [[] for _ in loops]  # SchedulerLoop.step's tuples
     block_p50 = [[] for _ in loops]  # each block's median step, ns
-    while len(step_ns[0]) < steps:
+    while len(times[0]) < steps:
         for i, loop in enumerate(loops):
-            times = [loop.step() for _ in range(min(block,
-                                                    steps - len(step_ns[i])))]
-            step_ns[i] += [t[0] for t in times]
-            alloc_ns[i] += [t[1] for t in times]
-            block_p50[i].append(percentile([t[0] for t in times], 50))
+            block_times = [loop.step() for _ in range(
+                min(block, steps - len(times[i])))]
+            times[i] += block_times
+            block_p50[i].append(percentile([t[0] for t in block_times], 50))
     rows = []
     for i, loop in enumerate(loops):
-        row = _row(loop, config, rank, step_ns[i], alloc_ns[i],
-                   stats_before[i])
+        row = _row(loop, config, rank, times[i], stats_before[i])
         if config["interleave"]:
             over = [(mine - first) / 1e3
                     for mine, first in zip(block_p50[i], block_p50[0])]
@@ -365,11 +382,17 @@ def run_process(rank, config, results):
 
 
 def _reserve_stats(allocator):
+    """The reserve's counters, with the device mirror's hits and misses
+    (mirror_hits, mirror_misses) where it has one; None without a
+    reserve."""
     reserve = getattr(allocator, "reserve", None)
-    if reserve is None:
+    if reserve is None or not callable(getattr(reserve, "stats", None)):
         return None
-    stats = reserve.stats() if callable(getattr(reserve, "stats", None)) \
-        else None
+    stats = dict(reserve.stats())
+    mirror = getattr(allocator, "mirror_stats", None)
+    if mirror is not None:
+        stats["mirror_hits"] = mirror["hits"]
+        stats["mirror_misses"] = mirror["misses"]
     return stats
 
 
@@ -486,14 +509,17 @@ def main(argv=None):
                                   k != "per_process"}), flush=True)
     print()
     print("| allocator | procs | MPS | step p50 ms | over none us | "
-          "alloc host p50 us | p99 us | round trips/step | pages/refill |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "alloc host p50 us | p99 us | queue / GPU wait / retire p50 us | "
+          "round trips/step | pages/refill |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for s in table:
-        print("| %s | %d | %s | %.3f | %s | %.1f | %.1f | %s | %s |" % (
+        print("| %s | %d | %s | %.3f | %s | %.1f | %.1f | %.0f / %.0f / %.0f "
+              "| %s | %s |" % (
             s["allocator"], s["processes"], "on" if s["mps"] else "off",
             s["step_ms_p50"],
             "%.0f" % s["over_none_us"] if "over_none_us" in s else "-",
-            s["alloc_us_p50"], s["alloc_us_p99"],
+            s["alloc_us_p50"], s["alloc_us_p99"], s["queue_us_p50"],
+            s["sync_us_p50"], s["retire_us_p50"],
             "%.3f" % s["round_trips_per_step"]
             if "round_trips_per_step" in s else "-",
             "%.1f" % s["pages_per_refill"]
@@ -520,12 +546,17 @@ def _summary(kind, processes, round_index, rows, args):
         "step_ms_p99": max(r["step_ms_p99"] for r in rows),
         "alloc_us_p50": max(r["alloc_us_p50"] for r in rows),
         "alloc_us_p99": max(r["alloc_us_p99"] for r in rows),
+        "queue_us_p50": max(r["queue_us_p50"] for r in rows),
+        "sync_us_p50": max(r["sync_us_p50"] for r in rows),
+        "retire_us_p50": max(r["retire_us_p50"] for r in rows),
         "per_process": rows,
     }
     for key in ("round_trips_per_step", "refills_per_step",
                 "pages_per_refill"):
         if key in rows[0]:
             summary[key] = max(r[key] for r in rows)
+    if "mirror_hit_rate" in rows[0]:
+        summary["mirror_hit_rate"] = min(r["mirror_hit_rate"] for r in rows)
     return summary
 
 

@@ -36,6 +36,10 @@ def test_engine_loop_bench_reports_every_allocator(make_daemon, tmp_path):
         assert row["device"] == "cpu" and row["page_size"] == 16
         assert len(row["per_process"]) == row["processes"]
         assert 0 < row["step_ms_p50"] <= row["step_ms_p99"]
+        # The phases of a step: queueing (the model step's), the GPU wait
+        # and retiring.
+        assert row["queue_us_p50"] > 0
+        assert row["sync_us_p50"] >= 0 and row["retire_us_p50"] >= 0
         if row["allocator"] == "none":
             assert row["alloc_us_p99"] == 0
             assert row["over_none_us"] == 0
