@@ -291,7 +291,9 @@ absl::Status PageReserve::Maintain() {
     return refilled;
   }
   EndRefillBackoff();
-  reserve_.insert(reserve_.end(), pages.begin(), pages.end());
+  // Under the pages the reserve holds: its top, which Take hands out next
+  // and a caller may have mirrored (Peek), stays as it was.
+  reserve_.insert(reserve_.begin(), pages.begin(), pages.end());
   ++stats_.refills;
   stats_.pages_refilled += pages.size();
   Report();
@@ -366,7 +368,9 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
     if (refilled.ok()) {
       absl::MutexLock lock(&mu_);
       EndRefillBackoff();  // the pool has pages again
-      reserve_.insert(reserve_.end(), pages.begin(), pages.end());
+      // Under the reserve's pages, as the thread's refills go: this Take
+      // hands out those first.
+      reserve_.insert(reserve_.begin(), pages.begin(), pages.end());
       ++stats_.refills;
       ++stats_.sync_refills;
       stats_.pages_refilled += pages.size();

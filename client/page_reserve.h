@@ -17,6 +17,11 @@
 // changes nothing. The reserve is only which of the session's pages the
 // library has not handed to its caller.
 //
+// Order. The reserve is a stack: Take hands out its top first, a Put
+// pushes on top, and refills go under the pages it holds (the bottom),
+// each refill's pages in the daemon's order; returns leave from the bottom.
+// So the pages a caller saw on top (Peek) stay there across refills.
+//
 // Marks. The reserve aims at `2 * batch` pages: below `batch` (the low
 // mark) its thread refills up to the aim, above `4 * batch` (the high
 // mark) it returns down to it. `batch` adapts to the session's rate: it
@@ -176,13 +181,13 @@ class PageReserve {
   // next Take writes), k = min(out.size(), the pages in the reserve), and
   // returns k. Takes nothing and changes nothing, the stats included: a
   // peek is not demand, so it neither counts as a Take for the batch nor
-  // wakes the thread. A guess, not a hold: before the next Take the
-  // reserve's thread may refill on top of these pages (the Take then
-  // hands out new ones first) or return the deepest of them to the
-  // daemon, a Put pushes its pages on top, and another thread's Take may
-  // take them. So a caller that keeps them (the SGLang adapter mirrors
-  // their slots on the GPU ahead of a step) checks each Take's pages
-  // against them and falls back to what Take handed out.
+  // wakes the thread. A guess, not a hold: refills go under the pages the
+  // reserve holds, so they leave it alone, but before the next Take the
+  // reserve's thread may return the deepest of them to the daemon (a
+  // reclaim, or past the high mark), a Put pushes its pages on top, and
+  // another thread's Take may take them. So a caller that keeps them (the
+  // SGLang adapter mirrors their slots on the GPU ahead of a step) checks each
+  // Take's pages against them and falls back to what Take handed out.
   int64_t Peek(absl::Span<int64_t> out) const ABSL_LOCKS_EXCLUDED(mu_);
   // Returns the index in `pages` of the first page this reserve has not
   // handed out (never, or put back since; any id outside the pool), or -1

@@ -821,10 +821,10 @@ int32_t pagealloc_reserve_take(pagealloc_reserve* reserve, int64_t n,
  * out, in the order consecutive pagealloc_reserve_take calls write them
  * (pages[0] first), *count = min(max_pages, the pages in the reserve);
  * `pages` may be NULL when max_pages is 0. Takes nothing and changes
- * nothing, the reserve's stats included. A guess, not a hold: before the
- * next take the reserve's thread may refill on top of these pages or
- * return some of them, a put pushes its pages on top, and another thread
- * may take them; a caller that keeps them (to prepare their slots ahead
+ * nothing, the reserve's stats included. A guess, not a hold: refills go
+ * under them, but before the next take the reserve's thread may return
+ * some of them, a put pushes its pages on top, and another thread may
+ * take them; a caller that keeps them (to prepare their slots ahead
  * of a step) checks each take's pages against them. INVALID_ARGUMENT for
  * a NULL reserve or count, or NULL pages with max_pages > 0. */
 int32_t pagealloc_reserve_peek(pagealloc_reserve* reserve, int64_t* pages,

@@ -5,8 +5,8 @@ SGLang's token allocator (page size 1) answers ``alloc(need_size)`` with a
 slice of a free-slot tensor on the GPU and nothing else. A take from the
 session's reserve (client/page_reserve.h) is a library call, and the device
 mirror of the reserve's top (_reserve_mirror.py) must check each take's
-pages against its guess, since the reserve's thread may refill on top of
-them. The head instead holds its pages: they are taken from the reserve in
+pages against its guess, since the reserve's thread may return them or
+another call push pages on top. The head instead holds its pages: they are taken from the reserve in
 one batch, in the reserve's order, so nothing but this allocator moves
 them, and an alloc is a slice of the head's device tensor and of its host
 copy.

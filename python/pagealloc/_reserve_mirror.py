@@ -13,7 +13,7 @@ The pages stay in the reserve until taken, so its thread may still give
 them to a starving session or back to the pool: the mirror is only a
 guess of what the next take returns, checked against the pages the take
 actually returned (on the host, before anything is handed out). A miss
-(the reserve's thread refilled on top, another take came between) answers
+(the reserve's thread returned them, another take came between) answers
 None and the allocator copies the slots as before. Pages put back on top
 go before the mirror (``prepend``), their slots on the device joined to it
 without a host-to-device copy when the caller has them there.

@@ -896,8 +896,9 @@ class PageReserve:
     def peek(self, max_pages):
         """The pages the next takes would hand out, the next first: up to
         `max_pages` of those the reserve holds now, as an int64 NumPy
-        array. Nothing is taken (its thread may refill on top, or return
-        them, before a take); ABI 1.6."""
+        array. Nothing is taken (its thread may return them, or a put push
+        pages on top, before a take; its refills go underneath); ABI
+        1.6."""
         if not _native.HAS_RESERVE_PEEK:
             raise FailedPreconditionError(
                 "%s cannot name a reserve's next pages (ABI 1.6 needed)" %
