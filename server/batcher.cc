@@ -365,11 +365,18 @@ void Batcher::Launch(std::vector<Work>* pending) {
   if (!pool_->scrubs()) {
     // The return_inline calls are answered on the host: the pool writes
     // their slots itself (Expansion::kPool), so they wait for no launch and
-    // no copy back. A session's calls are never split between the two
-    // launches: `pending` holds at most one call of each session (RunBatch).
+    // no copy back. They are admitted before the launch, so a session with
+    // calls of both kinds in the batch keeps them all in the launch, in
+    // order: no session's calls are reordered.
+    launch_sessions_.clear();
+    for (const Work& work : *pending) {
+      if (!work.alloc->return_inline) launch_sessions_.insert(work.session_id);
+    }
     const auto on_host = std::stable_partition(
-        pending->begin(), pending->end(),
-        [](const Work& work) { return !work.alloc->return_inline; });
+        pending->begin(), pending->end(), [this](const Work& work) {
+          return !work.alloc->return_inline ||
+                 launch_sessions_.contains(work.session_id);
+        });
     if (on_host != pending->end()) {
       host_pending_.assign(std::make_move_iterator(on_host),
                            std::make_move_iterator(pending->end()));

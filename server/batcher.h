@@ -50,6 +50,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -352,6 +353,8 @@ class Batcher {
   // expands their slots into (Expansion::kPool).
   std::vector<Work> host_pending_;
   std::vector<int64_t> host_slots_;
+  // The sessions with a call in the batch's launch (Launch).
+  absl::flat_hash_set<uint64_t> launch_sessions_;
   std::thread thread_;
 };
 

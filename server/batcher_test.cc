@@ -569,6 +569,30 @@ TEST_P(BatcherInlineTest, InlineCallsNeedNoLaunchUnlessThePoolScrubs) {
   ASSERT_EQ(again.inline_slots.size(), static_cast<size_t>(kPageSize));
   EXPECT_EQ(again.inline_slots[0], refill.inline_slots[0]);  // LIFO
   EXPECT_EQ(pool_->OwnerOf(again.inline_slots[0] / kPageSize), 1u);
+
+  // A session with a call that launches and a refill in one batch keeps
+  // both in the launch, in order: the refill's page follows the call's
+  // (session 1 again: its own pages need no scrub).
+  Completion first, second;
+  std::vector<int64_t> first_slots(kPageSize, -1);
+  AllocCall first_call = DecodeCall(1, &first);
+  first_call.return_inline = false;
+  first.request.destination = first_slots.data();
+  calls.clear();
+  calls.push_back(std::move(first_call));
+  calls.push_back(DecodeCall(1, &second));
+  ASSERT_OK(batcher_->SubmitAllocs(std::move(calls)));
+  first.done.WaitForNotification();
+  second.done.WaitForNotification();
+  ASSERT_OK(first.status);
+  ASSERT_OK(second.status);
+  EXPECT_EQ(executor.launches.load(), scrub ? 3 : 2);
+  EXPECT_EQ(first.launch_id, second.launch_id);
+  ASSERT_EQ(second.inline_slots.size(), static_cast<size_t>(kPageSize));
+  // The pool's front pages in admission order (LIFO: the freed page first).
+  EXPECT_EQ(first_slots[0], refill.inline_slots[kPageSize]);
+  EXPECT_NE(second.inline_slots[0], first_slots[0]);
+  EXPECT_EQ(pool_->OwnerOf(second.inline_slots[0] / kPageSize), 1u);
   batcher_->Stop();
 }
 
