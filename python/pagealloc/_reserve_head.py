@@ -6,10 +6,10 @@ slice of a free-slot tensor on the GPU and nothing else. A take from the
 session's reserve (client/page_reserve.h) is a library call, and the device
 mirror of the reserve's top (_reserve_mirror.py) must check each take's
 pages against its guess, since the reserve's thread may return them or
-another call push pages on top. The head instead holds its pages: they are taken from the reserve in
-one batch, in the reserve's order, so nothing but this allocator moves
-them, and an alloc is a slice of the head's device tensor and of its host
-copy.
+another call push pages on top. The head instead holds its pages: they
+are taken from the reserve in one batch, in the reserve's order, so
+nothing but this allocator moves them, and an alloc is a slice of the
+head's device tensor.
 
 The allocator records which pages it handed out (its `_taken`) when it
 next reads that record, not per alloc: the pages a run of takes handed out

@@ -690,9 +690,7 @@ class _Base:
         """A caller on another stream than the mirror's write: its stream
         waits for the write, and the slots' memory stays allocated for it
         (the caching allocator's record_stream)."""
-        index = self._device_index
-        raw = (self._raw_stream(index) if self._raw_stream is not None and
-               index is not None else self._current_raw_stream(index))
+        raw = self._current_raw_stream(self._device_index)
         if raw == self._mirror_stream:
             return
         if self._mirror_event is None:
