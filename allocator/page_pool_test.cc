@@ -930,17 +930,31 @@ TEST(FreePolicyTest, ParsesNames) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"fifo\"")));
 }
 
+// A LIFO pool of `num_pages` pages of `page_size` that scrubs pages changing
+// owner (--kv_scrub), with Alice and Bob as owners.
+absl::StatusOr<std::unique_ptr<PagePool>> ScrubbingPool(
+    PlanExecutor* executor, int64_t num_pages, int64_t page_size,
+    bool ring_copy_plans = true) {
+  PoolOptions options{num_pages, page_size, FreePolicy::kLifo};
+  options.scrub = true;
+  options.ring_copy_plans = ring_copy_plans;
+  absl::StatusOr<std::unique_ptr<PagePool>> pool =
+      PagePool::Create(options, executor);
+  if (!pool.ok()) return pool;
+  for (OwnerId owner : {kAlice, kBob}) {
+    const absl::Status added = (*pool)->AddOwner(owner, 0);
+    if (!added.ok()) return added;
+  }
+  return pool;
+}
+
 // --kv_scrub: a page is listed for zeroing exactly when it goes to an owner
 // other than its last one; fresh pages, and pages coming back to their last
 // owner, are not.
 TEST_F(PagePoolTest, ScrubListsPagesChangingOwner) {
   FakeExecutor executor;
-  PoolOptions options{4, 2, FreePolicy::kLifo};
-  options.scrub = true;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
-                       PagePool::Create(options, &executor));
-  ASSERT_OK(pool->AddOwner(kAlice, 0));
-  ASSERT_OK(pool->AddOwner(kBob, 0));
+                       ScrubbingPool(&executor, 4, 2));
   std::vector<int64_t> out(8);
   auto alloc = [&](OwnerId owner, int64_t tokens) {
     AllocRequest request = Alloc(owner, tokens);
@@ -982,12 +996,8 @@ TEST_F(PagePoolTest, ScrubListsPagesChangingOwner) {
 // A failed launch lists nothing as scrubbed and commits no last owner.
 TEST_F(PagePoolTest, ScrubOfAFailedLaunchCommitsNothing) {
   FakeExecutor executor;
-  PoolOptions options{2, 1, FreePolicy::kLifo};
-  options.scrub = true;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
-                       PagePool::Create(options, &executor));
-  ASSERT_OK(pool->AddOwner(kAlice, 0));
-  ASSERT_OK(pool->AddOwner(kBob, 0));
+                       ScrubbingPool(&executor, 2, 1));
   int64_t slot = 0;
   AllocRequest request = Alloc(kAlice, 1);
   request.destination = &slot;
@@ -1012,13 +1022,8 @@ TEST_F(PagePoolTest, ScrubOfARefusedAllOrNothingCallListsNothing) {
   for (bool ring_copies : {true, false}) {
     SCOPED_TRACE(ring_copies ? "ring copies" : "request plans");
     FakeExecutor executor;
-    PoolOptions options{4, 1, FreePolicy::kLifo};
-    options.scrub = true;
-    options.ring_copy_plans = ring_copies;
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
-                         PagePool::Create(options, &executor));
-    ASSERT_OK(pool->AddOwner(kAlice, 0));
-    ASSERT_OK(pool->AddOwner(kBob, 0));
+                         ScrubbingPool(&executor, 4, 1, ring_copies));
     std::vector<int64_t> out(6, -7);
     AllocRequest first = Alloc(kAlice, 2);
     first.destination = out.data();
@@ -1174,12 +1179,8 @@ INSTANTIATE_TEST_SUITE_P(PageSizes, PoolExpansionTest,
 // changing owner is refused whole, and nothing changes.
 TEST(PoolExpansionScrubTest, ABatchWithPagesToScrubIsRefused) {
   FakeExecutor executor;
-  PoolOptions options{4, 2, FreePolicy::kLifo};
-  options.scrub = true;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PagePool> pool,
-                       PagePool::Create(options, &executor));
-  ASSERT_OK(pool->AddOwner(kAlice, 0));
-  ASSERT_OK(pool->AddOwner(kBob, 0));
+                       ScrubbingPool(&executor, 4, 2));
   EXPECT_TRUE(pool->scrubs());
   std::vector<int64_t> out(8, -1);
   auto alloc = [&](OwnerId owner, int64_t tokens) {
