@@ -7,6 +7,7 @@
 
 #include "client/page_reserve.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -223,6 +224,47 @@ TEST_F(PageReserveTest, PeekNamesWhatTheNextTakesHandOutAndTakesNothing) {
   ASSERT_OK(reserve->Take(5, out));
   EXPECT_EQ(std::vector<int64_t>(out, out + 5), next);
   EXPECT_EQ(reserve->Peek(absl::MakeSpan(next)), 0);
+}
+
+// Refills go under the pages the reserve holds: the top a caller peeked
+// (and may have mirrored) is what the next Takes hand out, across the
+// thread's refill; a short Take hands out the reserve's pages before its
+// own refill's.
+TEST_F(PageReserveTest, RefillsGoUnderThePagesTheReserveHolds) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), Manual(4, 64)));
+  ASSERT_OK(reserve->Maintain());  // refills to 2 * 4
+  std::vector<int64_t> taken;
+  ASSERT_OK(reserve->Take(5, &taken));  // 3 left: below the low mark
+  std::vector<int64_t> top(3, -1);
+  ASSERT_EQ(reserve->Peek(absl::MakeSpan(top)), 3);
+
+  ASSERT_OK(reserve->Maintain());  // the thread's refill, back to 8
+  const std::vector<int64_t> after_refill = reserve->pages();
+  ASSERT_EQ(after_refill.size(), 8u);
+  EXPECT_EQ(
+      std::vector<int64_t>(after_refill.begin(), after_refill.begin() + 3),
+      top);
+  std::vector<int64_t> next;
+  ASSERT_OK(reserve->Take(3, &next));
+  EXPECT_EQ(next, top);
+
+  // 5 pages held; a Take of 9 refills 4 on this thread, under them.
+  const std::vector<int64_t> held = reserve->pages();
+  ASSERT_EQ(held.size(), 5u);
+  const int64_t sync_refills = reserve->stats().sync_refills;
+  std::vector<int64_t> short_take;
+  ASSERT_OK(reserve->Take(9, &short_take));
+  EXPECT_EQ(reserve->stats().sync_refills, sync_refills + 1);
+  ASSERT_EQ(short_take.size(), 9u);
+  EXPECT_EQ(std::vector<int64_t>(short_take.begin(), short_take.begin() + 5),
+            held);
+  for (size_t i = 5; i < short_take.size(); ++i) {
+    EXPECT_EQ(std::count(held.begin(), held.end(), short_take[i]), 0);
+    EXPECT_EQ(server_->pool().OwnerOf(short_take[i]), client->session_id());
+  }
 }
 
 TEST_F(PageReserveTest, ReturnsAboveTheHighMark) {
