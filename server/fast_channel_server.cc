@@ -341,6 +341,9 @@ void FastChannelServer::Stop(SessionsAtStop sessions) {
         channel->ended = true;
         channel->codec.EndSession(kShuttingDown);
       }
+      // Why each session ended stays readable after the daemon exits: a
+      // client that had not looked yet learns it from its header.
+      if (sessions != SessionsAtStop::kKeep) retired_headers_->LeaveToClients();
     }
   }
   stop_.store(true);

@@ -8,6 +8,7 @@ namespace pagealloc {
 
 RetiredChannelHeaders::~RetiredChannelHeaders() {
   absl::MutexLock lock(&mu_);
+  if (leaving_) return;
   for (Kept& kept : kept_) kept.region->Discard(0);
 }
 
@@ -15,6 +16,14 @@ void RetiredChannelHeaders::Retire(std::unique_ptr<SharedRegion> region,
                                    size_t header_bytes, absl::Time now) {
   if (region == nullptr) return;
   region->Discard(header_bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    if (leaving_) {
+      // The daemon is going: the header stays with the client's mapping.
+      kept_.push_back(Kept{std::move(region), MemoryBudget::Charge(), now});
+      return;
+    }
+  }
   Kept kept{std::move(region), MemoryBudget::Charge(), now};
   if (options_.budget != nullptr) {
     absl::StatusOr<MemoryBudget::Charge> page = options_.budget->Take(
@@ -40,7 +49,13 @@ void RetiredChannelHeaders::SetFirstKept(std::function<void()> first_kept) {
   first_kept_ = std::move(first_kept);
 }
 
+void RetiredChannelHeaders::LeaveToClients() {
+  absl::MutexLock lock(&mu_);
+  leaving_ = true;
+}
+
 void RetiredChannelHeaders::Prune(absl::Time now) {
+  if (leaving_) return;
   while (!kept_.empty() &&
          (static_cast<int64_t>(kept_.size()) > options_.max_headers ||
           now - kept_.front().retired_at >= options_.keep_for)) {

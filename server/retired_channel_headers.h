@@ -44,7 +44,7 @@ class RetiredChannelHeaders {
   };
 
   explicit RetiredChannelHeaders(const Options& options) : options_(options) {}
-  // Frees every header still kept.
+  // Frees every header still kept (unless LeaveToClients was called).
   ~RetiredChannelHeaders();
 
   RetiredChannelHeaders(const RetiredChannelHeaders&) = delete;
@@ -68,6 +68,13 @@ class RetiredChannelHeaders {
   // FreeExpired learns of the new next_expiry(). Null: nothing is called.
   void SetFirstKept(std::function<void()> first_kept) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The daemon goes away with every session (FastChannelServer::Stop):
+  // from now on no header is freed, neither those kept nor those retired
+  // later (kept uncharged, past the bounds), nor at destruction, so that a
+  // client that reads its channel after the daemon exited still finds why
+  // its session ended. Their pages go with the clients' mappings.
+  void LeaveToClients() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Headers kept now.
   int64_t size() const ABSL_LOCKS_EXCLUDED(mu_);
   // Headers freed, by the bounds or for want of budget.
@@ -86,6 +93,8 @@ class RetiredChannelHeaders {
   std::deque<Kept> kept_ ABSL_GUARDED_BY(mu_);
   int64_t freed_total_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> first_kept_ ABSL_GUARDED_BY(mu_);
+  // LeaveToClients was called.
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace pagealloc

@@ -133,5 +133,28 @@ TEST(RetiredChannelHeadersTest, FreesWhatItKeepsWhenDestroyed) {
   EXPECT_EQ(ClientByte(channel, 0), 0);
 }
 
+// Once the daemon goes with every session, no header is freed: neither
+// those kept, nor one retired later (past the bounds), nor at destruction;
+// the rest of each channel still is.
+TEST(RetiredChannelHeadersTest, LeavesItsHeadersToTheClientsOnceTheDaemonGoes) {
+  Channel kept = NewChannel('a');
+  Channel later = NewChannel('b');
+  {
+    RetiredChannelHeaders::Options options;
+    options.max_headers = 1;
+    options.keep_for = absl::ZeroDuration();
+    RetiredChannelHeaders retired(options);
+    retired.LeaveToClients();
+    retired.Retire(std::move(kept.daemon), 64, absl::Now());
+    retired.Retire(std::move(later.daemon), 64, absl::Now());
+    retired.FreeExpired(absl::Now() + absl::Hours(1));
+    EXPECT_EQ(retired.size(), 2);
+    EXPECT_EQ(retired.freed_total(), 0);
+  }
+  EXPECT_EQ(ClientByte(kept, 0), 'a');
+  EXPECT_EQ(ClientByte(later, kPage - 1), 'b');
+  EXPECT_EQ(ClientByte(later, kPage), 0);
+}
+
 }  // namespace
 }  // namespace pagealloc
