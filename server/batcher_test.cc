@@ -527,9 +527,9 @@ TEST_P(BatcherInlineTest, InlineCallsNeedNoLaunchUnlessThePoolScrubs) {
   ASSERT_OK_AND_ASSIGN(batcher_,
                        Batcher::Create(options, pool_.get(), backend_.get()));
 
-  // Session 1's refill of two pages, and session 2's call of one page into
-  // memory of its own (the CPU executor's address space is the host's), in
-  // one batch.
+  // One batch: a refill of two pages for session 1, and a call of one page
+  // for session 2 into memory the caller owns (the CPU executor writes host
+  // memory).
   Completion refill, ring;
   AllocCall refill_call = DecodeCall(1, &refill);
   refill.request.seq_len = 2 * kPageSize;
@@ -546,9 +546,9 @@ TEST_P(BatcherInlineTest, InlineCallsNeedNoLaunchUnlessThePoolScrubs) {
   ring.done.WaitForNotification();
   ASSERT_OK(refill.status);
   ASSERT_OK(ring.status);
-  // Session 2's call's launch (which the refill shares under scrub).
+  // One launch: the call into memory (under scrub the refill joins it).
   EXPECT_EQ(executor.launches.load(), 1);
-  // Whole pages of session 1's, in order, on the host.
+  // The refill holds whole pages that session 1 owns, in order.
   ASSERT_EQ(refill.inline_slots.size(), 2u * kPageSize);
   for (int64_t k = 0; k < 2 * kPageSize; ++k) {
     const int64_t slot = refill.inline_slots[k];
@@ -559,7 +559,7 @@ TEST_P(BatcherInlineTest, InlineCallsNeedNoLaunchUnlessThePoolScrubs) {
   EXPECT_EQ(pool_->OwnerOf(ring_slots[0] / kPageSize), 2u);
 
   // A batch of refills alone launches nothing; under scrub it launches
-  // (here with nothing to zero: session 1 takes its own pages back).
+  // (nothing to zero: the pages go back to session 1, their last owner).
   ASSERT_OK(pool_->FreeSlots(1, refill.inline_slots).status());
   Completion again;
   ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &again)));
