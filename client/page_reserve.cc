@@ -327,19 +327,7 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
       absl::MutexLock lock(&mu_);
       const int64_t size = reserve_.size();
       if (size >= n) {
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t page = reserve_[size - 1 - i];
-          out[i] = page;
-          handed_[page] = 1;
-          // The session's own work on it is ordered by its own streams.
-          release_tags_[page] = 0;
-        }
-        reserve_.resize(size - n);
-        handed_out_ += n;
-        ++stats_.takes;
-        ++takes_since_tick_;
-        low = static_cast<int64_t>(reserve_.size()) < batch_;
-        Report();
+        low = HandOut(n, out);
       } else {
         if (!grew) {
           // The rate outgrew the batch: double it (the thread refills to
@@ -483,6 +471,36 @@ bool PageReserve::AwaitRefillInFlight(int64_t refills_seen) {
   mu_.AwaitWithTimeout(absl::Condition(this, &PageReserve::RefillLanded),
                        kRefillLandingWait);
   return true;
+}
+
+int64_t PageReserve::TakeHeld(absl::Span<int64_t> out) {
+  int64_t n = 0;
+  bool low = false;
+  {
+    absl::MutexLock lock(&mu_);
+    n = std::min<int64_t>(out.size(), reserve_.size());
+    if (n == 0) return 0;
+    low = HandOut(n, out.data());
+  }
+  if (low) Ring();
+  return n;
+}
+
+bool PageReserve::HandOut(int64_t n, int64_t* out) {
+  const int64_t size = reserve_.size();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t page = reserve_[size - 1 - i];
+    out[i] = page;
+    handed_[page] = 1;
+    // The session's own work on it is ordered by its own streams.
+    release_tags_[page] = 0;
+  }
+  reserve_.resize(size - n);
+  handed_out_ += n;
+  ++stats_.takes;
+  ++takes_since_tick_;
+  Report();
+  return static_cast<int64_t>(reserve_.size()) < batch_;
 }
 
 int64_t PageReserve::Peek(absl::Span<int64_t> out) const {

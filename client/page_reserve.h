@@ -144,6 +144,16 @@ class PageReserve {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same into `out[0..n)` (left as it was on failure).
   absl::Status Take(int64_t n, int64_t* out) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes k = min(out.size(), the pages in the reserve now) pages, as Take
+  // hands them out, into `out[0..k)` and returns k: never a round trip,
+  // so never short. For a caller that wants what the reserve can spare
+  // (the SGLang adapter's head fills up ahead of its next calls) or all of
+  // it (SGLang's merge, which puts the whole list back): read from stats()
+  // and then taken with Take, such a count races the thread, whose return
+  // past the high mark can leave Take short by the pages it returned, and
+  // a short Take refills on the caller's thread. Counts as a Take when k
+  // > 0 (the stats and the batch's rate).
+  int64_t TakeHeld(absl::Span<int64_t> out) ABSL_LOCKS_EXCLUDED(mu_);
   // Puts pages the caller took back into the reserve; they stay the
   // session's. INVALID_ARGUMENT naming the page, and nothing changes, when
   // one is not handed out by this reserve (or is named twice).
@@ -210,6 +220,9 @@ class PageReserve {
   // Put, tagging the pages with `release_value` (0: none).
   absl::Status PutTagged(absl::Span<const int64_t> pages,
                          uint64_t release_value) ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands out the reserve's top `n` pages (n <= its size) into out[0..n),
+  // as a Take does; returns whether the reserve fell below the low mark.
+  bool HandOut(int64_t n, int64_t* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes up to `n` pages off the back of the reserve for a return.
   std::vector<int64_t> PopForReturn(int64_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -267,6 +267,51 @@ TEST_F(PageReserveTest, RefillsGoUnderThePagesTheReserveHolds) {
   }
 }
 
+// TakeHeld takes what the reserve holds, up to the room given, as Take
+// hands it out: never a refill, so an empty reserve gives nothing though
+// the pool has pages.
+TEST_F(PageReserveTest, TakeHeldTakesWhatTheReserveHoldsWithoutARefill) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), Manual(4, 16)));
+  ASSERT_OK(reserve->Maintain());  // refills to 2 * 4
+  const std::vector<int64_t> held = reserve->pages();
+  ASSERT_EQ(held.size(), 8u);
+  const PageReserveStats before = reserve->stats();
+
+  std::vector<int64_t> first(3, -1);
+  ASSERT_EQ(reserve->TakeHeld(absl::MakeSpan(first)), 3);
+  EXPECT_EQ(first, std::vector<int64_t>(held.begin(), held.begin() + 3));
+  // Room for more than it holds: the rest, the room beyond left alone.
+  std::vector<int64_t> rest(12, -1);
+  ASSERT_EQ(reserve->TakeHeld(absl::MakeSpan(rest)), 5);
+  EXPECT_EQ(std::vector<int64_t>(rest.begin(), rest.begin() + 5),
+            std::vector<int64_t>(held.begin() + 3, held.end()));
+  EXPECT_EQ(std::vector<int64_t>(rest.begin() + 5, rest.end()),
+            std::vector<int64_t>(7, -1));
+  // Empty now: nothing, and no round trip for more.
+  std::vector<int64_t> none(4, -1);
+  EXPECT_EQ(reserve->TakeHeld(absl::MakeSpan(none)), 0);
+  EXPECT_EQ(none, std::vector<int64_t>(4, -1));
+  EXPECT_EQ(reserve->TakeHeld(absl::Span<int64_t>()), 0);
+
+  const PageReserveStats after = reserve->stats();
+  EXPECT_EQ(after.pages, 0);
+  EXPECT_EQ(after.handed_out, 8);
+  EXPECT_EQ(after.takes, before.takes + 2);
+  EXPECT_EQ(after.refills, before.refills);
+  EXPECT_EQ(after.sync_refills, before.sync_refills);
+  EXPECT_EQ(OwnedBy(client->session_id()), 8);
+  // Handed out as a Take's pages are: a Put takes them back, once.
+  ASSERT_OK(reserve->Put(first));
+  EXPECT_THAT(reserve->Put({first[0]}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("not handed out")));
+  ASSERT_OK(reserve->Put(absl::MakeConstSpan(rest.data(), 5)));
+  EXPECT_EQ(reserve->stats().handed_out, 0);
+}
+
 TEST_F(PageReserveTest, ReturnsAboveTheHighMark) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
