@@ -1228,6 +1228,20 @@ int32_t pagealloc_reserve_peek(pagealloc_reserve* reserve, int64_t* pages,
   });
 }
 
+int32_t pagealloc_reserve_take_held(pagealloc_reserve* reserve, int64_t* pages,
+                                    size_t max_pages, int64_t* count,
+                                    pagealloc_error* error) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    if (count == nullptr) return absl::InvalidArgumentError("count is NULL");
+    RETURN_IF_ERROR(pagealloc::CheckArray(pages, max_pages, "pages"));
+    *count = reserve->reserve->TakeHeld(absl::MakeSpan(pages, max_pages));
+    return absl::OkStatus();
+  });
+}
+
 int32_t pagealloc_reserve_put(pagealloc_reserve* reserve, const int64_t* pages,
                               size_t n, pagealloc_error* error) {
   return PutPages(reserve, pages, n, /*on_stream=*/false, nullptr, error);

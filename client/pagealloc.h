@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 9
+#define PAGEALLOC_ABI_VERSION_MINOR 10
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -830,6 +830,19 @@ int32_t pagealloc_reserve_take(pagealloc_reserve* reserve, int64_t n,
 int32_t pagealloc_reserve_peek(pagealloc_reserve* reserve, int64_t* pages,
                                size_t max_pages, int64_t* count,
                                pagealloc_error* error);
+
+/* ABI 1.10. Takes k = min(max_pages, the pages in the reserve now) pages,
+ * as pagealloc_reserve_take hands them out, into `pages[0..k)`; *count =
+ * k. Never a round trip to the daemon, so an empty reserve gives none.
+ * For a caller that wants what the reserve can spare, or all it holds: a
+ * count read from pagealloc_reserve_get_stats and then taken races the
+ * reserve's thread, whose return of pages past the high mark can leave
+ * the take short, and a short take refills on the caller's thread.
+ * `pages` may be NULL when max_pages is 0. INVALID_ARGUMENT for a NULL
+ * reserve or count, or NULL pages with max_pages > 0. */
+int32_t pagealloc_reserve_take_held(pagealloc_reserve* reserve, int64_t* pages,
+                                    size_t max_pages, int64_t* count,
+                                    pagealloc_error* error);
 
 /* Puts `n` pages taken from this reserve back into it (they stay the
  * session's). INVALID_ARGUMENT naming the page, and nothing changes, when

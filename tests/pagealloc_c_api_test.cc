@@ -501,6 +501,94 @@ TEST_F(PageallocCApiTest, AReservePeekNamesWhatTheNextTakeHandsOut) {
   pagealloc_reserve_destroy(reserve);
 }
 
+// ABI 1.10: a take of what the reserve holds, up to the room given, with
+// no round trip (tests/page_reserve_test.cc has the empty reserve's).
+TEST_F(PageallocCApiTest, AReserveTakeHeldTakesOnlyWhatItHolds) {
+  pagealloc_reserve_options options;
+  pagealloc_reserve_options_init(&options, sizeof(options));
+  // Low mark 4, aim and high mark 8, as in the peek's test: while it holds
+  // 4 to 8 pages the thread leaves the reserve alone.
+  options.initial_batch = 4;
+  options.max_pages = 8;
+  pagealloc_reserve* reserve = nullptr;
+  ASSERT_EQ(pagealloc_reserve_create(client_, &options, &reserve, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  pagealloc_reserve_stats stats;
+  stats.struct_size = sizeof(stats);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {
+    ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &stats, &error_),
+              PAGEALLOC_OK)
+        << error_.message;
+    if (stats.pages == 8) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(stats.pages, 8);
+
+  int64_t count = -1;
+  std::vector<int64_t> peeked(8, -1);
+  ASSERT_EQ(pagealloc_reserve_peek(reserve, peeked.data(), peeked.size(),
+                                   &count, &error_),
+            PAGEALLOC_OK);
+  ASSERT_EQ(count, 8);
+  std::vector<int64_t> first(3, -1);
+  ASSERT_EQ(pagealloc_reserve_take_held(reserve, first.data(), first.size(),
+                                        &count, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  ASSERT_EQ(count, 3);
+  EXPECT_EQ(first, std::vector<int64_t>(peeked.begin(), peeked.begin() + 3));
+  // More room than the reserve holds: its 5 pages, the room beyond left
+  // alone, and no round trip for the rest.
+  std::vector<int64_t> rest(16, -1);
+  ASSERT_EQ(pagealloc_reserve_take_held(reserve, rest.data(), rest.size(),
+                                        &count, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  ASSERT_EQ(count, 5);
+  EXPECT_EQ(std::vector<int64_t>(rest.begin(), rest.begin() + 5),
+            std::vector<int64_t>(peeked.begin() + 3, peeked.end()));
+  EXPECT_EQ(rest[5], -1);
+  pagealloc_reserve_stats after;
+  after.struct_size = sizeof(after);
+  ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &after, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(after.handed_out, 8);
+  EXPECT_EQ(after.takes, stats.takes + 2);
+  EXPECT_EQ(after.sync_refills, 0);
+  // No room: none, and `pages` may be NULL.
+  ASSERT_EQ(pagealloc_reserve_take_held(reserve, nullptr, 0, &count, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(count, 0);
+  // Handed out as a take's pages are: a put takes them back.
+  ASSERT_EQ(pagealloc_reserve_put(reserve, first.data(), first.size(), &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  ASSERT_EQ(pagealloc_reserve_put(reserve, rest.data(), 5, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+
+  // Argument errors.
+  EXPECT_EQ(pagealloc_reserve_take_held(nullptr, rest.data(), rest.size(),
+                                        &count, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "reserve is NULL"), nullptr);
+  EXPECT_EQ(pagealloc_reserve_take_held(reserve, rest.data(), rest.size(),
+                                        nullptr, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "count is NULL"), nullptr);
+  count = -1;
+  EXPECT_EQ(pagealloc_reserve_take_held(reserve, nullptr, 2, &count, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "pages is NULL with 2 entries"),
+            nullptr);
+  EXPECT_EQ(count, -1);  // untouched
+  pagealloc_reserve_destroy(reserve);
+  EXPECT_EQ(Stats().used_pages, 0);
+}
+
 TEST_F(PageallocCApiTest, AReserveExpandsSlotsInProcess) {
   pagealloc_allocation* probe = Alloc({4});
   const bool on_device = pagealloc_allocation_get_view(probe)->on_device;
