@@ -893,6 +893,25 @@ class PageReserve:
                                            ctypes.byref(error)), error)
         return pages
 
+    def take_held(self, max_pages):
+        """Up to `max_pages` of the pages the reserve holds now, taken as
+        take() hands them out (an int64 NumPy array, maybe empty): never a
+        round trip to the daemon. For what the reserve can spare, or all
+        of it: a count read from stats() and then take()n races the
+        reserve's thread, whose return past the high mark can leave the
+        take short, and a short take refills on this thread. ABI 1.10;
+        with an older library, a take of what stats() counts."""
+        max_pages = _whole(max_pages, "max_pages")
+        if not _native.HAS_RESERVE_TAKE_HELD:
+            return self.take(min(max_pages, self.stats()["pages"]))
+        pages = np.empty(max_pages, dtype=np.int64)
+        count = ctypes.c_int64(0)
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_take_held(
+            self._live(), _address(pages), max_pages, ctypes.byref(count),
+            ctypes.byref(error)), error)
+        return pages[:count.value]
+
     def peek(self, max_pages):
         """The pages the next takes would hand out, the next first: up to
         `max_pages` of those the reserve holds now, as an int64 NumPy

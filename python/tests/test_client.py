@@ -53,10 +53,11 @@ def test_package_reports_versions_and_library():
     # The readable form the docs use ("1.8"), from the same number.
     assert pagealloc.ABI_VERSION_TEXT == "%d.%d" % (
         pagealloc.ABI_VERSION >> 16, pagealloc.ABI_VERSION & 0xFFFF)
-    assert pagealloc.ABI_VERSION_TEXT == "1.9"
+    assert pagealloc.ABI_VERSION_TEXT == "1.10"
     assert os.path.exists(pagealloc.LIBRARY_PATH)
-    # 1.6's peek, 1.7's resume and 1.8's free in one call are declared
-    # (ctypes then checks their arguments).
+    # 1.6's peek, 1.7's resume, 1.8's free in one call and 1.10's take of
+    # what a reserve holds are declared (ctypes then checks their
+    # arguments).
     assert _native.HAS_RESERVE_PEEK
     assert _native.lib.pagealloc_reserve_peek.argtypes is not None
     assert _native.HAS_RESUME
@@ -66,6 +67,8 @@ def test_package_reports_versions_and_library():
     assert _native.lib.pagealloc_reserve_disown.argtypes is not None
     assert _native.HAS_CALL_IDS
     assert _native.lib.pagealloc_calls_sent_again.argtypes is not None
+    assert _native.HAS_RESERVE_TAKE_HELD
+    assert _native.lib.pagealloc_reserve_take_held.argtypes is not None
 
 
 def test_status_codes_are_grpc_numbers():
@@ -938,6 +941,34 @@ def test_reserve_hands_out_the_sessions_pages(daemon):
             reserve.take(1)
         # Closing returned the reserve; the page taken stays the session's.
         assert client.stats().used_pages == 1
+
+
+def test_reserve_take_held_takes_only_what_it_holds(daemon):
+    with daemon.connect(name="held") as client:
+        # Low mark 4, aim and high mark 8: holding 4 to 8 pages, the
+        # reserve is the thread's to leave alone.
+        with client.reserve(initial_batch=4, max_pages=8) as reserve:
+            wait_until(lambda: reserve.stats()["pages"] == 8,
+                       what="the reserve's first refill")
+            top = reserve.peek(8)
+            first = reserve.take_held(3)
+            assert first.dtype == np.int64
+            assert first.tolist() == top[:3].tolist()
+            rest = reserve.take_held(100)  # more than it holds: its 5
+            assert rest.tolist() == top[3:].tolist()
+            assert reserve.take_held(0).size == 0
+            stats = reserve.stats()
+            assert stats["handed_out"] == 8 and stats["sync_refills"] == 0
+            reserve.put(np.concatenate((first, rest)))
+            with pytest.raises(pagealloc.InvalidArgumentError,
+                               match="not handed out"):
+                reserve.put(first[:1])
+            with pytest.raises(pagealloc.InvalidArgumentError,
+                               match="max_pages"):
+                reserve.take_held(-1)
+        with pytest.raises(pagealloc.FailedPreconditionError, match="closed"):
+            reserve.take_held(1)
+        assert client.stats().used_pages == 0
 
 
 def test_reserve_frees_whole_pages_of_slots_in_one_call(daemon):
