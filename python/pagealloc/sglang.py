@@ -605,12 +605,13 @@ class _Base:
         head = (self._head.drain() if self._head is not None else
                 np.zeros(0, dtype=np.int64))
         try:
-            listed = reserve.take(min(reserve.stats()["pages"],
-                                      self.num_pages))
+            # What it holds, with no round trip (the reserve's thread may
+            # return pages meanwhile).
+            listed = reserve.take_held(self.num_pages)
         except ResourceExhaustedError:
-            # The reserve's thread returned pages between the two calls
-            # and the pool could not make up for them: the held pages go
-            # on top of what the reserve holds.
+            # A library older than take_held: the thread returned pages
+            # between its count and its take, and the pool could not make
+            # up for them. The held pages go on top of what it holds.
             listed = np.zeros(0, dtype=np.int64)
         merged = np.concatenate((head, listed, held))
         if self.need_sort:
@@ -1521,10 +1522,12 @@ class TokenToKVPoolAllocator(_Base):
             spare //= 2
         ahead = min(head.max_pages - len(head) - short, spare)
         if ahead > 0:
+            # Of what it holds, never a round trip: the reserve's thread
+            # may have returned some since the count.
             try:
-                pages = np.concatenate((pages, reserve.take(ahead)))
+                pages = np.concatenate((pages, reserve.take_held(ahead)))
             except ResourceExhaustedError:
-                pass  # the reserve's thread returned them meanwhile
+                pass  # (a library older than take_held)
         head.extend(pages)
         slots = head.take(need_size)
         if self._mirror_stream is not None:
