@@ -397,6 +397,23 @@ int32_t GuardedValue(pagealloc_client* client, T* out, pagealloc_error* error,
   });
 }
 
+// The reserve's calls that write up to `max_pages` page ids and say how
+// many (a peek, a take of what it holds): `fill` is the PageReserve call.
+template <typename Fill>
+int32_t GuardedReserveFill(pagealloc_reserve* reserve, int64_t* pages,
+                           size_t max_pages, int64_t* count,
+                           pagealloc_error* error, Fill fill) {
+  return Guarded(error, [&]() -> absl::Status {
+    if (reserve == nullptr) {
+      return absl::InvalidArgumentError("reserve is NULL");
+    }
+    if (count == nullptr) return absl::InvalidArgumentError("count is NULL");
+    RETURN_IF_ERROR(CheckArray(pages, max_pages, "pages"));
+    *count = fill(*reserve->reserve, absl::MakeSpan(pages, max_pages));
+    return absl::OkStatus();
+  });
+}
+
 // How a free of the C ABI is fenced (the release fence).
 struct FreeFence {
   bool on_stream = false;  // queue a release on `stream` first
@@ -1217,29 +1234,21 @@ int32_t pagealloc_reserve_take(pagealloc_reserve* reserve, int64_t n,
 int32_t pagealloc_reserve_peek(pagealloc_reserve* reserve, int64_t* pages,
                                size_t max_pages, int64_t* count,
                                pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    if (reserve == nullptr) {
-      return absl::InvalidArgumentError("reserve is NULL");
-    }
-    if (count == nullptr) return absl::InvalidArgumentError("count is NULL");
-    RETURN_IF_ERROR(pagealloc::CheckArray(pages, max_pages, "pages"));
-    *count = reserve->reserve->Peek(absl::MakeSpan(pages, max_pages));
-    return absl::OkStatus();
-  });
+  return pagealloc::GuardedReserveFill(
+      reserve, pages, max_pages, count, error,
+      [](const pagealloc::PageReserve& r, absl::Span<int64_t> out) {
+        return r.Peek(out);
+      });
 }
 
 int32_t pagealloc_reserve_take_held(pagealloc_reserve* reserve, int64_t* pages,
                                     size_t max_pages, int64_t* count,
                                     pagealloc_error* error) {
-  return Guarded(error, [&]() -> absl::Status {
-    if (reserve == nullptr) {
-      return absl::InvalidArgumentError("reserve is NULL");
-    }
-    if (count == nullptr) return absl::InvalidArgumentError("count is NULL");
-    RETURN_IF_ERROR(pagealloc::CheckArray(pages, max_pages, "pages"));
-    *count = reserve->reserve->TakeHeld(absl::MakeSpan(pages, max_pages));
-    return absl::OkStatus();
-  });
+  return pagealloc::GuardedReserveFill(
+      reserve, pages, max_pages, count, error,
+      [](pagealloc::PageReserve& r, absl::Span<int64_t> out) {
+        return r.TakeHeld(out);
+      });
 }
 
 int32_t pagealloc_reserve_put(pagealloc_reserve* reserve, const int64_t* pages,

@@ -107,6 +107,32 @@ class PageallocCApiTest : public ::testing::Test {
     return pagealloc_connect(&options, client, &error_);
   }
 
+  // Starts a reserve of low mark 4, aim and high mark 8 and waits for its
+  // thread's first refill: while it holds 4 to 8 pages the thread leaves
+  // it alone, so nothing lands on top between two calls of a test.
+  // `stats`: the reserve's once it holds the 8 pages.
+  void StartReserveOfEight(pagealloc_reserve** reserve,
+                           pagealloc_reserve_stats* stats) {
+    pagealloc_reserve_options options;
+    pagealloc_reserve_options_init(&options, sizeof(options));
+    options.initial_batch = 4;
+    options.max_pages = 8;
+    ASSERT_EQ(pagealloc_reserve_create(client_, &options, reserve, &error_),
+              PAGEALLOC_OK)
+        << error_.message;
+    stats->struct_size = sizeof(*stats);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    do {
+      ASSERT_EQ(pagealloc_reserve_get_stats(*reserve, stats, &error_),
+                PAGEALLOC_OK)
+          << error_.message;
+      if (stats->pages == 8) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } while (std::chrono::steady_clock::now() < deadline);
+    ASSERT_EQ(stats->pages, 8);
+  }
+
   // Allocates whole pages for `tokens` and returns the handle.
   pagealloc_allocation* Alloc(std::vector<int64_t> tokens,
                               const pagealloc_call_options* options = nullptr,
@@ -415,29 +441,9 @@ TEST_F(PageallocCApiTest, AReserveHandsOutTheSessionsPages) {
 // ABI 1.6: a peek names the pages the next take hands out, in its order,
 // and takes nothing.
 TEST_F(PageallocCApiTest, AReservePeekNamesWhatTheNextTakeHandsOut) {
-  pagealloc_reserve_options options;
-  pagealloc_reserve_options_init(&options, sizeof(options));
-  // Low mark 4, aim and high mark 8: once the thread's first refill has
-  // brought 8 pages it leaves the reserve alone while it holds 4 to 8, so
-  // nothing lands on top between the peek and the take below.
-  options.initial_batch = 4;
-  options.max_pages = 8;
   pagealloc_reserve* reserve = nullptr;
-  ASSERT_EQ(pagealloc_reserve_create(client_, &options, &reserve, &error_),
-            PAGEALLOC_OK)
-      << error_.message;
   pagealloc_reserve_stats stats;
-  stats.struct_size = sizeof(stats);
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  do {
-    ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &stats, &error_),
-              PAGEALLOC_OK)
-        << error_.message;
-    if (stats.pages == 8) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  } while (std::chrono::steady_clock::now() < deadline);
-  ASSERT_EQ(stats.pages, 8);
+  ASSERT_NO_FATAL_FAILURE(StartReserveOfEight(&reserve, &stats));
 
   int64_t count = -1;
   std::vector<int64_t> peeked(3, -1);
@@ -504,28 +510,9 @@ TEST_F(PageallocCApiTest, AReservePeekNamesWhatTheNextTakeHandsOut) {
 // ABI 1.10: a take of what the reserve holds, up to the room given, with
 // no round trip (tests/page_reserve_test.cc has the empty reserve's).
 TEST_F(PageallocCApiTest, AReserveTakeHeldTakesOnlyWhatItHolds) {
-  pagealloc_reserve_options options;
-  pagealloc_reserve_options_init(&options, sizeof(options));
-  // Low mark 4, aim and high mark 8, as in the peek's test: while it holds
-  // 4 to 8 pages the thread leaves the reserve alone.
-  options.initial_batch = 4;
-  options.max_pages = 8;
   pagealloc_reserve* reserve = nullptr;
-  ASSERT_EQ(pagealloc_reserve_create(client_, &options, &reserve, &error_),
-            PAGEALLOC_OK)
-      << error_.message;
   pagealloc_reserve_stats stats;
-  stats.struct_size = sizeof(stats);
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  do {
-    ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &stats, &error_),
-              PAGEALLOC_OK)
-        << error_.message;
-    if (stats.pages == 8) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  } while (std::chrono::steady_clock::now() < deadline);
-  ASSERT_EQ(stats.pages, 8);
+  ASSERT_NO_FATAL_FAILURE(StartReserveOfEight(&reserve, &stats));
 
   int64_t count = -1;
   std::vector<int64_t> peeked(8, -1);
