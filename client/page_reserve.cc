@@ -42,7 +42,7 @@ PageReserve::PageReserve(Client* client, const PageReserveOptions& options,
       options_(options),
       max_pages_(max_pages),
       page_size_(client->pool().page_size()),
-      batch_(std::min(options.initial_batch, max_pages)) {
+      batch_(std::min(options.initial_batch, MaxBatch(max_pages))) {
   handed_.assign(client->pool().num_pages() + 1, 0);
   release_tags_.assign(client->pool().num_pages() + 1, 0);
   {
@@ -232,8 +232,8 @@ absl::Status PageReserve::Maintain() {
     if (takes_since_tick_ == 0) {
       if (++idle_ticks_ >= options_.idle_ticks) {
         idle_ticks_ = 0;
-        batch_ =
-            std::max(std::min(options_.initial_batch, max_pages_), batch_ / 2);
+        batch_ = std::max(
+            std::min(options_.initial_batch, MaxBatch(max_pages_)), batch_ / 2);
       }
     } else {
       idle_ticks_ = 0;
@@ -332,7 +332,7 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
         if (!grew) {
           // The rate outgrew the batch: double it (the thread refills to
           // twice the new batch).
-          batch_ = std::min(std::max(2 * batch_, n), max_pages_);
+          batch_ = std::min(std::max(2 * batch_, n), MaxBatch(max_pages_));
           grew = true;
         }
         short_by = n - size;
@@ -382,17 +382,27 @@ absl::Status PageReserve::Take(int64_t n, int64_t* out) {
 }
 
 absl::Status PageReserve::Put(absl::Span<const int64_t> pages) {
-  return PutTagged(pages, /*release_value=*/0);
+  return PutTagged(pages, /*release_value=*/0, PutAt::kTop);
 }
 
 absl::Status PageReserve::Put(absl::Span<const int64_t> pages,
                               void* cuda_stream) {
   ASSIGN_OR_RETURN(const uint64_t value, client_->QueueRelease(cuda_stream));
-  return PutTagged(pages, value);
+  return PutTagged(pages, value, PutAt::kTop);
+}
+
+absl::Status PageReserve::PutUnder(absl::Span<const int64_t> pages) {
+  return PutTagged(pages, /*release_value=*/0, PutAt::kUnder);
+}
+
+absl::Status PageReserve::PutUnder(absl::Span<const int64_t> pages,
+                                   void* cuda_stream) {
+  ASSIGN_OR_RETURN(const uint64_t value, client_->QueueRelease(cuda_stream));
+  return PutTagged(pages, value, PutAt::kUnder);
 }
 
 absl::Status PageReserve::PutTagged(absl::Span<const int64_t> pages,
-                                    uint64_t release_value) {
+                                    uint64_t release_value, PutAt at) {
   bool high = false;
   {
     absl::MutexLock lock(&mu_);
@@ -413,7 +423,14 @@ absl::Status PageReserve::PutTagged(absl::Span<const int64_t> pages,
     for (const int64_t page : pages) {
       handed_[page] = 0;
       release_tags_[page] = release_value;
-      reserve_.push_back(page);
+    }
+    // The vector's back is the top. On top the pages are pushed in order
+    // (the last given is the next taken); under, pages[0] lies nearest the
+    // pages held before, so that they leave in the order given.
+    if (at == PutAt::kTop) {
+      reserve_.insert(reserve_.end(), pages.begin(), pages.end());
+    } else {
+      reserve_.insert(reserve_.begin(), pages.rbegin(), pages.rend());
     }
     handed_out_ -= pages.size();
     high = static_cast<int64_t>(reserve_.size()) >

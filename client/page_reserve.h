@@ -18,16 +18,18 @@
 // library has not handed to its caller.
 //
 // Order. The reserve is a stack: Take hands out its top first, a Put
-// pushes on top, and refills go under the pages it holds (the bottom),
-// each refill's pages in the daemon's order; returns leave from the bottom.
-// So the pages a caller saw on top (Peek) stay there across refills.
+// pushes on top, and refills and PutUnder go under the pages it holds (the
+// bottom), each refill's pages in the daemon's order; returns leave from
+// the bottom. So the pages a caller saw on top (Peek) stay there across
+// refills.
 //
 // Marks. The reserve aims at `2 * batch` pages: below `batch` (the low
 // mark) its thread refills up to the aim, above `4 * batch` (the high
 // mark) it returns down to it. `batch` adapts to the session's rate: it
-// doubles when a Take finds the reserve short, and halves after
-// PageReserveOptions::idle_ticks ticks without a Take. The reserve never
-// holds more than max_pages, nor asks for pages past the session's quota.
+// doubles when a Take finds the reserve short, up to half of max_pages,
+// and halves after PageReserveOptions::idle_ticks ticks without a Take.
+// The reserve never holds more than max_pages, nor asks for pages past the
+// session's quota.
 //
 // Off the step's path. Refills and returns are made by the reserve's own
 // thread, which sleeps on the channel's reserve bell (the daemon rings it
@@ -60,7 +62,9 @@
 #ifndef PAGEALLOC_CLIENT_PAGE_RESERVE_H_
 #define PAGEALLOC_CLIENT_PAGE_RESERVE_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -168,6 +172,15 @@ class PageReserve {
   // (nothing is put back then).
   absl::Status Put(absl::Span<const int64_t> pages, void* cuda_stream)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Put and Put on a stream, but under the pages the reserve holds, as a
+  // refill's go: the pages leave after all it holds now, pages[0] first
+  // (the back of a free list, where SGLang's token allocator queues its
+  // frees). Being the bottom, they are also the first a return to the
+  // daemon takes (past the high mark, or for the daemon's ask).
+  absl::Status PutUnder(absl::Span<const int64_t> pages)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status PutUnder(absl::Span<const int64_t> pages, void* cuda_stream)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The caller keeps `pages`, handed out by this reserve, out of its books
   // for good: they stay the session's, freed through the daemon, and a Put
@@ -217,9 +230,12 @@ class PageReserve {
   // Hands `pages` back to the daemon, behind the largest release tag among
   // them (0: an ordinary free).
   absl::Status Return(absl::Span<const int64_t> pages) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where a Put's pages go: on top (the next taken) or under.
+  enum class PutAt { kTop, kUnder };
   // Put, tagging the pages with `release_value` (0: none).
   absl::Status PutTagged(absl::Span<const int64_t> pages,
-                         uint64_t release_value) ABSL_LOCKS_EXCLUDED(mu_);
+                         uint64_t release_value, PutAt at)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Hands out the reserve's top `n` pages (n <= its size) into out[0..n),
   // as a Take does; returns whether the reserve fell below the low mark.
   bool HandOut(int64_t n, int64_t* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -235,6 +251,13 @@ class PageReserve {
   void Report() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the thread (a mark crossed).
   void Ring() const;
+  // The largest batch: half the bound, so that the low mark stays below
+  // the high one. At the bound, every Take would leave the reserve below
+  // its low mark (a refill) and every Put past the bound above its high
+  // mark (a return): the session's whole rate through the daemon.
+  static int64_t MaxBatch(int64_t max_pages) {
+    return std::max<int64_t>(1, max_pages / 2);
+  }
   int64_t Aim() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return std::min(2 * batch_, max_pages_);
   }
@@ -260,8 +283,10 @@ class PageReserve {
   mutable absl::Mutex mu_;
   // The reserve as a stack: Take pops from the back, Put pushes there (a
   // page just freed is the next handed out, warm in caches), returns take
-  // the bottom.
-  std::vector<int64_t> reserve_ ABSL_GUARDED_BY(mu_);
+  // the bottom. A deque: refills and PutUnder add at the front, a
+  // PutUnder at each free of SGLang's token allocator, which a vector
+  // would pay for with a move of the whole reserve.
+  std::deque<int64_t> reserve_ ABSL_GUARDED_BY(mu_);
   // Per page id (1..num_pages): 1 while handed out by this reserve. A
   // byte per page of the pool: no hashing on the step's path.
   std::vector<uint8_t> handed_ ABSL_GUARDED_BY(mu_);

@@ -124,12 +124,13 @@ TEST_F(PageReserveTest, TakesFromTheReserveWithoutARoundTrip) {
   EXPECT_EQ(OwnedBy(client->session_id()), 8);
 
   // Short of what a Take needs: one refill on the caller's thread, and the
-  // batch doubles.
+  // batch doubles, to half the bound at most (16 / 2): the low mark stays
+  // below the high one (16).
   pages.clear();
   ASSERT_OK(reserve->Take(10, &pages));
   stats = reserve->stats();
   EXPECT_EQ(stats.sync_refills, 1);
-  EXPECT_EQ(stats.batch, 10);
+  EXPECT_EQ(stats.batch, 8);
   EXPECT_EQ(OwnedBy(client->session_id()), 10);
 
   // The reserve's pages go back to the pool with it; handed-out pages stay.
@@ -310,6 +311,76 @@ TEST_F(PageReserveTest, TakeHeldTakesWhatTheReserveHoldsWithoutARefill) {
                        ::testing::HasSubstr("not handed out")));
   ASSERT_OK(reserve->Put(absl::MakeConstSpan(rest.data(), 5)));
   EXPECT_EQ(reserve->stats().handed_out, 0);
+}
+
+// PutUnder's pages go under what the reserve holds, in the order given:
+// every page it held leaves before them, and they are the first a return
+// takes. Its refusals are Put's.
+TEST_F(PageReserveTest, PutUnderQueuesPagesBehindWhatTheReserveHolds) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), Manual(4, 16)));
+  ASSERT_OK(reserve->Maintain());  // refills to 2 * 4
+  std::vector<int64_t> taken;
+  ASSERT_OK(reserve->Take(5, &taken));
+  const std::vector<int64_t> held = reserve->pages();
+  ASSERT_EQ(held.size(), 3u);
+
+  const std::vector<int64_t> back = {taken[3], taken[0], taken[4]};
+  ASSERT_OK(reserve->PutUnder(back));
+  std::vector<int64_t> order = held;
+  order.insert(order.end(), back.begin(), back.end());
+  EXPECT_EQ(reserve->pages(), order);
+  EXPECT_EQ(reserve->stats().handed_out, 2);
+  // Still the session's, as any reserve page.
+  EXPECT_EQ(OwnedBy(client->session_id()), 8);
+
+  // Refused as Put refuses, nothing changed: a page not handed out, one
+  // named twice.
+  EXPECT_THAT(reserve->PutUnder({taken[1], taken[0]}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("not handed out")));
+  EXPECT_THAT(reserve->PutUnder({taken[1], taken[1]}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("named twice")));
+  EXPECT_EQ(reserve->pages(), order);
+  EXPECT_EQ(reserve->stats().handed_out, 2);
+
+  // A Put on top and a PutUnder: each where it was put.
+  ASSERT_OK(reserve->Put({taken[1]}));
+  ASSERT_OK(reserve->PutUnder({taken[2]}));
+  order.insert(order.begin(), taken[1]);
+  order.push_back(taken[2]);
+  EXPECT_EQ(reserve->pages(), order);
+}
+
+// Pages put under are the bottom, so a return past the high mark takes
+// them first and the pages on top stay.
+TEST_F(PageReserveTest, AReturnTakesThePagesPutUnderFirst) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  // Low mark 2, aim 4, high mark 8; Takes of what it holds never grow it.
+  ASSERT_OK_AND_ASSIGN(auto reserve,
+                       PageReserve::Create(client.get(), Manual(2, 16)));
+  std::vector<int64_t> handed;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK(reserve->Maintain());  // refills to 4
+    ASSERT_OK(reserve->Take(4, &handed));
+  }
+  ASSERT_OK(reserve->Maintain());
+  const std::vector<int64_t> top = reserve->pages();
+  ASSERT_EQ(top.size(), 4u);
+  ASSERT_EQ(reserve->stats().batch, 2);
+
+  ASSERT_OK(reserve->PutUnder(handed));  // 12 pages: past the high mark
+  ASSERT_OK(reserve->Maintain());        // returns 8, down to the aim
+  EXPECT_EQ(reserve->pages(), top);
+  EXPECT_EQ(reserve->stats().pages_returned, 8);
+  EXPECT_EQ(OwnedBy(client->session_id()), 4);
+  for (const int64_t page : handed) {
+    EXPECT_EQ(server_->pool().OwnerOf(page), kNoOwner);
+  }
 }
 
 TEST_F(PageReserveTest, ReturnsAboveTheHighMark) {
@@ -580,7 +651,11 @@ TEST_F(PageReserveTest, BookkeepingMatchesTheModelOverRandomTraces) {
         std::shuffle(live.handed.begin(), live.handed.end(), rng);
         const size_t n = rng() % (live.handed.size() + 1);
         std::vector<int64_t> back(live.handed.end() - n, live.handed.end());
-        ASSERT_OK(live.reserve->Put(back));
+        if (rng() % 2 == 0) {
+          ASSERT_OK(live.reserve->Put(back));
+        } else {
+          ASSERT_OK(live.reserve->PutUnder(back));
+        }
         live.handed.resize(live.handed.size() - n);
         break;
       }

@@ -343,6 +343,19 @@ TEST_F(ReleaseFenceTest, AReserveReturnCarriesTheFenceOfPagesPutOnAStream) {
   EXPECT_EQ(OwnedBy(a->session_id()), 0);
   EXPECT_EQ(core().pages_released(), returned);
   EXPECT_EQ(core().release_pending_pages(), 0);
+  {
+    // Under the reserve's pages, the same.
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PageReserve> reserve,
+                         PageReserve::Create(a.get(), manual));
+    std::vector<int64_t> pages;
+    ASSERT_OK(reserve->Take(2, &pages));
+    ASSERT_OK(reserve->PutUnder(pages, /*cuda_stream=*/nullptr));
+    EXPECT_EQ(a->last_release_value(), 2u);
+    returned += OwnedBy(a->session_id());
+  }
+  EXPECT_EQ(OwnedBy(a->session_id()), 0);
+  EXPECT_EQ(core().pages_released(), returned);
+  EXPECT_EQ(core().release_pending_pages(), 0);
 }
 
 }  // namespace
