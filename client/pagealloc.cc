@@ -446,15 +446,17 @@ int32_t FreeValues(pagealloc_client* client, const int64_t* values,
 
 // pagealloc_reserve_put and its stream-fenced form.
 int32_t PutPages(pagealloc_reserve* reserve, const int64_t* pages, size_t n,
-                 bool on_stream, void* stream, pagealloc_error* error) {
+                 bool on_stream, void* stream, bool under,
+                 pagealloc_error* error) {
   return Guarded(error, [&]() -> absl::Status {
     if (reserve == nullptr) {
       return absl::InvalidArgumentError("reserve is NULL");
     }
     RETURN_IF_ERROR(CheckArray(pages, n, "pages"));
     const absl::Span<const int64_t> span = absl::MakeConstSpan(pages, n);
-    return on_stream ? reserve->reserve->Put(span, stream)
-                     : reserve->reserve->Put(span);
+    PageReserve& to = *reserve->reserve;
+    if (under) return on_stream ? to.PutUnder(span, stream) : to.PutUnder(span);
+    return on_stream ? to.Put(span, stream) : to.Put(span);
   });
 }
 
@@ -466,6 +468,7 @@ using pagealloc::CheckClient;
 using pagealloc::CheckOutStruct;
 using pagealloc::FreeValues;
 using pagealloc::Guarded;
+using pagealloc::GuardedReserveFill;
 using pagealloc::PutPages;
 using pagealloc::Span;
 
@@ -1234,7 +1237,7 @@ int32_t pagealloc_reserve_take(pagealloc_reserve* reserve, int64_t n,
 int32_t pagealloc_reserve_peek(pagealloc_reserve* reserve, int64_t* pages,
                                size_t max_pages, int64_t* count,
                                pagealloc_error* error) {
-  return pagealloc::GuardedReserveFill(
+  return GuardedReserveFill(
       reserve, pages, max_pages, count, error,
       [](const pagealloc::PageReserve& r, absl::Span<int64_t> out) {
         return r.Peek(out);
@@ -1244,7 +1247,7 @@ int32_t pagealloc_reserve_peek(pagealloc_reserve* reserve, int64_t* pages,
 int32_t pagealloc_reserve_take_held(pagealloc_reserve* reserve, int64_t* pages,
                                     size_t max_pages, int64_t* count,
                                     pagealloc_error* error) {
-  return pagealloc::GuardedReserveFill(
+  return GuardedReserveFill(
       reserve, pages, max_pages, count, error,
       [](pagealloc::PageReserve& r, absl::Span<int64_t> out) {
         return r.TakeHeld(out);
@@ -1253,14 +1256,24 @@ int32_t pagealloc_reserve_take_held(pagealloc_reserve* reserve, int64_t* pages,
 
 int32_t pagealloc_reserve_put(pagealloc_reserve* reserve, const int64_t* pages,
                               size_t n, pagealloc_error* error) {
-  return PutPages(reserve, pages, n, /*on_stream=*/false, nullptr, error);
+  return PutPages(reserve, pages, n, /*on_stream=*/false, nullptr,
+                  /*under=*/false, error);
 }
 
 int32_t pagealloc_reserve_put_on_stream(pagealloc_reserve* reserve,
                                         const int64_t* pages, size_t n,
                                         void* cuda_stream,
                                         pagealloc_error* error) {
-  return PutPages(reserve, pages, n, /*on_stream=*/true, cuda_stream, error);
+  return PutPages(reserve, pages, n, /*on_stream=*/true, cuda_stream,
+                  /*under=*/false, error);
+}
+
+int32_t pagealloc_reserve_put_under(pagealloc_reserve* reserve,
+                                    const int64_t* pages, size_t n,
+                                    void* cuda_stream, int32_t fence,
+                                    pagealloc_error* error) {
+  return PutPages(reserve, pages, n, /*on_stream=*/fence != 0, cuda_stream,
+                  /*under=*/true, error);
 }
 
 int32_t pagealloc_reserve_get_stats(const pagealloc_reserve* reserve,

@@ -861,6 +861,17 @@ int32_t pagealloc_reserve_put_on_stream(pagealloc_reserve* reserve,
                                         void* cuda_stream,
                                         pagealloc_error* error);
 
+/* ABI 1.10. pagealloc_reserve_put (`fence` 0) or
+ * pagealloc_reserve_put_on_stream (`fence` nonzero, on `cuda_stream`) with
+ * the pages going under those the reserve holds, as a refill's do: they leave
+ * after every page it holds now, pages[0] first (the back of a free list,
+ * where SGLang's token allocator queues its frees), and a return to the daemon
+ * takes them first. The errors are those of the put it stands for. */
+int32_t pagealloc_reserve_put_under(pagealloc_reserve* reserve,
+                                    const int64_t* pages, size_t n,
+                                    void* cuda_stream, int32_t fence,
+                                    pagealloc_error* error);
+
 /* A reserve's counts, filled by pagealloc_reserve_get_stats. */
 typedef struct pagealloc_reserve_stats {
   size_t struct_size; /* set by the caller */

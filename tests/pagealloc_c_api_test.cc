@@ -576,6 +576,65 @@ TEST_F(PageallocCApiTest, AReserveTakeHeldTakesOnlyWhatItHolds) {
   EXPECT_EQ(Stats().used_pages, 0);
 }
 
+// ABI 1.10: pages put under go behind every page the reserve holds, in
+// the order given, with or without a release fence.
+TEST_F(PageallocCApiTest, AReservePutUnderQueuesBehindWhatItHolds) {
+  pagealloc_reserve* reserve = nullptr;
+  pagealloc_reserve_stats stats;
+  ASSERT_NO_FATAL_FAILURE(StartReserveOfEight(&reserve, &stats));
+  int64_t count = -1;
+  std::vector<int64_t> before(8, -1);
+  ASSERT_EQ(pagealloc_reserve_peek(reserve, before.data(), before.size(),
+                                   &count, &error_),
+            PAGEALLOC_OK);
+  ASSERT_EQ(count, 8);
+
+  std::vector<int64_t> taken(3, -1);
+  ASSERT_EQ(pagealloc_reserve_take(reserve, 3, taken.data(), &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  ASSERT_EQ(pagealloc_reserve_put_under(reserve, taken.data(), 3, nullptr,
+                                        /*fence=*/0, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  std::vector<int64_t> after(8, -1);
+  ASSERT_EQ(pagealloc_reserve_peek(reserve, after.data(), after.size(), &count,
+                                   &error_),
+            PAGEALLOC_OK);
+  std::vector<int64_t> expected(before.begin() + 3, before.end());
+  expected.insert(expected.end(), taken.begin(), taken.end());
+  EXPECT_EQ(after, expected);
+
+  // Fenced on a stream (the CPU backend writes the release at once).
+  ASSERT_EQ(pagealloc_reserve_take(reserve, 2, taken.data(), &error_),
+            PAGEALLOC_OK);
+  ASSERT_EQ(pagealloc_reserve_put_under(reserve, taken.data(), 2, nullptr,
+                                        /*fence=*/1, &error_),
+            PAGEALLOC_OK)
+      << error_.message;
+  ASSERT_EQ(pagealloc_reserve_peek(reserve, after.data(), after.size(), &count,
+                                   &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(std::vector<int64_t>(after.end() - 2, after.end()),
+            std::vector<int64_t>(taken.begin(), taken.begin() + 2));
+
+  // A page it did not hand out: refused, nothing put.
+  EXPECT_EQ(pagealloc_reserve_put_under(reserve, taken.data(), 1, nullptr,
+                                        /*fence=*/0, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "not handed out"), nullptr);
+  EXPECT_EQ(pagealloc_reserve_put_under(nullptr, taken.data(), 1, nullptr,
+                                        /*fence=*/0, &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "reserve is NULL"), nullptr);
+  ASSERT_EQ(pagealloc_reserve_get_stats(reserve, &stats, &error_),
+            PAGEALLOC_OK);
+  EXPECT_EQ(stats.pages, 8);
+  EXPECT_EQ(stats.handed_out, 0);
+  pagealloc_reserve_destroy(reserve);
+  EXPECT_EQ(Stats().used_pages, 0);
+}
+
 TEST_F(PageallocCApiTest, AReserveExpandsSlotsInProcess) {
   pagealloc_allocation* probe = Alloc({4});
   const bool on_device = pagealloc_allocation_get_view(probe)->on_device;
