@@ -347,6 +347,8 @@ def _declare(lib):
     if lib.pagealloc_abi_version() & 0xFFFF >= 10:  # ABI 1.10
         signatures["pagealloc_reserve_take_held"] = (
             i32, [ptr, ptr, size, p_i64, p_error])
+        signatures["pagealloc_reserve_put_under"] = (
+            i32, [ptr, ptr, size, ptr, i32, p_error])
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
         function.restype = restype
@@ -393,5 +395,7 @@ HAS_CALL_IDS = lib.pagealloc_abi_version() & 0xFFFF >= 9
 # Whether a reserve frees whole pages of slots in one call, device slots
 # copied on the caller's stream, and lets go of published pages (1.8).
 HAS_RESERVE_FREE_SLOTS = lib.pagealloc_abi_version() & 0xFFFF >= 8
-# Whether a reserve takes what it holds with no round trip (1.10).
+# Whether a reserve takes what it holds with no round trip, and puts pages
+# under what it holds (1.10).
 HAS_RESERVE_TAKE_HELD = lib.pagealloc_abi_version() & 0xFFFF >= 10
+HAS_RESERVE_PUT_UNDER = HAS_RESERVE_TAKE_HELD

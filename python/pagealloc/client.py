@@ -951,6 +951,23 @@ class PageReserve:
                 self._live(), _address(array), array.size,
                 _stream_handle(stream) or None, ctypes.byref(error)), error)
 
+    def put_under(self, pages, stream=None):
+        """put(), with the pages going under those the reserve holds, as
+        a refill's do: they leave after every page it holds now, pages[0]
+        first (the back of a free list, where SGLang's token allocator
+        queues its frees), and a return to the daemon takes them first.
+        ABI 1.10."""
+        if not _native.HAS_RESERVE_PUT_UNDER:
+            raise FailedPreconditionError(
+                "%s cannot put pages under a reserve's (ABI 1.10 needed)" %
+                _native.path)
+        array = _int64_array(pages, "pages")
+        error = _error_buffer()
+        _check(_lib.pagealloc_reserve_put_under(
+            self._live(), _address(array), array.size,
+            _stream_handle(stream) or None, int(stream is not None),
+            ctypes.byref(error)), error)
+
     def disown(self, pages):
         """Keeps `pages` (ids this reserve handed out) out of its books for
         good: they stay the session's, freed through the daemon, and put()

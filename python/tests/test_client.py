@@ -69,6 +69,8 @@ def test_package_reports_versions_and_library():
     assert _native.lib.pagealloc_calls_sent_again.argtypes is not None
     assert _native.HAS_RESERVE_TAKE_HELD
     assert _native.lib.pagealloc_reserve_take_held.argtypes is not None
+    assert _native.HAS_RESERVE_PUT_UNDER
+    assert _native.lib.pagealloc_reserve_put_under.argtypes is not None
 
 
 def test_status_codes_are_grpc_numbers():
@@ -968,6 +970,29 @@ def test_reserve_take_held_takes_only_what_it_holds(daemon):
                 reserve.take_held(-1)
         with pytest.raises(pagealloc.FailedPreconditionError, match="closed"):
             reserve.take_held(1)
+        assert client.stats().used_pages == 0
+
+
+def test_reserve_put_under_queues_pages_behind_what_it_holds(daemon):
+    with daemon.connect(name="under") as client:
+        # Low mark 4, aim and high mark 8: holding 4 to 8 pages, the
+        # reserve is the thread's to leave alone.
+        with client.reserve(initial_batch=4, max_pages=8) as reserve:
+            wait_until(lambda: reserve.stats()["pages"] == 8,
+                       what="the reserve's first refill")
+            top = reserve.peek(8)
+            taken = reserve.take(3)
+            reserve.put_under(taken[::-1])
+            assert reserve.peek(8).tolist() == (top[3:].tolist() +
+                                                taken[::-1].tolist())
+            again = reserve.take(2)
+            reserve.put_under(again, stream=0)  # fenced: the release at once
+            assert reserve.peek(8)[-2:].tolist() == again.tolist()
+            with pytest.raises(pagealloc.InvalidArgumentError,
+                               match="not handed out"):
+                reserve.put_under(again[:1])
+            stats = reserve.stats()
+            assert stats["pages"] == 8 and stats["handed_out"] == 0
         assert client.stats().used_pages == 0
 
 
