@@ -43,7 +43,9 @@ device, alloc a slice of them; docs/python.md).
 Prints one Markdown table: per page size, path and GPU work on/off, the
 p50 and p99 host microseconds of alloc and of free, the p50 of the two
 alloc_decode calls, for the reserve the round trips per step (refills on
-the caller's thread), and for the mirror (or head) the share of
+the caller's thread) and the pages it moved to or from the daemon per step
+(its thread's refills and returns: zero in a steady loop whose frees
+match its allocations), and for the mirror (or head) the share of
 allocations it answered with a slice.
 
 --passes K runs every path K times in turn (SGLang's first in each pass):
@@ -229,6 +231,11 @@ def run(target, args, work):
                 steps = args.warmup + args.iterations
                 row["round_trips_per_step"] = round(
                     stats["sync_refills"] / steps, 5)
+                # The reserve's traffic with the daemon, its thread's
+                # included: what a scheduler's steady loop costs the daemon.
+                row["daemon_pages_per_step"] = round(
+                    (stats["pages_refilled"] + stats["pages_returned"]) /
+                    steps, 2)
             mirror = getattr(allocator, "mirror_stats", None)
             if mirror is not None and mirror["hits"] + mirror["misses"]:
                 row["mirror_hit_rate"] = round(
@@ -276,7 +283,8 @@ def main(argv=None):
     header = ("page_size", "path", "gpu_work", "alloc_p50_us",
               "alloc_p99_us", "free_p50_us", "free_p99_us",
               "decode_p50_us", "decode_new_page_p50_us",
-              "round_trips_per_step", "mirror_hit_rate")
+              "round_trips_per_step", "daemon_pages_per_step",
+              "mirror_hit_rate")
     print("| " + " | ".join(header) + " |")
     print("|" + " --- |" * len(header))
     for row in rows:

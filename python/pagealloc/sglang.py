@@ -734,14 +734,21 @@ class _Base:
                 return
             self._check_distinct(pages, "free")
         self._taken[pages] = False
-        if self.need_sort or self.page_size == 1:
+        if (self.page_size == 1 and not self.need_sort and
+                _native.HAS_RESERVE_PUT_UNDER):
+            # The token allocator's frees queue behind its free list: under
+            # the reserve's pages, in the order freed. There they count as
+            # the reserve's, so its thread neither refills in their place
+            # nor keeps them from a starving session.
+            self._reserve.put_under(pages, self._free_stream())
+        elif self.need_sort or self.page_size == 1:
             self._held.append(pages.copy())
             self._num_held += pages.size
-            # The token allocator's queue merges at any time without
-            # changing an order (its pages go behind the free list either
-            # way): bounded, so that the reserve's thread can give them to
-            # a starving session. need_sort's parked pages wait for the
-            # merge SGLang makes.
+            # (A library before put_under.) The token allocator's queue
+            # merges at any time without changing an order (its pages go
+            # behind the free list either way): bounded, so that the
+            # reserve's thread can give them to a starving session.
+            # need_sort's parked pages wait for the merge SGLang makes.
             if not self.need_sort and self._num_held > self._hold_limit:
                 self._merge_held()
         else:

@@ -655,6 +655,37 @@ def test_a_starving_session_gets_the_other_sessions_reserve(make_daemon):
         b.close()
 
 
+def test_the_token_allocators_frees_are_its_reserves_at_once(make_daemon):
+    """The token allocator's freed slots queue behind its free list under
+    the reserve's pages (put_under), not held back in this process: its
+    reserve counts them at once, and its thread gives them to a starving
+    session."""
+    if not pagealloc._native.HAS_RESERVE_PUT_UNDER:
+        pytest.skip("a library before ABI 1.10 holds the frees back")
+    daemon = start(make_daemon, 1, 64)
+    with daemon.connect(name="a") as ca, daemon.connect(name="b") as cb:
+        # No head: A's pages are its reserve's or handed out.
+        a = sglang.make_allocator(ca, mirror_pages=0, reserve_options=dict(
+            max_pages=64, initial_batch=8, starved_wait=60))
+        out = host(a.alloc(48))
+        assert out is not None
+        a.free(out)
+        assert a.reserve.stats()["handed_out"] == 0
+        # A's reserve and the free pool hold every page; B needs more than
+        # the pool can hold without A's freed ones. B waits as long as it
+        # takes A to answer: the bound is for a hung test.
+        b = sglang.make_allocator(cb, reserve_options=dict(starved_wait=60))
+        got = host(b.alloc(40))
+        assert got is not None and len(np.unique(got)) == 40
+        wait_until(lambda: a.reserve.stats()["reclaims"] >= 1,
+                   what="A's reserve to count the ask it answered")
+        stats = cb.stats()
+        assert stats.free_pages + stats.used_pages == 64
+        b.free(got)
+        a.close()
+        b.close()
+
+
 CHILD = r"""
 import sys
 from pagealloc import sglang
@@ -805,6 +836,7 @@ def test_alloc_bench_reports_every_row(make_daemon, tmp_path):
             # none once warm, unless its thread's refill is late for a step:
             # on a loaded 2-core host under ASan, 2 of 20 steps were.
             assert row["round_trips_per_step"] <= 0.5
+            assert row["daemon_pages_per_step"] >= 0
         # The mirror, on its path. At page size 16 each step frees what it
         # took, so the next take is the mirror's next pages unless the
         # reserve's thread refilled on top meanwhile.
