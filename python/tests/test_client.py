@@ -945,13 +945,19 @@ def test_reserve_hands_out_the_sessions_pages(daemon):
         assert client.stats().used_pages == 1
 
 
+def reserve_of_eight(client):
+    """A reserve of low mark 4, aim and high mark 8, once its thread's
+    first refill has brought the 8 pages: holding 4 to 8 pages, it is the
+    thread's to leave alone, so nothing lands on top between two calls."""
+    reserve = client.reserve(initial_batch=4, max_pages=8)
+    wait_until(lambda: reserve.stats()["pages"] == 8,
+               what="the reserve's first refill")
+    return reserve
+
+
 def test_reserve_take_held_takes_only_what_it_holds(daemon):
     with daemon.connect(name="held") as client:
-        # Low mark 4, aim and high mark 8: holding 4 to 8 pages, the
-        # reserve is the thread's to leave alone.
-        with client.reserve(initial_batch=4, max_pages=8) as reserve:
-            wait_until(lambda: reserve.stats()["pages"] == 8,
-                       what="the reserve's first refill")
+        with reserve_of_eight(client) as reserve:
             top = reserve.peek(8)
             first = reserve.take_held(3)
             assert first.dtype == np.int64
@@ -975,11 +981,7 @@ def test_reserve_take_held_takes_only_what_it_holds(daemon):
 
 def test_reserve_put_under_queues_pages_behind_what_it_holds(daemon):
     with daemon.connect(name="under") as client:
-        # Low mark 4, aim and high mark 8: holding 4 to 8 pages, the
-        # reserve is the thread's to leave alone.
-        with client.reserve(initial_batch=4, max_pages=8) as reserve:
-            wait_until(lambda: reserve.stats()["pages"] == 8,
-                       what="the reserve's first refill")
+        with reserve_of_eight(client) as reserve:
             top = reserve.peek(8)
             taken = reserve.take(3)
             reserve.put_under(taken[::-1])
