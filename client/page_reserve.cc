@@ -424,7 +424,7 @@ absl::Status PageReserve::PutTagged(absl::Span<const int64_t> pages,
       handed_[page] = 0;
       release_tags_[page] = release_value;
     }
-    // The vector's back is the top. On top the pages are pushed in order
+    // The deque's back is the top. On top the pages are pushed in order
     // (the last given is the next taken); under, pages[0] lies nearest the
     // pages held before, so that they leave in the order given.
     if (at == PutAt::kTop) {

@@ -444,7 +444,8 @@ int32_t FreeValues(pagealloc_client* client, const int64_t* values,
   });
 }
 
-// pagealloc_reserve_put and its stream-fenced form.
+// pagealloc_reserve_put, its stream-fenced form and pagealloc_reserve_put_under
+// (`under`: under the pages the reserve holds).
 int32_t PutPages(pagealloc_reserve* reserve, const int64_t* pages, size_t n,
                  bool on_stream, void* stream, bool under,
                  pagealloc_error* error) {

@@ -559,7 +559,7 @@ TEST_P(BatcherInlineTest, InlineCallsNeedNoLaunchUnlessThePoolScrubs) {
   EXPECT_EQ(pool_->OwnerOf(ring_slots[0] / kPageSize), 2u);
 
   // A batch of refills alone launches nothing; under scrub it launches
-  // (nothing to zero: the pages go back to session 1, their last owner).
+  // (with nothing to zero: session 1 owned these pages last).
   ASSERT_OK(pool_->FreeSlots(1, refill.inline_slots).status());
   Completion again;
   ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &again)));
