@@ -28,8 +28,12 @@
 // mark) it returns down to it. `batch` adapts to the session's rate: it
 // doubles when a Take finds the reserve short, up to half of max_pages,
 // and halves after PageReserveOptions::idle_ticks ticks without a Take.
-// The reserve never holds more than max_pages, nor asks for pages past the
-// session's quota.
+// The high mark is at most max_pages: a refill never brings the reserve
+// past it, and the reserve never asks for pages past the session's quota.
+// A Put (or PutUnder) is not refused for crossing it: the pages are the
+// session's either way, so they go into the reserve and the Put rings the
+// thread, which returns the surplus down to the aim at once (without the
+// thread, at the next Maintain).
 //
 // Off the step's path. Refills and returns are made by the reserve's own
 // thread, which sleeps on the channel's reserve bell (the daemon rings it

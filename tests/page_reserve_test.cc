@@ -397,7 +397,8 @@ TEST_F(PageReserveTest, ReturnsAboveTheHighMark) {
   ASSERT_OK(reserve->Take(24, &second));
   ASSERT_OK(reserve->Put(second));
   ASSERT_OK(reserve->Put(first));
-  // 36 pages, above the high mark (min(4 * 12, 32)): back down to the aim.
+  // 36 pages, past max_pages and so above the high mark (min(4 * 12,
+  // 32)): the Puts are taken, and Maintain returns down to the aim.
   EXPECT_EQ(reserve->stats().pages, 36);
   ASSERT_OK(reserve->Maintain());
   EXPECT_EQ(reserve->stats().pages, 24);
