@@ -35,15 +35,27 @@ import numpy as np
 import pagealloc
 
 
-def fill_whole_pool(client, reserve):
+def fill_whole_pool(client, reserve, num_pages):
     """Takes every free page of the pool into `reserve` (which may hold all
-    of them) and puts them back unused. Raises SystemExit when pages stay
-    free (another client holds some, or the reserve cannot take them)."""
+    of them) and puts them back unused. Returns once the reserve holds all
+    `num_pages`: the pool can be empty while the reserve's own refill is
+    still on its way back (a refill of the whole pool is one large reply),
+    and an ask the holder's thread reads only after that reply would time
+    the refill, not the reclaim. Raises SystemExit when pages stay free
+    (another client holds some, or the reserve cannot take them)."""
     for _ in range(100):
         stats = client.stats()
         free = stats.free_pages + stats.parked_pages
         if free == 0:
-            return
+            deadline = time.monotonic() + 5
+            while (reserve.stats()["pages"] < num_pages and
+                   time.monotonic() < deadline):
+                time.sleep(0.001)
+            if reserve.stats()["pages"] == num_pages:
+                return
+            raise SystemExit("the holder's reserve holds %d of the pool's "
+                             "%d pages" % (reserve.stats()["pages"],
+                                           num_pages))
         try:
             pages = reserve.take(reserve.stats()["pages"] + free)
         except pagealloc.ResourceExhaustedError:
@@ -58,7 +70,7 @@ def one_starved_alloc(holder, starving, pages, num_pages):
     size = pages * starving.pool.page_size
     with holder.reserve(initial_batch=num_pages, max_pages=num_pages,
                         starved_wait=0) as a:
-        fill_whole_pool(holder, a)
+        fill_whole_pool(holder, a, num_pages)
         calls = 0
         start = time.perf_counter_ns()
         while True:
