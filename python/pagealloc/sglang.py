@@ -400,6 +400,11 @@ class _Base:
         # freed, and a pinned host copy of CUDA slots (grown as needed).
         self._frees_in_one_call = (_native.HAS_RESERVE_FREE_SLOTS and
                                    self.page_size > 1 and not self.need_sort)
+        # The token allocator's frees go under the reserve's pages, at
+        # each free (_release_pages; a library before put_under holds
+        # them back instead).
+        self._frees_go_under = (_native.HAS_RESERVE_PUT_UNDER and
+                                self.page_size == 1 and not self.need_sort)
         self._freed_pages = np.empty(self.num_pages + 1, dtype=np.int64)
         self._freed_pages_address = self._freed_pages.ctypes.data
         # The pages an expansion on the device took (it takes at most the
@@ -734,8 +739,7 @@ class _Base:
                 return
             self._check_distinct(pages, "free")
         self._taken[pages] = False
-        if (self.page_size == 1 and not self.need_sort and
-                _native.HAS_RESERVE_PUT_UNDER):
+        if self._frees_go_under:
             # The token allocator's frees queue behind its free list: under
             # the reserve's pages, in the order freed. There they count as
             # the reserve's, so its thread neither refills in their place
@@ -948,6 +952,19 @@ class _Base:
         mirror without a copy), or None."""
         if slots.size == 0:
             return
+        if self._frees_go_under and self._reserve is not None:
+            # The library checks what _whole_pages would (each page in the
+            # pool, handed out by the reserve, named once) and refuses all
+            # of them or none: the common free is that one call, and a
+            # refusal goes the checked way below, which says why or frees
+            # through the daemon.
+            try:
+                self._reserve.put_under(slots, self._free_stream())
+            except InvalidArgumentError:
+                pass
+            else:
+                self._taken[slots] = False
+                return
         pages = self._whole_pages(slots)
         if pages is not None:
             self._release_pages(pages, checked=True,

@@ -798,12 +798,44 @@ def test_frees_of_slots_never_given_out_change_nothing(make_daemon):
         other.free(theirs)
         # What the allocator did give out is still freed.
         allocator.free(mine)
-        assert allocator.available_size() == 16 * 4
+
+
+def test_the_token_allocators_frees_of_slots_never_given_out_change_nothing(
+        make_daemon):
+    """At page size 1 a free is one put_under, which the library checks:
+    a slot named twice, one outside the pool, one the reserve holds,
+    another session's: refused with its own error and nothing freed (the
+    slots given out are freed after, each once, and the other session's
+    page stays its own)."""
+    daemon = start(make_daemon, 1, 64)
+    with daemon.connect(name="a") as ca, daemon.connect(name="b") as cb:
+        other = sglang.make_allocator(cb, use_reserve=False)
+        theirs = host(other.alloc(1))  # 1
+        allocator = sglang.make_allocator(ca, reserve_options=whole_pool(64))
+        mine = host(allocator.alloc(8))
+        assert mine.tolist() == list(range(2, 10))
+        held = host(allocator.alloc(1))  # 10: freed, so the reserve holds it
+        allocator.free(held)
+        for slots, error, words in (
+                ([2, 2], pagealloc.InvalidArgumentError, "names page 2 twice"),
+                ([3, 4, 3], pagealloc.InvalidArgumentError, "page 3 twice"),
+                ([4, 65], pagealloc.InvalidArgumentError, "outside"),
+                ([0], pagealloc.InvalidArgumentError, "outside"),
+                # Not the reserve's to take back, so the daemon is asked
+                # (the reserve's pages go back to the pool first, so it
+                # can refuse them).
+                (held, pagealloc.FailedPreconditionError, "double free"),
+                ([5, 10], pagealloc.FailedPreconditionError, "double free"),
+                (theirs, pagealloc.PageallocError, "")):
+            with pytest.raises(error, match=words):
+                allocator.free(np.asarray(slots, dtype=np.int64))
+        allocator.free(mine)  # each once: none was freed above
+        with pytest.raises(pagealloc.FailedPreconditionError):
+            allocator.free(mine[:1])
+        again = host(allocator.alloc(63))
+        assert sorted(again.tolist()) == list(range(2, 65))
+        other.free(theirs)  # still the other session's
         allocator.close()
-        other.close()
-
-
-# -------------------------------------------------------------- the bench
 
 
 def test_alloc_bench_reports_every_row(make_daemon, tmp_path):
