@@ -3,8 +3,9 @@
 # the GPU run scripts need with -c opt, and packages it with the Debian
 # shared libraries it links, so that a GPU host without Bazel or Debian's
 # -dev packages can run it (tools/gpu/README.md):
-#   DEST/bin/      the binaries, laid out as in bazel-bin (server/, client/,
-#                  memory/, tests/, tests/gpu/, bench/)
+#   DEST/bin/      the binaries without debug sections, laid out as in
+#                  bazel-bin (server/, client/, memory/, tests/, tests/gpu/,
+#                  bench/)
 #   DEST/lib/      the shared libraries they link (from ldd), except the C
 #                  and C++ runtimes every Linux host has (glibc, libstdc++,
 #                  libgcc_s) and the NVIDIA driver's own
@@ -108,6 +109,10 @@ mkdir -p "$stage/bin" "$stage/lib"
 for b in "${binaries[@]}"; do
   [[ -x $bazel_bin/$b ]] || die "the build made no $bazel_bin/$b"
   install -D -m 755 "$bazel_bin/$b" "$stage/bin/$b"
+  # Without their debug sections (a fifth of the size; the symbol table
+  # stays, so backtraces still name functions): the whole package then
+  # travels in one call to a GPU host that takes at most 64 MiB.
+  strip --strip-debug "$stage/bin/$b"
 done
 
 # The shared libraries, by soname. Left out: glibc's libraries and the
