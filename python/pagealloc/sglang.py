@@ -69,7 +69,7 @@ from pagealloc import _native
 from pagealloc import client as _client_module
 from pagealloc._reserve_head import ReserveHead
 from pagealloc._reserve_mirror import ReserveMirror
-from pagealloc._unread_frees import MAX_UNREAD, UnreadFrees
+from pagealloc._unread_frees import MAX_UNREAD, READ_BATCH, UnreadFrees
 from pagealloc.client import Client
 from pagealloc.errors import (InvalidArgumentError, ResourceExhaustedError,
                               StatusCode)
@@ -929,13 +929,17 @@ class _Base:
             return
         self._reading_frees = True
         try:
-            while True:
-                landed = unread.pop_landed(wait)
-                if landed is None:
-                    return
-                number, slots = landed
+            count = unread.landed(wait)
+            if count > 1 and self._put_landed_under(
+                    unread.joined(count), fence=not unread.copied(count)):
+                unread.drop(count)
+                return
+            # One by one: a single free, or a joined read the reserve
+            # refused (one of them is not the reserve's whole pages).
+            for _ in range(count):
+                number, slots, copied = unread.read()
                 try:
-                    self._free_host_slots(slots)
+                    self._free_host_slots(slots, fence=not copied)
                 except InvalidArgumentError as error:
                     if number == own:
                         raise
@@ -945,11 +949,29 @@ class _Base:
         finally:
             self._reading_frees = False
 
-    def _free_host_slots(self, slots, given=None):
+    def _put_landed_under(self, slots, fence):
+        """Several landed frees' slots, joined, under the reserve in one
+        call, when the library takes them all (each page in the pool,
+        handed out by the reserve, named once): True. `fence`: as
+        _free_host_slots' (False when every one's copy landed on its
+        stream, after the work queued before that free)."""
+        if not (self._frees_go_under and self._reserve is not None):
+            return False
+        try:
+            self._reserve.put_under(
+                slots, self._free_stream() if fence else None)
+        except InvalidArgumentError:
+            return False
+        self._taken[slots] = False
+        return True
+
+    def _free_host_slots(self, slots, given=None, fence=True):
         """free() of host int64 slots outside a free group: whole pages of
         the reserve back into it, anything else the checked way. `given`:
         the slots as the caller gave them (their device tensor joins the
-        mirror without a copy), or None."""
+        mirror without a copy), or None. `fence`: queue the pages' release
+        on the current stream (False: a read free, whose copy landed after
+        the work queued before it)."""
         if slots.size == 0:
             return
         if self._frees_go_under and self._reserve is not None:
@@ -959,7 +981,8 @@ class _Base:
             # refusal goes the checked way below, which says why or frees
             # through the daemon.
             try:
-                self._reserve.put_under(slots, self._free_stream())
+                self._reserve.put_under(
+                    slots, self._free_stream() if fence else None)
             except InvalidArgumentError:
                 pass
             else:
@@ -1459,8 +1482,11 @@ class TokenToKVPoolAllocator(_Base):
             if len(self._unread) >= MAX_UNREAD:
                 self._read_frees(wait=True)
             own = self._unread.add(free_index)
-            # Those landed meanwhile (a CPU tensor's at once).
-            self._read_frees(wait=False, own=own)
+            # A CPU tensor's free is read at once (it has landed); CUDA
+            # frees once READ_BATCH are queued, those landed by then in one
+            # call to the reserve.
+            if not free_index.is_cuda or len(self._unread) >= READ_BATCH:
+                self._read_frees(wait=False, own=own)
             return
         self._read_frees(wait=True)  # in order: the earlier frees first
         super().free(free_index)

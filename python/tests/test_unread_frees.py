@@ -1,0 +1,124 @@
+"""The token allocator's queue of frees on their way to the host
+(pagealloc/_unread_frees.py): the pinned ring's regions, and frees read
+together in one call to the reserve. The CUDA copies themselves are
+test_sglang_gpu.py's."""
+
+import random
+
+import numpy as np
+import pytest
+
+import pagealloc
+from pagealloc import sglang
+from pagealloc._unread_frees import RingSpace
+
+from test_sglang import host, pytestmark  # noqa: F401
+from test_sglang_reserve import start, whole_pool
+
+
+def test_ring_regions_never_overlap_a_live_one():
+    """Random places and releases against a list of the live regions: every
+    region lies in the ring and overlaps no live one, releases go oldest
+    first, and a refusal leaves no gap of that size at the tail or at the
+    front that the rule may use."""
+    rng = random.Random(7)
+    capacity = 64
+    for _ in range(200):
+        space = RingSpace(capacity)
+        live = []
+        for _ in range(300):
+            if live and rng.random() < 0.45:
+                space.release()
+                live.pop(0)
+                continue
+            count = rng.randint(1, capacity // 2)
+            start = space.place(count)
+            if start is None:
+                assert live, "an empty ring refused %d slots" % count
+                oldest = live[0][0]
+                tail = live[-1][1]
+                if tail >= oldest:
+                    assert tail + count > capacity and count >= oldest
+                else:
+                    assert tail + count >= oldest
+                continue
+            end = start + count
+            assert 0 <= start and end <= capacity
+            for a, b in live:
+                assert end <= a or start >= b, (start, end, live)
+            live.append((start, end))
+            assert len(space) == len(live)
+
+
+def test_an_empty_ring_takes_its_whole_capacity_once():
+    space = RingSpace(16)
+    assert space.place(17) is None
+    assert space.place(16) == 0
+    assert space.place(1) is None
+    space.release()
+    assert space.place(4) == 0
+    assert space.place(4) == 4
+
+
+def queue(allocator, values):
+    """A free queued as a CUDA tensor's is, not read yet (a CPU tensor's
+    free is read at once by free() itself)."""
+    return allocator._unread.add(values)
+
+
+def test_landed_frees_are_read_in_one_call_in_the_order_freed(make_daemon):
+    """Several frees queued, then read by one free: the slots come back at
+    the free list's end in the order freed, through one put_under."""
+    torch = pytest.importorskip("torch")
+    daemon = start(make_daemon, 1, 64)
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, device="cpu", reserve_options=whole_pool(64))
+        first = torch.as_tensor(host(allocator.alloc(12)))
+        calls = []
+        reserve = allocator._reserve
+        real = reserve.put_under
+
+        def counted(pages, stream=None):
+            calls.append(np.array(pages))
+            return real(pages, stream)
+
+        reserve.put_under = counted
+        queue(allocator, first[[3, 1]])
+        queue(allocator, first[[7]].to(torch.int32))
+        queue(allocator, first[[0, 2]])
+        assert allocator.available_size() == 52 + 5
+        allocator.free(first[[11]])  # reads all four
+        assert len(calls) == 1
+        np.testing.assert_array_equal(calls[0], [4, 2, 8, 1, 3, 12])
+        rest = host(allocator.alloc(58))
+        np.testing.assert_array_equal(
+            rest, np.concatenate((np.arange(13, 65), [4, 2, 8, 1, 3, 12])))
+        allocator.close()
+
+
+def test_a_bad_free_among_landed_ones_is_named_and_the_rest_stay(
+        make_daemon):
+    """A joined read the reserve refuses goes one free at a time: those
+    before the bad one are freed, the bad one raises as an earlier free
+    and frees nothing, those after it stay queued for the next read."""
+    torch = pytest.importorskip("torch")
+    daemon = start(make_daemon, 1, 64)
+    with daemon.connect() as client:
+        allocator = sglang.make_allocator(
+            client, device="cpu", reserve_options=whole_pool(64))
+        first = torch.as_tensor(host(allocator.alloc(8)))
+        queue(allocator, first[[0]])          # slot 1
+        queue(allocator, first[[1, 1]])       # slot 2 twice
+        queue(allocator, first[[2, 3]])       # slots 3, 4
+        with pytest.raises(pagealloc.InvalidArgumentError,
+                           match="earlier free of 2 CUDA slots.*twice"):
+            allocator.free(first[[4]])        # slot 5
+        # Slot 1 freed, slot 2 not; 3, 4 and 5 queued still.
+        assert allocator.available_size() == 56 + 1 + 3
+        allocator.free(first[[5]])            # reads 3, 4, 5 and 6
+        allocator.free(first[[1]])            # slot 2, once
+        rest = host(allocator.alloc(56 + 6))
+        np.testing.assert_array_equal(
+            rest, np.concatenate((np.arange(9, 65), [1, 3, 4, 5, 6, 2])))
+        allocator.close()
