@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 import pagealloc
-from pagealloc import sglang
 from pagealloc._unread_frees import RingSpace
 
 from test_sglang import host, pytestmark  # noqa: F401
-from test_sglang_reserve import start, whole_pool
+from test_sglang_reserve import lone
 
 
 def test_ring_regions_never_overlap_a_live_one():
@@ -70,10 +69,7 @@ def test_landed_frees_are_read_in_one_call_in_the_order_freed(make_daemon):
     """Several frees queued, then read by one free: the slots come back at
     the free list's end in the order freed, through one put_under."""
     torch = pytest.importorskip("torch")
-    daemon = start(make_daemon, 1, 64)
-    with daemon.connect() as client:
-        allocator = sglang.make_allocator(
-            client, device="cpu", reserve_options=whole_pool(64))
+    with lone(make_daemon, 1, 64, device="cpu") as allocator:
         first = torch.as_tensor(host(allocator.alloc(12)))
         calls = []
         reserve = allocator._reserve
@@ -94,7 +90,6 @@ def test_landed_frees_are_read_in_one_call_in_the_order_freed(make_daemon):
         rest = host(allocator.alloc(58))
         np.testing.assert_array_equal(
             rest, np.concatenate((np.arange(13, 65), [4, 2, 8, 1, 3, 12])))
-        allocator.close()
 
 
 def test_a_bad_free_among_landed_ones_is_named_and_the_rest_stay(
@@ -103,10 +98,7 @@ def test_a_bad_free_among_landed_ones_is_named_and_the_rest_stay(
     before the bad one are freed, the bad one raises as an earlier free
     and frees nothing, those after it stay queued for the next read."""
     torch = pytest.importorskip("torch")
-    daemon = start(make_daemon, 1, 64)
-    with daemon.connect() as client:
-        allocator = sglang.make_allocator(
-            client, device="cpu", reserve_options=whole_pool(64))
+    with lone(make_daemon, 1, 64, device="cpu") as allocator:
         first = torch.as_tensor(host(allocator.alloc(8)))
         queue(allocator, first[[0]])          # slot 1
         queue(allocator, first[[1, 1]])       # slot 2 twice
@@ -121,4 +113,3 @@ def test_a_bad_free_among_landed_ones_is_named_and_the_rest_stay(
         rest = host(allocator.alloc(56 + 6))
         np.testing.assert_array_equal(
             rest, np.concatenate((np.arange(9, 65), [1, 3, 4, 5, 6, 2])))
-        allocator.close()
