@@ -317,6 +317,7 @@ def _row(loop, config, rank, times, stats_before):
         "step_ms_p99": percentile(step_ns, 99) / 1e6,
         "alloc_us_p50": percentile(alloc_ns, 50) / 1e3,
         "alloc_us_p99": percentile(alloc_ns, 99) / 1e3,
+        "alloc_us_mean": float(np.mean(alloc_ns)) / 1e3,
         # Where the step's time went: queueing its work (planning and
         # allocating included), waiting for the GPU, retiring and admitting.
         "queue_us_p50": percentile([t[2] for t in times], 50) / 1e3,
@@ -333,6 +334,14 @@ def _row(loop, config, rank, times, stats_before):
         row["pages_per_refill"] = (
             (stats_after["pages_refilled"] - stats_before["pages_refilled"])
             / max(1, refills))
+        # Pages leaving the reserve: past its high mark, when idle, or for
+        # the daemon's asks on behalf of a starving session (reclaims).
+        row["returns_per_step"] = (
+            stats_after["returns"] - stats_before["returns"]) / steps
+        row["pages_returned_per_step"] = (
+            stats_after["pages_returned"] - stats_before["pages_returned"]
+        ) / steps
+        row["reclaims"] = stats_after["reclaims"] - stats_before["reclaims"]
         if "mirror_hits" in stats_after and "mirror_hits" in stats_before:
             hits = stats_after["mirror_hits"] - stats_before["mirror_hits"]
             misses = (stats_after["mirror_misses"] -
