@@ -54,6 +54,10 @@ per allocator the median over the rounds and their range. With
 turn: a block's median step less that of the `none` block before it, and
 less SGLang's block in the same cycle, per cycle, whose medians and
 quartiles a last table gives. Drift then falls on every allocator alike.
+Keep the other allocators' blocks (about 2 * B steps) under the reserve's
+idle bound (100 ms by default): past it a reserve halves its batch and
+returns pages, as in a scheduler gone idle, and the rows then measure
+that (returns_per_step in the JSON).
 Run it with and without MPS
 (nvidia-cuda-mps-control -d) for the MPS rows; the row records which.
 
