@@ -559,7 +559,7 @@ TEST_P(BatcherInlineTest, InlineCallsNeedNoLaunchUnlessThePoolScrubs) {
   EXPECT_EQ(pool_->OwnerOf(ring_slots[0] / kPageSize), 2u);
 
   // A batch of refills alone launches nothing; under scrub it launches
-  // (with nothing to zero: their previous owner is session 1 itself).
+  // (with nothing to zero: the pages go back to the session that freed them).
   ASSERT_OK(pool_->FreeSlots(1, refill.inline_slots).status());
   Completion again;
   ASSERT_OK(batcher_->SubmitAlloc(DecodeCall(1, &again)));
