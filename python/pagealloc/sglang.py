@@ -930,7 +930,7 @@ class _Base:
         self._reading_frees = True
         try:
             count = unread.landed(wait)
-            if count > 1 and self._put_landed_under(
+            if count > 1 and self._put_under_reserve(
                     unread.joined(count), fence=not unread.copied(count)):
                 unread.drop(count)
                 return
@@ -949,12 +949,15 @@ class _Base:
         finally:
             self._reading_frees = False
 
-    def _put_landed_under(self, slots, fence):
-        """Several landed frees' slots, joined, under the reserve in one
-        call, when the library takes them all (each page in the pool,
-        handed out by the reserve, named once): True. `fence`: as
-        _free_host_slots' (False when every one's copy landed on its
-        stream, after the work queued before that free)."""
+    def _put_under_reserve(self, slots, fence):
+        """The token allocator's frees of `slots` (host int64) under the
+        reserve's pages in one call, when the library takes them all: it
+        checks what _whole_pages would (each page in the pool, handed out
+        by the reserve, named once) and refuses all of them or none. True
+        when taken; False when refused or the frees do not go under.
+        `fence`: queue the pages' release on the current stream (False for
+        read frees, whose copies landed after the work queued before
+        them)."""
         if not (self._frees_go_under and self._reserve is not None):
             return False
         try:
@@ -969,25 +972,13 @@ class _Base:
         """free() of host int64 slots outside a free group: whole pages of
         the reserve back into it, anything else the checked way. `given`:
         the slots as the caller gave them (their device tensor joins the
-        mirror without a copy), or None. `fence`: queue the pages' release
-        on the current stream (False: a read free, whose copy landed after
-        the work queued before it)."""
+        mirror without a copy), or None. `fence`: as _put_under_reserve's."""
         if slots.size == 0:
             return
-        if self._frees_go_under and self._reserve is not None:
-            # The library checks what _whole_pages would (each page in the
-            # pool, handed out by the reserve, named once) and refuses all
-            # of them or none: the common free is that one call, and a
-            # refusal goes the checked way below, which says why or frees
-            # through the daemon.
-            try:
-                self._reserve.put_under(
-                    slots, self._free_stream() if fence else None)
-            except InvalidArgumentError:
-                pass
-            else:
-                self._taken[slots] = False
-                return
+        # The common free is that one call; a refusal goes the checked way
+        # below, which says why or frees through the daemon.
+        if self._put_under_reserve(slots, fence):
+            return
         pages = self._whole_pages(slots)
         if pages is not None:
             self._release_pages(pages, checked=True,
