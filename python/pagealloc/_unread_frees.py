@@ -7,12 +7,17 @@ free must read the slots, and a read of a CUDA tensor waits for every
 kernel queued before it on the stream: a scheduler that frees while its
 next forward runs (SGLang's overlap scheduler) would wait for that forward.
 Instead the free only queues the copy: the slots go to pinned host memory
-on the current stream, with an event after them, and the allocator reads
-them once the event has passed, at a later call that needs them (or when
-enough are on their way to be worth one read). By then the work queued
-before the free is done, so a read page needs no release fence of its
-own. A CPU tensor's slots are copied at once and land at once: every
-tensor free takes the same way.
+on the current stream, and the allocator reads them once an event recorded
+after the copy has passed, at a later call that needs them (or when enough
+are on their way to be worth one read). By then the work queued before the
+free is done, so a read page needs no release fence of its own. A CPU
+tensor's slots are copied at once and land at once: every tensor free
+takes the same way.
+
+Copies queued in a row on one stream share one event, recorded after the
+last of them (RunMarks): a stream runs its copies in order, so the event
+passing says each of them landed, and a free costs a copy launch rather
+than a copy and an event record.
 
 The copies land in a pinned ring per dtype, reused in the order the frees
 are read (a region is written again only after the free that used it was
@@ -34,21 +39,102 @@ MAX_UNREAD = 64
 # CUDA frees queued before a free reads those landed, in one call: a read
 # costs about as much for one free as for many.
 READ_BATCH = 16
+# Copies in a row on one stream that share one event: half a read batch,
+# so that a read finds the run before the newest landed.
+RUN_LENGTH = READ_BATCH // 2
 # Slots a pinned ring holds (per dtype; 1 MiB of int64).
 RING_SLOTS = 1 << 17
 
 
 class _Free:
-    """One queued free: its copy (`host`), the event after the copy (None:
+    """One queued free: its copy (`host`), the mark of the copy's run (None:
     landed at once) and the ring it lies in (None: memory of its own)."""
 
-    __slots__ = ("number", "host", "event", "ring")
+    __slots__ = ("number", "host", "mark", "ring")
 
-    def __init__(self, number, host, event, ring):
+    def __init__(self, number, host, mark, ring):
         self.number = number
         self.host = host
-        self.event = event
+        self.mark = mark
         self.ring = ring
+
+
+class _Mark:
+    """A run of copies queued in a row on one stream: the event recorded
+    after its last copy (None while the run is open, and once the event is
+    reused), and whether the event is known to have passed."""
+
+    __slots__ = ("event", "passed")
+
+    def __init__(self):
+        self.event = None
+        self.passed = False
+
+
+class RunMarks:
+    """Marks of copies queued on streams, one event to a run: copies in a
+    row on one stream, at most `run_length` of them. A run closes (its
+    event is recorded on its stream) when it is full, when a copy comes
+    on another stream, or when a wait needs it; an event is reused once a
+    copy of its run is read (the run has passed). `new_event`: a function
+    returning an event (record(stream), query(), synchronize()). Not
+    thread-safe."""
+
+    def __init__(self, new_event, run_length):
+        self._new_event = new_event
+        self._run_length = int(run_length)
+        self._spare_events = []
+        self._open = None  # the open run's mark
+        self._open_stream = None
+        self._open_count = 0
+
+    def mark(self, stream):
+        """The mark of a copy just queued on `stream`."""
+        if self._open is not None and self._open_stream is not stream:
+            self.close()
+        if self._open is None:
+            self._open = _Mark()
+            self._open_stream = stream
+            self._open_count = 0
+        mark = self._open
+        self._open_count += 1
+        if self._open_count >= self._run_length:
+            self.close()
+        return mark
+
+    def close(self):
+        """Records the open run's event on its stream, after its copies."""
+        mark = self._open
+        if mark is None:
+            return
+        event = (self._spare_events.pop() if self._spare_events else
+                 self._new_event())
+        event.record(self._open_stream)
+        mark.event = event
+        self._open = self._open_stream = None
+
+    def passed(self, mark, wait):
+        """Whether every copy of `mark`'s run has landed (waiting for them,
+        and closing the run if it is open, when `wait`)."""
+        if mark.passed:
+            return True
+        if mark.event is None:
+            if not wait:
+                return False
+            self.close()
+        if wait:
+            mark.event.synchronize()
+        elif not mark.event.query():
+            return False
+        mark.passed = True
+        return True
+
+    def give_back(self, mark):
+        """A copy of `mark`'s run, which passed, was read: the run's event
+        is free for another run."""
+        if mark.event is not None:
+            self._spare_events.append(mark.event)
+            mark.event = None
 
 
 class RingSpace:
@@ -102,13 +188,14 @@ class _PinnedRing:
 class UnreadFrees:
     """Copies of freed slots not yet read, oldest first. Not thread-safe
     (the allocator's). `current_stream`: a function returning the current
-    CUDA stream's torch object, where the events are recorded."""
+    CUDA stream's torch object, where the events are recorded (the same
+    object for the same stream: runs are told apart by it)."""
 
     def __init__(self, current_stream):
         self._current_stream = current_stream
         self._entries = collections.deque()  # of _Free
         self._rings = {}  # dtype -> _PinnedRing
-        self._spare_events = []
+        self._marks = RunMarks(torch.cuda.Event, RUN_LENGTH)
         self._added = 0
         self._landed = 0  # the oldest entries known to have landed
         self.slots = 0  # in the entries
@@ -133,14 +220,13 @@ class UnreadFrees:
                                    pin_memory=True)
             else:
                 host = ring.buffer[start:start + count]
-            host.copy_(values.reshape(-1), non_blocking=True)
-            event = (self._spare_events.pop() if self._spare_events else
-                     torch.cuda.Event())
-            event.record(self._current_stream())
+            host.copy_(values if values.dim() == 1 else values.reshape(-1),
+                       non_blocking=True)
+            mark = self._marks.mark(self._current_stream())
         else:
-            host, event, ring = values.reshape(-1).clone(), None, None
+            host, mark, ring = values.reshape(-1).clone(), None, None
         self._added += 1
-        self._entries.append(_Free(self._added, host, event, ring))
+        self._entries.append(_Free(self._added, host, mark, ring))
         self.slots += count
         return self._added
 
@@ -149,11 +235,9 @@ class UnreadFrees:
         them, waiting for each, when `wait`)."""
         entries = self._entries
         while self._landed < len(entries):
-            event = entries[self._landed].event
-            if event is not None and not event.query():
-                if not wait:
-                    break
-                event.synchronize()
+            mark = entries[self._landed].mark
+            if mark is not None and not self._marks.passed(mark, wait):
+                break
             self._landed += 1
         return self._landed
 
@@ -167,7 +251,7 @@ class UnreadFrees:
         """Whether the oldest `count` frees all came through a copy on a
         stream (CUDA slots): once landed, the work queued before each free
         on that stream is done. A CPU tensor's free landed at once."""
-        return all(self._entries[i].event is not None for i in range(count))
+        return all(self._entries[i].mark is not None for i in range(count))
 
     def drop(self, count):
         """Removes the oldest `count` frees (landed and read)."""
@@ -179,7 +263,7 @@ class UnreadFrees:
         of the oldest free, removed; it must have landed."""
         entry = self._entries[0]
         slots = np.array(entry.host.numpy(), dtype=np.int64)
-        copied = entry.event is not None
+        copied = entry.mark is not None
         self._pop()
         return entry.number, slots, copied
 
@@ -189,8 +273,8 @@ class UnreadFrees:
         entry = self._entries.popleft()
         self._landed -= 1
         self.slots -= entry.host.numel()
-        if entry.event is not None:
-            self._spare_events.append(entry.event)
+        if entry.mark is not None:
+            self._marks.give_back(entry.mark)
         if entry.ring is not None:
             entry.ring.space.release()
 

@@ -1,7 +1,7 @@
 """The token allocator's queue of frees on their way to the host
-(pagealloc/_unread_frees.py): the pinned ring's regions, and frees read
-together in one call to the reserve. The CUDA copies themselves are
-test_sglang_gpu.py's."""
+(pagealloc/_unread_frees.py): the pinned ring's regions, the events shared
+by runs of copies, and frees read together in one call to the reserve. The
+CUDA copies themselves are test_sglang_gpu.py's."""
 
 import random
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pagealloc
-from pagealloc._unread_frees import RingSpace
+from pagealloc._unread_frees import RingSpace, RunMarks
 
 from test_sglang import host, pytestmark  # noqa: F401
 from test_sglang_reserve import lone
@@ -57,6 +57,103 @@ def test_an_empty_ring_takes_its_whole_capacity_once():
     space.release()
     assert space.place(4) == 0
     assert space.place(4) == 4
+
+
+class Stream:
+    """A stream as the events see it: work queued on it, and how much of
+    that the GPU has done (moved on by the test)."""
+
+    def __init__(self):
+        self.queued = 0
+        self.done = 0
+
+
+class Event:
+    """An event on a Stream: passed once the stream has done the work
+    queued before its record. Records itself in `log` to catch an event
+    recorded again while a run still counts on it."""
+
+    def __init__(self, log):
+        self.log = log
+        self.stream = None
+        self.at = 0
+
+    def record(self, stream):
+        self.log.append(self)
+        self.stream, self.at = stream, stream.queued
+
+    def query(self):
+        return self.stream.done >= self.at
+
+    def synchronize(self):
+        self.stream.done = max(self.stream.done, self.at)
+
+
+def test_a_run_passes_only_once_each_of_its_copies_has_run():
+    """Copies on three streams in random order, the streams moving on at
+    random, reads oldest first with and without waiting, against a list of
+    where each copy sits on its stream: a mark that passed is past every
+    copy of its run, a wait always passes, an event recorded again serves
+    no run still waiting, and a run holds at most run_length copies."""
+    rng = random.Random(11)
+    for _ in range(100):
+        recorded = []
+        marks = RunMarks(lambda: Event(recorded), run_length=4)
+        streams = [Stream() for _ in range(3)]
+        stream = streams[0]
+        queued = []  # (mark, stream, position), oldest first
+        for _ in range(200):
+            roll = rng.random()
+            if roll < 0.1:
+                stream = rng.choice(streams)
+            elif roll < 0.6:
+                stream.queued += rng.randint(1, 3)  # a forward, say
+                stream.queued += 1  # the copy
+                mark = marks.mark(stream)
+                queued.append((mark, stream, stream.queued))
+                run = [q for q in queued if q[0] is mark]
+                assert len(run) <= 4
+                assert all(q[1] is stream for q in run)
+            elif roll < 0.8:
+                chosen = rng.choice(streams)
+                chosen.done = rng.randint(chosen.done, chosen.queued)
+            elif queued:
+                wait = rng.random() < 0.3
+                while queued:
+                    mark, on, position = queued[0]
+                    if not marks.passed(mark, wait):
+                        assert not wait
+                        break
+                    assert on.done >= position
+                    queued.pop(0)
+                    marks.give_back(mark)
+            # An event serves one run until that run has passed.
+            runs_of_event = {}
+            for mark, _, _ in queued:
+                if mark.event is not None and not mark.passed:
+                    runs_of_event.setdefault(id(mark.event), set()).add(
+                        id(mark))
+            assert all(len(runs) == 1 for runs in runs_of_event.values())
+
+
+def test_copies_in_a_row_on_one_stream_share_one_event():
+    recorded = []
+    marks = RunMarks(lambda: Event(recorded), run_length=8)
+    stream, other = Stream(), Stream()
+
+    def copy(on):
+        on.queued += 1
+        return marks.mark(on)
+
+    runs = [copy(stream) for _ in range(20)]
+    assert len(recorded) == 2  # two full runs; the third still open
+    assert runs[0] is runs[7] and runs[8] is runs[15]
+    assert runs[16] is runs[19] and runs[16].event is None
+    copy(other)  # a copy on another stream closes the open run
+    assert len(recorded) == 3 and recorded[2].stream is stream
+    assert not marks.passed(runs[16], wait=False)
+    assert marks.passed(runs[16], wait=True)
+    assert stream.done >= recorded[2].at
 
 
 def queue(allocator, values):
