@@ -1487,12 +1487,12 @@ class TokenToKVPoolAllocator(_Base):
         on the CPU or on the allocator's CUDA device, with the reserve
         open (a CUDA tensor's is read at a later call, a CPU tensor's at
         once)."""
+        # get_device() is an int; `device` builds an object each time.
         return (self._unread is not None and self._reserve is not None and
                 isinstance(values, torch.Tensor) and
                 values.dtype in (torch.int64, torch.int32) and
-                (values.device.type == "cpu" or
-                 (values.is_cuda and
-                  values.device.index == self._device_index)))
+                (values.get_device() == self._device_index if values.is_cuda
+                 else values.device.type == "cpu"))
 
     def free_group_end(self):
         """Frees what the group collected, in the order freed: its CUDA
