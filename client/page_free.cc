@@ -20,21 +20,13 @@ namespace {
 // the work queued before the free.
 absl::Status CopyToHost(const int64_t* slots, int64_t n, void* stream,
                         int64_t* staging) {
+  RETURN_IF_ERROR(QueueCopyToHost(
+      slots, static_cast<size_t>(n) * sizeof(*slots), staging, stream));
 #if defined(PAGEALLOC_HAVE_CUDA)
-  const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(staging, slots, static_cast<size_t>(n) * sizeof(*slots),
-                      cudaMemcpyDeviceToHost, cuda_stream),
-      "copying the freed slots to the host"));
-  return CudaStatus(cudaStreamSynchronize(cuda_stream),
+  return CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
                     "waiting for the freed slots' copy");
 #else
-  (void)slots;
-  (void)n;
-  (void)stream;
-  (void)staging;
-  return absl::FailedPreconditionError(
-      "a free of device slots needs a client library built with CUDA");
+  return absl::OkStatus();  // not reached: QueueCopyToHost refuses
 #endif
 }
 
@@ -95,6 +87,24 @@ absl::StatusOr<int64_t> FreeWholePages(PageReserve& reserve,
     RETURN_IF_ERROR(reserve.Put(put));
   }
   return num_pages;
+}
+
+absl::Status QueueCopyToHost(const void* device, size_t bytes, void* host,
+                             void* stream) {
+  if (bytes > 0 && (device == nullptr || host == nullptr)) {
+    return absl::InvalidArgumentError(
+        "a copy of device slots to the host names a NULL buffer");
+  }
+#if defined(PAGEALLOC_HAVE_CUDA)
+  if (bytes == 0) return absl::OkStatus();
+  return CudaStatus(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost,
+                                    static_cast<cudaStream_t>(stream)),
+                    "copying the freed slots to the host");
+#else
+  (void)stream;
+  return absl::FailedPreconditionError(
+      "a free of device slots needs a client library built with CUDA");
+#endif
 }
 
 }  // namespace pagealloc

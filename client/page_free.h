@@ -32,8 +32,10 @@
 #ifndef PAGEALLOC_CLIENT_PAGE_FREE_H_
 #define PAGEALLOC_CLIENT_PAGE_FREE_H_
 
+#include <cstddef>
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "client/local_expansion.h"
@@ -65,6 +67,20 @@ absl::StatusOr<int64_t> FreeWholePages(PageReserve& reserve,
                                        const int64_t* slots, int64_t n,
                                        int64_t* staging,
                                        absl::Span<int64_t> pages);
+
+// The first half of a free that does not wait for the GPU (the token
+// allocator's free of CUDA slots: python/pagealloc/_unread_frees.py).
+// Queues on `stream` (a cudaStream_t; null: the legacy default stream) the
+// copy of `bytes` bytes of CUDA memory at `device` to `host`, and returns
+// without waiting: `host` holds them once the stream has run the copy,
+// which the caller learns from an event it records on the stream after
+// this call. `host` should be pinned (CUDA finishes a copy to pageable
+// memory before it returns). One CUDA call: a tensor library's copy of
+// the same bytes builds and dispatches an operation first, which costs a
+// scheduler's free more than the copy. INVALID_ARGUMENT for a null pointer
+// with bytes > 0; FAILED_PRECONDITION in a library built without CUDA.
+absl::Status QueueCopyToHost(const void* device, size_t bytes, void* host,
+                             void* stream);
 
 }  // namespace pagealloc
 

@@ -1479,6 +1479,14 @@ int32_t pagealloc_reserve_free_slots(pagealloc_reserve* reserve, int32_t memory,
   });
 }
 
+int32_t pagealloc_copy_to_host_async(const void* device, size_t bytes,
+                                     void* host, void* cuda_stream,
+                                     pagealloc_error* error) {
+  return pagealloc::Guarded(error, [&] {
+    return pagealloc::QueueCopyToHost(device, bytes, host, cuda_stream);
+  });
+}
+
 }  // extern "C"
 
 // Shared prefix pages (ABI 1.4).

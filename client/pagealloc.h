@@ -85,7 +85,7 @@ extern "C" {
  * the completion value). A program built against ABI 1.0 runs unchanged
  * on a 1.1 library. */
 #define PAGEALLOC_ABI_VERSION_MAJOR 1
-#define PAGEALLOC_ABI_VERSION_MINOR 10
+#define PAGEALLOC_ABI_VERSION_MINOR 11
 #define PAGEALLOC_ABI_VERSION \
   ((PAGEALLOC_ABI_VERSION_MAJOR << 16) | PAGEALLOC_ABI_VERSION_MINOR)
 
@@ -992,6 +992,20 @@ int32_t pagealloc_reserve_free_slots(pagealloc_reserve* reserve, int32_t memory,
                                      void* stream, int32_t fence,
                                      int64_t* host_copy, int64_t* pages,
                                      int64_t* num_pages,
+                                     pagealloc_error* error);
+
+/* ABI 1.11. The first half of a free that does not wait for the GPU
+ * (client/page_free.h): queues on `cuda_stream` (a cudaStream_t; NULL: the
+ * legacy default stream) the copy of `bytes` bytes of CUDA memory at
+ * `device` to `host` (pinned host memory) and returns without waiting.
+ * `host` holds them once the stream has run the copy: the caller records
+ * an event on the stream after this call and reads `host` once it has
+ * passed, then frees the slots with pagealloc_reserve_free_slots
+ * (PAGEALLOC_MEMORY_HOST, no fence: the work queued before the copy is
+ * done). INVALID_ARGUMENT for a NULL buffer with bytes > 0;
+ * FAILED_PRECONDITION in a library built without CUDA. */
+int32_t pagealloc_copy_to_host_async(const void* device, size_t bytes,
+                                     void* host, void* cuda_stream,
                                      pagealloc_error* error);
 
 /* ------------------------------------------------------------------------

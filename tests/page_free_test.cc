@@ -3,7 +3,8 @@
 // next; slots that are not whole pages, pages the reserve did not hand out
 // (or let go of: PageReserve::Disown) and a page named twice are refused
 // with nothing put; device slots need a
-// library built with CUDA (tests/gpu and the Python GPU tests cover them).
+// library built with CUDA (tests/gpu and the Python GPU tests cover them),
+// as does QueueCopyToHost, which refuses a NULL buffer first.
 
 #include "client/page_free.h"
 
@@ -188,7 +189,24 @@ TEST_F(PageFreeTest, DeviceSlotsNeedCuda) {
       StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("CUDA")));
   EXPECT_EQ(reserve_->stats().handed_out, 3);
 }
+
+TEST(QueueCopyToHostTest, NeedsCuda) {
+  int64_t slot = 7;
+  int64_t host = 0;
+  EXPECT_THAT(
+      QueueCopyToHost(&slot, sizeof(slot), &host, nullptr),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("CUDA")));
+  EXPECT_EQ(host, 0);
+}
 #endif
+
+TEST(QueueCopyToHostTest, RefusesANullBuffer) {
+  int64_t slot = 7;
+  EXPECT_THAT(QueueCopyToHost(&slot, sizeof(slot), nullptr, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NULL")));
+  EXPECT_THAT(QueueCopyToHost(nullptr, sizeof(slot), &slot, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NULL")));
+}
 
 }  // namespace
 }  // namespace pagealloc

@@ -635,6 +635,17 @@ TEST_F(PageallocCApiTest, AReservePutUnderQueuesBehindWhatItHolds) {
   EXPECT_EQ(Stats().used_pages, 0);
 }
 
+// ABI 1.11: a copy of device slots to the host names both buffers (the
+// copy itself runs in tests/gpu/copy_to_host_test.cc).
+TEST_F(PageallocCApiTest, ACopyToTheHostRefusesANullBuffer) {
+  int64_t slot = 7;
+  EXPECT_EQ(pagealloc_copy_to_host_async(&slot, sizeof(slot), nullptr, nullptr,
+                                         &error_),
+            PAGEALLOC_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(error_.message, "NULL"), nullptr) << error_.message;
+  EXPECT_GE(pagealloc_abi_version() & 0xFFFF, 11u);
+}
+
 TEST_F(PageallocCApiTest, AReserveExpandsSlotsInProcess) {
   pagealloc_allocation* probe = Alloc({4});
   const bool on_device = pagealloc_allocation_get_view(probe)->on_device;

@@ -349,6 +349,9 @@ def _declare(lib):
             i32, [ptr, ptr, size, p_i64, p_error])
         signatures["pagealloc_reserve_put_under"] = (
             i32, [ptr, ptr, size, ptr, i32, p_error])
+    if lib.pagealloc_abi_version() & 0xFFFF >= 11:  # ABI 1.11
+        signatures["pagealloc_copy_to_host_async"] = (
+            i32, [ptr, size, ptr, ptr, p_error])
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
         function.restype = restype
@@ -399,3 +402,5 @@ HAS_RESERVE_FREE_SLOTS = lib.pagealloc_abi_version() & 0xFFFF >= 8
 # under what it holds (1.10).
 HAS_RESERVE_TAKE_HELD = lib.pagealloc_abi_version() & 0xFFFF >= 10
 HAS_RESERVE_PUT_UNDER = HAS_RESERVE_TAKE_HELD
+# Whether it queues a copy of device memory to the host on a stream (1.11).
+HAS_COPY_TO_HOST = lib.pagealloc_abi_version() & 0xFFFF >= 11

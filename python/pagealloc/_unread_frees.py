@@ -7,7 +7,9 @@ free must read the slots, and a read of a CUDA tensor waits for every
 kernel queued before it on the stream: a scheduler that frees while its
 next forward runs (SGLang's overlap scheduler) would wait for that forward.
 Instead the free only queues the copy: the slots go to pinned host memory
-on the current stream, and the allocator reads them once an event recorded
+on the current stream (one call to the library, cudaMemcpyAsync, where a
+tensor's copy_ would dispatch an operation first), and the allocator reads
+them once an event recorded
 after the copy has passed, at a later call that needs them (or when enough
 are on their way to be worth one read). By then the work queued before the
 free is done, so a read page needs no release fence of its own. A CPU
@@ -47,8 +49,9 @@ RING_SLOTS = 1 << 17
 
 
 class _Free:
-    """One queued free: its copy (`host`), the mark of the copy's run (None:
-    landed at once) and the ring it lies in (None: memory of its own)."""
+    """One queued free: its copy (`host`, a NumPy array), the mark of the
+    copy's run (None: landed at once) and the ring it lies in (None: memory
+    of its own)."""
 
     __slots__ = ("number", "host", "mark", "ring")
 
@@ -178,21 +181,27 @@ class RingSpace:
 
 
 class _PinnedRing:
-    """A pinned host buffer of one dtype and the space of its regions."""
+    """A pinned host buffer of one dtype, its address and NumPy view, and
+    the space of its regions."""
 
     def __init__(self, dtype):
         self.buffer = torch.empty((RING_SLOTS,), dtype=dtype, pin_memory=True)
+        self.array = self.buffer.numpy()
+        self.address = self.buffer.data_ptr()
         self.space = RingSpace(RING_SLOTS)
 
 
 class UnreadFrees:
     """Copies of freed slots not yet read, oldest first. Not thread-safe
     (the allocator's). `current_stream`: a function returning the current
-    CUDA stream's torch object, where the events are recorded (the same
-    object for the same stream: runs are told apart by it)."""
+    CUDA stream's torch object, where the copies are queued and the events
+    recorded (the same object for the same stream: runs are told apart by
+    it). `copy`: client.device_to_host_copier()'s function, which queues a
+    copy in one call to the library."""
 
-    def __init__(self, current_stream):
+    def __init__(self, current_stream, copy):
         self._current_stream = current_stream
+        self._copy = copy
         self._entries = collections.deque()  # of _Free
         self._rings = {}  # dtype -> _PinnedRing
         self._marks = RunMarks(torch.cuda.Event, RUN_LENGTH)
@@ -210,21 +219,28 @@ class UnreadFrees:
         it."""
         count = values.numel()
         if values.is_cuda:
+            if not values.is_contiguous():
+                # On the current stream, as the copy: its memory is not
+                # reused before the copy has run.
+                values = values.contiguous()
             ring = self._ring(values.dtype)
             start = ring.space.place(count)
             if start is None:
                 ring = None
-                # PyTorch's caching host allocator keeps the block until
-                # the copy has run (it records the stream's use of it).
-                host = torch.empty((count,), dtype=values.dtype,
-                                   pin_memory=True)
+                # Pinned memory of its own, kept (as the array's base)
+                # until the free is read, after its copy landed.
+                block = torch.empty((count,), dtype=values.dtype,
+                                    pin_memory=True)
+                host, address = block.numpy(), block.data_ptr()
             else:
-                host = ring.buffer[start:start + count]
-            host.copy_(values if values.dim() == 1 else values.reshape(-1),
-                       non_blocking=True)
-            mark = self._marks.mark(self._current_stream())
+                host = ring.array[start:start + count]
+                address = ring.address + start * ring.array.itemsize
+            stream = self._current_stream()
+            self._copy(values.data_ptr(), count * values.element_size(),
+                       address, stream.cuda_stream)
+            mark = self._marks.mark(stream)
         else:
-            host, mark, ring = values.reshape(-1).clone(), None, None
+            host, mark, ring = values.reshape(-1).clone().numpy(), None, None
         self._added += 1
         self._entries.append(_Free(self._added, host, mark, ring))
         self.slots += count
@@ -244,7 +260,7 @@ class UnreadFrees:
     def joined(self, count):
         """The slots of the oldest `count` frees (landed), joined in order
         as a new host int64 array; they stay queued."""
-        parts = [self._entries[i].host.numpy() for i in range(count)]
+        parts = [self._entries[i].host for i in range(count)]
         return np.concatenate(parts).astype(np.int64, copy=False)
 
     def copied(self, count):
@@ -262,7 +278,7 @@ class UnreadFrees:
         """(number, slots as a new host int64 array, copied: see copied())
         of the oldest free, removed; it must have landed."""
         entry = self._entries[0]
-        slots = np.array(entry.host.numpy(), dtype=np.int64)
+        slots = np.array(entry.host, dtype=np.int64)
         copied = entry.mark is not None
         self._pop()
         return entry.number, slots, copied
@@ -272,7 +288,7 @@ class UnreadFrees:
             raise AssertionError("read before its copy landed")
         entry = self._entries.popleft()
         self._landed -= 1
-        self.slots -= entry.host.numel()
+        self.slots -= entry.host.size
         if entry.mark is not None:
             self._marks.give_back(entry.mark)
         if entry.ring is not None:

@@ -648,6 +648,33 @@ def _key_chain(keys, name="keys"):
         len(joined) // PREFIX_KEY_BYTES
 
 
+def device_to_host_copier():
+    """A function copy(device_address, nbytes, host_address, stream) that
+    queues on `stream` (a cudaStream_t as an int; 0: the legacy default
+    stream) the copy of `nbytes` bytes of CUDA memory to pinned host
+    memory, and returns without waiting (pagealloc_copy_to_host_async, ABI
+    1.11); the caller reads the host memory once an event recorded on the
+    stream after the call has passed. Raises on a refusal. One CUDA call,
+    where a tensor's copy_ dispatches an operation first (the token
+    allocator's free, _unread_frees.py). For one thread at a time: the
+    function keeps one error record."""
+    if not _native.HAS_COPY_TO_HOST:
+        raise FailedPreconditionError(
+            "%s cannot copy device slots to the host (ABI 1.11 needed)" %
+            _native.path)
+    function = _lib.pagealloc_copy_to_host_async
+    error = _native.Error()
+    error_ref = ctypes.byref(error)
+
+    def copy(device_address, nbytes, host_address, stream):
+        code = function(device_address, nbytes, host_address, stream,
+                        error_ref)
+        if code:
+            _raise(code, error)
+
+    return copy
+
+
 def get_free_lists(target, max_pages=4096, *, timeout=5.0):
     """Client.free_lists of the daemon at `target`, without a session."""
     options = _admin_options(target, timeout)

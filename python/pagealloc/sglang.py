@@ -70,7 +70,7 @@ from pagealloc import client as _client_module
 from pagealloc._reserve_head import ReserveHead
 from pagealloc._reserve_mirror import ReserveMirror
 from pagealloc._unread_frees import MAX_UNREAD, READ_BATCH, UnreadFrees
-from pagealloc.client import Client
+from pagealloc.client import Client, device_to_host_copier
 from pagealloc.errors import (InvalidArgumentError, ResourceExhaustedError,
                               StatusCode)
 
@@ -1454,8 +1454,10 @@ class TokenToKVPoolAllocator(_Base):
         super().__init__(size, 1, dtype, device, kvcache, need_sort, client,
                          keep_allocations, client_name, use_reserve,
                          reserve_options, mirror_pages)
-        if self._head is not None and torch is not None:
-            self._unread = UnreadFrees(self._current_torch_stream)
+        if (self._head is not None and torch is not None and
+                _native.HAS_COPY_TO_HOST):
+            self._unread = UnreadFrees(self._current_torch_stream,
+                                       device_to_host_copier())
 
     def free(self, free_index):
         """Frees `free_index` (slots), each at the free list's end in the

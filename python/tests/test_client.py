@@ -53,10 +53,10 @@ def test_package_reports_versions_and_library():
     # The readable form the docs use ("1.8"), from the same number.
     assert pagealloc.ABI_VERSION_TEXT == "%d.%d" % (
         pagealloc.ABI_VERSION >> 16, pagealloc.ABI_VERSION & 0xFFFF)
-    assert pagealloc.ABI_VERSION_TEXT == "1.10"
+    assert pagealloc.ABI_VERSION_TEXT == "1.11"
     assert os.path.exists(pagealloc.LIBRARY_PATH)
-    # 1.6's peek, 1.7's resume, 1.8's free in one call and 1.10's take of
-    # what a reserve holds are declared (ctypes then checks their
+    # 1.6's peek, 1.7's resume, 1.8's free in one call, 1.10's take of
+    # what a reserve holds and 1.11's copy to the host are declared (ctypes then checks their
     # arguments).
     assert _native.HAS_RESERVE_PEEK
     assert _native.lib.pagealloc_reserve_peek.argtypes is not None
@@ -71,6 +71,8 @@ def test_package_reports_versions_and_library():
     assert _native.lib.pagealloc_reserve_take_held.argtypes is not None
     assert _native.HAS_RESERVE_PUT_UNDER
     assert _native.lib.pagealloc_reserve_put_under.argtypes is not None
+    assert _native.HAS_COPY_TO_HOST
+    assert _native.lib.pagealloc_copy_to_host_async.argtypes is not None
 
 
 def test_status_codes_are_grpc_numbers():

@@ -139,7 +139,7 @@ def run_doc_install(commands, wheel, server, scratch, as_user, preload):
     if done.returncode != 0:
         sys.exit("docs/python.md's install failed as %s (exit %d)" %
                  (who, done.returncode))
-    assert "0.1.0 1.10" in done.stdout, done.stdout
+    assert "0.1.0 1.11" in done.stdout, done.stdout
     python = os.path.join(home, ".venvs", "pagealloc", "bin", "python")
     site = subprocess.run(
         prefix + [python, "-c", "import pagealloc, os; "

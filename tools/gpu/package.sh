@@ -54,6 +54,7 @@ targets=(
   //tests/gpu:kv_slab_gpu_test
   //tests/gpu:ring_flood_test
   //tests/gpu:local_expansion_test
+  //tests/gpu:copy_to_host_test
   //memory:cuda_vmm_test
   //tests:kv_slab_test
   //tests:kv_writer

@@ -3,7 +3,8 @@
 #   1. the GPU test (tests/gpu:cuda_executor_test), in full
 #   1b. the client library's expansion on the caller's stream
 #      (tests/gpu:local_expansion_test: last_loc on the device, slots
-#      against the host expansion and the thin path)
+#      against the host expansion and the thin path), and its copy of freed
+#      slots to the host after the stream's work (tests/gpu:copy_to_host_test)
 #   2. kernel_benchmark: every case of the seed's Triton anchor benchmark,
 #      the empty-kernel floors and the GPU's write bandwidth (ours.json)
 #   3. with --anchor DIR (a directory holding the seed's triton_anchor.py and
@@ -22,7 +23,7 @@ source "$(dirname "$0")/gpu_common.sh"
 gpu_setup "$@"
 [[ -z $ANCHOR && -d $PKG/anchor ]] && ANCHOR=$PKG/anchor
 need_binaries tests/gpu/cuda_executor_test tests/gpu/local_expansion_test \
-  bench/kernel_benchmark
+  tests/gpu/copy_to_host_test bench/kernel_benchmark
 
 nvidia-smi >>"$OUT/gpu_test.log" 2>&1
 run_step "GPU test" 90 "$OUT/gpu_test.log" "$BIN/tests/gpu/cuda_executor_test"
@@ -39,6 +40,14 @@ counts=$(gtest_counts "$OUT/local_expansion_test.log")
 add_detail "$counts"
 [[ $counts == *skipped* ]] &&
   note_step "local expansion test ran on the GPU" "FAILED" \
+    "CUDA found no usable GPU"
+
+run_step "copy to host test" 60 "$OUT/copy_to_host_test.log" \
+  "$BIN/tests/gpu/copy_to_host_test"
+counts=$(gtest_counts "$OUT/copy_to_host_test.log")
+add_detail "$counts"
+[[ $counts == *skipped* ]] &&
+  note_step "copy to host test ran on the GPU" "FAILED" \
     "CUDA found no usable GPU"
 
 run_step "kernel_benchmark" 170 "$OUT/bench.log" \
