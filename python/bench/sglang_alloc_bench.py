@@ -335,14 +335,14 @@ def median_rows(passes):
 
 
 def sglang_ratios(passes):
-    """Per page size, GPU work, pagealloc path and call (alloc, decode,
-    decode_new_page): the ratios of its p50 to SGLang's in the same pass,
-    their median and range. Empty without "sglang" rows."""
+    """Per page size, GPU work, pagealloc path and call (alloc, free,
+    decode, decode_new_page): the ratios of its p50 to SGLang's in the
+    same pass, their median and range. Empty without "sglang" rows."""
     ratios = []
     for first in passes[0]:
         if first["path"] == "sglang":
             continue
-        for call in ("alloc", "decode", "decode_new_page"):
+        for call in ("alloc", "free", "decode", "decode_new_page"):
             name = call + "_p50_us"
             values = []
             for rows in passes:
