@@ -9,12 +9,11 @@ next forward runs (SGLang's overlap scheduler) would wait for that forward.
 Instead the free only queues the copy: the slots go to pinned host memory
 on the current stream (one call to the library, cudaMemcpyAsync, where a
 tensor's copy_ would dispatch an operation first), and the allocator reads
-them once an event recorded
-after the copy has passed, at a later call that needs them (or when enough
-are on their way to be worth one read). By then the work queued before the
-free is done, so a read page needs no release fence of its own. A CPU
-tensor's slots are copied at once and land at once: every tensor free
-takes the same way.
+them once an event recorded after the copy has passed, at a later call
+that needs them (or when enough are on their way to be worth one read).
+By then the work queued before the free is done, so a read page needs no
+release fence of its own. A CPU tensor's slots are copied at once and
+land at once: every tensor free takes the same way.
 
 Copies queued in a row on one stream share one event, recorded after the
 last of them (RunMarks): a stream runs its copies in order, so the event
@@ -173,6 +172,11 @@ class RingSpace:
             self._live.append((start, self._tail))
         return start
 
+    def cancel(self):
+        """Gives back the newest live region (nothing was copied into it)."""
+        self._live.pop()
+        self._tail = self._live[-1][1] if self._live else 0
+
     def release(self):
         """Gives back the oldest live region."""
         self._live.popleft()
@@ -236,8 +240,13 @@ class UnreadFrees:
                 host = ring.array[start:start + count]
                 address = ring.address + start * ring.array.itemsize
             stream = self._current_stream()
-            self._copy(values.data_ptr(), count * values.element_size(),
-                       address, stream.cuda_stream)
+            try:
+                self._copy(values.data_ptr(), count * values.element_size(),
+                           address, stream.cuda_stream)
+            except BaseException:
+                if ring is not None:
+                    ring.space.cancel()
+                raise
             mark = self._marks.mark(stream)
         else:
             host, mark, ring = values.reshape(-1).clone().numpy(), None, None

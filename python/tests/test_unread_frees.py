@@ -16,19 +16,24 @@ from test_sglang_reserve import lone
 
 
 def test_ring_regions_never_overlap_a_live_one():
-    """Random places and releases against a list of the live regions: every
-    region lies in the ring and overlaps no live one, releases go oldest
-    first, and a refusal leaves no gap of that size at the tail or at the
-    front that the rule may use."""
+    """Random places, releases and cancels against a list of the live
+    regions: every region lies in the ring and overlaps no live one,
+    releases go oldest first, cancels newest first, and a refusal leaves no
+    gap of that size at the tail or at the front that the rule may use."""
     rng = random.Random(7)
     capacity = 64
     for _ in range(200):
         space = RingSpace(capacity)
         live = []
         for _ in range(300):
-            if live and rng.random() < 0.45:
+            roll = rng.random()
+            if live and roll < 0.45:
                 space.release()
                 live.pop(0)
+                continue
+            if live and roll < 0.55:
+                space.cancel()  # a copy that failed to queue
+                live.pop()
                 continue
             count = rng.randint(1, capacity // 2)
             start = space.place(count)
