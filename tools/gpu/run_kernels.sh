@@ -26,29 +26,25 @@ need_binaries tests/gpu/cuda_executor_test tests/gpu/local_expansion_test \
   tests/gpu/copy_to_host_test bench/kernel_benchmark
 
 nvidia-smi >>"$OUT/gpu_test.log" 2>&1
-run_step "GPU test" 90 "$OUT/gpu_test.log" "$BIN/tests/gpu/cuda_executor_test"
-counts=$(gtest_counts "$OUT/gpu_test.log")
-add_detail "$counts"
-# The test passes as skipped where CUDA finds no usable device: here, where
-# the GPU is the point, that is a failure.
-[[ $counts == *skipped* ]] &&
-  note_step "GPU test ran on the GPU" "FAILED" "CUDA found no usable GPU"
+# A GPU test binary, its gtest counts in the step's detail. The tests pass
+# as skipped where CUDA finds no usable device: here, where the GPU is the
+# point, that is a failure.
+run_gpu_test() {
+  local name=$1 limit=$2 log=$3 binary=$4 counts
+  run_step "$name" "$limit" "$log" "$binary"
+  counts=$(gtest_counts "$log")
+  add_detail "$counts"
+  [[ $counts == *skipped* ]] &&
+    note_step "$name ran on the GPU" "FAILED" "CUDA found no usable GPU"
+  return 0
+}
 
-run_step "local expansion test" 120 "$OUT/local_expansion_test.log" \
+run_gpu_test "GPU test" 90 "$OUT/gpu_test.log" \
+  "$BIN/tests/gpu/cuda_executor_test"
+run_gpu_test "local expansion test" 120 "$OUT/local_expansion_test.log" \
   "$BIN/tests/gpu/local_expansion_test"
-counts=$(gtest_counts "$OUT/local_expansion_test.log")
-add_detail "$counts"
-[[ $counts == *skipped* ]] &&
-  note_step "local expansion test ran on the GPU" "FAILED" \
-    "CUDA found no usable GPU"
-
-run_step "copy to host test" 60 "$OUT/copy_to_host_test.log" \
+run_gpu_test "copy to host test" 60 "$OUT/copy_to_host_test.log" \
   "$BIN/tests/gpu/copy_to_host_test"
-counts=$(gtest_counts "$OUT/copy_to_host_test.log")
-add_detail "$counts"
-[[ $counts == *skipped* ]] &&
-  note_step "copy to host test ran on the GPU" "FAILED" \
-    "CUDA found no usable GPU"
 
 run_step "kernel_benchmark" 170 "$OUT/bench.log" \
   "$BIN/bench/kernel_benchmark" --json="$OUT/ours.json"
